@@ -1,0 +1,36 @@
+"""libshare: many processes sharing one Vulkan device through a small arbiter.
+
+The public API is re-exported here; everything else is internal.
+"""
+
+from .errors import ArbiterLost as ArbiterLost
+from .errors import ArbiterUnavailable as ArbiterUnavailable
+from .errors import ClientTerminated as ClientTerminated
+from .errors import InvalidSubmission as InvalidSubmission
+from .errors import LibshareError as LibshareError
+from .errors import ProtocolError as ProtocolError
+from .errors import QuotaExceeded as QuotaExceeded
+from .errors import RingCorrupted as RingCorrupted
+from .errors import RingFull as RingFull
+from .errors import ServerFault as ServerFault
+from .errors import Timeout as Timeout
+from .errors import TooManyClients as TooManyClients
+from .errors import VulkanUnavailable as VulkanUnavailable
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ArbiterLost",
+    "ArbiterUnavailable",
+    "ClientTerminated",
+    "InvalidSubmission",
+    "LibshareError",
+    "ProtocolError",
+    "QuotaExceeded",
+    "RingCorrupted",
+    "RingFull",
+    "ServerFault",
+    "Timeout",
+    "TooManyClients",
+    "VulkanUnavailable",
+]

@@ -1,0 +1,314 @@
+"""SPIR-V reflection for compute shaders, in pure Python.
+
+The arbiter needs four facts about a client's shader before it builds a
+pipeline: the entry point name, the workgroup size, which descriptor bindings
+the shader uses and how many bytes of push constants it reads. ``reflect()``
+reads them straight from the SPIR-V word stream.
+
+The module comes from an untrusted client, so parsing never trusts a count or
+an id: every instruction must fit inside the module, a zero word count is an
+error rather than an endless loop, type sizes are computed with a depth limit
+(a malicious module may make a type contain itself), and every failure raises
+:class:`~libshare.errors.InvalidSubmission`. Passing reflection does not make
+a module valid; the Vulkan driver still sees it, and spirv-val is the real
+validator.
+
+Supported resources are storage buffers in descriptor set 0, one per binding,
+declared either the SPIR-V 1.3+ way (``StorageBuffer`` storage class) or the
+SPIR-V 1.0 way (``Uniform`` storage class with a ``BufferBlock`` struct).
+Uniform buffers, images, samplers, arrays of descriptors and any other set are
+rejected, because the arbiter only binds storage buffers.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Iterator
+
+from libshare.errors import InvalidSubmission
+
+__all__ = ["ShaderInterface", "reflect"]
+
+_MAGIC = 0x07230203
+_HEADER_WORDS = 5
+_MAX_TYPE_DEPTH = 32
+
+# Opcodes, and the fewest operands each must carry for the parser to read it.
+_OP_ENTRY_POINT, _OP_EXECUTION_MODE, _OP_EXECUTION_MODE_ID = 15, 16, 331
+_OP_DECORATE, _OP_MEMBER_DECORATE, _OP_VARIABLE = 71, 72, 59
+_OP_TYPE_INT, _OP_TYPE_FLOAT, _OP_TYPE_VECTOR, _OP_TYPE_MATRIX = 21, 22, 23, 24
+_OP_TYPE_ARRAY, _OP_TYPE_RUNTIME_ARRAY, _OP_TYPE_STRUCT, _OP_TYPE_POINTER = 28, 29, 30, 32
+_OP_CONSTANT, _OP_SPEC_CONSTANT = 43, 50
+_OP_CONSTANT_COMPOSITE, _OP_SPEC_CONSTANT_COMPOSITE = 44, 51
+_MIN_OPERANDS = {
+    _OP_ENTRY_POINT: 3, _OP_EXECUTION_MODE: 2, _OP_EXECUTION_MODE_ID: 2,
+    _OP_DECORATE: 2, _OP_MEMBER_DECORATE: 3, _OP_VARIABLE: 3,
+    _OP_TYPE_INT: 3, _OP_TYPE_FLOAT: 2, _OP_TYPE_VECTOR: 3, _OP_TYPE_MATRIX: 3,
+    _OP_TYPE_ARRAY: 3, _OP_TYPE_RUNTIME_ARRAY: 2, _OP_TYPE_STRUCT: 1, _OP_TYPE_POINTER: 3,
+    _OP_CONSTANT: 3, _OP_SPEC_CONSTANT: 3,
+    _OP_CONSTANT_COMPOSITE: 2, _OP_SPEC_CONSTANT_COMPOSITE: 2,
+}
+_TYPE_OPS = {_OP_TYPE_INT, _OP_TYPE_FLOAT, _OP_TYPE_VECTOR, _OP_TYPE_MATRIX, _OP_TYPE_ARRAY,
+             _OP_TYPE_RUNTIME_ARRAY, _OP_TYPE_STRUCT, _OP_TYPE_POINTER}
+_CONSTANT_OPS = {_OP_CONSTANT, _OP_SPEC_CONSTANT, _OP_CONSTANT_COMPOSITE,
+                 _OP_SPEC_CONSTANT_COMPOSITE}
+
+_GL_COMPUTE = 5
+_MODE_LOCAL_SIZE, _MODE_LOCAL_SIZE_ID = 17, 38
+_DEC_BLOCK, _DEC_BUFFER_BLOCK, _DEC_ROW_MAJOR = 2, 3, 4
+_DEC_ARRAY_STRIDE, _DEC_MATRIX_STRIDE, _DEC_BUILTIN = 6, 7, 11
+_DEC_BINDING, _DEC_DESCRIPTOR_SET, _DEC_OFFSET = 33, 34, 35
+_BUILTIN_WORKGROUP_SIZE = 25
+_SC_UNIFORM_CONSTANT, _SC_UNIFORM, _SC_PUSH_CONSTANT, _SC_STORAGE_BUFFER = 0, 2, 9, 12
+
+
+@dataclass(frozen=True)
+class ShaderInterface:
+    """What a compute shader needs from the pipeline that runs it."""
+
+    entry_point: str
+    """Name of the module's single GLCompute entry point."""
+    local_size: tuple[int, int, int]
+    """Workgroup size (x, y, z)."""
+    bindings: tuple[int, ...]
+    """Sorted binding numbers of the storage buffers in descriptor set 0."""
+    push_constant_size: int
+    """Bytes of the push-constant block up to the end of its last member; 0 when none."""
+
+
+def reflect(spirv: bytes) -> ShaderInterface:
+    """Read a compute shader's interface from a SPIR-V module.
+
+    Raises :class:`~libshare.errors.InvalidSubmission` when the module is
+    malformed or uses something this reflection does not support.
+    """
+    if not isinstance(spirv, (bytes, bytearray, memoryview)):
+        raise TypeError(f"SPIR-V must be bytes, not {type(spirv).__name__}")
+    module = _Module(_words(bytes(spirv)))
+    entry_id, name = module.entry_point()
+    return ShaderInterface(
+        entry_point=name,
+        local_size=module.local_size(entry_id),
+        bindings=module.bindings(),
+        push_constant_size=module.push_constant_size(),
+    )
+
+
+def _invalid(message: str) -> InvalidSubmission:
+    return InvalidSubmission(f"invalid SPIR-V: {message}")
+
+
+def _words(data: bytes) -> tuple[int, ...]:
+    """Decode the module into 32-bit words in its own byte order, checking the header."""
+    if len(data) % 4:
+        raise _invalid(f"length {len(data)} is not a multiple of 4")
+    if len(data) < 4 * _HEADER_WORDS:
+        raise _invalid(f"{len(data)} bytes is shorter than the 20-byte header")
+    count = len(data) // 4
+    for order in "<>":
+        words = struct.unpack(f"{order}{count}I", data)
+        if words[0] == _MAGIC:
+            break
+    else:
+        raise _invalid(f"bad magic number 0x{words[0]:08x} (expected 0x{_MAGIC:08x})")
+    if (words[1] >> 16) & 0xFF != 1:
+        raise _invalid(f"unsupported version word 0x{words[1]:08x}")
+    return words
+
+
+def _instructions(words: tuple[int, ...]) -> Iterator[tuple[int, tuple[int, ...]]]:
+    """Yield (opcode, operands) for each instruction after the header."""
+    pos = _HEADER_WORDS
+    while pos < len(words):
+        count, opcode = words[pos] >> 16, words[pos] & 0xFFFF
+        if count == 0:
+            raise _invalid(f"instruction at word {pos} has a word count of 0")
+        if pos + count > len(words):
+            raise _invalid(f"instruction at word {pos} runs past the end of the module")
+        operands = words[pos + 1:pos + count]
+        if len(operands) < _MIN_OPERANDS.get(opcode, 0):
+            raise _invalid(f"opcode {opcode} at word {pos} has too few operands")
+        yield opcode, operands
+        pos += count
+
+
+def _string(words: tuple[int, ...]) -> str:
+    """Decode a nul-terminated UTF-8 literal string packed into words."""
+    raw = b"".join(word.to_bytes(4, "little") for word in words)
+    end = raw.find(b"\0")
+    if end < 0:
+        raise _invalid("literal string is not nul-terminated")
+    try:
+        return raw[:end].decode("utf-8")
+    except UnicodeDecodeError:
+        raise _invalid("literal string is not UTF-8") from None
+
+
+class _Module:
+    """The parts of a module that reflection reads, indexed by id."""
+
+    def __init__(self, words: tuple[int, ...]) -> None:
+        self.entry_points: list[tuple[int, str]] = []
+        self.modes: list[tuple[int, tuple[int, ...]]] = []
+        self.decorations: dict[int, dict[int, tuple[int, ...]]] = {}
+        self.member_decorations: dict[tuple[int, int], dict[int, tuple[int, ...]]] = {}
+        self.types: dict[int, tuple[int, tuple[int, ...]]] = {}
+        self.constants: dict[int, tuple[int, tuple[int, ...]]] = {}
+        self.variables: list[tuple[int, int, int]] = []
+        for opcode, ops in _instructions(words):
+            self._record(opcode, ops)
+
+    def _record(self, opcode: int, ops: tuple[int, ...]) -> None:
+        if opcode == _OP_ENTRY_POINT and ops[0] == _GL_COMPUTE:
+            self.entry_points.append((ops[1], _string(ops[2:])))
+        elif opcode in (_OP_EXECUTION_MODE, _OP_EXECUTION_MODE_ID):
+            self.modes.append((ops[0], ops[1:]))
+        elif opcode == _OP_DECORATE:
+            self.decorations.setdefault(ops[0], {})[ops[1]] = ops[2:]
+        elif opcode == _OP_MEMBER_DECORATE:
+            self.member_decorations.setdefault((ops[0], ops[1]), {})[ops[2]] = ops[3:]
+        elif opcode in _TYPE_OPS:
+            self.types[ops[0]] = (opcode, ops)
+        elif opcode in _CONSTANT_OPS:
+            self.constants[ops[1]] = (opcode, ops)
+        elif opcode == _OP_VARIABLE:
+            self.variables.append((ops[0], ops[1], ops[2]))
+
+    def entry_point(self) -> tuple[int, str]:
+        if len(self.entry_points) != 1:
+            raise _invalid(f"expected one GLCompute entry point, found {len(self.entry_points)}")
+        return self.entry_points[0]
+
+    def local_size(self, entry_id: int) -> tuple[int, int, int]:
+        """WorkgroupSize built-in if present (it overrides the mode), else LocalSize(Id)."""
+        sizes: tuple[int, ...] | None = None
+        for target, decorations in self.decorations.items():
+            if decorations.get(_DEC_BUILTIN, ())[:1] == (_BUILTIN_WORKGROUP_SIZE,):
+                sizes = self._composite(target)
+        for target, (mode, *args) in self.modes:
+            if sizes is None and target == entry_id and len(args) >= 3:
+                if mode == _MODE_LOCAL_SIZE:
+                    sizes = tuple(args[:3])
+                elif mode == _MODE_LOCAL_SIZE_ID:
+                    sizes = tuple(self._scalar(arg) for arg in args[:3])
+        if sizes is None:
+            raise _invalid("no LocalSize execution mode for the entry point")
+        x, y, z = sizes
+        if min(sizes) < 1:
+            raise _invalid(f"local size {sizes} has a zero dimension")
+        return x, y, z
+
+    def bindings(self) -> tuple[int, ...]:
+        found: list[int] = []
+        for pointer, var, storage in self.variables:
+            if storage in (_SC_UNIFORM_CONSTANT, _SC_UNIFORM, _SC_STORAGE_BUFFER):
+                self._check_storage_buffer(pointer, storage)
+                found.append(self._binding(var))
+        if len(set(found)) != len(found):
+            raise _invalid(f"duplicate binding numbers in {sorted(found)}")
+        return tuple(sorted(found))
+
+    def push_constant_size(self) -> int:
+        blocks = [p for p, _, storage in self.variables if storage == _SC_PUSH_CONSTANT]
+        if len(blocks) > 1:
+            raise _invalid("more than one push-constant block")
+        return self._size(self._pointee(blocks[0]), {}, 0) if blocks else 0
+
+    def _check_storage_buffer(self, pointer: int, storage: int) -> None:
+        if storage == _SC_UNIFORM_CONSTANT:
+            raise _invalid("images and samplers are not supported; use storage buffers")
+        pointee = self._pointee(pointer)
+        if self._type(pointee)[0] != _OP_TYPE_STRUCT:
+            raise _invalid("arrays of buffers are not supported; declare one buffer per binding")
+        decorations = self.decorations.get(pointee, {})
+        if storage == _SC_STORAGE_BUFFER and _DEC_BLOCK in decorations:
+            return
+        if storage == _SC_UNIFORM and _DEC_BUFFER_BLOCK in decorations:
+            return
+        raise _invalid("uniform buffers are not supported; use storage buffers")
+
+    def _binding(self, var: int) -> int:
+        decorations = self.decorations.get(var, {})
+        descriptor_set = _first(decorations, _DEC_DESCRIPTOR_SET, f"DescriptorSet on %{var}")
+        if descriptor_set != 0:
+            raise _invalid(f"resource %{var} is in descriptor set {descriptor_set}; only set 0 is supported")
+        return _first(decorations, _DEC_BINDING, f"Binding on %{var}")
+
+    def _type(self, type_id: int) -> tuple[int, tuple[int, ...]]:
+        if type_id not in self.types:
+            raise _invalid(f"%{type_id} is not a declared type")
+        return self.types[type_id]
+
+    def _pointee(self, pointer: int) -> int:
+        kind, ops = self._type(pointer)
+        if kind != _OP_TYPE_POINTER:
+            raise _invalid(f"variable type %{pointer} is not a pointer")
+        return ops[2]
+
+    def _scalar(self, const_id: int) -> int:
+        """Value of an integer (spec) constant; a spec constant gives its default."""
+        opcode, ops = self.constants.get(const_id, (None, ()))
+        if opcode not in (_OP_CONSTANT, _OP_SPEC_CONSTANT):
+            raise _invalid(f"%{const_id} is not a scalar constant")
+        return sum(word << (32 * i) for i, word in enumerate(ops[2:]))
+
+    def _composite(self, const_id: int) -> tuple[int, ...]:
+        opcode, ops = self.constants.get(const_id, (None, ()))
+        if opcode not in (_OP_CONSTANT_COMPOSITE, _OP_SPEC_CONSTANT_COMPOSITE) or len(ops) != 5:
+            raise _invalid(f"WorkgroupSize %{const_id} is not a 3-component constant")
+        return tuple(self._scalar(part) for part in ops[2:])
+
+    def _size(self, type_id: int, layout: dict[int, tuple[int, ...]], depth: int) -> int:
+        """Bytes from the start of a value of this type to the end of its last byte.
+
+        ``layout`` holds the decorations of the struct member being sized,
+        which carry a matrix's stride and majorness.
+        """
+        if depth > _MAX_TYPE_DEPTH:
+            raise _invalid("type nesting too deep (or a type contains itself)")
+        kind, ops = self._type(type_id)
+        if kind in (_OP_TYPE_INT, _OP_TYPE_FLOAT):
+            return ops[1] // 8
+        if kind == _OP_TYPE_VECTOR:
+            return ops[2] * self._size(ops[1], {}, depth + 1)
+        if kind == _OP_TYPE_ARRAY:
+            stride = _first(self.decorations.get(type_id, {}), _DEC_ARRAY_STRIDE, "ArrayStride")
+            count = self._scalar(ops[2])
+            return self._extent(count, stride, self._size(ops[1], {}, depth + 1))
+        if kind == _OP_TYPE_MATRIX:
+            column_kind, column = self._type(ops[1])
+            if column_kind != _OP_TYPE_VECTOR:
+                raise _invalid(f"matrix %{type_id} has a non-vector column type")
+            stride = _first(layout, _DEC_MATRIX_STRIDE, "MatrixStride")
+            scalar = self._size(column[1], {}, depth + 1)
+            rows, columns = column[2], ops[2]
+            if _DEC_ROW_MAJOR in layout:
+                return self._extent(rows, stride, columns * scalar)
+            return self._extent(columns, stride, rows * scalar)
+        if kind == _OP_TYPE_STRUCT:
+            return self._struct_size(type_id, ops[1:], depth)
+        raise _invalid(f"type %{type_id} (opcode {kind}) has no size in a push-constant block")
+
+    @staticmethod
+    def _extent(count: int, stride: int, element_size: int) -> int:
+        """Bytes spanned by ``count`` elements ``stride`` apart."""
+        if count < 1:
+            raise _invalid("array or matrix has no elements")
+        return (count - 1) * stride + element_size
+
+    def _struct_size(self, struct_id: int, members: tuple[int, ...], depth: int) -> int:
+        end = 0
+        for index, member in enumerate(members):
+            layout = self.member_decorations.get((struct_id, index), {})
+            offset = _first(layout, _DEC_OFFSET, f"Offset on member {index} of %{struct_id}")
+            end = max(end, offset + self._size(member, layout, depth + 1))
+        return end
+
+
+def _first(decorations: dict[int, tuple[int, ...]], decoration: int, what: str) -> int:
+    """The first literal of a required decoration."""
+    literals = decorations.get(decoration, ())
+    if not literals:
+        raise _invalid(f"missing {what} decoration")
+    return literals[0]

@@ -1,0 +1,79 @@
+"""The libshare exception family.
+
+Every error libshare raises derives from :class:`LibshareError`. Where a builtin
+exception means the same thing, the libshare class also derives from it (the
+pynacl pattern), so ``except TimeoutError`` and ``except libshare.Timeout`` both
+work. Each message says what went wrong and what to do about it.
+"""
+
+from __future__ import annotations
+
+import builtins
+
+__all__ = [
+    "LibshareError",
+    "ArbiterUnavailable",
+    "ArbiterLost",
+    "QuotaExceeded",
+    "TooManyClients",
+    "ClientTerminated",
+    "InvalidSubmission",
+    "ServerFault",
+    "ProtocolError",
+    "RingCorrupted",
+    "RingFull",
+    "Timeout",
+    "VulkanUnavailable",
+]
+
+
+class LibshareError(Exception):
+    """Root of every error libshare raises."""
+
+
+class ArbiterUnavailable(builtins.ConnectionError, LibshareError):
+    """No arbiter answers at the pipe directory (and the mode forbids embedding)."""
+
+
+class ArbiterLost(builtins.ConnectionError, LibshareError):
+    """The arbiter this session was attached to died or closed the connection."""
+
+
+class QuotaExceeded(LibshareError):
+    """A request would take a client or group past one of its limits."""
+
+
+class TooManyClients(LibshareError):
+    """The arbiter already serves its maximum number of clients."""
+
+
+class ClientTerminated(LibshareError):
+    """The operator terminated this client; every later call raises this too."""
+
+
+class InvalidSubmission(builtins.ValueError, LibshareError):
+    """The arbiter rejected a descriptor or request as invalid."""
+
+
+class ServerFault(LibshareError):
+    """The arbiter's device faulted while this client had work on it (sticky)."""
+
+
+class ProtocolError(LibshareError):
+    """A peer broke the wire or shared-memory protocol."""
+
+
+class RingCorrupted(ProtocolError):
+    """A shared-memory ring's header or indexes failed validation."""
+
+
+class RingFull(builtins.BlockingIOError, LibshareError):
+    """A non-blocking push found no free slot; wait for completions and retry."""
+
+
+class Timeout(builtins.TimeoutError, LibshareError):
+    """A wait ran past its timeout."""
+
+
+class VulkanUnavailable(LibshareError):
+    """No usable Vulkan driver or device was found."""

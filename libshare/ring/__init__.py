@@ -1,0 +1,17 @@
+"""libshare.ring: the lock-free shared-memory rings between clients and the arbiter.
+
+A :class:`Region` holds a many-producer submission ring (one lane per
+producing thread) and a single-producer completion ring, in one anonymous
+memfd. Descriptors are :data:`DESC_DTYPE` records (256 bytes), completions
+:data:`CQE_DTYPE` records (32 bytes). The atomics live in the C core
+(ring.c); see its opening comment for the design.
+"""
+
+from ._binding import C as C
+from ._binding import CQE_DTYPE as CQE_DTYPE
+from ._binding import DESC_DTYPE as DESC_DTYPE
+from ._region import Producer as Producer
+from ._region import ReapReport as ReapReport
+from ._region import Region as Region
+
+__all__ = ["C", "CQE_DTYPE", "DESC_DTYPE", "Producer", "ReapReport", "Region"]

@@ -1,0 +1,41 @@
+"""cffi build script for the ring's C core (hooked in through setup.py's cffi_modules).
+
+The cdef is the block of ring.h between the cdef-begin and cdef-end markers, so
+the C header, the cffi module and bindings/c/libshare.h share one source.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from cffi import FFI
+
+HERE = Path(__file__).resolve().parent
+HEADER = HERE / "ring.h"
+
+
+def cdef_source(header: Path = HEADER) -> str:
+    """Return the declarations of ``header`` between its cdef markers."""
+    text = header.read_text()
+    start = text.index("/* cdef-begin */") + len("/* cdef-begin */")
+    end = text.index("/* cdef-end */")
+    return text[start:end]
+
+
+def _relative(path: Path) -> str:
+    return os.path.relpath(path, Path.cwd())
+
+
+ffibuilder = FFI()
+ffibuilder.cdef(cdef_source())
+ffibuilder.set_source(
+    "libshare.ring._ring_cffi",
+    '#include "ring.h"',
+    sources=[_relative(HERE / "ring.c")],
+    include_dirs=[_relative(HERE)],
+    extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra"],
+)
+
+if __name__ == "__main__":
+    ffibuilder.compile(tmpdir=str(HERE.parent.parent), verbose=True)

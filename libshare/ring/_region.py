@@ -1,0 +1,338 @@
+"""Python face of the ring: a mapped region, its producers, its consumer.
+
+A :class:`Region` is one memfd holding a submission ring of several lanes and
+a completion ring (see ring.c for the design). The memfd has no name, so
+nothing ever appears in /dev/shm and no other user can open it; another
+process attaches by receiving its file descriptor (``socket.send_fds``) or by
+inheriting it, and the memory goes away when the last mapping and descriptor
+close, however the processes died.
+
+Every call that needs atomics goes through the C core; this module only
+moves bytes between numpy arrays and C and turns return codes into errors.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import errors
+from ._binding import C, CQE_DTYPE, DESC_DTYPE, check, ffi, lib
+
+__all__ = ["Region", "Producer", "ReapReport"]
+
+_SPIN_NS = 20_000  # polling before sleeping on a futex: about one cross-core round trip, many times
+
+
+@dataclass(frozen=True)
+class ReapReport:
+    """What :meth:`Region.reap` found among lanes whose producer process died."""
+
+    lanes_freed: int
+    """Lanes whose owner had exited and are free again."""
+    broken_slots: int
+    """Slots a dead producer reserved but never published; their entries are lost."""
+    first_broken_lane: int | None
+    """Lane of the first broken slot, None when there was none."""
+    first_broken_pos: int | None
+    """Free-running position of that slot in its lane."""
+
+
+def _ns(seconds: float | None) -> int:
+    return -1 if seconds is None else max(0, int(seconds * 1e9))
+
+
+def _as_bytes_source(descs, dtype: np.dtype):
+    """A C pointer and an entry count for bytes or a contiguous array of ``dtype``."""
+    if isinstance(descs, bytes):
+        if len(descs) % dtype.itemsize:
+            raise ValueError(f"{len(descs)} bytes is not a whole number of {dtype.itemsize}-byte entries")
+        return descs, len(descs) // dtype.itemsize
+    array = np.asarray(descs)
+    if array.dtype != dtype:
+        raise TypeError(f"expected entries of dtype {dtype}, got {array.dtype}")
+    if not array.flags.c_contiguous:
+        raise BufferError("entries must be C-contiguous; copy them first (np.ascontiguousarray)")
+    return ffi.from_buffer("char[]", array), array.size
+
+
+class Region:
+    """A shared-memory region with a submission ring and a completion ring.
+
+    ``Region.create`` makes a new one; ``Region.attach(fd)`` maps one made by
+    another process. ``close()`` unmaps this process's view and is idempotent.
+    """
+
+    def __init__(self, fd: int, *, owns_fd: bool = True):
+        self._lock = threading.Lock()
+        self._fd = fd if owns_fd else os.dup(fd)
+        try:
+            size = os.fstat(self._fd).st_size
+            self._map = mmap.mmap(self._fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        except (OSError, ValueError) as exc:
+            os.close(self._fd)
+            raise errors.RingCorrupted(f"cannot map ring region from fd {fd}: {exc}") from exc
+        self._base = ffi.from_buffer("char[]", self._map)
+        handle = ffi.new("ls_region **")
+        rc = lib.ls_region_open(self._base, size, handle)
+        if rc < 0:
+            self._unmap()
+            check(rc, None, "attach")
+        self._handle = handle[0]
+        header = lib.ls_region_header_of(self._handle)
+        self.lane_count: int = header.lane_count
+        """Submission lanes: the most threads that can push at once."""
+        self.lane_entries: int = header.lane_entries
+        """Slots per lane."""
+        self.cq_entries: int = header.cq_entries
+        """Completion slots."""
+        self.size: int = size
+        """Bytes mapped."""
+        self._local = threading.local()
+        self._cqe_out = np.empty(self.cq_entries, CQE_DTYPE)
+        self._cqe_ptr = ffi.from_buffer("char[]", self._cqe_out)
+        self._pidfd = -1
+
+    @classmethod
+    def create(cls, lanes: int = 8, lane_entries: int = 256, cq_entries: int = 1024) -> Region:
+        """Make a new anonymous region (memfd) with the given geometry and attach to it."""
+        size = lib.ls_region_size(lanes, lane_entries, cq_entries)
+        if size < 0:
+            raise ValueError(
+                f"bad ring geometry: lanes={lanes} (1..{C.MAX_LANES}), lane_entries={lane_entries} and "
+                f"cq_entries={cq_entries} (powers of two up to {C.MAX_ENTRIES})"
+            )
+        fd = os.memfd_create("libshare-ring", os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(fd, size)
+            with mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE) as view:
+                base = ffi.from_buffer("char[]", view)
+                check(lib.ls_region_format(base, size, lanes, lane_entries, cq_entries, os.getpid()))
+                ffi.release(base)
+        except BaseException:
+            os.close(fd)
+            raise
+        return cls(fd)
+
+    @classmethod
+    def attach(cls, fd: int) -> Region:
+        """Map a region from a file descriptor received from its creator (the fd is duplicated)."""
+        return cls(fd, owns_fd=False)
+
+    @property
+    def fd(self) -> int:
+        """The memfd, to pass to the peer with ``socket.send_fds``."""
+        self._require_open()
+        return self._fd
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` ran."""
+        return self._handle is None
+
+    def _require_open(self) -> None:
+        if self._handle is None:
+            raise ValueError("ring region is closed")
+
+    # ---------------------------------------------------------------- liveness
+
+    def watch_peer(self, pid: int) -> None:
+        """Make waits raise :class:`ArbiterLost` soon after process ``pid`` exits."""
+        self._require_open()
+        if self._pidfd >= 0:
+            os.close(self._pidfd)
+        self._pidfd = os.pidfd_open(pid)
+        lib.ls_set_peer_pidfd(self._handle, self._pidfd)
+
+    def announce_consumer(self, alive: bool = True) -> None:
+        """Record this process as the consumer, alive or closed (a close wakes waiting clients)."""
+        self._require_open()
+        lib.ls_set_consumer(self._handle, os.getpid(), C.PEER_ALIVE if alive else C.PEER_CLOSED)
+
+    def announce_client(self, alive: bool = True) -> None:
+        """Record this process as the client, alive or closed."""
+        self._require_open()
+        lib.ls_set_client(self._handle, os.getpid(), C.PEER_ALIVE if alive else C.PEER_CLOSED)
+
+    def set_wake_fd(self, eventfd: int) -> None:
+        """Wake the consumer by writing ``eventfd`` instead of a futex (for a consumer in epoll)."""
+        self._require_open()
+        lib.ls_set_wake_fd(self._handle, eventfd)
+
+    # ---------------------------------------------------------------- producer
+
+    def producer(self) -> Producer:
+        """This thread's producer: claims a lane on first use and keeps it for the thread's life."""
+        producer = getattr(self._local, "producer", None)
+        if producer is None or producer.lane is None:
+            producer = Producer(self)
+            self._local.producer = producer
+        return producer
+
+    def push(self, descs, timeout: float | None = None) -> None:
+        """Push every descriptor (bytes or DESC_DTYPE array) from this thread's lane."""
+        self.producer().push(descs, timeout)
+
+    # ---------------------------------------------------------------- consumer
+
+    def pending(self) -> int:
+        """Descriptors published and not yet popped, over all lanes."""
+        self._require_open()
+        return check(lib.ls_sq_pending(self._handle), self._handle, "pending")
+
+    def pop_into(self, out: np.ndarray, out_ptr=None) -> int:
+        """Pop up to ``len(out)`` descriptors into ``out`` (a DESC_DTYPE array); return how many.
+
+        A slot whose fields failed the ring's range checks arrives with opcode
+        ``OP_BAD``. Pass ``out_ptr`` (``ffi.from_buffer`` of ``out``, made once)
+        to skip making it on every call.
+        """
+        self._require_open()
+        ptr = out_ptr if out_ptr is not None else ffi.from_buffer("char[]", out)
+        return check(lib.ls_sq_pop(self._handle, ptr, len(out)), self._handle, "pop")
+
+    def pop(self, max_count: int = 256) -> np.ndarray:
+        """Pop up to ``max_count`` descriptors into a new DESC_DTYPE array."""
+        out = np.empty(max_count, DESC_DTYPE)
+        return out[: self.pop_into(out)]
+
+    def wait(self, timeout: float | None = None, spin: float = _SPIN_NS / 1e9) -> int:
+        """Block until descriptors are pending; return how many. Raises Timeout or ArbiterLost."""
+        self._require_open()
+        return check(lib.ls_sq_wait(self._handle, int(spin * 1e9), _ns(timeout)), self._handle, "wait")
+
+    def reap(self) -> ReapReport:
+        """Free the lanes of producer processes that died; report slots they left half-written."""
+        self._require_open()
+        report = ffi.new("struct ls_reap_report *")
+        lib.ls_sq_reap(self._handle, report)
+        broken = report.first_broken_lane != 0xFFFFFFFF
+        return ReapReport(
+            lanes_freed=report.lanes_freed,
+            broken_slots=report.broken_slots,
+            first_broken_lane=report.first_broken_lane if broken else None,
+            first_broken_pos=report.first_broken_pos if broken else None,
+        )
+
+    # ---------------------------------------------------------------- completions
+
+    def post(self, cqes) -> int:
+        """Post completions (bytes or CQE_DTYPE array); return how many fitted."""
+        self._require_open()
+        source, count = _as_bytes_source(cqes, CQE_DTYPE)
+        return check(lib.ls_cq_post(self._handle, source, count), self._handle, "post")
+
+    def completion_space(self) -> int:
+        """Free completion slots, as the poster sees them."""
+        self._require_open()
+        return check(lib.ls_cq_space(self._handle), self._handle, "completion space")
+
+    def completions(self, max_count: int | None = None) -> np.ndarray:
+        """Take the completions that are ready (at most ``max_count``), without waiting."""
+        self._require_open()
+        limit = self.cq_entries if max_count is None else min(max_count, self.cq_entries)
+        n = check(lib.ls_cq_pop(self._handle, self._cqe_ptr, limit), self._handle, "completions")
+        return self._cqe_out[:n].copy()
+
+    def wait_completions(self, min_count: int = 1, timeout: float | None = None,
+                         spin: float = _SPIN_NS / 1e9) -> int:
+        """Block until ``min_count`` completions are ready; return how many are."""
+        self._require_open()
+        rc = lib.ls_cq_wait(self._handle, min_count, int(spin * 1e9), _ns(timeout))
+        return check(rc, self._handle, "wait for completions")
+
+    # ---------------------------------------------------------------- lifetime
+
+    def _unmap(self) -> None:
+        ffi.release(self._base)
+        self._map.close()
+        os.close(self._fd)
+
+    def close(self) -> None:
+        """Unmap this process's view and close its descriptors. Idempotent."""
+        with self._lock:
+            if getattr(self, "_handle", None) is None:
+                return
+            lib.ls_region_close(self._handle)
+            self._handle = None
+            ffi.release(self._cqe_ptr)
+            if self._pidfd >= 0:
+                os.close(self._pidfd)
+            self._unmap()
+
+    def __enter__(self) -> Region:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        if getattr(self, "_handle", None) is not None:
+            self.close()
+
+    def _c(self):
+        """The C handle, for the sibling modules of this package."""
+        self._require_open()
+        return self._handle
+
+
+class Producer:
+    """One thread's lane in a region's submission ring (single producer, lock-free)."""
+
+    def __init__(self, region: Region):
+        self._region = region
+        handle = ffi.new("ls_producer **")
+        check(lib.ls_producer_open(region._c(), threading.get_native_id(), os.getpid(), handle),
+              None, "claim lane")
+        self._handle = handle[0]
+        self._push = lib.ls_push
+        self.lane: int | None = lib.ls_producer_lane(self._handle)
+        """The lane index this producer owns, None after release."""
+
+    def try_push(self, descs) -> int:
+        """Push as many descriptors as fit without waiting; return how many were pushed.
+
+        ``descs`` is bytes (a multiple of 256) or a C-contiguous DESC_DTYPE array.
+        """
+        if type(descs) is bytes:
+            n = self._push(self._handle, descs, len(descs) >> 8)
+        else:
+            source, count = _as_bytes_source(descs, DESC_DTYPE)
+            n = self._push(self._handle, source, count)
+        return n if n >= 0 else check(n, self._region._c(), "push")
+
+    def push(self, descs, timeout: float | None = None) -> None:
+        """Push every descriptor, waiting for space up to ``timeout`` seconds (None: forever)."""
+        source, count = _as_bytes_source(descs, DESC_DTYPE)
+        pushed = check(self._push(self._handle, source, count), self._region._c(), "push")
+        if pushed < count:
+            self._push_rest(source, count, pushed, timeout)
+
+    def _push_rest(self, source, count: int, pushed: int, timeout: float | None) -> None:
+        view = ffi.from_buffer("char[]", source) if isinstance(source, bytes) else source
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while pushed < count:
+            if deadline is not None and time.monotonic() > deadline:
+                raise errors.RingFull(f"push: lane {self.lane} stayed full for {timeout} s "
+                                      f"({pushed} of {count} descriptors pushed)")
+            os.sched_yield()
+            rest = view + pushed * C.DESC_SIZE
+            pushed += check(self._push(self._handle, rest, count - pushed), self._region._c(), "push")
+
+    def space(self) -> int:
+        """Free slots in this lane."""
+        return check(lib.ls_space(self._handle), self._region._c(), "space")
+
+    def release(self) -> None:
+        """Give the lane back so another thread may claim it. Idempotent."""
+        if self.lane is not None and not self._region.closed:
+            lib.ls_producer_close(self._handle)
+        self.lane = None
+
+    def __del__(self):
+        self.release()

@@ -1,0 +1,643 @@
+/*
+ * The libshare ring: the data plane between a client and the arbiter.
+ *
+ * Design
+ * ------
+ * A region holds a *submission ring* and a *completion ring*. The submission
+ * ring is many-producer, one-consumer, but not through a shared tail: it is a
+ * set of single-producer *lanes*. A producing thread claims a lane once (a
+ * compare-and-swap on the lane's owner word) and from then on pushes with
+ * plain stores and one store-release of its tail. There is no contended
+ * atomic on the hot path, and a producer that dies cannot block anyone else,
+ * because nobody else ever waits on its lane.
+ *
+ * Indexes are free-running uint32 counters masked at use: a lane is full when
+ * tail - head == entries, the slot of position p is slots[p & mask].
+ *
+ * A half-written slot. A push first stores reserved_tail = tail + n, copies
+ * the n descriptors into their slots, then store-releases tail = tail + n.
+ * The consumer reads only [head, tail), so a producer killed while copying
+ * leaves slots that are never read: the entries before them (already
+ * published) and every other lane drain normally. When the consumer reaps
+ * (ls_sq_reap) it finds lanes whose owner process is gone; for each it counts
+ * reserved_tail - tail as broken slots, reports the first one, adds them to
+ * the lane's `broken` word, and frees the lane for another producer.
+ *
+ * The consumer trusts nothing in the region. At open it validates the header
+ * and copies the geometry into private memory; it never reads a size or
+ * offset from shared memory again. It keeps its own copy of every head and
+ * of the completion tail, and reads only the peer-written index of each ring,
+ * rejecting a distance beyond the capacity as corruption (sticky: the region
+ * is dead from then on, with the details in ls_last_error). Slots are copied
+ * out before they are looked at, so a producer rewriting a slot cannot change
+ * what was checked; a slot whose fields are out of range is handed over with
+ * opcode LS_OP_BAD so the caller answers its ticket with an error.
+ *
+ * Sleep and wake follow io_uring's SQPOLL. A consumer that finds nothing
+ * spins for a bounded time, then sets LS_NEED_WAKEUP in sq_flags, issues a
+ * full barrier, looks once more, and sleeps on the sq_bell futex word. A
+ * producer, after publishing its tail, issues a full barrier and reads
+ * sq_flags; only when the flag is set does it take it (exchange to 0), bump
+ * sq_bell and wake the consumer. So while the consumer polls, producers make
+ * no system call. The completion ring works the same way in the other
+ * direction. Every sleep is cut into slices of at most LS_SLICE_NS; between
+ * slices the sleeper checks that its peer is alive (a pidfd, or the peer's
+ * state word), so a dead peer is noticed within one slice.
+ */
+#define _GNU_SOURCE
+#include "ring.h"
+#include "sync.h"
+
+#include <poll.h>
+#include <signal.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define LS_SLICE_NS 50000000LL          /* 50 ms: how long a dead peer can go unnoticed */
+#define LS_HEADER_SIZE 128
+#define LS_BELLS_SIZE 128
+#define LS_NO_LANE 0xffffffffu
+
+_Static_assert(sizeof(struct ls_desc) == LS_DESC_SIZE, "descriptor is 256 bytes");
+_Static_assert(sizeof(struct ls_cqe) == LS_CQE_SIZE, "completion is 32 bytes");
+_Static_assert(sizeof(struct ls_region_header) == LS_HEADER_SIZE, "header is two cache lines");
+_Static_assert(sizeof(struct ls_bells) == LS_BELLS_SIZE, "bells are two cache lines");
+_Static_assert(sizeof(struct ls_lane) == 2 * LS_CACHELINE, "lane indexes are two cache lines");
+_Static_assert(offsetof(struct ls_lane, head) == LS_CACHELINE, "head has its own cache line");
+_Static_assert(sizeof(struct ls_cq) == 2 * LS_CACHELINE, "cq indexes are two cache lines");
+_Static_assert(offsetof(struct ls_cq, head) == LS_CACHELINE, "cq head has its own cache line");
+
+struct ls_region {
+    uint8_t *base;
+    uint64_t size;
+    uint32_t lane_count, lane_entries, cq_entries;
+    uint64_t lanes_offset, lane_stride, cq_offset;
+    struct ls_bells *bells;
+    struct ls_cq *cq;
+    struct ls_cqe *cqes;
+    uint32_t cq_tail;                   /* arbiter's private completion tail */
+    uint32_t cq_head;                   /* client's private completion head */
+    uint32_t next_lane;                 /* where the next pop starts (round robin) */
+    int peer_pidfd;
+    int wake_fd;
+    struct ls_error_info err;           /* sticky once err.code != 0 */
+    uint32_t heads[LS_MAX_LANES];       /* consumer's private lane heads */
+};
+
+static int is_pow2(uint32_t x) { return x && !(x & (x - 1)); }
+
+static uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
+
+static struct ls_lane *lane_at(ls_region *r, uint32_t i)
+{
+    return (struct ls_lane *)(r->base + r->lanes_offset + (uint64_t)i * r->lane_stride);
+}
+
+static struct ls_desc *lane_slots(struct ls_lane *l) { return (struct ls_desc *)(l + 1); }
+
+static int geometry_ok(uint32_t lane_count, uint32_t lane_entries, uint32_t cq_entries)
+{
+    return lane_count >= 1 && lane_count <= LS_MAX_LANES && is_pow2(lane_entries) &&
+           lane_entries <= LS_MAX_ENTRIES && is_pow2(cq_entries) && cq_entries <= LS_MAX_ENTRIES;
+}
+
+int64_t ls_region_size(uint32_t lane_count, uint32_t lane_entries, uint32_t cq_entries)
+{
+    if (!geometry_ok(lane_count, lane_entries, cq_entries))
+        return -EINVAL;
+    uint64_t lane_stride = sizeof(struct ls_lane) + (uint64_t)lane_entries * LS_DESC_SIZE;
+    uint64_t cq_offset = LS_HEADER_SIZE + LS_BELLS_SIZE + lane_count * lane_stride;
+    uint64_t end = cq_offset + sizeof(struct ls_cq) + (uint64_t)cq_entries * LS_CQE_SIZE;
+    return (int64_t)align_up(end, 4096);
+}
+
+int ls_region_format(void *base, uint64_t size, uint32_t lane_count, uint32_t lane_entries,
+                     uint32_t cq_entries, uint32_t creator_pid)
+{
+    int64_t need = ls_region_size(lane_count, lane_entries, cq_entries);
+    if (need < 0)
+        return (int)need;
+    if (size < (uint64_t)need)
+        return -ENOSPC;
+    memset(base, 0, (size_t)need);
+    struct ls_region_header *h = base;
+    h->version = LS_RING_VERSION;
+    h->region_size = (uint64_t)need;
+    h->lane_count = lane_count;
+    h->lane_entries = lane_entries;
+    h->cq_entries = cq_entries;
+    h->desc_size = LS_DESC_SIZE;
+    h->cqe_size = LS_CQE_SIZE;
+    h->creator_pid = creator_pid;
+    h->lanes_offset = LS_HEADER_SIZE + LS_BELLS_SIZE;
+    h->lane_stride = sizeof(struct ls_lane) + (uint64_t)lane_entries * LS_DESC_SIZE;
+    h->cq_offset = h->lanes_offset + lane_count * h->lane_stride;
+    /* Pairs with the load-acquire of magic in ls_region_open: a peer that sees the
+     * magic sees a complete header. */
+    ls_store_release(&h->magic, LS_RING_MAGIC);
+    return 0;
+}
+
+static int header_ok(const struct ls_region_header *h, uint64_t mapped_size)
+{
+    if (ls_load_acquire(&h->magic) != LS_RING_MAGIC || h->version != LS_RING_VERSION)
+        return 0;
+    if (h->desc_size != LS_DESC_SIZE || h->cqe_size != LS_CQE_SIZE)
+        return 0;
+    int64_t need = ls_region_size(h->lane_count, h->lane_entries, h->cq_entries);
+    if (need < 0 || (uint64_t)need != h->region_size || h->region_size > mapped_size)
+        return 0;
+    uint64_t stride = sizeof(struct ls_lane) + (uint64_t)h->lane_entries * LS_DESC_SIZE;
+    return h->lanes_offset == LS_HEADER_SIZE + LS_BELLS_SIZE && h->lane_stride == stride &&
+           h->cq_offset == h->lanes_offset + h->lane_count * stride;
+}
+
+int ls_region_open(void *base, uint64_t mapped_size, ls_region **out)
+{
+    *out = NULL;
+    if (mapped_size < LS_HEADER_SIZE + LS_BELLS_SIZE)
+        return -LS_ECORRUPT;
+    struct ls_region_header h;
+    memcpy(&h, base, sizeof h);         /* one private snapshot: the peer may rewrite it */
+    if (!header_ok(&h, mapped_size))
+        return -LS_ECORRUPT;
+    ls_region *r = calloc(1, sizeof *r);
+    if (!r)
+        return -ENOMEM;
+    r->base = base;
+    r->size = h.region_size;
+    r->lane_count = h.lane_count;
+    r->lane_entries = h.lane_entries;
+    r->cq_entries = h.cq_entries;
+    r->lanes_offset = h.lanes_offset;
+    r->lane_stride = h.lane_stride;
+    r->cq_offset = h.cq_offset;
+    r->bells = (struct ls_bells *)(r->base + LS_HEADER_SIZE);
+    r->cq = (struct ls_cq *)(r->base + r->cq_offset);
+    r->cqes = (struct ls_cqe *)(r->cq + 1);
+    r->cq_tail = ls_load_acquire(&r->cq->tail);
+    r->cq_head = ls_load_acquire(&r->cq->head);
+    for (uint32_t i = 0; i < r->lane_count; i++)
+        r->heads[i] = ls_load_acquire(&lane_at(r, i)->head);
+    r->peer_pidfd = -1;
+    r->wake_fd = -1;
+    r->err.lane = LS_NO_LANE;
+    *out = r;
+    return 0;
+}
+
+void ls_region_close(ls_region *r) { free(r); }
+
+struct ls_region_header *ls_region_header_of(ls_region *r) { return (struct ls_region_header *)r->base; }
+
+struct ls_bells *ls_region_bells(ls_region *r) { return r->bells; }
+
+void ls_last_error(ls_region *r, struct ls_error_info *out) { *out = r->err; }
+
+static int fail(ls_region *r, int code, uint32_t lane, uint32_t head, uint32_t tail, uint32_t cap)
+{
+    r->err.code = code;
+    r->err.lane = lane;
+    r->err.head = head;
+    r->err.tail = tail;
+    r->err.capacity = cap;
+    return code;
+}
+
+void ls_set_consumer(ls_region *r, uint32_t pid, uint32_t state)
+{
+    ls_store_relaxed(&r->bells->consumer_pid, pid);
+    ls_store_release(&r->bells->consumer_state, state);
+    if (state == LS_PEER_CLOSED)        /* wake a client asleep on completions so it sees the close */
+        ls_futex_wake_impl(&r->bells->cq_bell, INT_MAX);
+}
+
+void ls_set_client(ls_region *r, uint32_t pid, uint32_t state)
+{
+    ls_store_relaxed(&r->bells->client_pid, pid);
+    ls_store_release(&r->bells->client_state, state);
+}
+
+void ls_set_peer_pidfd(ls_region *r, int pidfd) { r->peer_pidfd = pidfd; }
+
+void ls_set_wake_fd(ls_region *r, int eventfd) { r->wake_fd = eventfd; }
+
+static int pidfd_exited(int pidfd)
+{
+    struct pollfd p = {.fd = pidfd, .events = POLLIN};
+    return pidfd >= 0 && poll(&p, 1, 0) > 0;
+}
+
+/* ------------------------------------------------------------------ producer */
+
+static int thread_gone(uint32_t pid, uint32_t tid)
+{
+    return syscall(SYS_tgkill, (pid_t)pid, (pid_t)tid, 0) != 0 && errno == ESRCH;
+}
+
+struct ls_producer {
+    ls_region *r;
+    struct ls_lane *lane;
+    uint32_t index, tid;
+};
+
+static int lane_claim(ls_region *r, uint32_t tid, uint32_t pid)
+{
+    for (uint32_t i = 0; i < r->lane_count; i++) {
+        struct ls_lane *l = lane_at(r, i);
+        uint32_t expected = 0;
+        if (ls_cas(&l->owner_tid, &expected, tid)) {
+            ls_store_release(&l->owner_pid, pid);
+            return (int)i;
+        }
+    }
+    /* A lane still held by an exited thread of this process can be taken over:
+     * a thread cannot exit in the middle of a push, so its lane is consistent. */
+    for (uint32_t i = 0; i < r->lane_count; i++) {
+        struct ls_lane *l = lane_at(r, i);
+        uint32_t owner = ls_load_acquire(&l->owner_tid);
+        if (ls_load_relaxed(&l->owner_pid) == pid && owner && thread_gone(pid, owner) &&
+            ls_cas(&l->owner_tid, &owner, tid))
+            return (int)i;
+    }
+    return -EBUSY;
+}
+
+int ls_producer_open(ls_region *r, uint32_t tid, uint32_t pid, ls_producer **out)
+{
+    *out = NULL;
+    if (tid == 0)
+        return -EINVAL;
+    int lane = lane_claim(r, tid, pid);
+    if (lane < 0)
+        return lane;
+    ls_producer *p = malloc(sizeof *p);
+    if (!p) {
+        struct ls_lane *l = lane_at(r, (uint32_t)lane);
+        ls_store_relaxed(&l->owner_pid, 0);
+        ls_store_release(&l->owner_tid, 0);
+        return -ENOMEM;
+    }
+    p->r = r;
+    p->lane = lane_at(r, (uint32_t)lane);
+    p->index = (uint32_t)lane;
+    p->tid = tid;
+    *out = p;
+    return 0;
+}
+
+/* Gives the lane back (unless someone took it over) and frees the handle. */
+void ls_producer_close(ls_producer *p)
+{
+    uint32_t expected = p->tid;
+    if (ls_load_relaxed(&p->lane->owner_tid) == p->tid)
+        ls_store_relaxed(&p->lane->owner_pid, 0);
+    ls_cas(&p->lane->owner_tid, &expected, 0);
+    free(p);
+}
+
+int ls_producer_lane(ls_producer *p) { return (int)p->index; }
+
+/* Free slots in a lane as the producer sees them, or -LS_ECORRUPT. */
+static int lane_free(ls_region *r, struct ls_lane *l, uint32_t *tail_out)
+{
+    uint32_t tail = ls_load_relaxed(&l->tail);   /* ours: we are its only writer */
+    /* Pairs with the consumer's store-release of head in ls_sq_pop: the slots
+     * it has released are no longer being read. */
+    uint32_t head = ls_load_acquire(&l->head);
+    uint32_t used = tail - head;
+    if (used > r->lane_entries)
+        return -LS_ECORRUPT;
+    *tail_out = tail;
+    return (int)(r->lane_entries - used);
+}
+
+static void notify_consumer(ls_region *r)
+{
+    struct ls_bells *b = r->bells;
+    /* Pairs with the ls_smp_mb in ls_sq_wait after it sets NEED_WAKEUP: either it
+     * sees our tail, or we see its flag. */
+    ls_smp_mb();
+    if (!(ls_load_relaxed(&b->sq_flags) & LS_NEED_WAKEUP))
+        return;
+    if (!(ls_exchange(&b->sq_flags, 0) & LS_NEED_WAKEUP))
+        return;                         /* another producer took the wake */
+    ls_fetch_add(&b->sq_bell, 1);
+    if (r->wake_fd >= 0) {
+        uint64_t one = 1;
+        ssize_t written = write(r->wake_fd, &one, sizeof one);
+        (void)written;                  /* a full eventfd already wakes its reader */
+    } else {
+        ls_futex_wake_impl(&b->sq_bell, 1);
+    }
+}
+
+int ls_space(ls_producer *p)
+{
+    uint32_t tail;
+    return lane_free(p->r, p->lane, &tail);
+}
+
+int ls_push(ls_producer *p, const char *descs, uint32_t count)
+{
+    ls_region *r = p->r;
+    struct ls_lane *l = p->lane;
+    uint32_t tail;
+    int space = lane_free(r, l, &tail);
+    if (space <= 0)
+        return space;
+    uint32_t n = count < (uint32_t)space ? count : (uint32_t)space;
+    if (n == 0)
+        return 0;
+    ls_store_relaxed(&l->reserved_tail, tail + n);
+    uint32_t mask = r->lane_entries - 1;
+    uint32_t first = (tail & mask);
+    uint32_t before_wrap = r->lane_entries - first;
+    uint32_t part = n < before_wrap ? n : before_wrap;
+    memcpy(lane_slots(l) + first, descs, (size_t)part * LS_DESC_SIZE);
+    memcpy(lane_slots(l), descs + (size_t)part * LS_DESC_SIZE, (size_t)(n - part) * LS_DESC_SIZE);
+    /* Pairs with the consumer's load-acquire of tail in ls_sq_pop: it sees the slots. */
+    ls_store_release(&l->tail, tail + n);
+    notify_consumer(r);
+    return (int)n;
+}
+
+int ls_reserve(ls_producer *p, uint32_t count, struct ls_desc **slots)
+{
+    ls_region *r = p->r;
+    struct ls_lane *l = p->lane;
+    uint32_t tail;
+    int space = lane_free(r, l, &tail);
+    if (space <= 0)
+        return space;
+    uint32_t first = tail & (r->lane_entries - 1);
+    uint32_t n = count;
+    if (n > (uint32_t)space)
+        n = (uint32_t)space;
+    if (n > r->lane_entries - first)
+        n = r->lane_entries - first;    /* contiguous slots only */
+    ls_store_relaxed(&l->reserved_tail, tail + n);
+    *slots = lane_slots(l) + first;
+    return (int)n;
+}
+
+int ls_commit(ls_producer *p, uint32_t count)
+{
+    struct ls_lane *l = p->lane;
+    uint32_t tail = ls_load_relaxed(&l->tail);
+    if (ls_load_relaxed(&l->reserved_tail) - tail < count)
+        return -EINVAL;                 /* committing more than was reserved */
+    ls_store_release(&l->tail, tail + count);   /* pairs with ls_sq_pop's load-acquire */
+    notify_consumer(p->r);
+    return 0;
+}
+
+/* ------------------------------------------------------------------ consumer */
+
+int ls_desc_check(const struct ls_desc *d)
+{
+    if (d->opcode > LS_OP_MAX || d->nbuffers > LS_MAX_BUFFERS || d->push_size > LS_MAX_PUSH ||
+        d->flags != 0)
+        return -LS_EBADSLOT;
+    return 0;
+}
+
+/* Entries ready in one lane, or -LS_ECORRUPT (recorded) when its tail is impossible. */
+static int lane_ready(ls_region *r, uint32_t i, uint32_t *tail_out)
+{
+    /* Pairs with the producer's store-release of tail: the slots before it are written. */
+    uint32_t tail = ls_load_acquire(&lane_at(r, i)->tail);
+    uint32_t ready = tail - r->heads[i];
+    if (ready > r->lane_entries)
+        return fail(r, -LS_ECORRUPT, i, r->heads[i], tail, r->lane_entries);
+    *tail_out = tail;
+    return (int)ready;
+}
+
+int ls_sq_pending(ls_region *r)
+{
+    if (r->err.code)
+        return r->err.code;
+    int total = 0;
+    for (uint32_t i = 0; i < r->lane_count; i++) {
+        uint32_t tail;
+        int ready = lane_ready(r, i, &tail);
+        if (ready < 0)
+            return ready;
+        total += ready;
+    }
+    return total;
+}
+
+static void copy_out(ls_region *r, uint32_t lane, uint32_t from, uint32_t n, char *out)
+{
+    struct ls_desc *slots = lane_slots(lane_at(r, lane));
+    uint32_t mask = r->lane_entries - 1;
+    for (uint32_t k = 0; k < n; k++) {
+        struct ls_desc *d = (struct ls_desc *)(out + (size_t)k * LS_DESC_SIZE);
+        memcpy(d, &slots[(from + k) & mask], LS_DESC_SIZE);
+        if (ls_desc_check(d))           /* checked on our private copy */
+            d->opcode = LS_OP_BAD;
+    }
+}
+
+int ls_sq_pop(ls_region *r, char *out, uint32_t max)
+{
+    if (r->err.code)
+        return r->err.code;
+    uint32_t got = 0;
+    for (uint32_t step = 0; step < r->lane_count && got < max; step++) {
+        uint32_t i = (r->next_lane + step) % r->lane_count;
+        uint32_t tail;
+        int ready = lane_ready(r, i, &tail);
+        if (ready < 0)
+            return ready;
+        uint32_t n = (uint32_t)ready < max - got ? (uint32_t)ready : max - got;
+        if (n == 0)
+            continue;
+        copy_out(r, i, r->heads[i], n, out + (size_t)got * LS_DESC_SIZE);
+        r->heads[i] += n;
+        /* Pairs with the producer's load-acquire of head: these slots may be reused. */
+        ls_store_release(&lane_at(r, i)->head, r->heads[i]);
+        got += n;
+    }
+    r->next_lane = (r->next_lane + 1) % r->lane_count;
+    return (int)got;
+}
+
+static int peer_gone(ls_region *r, const uint32_t *state_word)
+{
+    return ls_load_acquire(state_word) == LS_PEER_CLOSED || pidfd_exited(r->peer_pidfd);
+}
+
+/*
+ * The shared sleep: spin on ready() for spin_ns, then sleep on *bell with
+ * NEED_WAKEUP set in *flags, in slices, until ready() > 0, the peer is gone,
+ * or timeout_ns passes (a negative timeout waits forever, slice by slice).
+ */
+static int wait_for(ls_region *r, int (*ready)(ls_region *, uint32_t), uint32_t want,
+                    uint32_t *flags, uint32_t *bell, const uint32_t *peer_state,
+                    int64_t spin_ns, int64_t timeout_ns)
+{
+    int64_t start = ls_now_ns();
+    int64_t deadline = timeout_ns < 0 ? INT64_MAX : start + timeout_ns;
+    int n;
+    for (uint32_t iter = 0;; iter++) {
+        if ((n = ready(r, want)) != 0)
+            return n;
+        if ((iter & 63) == 0 && ls_now_ns() - start >= spin_ns)
+            break;
+        ls_cpu_relax();
+    }
+    for (;;) {
+        uint32_t seen = ls_load_acquire(bell);
+        ls_store_relaxed(flags, LS_NEED_WAKEUP);
+        /* Pairs with the waker's ls_smp_mb after it publishes: either we see its
+         * entries below, or it sees NEED_WAKEUP and bumps the bell. */
+        ls_smp_mb();
+        if ((n = ready(r, want)) != 0)
+            break;
+        if (peer_gone(r, peer_state)) {
+            n = -LS_EPEERDEAD;
+            break;
+        }
+        int64_t now = ls_now_ns();
+        if (now >= deadline) {
+            n = -ETIMEDOUT;
+            break;
+        }
+        int64_t slice = deadline - now < LS_SLICE_NS ? deadline - now : LS_SLICE_NS;
+        ls_futex_wait_impl(bell, seen, slice);
+    }
+    ls_store_relaxed(flags, 0);
+    return n;
+}
+
+static int sq_ready(ls_region *r, uint32_t want)
+{
+    (void)want;
+    return ls_sq_pending(r);
+}
+
+int ls_sq_wait(ls_region *r, int64_t spin_ns, int64_t timeout_ns)
+{
+    struct ls_bells *b = r->bells;
+    return wait_for(r, sq_ready, 1, &b->sq_flags, &b->sq_bell, &b->client_state, spin_ns,
+                    timeout_ns);
+}
+
+int ls_sq_reap(ls_region *r, struct ls_reap_report *report)
+{
+    memset(report, 0, sizeof *report);
+    report->first_broken_lane = LS_NO_LANE;
+    for (uint32_t i = 0; i < r->lane_count; i++) {
+        struct ls_lane *l = lane_at(r, i);
+        uint32_t owner = ls_load_acquire(&l->owner_tid);
+        uint32_t pid = ls_load_relaxed(&l->owner_pid);
+        if (owner == 0 || pid == 0 || kill((pid_t)pid, 0) == 0 || errno != ESRCH)
+            continue;
+        uint32_t tail = ls_load_acquire(&l->tail);
+        uint32_t broken = ls_load_relaxed(&l->reserved_tail) - tail;
+        if (broken > r->lane_entries)
+            broken = r->lane_entries;   /* a garbage reservation: bounded, never trusted */
+        if (broken && report->first_broken_lane == LS_NO_LANE) {
+            report->first_broken_lane = i;
+            report->first_broken_pos = tail;
+        }
+        report->broken_slots += broken;
+        l->broken += broken;
+        ls_store_relaxed(&l->reserved_tail, tail);
+        ls_store_relaxed(&l->owner_pid, 0);
+        ls_store_release(&l->owner_tid, 0);
+        report->lanes_freed++;
+    }
+    return (int)report->lanes_freed;
+}
+
+/* ------------------------------------------------------------------ completions */
+
+int ls_cq_space(ls_region *r)
+{
+    if (r->err.code)
+        return r->err.code;
+    /* Pairs with the client's store-release of head in ls_cq_pop. */
+    uint32_t head = ls_load_acquire(&r->cq->head);
+    uint32_t used = r->cq_tail - head;
+    if (used > r->cq_entries)
+        return fail(r, -LS_ECORRUPT, LS_NO_LANE, head, r->cq_tail, r->cq_entries);
+    return (int)(r->cq_entries - used);
+}
+
+int ls_cq_post(ls_region *r, const char *cqes, uint32_t count)
+{
+    int space = ls_cq_space(r);
+    if (space < 0)
+        return space;
+    uint32_t n = count < (uint32_t)space ? count : (uint32_t)space;
+    uint32_t mask = r->cq_entries - 1;
+    for (uint32_t k = 0; k < n; k++)
+        memcpy(&r->cqes[(r->cq_tail + k) & mask], cqes + (size_t)k * LS_CQE_SIZE, LS_CQE_SIZE);
+    r->cq_tail += n;
+    /* Pairs with the client's load-acquire of tail in ls_cq_ready. */
+    ls_store_release(&r->cq->tail, r->cq_tail);
+    struct ls_bells *b = r->bells;
+    /* Pairs with the ls_smp_mb in ls_cq_wait (wait_for) after it sets NEED_WAKEUP. */
+    ls_smp_mb();
+    if (n && (ls_load_relaxed(&b->cq_flags) & LS_NEED_WAKEUP) &&
+        (ls_exchange(&b->cq_flags, 0) & LS_NEED_WAKEUP)) {
+        ls_fetch_add(&b->cq_bell, 1);
+        ls_futex_wake_impl(&b->cq_bell, INT_MAX);
+    }
+    return (int)n;
+}
+
+int ls_cq_ready(ls_region *r)
+{
+    if (r->err.code)
+        return r->err.code;
+    uint32_t tail = ls_load_acquire(&r->cq->tail);
+    uint32_t ready = tail - r->cq_head;
+    if (ready > r->cq_entries)
+        return fail(r, -LS_ECORRUPT, LS_NO_LANE, r->cq_head, tail, r->cq_entries);
+    return (int)ready;
+}
+
+int ls_cq_pop(ls_region *r, char *out, uint32_t max)
+{
+    int ready = ls_cq_ready(r);
+    if (ready <= 0)
+        return ready;
+    uint32_t n = (uint32_t)ready < max ? (uint32_t)ready : max;
+    uint32_t mask = r->cq_entries - 1;
+    for (uint32_t k = 0; k < n; k++)
+        memcpy(out + (size_t)k * LS_CQE_SIZE, &r->cqes[(r->cq_head + k) & mask], LS_CQE_SIZE);
+    r->cq_head += n;
+    /* Pairs with the arbiter's load-acquire of head in ls_cq_space. */
+    ls_store_release(&r->cq->head, r->cq_head);
+    return (int)n;
+}
+
+static int cq_ready_at_least(ls_region *r, uint32_t want)
+{
+    int ready = ls_cq_ready(r);
+    return (ready < 0 || (uint32_t)ready >= want) ? ready : 0;
+}
+
+int ls_cq_wait(ls_region *r, uint32_t min_ready, int64_t spin_ns, int64_t timeout_ns)
+{
+    struct ls_bells *b = r->bells;
+    if (min_ready == 0 || min_ready > r->cq_entries)
+        return -EINVAL;
+    return wait_for(r, cq_ready_at_least, min_ready, &b->cq_flags, &b->cq_bell,
+                    &b->consumer_state, spin_ns, timeout_ns);
+}
+
+/* ------------------------------------------------------------------ futex */
+
+int ls_futex_wait(uint32_t *word, uint32_t expected, int64_t timeout_ns)
+{
+    return ls_futex_wait_impl(word, expected, timeout_ns);
+}
+
+int ls_futex_wake(uint32_t *word, int32_t count) { return ls_futex_wake_impl(word, count); }

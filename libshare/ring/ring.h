@@ -1,0 +1,193 @@
+/*
+ * libshare ring ABI: the shared-memory region between one client and the arbiter.
+ *
+ * This header is the single declaration source. The block between the
+ * "cdef-begin" and "cdef-end" markers is fed verbatim to cffi's cdef(), and
+ * bindings/c/libshare.h is generated from it, so it holds only what cffi can
+ * parse: fixed-width integers, plain structs, integer #defines and prototypes.
+ *
+ * Region layout (every offset is a multiple of 64, the cache line):
+ *
+ *   0                     struct ls_region_header   magic, version, geometry
+ *   128                   struct ls_bells           doorbells, flags, liveness
+ *   256                   lane 0: struct ls_lane + lane_entries x struct ls_desc
+ *   ...                   lane 1 .. lane_count-1
+ *   cq_offset             struct ls_cq + cq_entries x struct ls_cqe
+ *
+ * Every structure is an ABI: fixed-width fields, explicit padding, and sizes
+ * checked by static assertions in ring.c.
+ */
+#ifndef LIBSHARE_RING_H
+#define LIBSHARE_RING_H
+
+#include <stdint.h>
+
+/* cdef-begin */
+#define LS_RING_MAGIC 0x3152534c        /* "LSR1" read as a little-endian u32 */
+#define LS_RING_VERSION 1
+#define LS_CACHELINE 64
+#define LS_DESC_SIZE 256                /* one submission slot: four cache lines */
+#define LS_CQE_SIZE 32                  /* one completion slot */
+#define LS_MAX_BUFFERS 8
+#define LS_MAX_PUSH 128
+#define LS_MAX_LANES 64
+#define LS_MAX_ENTRIES 65536
+
+#define LS_OP_NOP 0                     /* completes at once: a fence for the client */
+#define LS_OP_DISPATCH 1
+#define LS_OP_COPY 2                    /* buffer[0] -> buffer[1], size in offset[2] */
+#define LS_OP_MAX 2
+#define LS_OP_BAD 0xffff               /* set by the consumer on a slot that failed ls_desc_check */
+
+#define LS_NEED_WAKEUP 1                /* in sq_flags / cq_flags: the sleeper wants a wake */
+
+#define LS_PEER_ALIVE 1                 /* in *_state */
+#define LS_PEER_CLOSED 2
+
+/* Errors returned as negative numbers, beside the usual -errno values. */
+#define LS_ECORRUPT 1001                /* header or index failed validation */
+#define LS_EPEERDEAD 1002               /* the other side died or closed */
+#define LS_EBADSLOT 1003                /* a slot's fields are out of range */
+
+/* A dispatch descriptor: one submission slot, 256 bytes. */
+struct ls_desc {
+    uint64_t ticket;                    /* client's cookie, echoed in the completion */
+    uint32_t program;                   /* program id from load_program */
+    uint16_t opcode;                    /* LS_OP_* */
+    uint8_t  nbuffers;                  /* buffers used, 0..LS_MAX_BUFFERS */
+    uint8_t  push_size;                 /* bytes of push[] used, 0..LS_MAX_PUSH */
+    uint32_t groups[3];                 /* workgroup counts x, y, z */
+    uint32_t flags;                     /* reserved, must be 0 */
+    uint32_t buffer[8];                 /* buffer ids */
+    uint64_t offset[8];                 /* byte offset into each buffer */
+    uint8_t  push[128];                 /* inline push constants */
+};
+
+/* A completion: one completion slot, 32 bytes. */
+struct ls_cqe {
+    uint64_t ticket;                    /* the descriptor's ticket */
+    int32_t  status;                    /* 0 or a negative LS_E* / -errno code */
+    uint32_t flags;                     /* reserved, 0 */
+    uint64_t device_ns;                 /* device time the work took, 0 if unmeasured */
+    uint64_t reserved;
+};
+
+/* Offset 0 of every region. Written once by the creator; never trusted after attach. */
+struct ls_region_header {
+    uint32_t magic;                     /* LS_RING_MAGIC */
+    uint32_t version;                   /* LS_RING_VERSION */
+    uint64_t region_size;               /* bytes mapped, page multiple */
+    uint32_t lane_count;                /* submission lanes, 1..LS_MAX_LANES */
+    uint32_t lane_entries;              /* slots per lane, power of two */
+    uint32_t cq_entries;                /* completion slots, power of two */
+    uint32_t desc_size;                 /* LS_DESC_SIZE */
+    uint32_t cqe_size;                  /* LS_CQE_SIZE */
+    uint32_t creator_pid;
+    uint64_t lanes_offset;
+    uint64_t lane_stride;               /* bytes from one lane to the next */
+    uint64_t cq_offset;
+    uint8_t  reserved[64];
+};
+
+/* Doorbells and liveness, one cache line per direction. */
+struct ls_bells {
+    uint32_t sq_flags;                  /* LS_NEED_WAKEUP: consumer is (about to be) asleep */
+    uint32_t sq_bell;                   /* futex word the consumer sleeps on */
+    uint32_t consumer_pid;
+    uint32_t consumer_state;            /* LS_PEER_ALIVE / LS_PEER_CLOSED */
+    uint8_t  pad0[48];
+    uint32_t cq_flags;                  /* LS_NEED_WAKEUP: client is (about to be) asleep */
+    uint32_t cq_bell;                   /* futex word the client sleeps on */
+    uint32_t client_pid;
+    uint32_t client_state;
+    uint8_t  pad1[48];
+};
+
+/* One submission lane: a single-producer ring owned by one thread at a time. */
+struct ls_lane {
+    uint32_t tail;                      /* slots published; producer store-release */
+    uint32_t reserved_tail;             /* tail + slots being written; == tail when idle */
+    uint32_t owner_tid;                 /* 0 when free; claimed by compare-and-swap */
+    uint32_t owner_pid;
+    uint8_t  pad0[48];
+    uint32_t head;                      /* slots consumed; consumer store-release */
+    uint32_t broken;                    /* slots the consumer declared lost */
+    uint8_t  pad1[56];
+};
+
+/* The completion ring's indexes; cq_entries struct ls_cqe follow. */
+struct ls_cq {
+    uint32_t tail;                      /* completions posted; arbiter store-release */
+    uint8_t  pad0[60];
+    uint32_t head;                      /* completions seen; client store-release */
+    uint8_t  pad1[60];
+};
+
+/* What the consumer found when it reclaimed the lanes of dead producers. */
+struct ls_reap_report {
+    uint32_t lanes_freed;               /* lanes whose owner had died */
+    uint32_t broken_slots;              /* slots reserved but never published */
+    uint32_t first_broken_lane;         /* lane of the first broken slot, or 0xffffffff */
+    uint32_t first_broken_pos;          /* its position (free-running index) */
+};
+
+/* Why the consumer rejected a region: filled by ls_last_error(). */
+struct ls_error_info {
+    int32_t  code;                      /* the negative code last returned */
+    uint32_t lane;                      /* lane involved, or 0xffffffff */
+    uint32_t head;
+    uint32_t tail;
+    uint32_t capacity;
+    uint32_t field;                     /* LS_EBADSLOT: which check failed, see ls_desc_check */
+};
+
+typedef struct ls_region ls_region;     /* process-private view of a mapped region */
+typedef struct ls_producer ls_producer; /* one thread's claim on one lane */
+
+/* Geometry. */
+int64_t ls_region_size(uint32_t lane_count, uint32_t lane_entries, uint32_t cq_entries);
+int ls_region_format(void *base, uint64_t size, uint32_t lane_count,
+                     uint32_t lane_entries, uint32_t cq_entries, uint32_t creator_pid);
+
+/* Attach to a mapped region: validates the header and copies its geometry. */
+int ls_region_open(void *base, uint64_t mapped_size, ls_region **out);
+void ls_region_close(ls_region *r);
+struct ls_region_header *ls_region_header_of(ls_region *r);
+struct ls_bells *ls_region_bells(ls_region *r);
+void ls_last_error(ls_region *r, struct ls_error_info *out);
+
+/* Liveness: each side announces itself; waiters check the other side's pidfd. */
+void ls_set_consumer(ls_region *r, uint32_t pid, uint32_t state);
+void ls_set_client(ls_region *r, uint32_t pid, uint32_t state);
+void ls_set_peer_pidfd(ls_region *r, int pidfd);
+void ls_set_wake_fd(ls_region *r, int eventfd);
+
+/* Producer side (client threads): claim a lane once, then push through it. */
+int ls_producer_open(ls_region *r, uint32_t tid, uint32_t pid, ls_producer **out);
+void ls_producer_close(ls_producer *p);
+int ls_producer_lane(ls_producer *p);
+int ls_push(ls_producer *p, const char *descs, uint32_t count);
+int ls_reserve(ls_producer *p, uint32_t count, struct ls_desc **slots);
+int ls_commit(ls_producer *p, uint32_t count);
+int ls_space(ls_producer *p);
+
+/* Consumer side (arbiter). */
+int ls_sq_pop(ls_region *r, char *out, uint32_t max);
+int ls_sq_pending(ls_region *r);
+int ls_sq_wait(ls_region *r, int64_t spin_ns, int64_t timeout_ns);
+int ls_sq_reap(ls_region *r, struct ls_reap_report *report);
+int ls_desc_check(const struct ls_desc *d);
+
+/* Completion ring: the arbiter posts, the client peeks and waits. */
+int ls_cq_post(ls_region *r, const char *cqes, uint32_t count);
+int ls_cq_space(ls_region *r);
+int ls_cq_pop(ls_region *r, char *out, uint32_t max);
+int ls_cq_ready(ls_region *r);
+int ls_cq_wait(ls_region *r, uint32_t min_ready, int64_t spin_ns, int64_t timeout_ns);
+
+/* Futex helpers, exposed for tests and for callers with their own words. */
+int ls_futex_wait(uint32_t *word, uint32_t expected, int64_t timeout_ns);
+int ls_futex_wake(uint32_t *word, int32_t count);
+/* cdef-end */
+
+#endif

@@ -1,0 +1,220 @@
+"""SPIR-V reflection: the shipped shaders, hand-edited modules and hostile input."""
+
+from __future__ import annotations
+
+import struct
+from typing import Callable
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from libshare import shaders
+from libshare._spirv import ShaderInterface, reflect
+from libshare.errors import InvalidSubmission
+
+MAGIC = 0x07230203
+
+EXPECTED = {
+    "saxpy": ShaderInterface("main", (64, 1, 1), (0, 1), 8),
+    "vadd": ShaderInterface("main", (64, 1, 1), (0, 1, 2), 4),
+    "sum": ShaderInterface("main", (64, 1, 1), (0, 1), 4),
+    "matmul": ShaderInterface("main", (16, 16, 1), (0, 1, 2), 12),
+    "busy": ShaderInterface("main", (64, 1, 1), (0,), 8),
+}
+
+# Opcodes and enumerants the edits below look for (SPIR-V spec, section 3).
+OP_EXECUTION_MODE, OP_CONSTANT, OP_VARIABLE, OP_DECORATE, OP_EXECUTION_MODE_ID = 16, 43, 59, 71, 331
+DEC_BUILTIN, DEC_BINDING, DEC_DESCRIPTOR_SET = 11, 33, 34
+SC_UNIFORM, SC_PRIVATE, SC_PUSH_CONSTANT, SC_STORAGE_BUFFER = 2, 6, 9, 12
+
+
+def spirv(name: str) -> bytes:
+    return shaders.path(name).read_bytes()
+
+
+def words(data: bytes) -> list[int]:
+    return list(struct.unpack(f"<{len(data) // 4}I", data))
+
+
+def pack(module: list[int], order: str = "<") -> bytes:
+    return struct.pack(f"{order}{len(module)}I", *module)
+
+
+def edit(data: bytes, opcode: int, change: Callable[[list[int]], list[int] | None]) -> bytes:
+    """Rewrite the operands of every ``opcode`` instruction through ``change``.
+
+    ``change`` returns new operands (which may change the instruction's length)
+    or None to leave the instruction alone.
+    """
+    module, out, pos = words(data), words(data)[:5], 5
+    while pos < len(module):
+        count, op = module[pos] >> 16, module[pos] & 0xFFFF
+        operands = module[pos + 1:pos + count]
+        new = change(list(operands)) if op == opcode else None
+        if new is None:
+            out += module[pos:pos + count]
+        else:
+            out += [(len(new) + 1) << 16 | op, *new]
+        pos += count
+    return pack(out)
+
+
+def constant_ids(data: bytes) -> dict[int, int]:
+    """Value -> id of the module's OpConstant instructions (last one wins)."""
+    found: dict[int, int] = {}
+    edit(data, OP_CONSTANT, lambda ops: found.update({ops[2]: ops[1]}))
+    return found
+
+
+def drop_workgroup_size_builtin(data: bytes) -> bytes:
+    """Turn ``BuiltIn WorkgroupSize`` into an unrelated decoration, so LocalSize rules."""
+    return edit(data, OP_DECORATE, lambda ops: [ops[0], 0, 0] if ops[1:] == [DEC_BUILTIN, 25] else None)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_reflects_shipped_shader(name: str) -> None:
+    assert reflect(spirv(name)) == EXPECTED[name]
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_big_endian_module_reflects_the_same(name: str) -> None:
+    assert reflect(pack(words(spirv(name)), ">")) == EXPECTED[name]
+
+
+def test_accepts_bytearray_and_memoryview() -> None:
+    assert reflect(bytearray(spirv("saxpy"))) == EXPECTED["saxpy"]
+    assert reflect(memoryview(spirv("saxpy"))) == EXPECTED["saxpy"]
+
+
+def test_rejects_non_bytes() -> None:
+    with pytest.raises(TypeError):
+        reflect("not bytes")  # type: ignore[arg-type]
+
+
+def test_workgroup_size_builtin_overrides_local_size_mode() -> None:
+    data = edit(spirv("matmul"), OP_EXECUTION_MODE, lambda ops: [ops[0], ops[1], 1, 1, 1])
+    assert reflect(data).local_size == (16, 16, 1)
+    assert reflect(drop_workgroup_size_builtin(data)).local_size == (1, 1, 1)
+
+
+def test_local_size_id_reads_constants() -> None:
+    ids = constant_ids(spirv("matmul"))
+    local_size_id = [ids[16], ids[16], ids[1]]
+    data = edit(spirv("matmul"), OP_EXECUTION_MODE, lambda ops: None)
+    data = drop_workgroup_size_builtin(data)
+    # Re-encode OpExecutionMode %main LocalSize 16 16 1 as OpExecutionModeId %main LocalSizeId ...
+    module = words(data)
+    pos = next(i for i, word in enumerate(module) if word == (6 << 16 | OP_EXECUTION_MODE))
+    module[pos:pos + 6] = [6 << 16 | OP_EXECUTION_MODE_ID, module[pos + 1], 38, *local_size_id]
+    assert reflect(pack(module)).local_size == (16, 16, 1)
+
+
+def test_no_push_constant_block_gives_size_zero() -> None:
+    data = edit(spirv("saxpy"), OP_VARIABLE,
+                lambda ops: [ops[0], ops[1], SC_PRIVATE] if ops[2] == SC_PUSH_CONSTANT else None)
+    assert reflect(data).push_constant_size == 0
+
+
+@pytest.mark.parametrize(
+    ("opcode", "change", "message"),
+    [
+        (OP_DECORATE, lambda ops: [ops[0], DEC_DESCRIPTOR_SET, 1] if ops[1] == DEC_DESCRIPTOR_SET else None,
+         "descriptor set 1"),
+        (OP_DECORATE, lambda ops: [ops[0], DEC_BINDING, 0] if ops[1] == DEC_BINDING else None,
+         "duplicate binding"),
+        (OP_DECORATE, lambda ops: [ops[0], 0, 0] if ops[1] == DEC_BINDING else None,
+         "missing Binding"),
+        (OP_VARIABLE, lambda ops: [ops[0], ops[1], SC_UNIFORM] if ops[2] == SC_STORAGE_BUFFER else None,
+         "uniform buffers are not supported"),
+        (OP_VARIABLE, lambda ops: [ops[0], ops[1], 0] if ops[2] == SC_STORAGE_BUFFER else None,
+         "images and samplers"),
+    ],
+)
+def test_rejects_unsupported_resources(opcode: int, change, message: str) -> None:
+    with pytest.raises(InvalidSubmission, match=message):
+        reflect(edit(spirv("vadd"), opcode, change))
+
+
+HEADER = [MAGIC, 0x00010300, 0, 100, 0]
+
+
+MALFORMED = {
+    "empty": (b"", "shorter than the 20-byte header"),
+    "magic-only": (b"\x03\x02\x23\x07", "shorter than the 20-byte header"),
+    "odd-length": (spirv("saxpy")[:-1], "not a multiple of 4"),
+    "zero-magic": (b"\x00" * 4 + spirv("saxpy")[4:], "bad magic"),
+    "wrong-magic": (b"\x04" + spirv("saxpy")[1:], "bad magic"),
+    "version-2": (pack([MAGIC, 0x00020000, 0, 1, 0]), "unsupported version"),
+    "zero-word-count": (pack(HEADER + [0]), "word count of 0"),
+    "zero-words": (pack(HEADER + [0, 0, 0]), "word count of 0"),
+    "truncated-shader": (spirv("saxpy")[:24], "runs past the end"),
+    "count-past-end": (pack(HEADER + [5 << 16 | 17, 1]), "runs past the end"),
+    "short-decorate": (pack(HEADER + [1 << 16 | 71]), "too few operands"),
+    "no-entry-point": (pack(HEADER), "expected one GLCompute entry point, found 0"),
+    "unterminated-name": (pack(HEADER + [4 << 16 | 15, 5, 1, 0x6E69616D]), "not nul-terminated"),
+    "non-utf8-name": (pack(HEADER + [4 << 16 | 15, 5, 1, 0x0000FFFF]), "not UTF-8"),
+    "no-local-size": (pack(HEADER + [5 << 16 | 15, 5, 1, 0x6E69616D, 0]), "no LocalSize"),
+}
+
+
+@pytest.mark.parametrize(("data", "message"), MALFORMED.values(), ids=MALFORMED.keys())
+def test_rejects_malformed_modules(data: bytes, message: str) -> None:
+    with pytest.raises(InvalidSubmission, match=message):
+        reflect(data)
+
+
+def test_rejects_self_containing_push_constant_type() -> None:
+    # OpTypeStruct %7 { %7 } at offset 0, used as the push-constant block.
+    module = HEADER + [
+        5 << 16 | 15, 5, 1, 0x6E69616D, 0,  # OpEntryPoint GLCompute %1 "main"
+        6 << 16 | 16, 1, 17, 1, 1, 1,  # OpExecutionMode %1 LocalSize 1 1 1
+        5 << 16 | 72, 7, 0, 35, 0,  # OpMemberDecorate %7 0 Offset 0
+        3 << 16 | 30, 7, 7,  # OpTypeStruct %7 %7
+        4 << 16 | 32, 8, 9, 7,  # OpTypePointer %8 PushConstant %7
+        4 << 16 | 59, 8, 9, 9,  # OpVariable %8 %9 PushConstant
+    ]
+    with pytest.raises(InvalidSubmission, match="too deep"):
+        reflect(pack(module))
+
+
+def check_reflect_total(data: bytes) -> None:
+    """reflect() must return an interface or raise InvalidSubmission, nothing else."""
+    try:
+        result = reflect(data)
+    except InvalidSubmission:
+        return
+    assert isinstance(result, ShaderInterface)
+
+
+FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+word_values = st.one_of(st.integers(0, 64), st.integers(0, 2**32 - 1),
+                        st.tuples(st.integers(0, 8), st.integers(0, 400)).map(lambda t: t[0] << 16 | t[1]))
+
+
+@FUZZ
+@given(st.binary(max_size=256))
+def test_fuzz_random_bytes(data: bytes) -> None:
+    check_reflect_total(data)
+
+
+@FUZZ
+@given(st.lists(word_values, max_size=64))
+def test_fuzz_random_words_after_valid_header(tail: list[int]) -> None:
+    check_reflect_total(pack(HEADER + tail))
+
+
+@FUZZ
+@given(
+    name=st.sampled_from(sorted(EXPECTED)),
+    changes=st.lists(st.tuples(st.integers(0, 2**20), word_values), min_size=1, max_size=8),
+    cut=st.one_of(st.none(), st.integers(0, 2**20)),
+)
+def test_fuzz_mutated_shaders(name: str, changes: list[tuple[int, int]], cut: int | None) -> None:
+    module = words(spirv(name))
+    for index, value in changes:
+        module[index % len(module)] = value
+    data = pack(module)
+    if cut is not None:
+        data = data[:cut % (len(data) + 1)]
+    check_reflect_total(data)
