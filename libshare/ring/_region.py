@@ -239,6 +239,12 @@ class Region:
         n = check(lib.ls_cq_pop(self._handle, self._cqe_ptr, limit), self._handle, "completions")
         return self._cqe_out[:n].copy()
 
+    def completions_into(self, out: np.ndarray, out_ptr=None) -> int:
+        """Take ready completions into ``out`` (a CQE_DTYPE array); return how many, without waiting."""
+        self._require_open()
+        ptr = out_ptr if out_ptr is not None else ffi.from_buffer("char[]", out)
+        return check(lib.ls_cq_pop(self._handle, ptr, len(out)), self._handle, "completions")
+
     def wait_completions(self, min_count: int = 1, timeout: float | None = None,
                          spin: float = _SPIN_NS / 1e9) -> int:
         """Block until ``min_count`` completions are ready; return how many are."""
@@ -299,7 +305,7 @@ class Producer:
 
         ``descs`` is bytes (a multiple of 256) or a C-contiguous DESC_DTYPE array.
         """
-        if type(descs) is bytes:
+        if type(descs) is bytes and not len(descs) & 255:
             n = self._push(self._handle, descs, len(descs) >> 8)
         else:
             source, count = _as_bytes_source(descs, DESC_DTYPE)
@@ -335,4 +341,5 @@ class Producer:
         self.lane = None
 
     def __del__(self):
-        self.release()
+        if getattr(self, "lane", None) is not None:
+            self.release()

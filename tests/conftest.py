@@ -1,0 +1,63 @@
+"""Shared fixtures: the Vulkan requirement switch, peer processes, and the /dev/shm leak guard."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def vulkan_required() -> bool:
+    """True when a missing Vulkan driver must fail the tests (CI sets LIBSHARE_REQUIRE_VULKAN=1)."""
+    return os.environ.get("LIBSHARE_REQUIRE_VULKAN") == "1"
+
+
+@pytest.fixture(scope="session")
+def vulkan_device_name() -> str:
+    """Name of the first Vulkan device; skips (or fails under LIBSHARE_REQUIRE_VULKAN=1) without one."""
+    try:
+        import vulkan as vk
+
+        app = vk.VkApplicationInfo(apiVersion=vk.VK_MAKE_VERSION(1, 1, 0))
+        instance = vk.vkCreateInstance(vk.VkInstanceCreateInfo(pApplicationInfo=app), None)
+        devices = vk.vkEnumeratePhysicalDevices(instance)
+        name = vk.vkGetPhysicalDeviceProperties(devices[0]).deviceName if devices else None
+        vk.vkDestroyInstance(instance, None)
+        if name is None:
+            raise RuntimeError("no Vulkan physical device")
+        return name
+    except Exception as exc:  # the loader raises OSError, vulkan raises its own classes
+        message = f"no usable Vulkan driver: {exc!r} (install libvulkan1 mesa-vulkan-drivers)"
+        if vulkan_required():
+            pytest.fail(message)
+        pytest.skip(message)
+
+
+def spawn_peer(role: str, fd: int, *args: object) -> subprocess.Popen:
+    """Start ``tests/ring/_peer.py ROLE FD ARGS`` with ``fd`` inherited."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.ring._peer", role, str(fd), *map(str, args)],
+        pass_fds=(fd,),
+        cwd=ROOT,
+    )
+
+
+def _shm_entries() -> set[str]:
+    try:
+        return set(os.listdir("/dev/shm"))
+    except FileNotFoundError:
+        return set()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_shm_leftovers():
+    """Fail the session if the tests leave anything new in /dev/shm."""
+    before = _shm_entries()
+    yield
+    left = _shm_entries() - before
+    assert not left, f"tests left shared-memory segments behind: {sorted(left)}"

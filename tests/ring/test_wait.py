@@ -1,0 +1,94 @@
+"""Sleep and wake across processes: futex doorbells, need-wakeup flags, timeouts, dead peers."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from libshare import ArbiterLost, Timeout
+from libshare.ring import CQE_DTYPE, Region
+from libshare.ring._binding import lib
+
+from ..conftest import spawn_peer
+from ._peer import descriptors
+
+
+def test_wait_times_out_within_bounds():
+    with Region.create(lanes=1, lane_entries=4, cq_entries=4) as region:
+        for wait in (region.wait, region.wait_completions):
+            start = time.monotonic()
+            with pytest.raises(Timeout):
+                wait(timeout=0.2)
+            assert 0.18 <= time.monotonic() - start < 1.0
+
+
+def test_sleeping_consumer_is_woken_by_a_push_from_another_process():
+    with Region.create(lanes=2, lane_entries=64, cq_entries=64) as region:
+        echo = spawn_peer("echo", region.fd, 3)
+        producer = region.producer()
+        for ticket in range(3):
+            time.sleep(0.2)  # long enough for the echo side to fall asleep on the futex
+            bells = lib.ls_region_bells(region._c())
+            assert bells.sq_flags == 1, "the idle consumer should have asked for a wake-up"
+            producer.try_push(descriptors(0, ticket, 1))
+            assert region.wait_completions(1, timeout=5, spin=0) == 1
+            assert list(region.completions()["ticket"]) == [ticket]
+        assert echo.wait(timeout=10) == 0
+
+
+def test_no_wake_syscall_while_the_consumer_polls():
+    with Region.create(lanes=1, lane_entries=16, cq_entries=16) as region:
+        bells = lib.ls_region_bells(region._c())
+        before = bells.sq_bell
+        region.producer().try_push(descriptors(0, 0, 4))
+        assert bells.sq_bell == before  # nobody asked for a wake-up, so nobody rang
+
+
+def test_waiter_on_completions_raises_when_the_consumer_dies():
+    with Region.create(lanes=1, lane_entries=4, cq_entries=4) as region:
+        sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        region.watch_peer(sleeper.pid)
+        threading.Timer(0.3, sleeper.kill).start()
+        start = time.monotonic()
+        with pytest.raises(ArbiterLost):
+            region.wait_completions(1, timeout=30)
+        assert time.monotonic() - start < 1.0
+        sleeper.wait()
+
+
+def test_waiter_on_completions_raises_when_the_consumer_closes():
+    with Region.create(lanes=1, lane_entries=4, cq_entries=4) as region:
+        peer = Region.attach(region.fd)
+        threading.Timer(0.2, lambda: peer.announce_consumer(alive=False)).start()
+        start = time.monotonic()
+        with pytest.raises(ArbiterLost):
+            region.wait_completions(1, timeout=30)
+        assert time.monotonic() - start < 1.0
+        peer.close()
+
+
+def test_completions_posted_before_the_consumer_died_are_still_delivered():
+    with Region.create(lanes=1, lane_entries=4, cq_entries=4) as region:
+        cqe = np.zeros(2, CQE_DTYPE)
+        cqe["ticket"] = [5, 6]
+        region.post(cqe)
+        region.announce_consumer(alive=False)
+        assert region.wait_completions(2, timeout=1) == 2
+        assert list(region.completions()["ticket"]) == [5, 6]
+
+
+def test_memfd_leaves_nothing_in_dev_shm_after_sigkill():
+    before = set(os.listdir("/dev/shm"))
+    with Region.create(lanes=1, lane_entries=4, cq_entries=4) as region:
+        child = spawn_peer("produce", region.fd, 0, 1_000_000_000, 1)
+        time.sleep(0.3)
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    assert set(os.listdir("/dev/shm")) == before
