@@ -206,6 +206,20 @@ class Region:
         self._require_open()
         return check(lib.ls_sq_wait(self._handle, int(spin * 1e9), _ns(timeout)), self._handle, "wait")
 
+    def arm(self) -> int:
+        """Ask producers to ring before the caller sleeps elsewhere (epoll); return pending count.
+
+        A positive result means entries arrived meanwhile: call :meth:`disarm` and drain
+        instead of sleeping.
+        """
+        self._require_open()
+        return check(lib.ls_sq_arm(self._handle), self._handle, "arm")
+
+    def disarm(self) -> None:
+        """Clear the wake-up request set by :meth:`arm` (the consumer is awake again)."""
+        self._require_open()
+        lib.ls_sq_disarm(self._handle)
+
     def reap(self) -> ReapReport:
         """Free the lanes of producer processes that died; report slots they left half-written."""
         self._require_open()

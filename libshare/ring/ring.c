@@ -527,6 +527,17 @@ int ls_sq_wait(ls_region *r, int64_t spin_ns, int64_t timeout_ns)
                     timeout_ns);
 }
 
+int ls_sq_arm(ls_region *r)
+{
+    ls_store_relaxed(&r->bells->sq_flags, LS_NEED_WAKEUP);
+    /* Pairs with the producer's ls_smp_mb in notify_consumer: either the caller
+     * sees the entries counted here, or the producer sees NEED_WAKEUP and rings. */
+    ls_smp_mb();
+    return ls_sq_pending(r);
+}
+
+void ls_sq_disarm(ls_region *r) { ls_store_relaxed(&r->bells->sq_flags, 0); }
+
 int ls_sq_reap(ls_region *r, struct ls_reap_report *report)
 {
     memset(report, 0, sizeof *report);

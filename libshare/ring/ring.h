@@ -48,6 +48,15 @@
 #define LS_ECORRUPT 1001                /* header or index failed validation */
 #define LS_EPEERDEAD 1002               /* the other side died or closed */
 #define LS_EBADSLOT 1003                /* a slot's fields are out of range */
+/* Completion statuses the arbiter posts for a rejected or failed descriptor. */
+#define LS_ENOPROGRAM 1004              /* program id unknown to this client */
+#define LS_ENOBUFFER 1005               /* buffer id unknown to this client */
+#define LS_EBINDINGS 1006               /* buffer count differs from the program's bindings */
+#define LS_ERANGE 1007                  /* offset or size outside the buffer, or misaligned */
+#define LS_EGROUPS 1008                 /* a group count is 0 or beyond the device limit */
+#define LS_EPUSH 1009                   /* more push-constant bytes than the program declares */
+#define LS_EFAULT 1010                  /* the device faulted while running it */
+#define LS_ECANCELED 1011               /* cancelled: the client was terminated or closed */
 
 /* A dispatch descriptor: one submission slot, 256 bytes. */
 struct ls_desc {
@@ -176,6 +185,8 @@ int ls_sq_pop(ls_region *r, char *out, uint32_t max);
 int ls_sq_pending(ls_region *r);
 int ls_sq_wait(ls_region *r, int64_t spin_ns, int64_t timeout_ns);
 int ls_sq_reap(ls_region *r, struct ls_reap_report *report);
+int ls_sq_arm(ls_region *r);
+void ls_sq_disarm(ls_region *r);
 int ls_desc_check(const struct ls_desc *d);
 
 /* Completion ring: the arbiter posts, the client peeks and waits. */

@@ -33,9 +33,11 @@ def test_sleeping_consumer_is_woken_by_a_push_from_another_process():
     with Region.create(lanes=2, lane_entries=64, cq_entries=64) as region:
         echo = spawn_peer("echo", region.fd, 3)
         producer = region.producer()
+        bells = lib.ls_region_bells(region._c())
         for ticket in range(3):
-            time.sleep(0.2)  # long enough for the echo side to fall asleep on the futex
-            bells = lib.ls_region_bells(region._c())
+            deadline = time.monotonic() + 20
+            while bells.sq_flags != 1 and time.monotonic() < deadline:
+                time.sleep(0.01)  # until the echo side has spun and fallen asleep on the futex
             assert bells.sq_flags == 1, "the idle consumer should have asked for a wake-up"
             producer.try_push(descriptors(0, ticket, 1))
             assert region.wait_completions(1, timeout=5, spin=0) == 1
