@@ -3,6 +3,12 @@
 The public API is re-exported here; everything else is internal.
 """
 
+from ._session import Session as Session
+from ._session import Ticket as Ticket
+from ._session import connect as connect
+from ._buffers import Buffer as Buffer
+from ._buffers import Program as Program
+from . import shaders as shaders
 from .errors import ArbiterLost as ArbiterLost
 from .errors import ArbiterUnavailable as ArbiterUnavailable
 from .errors import ClientTerminated as ClientTerminated
@@ -20,6 +26,12 @@ from .errors import VulkanUnavailable as VulkanUnavailable
 __version__ = "0.1.0"
 
 __all__ = [
+    "Buffer",
+    "Program",
+    "Session",
+    "Ticket",
+    "connect",
+    "shaders",
     "ArbiterLost",
     "ArbiterUnavailable",
     "ClientTerminated",

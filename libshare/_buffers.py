@@ -1,0 +1,89 @@
+"""Client-side buffers: shared ones are memfds this process maps itself, device ones are ids.
+
+A shared buffer's memory is mapped by the client and by the arbiter; the
+arbiter imported its own mapping into Vulkan, so numpy arrays over the
+client's mapping are read and written by the device with no copy anywhere.
+Arrays are plain ``np.ndarray`` views whose ``.base`` chain ends in the
+buffer's mmap; a dispatch finds the buffer (and the byte offset of a slice)
+by walking that chain.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+
+import numpy as np
+
+__all__ = ["Buffer", "Program"]
+
+
+class Buffer:
+    """A buffer owned by the arbiter: ``kind`` is "shared" (mapped here) or "device"."""
+
+    def __init__(self, session, buffer_id: int, size: int, kind: str, fd: int | None = None):
+        self._session = session
+        self.id = buffer_id
+        """The arbiter's id for this buffer."""
+        self.size = size
+        """Size in bytes (rounded up to whole pages)."""
+        self.kind = kind
+        """"shared" (zero-copy, mapped in this process) or "device" (filled by copies)."""
+        self.mapping: mmap.mmap | None = None
+        """This process's mapping of a shared buffer; None for a device buffer."""
+        self.address = 0
+        """Address of the mapping in this process (0 for a device buffer)."""
+        if fd is not None:
+            try:
+                self.mapping = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            finally:
+                os.close(fd)
+            self.address = np.frombuffer(self.mapping, np.uint8, count=1).ctypes.data
+        self.freed = False
+        """True once :meth:`Session.free` let it go."""
+
+    def array(self, shape, dtype=np.float32, offset: int = 0) -> np.ndarray:
+        """A numpy view on this shared buffer (no copy); raises for a device buffer."""
+        if self.mapping is None:
+            raise TypeError("a device buffer has no host view; copy it into a shared buffer first")
+        shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        dtype = np.dtype(dtype)
+        count = int(np.prod(shape))
+        if offset < 0 or offset + count * dtype.itemsize > self.size:
+            raise ValueError(f"{shape} of {dtype} at offset {offset} does not fit in {self.size} bytes")
+        return np.frombuffer(self.mapping, dtype, count=count, offset=offset).reshape(shape)
+
+    def __repr__(self) -> str:
+        return f"<libshare.Buffer id={self.id} {self.kind} {self.size} bytes{' freed' if self.freed else ''}>"
+
+
+class Program:
+    """A program loaded into the arbiter, with the interface read from its SPIR-V."""
+
+    def __init__(self, program_id: int, bindings: int, push_size: int, local_size: tuple[int, int, int]):
+        self.id = program_id
+        """The arbiter's id for this program."""
+        self.bindings = bindings
+        """How many storage buffers it takes (bindings 0..N-1 of set 0)."""
+        self.push_size = push_size
+        """Bytes of push constants it declares."""
+        self.local_size = local_size
+        """Its workgroup size."""
+
+    def __repr__(self) -> str:
+        return f"<libshare.Program id={self.id} bindings={self.bindings} push={self.push_size}>"
+
+
+def find_buffer(array: np.ndarray, by_mapping: dict[int, Buffer]) -> tuple[Buffer, int]:
+    """The shared buffer an array views, and the byte offset of its first element."""
+    if not array.flags.c_contiguous:
+        raise BufferError("dispatch needs C-contiguous arrays; a strided view cannot be bound")
+    base = array
+    while base is not None and not isinstance(base, mmap.mmap):
+        base = getattr(base, "base", None)
+        if isinstance(base, memoryview):
+            base = base.obj
+    buffer = by_mapping.get(id(base)) if base is not None else None
+    if buffer is None or buffer.freed:
+        raise ValueError("array is not a view on a live buffer of this session (use session.array())")
+    return buffer, array.ctypes.data - buffer.address

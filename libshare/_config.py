@@ -1,0 +1,36 @@
+"""Where things live and which mode to use: the LIBSHARE_* environment, with per-user defaults."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+__all__ = ["pipe_directory", "socket_path", "connect_mode", "MODES"]
+
+MODES = ("auto", "daemon", "embedded")
+
+
+def pipe_directory(override: str | os.PathLike | None = None) -> Path:
+    """The pipe directory: ``override``, else LIBSHARE_PIPE_DIRECTORY, else a per-user default."""
+    if override:
+        return Path(override)
+    configured = os.environ.get("LIBSHARE_PIPE_DIRECTORY")
+    if configured:
+        return Path(configured)
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime and os.access(runtime, os.W_OK):
+        return Path(runtime) / "libshare"
+    return Path(f"/tmp/libshare-{os.getuid()}")
+
+
+def socket_path(directory: Path) -> Path:
+    """The arbiter's control socket inside a pipe directory."""
+    return directory / "control"
+
+
+def connect_mode(requested: str | None) -> str:
+    """``requested``, else LIBSHARE_MODE, else "auto"; a clear ValueError for anything else."""
+    mode = requested or os.environ.get("LIBSHARE_MODE") or "auto"
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(MODES)} (got {mode!r})")
+    return mode

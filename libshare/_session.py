@@ -1,0 +1,394 @@
+"""Sessions and tickets: the client side of libshare.
+
+A Session holds a control socket (rare requests: programs, buffers) and a
+ring region (every dispatch). ``dispatch`` packs one 256-byte descriptor,
+pushes it from this thread's lane and returns a Ticket at once. Completions
+come back on the completion ring; whichever thread waits pops them all and
+files each status under its ticket, so tickets may be waited in any order,
+from any thread, or awaited under anyio.
+
+Connecting to a daemon imports nothing from Vulkan: the session is sockets,
+memfds and the ring. Embedded mode starts one arbiter inside this process
+(shared by every embedded session of the process) and talks to it over a
+socketpair with the very same protocol.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import socket
+import struct
+import threading
+import time
+from pathlib import Path
+
+import anyio
+import numpy as np
+
+from . import _config
+from . import _protocol as protocol
+from . import errors
+from ._buffers import Buffer, Program, find_buffer
+from .ring import C, CQE_DTYPE, Region
+from .ring._binding import ffi
+
+__all__ = ["Session", "Ticket", "connect"]
+
+_HEAD = struct.Struct("<QIHBB3II")
+_OFFSETS = struct.Struct("<8I8Q")
+_WAIT_SLICE = 0.05  # seconds per completion wait, between liveness checks
+_REQUEST_TIMEOUT = 60.0  # a control request the arbiter does not answer in this long fails
+_STATUS_TEXT = {
+    C.EBADSLOT: "descriptor fields out of range",
+    C.ENOPROGRAM: "unknown program id",
+    C.ENOBUFFER: "unknown or freed buffer id",
+    C.EBINDINGS: "number of buffers differs from the program's bindings",
+    C.ERANGE: "offset or size outside the buffer, or misaligned",
+    C.EGROUPS: "group count is 0 or beyond the device limit",
+    C.EPUSH: "more push-constant bytes than the program declares (or not a multiple of 4)",
+    C.EFAULT: "the device faulted while running it",
+    C.ECANCELED: "cancelled",
+}
+
+
+def _status_error(ticket: int, status: int) -> errors.LibshareError:
+    text = _STATUS_TEXT.get(-status, f"status {status}")
+    if -status == C.EFAULT:
+        return errors.ServerFault(f"ticket {ticket}: {text}")
+    return errors.InvalidSubmission(f"ticket {ticket} rejected by the arbiter: {text}")
+
+
+class Ticket:
+    """A submitted dispatch or copy; ``wait()``, ``done()`` or ``await`` it."""
+
+    __slots__ = ("_session", "id", "device_ns")
+
+    def __init__(self, session: Session, ticket_id: int):
+        self._session = session
+        self.id = ticket_id
+        """The ticket number echoed by the arbiter."""
+        self.device_ns: int | None = None
+        """Device time the work took (nanoseconds), once done."""
+
+    def done(self) -> bool:
+        """True once the work completed (successfully or not); never blocks."""
+        return self._session._is_done(self, 0.0)
+
+    def wait(self, timeout: float | None = None) -> Ticket:
+        """Block until done; raise Timeout past ``timeout`` seconds, or the work's error."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        self._session._wait_ticket(self, deadline)
+        return self
+
+    def __await__(self):
+        return self._wait_async().__await__()
+
+    async def _wait_async(self) -> Ticket:
+        return await anyio.to_thread.run_sync(self.wait, None, abandon_on_cancel=True)
+
+    def __repr__(self) -> str:
+        return f"<libshare.Ticket {self.id}>"
+
+
+class Session:
+    """A client's connection to an arbiter. Use ``libshare.connect()`` to make one."""
+
+    def __init__(self, sock: socket.socket, welcome: protocol.Frame, embedded: bool):
+        self._sock = sock
+        self._request_lock = threading.Lock()
+        self._cq_lock = threading.Lock()
+        self.client_id: int = welcome.fields["client_id"]
+        """This session's client id at the arbiter."""
+        self.embedded = embedded
+        """True when the arbiter runs inside this process."""
+        self.device_name: str = welcome.fields["device"]
+        """The name of the arbiter's device."""
+        region_fd, wake_fd = welcome.fds
+        self._region = Region.attach(region_fd)
+        os.close(region_fd)
+        self._wake_fd = wake_fd
+        self._region.set_wake_fd(wake_fd)
+        if welcome.fields["arbiter_pid"] != os.getpid():
+            self._region.watch_peer(welcome.fields["arbiter_pid"])
+        self._region.announce_client()
+        self._next_ticket = 1
+        self._results: dict[int, tuple[int, int]] = {}
+        self._outstanding: set[int] = set()
+        self._cqes = np.empty(self._region.cq_entries, CQE_DTYPE)
+        self._cqes_ptr = ffi.from_buffer("char[]", self._cqes)
+        self._by_mapping: dict[int, Buffer] = {}
+        self._desc = bytearray(C.DESC_SIZE)
+        self._lost: errors.LibshareError | None = None
+        self.closed = False
+        """True after close()."""
+
+    # ---------------------------------------------------------------- control requests
+
+    def _request(self, op: str, payload: bytes = b"", max_fds: int = 0, **fields) -> protocol.Frame:
+        self._check_usable()
+        with self._request_lock:
+            try:
+                protocol.send(self._sock, {"op": op, **fields}, payload)
+                reply = protocol.recv(self._sock, max_fds=max_fds)
+            except (EOFError, OSError) as exc:
+                self._lost = errors.ArbiterLost(f"the arbiter closed the connection ({exc or 'EOF'})")
+                raise self._lost from exc
+        if not reply.fields.get("ok"):
+            reply.close_fds()
+            raise _remote_error(reply.fields)
+        return reply
+
+    def _check_usable(self) -> None:
+        if self.closed:
+            raise ValueError("session is closed")
+        if self._lost is not None:
+            raise self._lost
+
+    def load_program(self, spirv: bytes | str | os.PathLike) -> Program:
+        """Load a compute program from SPIR-V bytes or a .spv path; its interface is reflected."""
+        code = spirv if isinstance(spirv, (bytes, bytearray)) else Path(spirv).read_bytes()
+        reply = self._request("load_program", bytes(code))
+        f = reply.fields
+        return Program(f["program_id"], f["bindings"], f["push_size"], tuple(f["local_size"]))
+
+    def alloc(self, nbytes: int, kind: str = "shared") -> Buffer:
+        """Allocate a buffer of ``nbytes``: "shared" (zero-copy, mapped here) or "device"."""
+        reply = self._request("alloc", size=int(nbytes), kind=kind, max_fds=1)
+        fd = reply.fds[0] if reply.fds else None
+        if (fd is None) != (kind == "device"):
+            reply.close_fds()
+            raise errors.ProtocolError(f"arbiter answered a {kind} alloc with {len(reply.fds)} descriptors")
+        buffer = Buffer(self, reply.fields["buffer_id"], reply.fields["size"], kind, fd)
+        if buffer.mapping is not None:
+            self._by_mapping[id(buffer.mapping)] = buffer
+        return buffer
+
+    def array(self, shape, dtype=np.float32) -> np.ndarray:
+        """A zero-copy numpy array on a new shared buffer."""
+        shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        nbytes = max(int(np.prod(shape)) * np.dtype(dtype).itemsize, 1)
+        return self.alloc(nbytes).array(shape, dtype)
+
+    def free(self, obj: Buffer | np.ndarray | Program) -> None:
+        """Release a buffer (or the buffer under an array) or a program.
+
+        Work already submitted that uses it still completes: the arbiter destroys it
+        after the device is done. Arrays on a freed buffer stay readable here.
+        """
+        if isinstance(obj, Program):
+            self._request("free", program_id=obj.id)
+            return
+        buffer = obj if isinstance(obj, Buffer) else find_buffer(obj, self._by_mapping)[0]
+        self._request("free", buffer_id=buffer.id)
+        buffer.freed = True
+        if buffer.mapping is not None:
+            self._by_mapping.pop(id(buffer.mapping), None)
+
+    def stats(self) -> dict:
+        """The arbiter's counters for this client (dispatches, device time, bytes, ...)."""
+        fields = dict(self._request("stats").fields)
+        fields.pop("ok", None)
+        return fields
+
+    # ---------------------------------------------------------------- submission
+
+    def dispatch(self, program: Program, groups, buffers=(), push: bytes = b"") -> Ticket:
+        """Queue ``program`` over ``groups`` workgroups on ``buffers``; returns a Ticket at once.
+
+        ``buffers`` are arrays from :meth:`array` (a slice binds from its first element)
+        or Buffer objects; ``push`` is the push-constant bytes (``struct.pack``).
+        """
+        groups = (groups, 1, 1) if isinstance(groups, int) else tuple(groups) + (1,) * (3 - len(groups))
+        if len(buffers) > C.MAX_BUFFERS or len(push) > C.MAX_PUSH:
+            raise errors.InvalidSubmission(f"at most {C.MAX_BUFFERS} buffers and {C.MAX_PUSH} push bytes")
+        ids, offsets = self._bindings(buffers)
+        return self._submit(C.OP_DISPATCH, program.id, ids, offsets, groups, push)
+
+    def copy(self, src, dst, nbytes: int | None = None, src_offset: int = 0, dst_offset: int = 0) -> Ticket:
+        """Queue a copy between two buffers (shared or device); returns a Ticket at once."""
+        (src_id, dst_id), (src_base, dst_base) = self._bindings((src, dst))
+        if nbytes is None:
+            nbytes = min(_nbytes(src), _nbytes(dst))
+        offsets = [src_base + src_offset, dst_base + dst_offset, int(nbytes)]
+        return self._submit(C.OP_COPY, 0, [src_id, dst_id], offsets, (0, 0, 0), b"")
+
+    def _bindings(self, buffers) -> tuple[list[int], list[int]]:
+        ids, offsets = [], []
+        for item in buffers:
+            if isinstance(item, Buffer):
+                ids.append(item.id)
+                offsets.append(0)
+            else:
+                buffer, offset = find_buffer(item, self._by_mapping)
+                ids.append(buffer.id)
+                offsets.append(offset)
+        return ids, offsets
+
+    def _submit(self, opcode: int, program: int, ids, offsets, groups, push: bytes) -> Ticket:
+        self._check_usable()
+        ticket = self._next_ticket
+        self._next_ticket += 1
+        desc = bytearray(C.DESC_SIZE)
+        _HEAD.pack_into(desc, 0, ticket, program, opcode, len(ids) if opcode == C.OP_DISPATCH else 2,
+                        len(push), *groups, 0)
+        _OFFSETS.pack_into(desc, 32, *ids, *([0] * (8 - len(ids))), *offsets, *([0] * (8 - len(offsets))))
+        desc[128 : 128 + len(push)] = push
+        self._outstanding.add(ticket)
+        self._push(bytes(desc))
+        return Ticket(self, ticket)
+
+    def _push(self, desc: bytes) -> None:
+        producer = self._region.producer()
+        while producer.try_push(desc) == 0:  # lane full: make room by reading completions
+            self._collect(_WAIT_SLICE)
+
+    # ---------------------------------------------------------------- completion
+
+    def _collect(self, timeout: float) -> None:
+        """Pop every ready completion (waiting up to ``timeout`` for one) into the results."""
+        if not self._cq_lock.acquire(timeout=max(timeout, 0.001)):
+            return
+        try:
+            n = self._region.completions_into(self._cqes, self._cqes_ptr)
+            if n == 0 and timeout > 0:
+                try:
+                    self._region.wait_completions(1, timeout=timeout)
+                except errors.Timeout:
+                    return
+                except errors.ArbiterLost as exc:
+                    self._lost = errors.ArbiterLost(f"the arbiter exited or closed this session: {exc}")
+                    raise self._lost from exc
+                n = self._region.completions_into(self._cqes, self._cqes_ptr)
+            for cqe in self._cqes[:n]:
+                self._results[int(cqe["ticket"])] = (int(cqe["status"]), int(cqe["device_ns"]))
+        finally:
+            self._cq_lock.release()
+
+    def _is_done(self, ticket: Ticket, timeout: float) -> bool:
+        if ticket.id not in self._results and ticket.id in self._outstanding:
+            self._check_usable()
+            self._collect(timeout)
+        return ticket.id in self._results or ticket.id not in self._outstanding
+
+    def _wait_ticket(self, ticket: Ticket, deadline: float | None) -> None:
+        while not self._is_done(ticket, _WAIT_SLICE if deadline is None
+                                else min(_WAIT_SLICE, max(deadline - time.monotonic(), 0))):
+            if deadline is not None and time.monotonic() >= deadline:
+                raise errors.Timeout(f"ticket {ticket.id} not done after the timeout")
+        result = self._results.pop(ticket.id, None)
+        if result is None:
+            return  # collected by an earlier wait on the same ticket
+        self._outstanding.discard(ticket.id)
+        status, ticket.device_ns = result
+        if status:
+            raise _status_error(ticket.id, status)
+
+    def wait_idle(self, timeout: float | None = None) -> None:
+        """Wait until every submitted ticket is done; errors stay with their tickets."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self._outstanding - self._results.keys():
+            if deadline is not None and time.monotonic() >= deadline:
+                raise errors.Timeout(f"{len(self._outstanding)} tickets still running after the timeout")
+            self._check_usable()
+            self._collect(_WAIT_SLICE)
+
+    # ---------------------------------------------------------------- lifetime
+
+    def close(self) -> None:
+        """Disconnect. Submitted work still completes at the arbiter; idempotent."""
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            self._region.announce_client(alive=False)
+        finally:
+            self._sock.close()
+            self._region.close()
+            os.close(self._wake_fd)
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _nbytes(item) -> int:
+    return item.size if isinstance(item, Buffer) else item.nbytes
+
+
+def _remote_error(fields: dict) -> errors.LibshareError:
+    cls = getattr(errors, str(fields.get("error")), None)
+    if not (isinstance(cls, type) and issubclass(cls, errors.LibshareError)):
+        cls = errors.ProtocolError
+    return cls(fields.get("message", "the arbiter refused the request"))
+
+
+# -------------------------------------------------------------------- connecting
+
+_embedded_lock = threading.Lock()
+_embedded_arbiter = None
+
+
+def _embedded():
+    global _embedded_arbiter
+    with _embedded_lock:
+        if _embedded_arbiter is None:
+            from .arbiter import Arbiter
+
+            _embedded_arbiter = Arbiter()
+            atexit.register(_embedded_arbiter.close)
+        return _embedded_arbiter
+
+
+def connect(name: str | None = None, priority: str | None = None, mode: str | None = None,
+            pipe_directory: str | os.PathLike | None = None, timeout: float = 10.0) -> Session:
+    """Connect to the arbiter at the pipe directory, or run one in this process.
+
+    ``mode``: "auto" (default, or LIBSHARE_MODE) uses a daemon when one answers and
+    embeds one otherwise; "daemon" insists on a daemon (ArbiterUnavailable if none);
+    "embedded" never looks for one.
+    """
+    mode = _config.connect_mode(mode)
+    priority = priority or os.environ.get("LIBSHARE_CLIENT_PRIORITY") or "normal"
+    priority = {"0": "normal", "1": "low"}.get(str(priority), priority)
+    hello = {"op": "hello", "name": name or "", "priority": priority, "version": protocol.VERSION}
+    sock, embedded = None, False
+    if mode != "embedded":
+        sock = _dial(_config.socket_path(_config.pipe_directory(pipe_directory)), timeout)
+        if sock is None and mode == "daemon":
+            raise errors.ArbiterUnavailable(
+                f"no arbiter answers at {_config.pipe_directory(pipe_directory)}; start one with "
+                "`python -m libshare.arbiter` or use mode='auto'")
+    if sock is None:
+        sock, far_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        _embedded().attach(far_end)
+        embedded = True
+    sock.settimeout(timeout)
+    try:
+        protocol.send(sock, hello)
+        welcome = protocol.recv(sock, max_fds=2)
+    except (EOFError, OSError) as exc:
+        sock.close()
+        raise errors.ArbiterUnavailable(f"the arbiter did not answer hello: {exc}") from exc
+    if not welcome.fields.get("ok"):
+        sock.close()
+        raise _remote_error(welcome.fields)
+    if len(welcome.fds) != 2:
+        welcome.close_fds()
+        sock.close()
+        raise errors.ProtocolError("the arbiter's welcome did not carry the ring and doorbell")
+    sock.settimeout(_REQUEST_TIMEOUT)
+    return Session(sock, welcome, embedded)
+
+
+def _dial(path: Path, timeout: float) -> socket.socket | None:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    sock.settimeout(timeout)
+    try:
+        sock.connect(str(path))
+    except (FileNotFoundError, ConnectionRefusedError, NotADirectoryError):
+        sock.close()
+        return None
+    return sock

@@ -1,0 +1,91 @@
+"""What the arbiter holds for each client: its ring region, buffers, programs and counters.
+
+Everything here is owned by the drain thread, the only thread that touches the
+Vulkan device; control threads reach it through tasks (see _drain.py).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from dataclasses import dataclass, field
+
+from ..ring import Region
+from .device import Buffer as DeviceBuffer
+from .device import Pipeline
+
+
+@dataclass
+class SharedMemory:
+    """The arbiter's own mapping of a shared buffer's memfd (imported into Vulkan)."""
+
+    fd: int
+    mapping: mmap.mmap
+    address: int
+
+    def close(self) -> None:
+        """Unmap and close; the client's mapping, if any, stays valid."""
+        os.close(self.fd)
+        self.mapping.close()
+
+
+@dataclass
+class BufferRecord:
+    """One buffer of one client."""
+
+    id: int
+    kind: str  # "shared" or "device"
+    size: int
+    device_buffer: DeviceBuffer
+    memory: SharedMemory | None
+    in_flight: int = 0  # submitted commands that use it and have not retired
+    freed: bool = False  # the client let go; destroy once in_flight reaches 0
+
+
+@dataclass
+class ProgramRecord:
+    """One loaded program of one client."""
+
+    id: int
+    pipeline: Pipeline
+    bindings: int
+    push_size: int
+    in_flight: int = 0
+    freed: bool = False
+
+
+@dataclass
+class Counters:
+    """Per-client accounting."""
+
+    submitted: int = 0
+    completed: int = 0
+    errors: int = 0
+    device_ns: int = 0
+    control_bytes: int = 0  # bytes received on the control socket: stays small (zero-copy)
+    memory_bytes: int = 0
+    peak_memory_bytes: int = 0
+
+
+@dataclass
+class Client:
+    """A connected client, from hello to reclaim."""
+
+    id: int
+    pid: int
+    uid: int
+    name: str
+    priority: str
+    region: Region
+    buffers: dict[int, BufferRecord] = field(default_factory=dict)
+    programs: dict[int, ProgramRecord] = field(default_factory=dict)
+    counters: Counters = field(default_factory=Counters)
+    commands: dict[bytes, object] = field(default_factory=dict)  # descriptor body -> Command
+    outstanding: int = 0  # descriptors popped and not yet answered on the completion ring
+    closing: bool = False  # disconnected: drain nothing more, reclaim when outstanding is 0
+    next_id: int = 1
+
+    def new_id(self) -> int:
+        """A fresh buffer or program id (never reused within this client)."""
+        self.next_id += 1
+        return self.next_id - 1

@@ -1,0 +1,389 @@
+"""The drain loop: the one thread that owns the Vulkan device.
+
+Design
+------
+Every client has a ring region. The drain thread, and only it, pops their
+descriptors, checks each one against what that client owns, turns the good
+ones into device commands and submits everything that is ready, from all
+clients, in one ``vkQueueSubmit``. It then retires finished submissions in
+order, posting one completion per descriptor on the owner's completion ring.
+Because one thread both submits and posts, each completion ring has a single
+producer, and the device layer (not thread-safe) has a single caller.
+
+Order and overlap. Descriptors of one client are submitted in the order they
+were popped, and the device layer puts a memory barrier after every command,
+so each dispatch sees the writes of the one before it. Clients are not
+ordered with respect to each other beyond that.
+
+Back-pressure. A client never has more descriptors outstanding (popped and not
+yet answered) than its completion ring has slots, so posting never fails and a
+client that stops reading its completions only stalls itself.
+
+Control requests (load a program, allocate, free, disconnect) come from other
+threads as tasks: a closure queued here plus a write to the wake eventfd; the
+drain thread runs them between drains and hands the result back.
+
+Sleeping. With nothing to pop and nothing in flight, the thread arms every
+client's ring (NEED_WAKEUP, then a last look) and sleeps in poll() on the
+wake eventfd, which a client's producer writes only when it sees the flag.
+An idle arbiter therefore makes no system call at all until work arrives.
+With work in flight it waits on the oldest fence in short slices instead.
+
+Lifetime. A freed buffer or program that a submitted command still uses is
+destroyed when the last such command retires. A client that disconnects (or
+dies) is drained of nothing more; once its outstanding work has retired, its
+buffers, programs and region are released.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import select
+import struct
+import threading
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import InvalidSubmission, ServerFault
+from ..ring import C, CQE_DTYPE, DESC_DTYPE
+from ..ring._binding import ffi
+from ._clients import BufferRecord, Client, ProgramRecord
+from .device import Copy, Device, Dispatch
+
+log = logging.getLogger("libshare.arbiter")
+
+_POP_BATCH = 1024  # descriptors popped per client per pass
+_FENCE_SLICE = 0.0005  # seconds to wait on the oldest fence before looking at the rings again
+_IDLE_SLICE_MS = 200  # poll() timeout when idle; only bounds how soon a stop is noticed
+_DESC_BODY = slice(8, C.DESC_SIZE)  # a descriptor without its ticket: the command cache key
+_HEAD = struct.Struct("<QIHBB3II")
+
+
+@dataclass
+class _Entry:
+    """One descriptor in a submission: whom to answer, and what it holds."""
+
+    client: Client
+    ticket: int
+    users: tuple  # BufferRecord / ProgramRecord whose in_flight count it holds
+
+
+@dataclass
+class _InFlight:
+    submission: object
+    entries: list[_Entry]
+
+
+class Drainer:
+    """Owns the device; drains rings, submits, retires, and runs control tasks."""
+
+    def __init__(self, device: Device, wake_fd: int):
+        self.device = device
+        self.wake_fd = wake_fd
+        self.clients: dict[int, Client] = {}
+        self.tasks: queue.SimpleQueue = queue.SimpleQueue()
+        self.in_flight: list[_InFlight] = []
+        self.stopping = False
+        self.fault: str | None = None
+        self.user_bytes_copied = 0  # the arbiter never copies user data; see Counters.control_bytes
+        self._out = np.empty(_POP_BATCH, DESC_DTYPE)
+        self._out_ptr = ffi.from_buffer("char[]", self._out)
+        self._out_bytes = memoryview(self._out.view(np.uint8))
+        self._cqes = np.zeros(_POP_BATCH, CQE_DTYPE)
+        self.thread = threading.Thread(target=self._run, name="libshare-drain", daemon=True)
+
+    # ---------------------------------------------------------------- tasks
+
+    def call(self, fn, *args, timeout: float = 30.0):
+        """Run ``fn(*args)`` on the drain thread and return its result (or raise its error)."""
+        if threading.current_thread() is self.thread:
+            return fn(*args)
+        future: Future = Future()
+        self.tasks.put((future, fn, args))
+        self.ring_doorbell()
+        return future.result(timeout)
+
+    def ring_doorbell(self) -> None:
+        """Wake the drain thread if it sleeps."""
+        try:
+            os.eventfd_write(self.wake_fd, 1)
+        except BlockingIOError:
+            pass  # the counter is saturated: the thread is awake anyway
+
+    def _run_tasks(self) -> bool:
+        ran = False
+        while True:
+            try:
+                future, fn, args = self.tasks.get_nowait()
+            except queue.Empty:
+                return ran
+            ran = True
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn(*args))
+                except BaseException as exc:  # handed to the caller, who raises it
+                    future.set_exception(exc)
+
+    # ---------------------------------------------------------------- the loop
+
+    def _run(self) -> None:
+        while not self.stopping:
+            try:
+                busy = self._run_tasks()
+                busy |= self._drain()
+                busy |= self._retire()
+                if not busy:
+                    self._wait()
+            except Exception:  # never die: log, fault, keep answering
+                log.exception("drain loop error")
+        self._shutdown()
+
+    def _wait(self) -> None:
+        if self.in_flight:
+            self.in_flight[0].submission.wait(_FENCE_SLICE)
+            return
+        regions = [c.region for c in self.clients.values() if not c.closing]
+        try:
+            if any(region.arm() > 0 for region in regions):
+                return
+        except Exception:
+            return  # a corrupt region: the next drain pass drops its client
+        if self.tasks.empty():
+            ready = select.poll()
+            ready.register(self.wake_fd, select.POLLIN)
+            if ready.poll(_IDLE_SLICE_MS):
+                try:
+                    os.eventfd_read(self.wake_fd)
+                except BlockingIOError:
+                    pass
+        for region in regions:
+            if not region.closed:
+                region.disarm()
+
+    # ---------------------------------------------------------------- drain
+
+    def _drain(self) -> bool:
+        batch_commands, batch_entries = [], []
+        for client in list(self.clients.values()):
+            if client.closing:
+                continue
+            budget = min(_POP_BATCH, client.region.cq_entries - client.outstanding)
+            if budget <= 0:
+                continue
+            try:
+                count = client.region.pop_into(self._out[:budget], self._out_ptr)
+            except Exception as exc:
+                log.warning("client %d (%s): %s; dropping it", client.id, client.name, exc)
+                self.disconnect(client)
+                continue
+            if count:
+                self._accept(client, count, batch_commands, batch_entries)
+        if not batch_commands:
+            return bool(batch_entries)
+        self._submit(batch_commands, batch_entries)
+        return True
+
+    def _accept(self, client: Client, count: int, commands: list, entries: list) -> None:
+        errors = []
+        client.outstanding += count
+        client.counters.submitted += count
+        for i in range(count):
+            raw = self._out_bytes[i * C.DESC_SIZE : (i + 1) * C.DESC_SIZE]
+            ticket = int(self._out["ticket"][i])
+            result = self._command_for(client, raw)
+            if isinstance(result, int):
+                errors.append((ticket, result))
+                continue
+            command, users = result
+            for user in users:
+                user.in_flight += 1
+            commands.append(command)
+            entries.append(_Entry(client, ticket, users))
+        if errors:
+            self._post(client, [(t, status, 0) for t, status in errors])
+            client.counters.errors += len(errors)
+
+    def _command_for(self, client: Client, raw: memoryview):
+        """A (Command, users) pair for one descriptor, or a negative LS_E* status."""
+        key = bytes(raw[_DESC_BODY])
+        cached = client.commands.get(key)
+        if cached is not None:
+            return cached
+        result = _build_command(client, self.device, raw)
+        if not isinstance(result, int):
+            if len(client.commands) >= 4096:
+                client.commands.clear()
+            client.commands[key] = result
+        return result
+
+    def _submit(self, commands: list, entries: list[_Entry]) -> None:
+        try:
+            submission = self.device.submit(commands)
+        except (InvalidSubmission, ServerFault) as exc:
+            log.error("submit of %d commands failed: %s", len(commands), exc)
+            self._answer_failed(entries, -C.EFAULT)
+            return
+        self.in_flight.append(_InFlight(submission, entries))
+
+    # ---------------------------------------------------------------- retire
+
+    def _retire(self) -> bool:
+        retired = False
+        while self.in_flight and self.in_flight[0].submission.done():
+            done = self.in_flight.pop(0)
+            times = done.submission.device_ns or [0] * len(done.entries)
+            done.submission.release()
+            self._finish(done.entries, times, 0)
+            retired = True
+        return retired
+
+    def _answer_failed(self, entries: list[_Entry], status: int) -> None:
+        self._finish(entries, [0] * len(entries), status)
+
+    def _finish(self, entries: list[_Entry], times: list[int], status: int) -> None:
+        by_client: dict[int, list] = {}
+        clients: dict[int, Client] = {}
+        for entry, ns in zip(entries, times):
+            clients[entry.client.id] = entry.client
+            by_client.setdefault(entry.client.id, []).append((entry.ticket, status, ns))
+            entry.client.counters.device_ns += ns
+            for user in entry.users:
+                user.in_flight -= 1
+                if user.freed and user.in_flight == 0:
+                    self._destroy(entry.client, user)
+        for client_id, answers in by_client.items():
+            client = clients[client_id]
+            self._post(client, answers)
+            if status == 0:
+                client.counters.completed += len(answers)
+
+    def _post(self, client: Client, answers: list[tuple[int, int, int]]) -> None:
+        """Post completions (ticket, status, device_ns) and release their outstanding slots."""
+        client.outstanding -= len(answers)
+        if not client.closing:
+            cqes = self._cqes[: len(answers)]
+            cqes["ticket"] = [a[0] for a in answers]
+            cqes["status"] = [a[1] for a in answers]
+            cqes["device_ns"] = [a[2] for a in answers]
+            try:
+                client.region.post(cqes)
+            except Exception as exc:
+                log.warning("client %d (%s): %s; dropping it", client.id, client.name, exc)
+                self.disconnect(client)
+        self._maybe_reclaim(client)
+
+    # ---------------------------------------------------------------- resources (drain thread)
+
+    def add_client(self, client: Client) -> None:
+        """Start draining a new client's ring."""
+        self.clients[client.id] = client
+
+    def disconnect(self, client: Client) -> None:
+        """Stop draining a client; reclaim everything once its outstanding work retires."""
+        if client.closing:
+            return
+        client.closing = True
+        for record in list(client.buffers.values()) + list(client.programs.values()):
+            self.free(client, record)
+        self._maybe_reclaim(client)
+
+    def _maybe_reclaim(self, client: Client) -> None:
+        if client.closing and client.outstanding == 0 and client.id in self.clients:
+            del self.clients[client.id]
+            client.commands.clear()
+            client.region.close()
+            log.info("client %d (%s, pid %d) reclaimed", client.id, client.name, client.pid)
+
+    def free(self, client: Client, record: BufferRecord | ProgramRecord) -> None:
+        """Forget a buffer or program; destroy it now or when its last command retires."""
+        record.freed = True
+        client.buffers.pop(record.id, None) if isinstance(record, BufferRecord) else client.programs.pop(record.id, None)
+        client.commands.clear()
+        if record.in_flight == 0:
+            self._destroy(client, record)
+
+    def _destroy(self, client: Client, record: BufferRecord | ProgramRecord) -> None:
+        if isinstance(record, BufferRecord):
+            self.device.destroy_buffer(record.device_buffer)
+            if record.memory is not None:
+                record.memory.close()
+            client.counters.memory_bytes -= record.size
+        else:
+            self.device.destroy_pipeline(record.pipeline)
+
+    def _shutdown(self) -> None:
+        for done in self.in_flight:
+            done.submission.wait(5.0)
+        self._retire()
+        for client in list(self.clients.values()):
+            client.region.announce_consumer(alive=False)
+            self.disconnect(client)
+
+    # ---------------------------------------------------------------- control
+
+    def start(self) -> None:
+        """Start the drain thread."""
+        self.thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the drain thread after it has finished what is in flight."""
+        self.stopping = True
+        self.ring_doorbell()
+        if self.thread.is_alive():
+            self.thread.join(timeout)
+
+
+def _build_command(client: Client, device: Device, raw: memoryview):
+    """Validate one descriptor (a private copy) against the client's objects."""
+    ticket, program_id, opcode, nbuffers, push_size, gx, gy, gz, flags = _HEAD.unpack_from(raw)
+    if opcode == C.OP_BAD or flags:
+        return -C.EBADSLOT
+    buffer_ids = struct.unpack_from("<8I", raw, 32)[:nbuffers]
+    offsets = struct.unpack_from("<8Q", raw, 64)[:nbuffers]
+    buffers = []
+    for buffer_id in buffer_ids:
+        record = client.buffers.get(buffer_id)
+        if record is None:
+            return -C.ENOBUFFER
+        buffers.append(record)
+    if opcode == C.OP_COPY:
+        return _build_copy(buffers, offsets, raw)
+    if opcode != C.OP_DISPATCH:
+        return -C.EBADSLOT  # LS_OP_NOP is reserved
+    program = client.programs.get(program_id)
+    if program is None:
+        return -C.ENOPROGRAM
+    if nbuffers != program.bindings:
+        return -C.EBINDINGS
+    if push_size > program.push_size or push_size % 4:
+        return -C.EPUSH
+    alignment = device.storage_offset_alignment
+    for record, offset in zip(buffers, offsets):
+        if offset >= record.size or offset % alignment:
+            return -C.ERANGE
+    groups = (gx, gy, gz)
+    if any(not 1 <= g <= limit for g, limit in zip(groups, device.max_group_count)):
+        return -C.EGROUPS
+    command = Dispatch(
+        program.pipeline,
+        [(r.device_buffer, o) for r, o in zip(buffers, offsets)],
+        groups,
+        bytes(raw[128 : 128 + push_size]),
+    )
+    return command, (program, *buffers)
+
+
+def _build_copy(buffers: list[BufferRecord], offsets: tuple, raw: memoryview):
+    if len(buffers) != 2:
+        return -C.EBINDINGS
+    size = struct.unpack_from("<Q", raw, 64 + 16)[0]
+    (src, dst), (src_offset, dst_offset) = buffers, offsets[:2]
+    if size == 0 or src_offset + size > src.size or dst_offset + size > dst.size:
+        return -C.ERANGE
+    if src is dst and abs(src_offset - dst_offset) < size:
+        return -C.ERANGE
+    return Copy(src.device_buffer, src_offset, dst.device_buffer, dst_offset, size), (src, dst)

@@ -1,0 +1,271 @@
+"""The arbiter: the control server in front of the drain loop.
+
+Each connection gets a thread that reads length-bounded frames and answers
+them; a client that sends garbage, stalls, or dies affects only its own
+thread. The peer's pid and uid come from SO_PEERCRED, never from a message.
+Requests that touch the device (program load, alloc, free) run on the drain
+thread as tasks. The same class runs as a daemon (``serve``) and embedded
+inside a client process (``attach`` on one end of a socketpair).
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+import socket
+import struct
+import threading
+from pathlib import Path
+
+import numpy as np
+
+from .. import _protocol as protocol
+from .._spirv import reflect
+from ..errors import InvalidSubmission, LibshareError, ProtocolError, TooManyClients
+from ..ring import Region
+from ._clients import BufferRecord, Client, ProgramRecord, SharedMemory
+from ._drain import Drainer
+from .device import Device
+
+log = logging.getLogger("libshare.arbiter")
+
+PRIORITIES = ("low", "normal", "high", "realtime")
+_PAGE = mmap.PAGESIZE
+_MAX_BUFFER = 1 << 40
+_REQUEST_TIMEOUT = 30.0  # a client that starts a frame must finish it within this
+
+
+class Arbiter:
+    """Owns one Vulkan device and serves clients over Unix sockets.
+
+    ``device`` is an index or UUID (``LIBSHARE_DEVICE``); ``max_clients`` bounds
+    how many may be connected at once.
+    """
+
+    def __init__(self, device: str | None = None, *, max_clients: int = 48,
+                 lanes: int = 4, lane_entries: int = 256, cq_entries: int = 1024):
+        selector = device if device is not None else os.environ.get("LIBSHARE_DEVICE")
+        self.device = Device(selector)
+        self.max_clients = max_clients
+        self._geometry = (lanes, lane_entries, cq_entries)
+        self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self.drainer = Drainer(self.device, self._wake_fd)
+        self._lock = threading.Lock()
+        self._next_client = 1
+        self._connections: set[socket.socket] = set()
+        self._listener: socket.socket | None = None
+        self.socket_path: Path | None = None
+        self.closed = False
+        self.drainer.start()
+        log.info("arbiter pid %d on %s (%s)", os.getpid(), self.device.name, self.device.uuid)
+
+    # ---------------------------------------------------------------- accepting
+
+    def serve(self, path: Path) -> None:
+        """Listen on the Unix socket ``path`` (mode 0600) in a background thread."""
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        old_umask = os.umask(0o177)
+        try:
+            listener.bind(str(path))
+        finally:
+            os.umask(old_umask)
+        listener.listen(128)
+        self._listener, self.socket_path = listener, path
+        threading.Thread(target=self._accept_loop, name="libshare-accept", daemon=True).start()
+
+    def _accept_loop(self) -> None:
+        while not self.closed:
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                return
+            self.attach(conn)
+
+    def attach(self, conn: socket.socket) -> None:
+        """Serve one connected socket (from accept, or a socketpair end in embedded mode)."""
+        with self._lock:
+            self._connections.add(conn)
+        threading.Thread(target=self._serve_connection, args=(conn,), name="libshare-client",
+                         daemon=True).start()
+
+    # ---------------------------------------------------------------- one connection
+
+    def _serve_connection(self, conn: socket.socket) -> None:
+        client = None
+        try:
+            pid, uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+            frame = protocol.recv(conn)
+            client = self._hello(conn, frame.fields, pid, uid)
+            while True:
+                frame = protocol.recv(conn)
+                client.counters.control_bytes += len(frame.payload) + 64
+                self._answer(conn, client, frame)
+        except (EOFError, ConnectionError, OSError):
+            pass  # the client went away
+        except LibshareError as exc:
+            self._reply_error(conn, exc)
+        except Exception:
+            log.exception("connection handler error")
+        finally:
+            if client is not None:
+                log.info("client %d (%s, pid %d) disconnected", client.id, client.name, client.pid)
+                self._call(self.drainer.disconnect, client)
+            with self._lock:
+                self._connections.discard(conn)
+            conn.close()
+
+    def _reply_error(self, conn: socket.socket, exc: Exception) -> None:
+        try:
+            protocol.send(conn, {"ok": False, "error": type(exc).__name__, "message": str(exc)})
+        except (LibshareError, OSError):
+            pass
+
+    def _answer(self, conn: socket.socket, client: Client, frame: protocol.Frame) -> None:
+        handler = self._HANDLERS.get(frame.fields.get("op"))
+        try:
+            if handler is None:
+                raise ProtocolError(f"unknown request {frame.fields.get('op')!r}")
+            fields, fds = handler(self, client, frame)
+        except LibshareError as exc:
+            self._reply_error(conn, exc)
+            return
+        protocol.send(conn, {"ok": True, **fields}, fds=fds)
+
+    def _call(self, fn, *args):
+        return self.drainer.call(fn, *args)
+
+    # ---------------------------------------------------------------- requests
+
+    def _hello(self, conn: socket.socket, fields: dict, pid: int, uid: int) -> Client:
+        if fields.get("op") != "hello":
+            raise ProtocolError("the first message must be hello")
+        if uid != os.getuid() and os.getuid() != 0:
+            raise ProtocolError(f"uid {uid} may not use this arbiter (it runs as uid {os.getuid()})")
+        priority = fields.get("priority", "normal")
+        if priority not in PRIORITIES:
+            raise InvalidSubmission(f"priority must be one of {', '.join(PRIORITIES)} (got {priority!r})")
+        name = str(fields.get("name") or f"pid{pid}")[:64]
+        with self._lock:
+            if self.closed:
+                raise ProtocolError("the arbiter is shutting down")
+            active = sum(1 for c in self.drainer.clients.values() if not c.closing)
+            if active >= self.max_clients:
+                raise TooManyClients(f"the arbiter already serves {active} clients (its limit is "
+                                     f"{self.max_clients}); wait for one to leave or raise --max-clients")
+            client_id = self._next_client
+            self._next_client += 1
+        region = Region.create(*self._geometry)
+        region.announce_consumer()
+        region.watch_peer(pid) if pid != os.getpid() else None
+        client = Client(client_id, pid, uid, name, priority, region)
+        self._call(self.drainer.add_client, client)
+        log.info("client %d (%s, pid %d) connected", client_id, name, pid)
+        protocol.send(conn, {"ok": True, "client_id": client_id, "arbiter_pid": os.getpid(),
+                             "device": self.device.name},
+                      fds=(region.fd, self._wake_fd))
+        return client
+
+    def _load_program(self, client: Client, frame: protocol.Frame):
+        interface = reflect(frame.payload)
+        if interface.push_constant_size > self.device.max_push_constants_size:
+            raise InvalidSubmission(f"program declares {interface.push_constant_size} bytes of push constants; "
+                                    f"the device allows {self.device.max_push_constants_size}")
+        if interface.bindings != tuple(range(len(interface.bindings))):
+            raise InvalidSubmission(f"program bindings {interface.bindings} must be 0..N-1 in set 0")
+
+        def create():
+            pipeline = self.device.create_pipeline(frame.payload, len(interface.bindings),
+                                                   interface.push_constant_size, interface.entry_point)
+            record = ProgramRecord(client.new_id(), pipeline, len(interface.bindings),
+                                   interface.push_constant_size)
+            client.programs[record.id] = record
+            return record.id
+
+        program_id = self._call(create)
+        return {"program_id": program_id, "bindings": len(interface.bindings),
+                "push_size": interface.push_constant_size, "local_size": list(interface.local_size)}, ()
+
+    def _alloc(self, client: Client, frame: protocol.Frame):
+        size, kind = frame.fields.get("size"), frame.fields.get("kind", "shared")
+        if not isinstance(size, int) or not 0 < size <= _MAX_BUFFER:
+            raise InvalidSubmission(f"buffer size must be an integer in 1..{_MAX_BUFFER} (got {size!r})")
+        if kind not in ("shared", "device"):
+            raise InvalidSubmission(f"buffer kind must be 'shared' or 'device' (got {kind!r})")
+        rounded = -(-size // _PAGE) * _PAGE
+        memory = _shared_memory(rounded) if kind == "shared" else None
+
+        def create():
+            if memory is not None:
+                device_buffer = self.device.import_host(memory.address, rounded)
+            else:
+                device_buffer = self.device.alloc_device(rounded)
+            record = BufferRecord(client.new_id(), kind, rounded, device_buffer, memory)
+            client.buffers[record.id] = record
+            client.counters.memory_bytes += rounded
+            client.counters.peak_memory_bytes = max(client.counters.peak_memory_bytes,
+                                                    client.counters.memory_bytes)
+            return record.id
+
+        try:
+            buffer_id = self._call(create)
+        except BaseException:
+            if memory is not None:
+                memory.close()
+            raise
+        return {"buffer_id": buffer_id, "size": rounded}, ((memory.fd,) if memory else ())
+
+    def _free(self, client: Client, frame: protocol.Frame):
+        def free():
+            record = (client.buffers.get(frame.fields.get("buffer_id"))
+                      if "buffer_id" in frame.fields else client.programs.get(frame.fields.get("program_id")))
+            if record is None:
+                raise InvalidSubmission(f"no such buffer or program: {frame.fields}")
+            self.drainer.free(client, record)
+
+        self._call(free)
+        return {}, ()
+
+    def _stats(self, client: Client, frame: protocol.Frame):
+        c = client.counters
+        return {"client_id": client.id, "submitted": c.submitted, "completed": c.completed,
+                "errors": c.errors, "device_ns": c.device_ns, "control_bytes": c.control_bytes,
+                "memory_bytes": c.memory_bytes, "user_bytes_copied": self.drainer.user_bytes_copied,
+                "clients": len(self.drainer.clients)}, ()
+
+    _HANDLERS = {"load_program": _load_program, "alloc": _alloc, "free": _free, "stats": _stats}
+
+    # ---------------------------------------------------------------- shutdown
+
+    def close(self) -> None:
+        """Stop accepting, finish in-flight work, tell clients, release the device. Idempotent."""
+        with self._lock:
+            if self.closed:
+                return
+            self.closed = True
+            connections = list(self._connections)
+        if self._listener is not None:
+            self._listener.close()
+            if self.socket_path is not None:
+                self.socket_path.unlink(missing_ok=True)
+        self.drainer.stop()
+        for conn in connections:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        self.device.close()
+        os.close(self._wake_fd)
+
+
+def _shared_memory(size: int) -> SharedMemory:
+    """A new memfd of ``size`` bytes, mapped here (page-aligned, so it can be imported)."""
+    fd = os.memfd_create("libshare-buffer", os.MFD_CLOEXEC)
+    try:
+        os.ftruncate(fd, size)
+        mapping = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+    except OSError:
+        os.close(fd)
+        raise
+    address = np.frombuffer(mapping, np.uint8, count=1).ctypes.data
+    return SharedMemory(fd, mapping, address)
