@@ -31,6 +31,7 @@ from libshare.errors import InvalidSubmission
 __all__ = ["ShaderInterface", "reflect"]
 
 _MAGIC = 0x07230203
+_MAGIC_SWAPPED = 0x03022307  # the magic number read in the wrong byte order
 _HEADER_WORDS = 5
 _MAX_TYPE_DEPTH = 32
 
@@ -80,8 +81,10 @@ class ShaderInterface:
 def reflect(spirv: bytes) -> ShaderInterface:
     """Read a compute shader's interface from a SPIR-V module.
 
-    Raises :class:`~libshare.errors.InvalidSubmission` when the module is
-    malformed or uses something this reflection does not support.
+    Accepts either byte order. Raises :class:`~libshare.errors.InvalidSubmission`
+    when the module is malformed or uses a resource other than storage buffers
+    in descriptor set 0 (see the module docstring); ``TypeError`` when
+    ``spirv`` is not bytes-like.
     """
     if not isinstance(spirv, (bytes, bytearray, memoryview)):
         raise TypeError(f"SPIR-V must be bytes, not {type(spirv).__name__}")
@@ -105,13 +108,14 @@ def _words(data: bytes) -> tuple[int, ...]:
         raise _invalid(f"length {len(data)} is not a multiple of 4")
     if len(data) < 4 * _HEADER_WORDS:
         raise _invalid(f"{len(data)} bytes is shorter than the 20-byte header")
-    count = len(data) // 4
-    for order in "<>":
-        words = struct.unpack(f"{order}{count}I", data)
-        if words[0] == _MAGIC:
-            break
+    magic = int.from_bytes(data[:4], "little")
+    if magic == _MAGIC:
+        order = "<"
+    elif magic == _MAGIC_SWAPPED:
+        order = ">"
     else:
-        raise _invalid(f"bad magic number 0x{words[0]:08x} (expected 0x{_MAGIC:08x})")
+        raise _invalid(f"bad magic number 0x{magic:08x} (expected 0x{_MAGIC:08x})")
+    words = struct.unpack(f"{order}{len(data) // 4}I", data)
     if (words[1] >> 16) & 0xFF != 1:
         raise _invalid(f"unsupported version word 0x{words[1]:08x}")
     return words
@@ -176,6 +180,7 @@ class _Module:
             self.variables.append((ops[0], ops[1], ops[2]))
 
     def entry_point(self) -> tuple[int, str]:
+        """Id and name of the single GLCompute entry point."""
         if len(self.entry_points) != 1:
             raise _invalid(f"expected one GLCompute entry point, found {len(self.entry_points)}")
         return self.entry_points[0]
@@ -200,6 +205,7 @@ class _Module:
         return x, y, z
 
     def bindings(self) -> tuple[int, ...]:
+        """Sorted bindings of the storage buffers; raises on any other resource."""
         found: list[int] = []
         for pointer, var, storage in self.variables:
             if storage in (_SC_UNIFORM_CONSTANT, _SC_UNIFORM, _SC_STORAGE_BUFFER):
@@ -210,6 +216,7 @@ class _Module:
         return tuple(sorted(found))
 
     def push_constant_size(self) -> int:
+        """Byte size of the push-constant block, 0 when there is none."""
         blocks = [p for p, _, storage in self.variables if storage == _SC_PUSH_CONSTANT]
         if len(blocks) > 1:
             raise _invalid("more than one push-constant block")
@@ -273,14 +280,15 @@ class _Module:
         if kind == _OP_TYPE_VECTOR:
             return ops[2] * self._size(ops[1], {}, depth + 1)
         if kind == _OP_TYPE_ARRAY:
-            stride = _first(self.decorations.get(type_id, {}), _DEC_ARRAY_STRIDE, "ArrayStride")
+            decorations = self.decorations.get(type_id, {})
+            stride = _first(decorations, _DEC_ARRAY_STRIDE, f"ArrayStride on %{type_id}")
             count = self._scalar(ops[2])
             return self._extent(count, stride, self._size(ops[1], {}, depth + 1))
         if kind == _OP_TYPE_MATRIX:
             column_kind, column = self._type(ops[1])
             if column_kind != _OP_TYPE_VECTOR:
                 raise _invalid(f"matrix %{type_id} has a non-vector column type")
-            stride = _first(layout, _DEC_MATRIX_STRIDE, "MatrixStride")
+            stride = _first(layout, _DEC_MATRIX_STRIDE, f"MatrixStride on matrix %{type_id}")
             scalar = self._size(column[1], {}, depth + 1)
             rows, columns = column[2], ops[2]
             if _DEC_ROW_MAJOR in layout:
@@ -301,14 +309,14 @@ class _Module:
         end = 0
         for index, member in enumerate(members):
             layout = self.member_decorations.get((struct_id, index), {})
-            offset = _first(layout, _DEC_OFFSET, f"Offset on member {index} of %{struct_id}")
+            offset = _first(layout, _DEC_OFFSET, f"Offset on member {index} of struct %{struct_id}")
             end = max(end, offset + self._size(member, layout, depth + 1))
         return end
 
 
 def _first(decorations: dict[int, tuple[int, ...]], decoration: int, what: str) -> int:
-    """The first literal of a required decoration."""
+    """The first literal of a required decoration; ``what`` names it for the error."""
     literals = decorations.get(decoration, ())
     if not literals:
-        raise _invalid(f"missing {what} decoration")
+        raise _invalid(f"missing decoration {what}")
     return literals[0]

@@ -6,6 +6,8 @@
 // (ceil(N / 16), ceil(M / 16), 1) workgroups. Sizes need not be multiples of
 // 16: tile loads past the edge of A or B read as zero, and invocations past
 // the edge of C take part in the loads but write nothing.
+// lavapipe ends any loop after 65535 trips, which caps K there at about
+// 16 * 65535 (checked: K = 70000 exact, K = 1100000 wrong); real GPUs do not.
 
 #define TILE 16
 

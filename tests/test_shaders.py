@@ -11,6 +11,8 @@ import pytest
 from libshare import shaders
 from libshare.shaders import build
 
+from .conftest import vulkan_required
+
 SHIPPED = ["busy", "matmul", "saxpy", "sum", "vadd"]
 
 
@@ -19,7 +21,7 @@ def require_tool(name: str) -> str:
     found = shutil.which(name)
     if found is None:
         message = f"{name} is not installed"
-        if os.environ.get("LIBSHARE_REQUIRE_VULKAN") == "1":
+        if vulkan_required():
             pytest.fail(f"{message} and LIBSHARE_REQUIRE_VULKAN=1")
         pytest.skip(message)
     return found
@@ -60,6 +62,12 @@ def test_checked_in_spirv_matches_a_fresh_compile(name: str) -> None:
         f"shaders/{name}.spv is stale (or was built by another glslang release): "
         "run `python -m libshare.shaders.build` (or `python shaders/build.py`) and commit the .spv"
     )
+
+
+def test_build_check_reports_everything_up_to_date(capsys: pytest.CaptureFixture[str]) -> None:
+    require_tool(os.environ.get("GLSLANG_VALIDATOR", "glslangValidator"))
+    assert build.main(["--check"]) == 0
+    assert "all shaders up to date" in capsys.readouterr().out
 
 
 def test_every_source_has_spirv() -> None:

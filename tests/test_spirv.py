@@ -23,10 +23,23 @@ EXPECTED = {
     "busy": ShaderInterface("main", (64, 1, 1), (0,), 8),
 }
 
-# Opcodes and enumerants the edits below look for (SPIR-V spec, section 3).
+# Opcodes and enumerants used below (SPIR-V specification, section 3).
 OP_EXECUTION_MODE, OP_CONSTANT, OP_VARIABLE, OP_DECORATE, OP_EXECUTION_MODE_ID = 16, 43, 59, 71, 331
 DEC_BUILTIN, DEC_BINDING, DEC_DESCRIPTOR_SET = 11, 33, 34
 SC_UNIFORM, SC_PRIVATE, SC_PUSH_CONSTANT, SC_STORAGE_BUFFER = 2, 6, 9, 12
+
+
+HEADER = [MAGIC, 0x00010300, 0, 100, 0]  # SPIR-V 1.3, id bound 100
+MAIN = [0x6E69616D, 0]  # "main" as a nul-terminated literal string
+
+
+def inst(opcode: int, *operands: int) -> list[int]:
+    """One instruction: its word count and opcode, then its operands."""
+    return [(len(operands) + 1) << 16 | opcode, *operands]
+
+
+ENTRY_POINT = inst(15, 5, 1, *MAIN)  # OpEntryPoint GLCompute %1 "main"
+PROLOGUE = HEADER + ENTRY_POINT + inst(OP_EXECUTION_MODE, 1, 17, 8, 4, 2)  # LocalSize 8 4 2
 
 
 def spirv(name: str) -> bytes:
@@ -60,13 +73,6 @@ def edit(data: bytes, opcode: int, change: Callable[[list[int]], list[int] | Non
     return pack(out)
 
 
-def constant_ids(data: bytes) -> dict[int, int]:
-    """Value -> id of the module's OpConstant instructions (last one wins)."""
-    found: dict[int, int] = {}
-    edit(data, OP_CONSTANT, lambda ops: found.update({ops[2]: ops[1]}))
-    return found
-
-
 def drop_workgroup_size_builtin(data: bytes) -> bytes:
     """Turn ``BuiltIn WorkgroupSize`` into an unrelated decoration, so LocalSize rules."""
     return edit(data, OP_DECORATE, lambda ops: [ops[0], 0, 0] if ops[1:] == [DEC_BUILTIN, 25] else None)
@@ -98,16 +104,14 @@ def test_workgroup_size_builtin_overrides_local_size_mode() -> None:
     assert reflect(drop_workgroup_size_builtin(data)).local_size == (1, 1, 1)
 
 
-def test_local_size_id_reads_constants() -> None:
-    ids = constant_ids(spirv("matmul"))
-    local_size_id = [ids[16], ids[16], ids[1]]
-    data = edit(spirv("matmul"), OP_EXECUTION_MODE, lambda ops: None)
-    data = drop_workgroup_size_builtin(data)
-    # Re-encode OpExecutionMode %main LocalSize 16 16 1 as OpExecutionModeId %main LocalSizeId ...
-    module = words(data)
-    pos = next(i for i, word in enumerate(module) if word == (6 << 16 | OP_EXECUTION_MODE))
-    module[pos:pos + 6] = [6 << 16 | OP_EXECUTION_MODE_ID, module[pos + 1], 38, *local_size_id]
-    assert reflect(pack(module)).local_size == (16, 16, 1)
+def test_local_size_id_reads_constants_and_spec_constant_defaults() -> None:
+    module = HEADER + ENTRY_POINT + (
+        inst(OP_EXECUTION_MODE_ID, 1, 38, 3, 4, 4)  # LocalSizeId %3 %4 %4
+        + inst(21, 2, 32, 0)  # %2 = OpTypeInt 32 0
+        + inst(OP_CONSTANT, 2, 3, 16)  # %3 = OpConstant %2 16
+        + inst(50, 2, 4, 2)  # %4 = OpSpecConstant %2 2
+    )
+    assert reflect(pack(module)).local_size == (16, 2, 2)
 
 
 def test_no_push_constant_block_gives_size_zero() -> None:
@@ -124,7 +128,7 @@ def test_no_push_constant_block_gives_size_zero() -> None:
         (OP_DECORATE, lambda ops: [ops[0], DEC_BINDING, 0] if ops[1] == DEC_BINDING else None,
          "duplicate binding"),
         (OP_DECORATE, lambda ops: [ops[0], 0, 0] if ops[1] == DEC_BINDING else None,
-         "missing Binding"),
+         "missing decoration Binding on %"),
         (OP_VARIABLE, lambda ops: [ops[0], ops[1], SC_UNIFORM] if ops[2] == SC_STORAGE_BUFFER else None,
          "uniform buffers are not supported"),
         (OP_VARIABLE, lambda ops: [ops[0], ops[1], 0] if ops[2] == SC_STORAGE_BUFFER else None,
@@ -134,9 +138,6 @@ def test_no_push_constant_block_gives_size_zero() -> None:
 def test_rejects_unsupported_resources(opcode: int, change, message: str) -> None:
     with pytest.raises(InvalidSubmission, match=message):
         reflect(edit(spirv("vadd"), opcode, change))
-
-
-HEADER = [MAGIC, 0x00010300, 0, 100, 0]
 
 
 MALFORMED = {
@@ -150,11 +151,13 @@ MALFORMED = {
     "zero-words": (pack(HEADER + [0, 0, 0]), "word count of 0"),
     "truncated-shader": (spirv("saxpy")[:24], "runs past the end"),
     "count-past-end": (pack(HEADER + [5 << 16 | 17, 1]), "runs past the end"),
-    "short-decorate": (pack(HEADER + [1 << 16 | 71]), "too few operands"),
+    "short-decorate": (pack(HEADER + inst(OP_DECORATE)), "too few operands"),
     "no-entry-point": (pack(HEADER), "expected one GLCompute entry point, found 0"),
-    "unterminated-name": (pack(HEADER + [4 << 16 | 15, 5, 1, 0x6E69616D]), "not nul-terminated"),
-    "non-utf8-name": (pack(HEADER + [4 << 16 | 15, 5, 1, 0x0000FFFF]), "not UTF-8"),
-    "no-local-size": (pack(HEADER + [5 << 16 | 15, 5, 1, 0x6E69616D, 0]), "no LocalSize"),
+    "two-entry-points": (pack(PROLOGUE + ENTRY_POINT), "expected one GLCompute entry point, found 2"),
+    "unterminated-name": (pack(HEADER + inst(15, 5, 1, MAIN[0])), "not nul-terminated"),
+    "non-utf8-name": (pack(HEADER + inst(15, 5, 1, 0x0000FFFF)), "not UTF-8"),
+    "no-local-size": (pack(HEADER + ENTRY_POINT), "no LocalSize"),
+    "zero-local-size": (pack(HEADER + ENTRY_POINT + inst(OP_EXECUTION_MODE, 1, 17, 8, 0, 1)), "zero dimension"),
 }
 
 
@@ -164,16 +167,47 @@ def test_rejects_malformed_modules(data: bytes, message: str) -> None:
         reflect(data)
 
 
+def push_block_module(member_count: int) -> bytes:
+    """A module whose push-constant block has the first ``member_count`` members of
+
+    struct Push { uint n; vec3 v; float arr[3]; mat3 m; layout(row_major) mat2x3 r; Inner s[2]; }
+    with struct Inner { float f; vec2 g; }, laid out the way glslang lays it out (std430).
+    """
+    members = [2, 4, 8, 9, 10, 12][:member_count]
+    offsets = [0, 16, 28, 48, 96, 120]
+    return pack(
+        PROLOGUE
+        + inst(71, 8, 6, 4) + inst(71, 12, 6, 16)  # ArrayStride of float[3] and Inner[2]
+        + inst(72, 11, 0, 35, 0) + inst(72, 11, 1, 35, 8)  # Inner member offsets
+        + [word for index, offset in enumerate(offsets) for word in inst(72, 13, index, 35, offset)]
+        + inst(72, 13, 3, 7, 16) + inst(72, 13, 4, 4) + inst(72, 13, 4, 7, 8)  # MatrixStride, RowMajor
+        + inst(21, 2, 32, 0) + inst(22, 3, 32)  # %2 uint, %3 float
+        + inst(23, 4, 3, 3) + inst(23, 5, 3, 2)  # %4 vec3, %5 vec2
+        + inst(43, 2, 6, 3) + inst(43, 2, 7, 2)  # %6 = 3u, %7 = 2u
+        + inst(28, 8, 3, 6) + inst(24, 9, 4, 3) + inst(24, 10, 4, 2)  # float[3], mat3, mat2x3
+        + inst(30, 11, 3, 5) + inst(28, 12, 11, 7)  # Inner, Inner[2]
+        + inst(30, 13, *members) + inst(32, 14, SC_PUSH_CONSTANT, 13)
+        + inst(OP_VARIABLE, 14, 15, SC_PUSH_CONSTANT)
+    )
+
+
+@pytest.mark.parametrize(
+    ("member_count", "size"),
+    [(0, 0), (1, 4), (2, 28), (3, 40), (4, 92), (5, 120), (6, 152)],
+    ids=["empty", "uint", "vec3", "float[3]", "mat3", "row-major-mat2x3", "struct-array"],
+)
+def test_push_constant_size_ends_at_last_byte(member_count: int, size: int) -> None:
+    interface = reflect(push_block_module(member_count))
+    assert interface == ShaderInterface("main", (8, 4, 2), (), size)
+
+
 def test_rejects_self_containing_push_constant_type() -> None:
-    # OpTypeStruct %7 { %7 } at offset 0, used as the push-constant block.
-    module = HEADER + [
-        5 << 16 | 15, 5, 1, 0x6E69616D, 0,  # OpEntryPoint GLCompute %1 "main"
-        6 << 16 | 16, 1, 17, 1, 1, 1,  # OpExecutionMode %1 LocalSize 1 1 1
-        5 << 16 | 72, 7, 0, 35, 0,  # OpMemberDecorate %7 0 Offset 0
-        3 << 16 | 30, 7, 7,  # OpTypeStruct %7 %7
-        4 << 16 | 32, 8, 9, 7,  # OpTypePointer %8 PushConstant %7
-        4 << 16 | 59, 8, 9, 9,  # OpVariable %8 %9 PushConstant
-    ]
+    module = PROLOGUE + (
+        inst(72, 7, 0, 35, 0)  # OpMemberDecorate %7 0 Offset 0
+        + inst(30, 7, 7)  # %7 = OpTypeStruct %7
+        + inst(32, 8, SC_PUSH_CONSTANT, 7)
+        + inst(OP_VARIABLE, 8, 9, SC_PUSH_CONSTANT)
+    )
     with pytest.raises(InvalidSubmission, match="too deep"):
         reflect(pack(module))
 

@@ -166,6 +166,10 @@ class Drainer:
 
     # ---------------------------------------------------------------- drain
 
+    def drain_now(self) -> None:
+        """Pop and submit what the rings hold now (a task calls it to order itself after them)."""
+        self._drain()
+
     def _drain(self) -> bool:
         batch_commands, batch_entries = [], []
         for client in list(self.clients.values()):

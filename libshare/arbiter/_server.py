@@ -174,17 +174,18 @@ class Arbiter:
         if interface.bindings != tuple(range(len(interface.bindings))):
             raise InvalidSubmission(f"program bindings {interface.bindings} must be 0..N-1 in set 0")
 
+        push_size = -(-interface.push_constant_size // 4) * 4  # Vulkan ranges are whole words
+
         def create():
-            pipeline = self.device.create_pipeline(frame.payload, len(interface.bindings),
-                                                   interface.push_constant_size, interface.entry_point)
-            record = ProgramRecord(client.new_id(), pipeline, len(interface.bindings),
-                                   interface.push_constant_size)
+            pipeline = self.device.create_pipeline(frame.payload, len(interface.bindings), push_size,
+                                                   interface.entry_point)
+            record = ProgramRecord(client.new_id(), pipeline, len(interface.bindings), push_size)
             client.programs[record.id] = record
             return record.id
 
         program_id = self._call(create)
         return {"program_id": program_id, "bindings": len(interface.bindings),
-                "push_size": interface.push_constant_size, "local_size": list(interface.local_size)}, ()
+                "push_size": push_size, "local_size": list(interface.local_size)}, ()
 
     def _alloc(self, client: Client, frame: protocol.Frame):
         size, kind = frame.fields.get("size"), frame.fields.get("kind", "shared")
@@ -217,6 +218,7 @@ class Arbiter:
 
     def _free(self, client: Client, frame: protocol.Frame):
         def free():
+            self.drainer.drain_now()  # descriptors pushed before this request still see the buffer
             record = (client.buffers.get(frame.fields.get("buffer_id"))
                       if "buffer_id" in frame.fields else client.programs.get(frame.fields.get("program_id")))
             if record is None:

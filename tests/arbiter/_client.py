@@ -1,0 +1,58 @@
+"""A client process for the multi-process tests: ``python -m tests.arbiter._client ROLE PIPE_DIR ARGS``."""
+
+from __future__ import annotations
+
+import struct
+import sys
+import time
+
+import numpy as np
+
+import libshare
+from libshare import workloads
+
+
+def mixed(pipe_dir: str, seed: str, rounds: str) -> None:
+    """Run every workload ``rounds`` times, checked against numpy; exit 0 when all were right."""
+    rng = np.random.default_rng(int(seed))
+    with libshare.connect(name=f"mixed-{seed}", mode="daemon", pipe_directory=pipe_dir) as session:
+        cache: dict = {}
+        names = list(workloads.WORKLOADS)
+        for i in range(int(rounds)):
+            workloads.run(names[(i + int(seed)) % len(names)], session, rng, cache)
+    print("ok", flush=True)
+
+
+def spin(pipe_dir: str) -> None:
+    """Keep long busy dispatches in flight until killed; print 'ready' once the first is queued."""
+    with libshare.connect(name="victim", mode="daemon", pipe_directory=pipe_dir) as session:
+        program = session.load_program(libshare.shaders.path("busy"))
+        data = session.array(1 << 16, np.uint32)
+        push = struct.pack("II", 1 << 14, 1000)
+        ticket = session.dispatch(program, groups=256, buffers=[data], push=push)
+        print("ready", flush=True)
+        while True:  # always one dispatch queued behind the one running
+            following = session.dispatch(program, groups=256, buffers=[data], push=push)
+            ticket.wait(timeout=60)
+            ticket = following
+
+
+def wait_forever(pipe_dir: str) -> None:
+    """Submit a long dispatch, then wait on it: reports how the wait ended."""
+    with libshare.connect(name="waiter", mode="daemon", pipe_directory=pipe_dir) as session:
+        program = session.load_program(libshare.shaders.path("busy"))
+        data = session.array(1 << 16, np.uint32)
+        tickets = [session.dispatch(program, groups=1024, buffers=[data],
+                                    push=struct.pack("II", 1 << 16, 4000)) for _ in range(50)]
+        print("ready", flush=True)
+        started = time.monotonic()
+        try:
+            for ticket in tickets:
+                ticket.wait(timeout=60)
+            print("finished", flush=True)
+        except libshare.ArbiterLost:
+            print(f"lost {time.monotonic() - started:.3f}", flush=True)
+
+
+if __name__ == "__main__":
+    globals()[sys.argv[1]](*sys.argv[2:])

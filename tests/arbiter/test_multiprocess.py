@@ -1,0 +1,84 @@
+"""Several processes against one daemon: concurrency, a client killed mid-dispatch, a dead arbiter."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+import libshare
+from libshare import workloads
+
+from .conftest import start_client
+
+
+def open_fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def test_eight_clients_with_mixed_kernels_all_right(daemon):
+    _, pipe_dir = daemon
+    clients = [start_client("mixed", pipe_dir, seed, 10) for seed in range(8)]
+    outputs = [c.communicate(timeout=300)[0] for c in clients]
+    assert [c.returncode for c in clients] == [0] * 8, outputs
+    assert all(out.strip() == "ok" for out in outputs)
+
+
+def test_client_killed_mid_dispatch_leaks_nothing_and_others_run(daemon):
+    arbiter, pipe_dir = daemon
+    with libshare.connect(mode="daemon", pipe_directory=pipe_dir) as warmup:
+        workloads.run("saxpy", warmup, np.random.default_rng(0), {})
+    time.sleep(0.5)
+    fds_before = open_fds(arbiter.pid)
+    shm_before = set(os.listdir("/dev/shm"))
+
+    victim = start_client("spin", pipe_dir)
+    assert victim.stdout.readline().strip() == "ready"
+    with libshare.connect(name="bystander", mode="daemon", pipe_directory=pipe_dir) as session:
+        rng, cache = np.random.default_rng(1), {}
+        workloads.run("vadd", session, rng, cache)
+        victim.send_signal(signal.SIGKILL)
+        victim.wait(timeout=10)
+        for name in ("saxpy", "matmul", "sum"):
+            workloads.run(name, session, rng, cache)
+    victim.stdout.close()
+
+    deadline = time.monotonic() + 60
+    while open_fds(arbiter.pid) > fds_before and time.monotonic() < deadline:
+        time.sleep(0.1)  # the victim's in-flight work retires, then its resources go
+    assert open_fds(arbiter.pid) == fds_before
+    assert set(os.listdir("/dev/shm")) == shm_before
+    with libshare.connect(mode="daemon", pipe_directory=pipe_dir) as session:
+        assert session.stats()["clients"] == 1
+
+
+def test_clients_raise_within_a_second_when_the_arbiter_is_killed(daemon):
+    arbiter, pipe_dir = daemon
+    waiters = [start_client("wait_forever", pipe_dir) for _ in range(2)]
+    for waiter in waiters:
+        assert waiter.stdout.readline().strip() == "ready"
+    arbiter.send_signal(signal.SIGKILL)
+    arbiter.wait(timeout=10)
+    for waiter in waiters:
+        line = waiter.communicate(timeout=30)[0].strip()
+        assert line.startswith("lost"), line
+        assert float(line.split()[1]) < 1.0
+
+
+def test_later_calls_after_arbiter_death_raise_arbiter_lost(daemon):
+    arbiter, pipe_dir = daemon
+    session = libshare.connect(mode="daemon", pipe_directory=pipe_dir)
+    program = session.load_program(libshare.shaders.path("saxpy"))
+    x = session.array(64)
+    arbiter.send_signal(signal.SIGKILL)
+    arbiter.wait(timeout=10)
+    started = time.monotonic()
+    with pytest.raises(libshare.ArbiterLost):
+        session.dispatch(program, 1, [x, x], b"").wait(timeout=30)
+    assert time.monotonic() - started < 1.0
+    with pytest.raises(libshare.ArbiterLost):
+        session.alloc(4096)
+    session.close()

@@ -1,0 +1,192 @@
+"""The Session API against a real arbiter on lavapipe: kernels, buffers, errors, async."""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import pytest
+
+import libshare
+from libshare import workloads
+
+pytestmark = pytest.mark.usefixtures("vulkan_device_name")
+
+
+@pytest.fixture
+def session():
+    with libshare.connect(name="test", mode="embedded") as s:
+        yield s
+
+
+@pytest.mark.parametrize("name", sorted(workloads.WORKLOADS))
+def test_each_shader_matches_numpy(session, name):
+    ticket = workloads.run(name, session, np.random.default_rng(5), {})
+    assert ticket.done()
+
+
+def test_saxpy_on_a_slice_binds_from_its_first_element(session):
+    program = session.load_program(libshare.shaders.path("saxpy"))
+    x, y = session.array(2048), session.array(2048)
+    x[:], y[:] = 1.0, 2.0
+    session.dispatch(program, groups=16, buffers=[x[1024:], y[1024:]], push=struct.pack("If", 1024, 10.0)).wait(10)
+    assert np.all(y[:1024] == 2.0) and np.all(y[1024:] == 12.0)
+
+
+def test_dispatches_of_one_session_run_in_order_and_see_earlier_writes(session):
+    program = session.load_program(libshare.shaders.path("saxpy"))
+    x, y = session.array(4096), session.array(4096)
+    x[:], y[:] = 1.0, 0.0
+    tickets = [session.dispatch(program, groups=64, buffers=[x, y], push=struct.pack("If", 4096, 1.0))
+               for _ in range(100)]
+    for ticket in tickets:
+        ticket.wait(30)
+    assert np.all(y == 100.0)
+
+
+def test_device_buffer_round_trip_through_copies(session):
+    src, dst = session.array(10_000, np.int32), session.array(10_000, np.int32)
+    src[:] = np.arange(10_000)
+    device = session.alloc(src.nbytes, kind="device")
+    session.copy(src, device)
+    session.copy(device, dst).wait(10)
+    assert np.array_equal(dst, src)
+
+
+def test_program_interface_comes_from_the_spirv(session):
+    program = session.load_program(libshare.shaders.path("matmul"))
+    assert (program.bindings, program.push_size, program.local_size) == (3, 12, (16, 16, 1))
+
+
+def test_wait_idle_waits_for_everything(session):
+    program = session.load_program(libshare.shaders.path("busy"))
+    data = session.array(4096, np.uint32)
+    tickets = [session.dispatch(program, groups=64, buffers=[data], push=struct.pack("II", 4096, 50))
+               for _ in range(20)]
+    session.wait_idle(timeout=60)
+    assert all(t.done() for t in tickets)
+    assert np.array_equal(data, workloads.busy_reference(4096, 50))
+
+
+def test_wait_times_out_with_a_libshare_timeout(session):
+    program = session.load_program(libshare.shaders.path("busy"))
+    data = session.array(1 << 16, np.uint32)
+    ticket = session.dispatch(program, groups=1024, buffers=[data], push=struct.pack("II", 1 << 16, 20_000))
+    with pytest.raises(libshare.Timeout):
+        ticket.wait(timeout=0.01)
+    ticket.wait(timeout=120)
+
+
+def test_free_while_in_flight_completes_the_work(session):
+    program = session.load_program(libshare.shaders.path("busy"))
+    data = session.array(1 << 16, np.uint32)
+    ticket = session.dispatch(program, groups=1024, buffers=[data], push=struct.pack("II", 1 << 16, 500))
+    session.free(data)
+    ticket.wait(60)
+    assert np.array_equal(data[:4096], workloads.busy_reference(4096, 500))
+    with pytest.raises(ValueError, match="not a view on a live buffer"):
+        session.dispatch(program, groups=1, buffers=[data], push=struct.pack("II", 1, 1))
+
+
+class TestInvalidSubmissions:
+    """Each bad descriptor completes with a clear error for that ticket only."""
+
+    @pytest.fixture
+    def parts(self, session):
+        program = session.load_program(libshare.shaders.path("saxpy"))
+        x, y = session.array(1024), session.array(1024)
+        return session, program, x, y
+
+    def expect(self, ticket, text):
+        with pytest.raises(libshare.InvalidSubmission, match=text):
+            ticket.wait(10)
+
+    def test_wrong_binding_count(self, parts):
+        session, program, x, _ = parts
+        self.expect(session.dispatch(program, 1, [x], struct.pack("If", 1, 1.0)), "bindings")
+
+    def test_unknown_program(self, parts):
+        session, program, x, y = parts
+        fake = libshare.Program(9999, 2, 8, (64, 1, 1))
+        self.expect(session.dispatch(fake, 1, [x, y], b""), "unknown program")
+
+    def test_foreign_buffer_id(self, parts):
+        session, program, x, _ = parts
+        foreign = libshare.Buffer(session, 7777, 4096, "device")
+        self.expect(session.dispatch(program, 1, [x, foreign], b""), "unknown or freed buffer")
+
+    def test_group_count_beyond_device_limit(self, parts):
+        session, program, x, y = parts
+        self.expect(session.dispatch(program, (2**31, 1, 1), [x, y], b""), "group count")
+        self.expect(session.dispatch(program, (0, 1, 1), [x, y], b""), "group count")
+
+    def test_push_constants_larger_than_declared(self, parts):
+        session, program, x, y = parts
+        self.expect(session.dispatch(program, 1, [x, y], bytes(16)), "push-constant")
+
+    def test_copy_out_of_range(self, parts):
+        session, _, x, y = parts
+        self.expect(session.copy(x, y, nbytes=1 << 20), "outside the buffer")
+
+    def test_good_work_after_bad_still_runs(self, parts):
+        session, program, x, y = parts
+        x[:], y[:] = 1.0, 1.0
+        bad = session.dispatch(program, 1, [x], b"")
+        good = session.dispatch(program, 16, [x, y], struct.pack("If", 1024, 2.0))
+        self.expect(bad, "bindings")
+        good.wait(10)
+        assert np.all(y == 3.0)
+
+
+def test_garbage_spirv_is_refused(session):
+    with pytest.raises(libshare.InvalidSubmission):
+        session.load_program(b"\x03\x02\x23\x07" + bytes(64))
+
+
+def test_bad_alloc_requests_are_refused(session):
+    with pytest.raises(libshare.InvalidSubmission):
+        session.alloc(0)
+    with pytest.raises(libshare.InvalidSubmission):
+        session.alloc(4096, kind="vram")
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+def test_await_ticket_on_asyncio_and_trio(session, anyio_backend):
+    import anyio
+
+    program = session.load_program(libshare.shaders.path("saxpy"))
+    x, y = session.array(1024), session.array(1024)
+    x[:], y[:] = 2.0, 1.0
+
+    async def main():
+        ticket = session.dispatch(program, 16, [x, y], struct.pack("If", 1024, 3.0))
+        return await ticket
+
+    done = anyio.run(main, backend=anyio_backend)
+    assert done.device_ns is not None and np.all(y == 7.0)
+
+
+def test_submit_cost_does_not_depend_on_buffer_size(session):
+    """Zero-copy: the control socket carries the same few bytes for 4 KiB and 128 MiB."""
+    program = session.load_program(libshare.shaders.path("saxpy"))
+    sent = []
+    for n in (1024, 32 << 20):
+        before = session.stats()["control_bytes"]
+        x, y = session.array(n), session.array(n)
+        x[:], y[:] = 1.0, 1.0
+        session.dispatch(program, 16, [x, y], struct.pack("If", 1024, 1.0)).wait(30)
+        assert np.all(y[:1024] == 2.0)
+        sent.append(session.stats()["control_bytes"] - before)
+        session.free(x), session.free(y)
+    assert sent[0] == sent[1] and sent[1] < 4096
+    assert session.stats()["user_bytes_copied"] == 0
+
+
+def test_mode_daemon_without_a_daemon_raises(tmp_path):
+    with pytest.raises(libshare.ArbiterUnavailable, match="no arbiter answers"):
+        libshare.connect(mode="daemon", pipe_directory=tmp_path)
+
+
+def test_bad_mode_is_a_value_error():
+    with pytest.raises(ValueError, match="mode must be one of"):
+        libshare.connect(mode="sometimes")
