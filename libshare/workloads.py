@@ -1,28 +1,57 @@
 """Ready-made workloads on the shipped shaders, each checked against numpy.
 
-Used by the demo, the examples and the multi-process tests. Every workload
-takes a Session and a numpy Generator, runs one kernel through the arbiter,
-and returns the Ticket after asserting the result equals numpy's.
+Used by the demo, the examples and the multi-process tests. ``prepare`` loads
+the kernel and fills its buffers once and returns a :class:`Job`; a job can be
+dispatched any number of times and then checked, since every kernel here is
+either idempotent or (saxpy) accumulates a result numpy can predict exactly.
 """
 
 from __future__ import annotations
 
 import struct
+from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
 from . import shaders
 
-__all__ = ["WORKLOADS", "busy_reference", "run"]
+__all__ = ["WORKLOADS", "Job", "WorkloadError", "busy_reference", "prepare", "run"]
 
 
 class WorkloadError(AssertionError):
     """A kernel's result differed from numpy's."""
 
 
-def _check(ok: bool, what: str) -> None:
-    if not ok:
-        raise WorkloadError(f"{what}: device result differs from numpy")
+@dataclass
+class Job:
+    """One kernel with its buffers, ready to dispatch again and again."""
+
+    name: str
+    session: object
+    program: object
+    groups: tuple
+    buffers: list
+    push: bytes
+    expect: Callable[[int], bool]  # given how many dispatches ran, is the output right?
+    dispatched: int = 0
+    owned: list = field(default_factory=list)
+
+    def dispatch(self):
+        """Queue one more dispatch; returns its Ticket."""
+        self.dispatched += 1
+        return self.session.dispatch(self.program, self.groups, self.buffers, self.push)
+
+    def check(self) -> None:
+        """Raise WorkloadError unless the output matches numpy after every dispatch so far."""
+        if not self.expect(self.dispatched):
+            raise WorkloadError(f"{self.name}: device result differs from numpy "
+                                f"after {self.dispatched} dispatches")
+
+    def free(self) -> None:
+        """Free the job's buffers."""
+        for array in self.owned:
+            self.session.free(array)
 
 
 def _program(session, name: str, cache: dict):
@@ -31,53 +60,43 @@ def _program(session, name: str, cache: dict):
     return cache[name]
 
 
-def saxpy(session, rng, cache: dict, n: int = 4096):
-    """y = a*x + y."""
-    x, y = session.array(n), session.array(n)
-    x[:], y[:] = rng.random(n, np.float32), rng.random(n, np.float32)
-    a, expected = np.float32(rng.random()), None
-    expected = a * x + y
-    ticket = session.dispatch(_program(session, "saxpy", cache), groups=-(-n // 64), buffers=[x, y],
-                              push=struct.pack("If", n, a)).wait(30)
-    _check(np.allclose(y, expected, rtol=1e-6), "saxpy")
-    session.free(x), session.free(y)
-    return ticket
+def _arrays(session, *shapes, dtype=np.float32):
+    return [session.array(shape, dtype) for shape in shapes]
 
 
-def vadd(session, rng, cache: dict, n: int = 4096):
-    """c = a + b."""
-    a, b, c = session.array(n), session.array(n), session.array(n)
+def _saxpy(session, rng, cache, n=4096):
+    x, y = _arrays(session, n, n)
+    x[:] = rng.integers(0, 100, n)  # small integers: k accumulations stay exact in float32
+    y[:] = rng.integers(0, 100, n)
+    y0 = y.copy()
+    push = struct.pack("If", n, 2.0)
+    return Job("saxpy", session, _program(session, "saxpy", cache), (-(-n // 64), 1, 1), [x, y], push,
+               lambda k: np.array_equal(y, y0 + 2.0 * k * x), owned=[x, y])
+
+
+def _vadd(session, rng, cache, n=4096):
+    a, b, c = _arrays(session, n, n, n)
     a[:], b[:] = rng.random(n, np.float32), rng.random(n, np.float32)
-    ticket = session.dispatch(_program(session, "vadd", cache), groups=-(-n // 64), buffers=[a, b, c],
-                              push=struct.pack("I", n)).wait(30)
-    _check(np.array_equal(c, a + b), "vadd")
-    for array in (a, b, c):
-        session.free(array)
-    return ticket
+    return Job("vadd", session, _program(session, "vadd", cache), (-(-n // 64), 1, 1), [a, b, c],
+               struct.pack("I", n), lambda k: np.array_equal(c, a + b), owned=[a, b, c])
 
 
-def reduce_sum(session, rng, cache: dict, n: int = 8192):
-    """Partial sums per workgroup of 64, added on the host."""
+def _sum(session, rng, cache, n=8192):
     groups = -(-n // 64)
-    data, partial = session.array(n), session.array(groups)
+    data, partial = _arrays(session, n, groups)
     data[:] = rng.random(n, np.float32)
-    ticket = session.dispatch(_program(session, "sum", cache), groups=groups, buffers=[data, partial],
-                              push=struct.pack("I", n)).wait(30)
-    _check(np.isclose(partial.sum(dtype=np.float64), data.sum(dtype=np.float64), rtol=1e-4), "sum")
-    session.free(data), session.free(partial)
-    return ticket
+    total = data.sum(dtype=np.float64)
+    return Job("sum", session, _program(session, "sum", cache), (groups, 1, 1), [data, partial],
+               struct.pack("I", n), lambda k: bool(np.isclose(partial.sum(dtype=np.float64), total, rtol=1e-4)),
+               owned=[data, partial])
 
 
-def matmul(session, rng, cache: dict, m: int = 48, k: int = 40, n: int = 56):
-    """C = A @ B (sizes not multiples of the 16x16 tile on purpose)."""
-    a, b, c = session.array((m, k)), session.array((k, n)), session.array((m, n))
+def _matmul(session, rng, cache, m=48, k=40, n=56):
+    a, b, c = _arrays(session, (m, k), (k, n), (m, n))  # not multiples of the 16x16 tile on purpose
     a[:], b[:] = rng.random((m, k), np.float32), rng.random((k, n), np.float32)
-    ticket = session.dispatch(_program(session, "matmul", cache), groups=(-(-n // 16), -(-m // 16), 1),
-                              buffers=[a, b, c], push=struct.pack("III", m, n, k)).wait(30)
-    _check(np.allclose(c, a @ b, rtol=1e-4, atol=1e-4), "matmul")
-    for array in (a, b, c):
-        session.free(array)
-    return ticket
+    return Job("matmul", session, _program(session, "matmul", cache), (-(-n // 16), -(-m // 16), 1), [a, b, c],
+               struct.pack("III", m, n, k), lambda _: np.allclose(c, a @ b, rtol=1e-4, atol=1e-4),
+               owned=[a, b, c])
 
 
 def busy_reference(n: int, iterations: int) -> np.ndarray:
@@ -92,20 +111,26 @@ def busy_reference(n: int, iterations: int) -> np.ndarray:
     return x
 
 
-def busy(session, rng, cache: dict, n: int = 1024, iterations: int = 64):
-    """A busy loop whose result numpy reproduces."""
-    data = session.array(n, np.uint32)
-    ticket = session.dispatch(_program(session, "busy", cache), groups=-(-n // 64), buffers=[data],
-                              push=struct.pack("II", n, iterations)).wait(30)
-    _check(np.array_equal(data, busy_reference(n, iterations)), "busy")
-    session.free(data)
-    return ticket
+def _busy(session, rng, cache, n=1024, iterations=64):
+    (data,) = _arrays(session, n, dtype=np.uint32)
+    expected = busy_reference(n, iterations)
+    return Job("busy", session, _program(session, "busy", cache), (-(-n // 64), 1, 1), [data],
+               struct.pack("II", n, iterations), lambda k: np.array_equal(data, expected), owned=[data])
 
 
-WORKLOADS = {"saxpy": saxpy, "vadd": vadd, "sum": reduce_sum, "matmul": matmul, "busy": busy}
-"""Name -> workload function."""
+WORKLOADS = {"saxpy": _saxpy, "vadd": _vadd, "sum": _sum, "matmul": _matmul, "busy": _busy}
+"""Name -> preparer."""
+
+
+def prepare(name: str, session, rng, cache: dict) -> Job:
+    """Load the named kernel (once per ``cache``) and fill fresh buffers for it."""
+    return WORKLOADS[name](session, rng, cache)
 
 
 def run(name: str, session, rng, cache: dict):
-    """Run the named workload once; return its Ticket."""
-    return WORKLOADS[name](session, rng, cache)
+    """Prepare, dispatch once, wait, check against numpy, free; return the Ticket."""
+    job = prepare(name, session, rng, cache)
+    ticket = job.dispatch().wait(30)
+    job.check()
+    job.free()
+    return ticket
