@@ -18,6 +18,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--pipe-directory", default=None, help="default: LIBSHARE_PIPE_DIRECTORY")
     parser.add_argument("--device", default=None, help="index or UUID (default: LIBSHARE_DEVICE, else 0)")
     parser.add_argument("--max-clients", type=int, default=48)
+    parser.add_argument("--no-timestamps", action="store_true",
+                        help="skip per-dispatch device timing (saves ~40 us a submission on lavapipe)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     directory = _config.pipe_directory(args.pipe_directory)
@@ -28,7 +30,7 @@ def main(argv: list[str] | None = None) -> None:
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    arbiter = Arbiter(args.device, max_clients=args.max_clients)
+    arbiter = Arbiter(args.device, max_clients=args.max_clients, timed=not args.no_timestamps)
     arbiter.serve(path)
     print(f"libshare arbiter pid {os.getpid()} serving {arbiter.device.name} at {path}", flush=True)
     stop.wait()

@@ -40,17 +40,18 @@ class Arbiter:
     """Owns one Vulkan device and serves clients over Unix sockets.
 
     ``device`` is an index or UUID (``LIBSHARE_DEVICE``); ``max_clients`` bounds
-    how many may be connected at once.
+    how many may be connected at once; ``timed=False`` skips the per-command
+    timestamps (device-time accounting) for the last few microseconds.
     """
 
     def __init__(self, device: str | None = None, *, max_clients: int = 48,
-                 lanes: int = 4, lane_entries: int = 256, cq_entries: int = 1024):
+                 lanes: int = 4, lane_entries: int = 256, cq_entries: int = 1024, timed: bool = True):
         selector = device if device is not None else os.environ.get("LIBSHARE_DEVICE")
         self.device = Device(selector)
         self.max_clients = max_clients
         self._geometry = (lanes, lane_entries, cq_entries)
         self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-        self.drainer = Drainer(self.device, self._wake_fd)
+        self.drainer = Drainer(self.device, self._wake_fd, timed)
         self._lock = threading.Lock()
         self._next_client = 1
         self._connections: set[socket.socket] = set()

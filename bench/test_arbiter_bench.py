@@ -1,0 +1,174 @@
+"""The arbiter against direct Vulkan, side by side in one run; ratios in the summary.
+
+1. tiny dispatch round trip (64 floats, one workgroup): through a daemon vs the same
+   dispatch submitted in-process with the ``vulkan`` package and a prerecorded command
+   buffer (libshare's own device layer, which records once and resubmits). Target <= 1.15x.
+   Both sides wait for each dispatch before the next.
+2. one client pipelining 10,000 tiny dispatches vs direct serial submission. Target >= 1.5x.
+3. 8 client processes through one arbiter vs 8 processes that each open their own device,
+   aggregate dispatches/s. Target >= 1.0x on lavapipe.
+"""
+
+from __future__ import annotations
+
+import mmap
+import struct
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import libshare
+from libshare.arbiter.device import Device, Dispatch
+from tests.arbiter.conftest import daemon as _daemon_fixture  # noqa: F401
+from tests.conftest import ROOT
+
+RESULTS: dict[str, float] = {}
+PIPELINED = 10_000
+
+
+@pytest.fixture(scope="module")
+def arbiter_dir(tmp_path_factory):
+    """An untimed daemon (no timestamps: the direct path has none either)."""
+    pipe_dir = tmp_path_factory.mktemp("bench") / "pipe"
+    process = subprocess.Popen([sys.executable, "-m", "libshare.arbiter", "--pipe-directory", str(pipe_dir),
+                                "--no-timestamps"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    while not (pipe_dir / "control").exists():
+        assert process.poll() is None, "arbiter failed to start"
+        time.sleep(0.05)
+    yield pipe_dir
+    process.terminate()
+    process.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def direct():
+    """In-process: device, saxpy pipeline, two imported host buffers, the tiny dispatch."""
+    with Device() as device:
+        memory = [mmap.mmap(-1, 4096) for _ in range(2)]
+        buffers = [device.import_host(np.frombuffer(m, np.uint8).ctypes.data, 4096) for m in memory]
+        pipeline = device.create_pipeline(libshare.shaders.path("saxpy").read_bytes(), 2, 8)
+        tiny = Dispatch(pipeline, [(b, 0) for b in buffers], (1, 1, 1), struct.pack("If", 64, 1.0))
+        yield device, tiny
+        for b in buffers:
+            device.destroy_buffer(b)
+        device.destroy_pipeline(pipeline)
+
+
+@pytest.fixture(scope="module")
+def remote(arbiter_dir):
+    with libshare.connect(mode="daemon", pipe_directory=arbiter_dir) as session:
+        program = session.load_program(libshare.shaders.path("saxpy"))
+        x, y = session.array(64), session.array(64)
+        yield session, lambda: session.dispatch(program, 1, [x, y], struct.pack("If", 64, 1.0))
+
+
+def ratio_line(label: str, numerator: str, denominator: str, target: str, report_ratio) -> None:
+    if numerator in RESULTS and denominator in RESULTS:
+        report_ratio(f"{label}: {RESULTS[numerator] / RESULTS[denominator]:.3f}x ({target}); "
+                     f"{numerator} {RESULTS[numerator] * 1e6:.1f} us, {denominator} {RESULTS[denominator] * 1e6:.1f} us")
+
+
+# ---------------------------------------------------------------- 1. tiny round trip
+
+def test_round_trip_direct(benchmark, direct):
+    device, tiny = direct
+
+    def once():
+        submission = device.submit([tiny], timed=False)
+        submission.wait(10)
+        submission.release()
+
+    benchmark(once)
+    RESULTS["direct round trip"] = benchmark.stats.stats.median
+
+
+def test_round_trip_arbiter(benchmark, remote, report_ratio):
+    _, dispatch = remote
+    benchmark(lambda: dispatch().wait(10))
+    RESULTS["arbiter round trip"] = benchmark.stats.stats.median
+    ratio_line("1. tiny round trip, arbiter / direct", "arbiter round trip", "direct round trip",
+               "target <= 1.15", report_ratio)
+
+
+# ---------------------------------------------------------------- 2. pipelining
+
+def test_pipelined_direct_serial(benchmark, direct):
+    device, tiny = direct
+
+    def serial():
+        for _ in range(PIPELINED // 10):
+            submission = device.submit([tiny], timed=False)
+            submission.wait(10)
+            submission.release()
+
+    benchmark.pedantic(serial, rounds=3)
+    RESULTS["direct serial per dispatch"] = benchmark.stats.stats.median / (PIPELINED // 10)
+
+
+def test_pipelined_arbiter(benchmark, remote, report_ratio):
+    session, dispatch = remote
+
+    def pipelined():
+        for _ in range(PIPELINED):
+            dispatch()
+        session.wait_idle(120)
+
+    benchmark.pedantic(pipelined, rounds=3)
+    RESULTS["arbiter pipelined per dispatch"] = benchmark.stats.stats.median / PIPELINED
+    d, a = RESULTS.get("direct serial per dispatch"), RESULTS["arbiter pipelined per dispatch"]
+    if d:
+        report_ratio(f"2. pipelined 10,000 tiny dispatches: arbiter {1 / a:.0f}/s vs direct serial "
+                     f"{1 / d:.0f}/s = {d / a:.2f}x the direct rate (target >= 1.5)")
+
+
+# ---------------------------------------------------------------- 3. eight processes
+
+WORKER = """
+import struct, sys, time, numpy as np, libshare, mmap
+mode, pipe_dir, seconds = sys.argv[1], sys.argv[2], float(sys.argv[3])
+push = struct.pack("If", 64, 1.0)
+if mode == "arbiter":
+    s = libshare.connect(mode="daemon", pipe_directory=pipe_dir)
+    p = s.load_program(libshare.shaders.path("saxpy")); x, y = s.array(64), s.array(64)
+    go = lambda: s.dispatch(p, 1, [x, y], push).wait(10)
+    finish = s.wait_idle
+else:
+    from libshare.arbiter.device import Device, Dispatch
+    d = Device(); m = [mmap.mmap(-1, 4096) for _ in range(2)]
+    b = [d.import_host(np.frombuffer(k, np.uint8).ctypes.data, 4096) for k in m]
+    p = d.create_pipeline(libshare.shaders.path("saxpy").read_bytes(), 2, 8)
+    tiny = Dispatch(p, [(k, 0) for k in b], (1, 1, 1), push)
+    def go():
+        sub = d.submit([tiny], timed=False); sub.wait(10); sub.release()
+    finish = lambda: None
+print("ready", flush=True); sys.stdin.readline()
+count, end = 0, time.perf_counter() + seconds
+while time.perf_counter() < end:
+    for _ in range(32):
+        go()
+    count += 32
+finish()
+print(count / seconds, flush=True)
+"""
+
+
+def run_eight(mode: str, pipe_dir, seconds: float = 3.0) -> float:
+    workers = [subprocess.Popen([sys.executable, "-c", WORKER, mode, str(pipe_dir), str(seconds)], cwd=ROOT,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for _ in range(8)]
+    for w in workers:
+        assert w.stdout.readline().strip() == "ready"
+    for w in workers:
+        w.stdin.write("go\n")
+        w.stdin.flush()
+    rates = [float(w.communicate(timeout=120)[0].strip()) for w in workers]
+    return sum(rates)
+
+
+def test_eight_processes(benchmark, arbiter_dir, report_ratio):
+    own = run_eight("own", arbiter_dir)
+    shared = benchmark.pedantic(run_eight, args=("arbiter", arbiter_dir), rounds=1)
+    report_ratio(f"3. eight processes, aggregate tiny dispatches/s: arbiter {shared:.0f} vs own device "
+                 f"each {own:.0f} = {shared / own:.2f}x (target >= 1.0)")
