@@ -190,3 +190,22 @@ def test_mode_daemon_without_a_daemon_raises(tmp_path):
 def test_bad_mode_is_a_value_error():
     with pytest.raises(ValueError, match="mode must be one of"):
         libshare.connect(mode="sometimes")
+
+
+def test_pipelining_past_the_completion_ring_loses_nothing(tmp_path):
+    """More dispatches than completion slots, none read until the end: every one completes."""
+    from libshare.arbiter import Arbiter
+
+    arbiter = Arbiter(timed=False)
+    try:
+        arbiter.serve(tmp_path / "control")
+        with libshare.connect(mode="daemon", pipe_directory=tmp_path) as session:
+            program = session.load_program(libshare.shaders.path("saxpy"))
+            x, y = session.array(64), session.array(64)
+            x[:], y[:] = 1.0, 0.0
+            tickets = [session.dispatch(program, 1, [x, y], struct.pack("If", 64, 1.0)) for _ in range(4000)]
+            session.wait_idle(timeout=120)
+            assert all(t.done() for t in tickets)
+            assert np.all(y == 4000.0)
+    finally:
+        arbiter.close()
