@@ -18,6 +18,8 @@ import pytest
 
 from libshare.errors import InvalidSubmission, VulkanUnavailable
 
+pytestmark = pytest.mark.vulkan
+
 SAXPY_GLSL = """
 #version 450
 layout(local_size_x = 64) in;
@@ -255,6 +257,7 @@ def test_invalid_commands_raise(device, saxpy, host):
         Dispatch(saxpy, [(bx, 0), (by, 0)], (1 << 20, 1, 1), b"\0" * 8),  # too many groups
         Copy(bx, 0, by, 0, 1 << 20),  # copy past the end
         Copy(bx, 0, bx, 8, 64),  # overlapping copy
+        Dispatch(saxpy, [(bx, 0, 0), (by, 0)], (1, 1, 1), b"\0" * 8),  # not a (buffer, offset) pair
         "not a command",
     ]
     for command in bad:
@@ -302,6 +305,15 @@ def test_cache_is_bounded(device, saxpy_spirv):
         _run(dev, [_saxpy(pipeline, bx, by, 64, 2.0)])
         assert dev._recording_count <= 8
         np.testing.assert_allclose(data[half // 4 : half // 4 + 64], 1.0 + sum(range(50)) + 20.0 + 2.0)
+        # A command whose cache entry is evicted while in flight still protects its buffers.
+        pending = dev.submit([_saxpy(pipeline, by, bx, 64, 0.0)])
+        for a in range(20):
+            _run(dev, [_saxpy(pipeline, bx, by, 64, 100.0 + a)])
+        with pytest.raises(InvalidSubmission):
+            dev.destroy_buffer(bx)
+        assert pending.wait(10.0)
+        pending.release()
+        dev.destroy_buffer(bx)
 
 
 def test_close_is_idempotent_and_final(device, saxpy_spirv):

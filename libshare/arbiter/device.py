@@ -11,9 +11,9 @@ therefore records each distinct command once and afterwards only *resubmits* it:
 * **Recordings keyed by content.** A :class:`Dispatch` is fully described by its
   pipeline, its ``(buffer, offset)`` bindings, its group counts and its push-constant
   bytes; a :class:`Copy` by its buffers, offsets and size. That tuple is the command's
-  ``key``. A command buffer may not be pending twice (no ``SIMULTANEOUS_USE``) and each
-  recording owns its timestamp queries, so a key keeps *lists* of idle recordings and a
-  submission takes one per occurrence (64 identical dispatches in a batch use 64).
+  ``key``. A command buffer may not be pending twice (we do not pay for
+  ``SIMULTANEOUS_USE``), so a key keeps *lists* of idle recordings and a submission
+  takes one per occurrence (64 identical dispatches in a batch use 64).
   :meth:`Submission.release` gives them back.
 * **Two shapes of one recording.** A one-command submission sends the recording's own
   *primary* command buffer with a prebuilt ``VkSubmitInfo``: the hot path is a dict
@@ -24,10 +24,15 @@ therefore records each distinct command once and afterwards only *resubmits* it:
   (on lavapipe more than the tiny dispatch itself), which secondaries do not pay, so a
   batch costs far less per command than one submission per command. Each shape is
   recorded the first time it is needed.
-* **Bounded cache.** Recordings live in an LRU (an ``OrderedDict`` of keys) bounded by
-  ``cache_size`` recordings. Past the bound the least recently used keys are dropped;
-  their idle recordings are freed at once, those in flight when released. A buffer or
-  pipeline remembers which keys name it and destroying it drops them, so no recording
+* **Bounded cache, cheap misses.** Recordings live in an LRU (an ``OrderedDict`` of
+  keys) bounded by ``cache_size`` recordings. A miss on a full cache takes an idle
+  recording from the least recently used key and records the new command into the
+  same command buffers (no free/allocate); recordings in flight are never taken and
+  are freed on release if their key was dropped meanwhile. Commands that differ only
+  in push constants or group counts (a step counter, say) miss every time, so a miss
+  is kept cheap too: the checks and descriptor writes of each ``(pipeline, buffers)``
+  binding are made once and cached. Destroying a buffer or pipeline scans the cache
+  (destroys are rare, misses are not) and drops every key naming it, so no recording
   outlives the handles it was recorded with.
 * **Ordering.** Every recording ends with one memory barrier from compute/transfer
   writes to compute/transfer reads and writes *and* host reads. A barrier covers all
@@ -39,12 +44,16 @@ therefore records each distinct command once and afterwards only *resubmits* it:
   visible to the device at ``vkQueueSubmit``.
 * **Timing** (``timed=True``, the default). Timestamps are written with
   ``ALL_COMMANDS``/``BOTTOM_OF_PIPE`` stages, i.e. once all earlier work is complete: one
-  when the submission starts and one at the end of each command, N+1 for N commands,
-  so ``device_ns[k]`` is the time from the end of command k-1 to the end of command k,
-  and the list sums to the submission's device time. Each slot is reset inside the
-  command buffer that writes it. Results are read only when ``device_ns`` is read.
-  Timestamps are nearly free on GPUs; on lavapipe each one costs about 20 us (llvmpipe
-  writes it from its rasterizer threads), so ``timed=False`` exists for throughput runs.
+  when the submission starts and one after each command, N+1 for N commands, so
+  ``device_ns[k]`` runs from the end of command k-1 to the end of command k and the
+  list sums to the submission's device time. A timed recording's primary carries its
+  own two timestamps; a batch primary writes its N+1 between ``vkCmdExecuteCommands``
+  calls into a query pool of its own, so secondaries know nothing of timing and the
+  results of a whole submission come back in one ``vkGetQueryPoolResults`` call (each
+  call costs about 20 us on lavapipe). Slots are reset by the command buffer that
+  writes them, and read only when ``device_ns`` is. Timestamps are normally cheap on
+  GPUs; on lavapipe each costs about 20 us (llvmpipe writes it from its rasterizer
+  threads), so ``timed=False`` exists for throughput runs.
 
 Rules for the caller (the arbiter)
 ----------------------------------
@@ -82,7 +91,8 @@ _INSTALL_HINT = (
     "mesa-vulkan-drivers` (Mesa's lavapipe runs Vulkan on the CPU)"
 )
 _UINT64_MAX = (1 << 64) - 1
-_QUERY_CHUNK = 256  # recordings per timestamp query pool (two queries each)
+_QUERY_CHUNK = 256  # timed recordings per timestamp query pool (two queries each)
+_ANY = 2  # _acquire kind: a batch's secondary, which is the same for timed and untimed
 
 # The binding, loaded by the first Device (importing `vulkan` dlopens the loader and
 # raises OSError when there is none, so it cannot happen at import time).
@@ -196,7 +206,7 @@ class Buffer:
     or ``"device"``. Buffers hash by identity; commands name them in their keys.
     """
 
-    __slots__ = ("kind", "size", "address", "_device", "_handle", "_memory", "_users")
+    __slots__ = ("kind", "size", "address", "_device", "_handle", "_memory")
 
     def __init__(self, device: Device, kind: str, size: int, address: int, handle: Any, memory: Any):
         self.kind = kind
@@ -205,7 +215,6 @@ class Buffer:
         self._device: Device | None = device
         self._handle = handle
         self._memory = memory
-        self._users: set[_Entry] = set()
 
     @property
     def alive(self) -> bool:
@@ -220,7 +229,7 @@ class Buffer:
 class Pipeline:
     """A compute pipeline: SPIR-V, ``binding_count`` storage buffers in set 0, push size."""
 
-    __slots__ = ("binding_count", "push_size", "_device", "_pipeline", "_layout", "_set_layout", "_users")
+    __slots__ = ("binding_count", "push_size", "_device", "_pipeline", "_layout", "_set_layout")
 
     def __init__(self, device: Device, binding_count: int, push_size: int, pipeline: Any, layout: Any, set_layout: Any):
         self.binding_count = binding_count
@@ -229,7 +238,6 @@ class Pipeline:
         self._pipeline = pipeline
         self._layout = layout
         self._set_layout = set_layout
-        self._users: set[_Entry] = set()
 
     @property
     def alive(self) -> bool:
@@ -269,7 +277,7 @@ class Dispatch(Command):
         push: bytes = b"",
     ):
         self.pipeline = pipeline
-        self.buffers = tuple((buf, offset) for buf, offset in buffers)
+        self.buffers = tuple(map(tuple, buffers))
         self.groups = tuple(groups)
         self.push = bytes(push)
         self.key = (pipeline, self.buffers, self.groups, self.push)
@@ -321,8 +329,8 @@ class _Recording:
     ``submit_info`` (primary) and ``secondary`` are set while that shape holds the
     current entry's command, None before it is recorded. When the cache is full a
     recording moves to a new entry and keeps its command buffers, which are then
-    recorded again. A timed recording owns two query slots: ``query`` (start, written by
-    whoever starts the submission) and ``query + 1`` (its end).
+    recorded again. A timed recording's primary writes its start and end timestamps
+    into its two query slots, ``query`` and ``query + 1``; the secondary is untimed.
     """
 
     __slots__ = (
@@ -349,14 +357,18 @@ class _Recording:
 
 
 class _Batch:
-    """A reusable primary command buffer that runs a batch of secondaries."""
+    """A reusable primary command buffer that runs a batch of secondaries, with the
+    timestamp query pool (and result array) of its timed use, grown on demand."""
 
-    __slots__ = ("handle", "array", "submit_info")
+    __slots__ = ("handle", "array", "submit_info", "query_pool", "query_count", "results")
 
     def __init__(self, array: Any):
         self.array = array
         self.handle = array[0]
         self.submit_info = _struct("VkSubmitInfo", "SUBMIT_INFO", commandBufferCount=1, pCommandBuffers=array)
+        self.query_pool: Any = None
+        self.query_count = 0
+        self.results: Any = None  # uint64_t[query_count]
 
 
 class _Fence:
@@ -421,16 +433,17 @@ class Submission:
         """Device time of each command in nanoseconds, in submission order.
 
         ``device_ns[k]`` runs from the end of command k-1 (for k = 0, from the start of
-        the submission) to the end of command k. None for ``timed=False`` submissions;
-        zeros when the queue has no timestamps. Read it after completion and before
-        :meth:`release` (the query slots are reused afterwards).
+        the submission) to the end of command k, so the list sums to the submission's
+        device time. None for ``timed=False`` submissions and on queues without
+        timestamps. Read it after completion and before :meth:`release` (the query
+        slots are reused afterwards).
         """
         if self._device_ns is None and self._timed:
             if self._released or self._device._closed:
                 raise InvalidSubmission("device_ns read after release (its query slots were reused)")
             if not self.done():
                 raise InvalidSubmission("device_ns read before the submission completed")
-            self._device_ns = self._device._read_timestamps(self._recordings)
+            self._device_ns = self._device._read_timestamps(self._recordings, self._batch)
         return self._device_ns
 
     def release(self) -> None:
@@ -480,7 +493,8 @@ class Device:
 
     def _open(self, selector: str | None, cache_size: int) -> None:
         """Pick the physical device, read its properties, create device and pools."""
-        devices = [_PhysicalInfo(pd) for pd in _enumerate(_lib.vkEnumeratePhysicalDevices, "VkPhysicalDevice", self._instance)]
+        handles = _enumerate(_lib.vkEnumeratePhysicalDevices, "VkPhysicalDevice", self._instance)
+        devices = [_PhysicalInfo(handle) for handle in handles]
         info = _select(devices, selector)
         self._physical = info
         self.name: str = info.name
@@ -523,14 +537,18 @@ class Device:
             "VkCommandPoolCreateInfo", "COMMAND_POOL_CREATE_INFO",
             flags=_vk.VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT, queueFamilyIndex=self._family,
         )
-        self._command_pool = _create(_lib.vkCreateCommandPool, "VkCommandPool", "vkCreateCommandPool", self._handle, info, _ffi.NULL)
+        self._command_pool = _create(
+            _lib.vkCreateCommandPool, "VkCommandPool", "vkCreateCommandPool", self._handle, info, _ffi.NULL
+        )
         self._fences: list[_Fence] = []
         self._all_fences: list[_Fence] = []
-        self._batches: list[_Batch] = []
+        self._batches: list[_Batch] = []  # idle ones
+        self._all_batches: list[_Batch] = []
         self._query_pools: list[Any] = []
         self._free_queries: list[tuple[Any, int]] = []
         self._cache: collections.OrderedDict[tuple, _Entry] = collections.OrderedDict()
         self._bindings: dict[tuple, tuple[Any, Any]] = {}  # (pipeline, buffers) -> descriptor writes
+        self._retired: set[_Entry] = set()  # dropped entries with recordings still in flight
         self._cache_size = max(int(cache_size), 1)
         self._recording_count = 0
         self._buffers: set[Buffer] = set()
@@ -544,10 +562,13 @@ class Device:
         self._work_stages = _vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | _vk.VK_PIPELINE_STAGE_TRANSFER_BIT
         self._barrier = _memory_barrier(write, access)
         self._inheritance = _struct("VkCommandBufferInheritanceInfo", "COMMAND_BUFFER_INHERITANCE_INFO")
-        self._begin_secondary = _struct("VkCommandBufferBeginInfo", "COMMAND_BUFFER_BEGIN_INFO", pInheritanceInfo=self._inheritance)
+        self._begin_secondary = _struct(
+            "VkCommandBufferBeginInfo", "COMMAND_BUFFER_BEGIN_INFO", pInheritanceInfo=self._inheritance
+        )
         self._begin_primary = _struct("VkCommandBufferBeginInfo", "COMMAND_BUFFER_BEGIN_INFO")
         self._begin_batch = _struct(
-            "VkCommandBufferBeginInfo", "COMMAND_BUFFER_BEGIN_INFO", flags=_vk.VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT
+            "VkCommandBufferBeginInfo", "COMMAND_BUFFER_BEGIN_INFO",
+            flags=_vk.VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT,
         )
         self._empty_info = _struct("VkSubmitInfo", "SUBMIT_INFO")
         self._allocate_infos = {
@@ -765,7 +786,9 @@ class Device:
         code = _ffi.new("uint32_t[]", len(spirv) // 4)
         _ffi.memmove(code, spirv, len(spirv))
         info = _struct("VkShaderModuleCreateInfo", "SHADER_MODULE_CREATE_INFO", codeSize=len(spirv), pCode=code)
-        return _create(_lib.vkCreateShaderModule, "VkShaderModule", "vkCreateShaderModule", self._handle, info, _ffi.NULL)
+        return _create(
+            _lib.vkCreateShaderModule, "VkShaderModule", "vkCreateShaderModule", self._handle, info, _ffi.NULL
+        )
 
     def _create_compute(self, module: Any, layout: Any, entry: str) -> Any:
         """vkCreateComputePipelines for one stage."""
@@ -776,7 +799,8 @@ class Device:
         }
         info = _struct("VkComputePipelineCreateInfo", "COMPUTE_PIPELINE_CREATE_INFO", stage=stage, layout=layout)
         out = _ffi.new("VkPipeline*")
-        _check(_lib.vkCreateComputePipelines(self._handle, _ffi.NULL, 1, info, _ffi.NULL, out), "vkCreateComputePipelines")
+        result = _lib.vkCreateComputePipelines(self._handle, _ffi.NULL, 1, info, _ffi.NULL, out)
+        _check(result, "vkCreateComputePipelines")
         return out[0]
 
     # ------------------------------------------------------------------ submission
@@ -795,11 +819,12 @@ class Device:
         recordings: list[_Recording] = []
         batch = None
         try:
-            for command in commands:
-                recordings.append(self._acquire(command, timed))
-            if len(recordings) == 1:
+            if len(commands) == 1:
+                recordings.append(self._acquire(commands[0], int(timed)))
                 info = recordings[0].submit_info or self._primary_info(recordings[0])
-            elif recordings:
+            elif commands:
+                for command in commands:
+                    recordings.append(self._acquire(command, _ANY))
                 batch = self._record_batch(recordings, timed)
                 info = batch.submit_info
             else:
@@ -820,8 +845,11 @@ class Device:
         self._require_open()
         _check(_lib.vkDeviceWaitIdle(self._handle), "vkDeviceWaitIdle")
 
-    def _acquire(self, command: Command, timed: bool) -> _Recording:
-        """An idle recording of ``command``: from the cache, or a new one."""
+    def _acquire(self, command: Command, kind: int) -> _Recording:
+        """An idle recording of ``command``: from the cache, or a new one.
+
+        ``kind`` is 0 or 1 for a (timed) primary, ``_ANY`` for a batch's secondary.
+        """
         try:
             key = command.key
             entry = self._cache.get(key)
@@ -831,10 +859,10 @@ class Device:
             entry = self._new_entry(key, command)
         else:
             self._cache.move_to_end(key)
-            free = entry.free[timed]
+            free = entry.free[kind] if kind != _ANY else entry.free[0] or entry.free[1]
             if free:
                 return free.pop()
-        recording = self._new_recording(entry, timed)
+        recording = self._new_recording(entry, kind)
         if self._recording_count > self._cache_size:
             self._shrink()
         return recording
@@ -856,7 +884,7 @@ class Device:
         recording.secondary = recording.secondary_array[0]
 
     def _record_batch(self, recordings: list[_Recording], timed: bool) -> _Batch:
-        """Record a pooled primary that starts the clock and runs the secondaries."""
+        """Record a pooled primary that runs the secondaries (timing each, if ``timed``)."""
         for recording in recordings:
             if recording.secondary is None:
                 self._record_secondary(recording)
@@ -864,18 +892,50 @@ class Device:
             batch = self._batches.pop()
         else:
             batch = _Batch(self._allocate_command_buffer(_vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY))
+            self._all_batches.append(batch)
         try:
             cb = batch.handle
             _check(_lib.vkBeginCommandBuffer(cb, self._begin_batch), "vkBeginCommandBuffer")
             if timed:
-                self._write_start(cb, recordings[0])
-            secondaries = _ffi.new("VkCommandBuffer[]", [r.secondary for r in recordings])
-            _lib.vkCmdExecuteCommands(cb, len(recordings), secondaries)
+                self._execute_timed(cb, batch, recordings)
+            else:
+                secondaries = _ffi.new("VkCommandBuffer[]", [r.secondary for r in recordings])
+                _lib.vkCmdExecuteCommands(cb, len(recordings), secondaries)
             _check(_lib.vkEndCommandBuffer(cb), "vkEndCommandBuffer")
         except BaseException:
+            _lib.vkResetCommandBuffer(batch.handle, 0)
             self._batches.append(batch)
             raise
         return batch
+
+    def _execute_timed(self, cb: Any, batch: _Batch, recordings: list[_Recording]) -> None:
+        """Run the secondaries one by one with a timestamp before the first and after each."""
+        pool = self._batch_queries(batch, len(recordings) + 1)
+        write, execute = _lib.vkCmdWriteTimestamp, _lib.vkCmdExecuteCommands
+        after = _vk.VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT
+        _lib.vkCmdResetQueryPool(cb, pool, 0, len(recordings) + 1)
+        write(cb, _vk.VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, pool, 0)
+        for slot, recording in enumerate(recordings, 1):
+            execute(cb, 1, recording.secondary_array)
+            write(cb, after, pool, slot)
+
+    def _batch_queries(self, batch: _Batch, count: int) -> Any:
+        """The batch's query pool, replaced by a larger one when it has fewer than ``count``."""
+        if batch.query_count < count:
+            if batch.query_pool is not None:
+                _lib.vkDestroyQueryPool(self._handle, batch.query_pool, _ffi.NULL)  # idle: not pending
+                batch.query_pool, batch.query_count = None, 0
+            size = max(count, 2 * batch.query_count, 64)
+            batch.query_pool = self._create_query_pool(size)
+            batch.query_count, batch.results = size, _ffi.new("uint64_t[]", size)
+        return batch.query_pool
+
+    def _create_query_pool(self, size: int) -> Any:
+        """A timestamp query pool of ``size`` queries."""
+        info = _struct(
+            "VkQueryPoolCreateInfo", "QUERY_POOL_CREATE_INFO", queryType=_vk.VK_QUERY_TYPE_TIMESTAMP, queryCount=size
+        )
+        return _create(_lib.vkCreateQueryPool, "VkQueryPool", "vkCreateQueryPool", self._handle, info, _ffi.NULL)
 
     def _new_fence(self) -> _Fence:
         """A fresh unsignalled fence (the free list was empty)."""
@@ -902,21 +962,19 @@ class Device:
             else:
                 self._free_recording(recording)
 
-    def _read_timestamps(self, recordings: list[_Recording]) -> list[int]:
-        """Durations from the submission's start slot and each command's end slot."""
+    def _read_timestamps(self, recordings: list[_Recording], batch: _Batch | None) -> list[int]:
+        """Durations between consecutive timestamps of a finished submission, one call."""
         if not recordings:
             return []
-        out, mask, period = self._query_out, self._timestamp_mask, self.timestamp_period_ns
-        flags = _vk.VK_QUERY_RESULT_64_BIT
-        first = recordings[0]
-        _check(_lib.vkGetQueryPoolResults(self._handle, first.query_pool, first.query, 2, 16, out, 8, flags), "vkGetQueryPoolResults")
-        durations = [int(((out[1] - out[0]) & mask) * period)]
-        previous = out[1]
-        for r in recordings[1:]:
-            _check(_lib.vkGetQueryPoolResults(self._handle, r.query_pool, r.query + 1, 1, 8, out, 8, flags), "vkGetQueryPoolResults")
-            durations.append(int(((out[0] - previous) & mask) * period))
-            previous = out[0]
-        return durations
+        if batch is None:
+            pool, first, out = recordings[0].query_pool, recordings[0].query, self._query_out
+        else:
+            pool, first, out = batch.query_pool, 0, batch.results
+        count, flags = len(recordings) + 1, _vk.VK_QUERY_RESULT_64_BIT
+        result = _lib.vkGetQueryPoolResults(self._handle, pool, first, count, 8 * count, out, 8, flags)
+        _check(result, "vkGetQueryPoolResults")
+        mask, period = self._timestamp_mask, self.timestamp_period_ns
+        return [int(((out[i + 1] - out[i]) & mask) * period) for i in range(len(recordings))]
 
     # ------------------------------------------------------------------- recording
 
@@ -927,14 +985,14 @@ class Device:
         _check(_lib.vkAllocateCommandBuffers(self._handle, info, array), "vkAllocateCommandBuffers")
         return array
 
-    def _new_recording(self, entry: _Entry, timed: bool) -> _Recording:
+    def _new_recording(self, entry: _Entry, kind: int) -> _Recording:
         """A recording for ``entry``: reclaimed from the LRU end when the cache is full."""
         recording = self._reclaim() if self._recording_count >= self._cache_size else None
         if recording is None:
             recording = _Recording(False, None, 0)
             self._recording_count += 1
-        if recording.timed != timed:
-            self._set_timed(recording, timed)
+        if kind != _ANY and recording.timed != kind:
+            self._set_timed(recording, bool(kind))
         recording.move_to(entry)
         entry.count += 1
         return recording
@@ -965,36 +1023,31 @@ class Device:
         recording.timed = timed
 
     def _record_body(self, cb: Any, recording: _Recording, begin: Any, *, primary: bool) -> None:
-        """[start timestamp] the command [end timestamp] barrier, into ``cb``.
+        """The command and its barrier into ``cb``, between timestamps for a timed primary.
 
-        A primary writes its own start timestamp; in a batch the batch primary does.
         Beginning an executable command buffer resets it (the pool allows that).
         """
+        timed = primary and recording.timed
+        pool, query = recording.query_pool, recording.query
         try:
             _check(_lib.vkBeginCommandBuffer(cb, begin), "vkBeginCommandBuffer")
-            if recording.timed and primary:
-                self._write_start(cb, recording)
-            if recording.timed:
-                _lib.vkCmdResetQueryPool(cb, recording.query_pool, recording.query + 1, 1)
+            if timed:
+                _lib.vkCmdResetQueryPool(cb, pool, query, 2)
+                _lib.vkCmdWriteTimestamp(cb, _vk.VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, pool, query)
             command = recording.entry.command
             if isinstance(command, Dispatch):
                 self._record_dispatch(cb, command)
             else:
                 self._record_copy(cb, command)
-            if recording.timed:
-                stage = _vk.VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT
-                _lib.vkCmdWriteTimestamp(cb, stage, recording.query_pool, recording.query + 1)
             stages = self._work_stages
-            _lib.vkCmdPipelineBarrier(cb, stages, stages | _vk.VK_PIPELINE_STAGE_HOST_BIT, 0, 1, self._barrier, 0, _ffi.NULL, 0, _ffi.NULL)
+            after = stages | _vk.VK_PIPELINE_STAGE_HOST_BIT
+            _lib.vkCmdPipelineBarrier(cb, stages, after, 0, 1, self._barrier, 0, _ffi.NULL, 0, _ffi.NULL)
+            if timed:
+                _lib.vkCmdWriteTimestamp(cb, _vk.VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, pool, query + 1)
             _check(_lib.vkEndCommandBuffer(cb), "vkEndCommandBuffer")
         except BaseException:
             _lib.vkResetCommandBuffer(cb, 0)  # back to the initial state, ready for another try
             raise
-
-    def _write_start(self, cb: Any, recording: _Recording) -> None:
-        """Reset and write the start slot once all earlier work is complete."""
-        _lib.vkCmdResetQueryPool(cb, recording.query_pool, recording.query, 1)
-        _lib.vkCmdWriteTimestamp(cb, _vk.VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, recording.query_pool, recording.query)
 
     def _record_dispatch(self, cb: Any, d: Dispatch) -> None:
         """Bind, push descriptors and constants, dispatch."""
@@ -1020,8 +1073,10 @@ class Device:
             raise InvalidSubmission(f"dispatch names a pipeline that is destroyed or not of this device: {pipeline!r}")
         if len(buffers) != pipeline.binding_count:
             raise InvalidSubmission(f"pipeline takes {pipeline.binding_count} buffers, dispatch binds {len(buffers)}")
-        for buf, offset in buffers:
-            self._check_range(buf, offset, 1, self.storage_offset_alignment)
+        for pair in buffers:
+            if len(pair) != 2:
+                raise InvalidSubmission(f"a binding is a (buffer, offset) pair, not {pair!r}")
+            self._check_range(pair[0], pair[1], 1, self.storage_offset_alignment)
         if len(self._bindings) >= 4 * self._cache_size:
             self._bindings.clear()
         writes = self._bindings[(pipeline, buffers)] = self._descriptor_writes(buffers)
@@ -1051,11 +1106,7 @@ class Device:
     def _take_queries(self) -> tuple[Any, int]:
         """A free (pool, first query) pair, growing by one query pool when none is free."""
         if not self._free_queries:
-            info = _struct(
-                "VkQueryPoolCreateInfo", "QUERY_POOL_CREATE_INFO",
-                queryType=_vk.VK_QUERY_TYPE_TIMESTAMP, queryCount=2 * _QUERY_CHUNK,
-            )
-            pool = _create(_lib.vkCreateQueryPool, "VkQueryPool", "vkCreateQueryPool", self._handle, info, _ffi.NULL)
+            pool = self._create_query_pool(2 * _QUERY_CHUNK)
             self._query_pools.append(pool)
             self._free_queries.extend((pool, 2 * i) for i in reversed(range(_QUERY_CHUNK)))
         return self._free_queries.pop()
@@ -1070,10 +1121,7 @@ class Device:
             self._validate_copy(command)
         else:
             raise InvalidSubmission(f"not a Dispatch or Copy: {command!r}")
-        entry = _Entry(key, command)
-        for user in _entry_users(command):
-            user._users.add(entry)
-        self._cache[key] = entry
+        entry = self._cache[key] = _Entry(key, command)
         return entry
 
     def _validate_dispatch(self, d: Dispatch) -> None:
@@ -1081,9 +1129,9 @@ class Device:
         pipeline = d.pipeline
         if (pipeline, d.buffers) not in self._bindings:
             self._binding(pipeline, d.buffers)
-        groups = d.groups
-        if len(groups) != 3 or not all(isinstance(g, int) and 0 <= g <= m for g, m in zip(groups, self.max_group_count)):
-            raise InvalidSubmission(f"groups {groups} outside 0..{self.max_group_count}")
+        groups, limits = d.groups, self.max_group_count
+        if len(groups) != 3 or not all(type(g) is int and 0 <= g <= m for g, m in zip(groups, limits)):
+            raise InvalidSubmission(f"groups {groups} outside 0..{limits}")
         if len(d.push) % 4 or len(d.push) > pipeline.push_size:
             raise InvalidSubmission(
                 f"push constants must be a multiple of 4 up to {pipeline.push_size} bytes (got {len(d.push)})"
@@ -1127,12 +1175,12 @@ class Device:
         """Forget a key: free its idle recordings now, in-flight ones on release."""
         entry.alive = False
         self._cache.pop(entry.key, None)
-        for user in _entry_users(entry.command):
-            user._users.discard(entry)
         for free in entry.free:
             for recording in free:
                 self._free_recording(recording)
             free.clear()
+        if entry.count:
+            self._retired.add(entry)  # still in flight: destroy_* must see it
 
     def _free_recording(self, recording: _Recording) -> None:
         """Free a recording's command buffers and give back its query slots."""
@@ -1141,17 +1189,25 @@ class Device:
                 _lib.vkFreeCommandBuffers(self._handle, self._command_pool, 1, array)
         if recording.timed:
             self._free_queries.append((recording.query_pool, recording.query))
-        recording.entry.count -= 1
+        entry = recording.entry
+        entry.count -= 1
         self._recording_count -= 1
+        if not entry.count:
+            self._retired.discard(entry)
 
     def _drop_users(self, obj: Buffer | Pipeline, what: str) -> None:
-        """Drop every cache entry and binding naming ``obj``, refusing while one is in flight."""
-        busy = sum(entry.busy() for entry in obj._users)
+        """Drop every cache entry and binding naming ``obj``, refusing while one is in flight.
+
+        Destroying is rare, so this scans the cache instead of keeping an index that
+        every cache miss would pay for.
+        """
+        named = [e for e in (*self._cache.values(), *self._retired) if obj in _named_objects(e.command)]
+        busy = sum(entry.busy() for entry in named)
         if busy:
             raise InvalidSubmission(f"{what} {obj!r} is used by {busy} command(s) of unreleased submissions")
-        for entry in list(obj._users):
+        for entry in named:
             self._drop_entry(entry)
-        stale = [key for key in self._bindings if key[0] is obj or any(buf is obj for buf, _ in key[1])]
+        stale = [key for key in self._bindings if obj is key[0] or any(obj is buf for buf, _ in key[1])]
         for key in stale:
             del self._bindings[key]
 
@@ -1171,12 +1227,16 @@ class Device:
             _lib.vkDestroyFence(self._handle, fence.handle, _ffi.NULL)
         for pool in self._query_pools:
             _lib.vkDestroyQueryPool(self._handle, pool, _ffi.NULL)
+        for batch in self._all_batches:
+            if batch.query_pool is not None:
+                _lib.vkDestroyQueryPool(self._handle, batch.query_pool, _ffi.NULL)
         for entry in self._cache.values():
             entry.alive = False
         self._buffers.clear()
         self._pipelines.clear()
         self._cache.clear()
         self._bindings.clear()
+        self._retired.clear()
         self._destroy_device()  # the command pool takes every command buffer with it
 
     def _require_open(self) -> None:
@@ -1194,7 +1254,7 @@ class Device:
         return f"<Device {self.name!r} uuid={self.uuid}{' closed' if self._closed else ''}>"
 
 
-def _entry_users(command: Command) -> tuple[Any, ...]:
+def _named_objects(command: Command) -> tuple[Any, ...]:
     """The pipeline and buffers a cached command names."""
     if isinstance(command, Dispatch):
         return (command.pipeline, *(buf for buf, _ in command.buffers))
@@ -1207,7 +1267,6 @@ def _destroy_buffer_handles(device: Any, buf: Buffer) -> None:
     _lib.vkDestroyBuffer(device, buf._handle, _ffi.NULL)
     _lib.vkFreeMemory(device, buf._memory, _ffi.NULL)
     buf._device = None
-    buf._users.clear()
 
 
 def _destroy_pipeline_handles(device: Any, p: Pipeline) -> None:
@@ -1216,7 +1275,6 @@ def _destroy_pipeline_handles(device: Any, p: Pipeline) -> None:
     _lib.vkDestroyPipelineLayout(device, p._layout, _ffi.NULL)
     _lib.vkDestroyDescriptorSetLayout(device, p._set_layout, _ffi.NULL)
     p._device = None
-    p._users.clear()
 
 
 # ------------------------------------------------------ instance and physical devices
@@ -1241,9 +1299,8 @@ class _PhysicalInfo:
 
     def __init__(self, handle: Any):
         self.handle = handle
-        self.extensions = {
-            _text(e.extensionName) for e in _enumerate(_lib.vkEnumerateDeviceExtensionProperties, "VkExtensionProperties", handle, _ffi.NULL)
-        }
+        found = _enumerate(_lib.vkEnumerateDeviceExtensionProperties, "VkExtensionProperties", handle, _ffi.NULL)
+        self.extensions = {_text(e.extensionName) for e in found}
         self._read_properties()
         self.families = _enumerate(_lib.vkGetPhysicalDeviceQueueFamilyProperties, "VkQueueFamilyProperties", handle)
         self.memory = _ffi.new("VkPhysicalDeviceMemoryProperties*")
@@ -1253,7 +1310,10 @@ class _PhysicalInfo:
         """Name, UUID, limits, push-descriptor and host-import properties."""
         push = _struct("VkPhysicalDevicePushDescriptorPropertiesKHR", "PHYSICAL_DEVICE_PUSH_DESCRIPTOR_PROPERTIES_KHR")
         ids = _struct("VkPhysicalDeviceIDProperties", "PHYSICAL_DEVICE_ID_PROPERTIES", pNext=push)
-        host = _struct("VkPhysicalDeviceExternalMemoryHostPropertiesEXT", "PHYSICAL_DEVICE_EXTERNAL_MEMORY_HOST_PROPERTIES_EXT", pNext=ids)
+        host = _struct(
+            "VkPhysicalDeviceExternalMemoryHostPropertiesEXT", "PHYSICAL_DEVICE_EXTERNAL_MEMORY_HOST_PROPERTIES_EXT",
+            pNext=ids,
+        )
         has_host = "VK_EXT_external_memory_host" in self.extensions
         props = _struct("VkPhysicalDeviceProperties2", "PHYSICAL_DEVICE_PROPERTIES_2", pNext=host if has_host else ids)
         if "VK_KHR_push_descriptor" not in self.extensions:
@@ -1340,7 +1400,10 @@ def _create_device(info: _PhysicalInfo, family: int) -> Any:
     c_names = [_ffi.new("char[]", n.encode()) for n in names]
     name_array = _ffi.new("char*[]", c_names)
     priority = _ffi.new("float[1]", [1.0])
-    queue = _struct("VkDeviceQueueCreateInfo", "DEVICE_QUEUE_CREATE_INFO", queueFamilyIndex=family, queueCount=1, pQueuePriorities=priority)
+    queue = _struct(
+        "VkDeviceQueueCreateInfo", "DEVICE_QUEUE_CREATE_INFO", queueFamilyIndex=family, queueCount=1,
+        pQueuePriorities=priority,
+    )
     create = _struct(
         "VkDeviceCreateInfo", "DEVICE_CREATE_INFO", queueCreateInfoCount=1, pQueueCreateInfos=queue,
         enabledExtensionCount=len(names), ppEnabledExtensionNames=name_array,
