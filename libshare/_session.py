@@ -118,7 +118,6 @@ class Session:
         self._cqes = np.empty(self._region.cq_entries, CQE_DTYPE)
         self._cqes_ptr = ffi.from_buffer("char[]", self._cqes)
         self._by_mapping: dict[int, Buffer] = {}
-        self._desc = bytearray(C.DESC_SIZE)
         self._lost: errors.LibshareError | None = None
         self.closed = False
         """True after close()."""

@@ -90,7 +90,6 @@ class Drainer:
         self.in_flight: list[_InFlight] = []
         self.stopping = False
         self.fault: str | None = None
-        self.user_bytes_copied = 0  # the arbiter never copies user data; see Counters.control_bytes
         self._out = np.empty(_POP_BATCH, DESC_DTYPE)
         self._out_ptr = ffi.from_buffer("char[]", self._out)
         self._out_bytes = memoryview(self._out.view(np.uint8))

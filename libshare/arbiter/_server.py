@@ -158,7 +158,8 @@ class Arbiter:
             self._next_client += 1
         region = Region.create(*self._geometry)
         region.announce_consumer()
-        region.watch_peer(pid) if pid != os.getpid() else None
+        if pid != os.getpid():  # an embedded client is this process: nothing to watch
+            region.watch_peer(pid)
         client = Client(client_id, pid, uid, name, priority, region)
         self._call(self.drainer.add_client, client)
         log.info("client %d (%s, pid %d) connected", client_id, name, pid)
@@ -233,7 +234,7 @@ class Arbiter:
         c = client.counters
         return {"client_id": client.id, "submitted": c.submitted, "completed": c.completed,
                 "errors": c.errors, "device_ns": c.device_ns, "control_bytes": c.control_bytes,
-                "memory_bytes": c.memory_bytes, "user_bytes_copied": self.drainer.user_bytes_copied,
+                "memory_bytes": c.memory_bytes,
                 "clients": len(self.drainer.clients)}, ()
 
     _HANDLERS = {"load_program": _load_program, "alloc": _alloc, "free": _free, "stats": _stats}

@@ -179,7 +179,6 @@ def test_submit_cost_does_not_depend_on_buffer_size(session):
         sent.append(session.stats()["control_bytes"] - before)
         session.free(x), session.free(y)
     assert sent[0] == sent[1] and sent[1] < 4096
-    assert session.stats()["user_bytes_copied"] == 0
 
 
 def test_mode_daemon_without_a_daemon_raises(tmp_path):
