@@ -1,0 +1,215 @@
+/*
+ * libshare C API: the declaration source of the client functions.
+ *
+ * The block between the cdef-begin and cdef-end markers is fed verbatim to
+ * cffi's cdef() when bindings/c/build.py builds libshare.so, and
+ * bindings/c/generate.py writes bindings/c/libshare.h from ring.h's block
+ * followed by this one. Edit this file, never libshare.h.
+ *
+ * Conventions
+ * - Every function returns 0 (or a count), or a negative code: -errno
+ *   (-EINVAL for a bad argument, -ENOMEM, -ENOENT ...), -LS_E* from
+ *   ring.h (a ticket the arbiter rejected), or -LS_E* from this header.
+ *   After a failure, ls_error_message() says what went wrong in this thread.
+ * - Timeouts are in nanoseconds; LS_FOREVER (a negative value) waits until
+ *   the work is done or the arbiter is gone. No wait outlives its arbiter.
+ * - Ownership: the caller owns every struct it passes in or gets filled.
+ *   The session owns everything it hands out (mappings, programs, buffer
+ *   ids) until they are freed or ls_disconnect() frees them all.
+ * - Threads: every function may be called from any thread, concurrently on
+ *   one session, except ls_disconnect(), which must be the session's last call.
+ */
+#ifndef LIBSHARE_API_H
+#define LIBSHARE_API_H
+
+#include <stdint.h>
+
+/* cdef-begin */
+#define LS_API_VERSION 1
+
+/* Errors of the client API, returned negated, beside -errno and the ring's -LS_E* codes. */
+#define LS_EUNAVAILABLE 1101            /* no arbiter answers and the mode forbids embedding one */
+#define LS_ELOST 1102                   /* the arbiter died or closed this session (sticky) */
+#define LS_EQUOTA 1103                  /* a memory or compute limit would be exceeded */
+#define LS_ETOOMANY 1104                /* the arbiter already serves its maximum of clients */
+#define LS_ETERMINATED 1105             /* the operator terminated this client (sticky) */
+#define LS_EINVALID 1106                /* the arbiter refused a request as invalid */
+#define LS_ESERVER 1107                 /* the arbiter's device faulted */
+#define LS_EPROTOCOL 1108               /* the arbiter broke the protocol */
+#define LS_ETIMEOUT 1109                /* a wait ran past its timeout; the work goes on */
+#define LS_EVULKAN 1110                 /* no usable Vulkan driver for an embedded arbiter */
+#define LS_EPYTHON 1111                 /* the embedded Python failed: message and stderr say why */
+
+#define LS_FOREVER -1                   /* a timeout that waits as long as the arbiter lives */
+
+#define LS_BUFFER_SHARED 0              /* zero-copy host memory, mapped in this process */
+#define LS_BUFFER_DEVICE 1              /* device-local memory, filled and read with ls_copy */
+
+/* How to connect. Zero (or NULL) fields take the defaults given on each field. */
+struct ls_options {
+    const char *name;                   /* shown by the operator tools; default "pid<pid>" */
+    const char *priority;               /* "low", "normal", "high", "realtime"; default
+                                           LIBSHARE_CLIENT_PRIORITY, else "normal" */
+    const char *group;                  /* named group sharing limits; NULL: none */
+    const char *mode;                   /* "auto" (daemon if one answers, else embedded),
+                                           "daemon" or "embedded"; default LIBSHARE_MODE, else "auto" */
+    const char *pipe_directory;         /* where the daemon listens; default LIBSHARE_PIPE_DIRECTORY,
+                                           else $XDG_RUNTIME_DIR/libshare, else /tmp/libshare-$UID */
+    int64_t timeout_ns;                 /* how long to wait for the daemon's answer; 0: 10 s */
+};
+
+/* What ls_session_info() reports. */
+struct ls_session_info {
+    uint32_t client_id;                 /* this session's id at the arbiter */
+    uint32_t embedded;                  /* 1 when the arbiter runs inside this process */
+    char device[256];                   /* the arbiter's device name, NUL-terminated */
+};
+
+/* A program loaded with ls_load_program(); its interface is read from the SPIR-V. */
+struct ls_program {
+    uint32_t id;                        /* the arbiter's id: pass it to ls_dispatch() */
+    uint32_t bindings;                  /* storage buffers it takes (bindings 0..N-1 of set 0) */
+    uint32_t push_size;                 /* bytes of push constants it declares */
+    uint32_t local_size[3];             /* its workgroup size */
+};
+
+/* A buffer allocated with ls_alloc(). */
+struct ls_buffer {
+    uint32_t id;                        /* the arbiter's id: pass it to ls_dispatch()/ls_copy() */
+    uint32_t kind;                      /* LS_BUFFER_SHARED or LS_BUFFER_DEVICE */
+    uint64_t size;                      /* bytes, rounded up to whole pages */
+    void *data;                         /* the shared buffer's mapping in this process, owned by
+                                           the session until ls_free_buffer(); NULL for a device buffer */
+};
+
+/* The arbiter's counters for one session. */
+struct ls_stats {
+    uint64_t submitted;                 /* descriptors the arbiter took */
+    uint64_t completed;                 /* completions it posted */
+    uint64_t errors;                    /* of which failed */
+    uint64_t device_ns;                 /* device time measured for this client */
+    uint64_t memory_bytes;              /* bytes of buffers it holds now */
+};
+
+typedef struct ls_session ls_session;   /* a connection to an arbiter; opaque */
+
+/*
+ * Connect to the arbiter at the pipe directory, or, in mode "auto" when none
+ * answers, start one inside this process (the embedded default).
+ * options: may be NULL (every default). out: receives the session, which the
+ * caller owns and releases with ls_disconnect().
+ * Returns 0, -LS_EUNAVAILABLE (mode "daemon" and no daemon), -LS_ETOOMANY,
+ * -LS_EVULKAN (embedded and no driver), -EINVAL (a bad option), -LS_EPYTHON.
+ */
+int ls_connect(const struct ls_options *options, ls_session **out);
+
+/*
+ * Disconnect and free the session: its mappings, programs, buffers and ticket
+ * records. Work already submitted still completes at the arbiter. NULL is a
+ * no-op. No other call on the session may run during or after this one.
+ */
+void ls_disconnect(ls_session *session);
+
+/* Fill *out with the session's client id, mode and device name. Returns 0 or -EINVAL. */
+int ls_session_info(ls_session *session, struct ls_session_info *out);
+
+/*
+ * Load a compute program from nbytes of SPIR-V at code (copied; the caller
+ * keeps its memory). Fills *out. Returns 0, -LS_EINVALID (not SPIR-V the
+ * arbiter accepts), -LS_ELOST.
+ */
+int ls_load_program(ls_session *session, const void *code, uint64_t nbytes, struct ls_program *out);
+
+/* Same as ls_load_program() with the SPIR-V read from the file at path. -ENOENT when it is missing. */
+int ls_load_program_file(ls_session *session, const char *path, struct ls_program *out);
+
+/* Release a program; dispatches already submitted still run. Returns 0, -LS_EINVALID (unknown id). */
+int ls_free_program(ls_session *session, uint32_t program_id);
+
+/*
+ * Allocate a buffer of nbytes: kind LS_BUFFER_SHARED (zero-copy: out->data is
+ * this process's mapping, which the device reads and writes) or
+ * LS_BUFFER_DEVICE (out->data is NULL; use ls_copy). Fills *out.
+ * Returns 0, -LS_EINVALID (size 0 or too large), -LS_EQUOTA, -EINVAL (kind).
+ */
+int ls_alloc(ls_session *session, uint64_t nbytes, uint32_t kind, struct ls_buffer *out);
+
+/*
+ * Release a buffer. Work already submitted on it still completes at the
+ * arbiter, but a shared buffer's mapping is gone here when this returns.
+ * Returns 0, -LS_EINVALID (unknown id).
+ */
+int ls_free_buffer(ls_session *session, uint32_t buffer_id);
+
+/*
+ * Queue program over groups_x * groups_y * groups_z workgroups on nbuffers
+ * buffers (ids from ls_alloc, bound at bindings 0..nbuffers-1, each from the
+ * byte offset in offsets[i]; offsets may be NULL for all 0) with push_size
+ * bytes of push constants. Returns at once: *ticket receives the ticket to
+ * wait on. Runs in C (no Python): one descriptor pushed into the ring.
+ * Returns 0, -EINVAL (more than 8 buffers or 128 push bytes), -LS_ELOST.
+ * Invalid ids, ranges and group counts are reported by ls_wait() on the ticket.
+ */
+int ls_dispatch(ls_session *session, uint32_t program, uint32_t groups_x, uint32_t groups_y,
+                uint32_t groups_z, uint32_t nbuffers, const uint32_t *buffers, const uint64_t *offsets,
+                const void *push, uint32_t push_size, uint64_t *ticket);
+
+/*
+ * Queue a copy of nbytes from buffer src at src_offset to buffer dst at
+ * dst_offset (shared or device buffers). Returns at once with *ticket, like
+ * ls_dispatch(). Runs in C.
+ */
+int ls_copy(ls_session *session, uint32_t src, uint64_t src_offset, uint32_t dst, uint64_t dst_offset,
+            uint64_t nbytes, uint64_t *ticket);
+
+/*
+ * Wait until the ticket's work is done, at most timeout_ns (LS_FOREVER: no
+ * limit). Returns 0 when it succeeded (and stores the device time in
+ * *device_ns when device_ns is not NULL and the arbiter measured it), the
+ * ticket's negative LS_E* status when the arbiter rejected or failed it,
+ * -LS_ETIMEOUT (the ticket stays valid), -LS_ELOST, or -EINVAL (a ticket this
+ * session never issued). The first successful wait consumes the ticket's
+ * record; a later wait on it returns 0. Runs in C.
+ */
+int ls_wait(ls_session *session, uint64_t ticket, int64_t timeout_ns, uint64_t *device_ns);
+
+/*
+ * Whether the ticket's work is done, without blocking: 1 done (the result
+ * waits for ls_wait), 0 still running, or a negative code (-EINVAL, -LS_ELOST).
+ * Runs in C.
+ */
+int ls_poll(ls_session *session, uint64_t ticket);
+
+/*
+ * Wait until every ticket submitted so far is done, at most timeout_ns.
+ * Errors stay with their tickets (ls_wait reports them). Returns 0,
+ * -LS_ETIMEOUT or -LS_ELOST. Runs in C.
+ */
+int ls_wait_idle(ls_session *session, int64_t timeout_ns);
+
+/* Fill *out with the arbiter's counters for this session. Returns 0 or -LS_ELOST. */
+int ls_stats(ls_session *session, struct ls_stats *out);
+
+/*
+ * Serve an arbiter inside this process at pipe_directory (created mode 0700
+ * if missing), so that other processes can connect to it in mode "daemon"
+ * (a C program hosting its workers, as examples/multi_process.c does).
+ * Returns 0, -EBUSY (this process already serves one), -LS_EVULKAN, -errno.
+ */
+int ls_serve(const char *pipe_directory);
+
+/* Stop the arbiter ls_serve() started: finish in-flight work, tell its clients. Idempotent. */
+void ls_serve_stop(void);
+
+/*
+ * The message of the last failure of a libshare call in this thread ("" when
+ * none). The string belongs to libshare and stays valid until the thread's
+ * next failing libshare call.
+ */
+const char *ls_error_message(void);
+
+/* A fixed description of a code returned by any libshare function (a static string). */
+const char *ls_strerror(int code);
+/* cdef-end */
+
+#endif

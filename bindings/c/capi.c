@@ -1,0 +1,640 @@
+/*
+ * The C client: the hot path in C, the control plane in the embedded Python.
+ *
+ * libshare.so is a cffi embedding library. Rare requests (connect, program
+ * load, alloc, free, stats, disconnect) go through hooks into the Python
+ * client (bindings/c/hooks.py drives libshare.Session): they cost a socket
+ * round trip anyway, and one implementation serves both languages. Python
+ * starts inside the process on the first such call.
+ *
+ * Dispatch, copy, wait and poll never enter Python. At connect the Python
+ * session hands over the address of its ring region (still mapped by it) and
+ * the arbiter's doorbell fd; this file opens its own view of the region with
+ * the ring's C core, claims a submission lane, and from then on owns the
+ * session's completion ring: the Python session is used for control requests
+ * only and never pops a completion of a C session.
+ *
+ * Tickets are numbered here. Each one has a record in a small hash table
+ * (pending, then done with its status and device time) until ls_wait takes
+ * the result. Two locks: `lock` guards the producer, the ticket counter and
+ * the table (held for microseconds, never across a sleep); `cq_lock` makes one
+ * thread at a time the completion ring's consumer, the only one that may sleep
+ * on it. Order: cq_lock before lock.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <errno.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ring.h"
+#include "api.h"
+
+#define LSX_HOOK static
+#include "hooks.h"
+
+#define LSX_SPIN_NS 20000LL             /* poll before sleeping: as the Python client does */
+#define LSX_SLICE_NS 50000000LL         /* longest sleep between checks of a waiter's deadline */
+#define LSX_FULL_WAIT_NS 1000000LL      /* a full lane waits this long for completions */
+#define LSX_CQE_BATCH 64
+
+enum { SLOT_EMPTY, SLOT_PENDING, SLOT_DONE };
+
+struct lsx_record {
+    uint64_t ticket;
+    uint64_t device_ns;
+    int32_t status;
+    uint32_t state;                     /* SLOT_* */
+};
+
+/* Open addressing, linear probing on the ticket number, backward-shift deletion. */
+struct lsx_table {
+    struct lsx_record *slots;
+    uint32_t cap;                       /* power of two */
+    uint32_t used;
+    uint32_t pending;
+};
+
+struct ls_session {
+    int32_t handle;
+    int32_t peer_pidfd;
+    ls_region *region;
+    ls_producer *producer;
+    pthread_mutex_t lock;
+    pthread_mutex_t cq_lock;
+    uint64_t next_ticket;
+    struct lsx_table table;
+    int lost;                           /* sticky -LS_ELOST / -LS_ECORRUPT once the ring is dead */
+    struct ls_session_info info;
+};
+
+/* ------------------------------------------------------------------ errors */
+
+static __thread char error_text[512];
+
+__attribute__((visibility("hidden"))) int lsx_set_error(int code, const char *message)
+{
+    snprintf(error_text, sizeof error_text, "%s", message ? message : "");
+    return code;
+}
+
+__attribute__((format(printf, 2, 3))) static int fail(int code, const char *format, ...)
+{
+    va_list args;
+    va_start(args, format);
+    vsnprintf(error_text, sizeof error_text, format, args);
+    va_end(args);
+    return code;
+}
+
+const char *ls_error_message(void) { return error_text; }
+
+const char *ls_strerror(int code)
+{
+    switch (-code) {
+    case 0: return "success";
+    case LS_ECORRUPT: return "the shared-memory ring failed validation";
+    case LS_EPEERDEAD: return "the other side of the ring died or closed it";
+    case LS_EBADSLOT: return "descriptor fields out of range";
+    case LS_ENOPROGRAM: return "unknown program id";
+    case LS_ENOBUFFER: return "unknown or freed buffer id";
+    case LS_EBINDINGS: return "number of buffers differs from the program's bindings";
+    case LS_ERANGE: return "offset or size outside the buffer, or misaligned";
+    case LS_EGROUPS: return "group count is 0 or beyond the device limit";
+    case LS_EPUSH: return "more push-constant bytes than the program declares";
+    case LS_EFAULT: return "the device faulted while running it";
+    case LS_ECANCELED: return "cancelled";
+    case LS_EUNAVAILABLE: return "no arbiter answers and the mode forbids embedding one";
+    case LS_ELOST: return "the arbiter died or closed this session";
+    case LS_EQUOTA: return "a limit would be exceeded";
+    case LS_ETOOMANY: return "the arbiter serves its maximum number of clients";
+    case LS_ETERMINATED: return "the operator terminated this client";
+    case LS_EINVALID: return "the arbiter refused the request as invalid";
+    case LS_ESERVER: return "the arbiter's device faulted";
+    case LS_EPROTOCOL: return "the arbiter broke the protocol";
+    case LS_ETIMEOUT: return "timed out";
+    case LS_EVULKAN: return "no usable Vulkan driver";
+    case LS_EPYTHON: return "the embedded Python failed";
+    default: return code < 0 ? strerror(-code) : "not an error code";
+    }
+}
+
+/* ------------------------------------------------------------------ ticket table */
+
+static int table_init(struct lsx_table *t, uint32_t cap)
+{
+    t->slots = calloc(cap, sizeof *t->slots);
+    t->cap = cap;
+    t->used = t->pending = 0;
+    return t->slots ? 0 : -ENOMEM;
+}
+
+static struct lsx_record *table_find(struct lsx_table *t, uint64_t ticket)
+{
+    uint32_t mask = t->cap - 1;
+    for (uint32_t i = (uint32_t)ticket & mask;; i = (i + 1) & mask) {
+        if (t->slots[i].state == SLOT_EMPTY)
+            return NULL;
+        if (t->slots[i].ticket == ticket)
+            return &t->slots[i];
+    }
+}
+
+static void table_place(struct lsx_table *t, struct lsx_record record)
+{
+    uint32_t mask = t->cap - 1;
+    uint32_t i = (uint32_t)record.ticket & mask;
+    while (t->slots[i].state != SLOT_EMPTY)
+        i = (i + 1) & mask;
+    t->slots[i] = record;
+}
+
+static int table_grow(struct lsx_table *t)
+{
+    struct lsx_table bigger;
+    if (table_init(&bigger, t->cap * 2) < 0)
+        return -ENOMEM;
+    for (uint32_t i = 0; i < t->cap; i++)
+        if (t->slots[i].state != SLOT_EMPTY)
+            table_place(&bigger, t->slots[i]);
+    free(t->slots);
+    t->slots = bigger.slots;
+    t->cap = bigger.cap;
+    return 0;
+}
+
+static int table_add_pending(struct lsx_table *t, uint64_t ticket)
+{
+    if ((t->used + 1) * 2 > t->cap && table_grow(t) < 0)
+        return -ENOMEM;
+    table_place(t, (struct lsx_record){.ticket = ticket, .state = SLOT_PENDING});
+    t->used++;
+    t->pending++;
+    return 0;
+}
+
+static void table_remove(struct lsx_table *t, struct lsx_record *record)
+{
+    uint32_t mask = t->cap - 1;
+    uint32_t hole = (uint32_t)(record - t->slots);
+    if (record->state == SLOT_PENDING)
+        t->pending--;
+    t->used--;
+    for (uint32_t j = (hole + 1) & mask; t->slots[j].state != SLOT_EMPTY; j = (j + 1) & mask) {
+        uint32_t home = (uint32_t)t->slots[j].ticket & mask;
+        /* The entry at j may fill the hole unless its home lies cyclically in (hole, j]. */
+        int stays = hole <= j ? (home > hole && home <= j) : (home > hole || home <= j);
+        if (!stays) {
+            t->slots[hole] = t->slots[j];
+            hole = j;
+        }
+    }
+    t->slots[hole].state = SLOT_EMPTY;
+}
+
+static void table_complete(struct lsx_table *t, const struct ls_cqe *cqe)
+{
+    struct lsx_record *record = table_find(t, cqe->ticket);
+    if (record == NULL || record->state != SLOT_PENDING)
+        return;                         /* not ours: the arbiter is untrusted, ignore it */
+    record->state = SLOT_DONE;
+    record->status = cqe->status;
+    record->device_ns = cqe->device_ns;
+    t->pending--;
+}
+
+/* ------------------------------------------------------------------ completions */
+
+static int64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static int64_t deadline_of(int64_t timeout_ns)
+{
+    return timeout_ns < 0 ? INT64_MAX : now_ns() + timeout_ns;
+}
+
+static int mark_lost(ls_session *s, int rc)
+{
+    if (rc == -LS_ECORRUPT)
+        s->lost = -LS_ECORRUPT;
+    else
+        s->lost = -LS_ELOST;
+    return s->lost;
+}
+
+static int lost_error(ls_session *s)
+{
+    return s->lost == -LS_ECORRUPT
+               ? fail(s->lost, "the session's ring failed validation: the arbiter wrote garbage into it")
+               : fail(s->lost, "the arbiter exited or closed this session; connect again");
+}
+
+/* Pop every ready completion into the table. Caller holds cq_lock. */
+static int collect_ready(ls_session *s)
+{
+    struct ls_cqe cqes[LSX_CQE_BATCH];
+    int total = 0, n;
+    do {
+        n = ls_cq_pop(s->region, (char *)cqes, LSX_CQE_BATCH);
+        if (n < 0)
+            return mark_lost(s, n);
+        pthread_mutex_lock(&s->lock);
+        for (int i = 0; i < n; i++)
+            table_complete(&s->table, &cqes[i]);
+        pthread_mutex_unlock(&s->lock);
+        total += n;
+    } while (n == LSX_CQE_BATCH);
+    return total;
+}
+
+/* Sleep up to wait_ns for a completion, then collect. Caller holds cq_lock. */
+static int collect_waiting(ls_session *s, int64_t wait_ns)
+{
+    int rc = ls_cq_wait(s->region, 1, LSX_SPIN_NS, wait_ns);
+    if (rc < 0 && rc != -ETIMEDOUT)
+        return mark_lost(s, rc);
+    return collect_ready(s);
+}
+
+/* The state of a ticket's record (SLOT_EMPTY when it has none), under lock. */
+static uint32_t ticket_state(ls_session *s, uint64_t ticket)
+{
+    pthread_mutex_lock(&s->lock);
+    struct lsx_record *record = table_find(&s->table, ticket);
+    uint32_t state = record ? record->state : SLOT_EMPTY;
+    pthread_mutex_unlock(&s->lock);
+    return state;
+}
+
+static uint32_t pending_count(ls_session *s)
+{
+    pthread_mutex_lock(&s->lock);
+    uint32_t pending = s->table.pending;
+    pthread_mutex_unlock(&s->lock);
+    return pending;
+}
+
+/*
+ * One step of a wait: become the completion consumer, collect what is ready,
+ * and if done() is still false sleep up to the deadline (at most a slice).
+ */
+static int wait_step(ls_session *s, int (*done)(ls_session *, uint64_t), uint64_t arg, int64_t deadline)
+{
+    pthread_mutex_lock(&s->cq_lock);
+    int rc = collect_ready(s);
+    if (rc >= 0 && !done(s, arg)) {
+        int64_t left = deadline - now_ns();
+        if (left > 0)
+            rc = collect_waiting(s, left < LSX_SLICE_NS ? left : LSX_SLICE_NS);
+    }
+    pthread_mutex_unlock(&s->cq_lock);
+    return rc < 0 ? rc : 0;
+}
+
+static int ticket_done(ls_session *s, uint64_t ticket) { return ticket_state(s, ticket) != SLOT_PENDING; }
+
+static int idle(ls_session *s, uint64_t unused)
+{
+    (void)unused;
+    return pending_count(s) == 0;
+}
+
+/* ------------------------------------------------------------------ checks */
+
+static int check_session(ls_session *s)
+{
+    if (s == NULL)
+        return fail(-EINVAL, "session is NULL");
+    if (s->lost)
+        return lost_error(s);
+    return 0;
+}
+
+static int check_ticket(ls_session *s, uint64_t ticket)
+{
+    int rc = check_session(s);
+    if (rc < 0)
+        return rc;
+    if (ticket == 0 || ticket >= __atomic_load_n(&s->next_ticket, __ATOMIC_RELAXED))
+        return fail(-EINVAL, "ticket %llu was never issued by this session", (unsigned long long)ticket);
+    return 0;
+}
+
+/* ------------------------------------------------------------------ submission */
+
+/* Give a ticket to desc and push it; when the lane is full, make room by reading completions. */
+static int submit(ls_session *s, struct ls_desc *desc, uint64_t *ticket)
+{
+    pthread_mutex_lock(&s->lock);
+    desc->ticket = s->next_ticket;
+    int rc = table_add_pending(&s->table, desc->ticket);
+    if (rc == 0) {
+        __atomic_store_n(&s->next_ticket, desc->ticket + 1, __ATOMIC_RELAXED);
+        rc = ls_push(s->producer, (const char *)desc, 1);
+    }
+    pthread_mutex_unlock(&s->lock);
+    while (rc == 0) {                   /* lane full: the arbiter waits for us to read completions */
+        pthread_mutex_lock(&s->cq_lock);
+        int got = collect_ready(s);
+        if (got == 0)
+            got = collect_waiting(s, LSX_FULL_WAIT_NS);
+        pthread_mutex_unlock(&s->cq_lock);
+        pthread_mutex_lock(&s->lock);
+        rc = got < 0 ? got : ls_push(s->producer, (const char *)desc, 1);
+        pthread_mutex_unlock(&s->lock);
+    }
+    if (rc < 0) {
+        pthread_mutex_lock(&s->lock);
+        struct lsx_record *record = table_find(&s->table, desc->ticket);
+        if (record)
+            table_remove(&s->table, record);
+        pthread_mutex_unlock(&s->lock);
+        if (rc == -ENOMEM)
+            return fail(rc, "out of memory for the ticket table");
+        if (!s->lost)
+            mark_lost(s, rc);
+        return lost_error(s);
+    }
+    *ticket = desc->ticket;
+    return 0;
+}
+
+int ls_dispatch(ls_session *s, uint32_t program, uint32_t groups_x, uint32_t groups_y, uint32_t groups_z,
+                uint32_t nbuffers, const uint32_t *buffers, const uint64_t *offsets, const void *push,
+                uint32_t push_size, uint64_t *ticket)
+{
+    int rc = check_session(s);
+    if (rc < 0)
+        return rc;
+    if (ticket == NULL || (nbuffers && buffers == NULL) || (push_size && push == NULL))
+        return fail(-EINVAL, "ls_dispatch: ticket, buffers or push is NULL");
+    if (nbuffers > LS_MAX_BUFFERS || push_size > LS_MAX_PUSH)
+        return fail(-EINVAL, "ls_dispatch: %u buffers and %u push bytes; at most %d and %d", nbuffers,
+                    push_size, LS_MAX_BUFFERS, LS_MAX_PUSH);
+    struct ls_desc desc = {
+        .program = program,
+        .opcode = LS_OP_DISPATCH,
+        .nbuffers = (uint8_t)nbuffers,
+        .push_size = (uint8_t)push_size,
+        .groups = {groups_x, groups_y, groups_z},
+    };
+    for (uint32_t i = 0; i < nbuffers; i++) {
+        desc.buffer[i] = buffers[i];
+        desc.offset[i] = offsets ? offsets[i] : 0;
+    }
+    if (push_size)
+        memcpy(desc.push, push, push_size);
+    return submit(s, &desc, ticket);
+}
+
+int ls_copy(ls_session *s, uint32_t src, uint64_t src_offset, uint32_t dst, uint64_t dst_offset,
+            uint64_t nbytes, uint64_t *ticket)
+{
+    int rc = check_session(s);
+    if (rc < 0)
+        return rc;
+    if (ticket == NULL)
+        return fail(-EINVAL, "ls_copy: ticket is NULL");
+    struct ls_desc desc = {
+        .opcode = LS_OP_COPY,
+        .nbuffers = 2,
+        .buffer = {src, dst},
+        .offset = {src_offset, dst_offset, nbytes},
+    };
+    return submit(s, &desc, ticket);
+}
+
+/* ------------------------------------------------------------------ waiting */
+
+int ls_wait(ls_session *s, uint64_t ticket, int64_t timeout_ns, uint64_t *device_ns)
+{
+    int rc = check_ticket(s, ticket);
+    if (rc < 0)
+        return rc;
+    int64_t deadline = deadline_of(timeout_ns);
+    for (;;) {
+        pthread_mutex_lock(&s->lock);
+        struct lsx_record *record = table_find(&s->table, ticket);
+        if (record == NULL || record->state == SLOT_DONE) {
+            int status = record ? record->status : 0;
+            if (record && device_ns)
+                *device_ns = record->device_ns;
+            if (record)
+                table_remove(&s->table, record);
+            pthread_mutex_unlock(&s->lock);
+            return status ? fail(status, "ticket %llu: %s", (unsigned long long)ticket, ls_strerror(status))
+                          : 0;
+        }
+        pthread_mutex_unlock(&s->lock);
+        if (s->lost)
+            return lost_error(s);
+        if (now_ns() >= deadline)
+            return fail(-LS_ETIMEOUT, "ticket %llu not done after %lld ns", (unsigned long long)ticket,
+                        (long long)timeout_ns);
+        if ((rc = wait_step(s, ticket_done, ticket, deadline)) < 0)
+            return lost_error(s);
+    }
+}
+
+int ls_poll(ls_session *s, uint64_t ticket)
+{
+    int rc = check_ticket(s, ticket);
+    if (rc < 0)
+        return rc;
+    if (ticket_state(s, ticket) == SLOT_PENDING && pthread_mutex_trylock(&s->cq_lock) == 0) {
+        rc = collect_ready(s);          /* a busy cq_lock: another thread is collecting already */
+        pthread_mutex_unlock(&s->cq_lock);
+        if (rc < 0)
+            return lost_error(s);
+    }
+    return ticket_state(s, ticket) != SLOT_PENDING;
+}
+
+int ls_wait_idle(ls_session *s, int64_t timeout_ns)
+{
+    int rc = check_session(s);
+    if (rc < 0)
+        return rc;
+    int64_t deadline = deadline_of(timeout_ns);
+    uint32_t pending;
+    while ((pending = pending_count(s)) != 0) {
+        if (now_ns() >= deadline)
+            return fail(-LS_ETIMEOUT, "%u tickets still running after %lld ns", pending, (long long)timeout_ns);
+        if ((rc = wait_step(s, idle, 0, deadline)) < 0)
+            return lost_error(s);
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------ control plane */
+
+static int python_failed(void)
+{
+    return fail(-LS_EPYTHON, "the embedded Python could not start libshare (its traceback is on stderr); "
+                             "rebuild libshare.so with the Python environment that has libshare installed");
+}
+
+/* A hook's answer as an API result: hooks return 1 on success, and 0 only when Python never ran. */
+static int hooked(int rc) { return rc > 0 ? 0 : rc < 0 ? rc : python_failed(); }
+
+static void free_session(ls_session *s)
+{
+    if (s->producer)
+        ls_producer_close(s->producer);
+    if (s->region)
+        ls_region_close(s->region);
+    if (s->peer_pidfd >= 0)
+        close(s->peer_pidfd);
+    pthread_mutex_destroy(&s->lock);
+    pthread_mutex_destroy(&s->cq_lock);
+    free(s->table.slots);
+    free(s);
+}
+
+/* Open the C side's own view of the region the Python session mapped. */
+static int open_ring(ls_session *s, const struct lsx_conn *conn)
+{
+    int rc = ls_region_open((void *)(uintptr_t)conn->region_addr, conn->region_size, &s->region);
+    if (rc < 0)
+        return fail(-LS_EPROTOCOL, "the arbiter's ring region failed validation (%d)", rc);
+    ls_set_wake_fd(s->region, conn->wake_fd);
+    if (s->peer_pidfd >= 0)
+        ls_set_peer_pidfd(s->region, s->peer_pidfd);
+    rc = ls_producer_open(s->region, (uint32_t)syscall(SYS_gettid), (uint32_t)getpid(), &s->producer);
+    if (rc < 0)
+        return fail(rc, "cannot claim a submission lane (%s)", strerror(-rc));
+    return 0;
+}
+
+static int shutdown_registered;
+
+static void shutdown_python(void) { lsx_py_shutdown(); }
+
+int ls_connect(const struct ls_options *options, ls_session **out)
+{
+    if (out == NULL)
+        return fail(-EINVAL, "ls_connect: out is NULL");
+    *out = NULL;
+    struct ls_options defaults = {0};
+    struct lsx_conn conn = {.peer_pidfd = -1};
+    int rc = hooked(lsx_py_connect(options ? options : &defaults, &conn));
+    if (rc < 0)
+        return rc;
+    if (conn.handle <= 0)
+        return python_failed();
+    ls_session *s = calloc(1, sizeof *s);
+    if (s == NULL || table_init(&s->table, 64) < 0) {
+        free(s);
+        lsx_py_close(conn.handle);
+        return fail(-ENOMEM, "out of memory for a session");
+    }
+    s->handle = conn.handle;
+    s->peer_pidfd = conn.peer_pidfd;
+    s->next_ticket = 1;
+    s->info.client_id = conn.client_id;
+    s->info.embedded = conn.embedded;
+    memcpy(s->info.device, conn.device, sizeof s->info.device);
+    s->info.device[sizeof s->info.device - 1] = 0;
+    pthread_mutex_init(&s->lock, NULL);
+    pthread_mutex_init(&s->cq_lock, NULL);
+    if ((rc = open_ring(s, &conn)) < 0) {
+        free_session(s);
+        lsx_py_close(conn.handle);
+        return rc;
+    }
+    if (!__atomic_exchange_n(&shutdown_registered, 1, __ATOMIC_ACQ_REL))
+        atexit(shutdown_python);        /* the embedded Python never finalizes: close its arbiter */
+    *out = s;
+    return 0;
+}
+
+void ls_disconnect(ls_session *s)
+{
+    if (s == NULL)
+        return;
+    int32_t handle = s->handle;
+    free_session(s);                    /* stop using the region before Python unmaps it */
+    lsx_py_close(handle);
+}
+
+int ls_session_info(ls_session *s, struct ls_session_info *out)
+{
+    if (s == NULL || out == NULL)
+        return fail(-EINVAL, "ls_session_info: session or out is NULL");
+    *out = s->info;
+    return 0;
+}
+
+int ls_load_program(ls_session *s, const void *code, uint64_t nbytes, struct ls_program *out)
+{
+    int rc = check_session(s);
+    if (rc < 0)
+        return rc;
+    if (code == NULL || nbytes == 0 || out == NULL)
+        return fail(-EINVAL, "ls_load_program: code is NULL or empty, or out is NULL");
+    return hooked(lsx_py_load_program(s->handle, code, nbytes, NULL, out));
+}
+
+int ls_load_program_file(ls_session *s, const char *path, struct ls_program *out)
+{
+    int rc = check_session(s);
+    if (rc < 0)
+        return rc;
+    if (path == NULL || out == NULL)
+        return fail(-EINVAL, "ls_load_program_file: path or out is NULL");
+    return hooked(lsx_py_load_program(s->handle, NULL, 0, path, out));
+}
+
+int ls_free_program(ls_session *s, uint32_t program_id)
+{
+    int rc = check_session(s);
+    return rc < 0 ? rc : hooked(lsx_py_free(s->handle, 1, program_id));
+}
+
+int ls_alloc(ls_session *s, uint64_t nbytes, uint32_t kind, struct ls_buffer *out)
+{
+    int rc = check_session(s);
+    if (rc < 0)
+        return rc;
+    if (out == NULL)
+        return fail(-EINVAL, "ls_alloc: out is NULL");
+    if (kind != LS_BUFFER_SHARED && kind != LS_BUFFER_DEVICE)
+        return fail(-EINVAL, "ls_alloc: kind must be LS_BUFFER_SHARED or LS_BUFFER_DEVICE (got %u)", kind);
+    return hooked(lsx_py_alloc(s->handle, nbytes, kind, out));
+}
+
+int ls_free_buffer(ls_session *s, uint32_t buffer_id)
+{
+    int rc = check_session(s);
+    return rc < 0 ? rc : hooked(lsx_py_free(s->handle, 0, buffer_id));
+}
+
+int ls_stats(ls_session *s, struct ls_stats *out)
+{
+    int rc = check_session(s);
+    if (rc < 0)
+        return rc;
+    if (out == NULL)
+        return fail(-EINVAL, "ls_stats: out is NULL");
+    return hooked(lsx_py_stats(s->handle, out));
+}
+
+int ls_serve(const char *pipe_directory)
+{
+    if (pipe_directory == NULL || *pipe_directory == 0)
+        return fail(-EINVAL, "ls_serve: pipe_directory is NULL or empty");
+    return hooked(lsx_py_serve(pipe_directory));
+}
+
+void ls_serve_stop(void) { lsx_py_serve_stop(); }

@@ -1,0 +1,44 @@
+/*
+ * Private: the control-plane calls that capi.c makes into the embedded
+ * Python (bindings/c/hooks.py). build.py feeds the cdef block to cffi with
+ * LSX_HOOK replaced by extern "Python"; capi.c sees them as static functions
+ * that cffi defines in the same translation unit. Not part of libshare.h.
+ *
+ * Each hook returns 1 on success (cffi returns 0 when Python could not start)
+ * or a negative code, after setting the thread's message with lsx_set_error().
+ */
+#ifndef LIBSHARE_HOOKS_H
+#define LIBSHARE_HOOKS_H
+
+#include <stdint.h>
+
+/* cdef-begin */
+/* What a connect hands to the C side. */
+struct lsx_conn {
+    int32_t handle;                     /* the Python session's key, > 0 */
+    int32_t wake_fd;                    /* the arbiter's eventfd, owned by the Python session */
+    int32_t peer_pidfd;                 /* a pidfd of a daemon, owned by C; -1 when embedded */
+    uint32_t client_id;
+    uint32_t embedded;
+    uint32_t pad;
+    uint64_t region_addr;               /* the ring region, mapped by the Python session */
+    uint64_t region_size;
+    char device[256];
+};
+
+LSX_HOOK int lsx_py_connect(const struct ls_options *options, struct lsx_conn *out);
+LSX_HOOK int lsx_py_close(int32_t handle);
+LSX_HOOK int lsx_py_load_program(int32_t handle, const char *code, uint64_t nbytes, const char *path,
+                                 struct ls_program *out);
+LSX_HOOK int lsx_py_free(int32_t handle, uint32_t is_program, uint32_t id);
+LSX_HOOK int lsx_py_alloc(int32_t handle, uint64_t nbytes, uint32_t kind, struct ls_buffer *out);
+LSX_HOOK int lsx_py_stats(int32_t handle, struct ls_stats *out);
+LSX_HOOK int lsx_py_serve(const char *pipe_directory);
+LSX_HOOK int lsx_py_serve_stop(void);
+LSX_HOOK int lsx_py_shutdown(void);
+
+/* Set this thread's error message (the hooks call it); returns code. */
+int lsx_set_error(int code, const char *message);
+/* cdef-end */
+
+#endif

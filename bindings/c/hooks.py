@@ -1,0 +1,234 @@
+"""The control plane of libshare.so, served by the Python client inside the C process.
+
+build.py makes this file the cffi embedding's init code: it runs once, in the
+embedded interpreter, on the first control call of the process (connect or
+serve), after build.py's preamble has put the building environment's
+site-packages on ``sys.path``. Each ``lsx_py_*`` hook declared in hooks.h is
+defined here; it returns 1, or a negative code after setting the calling
+thread's message with ``lib.lsx_set_error``. The hot path (dispatch, wait)
+never comes here: capi.c runs it on the ring directly.
+
+Embedded default: ``libshare.connect`` in mode "auto" starts the arbiter in
+this interpreter when no daemon answers, so a C program needs no daemon; its
+drain runs on Python threads of the C process, which release the GIL while
+they wait, and ``lsx_py_shutdown`` (registered by capi.c with ``atexit``)
+closes it when the program exits.
+"""
+
+import errno
+import itertools
+import os
+import threading
+from pathlib import Path
+
+from _libshare_capi import ffi, lib  # noqa: E402 - the module this code initialises
+
+import libshare  # noqa: E402
+from libshare import _config, errors  # noqa: E402
+
+OK = 1
+_CODES = [
+    (errors.ArbiterUnavailable, lib.LS_EUNAVAILABLE),
+    (errors.ArbiterLost, lib.LS_ELOST),
+    (errors.QuotaExceeded, lib.LS_EQUOTA),
+    (errors.TooManyClients, lib.LS_ETOOMANY),
+    (errors.ClientTerminated, lib.LS_ETERMINATED),
+    (errors.InvalidSubmission, lib.LS_EINVALID),
+    (errors.ServerFault, lib.LS_ESERVER),
+    (errors.RingCorrupted, lib.LS_ECORRUPT),
+    (errors.ProtocolError, lib.LS_EPROTOCOL),
+    (errors.Timeout, lib.LS_ETIMEOUT),
+    (errors.VulkanUnavailable, lib.LS_EVULKAN),
+]
+_handles = itertools.count(1)
+_clients: dict = {}
+_lock = threading.Lock()
+_served = None
+
+
+class _Client:
+    """One C session's Python half: the Session and what it handed out to C."""
+
+    def __init__(self, session):
+        self.session = session
+        self.buffers = {}
+        """buffer id -> libshare.Buffer, kept so that the mapping C points into stays."""
+
+
+def _code_of(exc: BaseException) -> int:
+    for cls, code in _CODES:
+        if isinstance(exc, cls):
+            return -code
+    if isinstance(exc, OSError) and exc.errno:
+        return -exc.errno
+    if isinstance(exc, (ValueError, TypeError, KeyError)):
+        return -errno.EINVAL
+    return -lib.LS_EPYTHON
+
+
+def _answer(fn):
+    """Run a hook body: 1 on success, else the error's code with its message set for C."""
+    def hook(*args):
+        try:
+            fn(*args)
+            return OK
+        except BaseException as exc:  # nothing may escape into C
+            message = f"{type(exc).__name__}: {exc}".encode(errors="replace")
+            return lib.lsx_set_error(_code_of(exc), message)
+
+    hook.__name__ = fn.__name__
+    hook.__doc__ = fn.__doc__
+    return ffi.def_extern(name=fn.__name__, error=-lib.LS_EPYTHON)(hook)
+
+
+def _text(pointer) -> str | None:
+    return ffi.string(pointer).decode() if pointer != ffi.NULL else None
+
+
+def _client(handle: int) -> _Client:
+    client = _clients.get(handle)
+    if client is None:
+        raise ValueError(f"session handle {handle} is not connected")
+    return client
+
+
+def _region_view(session) -> tuple[int, int, int, int]:
+    """Address and size of the session's ring mapping, its doorbell fd, and a dup of its peer pidfd.
+
+    These are the Session's private attributes: the one place that knows them.
+    """
+    region = session._region
+    view = ffi.from_buffer(region._map)
+    try:
+        address = int(ffi.cast("uintptr_t", view))
+    finally:
+        ffi.release(view)
+    pidfd = os.dup(region._pidfd) if region._pidfd >= 0 else -1
+    return address, region.size, session._wake_fd, pidfd
+
+
+@_answer
+def lsx_py_connect(options, out):
+    """Connect a libshare.Session and hand its ring to C."""
+    kwargs = {"name": _text(options.name), "priority": _text(options.priority), "mode": _text(options.mode),
+              "pipe_directory": _text(options.pipe_directory)}
+    if options.timeout_ns > 0:
+        kwargs["timeout"] = options.timeout_ns / 1e9
+    group = _text(options.group)
+    if group is not None:
+        kwargs["group"] = group  # older clients raise TypeError: reported as -EINVAL
+    session = libshare.connect(**kwargs)
+    try:
+        address, size, wake_fd, pidfd = _region_view(session)
+    except BaseException:
+        session.close()
+        raise
+    with _lock:
+        handle = next(_handles)
+        _clients[handle] = _Client(session)
+    out.handle, out.wake_fd, out.peer_pidfd = handle, wake_fd, pidfd
+    out.client_id, out.embedded = session.client_id, int(session.embedded)
+    out.region_addr, out.region_size = address, size
+    name = session.device_name.encode()[: ffi.sizeof(out.device) - 1]
+    ffi.memmove(out.device, name + b"\0", len(name) + 1)
+
+
+@_answer
+def lsx_py_close(handle):
+    """Close the session and every mapping it handed out."""
+    with _lock:
+        client = _clients.pop(handle, None)
+    if client is None:
+        return
+    for buffer in client.buffers.values():
+        _unmap(buffer)
+    client.session.close()
+
+
+def _unmap(buffer) -> None:
+    if buffer.mapping is not None:
+        buffer.mapping.close()
+
+
+@_answer
+def lsx_py_load_program(handle, code, nbytes, path, out):
+    """Load SPIR-V from memory or from a file."""
+    spirv = Path(_text(path)) if path != ffi.NULL else ffi.buffer(code, nbytes)[:]
+    program = _client(handle).session.load_program(spirv)
+    out.id, out.bindings, out.push_size = program.id, program.bindings, program.push_size
+    out.local_size = list(program.local_size)
+
+
+@_answer
+def lsx_py_alloc(handle, nbytes, kind, out):
+    """Allocate a buffer; a shared one stays mapped here until freed."""
+    client = _client(handle)
+    buffer = client.session.alloc(nbytes, "shared" if kind == lib.LS_BUFFER_SHARED else "device")
+    client.buffers[buffer.id] = buffer
+    out.id, out.kind, out.size = buffer.id, kind, buffer.size
+    out.data = ffi.cast("void *", buffer.address) if buffer.mapping is not None else ffi.NULL
+
+
+@_answer
+def lsx_py_free(handle, is_program, object_id):
+    """Free a program or a buffer (and unmap it here)."""
+    client = _client(handle)
+    if is_program:
+        client.session.free(libshare.Program(object_id, 0, 0, (1, 1, 1)))
+        return
+    buffer = client.buffers.get(object_id)
+    if buffer is None:
+        raise errors.InvalidSubmission(f"buffer {object_id} is not a live buffer of this session")
+    client.session.free(buffer)
+    del client.buffers[object_id]
+    _unmap(buffer)
+
+
+@_answer
+def lsx_py_stats(handle, out):
+    """Copy the arbiter's counters."""
+    stats = _client(handle).session.stats()
+    for field in ("submitted", "completed", "errors", "device_ns", "memory_bytes"):
+        setattr(out, field, int(stats.get(field, 0)))
+
+
+@_answer
+def lsx_py_serve(pipe_directory):
+    """Serve an arbiter in this process at a pipe directory (the daemon's layout)."""
+    global _served
+    from libshare.arbiter import Arbiter
+
+    with _lock:
+        if _served is not None:
+            raise OSError(errno.EBUSY, "this process already serves an arbiter (ls_serve_stop first)")
+        directory = Path(_text(pipe_directory))
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        arbiter = Arbiter()
+        try:
+            arbiter.serve(_config.socket_path(directory))
+        except BaseException:
+            arbiter.close()
+            raise
+        _served = arbiter
+
+
+@_answer
+def lsx_py_serve_stop():
+    """Stop the arbiter ls_serve started."""
+    global _served
+    with _lock:
+        arbiter, _served = _served, None
+    if arbiter is not None:
+        arbiter.close()
+
+
+@_answer
+def lsx_py_shutdown():
+    """At exit: close what is left (sessions, a served arbiter, the embedded arbiter)."""
+    for handle in list(_clients):
+        lsx_py_close(handle)
+    lsx_py_serve_stop()
+    from libshare import _session
+
+    if _session._embedded_arbiter is not None:
+        _session._embedded_arbiter.close()
