@@ -53,16 +53,17 @@ def render() -> str:
 def main(argv: list[str] | None = None) -> int:
     """Write the header, or with --check report whether it is stale."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="fail when libshare.h is stale")
+    parser.add_argument("--check", action="store_true", help="fail when the header is stale")
+    parser.add_argument("--header", type=Path, default=HEADER, help=f"the header (default {HEADER})")
     args = parser.parse_args(argv)
     text = render()
     if args.check:
-        if HEADER.read_text() != text:
-            print(f"{HEADER} is stale: run python bindings/c/generate.py", file=sys.stderr)
+        if not args.header.exists() or args.header.read_text() != text:
+            print(f"{args.header} is stale: run python bindings/c/generate.py", file=sys.stderr)
             return 1
         return 0
-    HEADER.write_text(text)
-    print(HEADER)
+    args.header.write_text(text)
+    print(args.header)
     return 0
 
 

@@ -1,0 +1,198 @@
+"""The C API: libshare.so built from bindings/c, its generated header, C tests and examples.
+
+The library is built once per session into a temporary folder; the C test
+programs print "N passed, N failed" as their last line, read here. Each runs
+against the embedded default (no daemon at the pipe directory) and against a
+real daemon. Without a C compiler, pkg-config or Python headers these tests
+skip, or fail under LIBSHARE_REQUIRE_VULKAN=1 (CI).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .arbiter.conftest import daemon  # noqa: F401 - the daemon fixture
+from .conftest import ROOT, vulkan_required
+
+C_DIR = ROOT / "bindings" / "c"
+SHADERS = ROOT / "shaders"
+RESULT_LINE = re.compile(r"^(\d+) passed, (\d+) failed$")
+
+pytestmark = pytest.mark.usefixtures("vulkan_device_name")
+
+
+def _missing(message: str):
+    if vulkan_required():
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def library(tmp_path_factory) -> Path:
+    """Build libshare.so and libshare.pc into a temporary folder; return the .pc path."""
+    for tool in ("cc", "c++", "pkg-config"):
+        if shutil.which(tool) is None:
+            _missing(f"{tool} is not installed (apt-get install gcc g++ pkg-config)")
+    out = tmp_path_factory.mktemp("libshare-c")
+    done = subprocess.run([sys.executable, str(C_DIR / "build.py"), "--out", str(out)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    if done.returncode != 0 and "Python.h" in done.stderr:
+        _missing(f"Python headers are missing (apt-get install python3-dev): {done.stderr[-500:]}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out / "libshare.pc"
+
+
+def compile_c(library: Path, source: Path, out: Path, *extra: str) -> Path:
+    """Compile and link one C program against libshare with the flags pkg-config gives."""
+    flags = subprocess.run(["pkg-config", "--cflags", "--libs", str(library)], capture_output=True, text=True,
+                           check=True).stdout.split()
+    binary = out / source.stem
+    done = subprocess.run(["cc", "-std=gnu11", "-Wall", "-Wextra", "-Werror", str(source), "-o", str(binary),
+                           *flags, "-pthread", "-lm", *extra], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return binary
+
+
+def run_c(binary: Path, env: dict, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    """Run a C program with the given environment, from a scratch folder."""
+    return subprocess.run([str(binary), *args], env=env, capture_output=True, text=True, timeout=timeout,
+                          cwd=binary.parent)
+
+
+def counts(output: str) -> tuple[int, int]:
+    """(passed, failed) from the runner's closing line."""
+    last = output.strip().splitlines()[-1] if output.strip() else ""
+    match = RESULT_LINE.match(last)
+    assert match, f"no closing 'N passed, N failed' line in:\n{output[-3000:]}"
+    return int(match[1]), int(match[2])
+
+
+def embedded_env(tmp_path: Path) -> dict:
+    """An environment where no daemon answers: the default mode embeds the arbiter."""
+    env = {k: v for k, v in os.environ.items() if k != "LIBSHARE_MODE"}
+    env["LIBSHARE_PIPE_DIRECTORY"] = str(tmp_path / "nobody-listens")
+    return env
+
+
+def daemon_env(pipe_dir: Path) -> dict:
+    """An environment that insists on the daemon at ``pipe_dir``."""
+    return dict(os.environ, LIBSHARE_MODE="daemon", LIBSHARE_PIPE_DIRECTORY=str(pipe_dir))
+
+
+# ---------------------------------------------------------------- the header
+
+def generate(*args: str) -> subprocess.CompletedProcess:
+    """Run bindings/c/generate.py with ``args``."""
+    return subprocess.run([sys.executable, str(C_DIR / "generate.py"), *args], cwd=ROOT, capture_output=True,
+                          text=True)
+
+
+def test_header_is_generated_from_the_declaration_sources(tmp_path):
+    done = generate("--check")
+    assert done.returncode == 0, done.stderr
+    fresh = tmp_path / "libshare.h"
+    assert generate("--header", str(fresh)).returncode == 0
+    text = fresh.read_text()
+    assert text == (C_DIR / "libshare.h").read_text()
+    assert "int ls_dispatch(" in text and "struct ls_desc {" in text and "lsx_py_" not in text
+
+
+def test_header_check_notices_a_stale_copy(tmp_path):
+    stale = tmp_path / "libshare.h"
+    stale.write_text((C_DIR / "libshare.h").read_text().replace("LS_API_VERSION 1", "LS_API_VERSION 0"))
+    done = generate("--check", "--header", str(stale))
+    assert done.returncode == 1 and "stale" in done.stderr
+
+
+def test_header_compiles_as_cplusplus_and_strict_c(tmp_path, library):
+    program = tmp_path / "use.cpp"
+    program.write_text('#include <libshare.h>\n'
+                       'static_assert(sizeof(ls_desc) == LS_DESC_SIZE, "ABI");\n'
+                       'int main() { ls_options o = {}; ls_session *s = nullptr;\n'
+                       '  return ls_connect(&o, &s) == 0 ? 0 : (ls_strerror(-LS_ELOST) != nullptr); }\n')
+    for command in (["c++", "-std=c++11", "-Wall", "-Wextra", "-Werror", "-pedantic", "-fsyntax-only",
+                     f"-I{C_DIR}", str(program)],
+                    ["cc", "-std=c99", "-Wall", "-Wextra", "-Werror", "-pedantic", "-fsyntax-only", "-x", "c",
+                     str(C_DIR / "libshare.h")]):
+        done = subprocess.run(command, capture_output=True, text=True)
+        assert done.returncode == 0, f"{' '.join(command)}:\n{done.stderr[-3000:]}"
+
+
+# ---------------------------------------------------------------- the C tests
+
+@pytest.fixture(scope="session")
+def c_tests(library, tmp_path_factory) -> Path:
+    return compile_c(library, C_DIR / "tests" / "test_api.c", tmp_path_factory.mktemp("c-tests"))
+
+
+def check_run(done: subprocess.CompletedProcess) -> int:
+    passed, failed = counts(done.stdout)
+    assert failed == 0 and done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert passed > 0
+    return passed
+
+
+def test_c_api_embedded_default(c_tests, tmp_path):
+    assert check_run(run_c(c_tests, embedded_env(tmp_path), str(SHADERS))) >= 20
+
+
+def test_c_api_against_a_daemon(c_tests, daemon):
+    _, pipe_dir = daemon
+    assert check_run(run_c(c_tests, daemon_env(pipe_dir), str(SHADERS))) >= 20
+
+
+def test_c_wait_returns_when_the_daemon_dies(library, daemon, tmp_path):
+    process, pipe_dir = daemon
+    binary = compile_c(library, C_DIR / "tests" / "test_lost.c", tmp_path)
+    client = subprocess.Popen([str(binary), str(SHADERS)], env=daemon_env(pipe_dir), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        assert client.stdout.readline().strip() == "ready"
+        process.send_signal(signal.SIGKILL)
+        out, err = client.communicate(timeout=30)
+    finally:
+        if client.poll() is None:
+            client.kill()
+            client.communicate()
+    assert counts(out) == (1, 0), out + err
+
+
+# ---------------------------------------------------------------- the examples
+
+@pytest.fixture(scope="session")
+def examples(library, tmp_path_factory) -> dict[str, Path]:
+    out = tmp_path_factory.mktemp("c-examples")
+    return {name: compile_c(library, C_DIR / "examples" / f"{name}.c", out) for name in ("saxpy", "multi_process")}
+
+
+def right_lines(done: subprocess.CompletedProcess) -> int:
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    return sum("result right" in line for line in done.stdout.splitlines())
+
+
+def test_saxpy_example_embedded(examples, tmp_path):
+    done = run_c(examples["saxpy"], embedded_env(tmp_path), str(SHADERS / "saxpy.spv"))
+    assert right_lines(done) == 1 and "embedded arbiter" in done.stdout
+
+
+def test_saxpy_example_against_a_daemon(examples, daemon):
+    done = run_c(examples["saxpy"], daemon_env(daemon[1]), str(SHADERS / "saxpy.spv"))
+    assert right_lines(done) == 1 and "(daemon)" in done.stdout
+
+
+def test_multi_process_example_hosting_its_arbiter(examples, tmp_path):
+    done = run_c(examples["multi_process"], embedded_env(tmp_path), str(SHADERS))
+    assert right_lines(done) == 4 and "4 of 4 workers right" in done.stdout
+
+
+def test_multi_process_example_against_a_daemon(examples, daemon):
+    done = run_c(examples["multi_process"], daemon_env(daemon[1]), str(SHADERS), "--daemon")
+    assert right_lines(done) == 4
