@@ -224,20 +224,21 @@ static int64_t deadline_of(int64_t timeout_ns)
     return timeout_ns < 0 ? INT64_MAX : now_ns() + timeout_ns;
 }
 
+static int is_lost(ls_session *s) { return __atomic_load_n(&s->lost, __ATOMIC_RELAXED); }
+
 static int mark_lost(ls_session *s, int rc)
 {
-    if (rc == -LS_ECORRUPT)
-        s->lost = -LS_ECORRUPT;
-    else
-        s->lost = -LS_ELOST;
-    return s->lost;
+    int lost = rc == -LS_ECORRUPT ? -LS_ECORRUPT : -LS_ELOST;
+    __atomic_store_n(&s->lost, lost, __ATOMIC_RELAXED);
+    return lost;
 }
 
 static int lost_error(ls_session *s)
 {
-    return s->lost == -LS_ECORRUPT
-               ? fail(s->lost, "the session's ring failed validation: the arbiter wrote garbage into it")
-               : fail(s->lost, "the arbiter exited or closed this session; connect again");
+    int lost = is_lost(s);
+    return lost == -LS_ECORRUPT
+               ? fail(lost, "the session's ring failed validation: the arbiter wrote garbage into it")
+               : fail(-LS_ELOST, "the arbiter exited or closed this session; connect again");
 }
 
 /* Pop every ready completion into the table. Caller holds cq_lock. */
@@ -316,9 +317,7 @@ static int check_session(ls_session *s)
 {
     if (s == NULL)
         return fail(-EINVAL, "session is NULL");
-    if (s->lost)
-        return lost_error(s);
-    return 0;
+    return is_lost(s) ? lost_error(s) : 0;
 }
 
 static int check_ticket(ls_session *s, uint64_t ticket)
@@ -362,7 +361,7 @@ static int submit(ls_session *s, struct ls_desc *desc, uint64_t *ticket)
         pthread_mutex_unlock(&s->lock);
         if (rc == -ENOMEM)
             return fail(rc, "out of memory for the ticket table");
-        if (!s->lost)
+        if (!is_lost(s))
             mark_lost(s, rc);
         return lost_error(s);
     }
@@ -437,7 +436,7 @@ int ls_wait(ls_session *s, uint64_t ticket, int64_t timeout_ns, uint64_t *device
                           : 0;
         }
         pthread_mutex_unlock(&s->lock);
-        if (s->lost)
+        if (is_lost(s))
             return lost_error(s);
         if (now_ns() >= deadline)
             return fail(-LS_ETIMEOUT, "ticket %llu not done after %lld ns", (unsigned long long)ticket,
