@@ -73,6 +73,7 @@ object holds its handles privately.
 from __future__ import annotations
 
 import collections
+import os
 import uuid as _uuid
 from typing import Any, Iterable, Sequence
 
@@ -1282,6 +1283,11 @@ def _destroy_pipeline_handles(device: Any, p: Pipeline) -> None:
 
 def _create_instance() -> Any:
     """A Vulkan 1.1 instance, or VulkanUnavailable when no driver answers."""
+    # lavapipe hands every dispatch to a thread pool and waits for it: for the small
+    # dispatches an arbiter batches, that handoff costs more than the work (about 20 us
+    # against 4 us a command on 2 cores). Inline unless the user chose a pool size;
+    # other drivers ignore the variable. It must be set before the driver loads.
+    os.environ.setdefault("LP_NUM_THREADS", "0")
     app = _struct(
         "VkApplicationInfo", "APPLICATION_INFO", pApplicationName=_ffi.new("char[]", b"libshare-arbiter"),
         pEngineName=_ffi.new("char[]", b"libshare"), apiVersion=_vk.VK_MAKE_VERSION(1, 1, 0),
