@@ -46,13 +46,24 @@ def site_dirs() -> list[str]:
     return [d for d in dict.fromkeys(dirs) if os.path.isdir(d)]
 
 
+def libshare_home() -> str:
+    """The folder holding the libshare package this interpreter imports (this checkout when editable)."""
+    import libshare
+
+    return str(Path(libshare.__file__).resolve().parent.parent)
+
+
 def init_code() -> str:
-    """hooks.py, after a preamble that puts this environment's packages on sys.path."""
+    """hooks.py, after a preamble that puts this environment's packages on sys.path.
+
+    The folder of this interpreter's libshare goes first, so the embedded Python
+    imports the same libshare even where another one is installed system-wide.
+    """
     preamble = (
         "import site as _site\n"
         f"for _d in {site_dirs()!r}:\n"
         "    _site.addsitedir(_d)\n"
-        f"import sys as _sys\n_sys.path.append({str(ROOT)!r})\n"
+        f"import sys as _sys\n_sys.path.insert(0, {libshare_home()!r})\n"
     )
     return preamble + (HERE / "hooks.py").read_text()
 

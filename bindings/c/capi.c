@@ -26,6 +26,7 @@
 #endif
 #include <errno.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -487,6 +488,43 @@ static int python_failed(void)
 /* A hook's answer as an API result: hooks return 1 on success, and 0 only when Python never ran. */
 static int hooked(int rc) { return rc > 0 ? 0 : rc < 0 ? rc : python_failed(); }
 
+/*
+ * Python writes to sockets without MSG_NOSIGNAL and, embedded, leaves SIGPIPE
+ * at its default: a peer that closed first would kill the C program. So
+ * SIGPIPE is blocked in the calling thread while Python runs (threads Python
+ * starts meanwhile, the embedded arbiter's, inherit the mask), and one that
+ * arrived is consumed before the mask is restored: the write saw EPIPE instead.
+ */
+static void pipe_block(sigset_t *old)
+{
+    sigset_t pipe;
+    sigemptyset(&pipe);
+    sigaddset(&pipe, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe, old);
+}
+
+static void pipe_restore(const sigset_t *old)
+{
+    sigset_t pending, pipe;
+    sigemptyset(&pipe);
+    sigaddset(&pipe, SIGPIPE);
+    if (!sigismember(old, SIGPIPE) && sigpending(&pending) == 0 && sigismember(&pending, SIGPIPE)) {
+        struct timespec zero = {0, 0};
+        sigtimedwait(&pipe, NULL, &zero);
+    }
+    pthread_sigmask(SIG_SETMASK, old, NULL);
+}
+
+/* Call a hook with SIGPIPE held off; its result as an API result. */
+#define PYTHON(call)                                                                                \
+    ({                                                                                              \
+        sigset_t old_mask_;                                                                         \
+        pipe_block(&old_mask_);                                                                     \
+        int hook_rc_ = (call);                                                                      \
+        pipe_restore(&old_mask_);                                                                   \
+        hook_rc_;                                                                                   \
+    })
+
 static void free_session(ls_session *s)
 {
     if (s->producer)
@@ -518,7 +556,7 @@ static int open_ring(ls_session *s, const struct lsx_conn *conn)
 
 static int shutdown_registered;
 
-static void shutdown_python(void) { lsx_py_shutdown(); }
+static void shutdown_python(void) { (void)PYTHON(lsx_py_shutdown()); }
 
 int ls_connect(const struct ls_options *options, ls_session **out)
 {
@@ -527,7 +565,7 @@ int ls_connect(const struct ls_options *options, ls_session **out)
     *out = NULL;
     struct ls_options defaults = {0};
     struct lsx_conn conn = {.peer_pidfd = -1};
-    int rc = hooked(lsx_py_connect(options ? options : &defaults, &conn));
+    int rc = hooked(PYTHON(lsx_py_connect(options ? options : &defaults, &conn)));
     if (rc < 0)
         return rc;
     if (conn.handle <= 0)
@@ -535,7 +573,7 @@ int ls_connect(const struct ls_options *options, ls_session **out)
     ls_session *s = calloc(1, sizeof *s);
     if (s == NULL || table_init(&s->table, 64) < 0) {
         free(s);
-        lsx_py_close(conn.handle);
+        (void)PYTHON(lsx_py_close(conn.handle));
         return fail(-ENOMEM, "out of memory for a session");
     }
     s->handle = conn.handle;
@@ -549,7 +587,7 @@ int ls_connect(const struct ls_options *options, ls_session **out)
     pthread_mutex_init(&s->cq_lock, NULL);
     if ((rc = open_ring(s, &conn)) < 0) {
         free_session(s);
-        lsx_py_close(conn.handle);
+        (void)PYTHON(lsx_py_close(conn.handle));
         return rc;
     }
     if (!__atomic_exchange_n(&shutdown_registered, 1, __ATOMIC_ACQ_REL))
@@ -564,7 +602,7 @@ void ls_disconnect(ls_session *s)
         return;
     int32_t handle = s->handle;
     free_session(s);                    /* stop using the region before Python unmaps it */
-    lsx_py_close(handle);
+    (void)PYTHON(lsx_py_close(handle));
 }
 
 int ls_session_info(ls_session *s, struct ls_session_info *out)
@@ -582,7 +620,7 @@ int ls_load_program(ls_session *s, const void *code, uint64_t nbytes, struct ls_
         return rc;
     if (code == NULL || nbytes == 0 || out == NULL)
         return fail(-EINVAL, "ls_load_program: code is NULL or empty, or out is NULL");
-    return hooked(lsx_py_load_program(s->handle, code, nbytes, NULL, out));
+    return hooked(PYTHON(lsx_py_load_program(s->handle, code, nbytes, NULL, out)));
 }
 
 int ls_load_program_file(ls_session *s, const char *path, struct ls_program *out)
@@ -592,13 +630,13 @@ int ls_load_program_file(ls_session *s, const char *path, struct ls_program *out
         return rc;
     if (path == NULL || out == NULL)
         return fail(-EINVAL, "ls_load_program_file: path or out is NULL");
-    return hooked(lsx_py_load_program(s->handle, NULL, 0, path, out));
+    return hooked(PYTHON(lsx_py_load_program(s->handle, NULL, 0, path, out)));
 }
 
 int ls_free_program(ls_session *s, uint32_t program_id)
 {
     int rc = check_session(s);
-    return rc < 0 ? rc : hooked(lsx_py_free(s->handle, 1, program_id));
+    return rc < 0 ? rc : hooked(PYTHON(lsx_py_free(s->handle, 1, program_id)));
 }
 
 int ls_alloc(ls_session *s, uint64_t nbytes, uint32_t kind, struct ls_buffer *out)
@@ -610,13 +648,13 @@ int ls_alloc(ls_session *s, uint64_t nbytes, uint32_t kind, struct ls_buffer *ou
         return fail(-EINVAL, "ls_alloc: out is NULL");
     if (kind != LS_BUFFER_SHARED && kind != LS_BUFFER_DEVICE)
         return fail(-EINVAL, "ls_alloc: kind must be LS_BUFFER_SHARED or LS_BUFFER_DEVICE (got %u)", kind);
-    return hooked(lsx_py_alloc(s->handle, nbytes, kind, out));
+    return hooked(PYTHON(lsx_py_alloc(s->handle, nbytes, kind, out)));
 }
 
 int ls_free_buffer(ls_session *s, uint32_t buffer_id)
 {
     int rc = check_session(s);
-    return rc < 0 ? rc : hooked(lsx_py_free(s->handle, 0, buffer_id));
+    return rc < 0 ? rc : hooked(PYTHON(lsx_py_free(s->handle, 0, buffer_id)));
 }
 
 int ls_stats(ls_session *s, struct ls_stats *out)
@@ -626,14 +664,14 @@ int ls_stats(ls_session *s, struct ls_stats *out)
         return rc;
     if (out == NULL)
         return fail(-EINVAL, "ls_stats: out is NULL");
-    return hooked(lsx_py_stats(s->handle, out));
+    return hooked(PYTHON(lsx_py_stats(s->handle, out)));
 }
 
 int ls_serve(const char *pipe_directory)
 {
     if (pipe_directory == NULL || *pipe_directory == 0)
         return fail(-EINVAL, "ls_serve: pipe_directory is NULL or empty");
-    return hooked(lsx_py_serve(pipe_directory));
+    return hooked(PYTHON(lsx_py_serve(pipe_directory)));
 }
 
-void ls_serve_stop(void) { lsx_py_serve_stop(); }
+void ls_serve_stop(void) { (void)PYTHON(lsx_py_serve_stop()); }
