@@ -9,6 +9,7 @@ from ._session import connect as connect
 from ._buffers import Buffer as Buffer
 from ._buffers import Program as Program
 from . import shaders as shaders
+from .errors import AccessDenied as AccessDenied
 from .errors import ArbiterLost as ArbiterLost
 from .errors import ArbiterUnavailable as ArbiterUnavailable
 from .errors import ClientTerminated as ClientTerminated
@@ -19,6 +20,7 @@ from .errors import QuotaExceeded as QuotaExceeded
 from .errors import RingCorrupted as RingCorrupted
 from .errors import RingFull as RingFull
 from .errors import ServerFault as ServerFault
+from .errors import ServerNotReady as ServerNotReady
 from .errors import Timeout as Timeout
 from .errors import TooManyClients as TooManyClients
 from .errors import VulkanUnavailable as VulkanUnavailable
@@ -32,6 +34,7 @@ __all__ = [
     "Ticket",
     "connect",
     "shaders",
+    "AccessDenied",
     "ArbiterLost",
     "ArbiterUnavailable",
     "ClientTerminated",
@@ -42,6 +45,7 @@ __all__ = [
     "RingCorrupted",
     "RingFull",
     "ServerFault",
+    "ServerNotReady",
     "Timeout",
     "TooManyClients",
     "VulkanUnavailable",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["pipe_directory", "socket_path", "connect_mode", "MODES"]
+__all__ = ["pipe_directory", "socket_path", "lock_path", "log_directory", "connect_mode", "MODES"]
 
 MODES = ("auto", "daemon", "embedded")
 
@@ -26,6 +26,21 @@ def pipe_directory(override: str | os.PathLike | None = None) -> Path:
 def socket_path(directory: Path) -> Path:
     """The arbiter's control socket inside a pipe directory."""
     return directory / "control"
+
+
+def lock_path(directory: Path) -> Path:
+    """The arbiter's PID lock file inside a pipe directory (held with flock while it runs)."""
+    return directory / "arbiter.pid"
+
+
+def log_directory(override: str | os.PathLike | None = None, pipe_dir: Path | None = None) -> Path:
+    """Where control.log and server.log go: ``override``, else LIBSHARE_LOG_DIRECTORY, else the pipe directory."""
+    if override:
+        return Path(override)
+    configured = os.environ.get("LIBSHARE_LOG_DIRECTORY")
+    if configured:
+        return Path(configured)
+    return pipe_dir if pipe_dir is not None else pipe_directory()
 
 
 def connect_mode(requested: str | None) -> str:

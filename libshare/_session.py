@@ -56,6 +56,8 @@ def _status_error(ticket: int, status: int) -> errors.LibshareError:
     text = _STATUS_TEXT.get(-status, f"status {status}")
     if -status == C.EFAULT:
         return errors.ServerFault(f"ticket {ticket}: {text}")
+    if -status == C.ECANCELED:
+        return errors.ClientTerminated(f"ticket {ticket} was cancelled: the operator terminated this client")
     return errors.InvalidSubmission(f"ticket {ticket} rejected by the arbiter: {text}")
 
 
@@ -135,14 +137,27 @@ class Session:
                 raise self._lost from exc
         if not reply.fields.get("ok"):
             reply.close_fds()
-            raise _remote_error(reply.fields)
+            raise errors.remote_error(reply.fields)
         return reply
 
     def _check_usable(self) -> None:
         if self.closed:
             raise ValueError("session is closed")
+        if self._lost is None:
+            self._lost = self._closed_by_arbiter()
         if self._lost is not None:
             raise self._lost
+
+    def _closed_by_arbiter(self) -> errors.LibshareError | None:
+        """The sticky error the arbiter left in the ring when it closed this session, if any."""
+        reason = self._region.close_reason()
+        if reason == C.ECANCELED:
+            return errors.ClientTerminated("the operator terminated this client (terminate_client); "
+                                           "its queued work was cancelled; reconnect to go on")
+        if reason == C.EFAULT:
+            return errors.ServerFault("the arbiter's device faulted while this session was connected; "
+                                      "reconnect once the server is ACTIVE again")
+        return None
 
     def load_program(self, spirv: bytes | str | os.PathLike) -> Program:
         """Load a compute program from SPIR-V bytes or a .spv path; its interface is reflected."""
@@ -256,7 +271,8 @@ class Session:
                 except errors.Timeout:
                     return
                 except errors.ArbiterLost as exc:
-                    self._lost = errors.ArbiterLost(f"the arbiter exited or closed this session: {exc}")
+                    self._lost = self._closed_by_arbiter() or errors.ArbiterLost(
+                        f"the arbiter exited or closed this session: {exc}")
                     raise self._lost from exc
                 n = self._region.completions_into(self._cqes, self._cqes_ptr)
             for cqe in self._cqes[:n]:
@@ -317,13 +333,6 @@ def _nbytes(item) -> int:
     return item.size if isinstance(item, Buffer) else item.nbytes
 
 
-def _remote_error(fields: dict) -> errors.LibshareError:
-    cls = getattr(errors, str(fields.get("error")), None)
-    if not (isinstance(cls, type) and issubclass(cls, errors.LibshareError)):
-        cls = errors.ProtocolError
-    return cls(fields.get("message", "the arbiter refused the request"))
-
-
 # -------------------------------------------------------------------- connecting
 
 _embedded_lock = threading.Lock()
@@ -342,17 +351,20 @@ def _embedded():
 
 
 def connect(name: str | None = None, priority: str | None = None, mode: str | None = None,
-            pipe_directory: str | os.PathLike | None = None, timeout: float = 10.0) -> Session:
+            pipe_directory: str | os.PathLike | None = None, timeout: float = 10.0,
+            group: str | None = None) -> Session:
     """Connect to the arbiter at the pipe directory, or run one in this process.
 
     ``mode``: "auto" (default, or LIBSHARE_MODE) uses a daemon when one answers and
     embeds one otherwise; "daemon" insists on a daemon (ArbiterUnavailable if none);
-    "embedded" never looks for one.
+    "embedded" never looks for one. ``group`` (or LIBSHARE_GROUP) names a group of
+    clients whose limits apply to them together.
     """
     mode = _config.connect_mode(mode)
     priority = priority or os.environ.get("LIBSHARE_CLIENT_PRIORITY") or "normal"
     priority = {"0": "normal", "1": "low"}.get(str(priority), priority)
-    hello = {"op": "hello", "name": name or "", "priority": priority, "version": protocol.VERSION}
+    group = group or os.environ.get("LIBSHARE_GROUP") or ""
+    hello = {"op": "hello", "name": name or "", "priority": priority, "group": group, "version": protocol.VERSION}
     sock, embedded = None, False
     if mode != "embedded":
         sock = _dial(_config.socket_path(_config.pipe_directory(pipe_directory)), timeout)
@@ -373,7 +385,7 @@ def connect(name: str | None = None, priority: str | None = None, mode: str | No
         raise errors.ArbiterUnavailable(f"the arbiter did not answer hello: {exc}") from exc
     if not welcome.fields.get("ok"):
         sock.close()
-        raise _remote_error(welcome.fields)
+        raise errors.remote_error(welcome.fields)
     if len(welcome.fds) != 2:
         welcome.close_fds()
         sock.close()

@@ -14,6 +14,8 @@ __all__ = [
     "LibshareError",
     "ArbiterUnavailable",
     "ArbiterLost",
+    "ServerNotReady",
+    "AccessDenied",
     "QuotaExceeded",
     "TooManyClients",
     "ClientTerminated",
@@ -37,6 +39,14 @@ class ArbiterUnavailable(builtins.ConnectionError, LibshareError):
 
 class ArbiterLost(builtins.ConnectionError, LibshareError):
     """The arbiter this session was attached to died or closed the connection."""
+
+
+class ServerNotReady(ArbiterUnavailable):
+    """The arbiter is in FAULT or INITIALIZING and takes no new clients; retry once it is ACTIVE."""
+
+
+class AccessDenied(builtins.PermissionError, LibshareError):
+    """The arbiter refused this user (another uid, or a state-changing command from a non-owner)."""
 
 
 class QuotaExceeded(LibshareError):
@@ -77,3 +87,11 @@ class Timeout(builtins.TimeoutError, LibshareError):
 
 class VulkanUnavailable(LibshareError):
     """No usable Vulkan driver or device was found."""
+
+
+def remote_error(fields: dict) -> LibshareError:
+    """The exception an arbiter's refusal ``{"error": CLASS, "message": TEXT}`` stands for."""
+    cls = globals().get(str(fields.get("error")))
+    if not (isinstance(cls, type) and issubclass(cls, LibshareError)):
+        cls = ProtocolError
+    return cls(fields.get("message", "the arbiter refused the request"))

@@ -94,7 +94,8 @@ struct ls_bells {
     uint32_t sq_bell;                   /* futex word the consumer sleeps on */
     uint32_t consumer_pid;
     uint32_t consumer_state;            /* LS_PEER_ALIVE / LS_PEER_CLOSED */
-    uint8_t  pad0[48];
+    uint32_t close_reason;              /* why the consumer closed: 0, LS_ECANCELED or LS_EFAULT */
+    uint8_t  pad0[44];
     uint32_t cq_flags;                  /* LS_NEED_WAKEUP: client is (about to be) asleep */
     uint32_t cq_bell;                   /* futex word the client sleeps on */
     uint32_t client_pid;
@@ -158,6 +159,10 @@ void ls_last_error(ls_region *r, struct ls_error_info *out);
 /* Liveness: each side announces itself; waiters check the other side's pidfd. */
 void ls_set_consumer(ls_region *r, uint32_t pid, uint32_t state);
 void ls_set_client(ls_region *r, uint32_t pid, uint32_t state);
+/* Close the consumer side for a reason the client can read: 0 (shut down), LS_ECANCELED
+ * (the operator terminated the client) or LS_EFAULT (the device faulted). Wakes waiters. */
+void ls_close_consumer(ls_region *r, uint32_t reason);
+uint32_t ls_close_reason(const ls_region *r);
 void ls_set_peer_pidfd(ls_region *r, int pidfd);
 void ls_set_wake_fd(ls_region *r, int eventfd);
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import mmap
 import os
-from dataclasses import dataclass, field
+import time
+from dataclasses import dataclass, field, fields
 
 from ..ring import Region
 from .device import Buffer as DeviceBuffer
@@ -66,6 +67,17 @@ class Counters:
     memory_bytes: int = 0
     peak_memory_bytes: int = 0
 
+    def add(self, other: Counters) -> None:
+        """Add ``other``'s counts to these (the server's totals outlive its clients)."""
+        for f in fields(self):
+            if f.name == "peak_memory_bytes":
+                continue  # a peak does not add up; the server keeps its own
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+    def as_dict(self) -> dict:
+        """The counters by name."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
 
 @dataclass
 class Client:
@@ -77,6 +89,11 @@ class Client:
     name: str
     priority: str
     region: Region
+    group: str = ""
+    cmdline: str = ""
+    connected: float = field(default_factory=time.time)
+    state: str = "ACTIVE"  # INACTIVE once terminated or faulted, as in Volta MPS
+    sticky: Exception | None = None  # raised for every later request (ClientTerminated, ServerFault)
     buffers: dict[int, BufferRecord] = field(default_factory=dict)
     programs: dict[int, ProgramRecord] = field(default_factory=dict)
     counters: Counters = field(default_factory=Counters)
@@ -84,6 +101,10 @@ class Client:
     outstanding: int = 0  # descriptors popped and not yet answered on the completion ring
     closing: bool = False  # disconnected: drain nothing more, reclaim when outstanding is 0
     next_id: int = 1
+
+    def describe(self) -> str:
+        """"client 3 (name, pid 1234)" for logs and errors."""
+        return f"client {self.id} ({self.name}, pid {self.pid})"
 
     def new_id(self) -> int:
         """A fresh buffer or program id (never reused within this client)."""

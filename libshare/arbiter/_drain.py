@@ -29,6 +29,15 @@ wake eventfd, which a client's producer writes only when it sees the flag.
 An idle arbiter therefore makes no system call at all until work arrives.
 With work in flight it waits on the oldest fence in short slices instead.
 
+States. The server is ACTIVE, FAULT (the device was lost, or a fault was injected
+for a test) or INITIALIZING (recreating the device after a fault), as in Volta MPS.
+A fault answers every outstanding descriptor with LS_EFAULT, closes every client's
+ring with that reason (a sticky ServerFault on the client's side) and makes the
+clients INACTIVE; once all of them have disconnected the device is recreated and the
+server is ACTIVE again. Terminating one client is the same containment for one
+client: its queued descriptors are cancelled (LS_ECANCELED), its running ones end,
+and its ring is closed with the reason the client reads as ClientTerminated.
+
 Lifetime. A freed buffer or program that a submitted command still uses is
 destroyed when the last such command retires. A client that disconnects (or
 dies) is drained of nothing more; once its outstanding work has retired, its
@@ -43,15 +52,16 @@ import queue
 import select
 import struct
 import threading
+import time
 from concurrent.futures import Future
 from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import InvalidSubmission, ServerFault
+from ..errors import ClientTerminated, InvalidSubmission, ServerFault
 from ..ring import C, CQE_DTYPE, DESC_DTYPE
 from ..ring._binding import ffi
-from ._clients import BufferRecord, Client, ProgramRecord
+from ._clients import BufferRecord, Client, Counters, ProgramRecord
 from .device import Copy, Device, Dispatch
 
 log = logging.getLogger("libshare.arbiter")
@@ -81,15 +91,21 @@ class _InFlight:
 class Drainer:
     """Owns the device; drains rings, submits, retires, and runs control tasks."""
 
-    def __init__(self, device: Device, wake_fd: int, timed: bool = True):
-        self.device = device
+    def __init__(self, device_factory, wake_fd: int, timed: bool = True):
+        self._device_factory = device_factory
+        self.device: Device = device_factory()
+        self.state = "ACTIVE"
+        """INITIALIZING, ACTIVE or FAULT."""
+        self.totals = Counters()
+        """Counts of clients already reclaimed (add the live clients' for the server's)."""
+        self.peak_memory_bytes = 0
+        self._fault_waiting: set[int] = set()  # faulted clients whose connection is still open
         self.timed = timed  # timestamp every command (per-client device time); ~40 us each on lavapipe
         self.wake_fd = wake_fd
         self.clients: dict[int, Client] = {}
         self.tasks: queue.SimpleQueue = queue.SimpleQueue()
         self.in_flight: list[_InFlight] = []
         self.stopping = False
-        self.fault: str | None = None
         self._out = np.empty(_POP_BATCH, DESC_DTYPE)
         self._out_ptr = ffi.from_buffer("char[]", self._out)
         self._out_bytes = memoryview(self._out.view(np.uint8))
@@ -138,7 +154,9 @@ class Drainer:
                 busy |= self._retire()
                 if not busy:
                     self._wait()
-            except Exception:  # never die: log, fault, keep answering
+            except ServerFault as exc:
+                self.enter_fault(str(exc))
+            except Exception:  # never die: log and keep answering
                 log.exception("drain loop error")
         self._shutdown()
 
@@ -228,7 +246,10 @@ class Drainer:
     def _submit(self, commands: list, entries: list[_Entry]) -> None:
         try:
             submission = self.device.submit(commands, timed=self.timed)
-        except (InvalidSubmission, ServerFault) as exc:
+        except ServerFault:
+            self._answer_failed(entries, -C.EFAULT)
+            raise
+        except InvalidSubmission as exc:
             log.error("submit of %d commands failed: %s", len(commands), exc)
             self._answer_failed(entries, -C.EFAULT)
             return
@@ -303,7 +324,85 @@ class Drainer:
             del self.clients[client.id]
             client.commands.clear()
             client.region.close()
-            log.info("client %d (%s, pid %d) reclaimed", client.id, client.name, client.pid)
+            self.totals.add(client.counters)
+            log.info("%s reclaimed", client.describe())
+
+    def note_memory(self) -> None:
+        """Update the server's peak memory after an allocation."""
+        in_use = sum(c.counters.memory_bytes for c in self.clients.values())
+        self.peak_memory_bytes = max(self.peak_memory_bytes, in_use)
+
+    # ---------------------------------------------------------------- containment (drain thread)
+
+    def terminate(self, client: Client) -> None:
+        """Cancel a client's queued work and reclaim it once its running work ends (sticky error)."""
+        if client.closing:
+            return
+        log.info("%s: status is INACTIVE (terminated by the operator)", client.describe())
+        self._contain(client, ClientTerminated("the operator terminated this client (terminate_client); "
+                                               "reconnect to go on"), C.ECANCELED)
+
+    def enter_fault(self, reason: str, offender: Client | None = None) -> None:
+        """Put the server in FAULT: fail everything outstanding, make every client INACTIVE."""
+        if self.state == "FAULT":
+            return
+        self.state = "FAULT"
+        log.error("server status is FAULT: %s%s", reason,
+                  f"; raised by {offender.describe()}" if offender else "")
+        for done in self.in_flight:
+            try:
+                done.submission.wait(5.0)
+            except ServerFault:
+                pass  # a lost device: its work will never finish
+            self._answer_failed(done.entries, -C.EFAULT)
+        self.in_flight.clear()
+        affected = [c for c in self.clients.values() if not c.closing]
+        log.error("clients affected by the fault: %s", ", ".join(f"pid {c.pid}" for c in affected) or "none")
+        for client in affected:
+            self._fault_waiting.add(client.id)
+            self._contain(client, ServerFault(f"the arbiter's device faulted ({reason}); this session is "
+                                              "lost, reconnect once the server is ACTIVE again"), C.EFAULT)
+        self._maybe_recover()
+
+    def _contain(self, client: Client, sticky: Exception, reason: int) -> None:
+        client.sticky = sticky
+        client.state = "INACTIVE"
+        if not client.region.closed:
+            client.region.close_consumer(reason)
+            self._cancel_queued(client)
+        self.disconnect(client)
+
+    def _cancel_queued(self, client: Client) -> None:
+        """Answer LS_ECANCELED to every descriptor still in the client's ring (as space allows)."""
+        try:
+            while True:
+                budget = min(_POP_BATCH, client.region.completion_space() - client.outstanding)
+                count = client.region.pop_into(self._out[:budget], self._out_ptr) if budget > 0 else 0
+                if count == 0:
+                    return
+                client.outstanding += count
+                client.counters.submitted += count
+                self._post(client, [(int(t), -C.ECANCELED, 0) for t in self._out["ticket"][:count]])
+        except Exception as exc:  # a corrupt ring: nothing more to cancel
+            log.warning("%s: %s while cancelling its queue", client.describe(), exc)
+
+    def _maybe_recover(self) -> None:
+        if self.state != "FAULT" or self._fault_waiting or self.in_flight:
+            return
+        self.state = "INITIALIZING"
+        log.info("server status is INITIALIZING: recreating the device")
+        try:
+            self.device.close()
+        except Exception:
+            log.exception("closing the faulted device")
+        try:
+            self.device = self._device_factory()
+        except Exception as exc:
+            self.state = "FAULT"
+            log.error("recreating the device failed: %s", exc)
+            return
+        self.state = "ACTIVE"
+        log.info("server status is ACTIVE: %s recreated", self.device.name)
 
     def free(self, client: Client, record: BufferRecord | ProgramRecord) -> None:
         """Forget a buffer or program; destroy it now or when its last command retires."""
@@ -322,12 +421,24 @@ class Drainer:
         else:
             self.device.destroy_pipeline(record.pipeline)
 
+    def connection_closed(self, client: Client) -> None:
+        """The client's control connection ended: disconnect it; a fault may now recover."""
+        self._fault_waiting.discard(client.id)
+        self.disconnect(client)
+        self._maybe_recover()
+
     def _shutdown(self) -> None:
+        deadline = time.monotonic() + self.shutdown_timeout
+        live = [c for c in self.clients.values() if not c.closing]
+        for client in live:
+            self._cancel_queued(client)
         for done in self.in_flight:
-            done.submission.wait(5.0)
+            done.submission.wait(max(deadline - time.monotonic(), 0))
         self._retire()
+        for client in live:
+            if not client.region.closed:
+                client.region.close_consumer(0)
         for client in list(self.clients.values()):
-            client.region.announce_consumer(alive=False)
             self.disconnect(client)
 
     # ---------------------------------------------------------------- control
@@ -336,12 +447,15 @@ class Drainer:
         """Start the drain thread."""
         self.thread.start()
 
+    shutdown_timeout = 10.0
+
     def stop(self, timeout: float = 10.0) -> None:
-        """Stop the drain thread after it has finished what is in flight."""
+        """Cancel queued work, let in-flight work end (at most ``timeout`` s), stop the thread."""
+        self.shutdown_timeout = timeout
         self.stopping = True
         self.ring_doorbell()
         if self.thread.is_alive():
-            self.thread.join(timeout)
+            self.thread.join(timeout + 5.0)
 
 
 def _build_command(client: Client, device: Device, raw: memoryview):

@@ -6,6 +6,9 @@ thread. The peer's pid and uid come from SO_PEERCRED, never from a message.
 Requests that touch the device (program load, alloc, free) run on the drain
 thread as tasks. The same class runs as a daemon (``serve``) and embedded
 inside a client process (``attach`` on one end of a socketpair).
+
+A connection whose first frame is a control command (``op: control``) is an
+operator's: it gets the commands of _commands.py instead of a session.
 """
 
 from __future__ import annotations
@@ -16,15 +19,18 @@ import os
 import socket
 import struct
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
 
 from .. import _protocol as protocol
 from .._spirv import reflect
-from ..errors import InvalidSubmission, LibshareError, ProtocolError, TooManyClients
+from ..errors import (AccessDenied, InvalidSubmission, LibshareError, ProtocolError, ServerNotReady,
+                      TooManyClients)
 from ..ring import Region
-from ._clients import BufferRecord, Client, ProgramRecord, SharedMemory
+from ._clients import BufferRecord, Client, Counters, ProgramRecord, SharedMemory
+from ._commands import Commands
 from ._drain import Drainer
 from .device import Device
 
@@ -42,16 +48,28 @@ class Arbiter:
     ``device`` is an index or UUID (``LIBSHARE_DEVICE``); ``max_clients`` bounds
     how many may be connected at once; ``timed=False`` skips the per-command
     timestamps (device-time accounting) for the last few microseconds.
+    ``multi_user`` (root only) serves clients of every uid; otherwise only the
+    arbiter's own uid may connect. ``test_hooks`` (or LIBSHARE_TEST_HOOKS=1)
+    enables the ``inject_fault`` control command.
     """
 
     def __init__(self, device: str | None = None, *, max_clients: int = 48,
-                 lanes: int = 4, lane_entries: int = 256, cq_entries: int = 1024, timed: bool = True):
+                 lanes: int = 4, lane_entries: int = 256, cq_entries: int = 1024, timed: bool = True,
+                 multi_user: bool = False, test_hooks: bool | None = None):
+        if multi_user and os.getuid() != 0:
+            raise AccessDenied("multi-user mode needs the arbiter to run as root")
         selector = device if device is not None else os.environ.get("LIBSHARE_DEVICE")
-        self.device = Device(selector)
         self.max_clients = max_clients
+        self.multi_user = multi_user
+        self.test_hooks = test_hooks if test_hooks is not None else os.environ.get("LIBSHARE_TEST_HOOKS") == "1"
+        self.started = time.time()
+        self.quit_requested = threading.Event()
+        """Set by the ``quit`` control command; the daemon then calls :meth:`close`."""
+        self.quit_timeout = 10.0
         self._geometry = (lanes, lane_entries, cq_entries)
         self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-        self.drainer = Drainer(self.device, self._wake_fd, timed)
+        self.drainer = Drainer(lambda: Device(selector), self._wake_fd, timed)
+        self.commands = Commands(self)
         self._lock = threading.Lock()
         self._next_client = 1
         self._connections: set[socket.socket] = set()
@@ -59,7 +77,18 @@ class Arbiter:
         self.socket_path: Path | None = None
         self.closed = False
         self.drainer.start()
-        log.info("arbiter pid %d on %s (%s)", os.getpid(), self.device.name, self.device.uuid)
+        log.info("arbiter pid %d on device %d: %s (%s); server status is ACTIVE", os.getpid(),
+                 self.device.index, self.device.name, self.device.uuid)
+
+    @property
+    def device(self) -> Device:
+        """The device (a new one after recovery from a fault)."""
+        return self.drainer.device
+
+    @property
+    def state(self) -> str:
+        """The server's state: INITIALIZING, ACTIVE or FAULT."""
+        return self.drainer.state
 
     # ---------------------------------------------------------------- accepting
 
@@ -97,6 +126,9 @@ class Arbiter:
         try:
             pid, uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
             frame = protocol.recv(conn)
+            if frame.fields.get("op") == "control":
+                self.commands.serve(conn, frame, pid, uid)
+                return
             client = self._hello(conn, frame.fields, pid, uid)
             while True:
                 frame = protocol.recv(conn)
@@ -110,8 +142,8 @@ class Arbiter:
             log.exception("connection handler error")
         finally:
             if client is not None:
-                log.info("client %d (%s, pid %d) disconnected", client.id, client.name, client.pid)
-                self._call(self.drainer.disconnect, client)
+                log.info("%s disconnected", client.describe())
+                self._call(self.drainer.connection_closed, client)
             with self._lock:
                 self._connections.discard(conn)
             conn.close()
@@ -125,6 +157,8 @@ class Arbiter:
     def _answer(self, conn: socket.socket, client: Client, frame: protocol.Frame) -> None:
         handler = self._HANDLERS.get(frame.fields.get("op"))
         try:
+            if client.sticky is not None:
+                raise client.sticky
             if handler is None:
                 raise ProtocolError(f"unknown request {frame.fields.get('op')!r}")
             fields, fds = handler(self, client, frame)
@@ -141,15 +175,20 @@ class Arbiter:
     def _hello(self, conn: socket.socket, fields: dict, pid: int, uid: int) -> Client:
         if fields.get("op") != "hello":
             raise ProtocolError("the first message must be hello")
-        if uid != os.getuid() and os.getuid() != 0:
-            raise ProtocolError(f"uid {uid} may not use this arbiter (it runs as uid {os.getuid()})")
+        if uid != os.getuid() and not self.multi_user:
+            log.warning("refused pid %d: uid %d is not the arbiter's uid %d", pid, uid, os.getuid())
+            raise AccessDenied(f"uid {uid} may not use this arbiter: it runs as uid {os.getuid()} "
+                               "and was not started in multi-user mode")
         priority = fields.get("priority", "normal")
         if priority not in PRIORITIES:
             raise InvalidSubmission(f"priority must be one of {', '.join(PRIORITIES)} (got {priority!r})")
         name = str(fields.get("name") or f"pid{pid}")[:64]
+        group = str(fields.get("group") or "")[:64]
         with self._lock:
             if self.closed:
-                raise ProtocolError("the arbiter is shutting down")
+                raise ServerNotReady("the arbiter is shutting down")
+            if self.state != "ACTIVE":
+                raise ServerNotReady(f"server not ready: its state is {self.state}; retry once it is ACTIVE")
             active = sum(1 for c in self.drainer.clients.values() if not c.closing)
             if active >= self.max_clients:
                 raise TooManyClients(f"the arbiter already serves {active} clients (its limit is "
@@ -160,9 +199,9 @@ class Arbiter:
         region.announce_consumer()
         if pid != os.getpid():  # an embedded client is this process: nothing to watch
             region.watch_peer(pid)
-        client = Client(client_id, pid, uid, name, priority, region)
+        client = Client(client_id, pid, uid, name, priority, region, group=group, cmdline=_cmdline(pid))
         self._call(self.drainer.add_client, client)
-        log.info("client %d (%s, pid %d) connected", client_id, name, pid)
+        log.info("%s connected (uid %d%s)", client.describe(), uid, f", group {group}" if group else "")
         protocol.send(conn, {"ok": True, "client_id": client_id, "arbiter_pid": os.getpid(),
                              "device": self.device.name},
                       fds=(region.fd, self._wake_fd))
@@ -208,6 +247,7 @@ class Arbiter:
             client.counters.memory_bytes += rounded
             client.counters.peak_memory_bytes = max(client.counters.peak_memory_bytes,
                                                     client.counters.memory_bytes)
+            self.drainer.note_memory()
             return record.id
 
         try:
@@ -241,8 +281,26 @@ class Arbiter:
 
     # ---------------------------------------------------------------- shutdown
 
-    def close(self) -> None:
-        """Stop accepting, finish in-flight work, tell clients, release the device. Idempotent."""
+    # ---------------------------------------------------------------- accounting
+
+    def snapshot(self) -> dict:
+        """The server's and every connected client's state and counters (for ps and metrics)."""
+        clients = [c for c in list(self.drainer.clients.values()) if not c.closing]
+        totals = Counters()
+        totals.add(self.drainer.totals)
+        for client in clients:
+            totals.add(client.counters)
+        device = self.device
+        server = {"pid": os.getpid(), "state": self.state, "started": self.started, "clients": len(clients),
+                  "device": {"index": device.index, "uuid": device.uuid, "name": device.name},
+                  **totals.as_dict(),
+                  "memory_bytes": sum(c.counters.memory_bytes for c in clients),
+                  "peak_memory_bytes": self.drainer.peak_memory_bytes}
+        return {"server": server, "clients": [_client_row(c) for c in clients]}
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop accepting, cancel queued work, let in-flight work end (at most ``timeout`` s),
+        tell clients, release the device, unlink the socket. Idempotent."""
         with self._lock:
             if self.closed:
                 return
@@ -252,7 +310,8 @@ class Arbiter:
             self._listener.close()
             if self.socket_path is not None:
                 self.socket_path.unlink(missing_ok=True)
-        self.drainer.stop()
+        log.info("shutting down: %d clients connected", len(self.drainer.clients))
+        self.drainer.stop(timeout)
         for conn in connections:
             try:
                 conn.shutdown(socket.SHUT_RDWR)
@@ -260,6 +319,21 @@ class Arbiter:
                 pass
         self.device.close()
         os.close(self._wake_fd)
+
+
+def _client_row(client: Client) -> dict:
+    return {"pid": client.pid, "client_id": client.id, "name": client.name, "group": client.group,
+            "state": client.state, "priority": client.priority, "connected": client.connected,
+            "cmdline": client.cmdline, **client.counters.as_dict()}
+
+
+def _cmdline(pid: int) -> str:
+    """The command line of process ``pid`` (from /proc), or "" if it is gone."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read(4096).replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ""
 
 
 def _shared_memory(size: int) -> SharedMemory:

@@ -498,6 +498,7 @@ class Device:
         devices = [_PhysicalInfo(handle) for handle in handles]
         info = _select(devices, selector)
         self._physical = info
+        self.index: int = devices.index(info)
         self.name: str = info.name
         self.uuid: str = info.uuid
         self.max_group_count: tuple[int, int, int] = info.max_group_count

@@ -154,6 +154,16 @@ class Region:
         self._require_open()
         lib.ls_set_consumer(self._handle, os.getpid(), C.PEER_ALIVE if alive else C.PEER_CLOSED)
 
+    def close_consumer(self, reason: int = 0) -> None:
+        """Close the consumer side, saying why (0, C.ECANCELED or C.EFAULT); wakes waiting clients."""
+        self._require_open()
+        lib.ls_close_consumer(self._handle, reason)
+
+    def close_reason(self) -> int:
+        """Why the consumer closed (0 while it is open or after a plain shutdown)."""
+        self._require_open()
+        return lib.ls_close_reason(self._handle)
+
     def announce_client(self, alive: bool = True) -> None:
         """Record this process as the client, alive or closed."""
         self._require_open()

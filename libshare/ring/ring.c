@@ -213,6 +213,19 @@ void ls_set_consumer(ls_region *r, uint32_t pid, uint32_t state)
         ls_futex_wake_impl(&r->bells->cq_bell, INT_MAX);
 }
 
+void ls_close_consumer(ls_region *r, uint32_t reason)
+{
+    ls_store_relaxed(&r->bells->close_reason, reason);
+    ls_set_consumer(r, ls_load_acquire(&r->bells->consumer_pid), LS_PEER_CLOSED);
+}
+
+uint32_t ls_close_reason(const ls_region *r)
+{
+    if (ls_load_acquire(&r->bells->consumer_state) != LS_PEER_CLOSED)
+        return 0;
+    return ls_load_acquire(&r->bells->close_reason);
+}
+
 void ls_set_client(ls_region *r, uint32_t pid, uint32_t state)
 {
     ls_store_relaxed(&r->bells->client_pid, pid);

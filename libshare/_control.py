@@ -1,0 +1,121 @@
+"""The operator's control commands: their table, and how a command reaches the arbiter.
+
+A control command travels on the arbiter's socket like a session's requests: the frame
+``{"op": "control", "command": NAME, "args": [...]}`` answered by ``{"ok": true,
+"output": TEXT}`` or ``{"ok": false, "error": CLASS, "message": TEXT}``. A control
+connection sends no hello and may send any number of commands. This module imports
+no Vulkan, so ``libshare-control`` stays a light client.
+
+Names and meanings follow ``nvidia-cuda-mps-control``. Where MPS takes a server PID,
+libshare accepts it and checks that it names the arbiter it is talking to (one arbiter
+serves a pipe directory), so scripts written for MPS keep working.
+"""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import _config, _protocol as protocol, errors
+
+
+@dataclass(frozen=True)
+class Command:
+    """One control command: its usage line, what it does, and whether it changes state."""
+
+    name: str
+    usage: str
+    help: str
+    changes_state: bool = False
+
+
+COMMANDS: dict[str, Command] = {c.name: c for c in [
+    Command("get_server_list", "get_server_list",
+            "Print the PID of the arbiter serving this pipe directory (one line, or nothing)."),
+    Command("get_server_status", "get_server_status [PID]",
+            "Print the arbiter's state: INITIALIZING, ACTIVE or FAULT."),
+    Command("get_client_list", "get_client_list [PID]",
+            "Print the PIDs of the connected client processes, one per line."),
+    Command("get_device_client_list", "get_device_client_list [PID]",
+            "Print the device (index, UUID and name) followed by the PIDs of its clients."),
+    Command("ps", "ps [-p PID]",
+            "A table of the clients: pid, client id, name, device, state, priority, dispatches, "
+            "device time, memory in use, command line. -p PID: only that client process."),
+    Command("terminate_client", "terminate_client [SERVER_PID] CLIENT_PID",
+            "Cancel the client's queued work, let its running work end, reclaim its buffers and "
+            "programs; the client sees a sticky ClientTerminated error. Other clients are not affected.",
+            changes_state=True),
+    Command("quit", "quit [-t SECONDS]",
+            "Shut the arbiter down: stop accepting, let running work end (at most SECONDS, "
+            "default 10), tell the clients, release the device, remove the socket and lock.",
+            changes_state=True),
+    Command("set_default_active_thread_percentage", "set_default_active_thread_percentage PERCENT",
+            "Ceiling on the share of device time each new client may use while others want the device.",
+            changes_state=True),
+    Command("get_default_active_thread_percentage", "get_default_active_thread_percentage",
+            "Print the default compute share of new clients, in percent."),
+    Command("set_active_thread_percentage", "set_active_thread_percentage PID PERCENT",
+            "Change a running client's compute share (libshare applies it live, unlike MPS).",
+            changes_state=True),
+    Command("get_active_thread_percentage", "get_active_thread_percentage PID",
+            "Print a client's compute share, in percent."),
+    Command("set_default_device_pinned_mem_limit", "set_default_device_pinned_mem_limit DEV VALUE",
+            "Default device memory limit of each client, like 900M or 2G.", changes_state=True),
+    Command("get_default_device_pinned_mem_limit", "get_default_device_pinned_mem_limit DEV",
+            "Print the default device memory limit of each client."),
+    Command("set_device_pinned_mem_limit", "set_device_pinned_mem_limit PID DEV VALUE",
+            "Change a running client's device memory limit (live, unlike MPS).", changes_state=True),
+    Command("get_device_pinned_mem_limit", "get_device_pinned_mem_limit PID DEV",
+            "Print a client's device memory limit."),
+    Command("set_default_client_priority", "set_default_client_priority PRIORITY",
+            "Priority of new clients: low, normal, high, realtime (MPS 0 = normal, 1 = low).",
+            changes_state=True),
+    Command("get_default_client_priority", "get_default_client_priority",
+            "Print the priority given to new clients."),
+    Command("set_client_priority", "set_client_priority PID PRIORITY",
+            "Change a running client's priority (live).", changes_state=True),
+]}
+
+
+class ControlConnection:
+    """A connection to the arbiter's control endpoint; send it commands with :meth:`run`."""
+
+    def __init__(self, pipe_directory: str | Path | None = None, timeout: float = 30.0):
+        directory = _config.pipe_directory(pipe_directory)
+        self.socket_path = _config.socket_path(directory)
+        """The socket this connection dialled."""
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        self._sock.settimeout(timeout)
+        try:
+            self._sock.connect(str(self.socket_path))
+        except OSError as exc:
+            self._sock.close()
+            raise errors.ArbiterUnavailable(f"no arbiter answers at {self.socket_path}: {exc}") from exc
+
+    def run(self, command: str, *args: str) -> str:
+        """Run one command and return its output; a refused command raises its LibshareError."""
+        try:
+            protocol.send(self._sock, {"op": "control", "command": command, "args": list(args)})
+            reply = protocol.recv(self._sock)
+        except (EOFError, OSError) as exc:
+            raise errors.ArbiterLost(f"the arbiter closed the control connection: {exc or 'EOF'}") from exc
+        if not reply.fields.get("ok"):
+            raise errors.remote_error(reply.fields)
+        return str(reply.fields.get("output", ""))
+
+    def close(self) -> None:
+        """Close the connection."""
+        self._sock.close()
+
+    def __enter__(self) -> ControlConnection:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def run(command: str, *args: str, pipe_directory: str | Path | None = None, timeout: float = 30.0) -> str:
+    """Send one control command to the arbiter at ``pipe_directory`` and return its output."""
+    with ControlConnection(pipe_directory, timeout) as connection:
+        return connection.run(command, *args)

@@ -1,0 +1,185 @@
+"""The server side of the operator's control commands (the table is in libshare/_control.py).
+
+Each command is a method ``_NAME(args) -> output text`` that raises a LibshareError
+to refuse. Commands that change state are taken only from the arbiter's own uid or
+root (the uid comes from SO_PEERCRED). Every command and its result go to the
+``libshare.control`` log.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+
+from .. import _protocol as protocol
+from .._control import COMMANDS
+from ..errors import AccessDenied, InvalidSubmission, LibshareError, ProtocolError
+
+log = logging.getLogger("libshare.control")
+
+_TERMINATE_WAIT = 30.0  # seconds terminate_client waits for the client's running work to end
+
+
+class Commands:
+    """Runs control commands against one arbiter."""
+
+    def __init__(self, arbiter):
+        self.arbiter = arbiter
+
+    def serve(self, conn: socket.socket, frame: protocol.Frame, pid: int, uid: int) -> None:
+        """Answer control frames on ``conn`` until the peer closes it."""
+        while True:
+            fields = frame.fields
+            try:
+                output = self.run(fields.get("command"), fields.get("args", []), pid, uid)
+                reply = {"ok": True, "output": output}
+            except LibshareError as exc:
+                reply = {"ok": False, "error": type(exc).__name__, "message": str(exc)}
+            protocol.send(conn, reply)
+            frame = protocol.recv(conn)
+            if frame.fields.get("op") != "control":
+                raise ProtocolError("a control connection carries only control commands")
+
+    def run(self, name, args, pid: int, uid: int) -> str:
+        """Run command ``name`` with ``args`` for the peer (pid, uid); return its output."""
+        if not isinstance(args, list) or not all(isinstance(a, str) for a in args) or len(args) > 16:
+            raise ProtocolError("control arguments must be a list of at most 16 strings")
+        command = COMMANDS.get(name) if isinstance(name, str) else None
+        handler = getattr(self, f"_{name}", None) if command or name == "inject_fault" else None
+        if handler is None:
+            raise ProtocolError(f"unknown command {name!r}; the commands are: {', '.join(COMMANDS)}")
+        if (command is None or command.changes_state) and uid not in (os.getuid(), 0):
+            raise AccessDenied(f"{name} changes the arbiter's state: only uid {os.getuid()} or root may")
+        line = " ".join([name, *args])
+        try:
+            output = handler(args)
+        except LibshareError as exc:
+            log.warning("pid %d: %s: failed: %s", pid, line, exc)
+            raise
+        log.info("pid %d: %s: ok", pid, line)
+        return output
+
+    # ---------------------------------------------------------------- helpers
+
+    def _check_server_pid(self, args: list[str], usage: str) -> None:
+        if len(args) > 1:
+            raise InvalidSubmission(f"usage: {usage}")
+        if args and _pid(args[0]) != os.getpid():
+            raise InvalidSubmission(f"no arbiter with pid {args[0]} here (this one is pid {os.getpid()})")
+
+    def _clients_of(self, pid: int) -> list:
+        clients = [c for c in list(self.arbiter.drainer.clients.values()) if c.pid == pid and not c.closing]
+        if not clients:
+            raise InvalidSubmission(f"no client with pid {pid} is connected")
+        return clients
+
+    # ---------------------------------------------------------------- queries
+
+    def _get_server_list(self, args: list[str]) -> str:
+        return str(os.getpid())
+
+    def _get_server_status(self, args: list[str]) -> str:
+        self._check_server_pid(args, COMMANDS["get_server_status"].usage)
+        return self.arbiter.state
+
+    def _get_client_list(self, args: list[str]) -> str:
+        self._check_server_pid(args, COMMANDS["get_client_list"].usage)
+        return "\n".join(str(pid) for pid in sorted({c["pid"] for c in self.arbiter.snapshot()["clients"]}))
+
+    def _get_device_client_list(self, args: list[str]) -> str:
+        self._check_server_pid(args, COMMANDS["get_device_client_list"].usage)
+        snapshot = self.arbiter.snapshot()
+        device = snapshot["server"]["device"]
+        pids = sorted({c["pid"] for c in snapshot["clients"]})
+        return "\n".join([f"{device['index']} {device['uuid']} {device['name']}", *map(str, pids)])
+
+    def _ps(self, args: list[str]) -> str:
+        if args and (len(args) != 2 or args[0] != "-p"):
+            raise InvalidSubmission(f"usage: {COMMANDS['ps'].usage}")
+        only = _pid(args[1]) if args else None
+        snapshot = self.arbiter.snapshot()
+        device = snapshot["server"]["device"]
+        rows = [_PS_HEADER]
+        for c in snapshot["clients"]:
+            if only is None or c["pid"] == only:
+                rows.append((str(c["pid"]), str(c["client_id"]), c["name"][:24] or "-",
+                             f"{device['index']}:{device['uuid'][:8]}", c["state"], c["priority"],
+                             str(c["submitted"]), f"{c['device_ns'] / 1e6:.1f}ms",
+                             _bytes(c["memory_bytes"]), c["cmdline"][:80] or "-"))
+        widths = [max(len(row[i]) for row in rows) for i in range(len(_PS_HEADER) - 1)]
+        return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1]
+                         for row in rows)
+
+    # ---------------------------------------------------------------- actions
+
+    def _terminate_client(self, args: list[str]) -> str:
+        if len(args) not in (1, 2):
+            raise InvalidSubmission(f"usage: {COMMANDS['terminate_client'].usage}")
+        self._check_server_pid(args[:-1], COMMANDS["terminate_client"].usage)
+        clients = self._clients_of(_pid(args[-1]))
+        drainer = self.arbiter.drainer
+        for client in clients:
+            drainer.call(drainer.terminate, client)
+        deadline = time.monotonic() + _TERMINATE_WAIT
+        while any(c.id in drainer.clients for c in clients):
+            if time.monotonic() > deadline:
+                raise LibshareError(f"client pid {args[-1]} still has work running after {_TERMINATE_WAIT:.0f} s")
+            time.sleep(0.01)
+        return "\n".join(f"terminated {c.describe()}" for c in clients)
+
+    def _quit(self, args: list[str]) -> str:
+        if args and (len(args) != 2 or args[0] != "-t"):
+            raise InvalidSubmission(f"usage: {COMMANDS['quit'].usage}")
+        self.arbiter.quit_timeout = _seconds(args[1]) if args else 10.0
+        self.arbiter.quit_requested.set()
+        return f"arbiter pid {os.getpid()} is shutting down"
+
+    def _inject_fault(self, args: list[str]) -> str:
+        """Test hook: put the server in FAULT as a lost device would (naming a client pid as offender)."""
+        if not self.arbiter.test_hooks:
+            raise AccessDenied("inject_fault is a test hook: start the arbiter with LIBSHARE_TEST_HOOKS=1")
+        offender = self._clients_of(_pid(args[0]))[0] if args else None
+        drainer = self.arbiter.drainer
+        drainer.call(drainer.enter_fault, "a fault injected by a test hook", offender)
+        return self.arbiter.state
+
+
+def _not_yet(name: str):
+    def refuse(self, args: list[str]) -> str:
+        raise LibshareError(f"{name} is not available yet: limits and priorities land with the scheduler")
+    refuse.__doc__ = f"{name}: not yet implemented."
+    return refuse
+
+
+for _name, _command in COMMANDS.items():
+    if not hasattr(Commands, f"_{_name}"):
+        setattr(Commands, f"_{_name}", _not_yet(_name))
+
+_PS_HEADER = ("PID", "ID", "NAME", "DEVICE", "STATE", "PRIORITY", "DISPATCHES", "DEVICE_TIME", "MEMORY",
+              "COMMAND")
+
+
+def _pid(text: str) -> int:
+    if not text.isdigit() or not 0 < int(text) < 1 << 22:
+        raise InvalidSubmission(f"not a pid: {text!r}")
+    return int(text)
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 3600:
+        raise InvalidSubmission(f"not a number of seconds in 0..3600: {text!r}")
+    return value
+
+
+def _bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f}{unit}" if unit == "B" else f"{n:.1f}{unit}"
+        n /= 1024
+    return str(n)
