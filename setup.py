@@ -2,4 +2,4 @@
 
 from setuptools import setup
 
-setup(cffi_modules=["libshare/ring/_build.py:ffibuilder"])
+setup(cffi_modules=["libshare/ring/_build.py:ffibuilder", "libshare/arbiter/_emergency_build.py:ffibuilder"])

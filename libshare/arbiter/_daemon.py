@@ -1,0 +1,410 @@
+"""Running the arbiter as a service: pipe directory, PID lock, stale socket, logs, signals.
+
+One arbiter serves a pipe directory. It proves that by holding an ``flock`` on the
+directory's lock file for its whole life (the kernel drops the lock when the process
+dies, however it dies), with its pid written inside for whoever is refused. A socket
+left behind by a dead arbiter is stale: nobody accepts on it, ``connect`` is refused,
+and the new arbiter removes it. A socket that answers belongs to a live arbiter that
+holds no lock (an embedded host, an older version): the newcomer names its pid and
+leaves. SIGINT and SIGTERM stop gracefully through :meth:`Arbiter.close`; a crash
+signal runs the C handler of ``_emergency.c``, which unlinks socket and lock before
+the process dies.
+
+:func:`run` is the foreground runner behind ``python -m libshare.arbiter`` and
+``libshare-control -f``; :func:`start_background` starts that same runner as a
+detached process for ``libshare-control -d`` and :mod:`libshare.manager`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import logging
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import _config
+from ..errors import ArbiterUnavailable, LibshareError
+
+__all__ = ["Options", "AlreadyServing", "StartFailed", "add_arguments", "run", "start_background",
+           "configure_logging", "log_handler", "STDERR_FILE"]
+
+log = logging.getLogger("libshare.arbiter")
+control_log = logging.getLogger("libshare.control")
+
+STDERR_FILE = "arbiter.stderr"
+"""File in the log directory that receives a background arbiter's standard error."""
+
+_LOG_FORMAT = "[%(asctime)s.%(msecs)03d %(process)d] %(levelname)s %(message)s"
+_DATE_FORMAT = "%Y-%m-%d %H:%M:%S"
+
+
+class AlreadyServing(LibshareError):
+    """Another arbiter already serves this pipe directory."""
+
+
+class StartFailed(LibshareError):
+    """A background arbiter exited, or did not become ACTIVE, before it could serve."""
+
+
+@dataclass(frozen=True)
+class Options:
+    """How to run an arbiter; the fields mirror the command-line options of :func:`add_arguments`."""
+
+    pipe_directory: Path
+    log_directory: Path
+    device: str | None = None
+    max_clients: int = 48
+    timestamps: bool = True
+    multi_user: bool = False
+    metrics_port: int = 0
+    metrics_address: str = "127.0.0.1"
+    shutdown_timeout: float = 10.0
+
+    @classmethod
+    def create(cls, pipe_directory=None, log_directory=None, **fields) -> Options:
+        """Options with the pipe and log directories resolved from the LIBSHARE_* environment."""
+        pipe = _config.pipe_directory(pipe_directory).absolute()
+        logs = _config.log_directory(log_directory, pipe).absolute()
+        return cls(pipe, logs, **fields)
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> Options:
+        """Options from a namespace parsed by a parser that :func:`add_arguments` filled."""
+        return cls.create(args.pipe_directory, args.log_directory, device=args.device,
+                          max_clients=args.max_clients, timestamps=not args.no_timestamps,
+                          multi_user=args.multi_user, metrics_port=args.metrics_port,
+                          metrics_address=args.metrics_address, shutdown_timeout=args.shutdown_timeout)
+
+    def argv(self) -> list[str]:
+        """The command-line options that reproduce these options."""
+        argv = ["--pipe-directory", str(self.pipe_directory), "--log-directory", str(self.log_directory),
+                "--max-clients", str(self.max_clients), "--shutdown-timeout", str(self.shutdown_timeout)]
+        if self.device is not None:
+            argv += ["--device", str(self.device)]
+        if not self.timestamps:
+            argv.append("--no-timestamps")
+        if self.multi_user:
+            argv.append("--multi-user")
+        if self.metrics_port:
+            argv += ["--metrics-port", str(self.metrics_port), "--metrics-address", self.metrics_address]
+        return argv
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 (got {value})")
+    return value
+
+
+def _port(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a TCP port 0..65535 (got {value})")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the arbiter's options (shared by ``python -m libshare.arbiter`` and ``libshare-control``)."""
+    group = parser.add_argument_group("arbiter options")
+    group.add_argument("--pipe-directory", default=None,
+                       help="where the control socket and lock file live (default: LIBSHARE_PIPE_DIRECTORY, "
+                            "else $XDG_RUNTIME_DIR/libshare, else /tmp/libshare-$UID)")
+    group.add_argument("--log-directory", default=None,
+                       help="where server.log and control.log go (default: LIBSHARE_LOG_DIRECTORY, "
+                            "else the pipe directory)")
+    group.add_argument("--device", default=None, help="Vulkan device index or UUID (default: LIBSHARE_DEVICE, else 0)")
+    group.add_argument("--max-clients", type=_positive_int, default=48, help="clients served at once (default 48)")
+    group.add_argument("--no-timestamps", action="store_true",
+                       help="skip per-dispatch device timing (no device-time accounting; faster on lavapipe)")
+    group.add_argument("--multi-user", action="store_true",
+                       help="serve clients of every user (run as root), not only the arbiter's own user")
+    group.add_argument("--metrics-port", type=_port, default=0,
+                       help="serve Prometheus metrics on this TCP port (default 0: off)")
+    group.add_argument("--metrics-address", default="127.0.0.1", help="address of the metrics endpoint")
+    group.add_argument("--shutdown-timeout", type=float, default=10.0,
+                       help="seconds running work may take to end on SIGINT/SIGTERM (default 10)")
+
+
+# -------------------------------------------------------------------- logs
+
+def log_handler(path: Path) -> logging.Handler:
+    """A handler appending timestamped lines (``[date time.ms pid] LEVEL message``) to ``path``."""
+    handler = logging.FileHandler(path, mode="a", encoding="utf-8")
+    handler.setFormatter(logging.Formatter(_LOG_FORMAT, _DATE_FORMAT))
+    return handler
+
+
+def configure_logging(log_directory: Path, echo: bool) -> None:
+    """Send libshare.arbiter to server.log and libshare.control to control.log (and stderr when ``echo``)."""
+    log_directory.mkdir(mode=0o755, parents=True, exist_ok=True)
+    for logger, name in ((log, "server.log"), (control_log, "control.log")):
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+        logger.addHandler(log_handler(log_directory / name))
+        if echo:
+            stream = logging.StreamHandler(sys.stderr)
+            stream.setFormatter(logging.Formatter(_LOG_FORMAT, _DATE_FORMAT))
+            logger.addHandler(stream)
+
+
+def _close_logging() -> None:
+    for logger in (log, control_log):
+        for handler in list(logger.handlers):
+            logger.removeHandler(handler)
+            handler.close()
+
+
+# -------------------------------------------------------------------- pipe directory and lock
+
+def prepare_directory(directory: Path) -> None:
+    """Create the pipe directory with mode 0700 (and make an existing one 0700)."""
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(directory, 0o700)
+
+
+def _holder(path: Path) -> str:
+    """The pid written in a held lock file (it may still be empty a moment after it was taken)."""
+    for _ in range(20):
+        try:
+            text = path.read_text().strip()
+        except OSError:
+            text = ""
+        if text:
+            return text
+        time.sleep(0.01)
+    return "unknown"
+
+
+class PidLock:
+    """The flock on a pipe directory's lock file, held with this pid written in it."""
+
+    def __init__(self, path: Path, directory: Path):
+        self.path = path
+        """The lock file."""
+        self._fd = self._take(path, directory)
+        os.ftruncate(self._fd, 0)
+        os.write(self._fd, f"{os.getpid()}\n".encode())
+
+    @staticmethod
+    def _take(path: Path, directory: Path) -> int:
+        while True:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                raise AlreadyServing(f"another arbiter (pid {_holder(path)}) serves {directory}") from None
+            # The previous holder unlinks the file before it lets go: a lock on an inode that
+            # is no longer at ``path`` guards nothing, so take the new file instead.
+            try:
+                same = os.stat(path).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                return fd
+            os.close(fd)
+
+    def release(self) -> None:
+        """Remove the lock file, then let go of the lock. Idempotent."""
+        if self._fd < 0:
+            return
+        self.path.unlink(missing_ok=True)
+        os.close(self._fd)
+        self._fd = -1
+
+
+def _peer_pid(sock: socket.socket) -> int:
+    pid, _uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+    return pid
+
+
+def remove_stale_socket(path: Path, directory: Path) -> None:
+    """Remove a socket nobody accepts on; raise :class:`AlreadyServing` when one answers."""
+    if not os.path.lexists(path):
+        return
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    try:
+        probe.settimeout(2.0)
+        probe.connect(str(path))
+    except (ConnectionRefusedError, FileNotFoundError):
+        path.unlink(missing_ok=True)
+        log.warning("removed stale socket %s (no arbiter answered on it)", path)
+        return
+    except OSError as exc:
+        raise AlreadyServing(f"cannot tell whether {path} is in use ({exc}); remove it if no arbiter runs") from exc
+    else:
+        raise AlreadyServing(f"another arbiter (pid {_peer_pid(probe)}) serves {directory}")
+    finally:
+        probe.close()
+
+
+# -------------------------------------------------------------------- the foreground runner
+
+class _Stop:
+    """Why the runner should stop: a signal's name, or the quit command."""
+
+    def __init__(self):
+        self.event = threading.Event()
+        self.reason = ""
+
+    def set(self, reason: str) -> None:
+        if not self.event.is_set():
+            self.reason = reason
+            self.event.set()
+
+
+def _install_signals(stop: _Stop) -> None:
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda number, _frame: stop.set(signal.Signals(number).name))
+
+
+def _watch_quit(arbiter, stop: _Stop) -> None:
+    def watch():
+        arbiter.quit_requested.wait()
+        stop.set("quit command")
+
+    threading.Thread(target=watch, name="libshare-quit-watch", daemon=True).start()
+
+
+def run(options: Options, echo: bool = True) -> int:
+    """Serve until SIGINT, SIGTERM or the quit command; 0 after a clean stop, 1 when it cannot start.
+
+    Logs go to server.log and control.log in the log directory (and to stderr when ``echo``).
+    """
+    configure_logging(options.log_directory, echo)
+    stop = _Stop()
+    _install_signals(stop)
+    try:
+        return _serve(options, stop)
+    except (LibshareError, OSError) as exc:
+        log.error("%s", exc)
+        control_log.error("arbiter pid %d did not start: %s", os.getpid(), exc)
+        if not echo:
+            print(exc, file=sys.stderr, flush=True)
+        return 1
+    finally:
+        _close_logging()
+
+
+def _serve(options: Options, stop: _Stop) -> int:
+    directory = options.pipe_directory
+    prepare_directory(directory)
+    lock = PidLock(_config.lock_path(directory), directory)
+    try:
+        path = _config.socket_path(directory)
+        remove_stale_socket(path, directory)
+        from . import _emergency
+
+        _emergency.install(path, lock.path)
+        return _serve_locked(options, path, stop)
+    finally:
+        lock.release()
+
+
+def _serve_locked(options: Options, path: Path, stop: _Stop) -> int:
+    from ._server import Arbiter  # imports Vulkan: only once the lock says this process may serve
+
+    control_log.info("arbiter pid %d starting on %s", os.getpid(), options.pipe_directory)
+    arbiter = Arbiter(options.device, max_clients=options.max_clients, timed=options.timestamps,
+                      multi_user=options.multi_user)
+    metrics = None
+    try:
+        arbiter.serve(path)
+        _watch_quit(arbiter, stop)
+        if options.metrics_port:
+            from ._metrics import start_metrics
+
+            metrics = start_metrics(arbiter, options.metrics_address, options.metrics_port)
+            log.info("metrics at http://%s:%d/metrics", options.metrics_address, metrics.port)
+        log.info("arbiter pid %d serving %s at %s", os.getpid(), arbiter.device.name, path)
+        control_log.info("arbiter pid %d serving %s at %s", os.getpid(), arbiter.device.name, path)
+        stop.event.wait()
+    finally:
+        if metrics is not None:
+            metrics.close()
+        timeout = arbiter.quit_timeout if arbiter.quit_requested.is_set() else options.shutdown_timeout
+        log.info("stopping (%s), work in flight gets %.1f s", stop.reason or "error", timeout)
+        arbiter.close(timeout)
+    log.info("arbiter pid %d stopped", os.getpid())
+    control_log.info("arbiter pid %d stopped (%s)", os.getpid(), stop.reason)
+    return 0
+
+
+# -------------------------------------------------------------------- background start
+
+def _tail(path: Path, offset: int, lines: int = 8) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.strip().splitlines()[-lines:])
+
+
+def _status(pipe_directory: Path, pid: int) -> str | None:
+    """The state of the arbiter ``pid`` at ``pipe_directory``; None until it holds the lock and answers."""
+    from .._control import ControlConnection  # light: no Vulkan
+
+    try:
+        if _config.lock_path(pipe_directory).read_text().strip() != str(pid):
+            return None
+        with ControlConnection(pipe_directory, timeout=5.0) as connection:
+            if connection.run("get_server_list").split() != [str(pid)]:
+                return None
+            return connection.run("get_server_status").strip()
+    except (ArbiterUnavailable, FileNotFoundError):
+        return None
+
+
+def start_background(options: Options, timeout: float = 60.0) -> subprocess.Popen:
+    """Start a detached arbiter and return once it answers ACTIVE; :class:`StartFailed` with its reason if not.
+
+    The arbiter runs in a new session with stdin and stdout on /dev/null and stderr
+    appended to ``arbiter.stderr`` in the log directory; it logs to server.log.
+    """
+    options.log_directory.mkdir(mode=0o755, parents=True, exist_ok=True)
+    stderr_path = options.log_directory / STDERR_FILE
+    with open(stderr_path, "ab") as stderr:
+        offset = stderr.tell()
+        process = subprocess.Popen([sys.executable, "-m", "libshare.arbiter", "--quiet", *options.argv()],
+                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr,
+                                   start_new_session=True, close_fds=True, cwd="/")
+    try:
+        _wait_active(process, options.pipe_directory, timeout, lambda: _tail(stderr_path, offset))
+    except BaseException:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        raise
+    return process
+
+
+def _wait_active(process: subprocess.Popen, pipe_directory: Path, timeout: float, reason) -> None:
+    deadline = time.monotonic() + timeout
+    status = None
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise StartFailed(reason() or f"the arbiter exited with status {process.returncode}")
+        try:
+            status = _status(pipe_directory, process.pid)
+        except LibshareError as exc:
+            status = f"unanswered ({exc})"
+        if status == "ACTIVE":
+            return
+        if status == "FAULT":
+            raise StartFailed(f"the arbiter (pid {process.pid}) is in FAULT state: {reason()}")
+        time.sleep(0.02)
+    raise StartFailed(f"the arbiter (pid {process.pid}) was not ACTIVE after {timeout:.0f} s "
+                      f"(last status: {status}); {reason()}")

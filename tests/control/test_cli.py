@@ -1,0 +1,126 @@
+"""``libshare-control``: -d, -f, commands as arguments and on stdin, help, errors, control.log."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from importlib import metadata
+
+import libshare
+from libshare._control import COMMANDS
+
+from ..conftest import ROOT
+from .conftest import alive, control, server_status, wait_active, wait_dead
+
+
+def test_console_script_is_declared():
+    scripts = {ep.name: ep.value for ep in metadata.entry_points(group="console_scripts")}
+    assert scripts.get("libshare-control") == "libshare.control:main"
+
+
+def test_help_explains_every_command():
+    result = control("--help")
+    assert result.returncode == 0
+    for command in COMMANDS.values():
+        assert command.usage in result.stdout
+        assert command.help.split()[0] in result.stdout
+    assert "-d" in result.stdout and "-f" in result.stdout
+
+
+def test_unknown_command_fails_naming_the_valid_ones(dirs):
+    result = control(*dirs.args, "frobnicate")
+    assert result.returncode != 0
+    assert "unknown command 'frobnicate'" in result.stderr
+    assert "get_server_status" in result.stderr and "terminate_client" in result.stderr
+
+
+def test_no_arbiter_exits_nonzero(dirs):
+    for result in (control(*dirs.args, "ps"), control(*dirs.args, stdin="get_server_list\n")):
+        assert result.returncode != 0
+        assert "error: no arbiter answers" in result.stderr
+        assert "libshare-control -d" in result.stderr
+
+
+def test_dash_d_takes_no_command(dirs):
+    result = control("-d", *dirs.args, "ps")
+    assert result.returncode != 0 and "take no command" in result.stderr
+    assert not dirs.pipe.exists()
+
+
+def test_daemon_mode_returns_once_active_and_serves(dirs, daemon):
+    assert server_status(dirs.pipe) == "ACTIVE"  # no waiting: -d returned only once it was
+    assert control(*dirs.args, "get_server_list").stdout.split() == [str(daemon)]
+    with libshare.connect(name="probe", mode="daemon", pipe_directory=dirs.pipe):
+        clients = control(*dirs.args, "get_client_list")
+        assert clients.returncode == 0 and str(os.getpid()) in clients.stdout.split()
+        assert "probe" in control(*dirs.args, "ps").stdout
+
+
+def test_arguments_and_stdin_give_the_same_answers(dirs, daemon):
+    by_args = [control(*dirs.args, name).stdout for name in ("get_server_list", "get_server_status")]
+    by_stdin = control(*dirs.args, stdin="get_server_list\n# a comment\n\nget_server_status\n")
+    assert by_stdin.returncode == 0, by_stdin.stderr
+    assert by_stdin.stdout == "".join(by_args)
+    assert by_args == [f"{daemon}\n", "ACTIVE\n"]
+
+
+def test_a_failed_stdin_command_fails_the_run_but_not_the_others(dirs, daemon):
+    result = control(*dirs.args, stdin="get_server_status\nnope\nps -p\nget_server_list\n")
+    assert result.returncode != 0
+    assert result.stdout.startswith("ACTIVE\n") and result.stdout.endswith(f"{daemon}\n")
+    assert "unknown command 'nope'" in result.stderr
+
+
+def test_control_log_records_commands_and_results(dirs, daemon):
+    control(*dirs.args, "get_server_list")
+    control(*dirs.args, "nope")
+    text = (dirs.log / "control.log").read_text()
+    stamp = r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} \d+\]"
+    assert re.search(stamp + rf" INFO get_server_list -> {daemon}$", text, re.M), text
+    assert re.search(stamp + r" WARNING nope -> error: unknown command", text, re.M), text
+    assert re.search(stamp + rf" INFO arbiter pid {daemon} serving ", text, re.M), text
+
+
+def test_second_daemon_refused_naming_the_running_one(dirs, daemon):
+    result = control("-d", *dirs.args)
+    assert result.returncode != 0
+    assert f"another arbiter (pid {daemon}) serves {dirs.pipe}" in result.stderr
+    assert alive(daemon) and server_status(dirs.pipe) == "ACTIVE"
+
+
+def test_quit_stops_the_daemon_and_removes_socket_and_lock(dirs, daemon):
+    result = control(*dirs.args, "quit")
+    assert result.returncode == 0, result.stderr
+    assert wait_dead(daemon, 20)
+    assert not dirs.socket.exists() and not dirs.lock.exists()
+    assert re.search(rf"arbiter pid {daemon} stopped \(quit command\)", (dirs.log / "control.log").read_text())
+
+
+def test_foreground_mode_serves_until_sigint(dirs, vulkan_device_name):
+    process = subprocess.Popen([sys.executable, "-m", "libshare.control", "-f", *dirs.args], cwd=ROOT,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_active(dirs.pipe, process)
+        assert dirs.server_pid() == process.pid
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=20)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert process.returncode == 0, stderr
+    assert "serving" in stderr and "stopping (SIGINT)" in stderr  # foreground logs echo on stderr
+    assert not dirs.socket.exists() and not dirs.lock.exists()
+
+
+def test_daemon_start_failure_reports_the_reason(dirs, vulkan_device_name):
+    started = time.monotonic()
+    result = control("-d", *dirs.args, "--device", "no-such-device")
+    assert result.returncode != 0
+    assert "no-such-device" in result.stderr, result.stderr
+    assert time.monotonic() - started < 30
+    assert not dirs.lock.exists()

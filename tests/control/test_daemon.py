@@ -1,0 +1,129 @@
+"""The daemon's lifecycle: pipe directory, PID lock, stale and live sockets, signals, crash cleanup, logs."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ..conftest import ROOT
+from .conftest import alive, wait_dead
+
+STAMP = r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} (\d+)\] "
+
+
+def _shm() -> set[str]:
+    return set(os.listdir("/dev/shm"))
+
+
+def test_pipe_directory_is_made_private(dirs, foreground):
+    dirs.pipe.mkdir(mode=0o755)
+    os.chmod(dirs.pipe, 0o755)
+    foreground()
+    assert stat.S_IMODE(dirs.pipe.stat().st_mode) == 0o700
+    assert stat.S_IMODE(dirs.socket.stat().st_mode) == 0o600
+
+
+def test_lock_file_holds_the_pid_while_running_and_goes_at_exit(dirs, foreground):
+    process = foreground()
+    assert dirs.lock.read_text() == f"{process.pid}\n"
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=20) == 0
+    assert not dirs.lock.exists() and not dirs.socket.exists()
+
+
+def test_second_arbiter_is_refused_naming_the_running_one(dirs, foreground):
+    first = foreground()
+    second = foreground(wait=False)
+    assert second.wait(timeout=30) == 1
+    assert f"another arbiter (pid {first.pid}) serves {dirs.pipe}" in second.stderr.read()
+    assert first.poll() is None and dirs.lock.read_text() == f"{first.pid}\n" and dirs.socket.exists()
+
+
+def test_stale_socket_is_removed_at_start(dirs, foreground):
+    dirs.pipe.mkdir(mode=0o700)
+    leftover = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    leftover.bind(str(dirs.socket))  # bound, never listening: what a killed arbiter leaves behind
+    leftover.close()
+    dirs.lock.write_text("999999\n")  # an unlocked lock file from the dead one, too
+    process = foreground()
+    assert dirs.lock.read_text() == f"{process.pid}\n"
+    log = (dirs.log / "server.log").read_text()
+    assert re.search(STAMP + rf"WARNING removed stale socket {re.escape(str(dirs.socket))}", log, re.M), log
+
+
+def test_live_socket_without_lock_is_refused(dirs, foreground):
+    dirs.pipe.mkdir(mode=0o700)
+    squatter = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    squatter.bind(str(dirs.socket))
+    squatter.listen(1)
+    try:
+        process = foreground(wait=False)
+        assert process.wait(timeout=30) == 1
+        assert f"another arbiter (pid {os.getpid()}) serves {dirs.pipe}" in process.stderr.read()
+        assert dirs.socket.exists() and not dirs.lock.exists()
+    finally:
+        squatter.close()
+
+
+def test_sigterm_with_a_client_connected(dirs, foreground):
+    before = _shm()
+    process = foreground()
+    client = subprocess.Popen([sys.executable, "-m", "tests.control._client", str(dirs.pipe)], cwd=ROOT,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert client.stdout.readline().strip() == "ready"
+        signalled = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        ending = client.stdout.readline().strip()
+        noticed = time.monotonic() - signalled
+        assert client.wait(timeout=20) == 0
+    finally:
+        if client.poll() is None:
+            client.kill()
+            client.wait()
+        client.stdout.close()
+    assert ending == "lost", ending  # a clean ArbiterLost, not a hang or another error
+    assert noticed < 1.0
+    assert process.wait(timeout=20) == 0
+    assert not dirs.socket.exists() and not dirs.lock.exists()
+    assert _shm() <= before
+
+
+@pytest.mark.parametrize("signum", [signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS], ids=lambda s: s.name)
+def test_crash_signal_removes_socket_and_lock(dirs, foreground, signum):
+    process = foreground()
+    process.send_signal(signum)
+    assert process.wait(timeout=20) == -signum  # died of the signal itself, after the cleanup
+    assert not dirs.socket.exists() and not dirs.lock.exists()
+
+
+def test_restart_after_a_crash(dirs, foreground):
+    first = foreground()
+    os.kill(first.pid, signal.SIGKILL)  # no handler runs: socket and lock file stay behind
+    first.wait(timeout=20)
+    assert dirs.socket.exists()
+    second = foreground()
+    assert alive(second.pid) and dirs.lock.read_text() == f"{second.pid}\n"
+
+
+def test_server_log_lines_are_timestamped(dirs, foreground):
+    process = foreground()
+    process.send_signal(signal.SIGINT)
+    assert process.wait(timeout=20) == 0
+    lines = (dirs.log / "server.log").read_text().splitlines()
+    assert lines and all(re.match(STAMP, line) for line in lines), lines
+    text = "\n".join(lines)
+    for event in ("serving", r"stopping \(SIGINT\)", f"arbiter pid {process.pid} stopped"):
+        assert re.search(STAMP + r"INFO .*" + event, text, re.M), (event, text)
+    control_log = (dirs.log / "control.log").read_text()
+    assert f"arbiter pid {process.pid} starting" in control_log
+    assert f"arbiter pid {process.pid} stopped (SIGINT)" in control_log
+
