@@ -57,7 +57,7 @@ def _status_error(ticket: int, status: int) -> errors.LibshareError:
     if -status == C.EFAULT:
         return errors.ServerFault(f"ticket {ticket}: {text}")
     if -status == C.ECANCELED:
-        return errors.ClientTerminated(f"ticket {ticket} was cancelled: the operator terminated this client")
+        return errors.ArbiterLost(f"ticket {ticket} was cancelled: the arbiter shut down or ended this session")
     return errors.InvalidSubmission(f"ticket {ticket} rejected by the arbiter: {text}")
 
 
@@ -297,7 +297,8 @@ class Session:
         self._outstanding.discard(ticket.id)
         status, ticket.device_ns = result
         if status:
-            raise _status_error(ticket.id, status)
+            sticky = self._closed_by_arbiter() if -status in (C.ECANCELED, C.EFAULT) else None
+            raise sticky or _status_error(ticket.id, status)
 
     def wait_idle(self, timeout: float | None = None) -> None:
         """Wait until every submitted ticket is done; errors stay with their tickets."""

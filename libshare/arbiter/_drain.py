@@ -100,6 +100,7 @@ class Drainer:
         """Counts of clients already reclaimed (add the live clients' for the server's)."""
         self.peak_memory_bytes = 0
         self._fault_waiting: set[int] = set()  # faulted clients whose connection is still open
+        self._faulted_memory: list = []  # host memory imported into the faulted device
         self.timed = timed  # timestamp every command (per-client device time); ~40 us each on lavapipe
         self.wake_fd = wake_fd
         self.clients: dict[int, Client] = {}
@@ -351,9 +352,10 @@ class Drainer:
                   f"; raised by {offender.describe()}" if offender else "")
         for done in self.in_flight:
             try:
-                done.submission.wait(5.0)
+                if done.submission.wait(5.0):
+                    done.submission.release()
             except ServerFault:
-                pass  # a lost device: its work will never finish
+                pass  # a lost device: its work never finishes; closing the device frees it
             self._answer_failed(done.entries, -C.EFAULT)
         self.in_flight.clear()
         affected = [c for c in self.clients.values() if not c.closing]
@@ -369,11 +371,11 @@ class Drainer:
         client.state = "INACTIVE"
         if not client.region.closed:
             client.region.close_consumer(reason)
-            self._cancel_queued(client)
+            self._cancel_queued(client, -reason)
         self.disconnect(client)
 
-    def _cancel_queued(self, client: Client) -> None:
-        """Answer LS_ECANCELED to every descriptor still in the client's ring (as space allows)."""
+    def _cancel_queued(self, client: Client, status: int = -C.ECANCELED) -> None:
+        """Answer ``status`` to every descriptor still in the client's ring (as space allows)."""
         try:
             while True:
                 budget = min(_POP_BATCH, client.region.completion_space() - client.outstanding)
@@ -382,7 +384,7 @@ class Drainer:
                     return
                 client.outstanding += count
                 client.counters.submitted += count
-                self._post(client, [(int(t), -C.ECANCELED, 0) for t in self._out["ticket"][:count]])
+                self._post(client, [(int(t), status, 0) for t in self._out["ticket"][:count]])
         except Exception as exc:  # a corrupt ring: nothing more to cancel
             log.warning("%s: %s while cancelling its queue", client.describe(), exc)
 
@@ -395,6 +397,9 @@ class Drainer:
             self.device.close()
         except Exception:
             log.exception("closing the faulted device")
+        for memory in self._faulted_memory:
+            memory.close()
+        self._faulted_memory.clear()
         try:
             self.device = self._device_factory()
         except Exception as exc:
@@ -413,6 +418,10 @@ class Drainer:
             self._destroy(client, record)
 
     def _destroy(self, client: Client, record: BufferRecord | ProgramRecord) -> None:
+        if self.state == "FAULT":  # the device may still hold unfinished work; recreating it frees all
+            if isinstance(record, BufferRecord):
+                self._forget_buffer(client, record)
+            return
         if isinstance(record, BufferRecord):
             self.device.destroy_buffer(record.device_buffer)
             if record.memory is not None:
@@ -420,6 +429,12 @@ class Drainer:
             client.counters.memory_bytes -= record.size
         else:
             self.device.destroy_pipeline(record.pipeline)
+
+    def _forget_buffer(self, client: Client, record: BufferRecord) -> None:
+        """Drop a buffer of a faulted device: its host memory stays mapped until the device is gone."""
+        if record.memory is not None:
+            self._faulted_memory.append(record.memory)
+        client.counters.memory_bytes -= record.size
 
     def connection_closed(self, client: Client) -> None:
         """The client's control connection ended: disconnect it; a fault may now recover."""

@@ -134,10 +134,10 @@ class Arbiter:
                 frame = protocol.recv(conn)
                 client.counters.control_bytes += len(frame.payload) + 64
                 self._answer(conn, client, frame)
-        except (EOFError, ConnectionError, OSError):
-            pass  # the client went away
-        except LibshareError as exc:
+        except LibshareError as exc:  # before OSError: some libshare errors are OSErrors too
             self._reply_error(conn, exc)
+        except (EOFError, OSError):
+            pass  # the client went away
         except Exception:
             log.exception("connection handler error")
         finally:

@@ -54,5 +54,35 @@ def wait_forever(pipe_dir: str) -> None:
             print(f"lost {time.monotonic() - started:.3f}", flush=True)
 
 
+def hold(pipe_dir: str, name: str) -> None:
+    """Keep small busy dispatches queued until the arbiter ends the session.
+
+    Prints 'ready', then, once a call fails, the error class of that call and of two
+    later calls (a sticky error repeats), then waits for a line on stdin before exiting.
+    """
+    with libshare.connect(name=name, mode="daemon", pipe_directory=pipe_dir) as session:
+        program = session.load_program(libshare.shaders.path("busy"))
+        data = session.array(1 << 10, np.uint32)
+        push = struct.pack("II", 1 << 10, 2000)
+        tickets = []
+        print("ready", flush=True)
+        try:
+            while True:
+                tickets.append(session.dispatch(program, groups=4, buffers=[data], push=push))
+                if len(tickets) > 4:
+                    tickets.pop(0).wait(timeout=60)
+        except libshare.LibshareError as exc:
+            errors = [type(exc).__name__]
+        for later in (lambda: session.dispatch(program, groups=4, buffers=[data], push=push).wait(5),
+                      lambda: session.alloc(4096)):
+            try:
+                later()
+                errors.append("none")
+            except libshare.LibshareError as exc:
+                errors.append(type(exc).__name__)
+        print(" ".join(errors), flush=True)
+        sys.stdin.readline()
+
+
 if __name__ == "__main__":
     globals()[sys.argv[1]](*sys.argv[2:])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -14,14 +15,27 @@ from ..conftest import ROOT
 @pytest.fixture
 def daemon(tmp_path, vulkan_device_name):
     """A running ``python -m libshare.arbiter`` on lavapipe; yields (process, pipe directory)."""
-    pipe_dir = tmp_path / "pipe"
-    process = subprocess.Popen([sys.executable, "-m", "libshare.arbiter", "--pipe-directory", str(pipe_dir)],
-                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    yield from run_daemon(tmp_path / "pipe")
+
+
+@pytest.fixture
+def hooked_daemon(tmp_path, vulkan_device_name):
+    """Like ``daemon``, with the test hooks (``inject_fault``) enabled."""
+    yield from run_daemon(tmp_path / "pipe", LIBSHARE_TEST_HOOKS="1")
+
+
+def run_daemon(pipe_dir, **env):
+    """Start an arbiter on ``pipe_dir`` with extra ``env``; yield (process, pipe_dir); stop it."""
+    stderr_path = pipe_dir.parent / f"{pipe_dir.name}.stderr"  # a file: a full pipe would stall the arbiter
+    with open(stderr_path, "w") as stderr:
+        process = subprocess.Popen([sys.executable, "-m", "libshare.arbiter", "--pipe-directory", str(pipe_dir)],
+                                   cwd=ROOT, stdout=subprocess.DEVNULL, stderr=stderr, env={**os.environ, **env})
     deadline = time.monotonic() + 30
     while not (pipe_dir / "control").exists():
         if process.poll() is not None or time.monotonic() > deadline:
             process.kill()
-            pytest.fail(f"arbiter did not start: {process.communicate()[1][-2000:]}")
+            process.wait()
+            pytest.fail(f"arbiter did not start: {stderr_path.read_text()[-2000:]}")
         time.sleep(0.05)
     yield process, pipe_dir
     if process.poll() is None:
@@ -31,8 +45,6 @@ def daemon(tmp_path, vulkan_device_name):
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
-    process.stdout.close()
-    process.stderr.close()
 
 
 def start_client(role: str, pipe_dir, *args) -> subprocess.Popen:
