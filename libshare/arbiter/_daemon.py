@@ -320,13 +320,13 @@ def _serve_locked(options: Options, path: Path, stop: _Stop) -> int:
                       multi_user=options.multi_user)
     metrics = None
     try:
-        arbiter.serve(path)
-        _watch_quit(arbiter, stop)
-        if options.metrics_port:
+        if options.metrics_port:  # before the socket: whoever sees the arbiter answer can scrape it
             from ._metrics import start_metrics
 
             metrics = start_metrics(arbiter, options.metrics_address, options.metrics_port)
             log.info("metrics at http://%s:%d/metrics", options.metrics_address, metrics.port)
+        arbiter.serve(path)
+        _watch_quit(arbiter, stop)
         log.info("arbiter pid %d serving %s at %s", os.getpid(), arbiter.device.name, path)
         control_log.info("arbiter pid %d serving %s at %s", os.getpid(), arbiter.device.name, path)
         stop.event.wait()

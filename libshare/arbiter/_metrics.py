@@ -1,0 +1,116 @@
+"""Prometheus metrics of a running arbiter, read from :meth:`Arbiter.snapshot` at each scrape.
+
+Nothing is counted twice: the collector keeps no state of its own and turns one
+snapshot into metric families on each scrape, so the endpoint costs nothing between
+scrapes. Per-client series carry only ``client_id``, ``pid``, ``name`` (cut to 32
+characters) and ``group``, and exist only while the client is connected, so the
+number of series is bounded by the arbiter's ``max_clients``.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, ProcessCollector, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
+from prometheus_client.registry import Collector
+
+__all__ = ["ArbiterCollector", "MetricsServer", "start_metrics", "SERVER_STATES"]
+
+SERVER_STATES = ("INITIALIZING", "ACTIVE", "FAULT")
+_CLIENT_LABELS = ["client_id", "pid", "name", "group"]
+_NAME_CHARS = 32
+
+# (snapshot key, metric name, help); counters get their _total suffix from prometheus_client
+_COUNTERS = [
+    ("submitted", "dispatches_submitted", "Dispatch and copy descriptors accepted from the rings."),
+    ("completed", "dispatches_completed", "Descriptors whose completion was posted."),
+    ("errors", "dispatch_errors", "Descriptors completed with an error status."),
+]
+_GAUGES = [
+    ("memory_bytes", "memory_bytes", "Device and shared buffer memory allocated now."),
+    ("peak_memory_bytes", "memory_peak_bytes", "Most buffer memory allocated at once."),
+]
+
+
+class ArbiterCollector(Collector):
+    """Turns ``arbiter.snapshot()`` into metric families on every scrape."""
+
+    def __init__(self, arbiter):
+        self._arbiter = arbiter
+
+    def collect(self):
+        """Yield the server's families, then the per-client ones."""
+        snapshot = self._arbiter.snapshot()
+        yield from _server_families(snapshot["server"])
+        yield from _client_families(snapshot["clients"])
+
+
+def _server_families(server: dict):
+    device = server["device"]
+    info = InfoMetricFamily("libshare_server", "The arbiter process and the device it owns.")
+    info.add_metric([], {"pid": str(server["pid"]), "device_index": str(device["index"]),
+                         "device_uuid": str(device["uuid"]), "device_name": str(device["name"])})
+    yield info
+    state = GaugeMetricFamily("libshare_server_state", "1 for the arbiter's current state, else 0.",
+                              labels=["state"])
+    for name in SERVER_STATES:
+        state.add_metric([name], 1.0 if server["state"] == name else 0.0)
+    yield state
+    yield GaugeMetricFamily("libshare_server_start_time_seconds", "When the arbiter started (Unix time).",
+                            value=server["started"])
+    yield GaugeMetricFamily("libshare_clients", "Clients connected now.", value=server["clients"])
+    yield from _families("libshare_", [], [([], server)])
+
+
+def _client_families(clients: list[dict]):
+    rows = [([str(c["client_id"]), str(c["pid"]), str(c["name"])[:_NAME_CHARS], str(c["group"] or "")], c)
+            for c in clients]
+    active = GaugeMetricFamily("libshare_client_active", "1 while the client is ACTIVE, 0 once terminated or faulted (INACTIVE).",
+                               labels=_CLIENT_LABELS)
+    for labels, client in rows:
+        active.add_metric(labels, 1.0 if client["state"] == "ACTIVE" else 0.0)
+    yield active
+    yield from _families("libshare_client_", _CLIENT_LABELS, rows)
+
+
+def _families(prefix: str, label_names: list[str], rows: list[tuple[list[str], dict]]):
+    """The counters, device seconds and memory gauges of ``rows`` (label values, snapshot dict)."""
+    for key, name, text in _COUNTERS:
+        family = CounterMetricFamily(prefix + name, text, labels=label_names)
+        for labels, row in rows:
+            family.add_metric(labels, row[key])
+        yield family
+    seconds = CounterMetricFamily(prefix + "device_seconds", "Device time measured by timestamp queries.",
+                                  labels=label_names)
+    for labels, row in rows:
+        seconds.add_metric(labels, row["device_ns"] / 1e9)
+    yield seconds
+    for key, name, text in _GAUGES:
+        family = GaugeMetricFamily(prefix + name, text, labels=label_names)
+        for labels, row in rows:
+            family.add_metric(labels, row[key])
+        yield family
+
+
+class MetricsServer:
+    """A running metrics endpoint: ``http://address:port/metrics``."""
+
+    def __init__(self, arbiter, address: str, port: int):
+        registry = CollectorRegistry()
+        registry.register(ArbiterCollector(arbiter))
+        ProcessCollector(registry=registry)
+        self._server, self._thread = start_http_server(port, address, registry)
+        self.address = address
+        """The address it listens on."""
+        self.port = self._server.server_port
+        """The TCP port it listens on (the one the system chose when asked for 0)."""
+
+    def close(self) -> None:
+        """Stop serving and close the listening socket."""
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(5.0)
+
+
+def start_metrics(arbiter, address: str = "127.0.0.1", port: int = 0) -> MetricsServer:
+    """Serve ``arbiter``'s metrics over HTTP at ``address:port`` (0: a free port) in a background thread."""
+    return MetricsServer(arbiter, address, port)
