@@ -41,7 +41,7 @@ COMMANDS: dict[str, Command] = {c.name: c for c in [
             "Print the device (index, UUID and name) followed by the PIDs of its clients."),
     Command("ps", "ps [-p PID]",
             "A table of the clients: pid, client id, name, device, state, priority, dispatches, "
-            "device time, memory in use, command line. -p PID: only that client process."),
+            "device time, memory in use, memory limit, command line. -p PID: only that client process."),
     Command("terminate_client", "terminate_client [SERVER_PID] CLIENT_PID",
             "Cancel the client's queued work, let its running work end, reclaim its buffers and "
             "programs; the client sees a sticky ClientTerminated error. Other clients are not affected.",
@@ -61,13 +61,25 @@ COMMANDS: dict[str, Command] = {c.name: c for c in [
     Command("get_active_thread_percentage", "get_active_thread_percentage PID",
             "Print a client's compute share, in percent."),
     Command("set_default_device_pinned_mem_limit", "set_default_device_pinned_mem_limit DEV VALUE",
-            "Default device memory limit of each client, like 900M or 2G.", changes_state=True),
+            "Default device memory limit of each client, like 900M or 2G (binary units), plain bytes, "
+            "or unlimited. DEV is the arbiter's device index or UUID. Applies to allocations not yet made.",
+            changes_state=True),
     Command("get_default_device_pinned_mem_limit", "get_default_device_pinned_mem_limit DEV",
             "Print the default device memory limit of each client."),
     Command("set_device_pinned_mem_limit", "set_device_pinned_mem_limit PID DEV VALUE",
-            "Change a running client's device memory limit (live, unlike MPS).", changes_state=True),
+            "With the arbiter's PID: the server limit, which overrides the default (MPS). With a "
+            "client's PID: that client's limit, live (unlike MPS), overriding both. A client's "
+            "LIBSHARE_DEVICE_MEM_LIMIT only lowers its limit. A lowered limit frees nothing but "
+            "refuses the next allocation past it.", changes_state=True),
     Command("get_device_pinned_mem_limit", "get_device_pinned_mem_limit PID DEV",
-            "Print a client's device memory limit."),
+            "Print the server's limit (arbiter's PID), or a client's limit and the level it comes "
+            "from: default, server or client."),
+    Command("set_group_mem_limit", "set_group_mem_limit GROUP VALUE",
+            "Limit the device memory of all clients of a group together (connect(group=...) or "
+            "LIBSHARE_GROUP), like 4G, or unlimited; on top of each client's own limit, live.",
+            changes_state=True),
+    Command("get_group_mem_limit", "get_group_mem_limit GROUP",
+            "Print a group's device memory limit."),
     Command("set_default_client_priority", "set_default_client_priority PRIORITY",
             "Priority of new clients: low, normal, high, realtime (MPS 0 = normal, 1 = low).",
             changes_state=True),

@@ -366,6 +366,10 @@ def connect(name: str | None = None, priority: str | None = None, mode: str | No
     priority = {"0": "normal", "1": "low"}.get(str(priority), priority)
     group = group or os.environ.get("LIBSHARE_GROUP") or ""
     hello = {"op": "hello", "name": name or "", "priority": priority, "group": group, "version": protocol.VERSION}
+    if os.environ.get("LIBSHARE_DEVICE_MEM_LIMIT", "").strip():  # may only lower the arbiter's limit
+        from .arbiter._limits import parse_device_limits
+
+        hello["mem_limit"] = parse_device_limits(os.environ["LIBSHARE_DEVICE_MEM_LIMIT"])
     sock, embedded = None, False
     if mode != "embedded":
         sock = _dial(_config.socket_path(_config.pipe_directory(pipe_directory)), timeout)

@@ -101,6 +101,8 @@ class Client:
     outstanding: int = 0  # descriptors popped and not yet answered on the completion ring
     closing: bool = False  # disconnected: drain nothing more, reclaim when outstanding is 0
     next_id: int = 1
+    mem_limit: int | None = None  # the operator's limit for this client (set_device_pinned_mem_limit PID)
+    env_mem_limit: int | None = None  # the client's own LIBSHARE_DEVICE_MEM_LIMIT: may only lower its limit
 
     def describe(self) -> str:
         """"client 3 (name, pid 1234)" for logs and errors."""

@@ -15,6 +15,7 @@ import time
 
 from .. import _protocol as protocol
 from .._control import COMMANDS
+from . import _limits
 from ..errors import AccessDenied, InvalidSubmission, LibshareError, ProtocolError
 
 log = logging.getLogger("libshare.control")
@@ -107,7 +108,8 @@ class Commands:
                 rows.append((str(c["pid"]), str(c["client_id"]), c["name"][:24] or "-",
                              f"{device['index']}:{device['uuid'][:8]}", c["state"], c["priority"],
                              str(c["submitted"]), f"{c['device_ns'] / 1e6:.1f}ms",
-                             _bytes(c["memory_bytes"]), c["cmdline"][:80] or "-"))
+                             _bytes(c["memory_bytes"]), _limits.format_size(c["mem_limit"]),
+                             c["cmdline"][:80] or "-"))
         widths = [max(len(row[i]) for row in rows) for i in range(len(_PS_HEADER) - 1)]
         return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1]
                          for row in rows)
@@ -145,6 +147,65 @@ class Commands:
         drainer.call(drainer.enter_fault, "a fault injected by a test hook", offender)
         return self.arbiter.state
 
+    # ---------------------------------------------------------------- memory limits (see _limits.py)
+
+    def _usage(self, args: list[str], count: int, name: str) -> None:
+        if len(args) != count:
+            raise InvalidSubmission(f"usage: {COMMANDS[name].usage}")
+
+    def _device(self, text: str) -> None:
+        device = self.arbiter.device
+        _limits.same_device(text, device.index, device.uuid)
+
+    def _set_default_device_pinned_mem_limit(self, args: list[str]) -> str:
+        self._usage(args, 2, "set_default_device_pinned_mem_limit")
+        self._device(args[0])
+        self.arbiter.limits.default = _limits.parse_limit(args[1])
+        return _limits.format_size(self.arbiter.limits.default)
+
+    def _get_default_device_pinned_mem_limit(self, args: list[str]) -> str:
+        self._usage(args, 1, "get_default_device_pinned_mem_limit")
+        self._device(args[0])
+        return _limits.format_size(self.arbiter.limits.default)
+
+    def _set_device_pinned_mem_limit(self, args: list[str]) -> str:
+        """With the arbiter's pid: the server limit (MPS); with a client's: that client's, live."""
+        self._usage(args, 3, "set_device_pinned_mem_limit")
+        pid = _pid(args[0])
+        clients = self._clients_of(pid) if pid != os.getpid() else []
+        self._device(args[1])
+        value = _limits.parse_limit(args[2])
+        if pid == os.getpid():
+            self.arbiter.limits.server = value
+        for client in clients:
+            client.mem_limit = value  # checked by the next alloc (on the drain thread)
+        return _limits.format_size(value)
+
+    def _get_device_pinned_mem_limit(self, args: list[str]) -> str:
+        """The server's limit, or a client's limit followed by the level it comes from."""
+        self._usage(args, 2, "get_device_pinned_mem_limit")
+        pid = _pid(args[0])
+        self._device(args[1])
+        limits = self.arbiter.limits
+        if pid == os.getpid():
+            return _limits.format_size(limits.server if limits.server is not None else limits.default)
+        limit = limits.client_limit(self._clients_of(pid)[0])
+        return "unlimited" if limit is None else f"{_limits.format_size(limit.value)} ({limit.level})"
+
+    def _set_group_mem_limit(self, args: list[str]) -> str:
+        self._usage(args, 2, "set_group_mem_limit")
+        group = _group(args[0])
+        value = _limits.parse_limit(args[1])
+        if value is None:
+            self.arbiter.limits.groups.pop(group, None)
+        else:
+            self.arbiter.limits.groups[group] = value
+        return _limits.format_size(value)
+
+    def _get_group_mem_limit(self, args: list[str]) -> str:
+        self._usage(args, 1, "get_group_mem_limit")
+        return _limits.format_size(self.arbiter.limits.groups.get(_group(args[0])))
+
 
 def _not_yet(name: str):
     def refuse(self, args: list[str]) -> str:
@@ -158,7 +219,13 @@ for _name, _command in COMMANDS.items():
         setattr(Commands, f"_{_name}", _not_yet(_name))
 
 _PS_HEADER = ("PID", "ID", "NAME", "DEVICE", "STATE", "PRIORITY", "DISPATCHES", "DEVICE_TIME", "MEMORY",
-              "COMMAND")
+              "MEM_LIMIT", "COMMAND")
+
+
+def _group(text: str) -> str:
+    if not text or len(text) > 64:
+        raise InvalidSubmission(f"a group name has 1 to 64 characters (got {text!r})")
+    return text
 
 
 def _pid(text: str) -> int:

@@ -32,6 +32,7 @@ from ..ring import Region
 from ._clients import BufferRecord, Client, Counters, ProgramRecord, SharedMemory
 from ._commands import Commands
 from ._drain import Drainer
+from ._limits import MemoryLimits, device_limit, parse_device_limits
 from .device import Device
 
 log = logging.getLogger("libshare.arbiter")
@@ -50,12 +51,13 @@ class Arbiter:
     timestamps (device-time accounting) for the last few microseconds.
     ``multi_user`` (root only) serves clients of every uid; otherwise only the
     arbiter's own uid may connect. ``test_hooks`` (or LIBSHARE_TEST_HOOKS=1)
-    enables the ``inject_fault`` control command.
+    enables the ``inject_fault`` control command. ``mem_limit`` (or LIBSHARE_DEVICE_MEM_LIMIT,
+    "2G" or "0=2G,1=1G") is the default device memory limit of each client (see _limits.py).
     """
 
     def __init__(self, device: str | None = None, *, max_clients: int = 48,
                  lanes: int = 4, lane_entries: int = 256, cq_entries: int = 1024, timed: bool = True,
-                 multi_user: bool = False, test_hooks: bool | None = None):
+                 multi_user: bool = False, test_hooks: bool | None = None, mem_limit: str | None = None):
         if multi_user and os.getuid() != 0:
             raise AccessDenied("multi-user mode needs the arbiter to run as root")
         selector = device if device is not None else os.environ.get("LIBSHARE_DEVICE")
@@ -63,6 +65,10 @@ class Arbiter:
         self.multi_user = multi_user
         self.test_hooks = test_hooks if test_hooks is not None else os.environ.get("LIBSHARE_TEST_HOOKS") == "1"
         self.started = time.time()
+        mem_limit = mem_limit if mem_limit is not None else os.environ.get("LIBSHARE_DEVICE_MEM_LIMIT", "")
+        default_limits = parse_device_limits(mem_limit) if mem_limit.strip() else {}
+        self.limits = MemoryLimits()
+        """Device memory limits: default, server, groups (the per-client ones are on each Client)."""
         self.quit_requested = threading.Event()
         """Set by the ``quit`` control command; the daemon then calls :meth:`close`."""
         self.quit_timeout = 10.0
@@ -77,6 +83,7 @@ class Arbiter:
         self.socket_path: Path | None = None
         self.closed = False
         self.drainer.start()
+        self.limits.default = device_limit(default_limits, self.device.index, self.device.uuid)
         log.info("arbiter pid %d on device %d: %s (%s); server status is ACTIVE", os.getpid(),
                  self.device.index, self.device.name, self.device.uuid)
 
@@ -184,6 +191,9 @@ class Arbiter:
             raise InvalidSubmission(f"priority must be one of {', '.join(PRIORITIES)} (got {priority!r})")
         name = str(fields.get("name") or f"pid{pid}")[:64]
         group = str(fields.get("group") or "")[:64]
+        env_limit = fields.get("mem_limit")
+        if env_limit is not None:
+            env_limit = device_limit(env_limit, self.device.index, self.device.uuid)
         with self._lock:
             if self.closed:
                 raise ServerNotReady("the arbiter is shutting down")
@@ -199,7 +209,8 @@ class Arbiter:
         region.announce_consumer()
         if pid != os.getpid():  # an embedded client is this process: nothing to watch
             region.watch_peer(pid)
-        client = Client(client_id, pid, uid, name, priority, region, group=group, cmdline=_cmdline(pid))
+        client = Client(client_id, pid, uid, name, priority, region, group=group, cmdline=_cmdline(pid),
+                        env_mem_limit=env_limit)
         self._call(self.drainer.add_client, client)
         log.info("%s connected (uid %d%s)", client.describe(), uid, f", group {group}" if group else "")
         protocol.send(conn, {"ok": True, "client_id": client_id, "arbiter_pid": os.getpid(),
@@ -235,9 +246,11 @@ class Arbiter:
         if kind not in ("shared", "device"):
             raise InvalidSubmission(f"buffer kind must be 'shared' or 'device' (got {kind!r})")
         rounded = -(-size // _PAGE) * _PAGE
+        self.limits.check(client, list(self.drainer.clients.values()), rounded)  # before any memory exists
         memory = _shared_memory(rounded) if kind == "shared" else None
 
         def create():
+            self.limits.check(client, self.drainer.clients.values(), rounded)  # again, one alloc at a time
             if memory is not None:
                 device_buffer = self.device.import_host(memory.address, rounded)
             else:
@@ -296,7 +309,7 @@ class Arbiter:
                   **totals.as_dict(),
                   "memory_bytes": sum(c.counters.memory_bytes for c in clients),
                   "peak_memory_bytes": self.drainer.peak_memory_bytes}
-        return {"server": server, "clients": [_client_row(c) for c in clients]}
+        return {"server": server, "clients": [_client_row(c, self.limits) for c in clients]}
 
     def close(self, timeout: float = 10.0) -> None:
         """Stop accepting, cancel queued work, let in-flight work end (at most ``timeout`` s),
@@ -321,10 +334,12 @@ class Arbiter:
         os.close(self._wake_fd)
 
 
-def _client_row(client: Client) -> dict:
+def _client_row(client: Client, limits: MemoryLimits) -> dict:
+    limit = limits.client_limit(client)
     return {"pid": client.pid, "client_id": client.id, "name": client.name, "group": client.group,
             "state": client.state, "priority": client.priority, "connected": client.connected,
-            "cmdline": client.cmdline, **client.counters.as_dict()}
+            "cmdline": client.cmdline, "mem_limit": None if limit is None else limit.value,
+            **client.counters.as_dict()}
 
 
 def _cmdline(pid: int) -> str:

@@ -84,5 +84,24 @@ def hold(pipe_dir: str, name: str) -> None:
         sys.stdin.readline()
 
 
+def allocator(pipe_dir: str, name: str, group: str = "") -> None:
+    """Allocate on request: prints 'ready', then answers each stdin line 'alloc BYTES' with
+    'ok' or the error's class and message, 'free' (frees every buffer) with 'ok'; exits at EOF."""
+    with libshare.connect(name=name, group=group or None, mode="daemon", pipe_directory=pipe_dir) as session:
+        buffers = []
+        print("ready", flush=True)
+        for line in sys.stdin:
+            verb, *args = line.split()
+            try:
+                if verb == "alloc":
+                    buffers.append(session.alloc(int(args[0])))
+                else:
+                    while buffers:
+                        session.free(buffers.pop())
+                print("ok", flush=True)
+            except libshare.LibshareError as exc:
+                print(f"{type(exc).__name__}: {exc}", flush=True)
+
+
 if __name__ == "__main__":
     globals()[sys.argv[1]](*sys.argv[2:])

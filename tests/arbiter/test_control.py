@@ -69,12 +69,13 @@ def test_queries_describe_the_server_and_each_client(daemon):
         header, rows = wait_until(lambda: (t := table()) and all(int(r[6]) > 0 for r in t[1]) and t,
                                   what="both clients to have dispatched")
         assert header.split() == ["PID", "ID", "NAME", "DEVICE", "STATE", "PRIORITY", "DISPATCHES",
-                                  "DEVICE_TIME", "MEMORY", "COMMAND"]
+                                  "DEVICE_TIME", "MEMORY", "MEM_LIMIT", "COMMAND"]
         by_name = {row[2]: row for row in rows}
         assert set(by_name) == {"alpha", "beta"}
         assert by_name["alpha"][0] == str(alpha.pid) and by_name["alpha"][4:6] == ["ACTIVE", "normal"]
         assert by_name["alpha"][8] == "4.0KiB"  # one page-rounded 4 KiB buffer
-        assert "tests.arbiter._client" in " ".join(by_name["alpha"][9:])
+        assert by_name["alpha"][9] == "unlimited"
+        assert "tests.arbiter._client" in " ".join(by_name["alpha"][10:])
         only = control(pipe_dir, "ps", "-p", str(beta.pid)).splitlines()
         assert len(only) == 2 and only[1].split()[2] == "beta"
     finally:

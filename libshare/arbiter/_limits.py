@@ -1,0 +1,172 @@
+"""Device memory limits: the MPS hierarchy, per-client live limits, and groups.
+
+The arbiter allocates every buffer itself, so it is the only place a limit has to be
+enforced and a client cannot escape one (deleting an environment variable changes
+nothing). The limit of one client resolves like this:
+
+* The operator's levels, the most specific one set wins: the **default**
+  (``set_default_device_pinned_mem_limit``, or LIBSHARE_DEVICE_MEM_LIMIT in the
+  arbiter's own environment), overridden by the **server** limit
+  (``set_device_pinned_mem_limit SERVER_PID``; as in MPS it may be above the default),
+  overridden by a **client** limit (``set_device_pinned_mem_limit CLIENT_PID``, beyond
+  MPS: a running client's limit changes live).
+* The client's own LIBSHARE_DEVICE_MEM_LIMIT, sent in its hello, only lowers that.
+* A **group** limit (``set_group_mem_limit``) caps the sum of every member's memory,
+  on top of each member's own limit.
+
+Of the limits that apply, the lowest wins. A limit is checked when memory is
+allocated: changing it affects the allocations not yet made, and a limit lowered
+below what a client holds frees nothing but refuses its next allocation.
+
+Values are sizes like ``900M`` or ``2G`` (binary units: 1K = 1024 bytes, an optional
+``B`` or ``iB`` after the unit), or plain bytes. ``unlimited`` (or ``none``) removes a
+limit. LIBSHARE_DEVICE_MEM_LIMIT also takes the per-device MPS form ``0=1G,UUID=512M``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from ..errors import InvalidSubmission, QuotaExceeded
+
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?", re.IGNORECASE)
+_MAX = 1 << 60
+UNLIMITED = ("unlimited", "none")
+
+
+def parse_size(text: str) -> int:
+    """Bytes in ``text`` ("900M", "2G", "1.5G", "4096"); InvalidSubmission if it is not a size."""
+    match = _SIZE.fullmatch(text.strip()) if isinstance(text, str) else None
+    if match is None and isinstance(text, str) and text.strip().startswith("-"):
+        raise InvalidSubmission(f"a memory size cannot be negative: {text!r}")
+    if match is None:
+        raise InvalidSubmission(f"not a memory size: {text!r}; write bytes or a number with a unit "
+                                "K, M, G or T, like 900M or 2G")
+    number, unit = match.groups()
+    value = int(float(number) * _UNITS[unit.upper()])
+    if value > _MAX:
+        raise InvalidSubmission(f"memory size {text!r} is too large")
+    return value
+
+
+def parse_limit(text: str) -> int | None:
+    """A limit from ``text``: bytes as in :func:`parse_size`, or None for "unlimited"."""
+    if isinstance(text, str) and text.strip().lower() in UNLIMITED:
+        return None
+    return parse_size(text)
+
+
+def format_size(value: int | None) -> str:
+    """``value`` in the shortest exact form :func:`parse_size` reads back ("2G", "900M", "12345")."""
+    if value is None:
+        return "unlimited"
+    for unit in ("T", "G", "M", "K"):
+        if value and value % _UNITS[unit] == 0:
+            return f"{value // _UNITS[unit]}{unit}"
+    return str(value)
+
+
+def parse_device_limits(text: str) -> dict[str, int]:
+    """LIBSHARE_DEVICE_MEM_LIMIT: "1G" (any device, key "") or "0=1G,UUID=512M" (per device)."""
+    limits = {}
+    for part in text.split(","):
+        device, _, value = part.rpartition("=")
+        limits[device.strip().lower().replace("-", "")] = parse_size(value)
+    return limits
+
+
+def device_limit(limits: dict, index: int, uuid: str) -> int | None:
+    """The entry of ``limits`` (from :func:`parse_device_limits`, or a peer's hello) for this device.
+
+    A peer's mapping is untrusted: anything but string keys and non-negative integer
+    values raises InvalidSubmission.
+    """
+    if not isinstance(limits, dict) or not all(
+            isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= _MAX
+            for k, v in limits.items()):
+        raise InvalidSubmission(f"a memory limit must map device names to byte counts (got {limits!r})")
+    names = ("", str(index), uuid.lower().replace("-", ""))
+    found = [limits[k] for k in names if k in limits]
+    return min(found) if found else None
+
+
+def same_device(text: str, index: int, uuid: str) -> None:
+    """Check that ``text`` (a device index or UUID) names this arbiter's device."""
+    wanted = text.strip().lower().replace("-", "")
+    if wanted not in (str(index), uuid.lower().replace("-", "")):
+        raise InvalidSubmission(f"no device {text!r} here: this arbiter serves device {index} (uuid {uuid})")
+
+
+@dataclass(frozen=True)
+class Limit:
+    """One limit that applies, and where it comes from."""
+
+    value: int
+    level: str  # "default", "server", "client" or "group"
+    source: str  # how it was set, for messages
+
+    def describe(self) -> str:
+        """ "the server limit of 8M (set_device_pinned_mem_limit)" """
+        return f"the {self.level} limit of {format_size(self.value)} ({self.source})"
+
+
+@dataclass
+class MemoryLimits:
+    """The operator's memory limits of one arbiter (default, server, per group).
+
+    The per-client values live on the Client (``mem_limit`` from the operator,
+    ``env_mem_limit`` from its hello). Written by control threads, read on the drain
+    thread: each write replaces one value, so a reader sees the old or the new one.
+    """
+
+    default: int | None = None
+    server: int | None = None
+    groups: dict[str, int] = field(default_factory=dict)
+
+    def client_limit(self, client) -> Limit | None:
+        """The limit that binds ``client`` alone (the lowest that applies), or None."""
+        if client.mem_limit is not None:
+            operator = Limit(client.mem_limit, "client", "set_device_pinned_mem_limit CLIENT_PID")
+        elif self.server is not None:
+            operator = Limit(self.server, "server", "set_device_pinned_mem_limit SERVER_PID")
+        elif self.default is not None:
+            operator = Limit(self.default, "default", "set_default_device_pinned_mem_limit "
+                                                      "or the arbiter's LIBSHARE_DEVICE_MEM_LIMIT")
+        else:
+            operator = None
+        own = (Limit(client.env_mem_limit, "client", "the client's LIBSHARE_DEVICE_MEM_LIMIT")
+               if client.env_mem_limit is not None else None)
+        candidates = [limit for limit in (operator, own) if limit is not None]
+        return min(candidates, key=lambda limit: limit.value) if candidates else None
+
+    def group_limit(self, group: str) -> Limit | None:
+        """The limit on the sum of ``group``'s memory, or None (always None for no group)."""
+        value = self.groups.get(group) if group else None
+        return None if value is None else Limit(value, "group", f"set_group_mem_limit {group}")
+
+    def check(self, client, clients, size: int) -> None:
+        """Raise QuotaExceeded if ``size`` more bytes would take ``client`` or its group past a limit.
+
+        ``clients`` are all of the arbiter's clients (those still reclaiming count: their
+        memory is still held).
+        """
+        limit = self.client_limit(client)
+        used = client.counters.memory_bytes
+        if limit is not None and used + size > limit.value:
+            raise QuotaExceeded(f"allocating {format_size(size)} would take {client.describe()} past "
+                                f"{limit.describe()}: it uses {format_size(used)} now; free buffers "
+                                "or ask the operator to raise the limit")
+        limit = self.group_limit(client.group)
+        if limit is not None:
+            used = group_usage(clients, client.group)
+            if used + size > limit.value:
+                raise QuotaExceeded(f"allocating {format_size(size)} would take group {client.group!r} past "
+                                    f"{limit.describe()}: its clients use {format_size(used)} now; free "
+                                    "buffers or ask the operator to raise the limit")
+
+
+def group_usage(clients, group: str) -> int:
+    """Bytes of memory held by the members of ``group`` among ``clients``."""
+    return sum(c.counters.memory_bytes for c in clients if c.group == group)
