@@ -73,7 +73,10 @@ def parse_device_limits(text: str) -> dict[str, int]:
     limits = {}
     for part in text.split(","):
         device, _, value = part.rpartition("=")
-        limits[device.strip().lower().replace("-", "")] = parse_size(value)
+        try:
+            limits[device.strip().lower().replace("-", "")] = parse_size(value)
+        except InvalidSubmission as exc:
+            raise InvalidSubmission(f"LIBSHARE_DEVICE_MEM_LIMIT={text!r}: {exc}") from None
     return limits
 
 

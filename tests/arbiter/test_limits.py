@@ -144,8 +144,16 @@ def test_bad_values_get_clear_errors(daemon):
 def test_bad_client_environment_is_refused_at_connect(daemon, monkeypatch):
     _, pipe_dir = daemon
     monkeypatch.setenv("LIBSHARE_DEVICE_MEM_LIMIT", "12X")
-    with pytest.raises(InvalidSubmission, match="not a memory size: '12X'"):
+    with pytest.raises(InvalidSubmission, match="LIBSHARE_DEVICE_MEM_LIMIT='12X': not a memory size: '12X'"):
         libshare.connect(mode="daemon", pipe_directory=pipe_dir)
+
+
+def test_a_bad_limit_in_the_arbiters_environment_stops_it_clearly(tmp_path, vulkan_device_name):
+    result = subprocess.run([sys.executable, "-m", "libshare.arbiter", "--pipe-directory", str(tmp_path / "pipe")],
+                            cwd=ROOT, capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "LIBSHARE_DEVICE_MEM_LIMIT": "0=-1G"})
+    assert "did not start: LIBSHARE_DEVICE_MEM_LIMIT='0=-1G': a memory size cannot be negative" in result.stderr
+    assert not (tmp_path / "pipe" / "control").exists()
 
 
 def test_the_arbiters_environment_sets_the_default(tmp_path, vulkan_device_name, allocators):
@@ -288,3 +296,16 @@ def test_concurrent_allocations_cannot_both_pass_the_limit(daemon):
     finally:
         for session in sessions:
             session.close()
+
+
+def test_an_embedded_arbiter_takes_its_default_from_the_environment(vulkan_device_name):
+    script = ("import libshare\n"
+              "with libshare.connect(mode='embedded') as s:\n"
+              "    s.alloc(3 << 20)\n"
+              "    try:\n"
+              "        s.alloc(2 << 20)\n"
+              "    except libshare.QuotaExceeded as exc:\n"
+              "        print(exc)\n")
+    result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "LIBSHARE_DEVICE_MEM_LIMIT": "4M"})
+    assert "past the default limit of 4M" in result.stdout and "it uses 3M now" in result.stdout, result.stderr
