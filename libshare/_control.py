@@ -56,10 +56,11 @@ COMMANDS: dict[str, Command] = {c.name: c for c in [
     Command("get_default_active_thread_percentage", "get_default_active_thread_percentage",
             "Print the default compute share of new clients, in percent."),
     Command("set_active_thread_percentage", "set_active_thread_percentage PID PERCENT",
-            "Change a running client's compute share (libshare applies it live, unlike MPS).",
+            "With a client's PID: change its compute share, live (unlike MPS); with the arbiter's "
+            "PID: the share of clients that connect from now on.",
             changes_state=True),
     Command("get_active_thread_percentage", "get_active_thread_percentage PID",
-            "Print a client's compute share, in percent."),
+            "Print a client's compute share (or, with the arbiter's PID, the default), in percent."),
     Command("set_default_device_pinned_mem_limit", "set_default_device_pinned_mem_limit DEV VALUE",
             "Default device memory limit of each client, like 900M or 2G (binary units), plain bytes, "
             "or unlimited. DEV is the arbiter's device index or UUID. Applies to allocations not yet made.",
@@ -87,6 +88,16 @@ COMMANDS: dict[str, Command] = {c.name: c for c in [
             "Print the priority given to new clients."),
     Command("set_client_priority", "set_client_priority PID PRIORITY",
             "Change a running client's priority (live).", changes_state=True),
+    Command("set_group_priority", "set_group_priority GROUP PRIORITY",
+            "Priority of every client of a group, now and later (overrides the clients' own).",
+            changes_state=True),
+    Command("set_group_active_thread_percentage", "set_group_active_thread_percentage GROUP PERCENT",
+            "Ceiling on the share of device time a whole group may use while others want the device.",
+            changes_state=True),
+    Command("set_scheduling_mode", "set_scheduling_mode MODE",
+            "throughput (batch greedily) or fairshare (share device time by measured GPU time); live.",
+            changes_state=True),
+    Command("get_scheduling_mode", "get_scheduling_mode", "Print the scheduling mode."),
 ]}
 
 

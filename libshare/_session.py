@@ -362,10 +362,10 @@ def connect(name: str | None = None, priority: str | None = None, mode: str | No
     clients whose limits apply to them together.
     """
     mode = _config.connect_mode(mode)
-    priority = priority or os.environ.get("LIBSHARE_CLIENT_PRIORITY") or "normal"
-    priority = {"0": "normal", "1": "low"}.get(str(priority), priority)
-    group = group or os.environ.get("LIBSHARE_GROUP") or ""
-    hello = {"op": "hello", "name": name or "", "priority": priority, "group": group, "version": protocol.VERSION}
+    hello = {"op": "hello", "name": name or "", "version": protocol.VERSION,
+             "priority": str(priority or os.environ.get("LIBSHARE_CLIENT_PRIORITY") or ""),  # "": the default
+             "group": group or os.environ.get("LIBSHARE_GROUP") or "",
+             "share": os.environ.get("LIBSHARE_ACTIVE_THREAD_PERCENTAGE") or ""}
     if os.environ.get("LIBSHARE_DEVICE_MEM_LIMIT", "").strip():  # may only lower the arbiter's limit
         from .arbiter._limits import parse_device_limits
 

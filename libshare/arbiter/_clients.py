@@ -92,6 +92,7 @@ class Client:
     group: str = ""
     cmdline: str = ""
     connected: float = field(default_factory=time.time)
+    requested_share: int = 100  # compute share from the client's environment (may only lower)
     state: str = "ACTIVE"  # INACTIVE once terminated or faulted, as in Volta MPS
     sticky: Exception | None = None  # raised for every later request (ClientTerminated, ServerFault)
     buffers: dict[int, BufferRecord] = field(default_factory=dict)

@@ -17,6 +17,7 @@ from .. import _protocol as protocol
 from .._control import COMMANDS
 from . import _limits
 from ..errors import AccessDenied, InvalidSubmission, LibshareError, ProtocolError
+from ._scheduler import MODES, percentage, priority_name
 
 log = logging.getLogger("libshare.control")
 
@@ -205,6 +206,94 @@ class Commands:
     def _get_group_mem_limit(self, args: list[str]) -> str:
         self._usage(args, 1, "get_group_mem_limit")
         return _limits.format_size(self.arbiter.limits.groups.get(_group(args[0])))
+
+
+    # ---------------------------------------------------------------- priorities and compute share
+
+    def _scheduled(self, fn, *args):
+        """Run ``fn`` on the drain thread, where the scheduler lives; ValueError becomes a clear refusal."""
+        def guarded():
+            try:
+                return fn(*args)
+            except ValueError as exc:
+                raise InvalidSubmission(str(exc)) from None
+        return self.arbiter.drainer.call(guarded)
+
+    def _expect(self, args: list[str], count: int, name: str) -> None:
+        if len(args) != count:
+            raise InvalidSubmission(f"usage: {COMMANDS[name].usage}")
+
+    def _set_default_client_priority(self, args: list[str]) -> str:
+        self._expect(args, 1, "set_default_client_priority")
+        scheduler = self.arbiter.drainer.scheduler
+        self._scheduled(lambda: setattr(scheduler, "default_priority", priority_name(args[0])))
+        return scheduler.default_priority
+
+    def _get_default_client_priority(self, args: list[str]) -> str:
+        self._expect(args, 0, "get_default_client_priority")
+        return self.arbiter.drainer.scheduler.default_priority
+
+    def _set_client_priority(self, args: list[str]) -> str:
+        self._expect(args, 2, "set_client_priority")
+        clients = self._clients_of(_pid(args[0]))
+        priority = self._scheduled(priority_name, args[1])
+        for client in clients:
+            client.priority = priority  # read by the next drain pass
+        return priority
+
+    def _set_group_priority(self, args: list[str]) -> str:
+        self._expect(args, 2, "set_group_priority")
+        scheduler = self.arbiter.drainer.scheduler
+        self._scheduled(lambda: scheduler.group_priority.__setitem__(args[0], priority_name(args[1])))
+        return scheduler.group_priority[args[0]]
+
+    def _set_default_active_thread_percentage(self, args: list[str]) -> str:
+        self._expect(args, 1, "set_default_active_thread_percentage")
+        scheduler = self.arbiter.drainer.scheduler
+        self._scheduled(lambda: setattr(scheduler, "default_share", percentage(args[0])))
+        return str(scheduler.default_share)
+
+    def _get_default_active_thread_percentage(self, args: list[str]) -> str:
+        self._expect(args, 0, "get_default_active_thread_percentage")
+        return str(self.arbiter.drainer.scheduler.default_share)
+
+    def _set_active_thread_percentage(self, args: list[str]) -> str:
+        self._expect(args, 2, "set_active_thread_percentage")
+        if _pid(args[0]) == os.getpid():  # the MPS meaning: the server's clients from now on
+            return self._set_default_active_thread_percentage(args[1:])
+        clients = self._clients_of(_pid(args[0]))
+        scheduler = self.arbiter.drainer.scheduler
+
+        def apply():
+            for client in clients:
+                scheduler.usage(client).share = min(percentage(args[1]), client.requested_share)
+            return scheduler.share_of(clients[0])
+        return str(self._scheduled(apply))
+
+    def _get_active_thread_percentage(self, args: list[str]) -> str:
+        self._expect(args, 1, "get_active_thread_percentage")
+        if _pid(args[0]) == os.getpid():
+            return str(self.arbiter.drainer.scheduler.default_share)
+        client = self._clients_of(_pid(args[0]))[0]
+        return str(self._scheduled(self.arbiter.drainer.scheduler.share_of, client))
+
+    def _set_group_active_thread_percentage(self, args: list[str]) -> str:
+        self._expect(args, 2, "set_group_active_thread_percentage")
+        scheduler = self.arbiter.drainer.scheduler
+        self._scheduled(lambda: scheduler.group_share.__setitem__(args[0], percentage(args[1])))
+        return str(scheduler.group_share[args[0]])
+
+    def _set_scheduling_mode(self, args: list[str]) -> str:
+        self._expect(args, 1, "set_scheduling_mode")
+        if args[0] not in MODES:
+            raise InvalidSubmission(f"scheduling mode must be one of {', '.join(MODES)}, got {args[0]!r}")
+        scheduler = self.arbiter.drainer.scheduler
+        self._scheduled(setattr, scheduler, "mode", args[0])
+        return scheduler.mode
+
+    def _get_scheduling_mode(self, args: list[str]) -> str:
+        self._expect(args, 0, "get_scheduling_mode")
+        return self.arbiter.drainer.scheduler.mode
 
 
 def _not_yet(name: str):

@@ -62,6 +62,7 @@ from ..errors import ClientTerminated, InvalidSubmission, ServerFault
 from ..ring import C, CQE_DTYPE, DESC_DTYPE
 from ..ring._binding import ffi
 from ._clients import BufferRecord, Client, Counters, ProgramRecord
+from ._scheduler import Scheduler
 from .device import Copy, Device, Dispatch
 
 log = logging.getLogger("libshare.arbiter")
@@ -86,6 +87,7 @@ class _Entry:
 class _InFlight:
     submission: object
     entries: list[_Entry]
+    started: float = 0.0  # time.monotonic() at submit, for the watchdog
 
 
 class Drainer:
@@ -96,6 +98,10 @@ class Drainer:
         self.device: Device = device_factory()
         self.state = "ACTIVE"
         """INITIALIZING, ACTIVE or FAULT."""
+        self.scheduler = Scheduler()
+        """Drain order and budgets (priorities, fair share, compute share)."""
+        self.watchdog: float | None = None
+        """Seconds a submission may run before the server faults (None: no limit)."""
         self.totals = Counters()
         """Counts of clients already reclaimed (add the live clients' for the server's)."""
         self.peak_memory_bytes = 0
@@ -163,7 +169,9 @@ class Drainer:
 
     def _wait(self) -> None:
         if self.in_flight:
-            self.in_flight[0].submission.wait(_FENCE_SLICE)
+            oldest = self.in_flight[0]
+            if not oldest.submission.wait(_FENCE_SLICE) and self.watchdog is not None:
+                self._check_watchdog(oldest)
             return
         regions = [c.region for c in self.clients.values() if not c.closing]
         try:
@@ -190,26 +198,36 @@ class Drainer:
         self._drain()
 
     def _drain(self) -> bool:
+        clients = [c for c in self.clients.values() if not c.closing]
+        wants = {}
+        for client in clients:
+            try:
+                wants[client.id] = client.outstanding > 0 or client.region.pending() > 0
+            except Exception as exc:
+                self._drop(client, exc)
+        plan = self.scheduler.plan([c for c in clients if c.id in wants], wants, len(self.in_flight), _POP_BATCH)
         batch_commands, batch_entries = [], []
-        for client in list(self.clients.values()):
-            if client.closing:
-                continue
+        for client, limit in plan:
             try:
                 # Completions the client has not read yet still hold their slots.
-                budget = min(_POP_BATCH, client.region.completion_space() - client.outstanding)
+                budget = min(limit, client.region.completion_space() - client.outstanding)
                 if budget <= 0:
                     continue
                 count = client.region.pop_into(self._out[:budget], self._out_ptr)
             except Exception as exc:
-                log.warning("client %d (%s): %s; dropping it", client.id, client.name, exc)
-                self.disconnect(client)
+                self._drop(client, exc)
                 continue
             if count:
+                self.scheduler.submitted(client)
                 self._accept(client, count, batch_commands, batch_entries)
         if not batch_commands:
             return bool(batch_entries)
         self._submit(batch_commands, batch_entries)
         return True
+
+    def _drop(self, client: Client, exc: Exception) -> None:
+        log.warning("%s: %s; dropping it", client.describe(), exc)
+        self.disconnect(client)
 
     def _accept(self, client: Client, count: int, commands: list, entries: list) -> None:
         errors = []
@@ -254,7 +272,7 @@ class Drainer:
             log.error("submit of %d commands failed: %s", len(commands), exc)
             self._answer_failed(entries, -C.EFAULT)
             return
-        self.in_flight.append(_InFlight(submission, entries))
+        self.in_flight.append(_InFlight(submission, entries, time.monotonic()))
 
     # ---------------------------------------------------------------- retire
 
@@ -278,6 +296,7 @@ class Drainer:
             clients[entry.client.id] = entry.client
             by_client.setdefault(entry.client.id, []).append((entry.ticket, status, ns))
             entry.client.counters.device_ns += ns
+            self.scheduler.charge(entry.client, ns)
             for user in entry.users:
                 user.in_flight -= 1
                 if user.freed and user.in_flight == 0:
@@ -326,6 +345,7 @@ class Drainer:
             client.commands.clear()
             client.region.close()
             self.totals.add(client.counters)
+            self.scheduler.forget(client)
             log.info("%s reclaimed", client.describe())
 
     def note_memory(self) -> None:
@@ -365,6 +385,15 @@ class Drainer:
             self._contain(client, ServerFault(f"the arbiter's device faulted ({reason}); this session is "
                                               "lost, reconnect once the server is ACTIVE again"), C.EFAULT)
         self._maybe_recover()
+
+    def _check_watchdog(self, oldest: _InFlight) -> None:
+        running = time.monotonic() - oldest.started
+        if running > self.watchdog * len(oldest.entries):  # a batch: each dispatch gets the watchdog
+            suspects = {e.client.id: e.client for e in oldest.entries}
+            log.error("a submission has run %.1f s, past the %.1f s watchdog; its clients: %s", running,
+                      self.watchdog, ", ".join(c.describe() for c in suspects.values()))
+            self.enter_fault(f"a dispatch ran past the {self.watchdog:g} s watchdog",
+                             next(iter(suspects.values())))
 
     def _contain(self, client: Client, sticky: Exception, reason: int) -> None:
         client.sticky = sticky

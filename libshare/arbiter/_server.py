@@ -31,15 +31,16 @@ from ..errors import (AccessDenied, InvalidSubmission, LibshareError, ProtocolEr
 from ..ring import Region
 from ._clients import BufferRecord, Client, Counters, ProgramRecord, SharedMemory
 from ._commands import Commands
+from ._scheduler import MODES, UNSCHEDULED, percentage, priority_name
 from ._drain import Drainer
 from ._limits import MemoryLimits, device_limit, parse_device_limits
 from .device import Device
 
 log = logging.getLogger("libshare.arbiter")
 
-PRIORITIES = ("low", "normal", "high", "realtime")
 _PAGE = mmap.PAGESIZE
 _MAX_BUFFER = 1 << 40
+_WATCHDOG = 120.0  # default seconds one submission may run before the server faults
 _REQUEST_TIMEOUT = 30.0  # a client that starts a frame must finish it within this
 
 
@@ -57,7 +58,8 @@ class Arbiter:
 
     def __init__(self, device: str | None = None, *, max_clients: int = 48,
                  lanes: int = 4, lane_entries: int = 256, cq_entries: int = 1024, timed: bool = True,
-                 multi_user: bool = False, test_hooks: bool | None = None, mem_limit: str | None = None):
+                 multi_user: bool = False, test_hooks: bool | None = None, scheduling: str | None = None,
+                 watchdog: float | None = None, mem_limit: str | None = None):
         if multi_user and os.getuid() != 0:
             raise AccessDenied("multi-user mode needs the arbiter to run as root")
         selector = device if device is not None else os.environ.get("LIBSHARE_DEVICE")
@@ -75,6 +77,7 @@ class Arbiter:
         self._geometry = (lanes, lane_entries, cq_entries)
         self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self.drainer = Drainer(lambda: Device(selector), self._wake_fd, timed)
+        _configure_scheduling(self.drainer, scheduling, watchdog)
         self.commands = Commands(self)
         self._lock = threading.Lock()
         self._next_client = 1
@@ -186,9 +189,7 @@ class Arbiter:
             log.warning("refused pid %d: uid %d is not the arbiter's uid %d", pid, uid, os.getuid())
             raise AccessDenied(f"uid {uid} may not use this arbiter: it runs as uid {os.getuid()} "
                                "and was not started in multi-user mode")
-        priority = fields.get("priority", "normal")
-        if priority not in PRIORITIES:
-            raise InvalidSubmission(f"priority must be one of {', '.join(PRIORITIES)} (got {priority!r})")
+        priority, share = _requested_priority_and_share(fields, self.drainer.scheduler.default_priority)
         name = str(fields.get("name") or f"pid{pid}")[:64]
         group = str(fields.get("group") or "")[:64]
         env_limit = fields.get("mem_limit")
@@ -210,7 +211,7 @@ class Arbiter:
         if pid != os.getpid():  # an embedded client is this process: nothing to watch
             region.watch_peer(pid)
         client = Client(client_id, pid, uid, name, priority, region, group=group, cmdline=_cmdline(pid),
-                        env_mem_limit=env_limit)
+                        requested_share=share, env_mem_limit=env_limit)
         self._call(self.drainer.add_client, client)
         log.info("%s connected (uid %d%s)", client.describe(), uid, f", group {group}" if group else "")
         protocol.send(conn, {"ok": True, "client_id": client_id, "arbiter_pid": os.getpid(),
@@ -332,6 +333,33 @@ class Arbiter:
                 pass
         self.device.close()
         os.close(self._wake_fd)
+
+
+def _configure_scheduling(drainer: Drainer, mode: str | None, watchdog: float | None) -> None:
+    """Scheduling mode, default compute share and priority, and watchdog, from arguments or LIBSHARE_*."""
+    env = os.environ
+    try:
+        mode = mode or env.get("LIBSHARE_SCHEDULING") or "throughput"
+        if mode not in (*MODES, UNSCHEDULED):
+            raise ValueError(f"scheduling must be one of {', '.join(MODES)}, got {mode!r}")
+        drainer.scheduler.mode = mode
+        drainer.scheduler.default_share = percentage(env.get("LIBSHARE_ACTIVE_THREAD_PERCENTAGE") or 100)
+        drainer.scheduler.default_priority = priority_name(env.get("LIBSHARE_DEFAULT_CLIENT_PRIORITY") or "normal")
+        seconds = watchdog if watchdog is not None else float(env.get("LIBSHARE_WATCHDOG_SECONDS") or _WATCHDOG)
+    except ValueError as exc:
+        drainer.device.close()
+        raise InvalidSubmission(f"bad arbiter setting: {exc}") from None
+    drainer.watchdog = seconds if seconds > 0 else None
+
+
+def _requested_priority_and_share(fields: dict, default_priority: str) -> tuple[str, int]:
+    """The priority and compute share a hello asks for (the share may only lower the arbiter's)."""
+    try:
+        priority = priority_name(fields.get("priority") or default_priority)
+        share = percentage(fields.get("share") or 100)
+    except ValueError as exc:
+        raise InvalidSubmission(str(exc)) from None
+    return priority, share
 
 
 def _client_row(client: Client, limits: MemoryLimits) -> dict:

@@ -1,0 +1,177 @@
+"""Who drains next, and how much: priorities, fair share of device time, compute-share ceilings.
+
+The drain thread asks :meth:`Scheduler.plan` once per pass for an ordered list of
+(client, budget) and pops at most ``budget`` descriptors from each; a client left
+out is simply not popped this pass, and its descriptors wait in its ring. After
+each submission retires, :meth:`Scheduler.charge` books the device time each
+command took (timestamp queries; without timestamps each command counts as
+``_UNTIMED_NS``). The policy, in order:
+
+1. **Priority.** Clients drain in priority order (realtime, high, normal, low).
+   While a client of a higher priority is active (it submitted within the last
+   ``_ACTIVE_NS``), lower-priority work goes to the device in short slices (at
+   most ``_SLICE_NS`` of estimated device time per submission, and only when
+   nothing else is in flight), so a realtime dispatch waits behind at most one
+   short slice on a single-queue device such as lavapipe.
+2. **Compute share** (the active-thread-percentage analogue). A client, or a
+   group, whose recent share of device time exceeds its ceiling is not drained
+   while any other client wants the device.
+3. **Fair share** (mode ``fairshare``). Within a priority, the client with the
+   least device time per unit of weight drains first and gets one slice; in
+   ``throughput`` mode every client gets all it has, in turn.
+
+"Recent" device time decays with a time constant of ``_DECAY_NS``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+PRIORITIES = ("low", "normal", "high", "realtime")
+MODES = ("throughput", "fairshare")
+UNSCHEDULED = "off"  # every client, all it has, in id order: only to measure the scheduler's own cost
+_RANK = {name: rank for rank, name in enumerate(PRIORITIES)}
+_ACTIVE_NS = 200_000_000  # a client that submitted this recently still counts as wanting the device
+_SLICE_NS = 200_000  # device time a slice of lower-priority (or fairshare) work may take
+_DECAY_NS = 250_000_000  # time constant of "recent" device time
+_UNTIMED_NS = 50_000  # cost booked for a command when the arbiter runs without timestamps
+
+
+def priority_name(value: str) -> str:
+    """A priority name from a name or an MPS number (0 = normal, 1 = below normal); ValueError otherwise."""
+    value = {"0": "normal", "1": "low"}.get(str(value).strip(), str(value).strip().lower())
+    if value not in _RANK:
+        raise ValueError(f"priority must be one of {', '.join(PRIORITIES)} (or MPS 0/1), got {value!r}")
+    return value
+
+
+def percentage(value) -> int:
+    """A compute share in 1..100 from text or a number; ValueError otherwise."""
+    try:
+        pct = float(value)
+    except (TypeError, ValueError):
+        pct = -1.0
+    if not 1 <= pct <= 100 or pct != int(pct):
+        raise ValueError(f"a percentage must be a whole number in 1..100, got {value!r}")
+    return int(pct)
+
+
+@dataclass
+class Usage:
+    """One client's scheduling state."""
+
+    share: int = 100  # ceiling on its recent fraction of device time, percent
+    weight: float = 1.0  # fairshare weight
+    recent_ns: float = 0.0  # decayed device time
+    total_ns: float = 0.0  # device time ever, divided by weight (fairshare's virtual time)
+    per_command_ns: float = float(_UNTIMED_NS)  # running estimate, for slicing
+    last_submit_ns: int = 0
+
+
+@dataclass
+class Scheduler:
+    """The drain policy; owned by the drain thread (commands change it through drain tasks)."""
+
+    mode: str = "throughput"
+    default_share: int = 100
+    default_priority: str = "normal"
+    group_share: dict[str, int] = field(default_factory=dict)
+    group_priority: dict[str, str] = field(default_factory=dict)
+    _usage: dict[int, Usage] = field(default_factory=dict)
+    _last_decay_ns: int = field(default_factory=time.monotonic_ns)
+
+    # ---------------------------------------------------------------- clients
+
+    def usage(self, client) -> Usage:
+        """The scheduling state of ``client`` (created with the defaults on first use)."""
+        found = self._usage.get(client.id)
+        if found is None:
+            found = self._usage[client.id] = Usage(share=min(self.default_share, client.requested_share))
+        return found
+
+    def forget(self, client) -> None:
+        """Drop a reclaimed client's state."""
+        self._usage.pop(client.id, None)
+
+    def priority_of(self, client) -> str:
+        """The client's priority, or its group's when the group has one."""
+        return self.group_priority.get(client.group, client.priority) if client.group else client.priority
+
+    def share_of(self, client) -> int:
+        """The client's own ceiling, lowered by its group's."""
+        own = self.usage(client).share
+        return min(own, self.group_share.get(client.group, 100)) if client.group else own
+
+    # ---------------------------------------------------------------- accounting
+
+    def charge(self, client, ns: int) -> None:
+        """Book ``ns`` of device time (0: unmeasured) for one retired command of ``client``."""
+        usage = self.usage(client)
+        ns = ns or _UNTIMED_NS
+        usage.recent_ns += ns
+        usage.total_ns += ns / usage.weight
+        usage.per_command_ns += (ns - usage.per_command_ns) / 8
+
+    def _decay(self, now_ns: int) -> None:
+        factor = math.exp(-(now_ns - self._last_decay_ns) / _DECAY_NS)
+        self._last_decay_ns = now_ns
+        for usage in self._usage.values():
+            usage.recent_ns *= factor
+
+    # ---------------------------------------------------------------- planning
+
+    def plan(self, clients: list, wants: dict[int, bool], in_flight: int, max_budget: int) -> list[tuple]:
+        """Ordered (client, budget) for one drain pass.
+
+        ``wants[id]``: the client has descriptors waiting or outstanding; ``in_flight``:
+        submissions on the device now; ``max_budget``: the most one pass pops.
+        """
+        now = time.monotonic_ns()
+        waiting = [c for c in clients if wants.get(c.id)]
+        if self.mode == UNSCHEDULED or not waiting:
+            return [(c, max_budget) for c in waiting]
+        self._decay(now)
+        top = max(_RANK[self.priority_of(c)] for c in clients
+                  if wants.get(c.id) or now - self.usage(c).last_submit_ns < _ACTIVE_NS)
+        total_recent = sum(self.usage(c).recent_ns for c in clients) or 1.0
+        least_served = min(self.usage(c).total_ns for c in waiting)
+        plan = []
+        for client in sorted(waiting, key=self._order_key):
+            if self._over_share(client, clients, wants, total_recent):
+                continue
+            lower = _RANK[self.priority_of(client)] < top
+            if lower and in_flight:
+                continue  # a higher priority is active: one short slice at a time
+            if self.mode == "fairshare":
+                if in_flight > 1 or self.usage(client).total_ns > least_served + 2 * _SLICE_NS:
+                    continue  # ahead of the least-served client: let it catch up
+            budget = self._slice(client) if lower or self.mode == "fairshare" else max_budget
+            plan.append((client, min(budget, max_budget)))
+        return plan
+
+    def _slice(self, client) -> int:
+        """How many of ``client``'s commands fit in one slice of device time."""
+        return max(1, int(_SLICE_NS // max(self.usage(client).per_command_ns, 1.0)))
+
+    def submitted(self, client) -> None:
+        """Note that ``client`` had descriptors popped now (it is active)."""
+        self.usage(client).last_submit_ns = time.monotonic_ns()
+
+    def _order_key(self, client) -> tuple:
+        usage = self.usage(client)
+        fair = usage.total_ns if self.mode == "fairshare" else 0.0
+        return (-_RANK[self.priority_of(client)], fair, client.id)
+
+    def _over_share(self, client, clients: list, wants: dict[int, bool], total_recent: float) -> bool:
+        share = self.share_of(client)
+        if share >= 100:
+            return False
+        others_want = any(wants.get(c.id) for c in clients
+                          if c.id != client.id and not (client.group and c.group == client.group))
+        if not others_want:
+            return False
+        members = [c for c in clients if c.id == client.id or (client.group and c.group == client.group)]
+        used = sum(self.usage(c).recent_ns for c in members)
+        return used / total_recent > share / 100

@@ -1,0 +1,188 @@
+"""Priorities, compute share, scheduling modes, the client limit and the watchdog, on a live arbiter."""
+
+from __future__ import annotations
+
+import os
+import struct
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import libshare
+from libshare import _control
+from libshare.arbiter import Arbiter
+from libshare.arbiter._scheduler import Scheduler, percentage, priority_name
+from libshare.errors import InvalidSubmission
+
+from ..conftest import ROOT
+from .conftest import run_daemon
+
+
+def control(pipe_dir, command: str, *args: str) -> str:
+    return _control.run(command, *args, pipe_directory=pipe_dir)
+
+
+def ps_rows(pipe_dir) -> dict[str, list[str]]:
+    _, *rows = control(pipe_dir, "ps").splitlines()
+    return {row.split()[2]: row.split() for row in rows}
+
+
+def holder(pipe_dir, name: str, **env) -> subprocess.Popen:
+    process = subprocess.Popen([sys.executable, "-m", "tests.arbiter._client", "hold", str(pipe_dir), name],
+                               cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                               env={**os.environ, **env})
+    assert process.stdout.readline().strip() == "ready"
+    return process
+
+
+def stop(*processes: subprocess.Popen) -> None:
+    for process in processes:
+        process.kill()
+        process.communicate()
+
+
+def test_priority_and_share_parsing():
+    assert [priority_name(v) for v in ("0", "1", "HIGH", "realtime")] == ["normal", "low", "high", "realtime"]
+    assert percentage("25") == 25
+    for bad in ("urgent", "2"):
+        with pytest.raises(ValueError, match="priority must be one of"):
+            priority_name(bad)
+    for bad in ("0", "101", "12.5", "x"):
+        with pytest.raises(ValueError, match="whole number in 1..100"):
+            percentage(bad)
+
+
+def test_priority_commands_and_environment(daemon):
+    _, pipe_dir = daemon
+    low = holder(pipe_dir, "by-env", LIBSHARE_CLIENT_PRIORITY="1")  # MPS "below normal"
+    assert control(pipe_dir, "get_default_client_priority") == "normal"
+    assert control(pipe_dir, "set_default_client_priority", "high") == "high"
+    later = holder(pipe_dir, "later")
+    try:
+        rows = ps_rows(pipe_dir)
+        assert rows["by-env"][5] == "low" and rows["later"][5] == "high"
+        assert control(pipe_dir, "set_client_priority", str(low.pid), "realtime") == "realtime"
+        assert ps_rows(pipe_dir)["by-env"][5] == "realtime"  # changed live
+        with pytest.raises(InvalidSubmission, match="priority must be one of"):
+            control(pipe_dir, "set_default_client_priority", "urgent")
+        with pytest.raises(InvalidSubmission, match="usage"):
+            control(pipe_dir, "set_client_priority", str(low.pid))
+    finally:
+        stop(low, later)
+
+
+def test_compute_share_commands_and_environment(daemon):
+    process, pipe_dir = daemon
+    assert control(pipe_dir, "get_default_active_thread_percentage") == "100"
+    assert control(pipe_dir, "set_default_active_thread_percentage", "60") == "60"
+    assert control(pipe_dir, "get_active_thread_percentage", str(process.pid)) == "60"
+    capped = holder(pipe_dir, "capped", LIBSHARE_ACTIVE_THREAD_PERCENTAGE="30")
+    plain = holder(pipe_dir, "plain")
+    try:
+        assert control(pipe_dir, "get_active_thread_percentage", str(capped.pid)) == "30"  # env lowers
+        assert control(pipe_dir, "get_active_thread_percentage", str(plain.pid)) == "60"  # the default
+        # The operator may not lift a client above what its own environment asked for.
+        assert control(pipe_dir, "set_active_thread_percentage", str(capped.pid), "80") == "30"
+        assert control(pipe_dir, "set_active_thread_percentage", str(plain.pid), "20") == "20"
+        control(pipe_dir, "set_group_active_thread_percentage", "nobody-yet", "10")
+        with pytest.raises(InvalidSubmission, match="1..100"):
+            control(pipe_dir, "set_active_thread_percentage", str(plain.pid), "150")
+    finally:
+        stop(capped, plain)
+
+
+def test_scheduling_mode_switches_live(daemon):
+    _, pipe_dir = daemon
+    assert control(pipe_dir, "get_scheduling_mode") == "throughput"
+    assert control(pipe_dir, "set_scheduling_mode", "fairshare") == "fairshare"
+    with libshare.connect(mode="daemon", pipe_directory=pipe_dir) as session:  # work still flows
+        x, y = session.array(64), session.array(64)
+        x[:] = 2
+        session.copy(x, y).wait(10)
+        assert np.array_equal(x, y)
+    with pytest.raises(InvalidSubmission, match="throughput, fairshare"):
+        control(pipe_dir, "set_scheduling_mode", "lottery")
+
+
+def device_ms(pipe_dir) -> dict[str, float]:
+    return {name: float(row[7].removesuffix("ms")) for name, row in ps_rows(pipe_dir).items()}
+
+
+def shares_over(pipe_dir, seconds: float) -> dict[str, float]:
+    before = device_ms(pipe_dir)
+    time.sleep(seconds)
+    after = device_ms(pipe_dir)
+    used = {name: after[name] - before.get(name, 0.0) for name in after}
+    total = sum(used.values()) or 1.0
+    return {name: value / total for name, value in used.items()}
+
+
+def test_live_share_change_limits_a_running_client(daemon):
+    _, pipe_dir = daemon
+    greedy, other = holder(pipe_dir, "greedy"), holder(pipe_dir, "other")
+    try:
+        time.sleep(0.5)
+        control(pipe_dir, "set_active_thread_percentage", str(greedy.pid), "20")
+        time.sleep(0.5)  # the decayed history forgets the time before the change
+        share = shares_over(pipe_dir, 2.0)["greedy"]
+        assert share < 0.35, f"greedy still used {share:.0%} of the device time after a 20% ceiling"
+    finally:
+        stop(greedy, other)
+
+
+def test_client_limit_is_configurable_past_the_mps_default(tmp_path, vulkan_device_name):
+    pipe_dir = tmp_path / "pipe"
+    pipe_dir.mkdir(mode=0o700)
+    arbiter = Arbiter(max_clients=60)
+    sessions = []
+    try:
+        arbiter.serve(pipe_dir / "control")
+        started = time.monotonic()
+        sessions = [libshare.connect(mode="daemon", pipe_directory=pipe_dir) for _ in range(60)]
+        attach_s = time.monotonic() - started
+        with pytest.raises(libshare.TooManyClients, match="limit is 60"):
+            libshare.connect(mode="daemon", pipe_directory=pipe_dir)
+        assert attach_s < 30
+    finally:
+        for session in sessions:
+            session.close()
+        arbiter.close()
+
+
+def test_watchdog_faults_the_server_and_names_the_offender(tmp_path, vulkan_device_name):
+    generator = run_daemon(tmp_path / "pipe", LIBSHARE_WATCHDOG_SECONDS="0.3")
+    process, pipe_dir = next(generator)
+    try:
+        with libshare.connect(name="runaway", mode="daemon", pipe_directory=pipe_dir) as session:
+            program = session.load_program(libshare.shaders.path("busy"))
+            data = session.array(1 << 16, np.uint32)
+            ticket = session.dispatch(program, groups=1024, buffers=[data], push=struct.pack("II", 1 << 16, 20000))
+            with pytest.raises(libshare.ServerFault):
+                ticket.wait(timeout=60)
+            assert control(pipe_dir, "get_server_status") in ("FAULT", "INITIALIZING")
+        deadline = time.monotonic() + 60
+        while control(pipe_dir, "get_server_status") != "ACTIVE":
+            assert time.monotonic() < deadline, "the server did not recover"
+            time.sleep(0.1)
+        log = (tmp_path / "pipe.stderr").read_text()
+        assert "past the 0.3 s watchdog" in log and "runaway" in log
+    finally:
+        next(generator, None)
+
+
+def test_scheduler_orders_by_priority_then_least_served():
+    class Fake:
+        def __init__(self, id, priority, group=""):
+            self.id, self.priority, self.group, self.requested_share = id, priority, group, 100
+
+    scheduler = Scheduler(mode="fairshare")
+    low, high, a, b = Fake(1, "low"), Fake(2, "high"), Fake(3, "normal"), Fake(4, "normal")
+    clients = [low, high, a, b]
+    scheduler.charge(a, 10_000_000)
+    plan = scheduler.plan(clients, {c.id: True for c in clients}, 0, 1024)
+    assert [c.id for c, _ in plan][:1] == [2]  # high first
+    assert 1 not in [c.id for c, _ in plan[:3]] or plan[-1][0] is low  # low last
+    assert [c.id for c, _ in plan if c.priority == "normal"] == [4]  # a is far ahead: b catches up
