@@ -307,7 +307,10 @@ def _serve(options: Options, stop: _Stop) -> int:
         from . import _emergency
 
         _emergency.install(path, lock.path)
-        return _serve_locked(options, path, stop)
+        try:
+            return _serve_locked(options, path, stop)
+        finally:
+            _emergency.disarm()
     finally:
         lock.release()
 

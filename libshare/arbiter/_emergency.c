@@ -61,3 +61,9 @@ int ls_emergency_install(const char *socket, const char *lock)
             return -errno;
     return 0;
 }
+
+void ls_emergency_disarm(void)
+{
+    socket_path[0] = '\0';
+    lock_path[0] = '\0';
+}

@@ -6,6 +6,9 @@
 /* Install handlers for SIGSEGV, SIGABRT, SIGBUS, SIGILL and SIGFPE that unlink both paths and
  * re-raise the signal. Returns 0, or -ENAMETOOLONG / -errno from sigaction. */
 int ls_emergency_install(const char *socket_path, const char *lock_path);
+/* Forget both paths (the handlers stay, and only re-raise): for after a clean shutdown, when the
+ * paths may already belong to the next arbiter. */
+void ls_emergency_disarm(void);
 /* cdef-end */
 
 #endif

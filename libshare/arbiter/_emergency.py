@@ -13,3 +13,8 @@ def install(socket_path: Path, lock_path: Path) -> None:
     rc = lib.ls_emergency_install(os.fsencode(socket_path), os.fsencode(lock_path))
     if rc < 0:
         raise OSError(-rc, f"cannot install the emergency cleanup: {os.strerror(-rc)}")
+
+
+def disarm() -> None:
+    """Stop unlinking the paths on a crash (they may belong to the next arbiter once this one stopped)."""
+    lib.ls_emergency_disarm()

@@ -124,3 +124,10 @@ def test_daemon_start_failure_reports_the_reason(dirs, vulkan_device_name):
     assert "no-such-device" in result.stderr, result.stderr
     assert time.monotonic() - started < 30
     assert not dirs.lock.exists()
+
+
+def test_a_refused_command_prints_the_arbiters_reason(dirs, daemon):
+    result = control(*dirs.args, "terminate_client", "999999")
+    assert result.returncode != 0 and result.stdout == ""
+    assert result.stderr.startswith("error: ") and "999999" in result.stderr, result.stderr
+    assert re.search(r"WARNING terminate_client 999999 -> error: ", (dirs.log / "control.log").read_text())

@@ -127,3 +127,18 @@ def test_server_log_lines_are_timestamped(dirs, foreground):
     assert f"arbiter pid {process.pid} starting" in control_log
     assert f"arbiter pid {process.pid} stopped (SIGINT)" in control_log
 
+
+
+@pytest.mark.parametrize("disarmed", [False, True], ids=["armed", "disarmed"])
+def test_emergency_handler_alone(tmp_path, disarmed):
+    paths = [tmp_path / "socket", tmp_path / "lock"]
+    for path in paths:
+        path.write_text("")
+    script = ("import os, sys\n"
+              "from libshare.arbiter import _emergency\n"
+              "_emergency.install(sys.argv[1], sys.argv[2])\n"
+              f"{'_emergency.disarm()' if disarmed else ''}\n"
+              "os.abort()\n")
+    result = subprocess.run([sys.executable, "-c", script, *map(str, paths)], cwd=ROOT, timeout=60)
+    assert result.returncode == -signal.SIGABRT
+    assert [path.exists() for path in paths] == [disarmed, disarmed]
