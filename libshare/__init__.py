@@ -8,6 +8,7 @@ from ._session import Ticket as Ticket
 from ._session import connect as connect
 from ._buffers import Buffer as Buffer
 from ._buffers import Program as Program
+from . import manager as manager
 from . import shaders as shaders
 from .errors import AccessDenied as AccessDenied
 from .errors import ArbiterLost as ArbiterLost
@@ -33,6 +34,7 @@ __all__ = [
     "Session",
     "Ticket",
     "connect",
+    "manager",
     "shaders",
     "AccessDenied",
     "ArbiterLost",

@@ -199,13 +199,16 @@ class Drainer:
 
     def _drain(self) -> bool:
         clients = [c for c in self.clients.values() if not c.closing]
-        wants = {}
+        pending, busy = {}, {}
         for client in clients:
             try:
-                wants[client.id] = client.outstanding > 0 or client.region.pending() > 0
+                pending[client.id] = client.region.pending() > 0
             except Exception as exc:
                 self._drop(client, exc)
-        plan = self.scheduler.plan([c for c in clients if c.id in wants], wants, len(self.in_flight), _POP_BATCH)
+                continue
+            busy[client.id] = pending[client.id] or client.outstanding > 0
+        plan = self.scheduler.plan([c for c in clients if c.id in busy], pending, busy, len(self.in_flight),
+                                   _POP_BATCH)
         batch_commands, batch_entries = [], []
         for client, limit in plan:
             try:
@@ -218,7 +221,7 @@ class Drainer:
                 self._drop(client, exc)
                 continue
             if count:
-                self.scheduler.submitted(client)
+                self.scheduler.submitted(client, count)
                 self._accept(client, count, batch_commands, batch_entries)
         if not batch_commands:
             return bool(batch_entries)

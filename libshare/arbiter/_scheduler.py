@@ -36,6 +36,7 @@ _RANK = {name: rank for rank, name in enumerate(PRIORITIES)}
 _ACTIVE_NS = 200_000_000  # a client that submitted this recently still counts as wanting the device
 _SLICE_NS = 200_000  # device time a slice of lower-priority (or fairshare) work may take
 _DECAY_NS = 250_000_000  # time constant of "recent" device time
+_DECAY_STEP_NS = 2_000_000  # decay at most this often
 _UNTIMED_NS = 50_000  # cost booked for a command when the arbiter runs without timestamps
 
 
@@ -65,6 +66,7 @@ class Usage:
     share: int = 100  # ceiling on its recent fraction of device time, percent
     weight: float = 1.0  # fairshare weight
     recent_ns: float = 0.0  # decayed device time
+    queued_ns: float = 0.0  # estimated device time of its popped commands not yet retired
     total_ns: float = 0.0  # device time ever, divided by weight (fairshare's virtual time)
     per_command_ns: float = float(_UNTIMED_NS)  # running estimate, for slicing
     last_submit_ns: int = 0
@@ -110,6 +112,7 @@ class Scheduler:
         """Book ``ns`` of device time (0: unmeasured) for one retired command of ``client``."""
         usage = self.usage(client)
         ns = ns or _UNTIMED_NS
+        usage.queued_ns = max(usage.queued_ns - usage.per_command_ns, 0.0)
         usage.recent_ns += ns
         usage.total_ns += ns / usage.weight
         usage.per_command_ns += (ns - usage.per_command_ns) / 8
@@ -122,56 +125,68 @@ class Scheduler:
 
     # ---------------------------------------------------------------- planning
 
-    def plan(self, clients: list, wants: dict[int, bool], in_flight: int, max_budget: int) -> list[tuple]:
+    def plan(self, clients: list, pending: dict[int, bool], busy: dict[int, bool], in_flight: int,
+             max_budget: int) -> list[tuple]:
         """Ordered (client, budget) for one drain pass.
 
-        ``wants[id]``: the client has descriptors waiting or outstanding; ``in_flight``:
-        submissions on the device now; ``max_budget``: the most one pass pops.
+        ``pending[id]``: descriptors wait in the client's ring; ``busy[id]``: it has work
+        waiting or on the device; ``in_flight``: submissions on the device now;
+        ``max_budget``: the most one pass pops per client.
         """
-        now = time.monotonic_ns()
-        waiting = [c for c in clients if wants.get(c.id)]
-        if self.mode == UNSCHEDULED or not waiting:
+        waiting = [c for c in clients if pending.get(c.id)]
+        if not waiting or self.mode == UNSCHEDULED:
             return [(c, max_budget) for c in waiting]
-        self._decay(now)
-        top = max(_RANK[self.priority_of(c)] for c in clients
-                  if wants.get(c.id) or now - self.usage(c).last_submit_ns < _ACTIVE_NS)
-        total_recent = sum(self.usage(c).recent_ns for c in clients) or 1.0
+        now = time.monotonic_ns()
+        if now - self._last_decay_ns > _DECAY_STEP_NS:
+            self._decay(now)
+        ranks = {c.id: _RANK[self.priority_of(c)] for c in clients}
+        top = max(ranks[c.id] for c in clients
+                  if busy.get(c.id) or now - self.usage(c).last_submit_ns < _ACTIVE_NS)
+        if self.mode == "throughput" and all(ranks[c.id] == top for c in waiting) and not self._any_share():
+            return [(c, max_budget) for c in waiting]  # the common case: nothing to arbitrate
+        total_recent = sum(self.usage(c).recent_ns + self.usage(c).queued_ns for c in clients) or 1.0
         least_served = min(self.usage(c).total_ns for c in waiting)
         plan = []
         for client in sorted(waiting, key=self._order_key):
-            if self._over_share(client, clients, wants, total_recent):
+            if self._over_share(client, clients, busy, total_recent):
                 continue
-            lower = _RANK[self.priority_of(client)] < top
+            lower = ranks[client.id] < top
             if lower and in_flight:
                 continue  # a higher priority is active: one short slice at a time
             if self.mode == "fairshare":
-                if in_flight > 1 or self.usage(client).total_ns > least_served + 2 * _SLICE_NS:
-                    continue  # ahead of the least-served client: let it catch up
-            budget = self._slice(client) if lower or self.mode == "fairshare" else max_budget
+                if in_flight > 2 or self.usage(client).total_ns > least_served + 2 * _SLICE_NS:
+                    continue  # ahead of the least-served waiting client: let it catch up
+            sliced = lower or self.mode == "fairshare" or self.share_of(client) < 100
+            budget = self._slice(client) if sliced else max_budget
             plan.append((client, min(budget, max_budget)))
         return plan
+
+    def _any_share(self) -> bool:
+        return any(u.share < 100 for u in self._usage.values()) or any(v < 100 for v in self.group_share.values())
 
     def _slice(self, client) -> int:
         """How many of ``client``'s commands fit in one slice of device time."""
         return max(1, int(_SLICE_NS // max(self.usage(client).per_command_ns, 1.0)))
 
-    def submitted(self, client) -> None:
-        """Note that ``client`` had descriptors popped now (it is active)."""
-        self.usage(client).last_submit_ns = time.monotonic_ns()
+    def submitted(self, client, count: int) -> None:
+        """Note that ``count`` descriptors of ``client`` were popped now (it is active)."""
+        usage = self.usage(client)
+        usage.last_submit_ns = time.monotonic_ns()
+        usage.queued_ns += count * usage.per_command_ns
 
     def _order_key(self, client) -> tuple:
         usage = self.usage(client)
         fair = usage.total_ns if self.mode == "fairshare" else 0.0
         return (-_RANK[self.priority_of(client)], fair, client.id)
 
-    def _over_share(self, client, clients: list, wants: dict[int, bool], total_recent: float) -> bool:
+    def _over_share(self, client, clients: list, busy: dict[int, bool], total_recent: float) -> bool:
         share = self.share_of(client)
         if share >= 100:
             return False
-        others_want = any(wants.get(c.id) for c in clients
+        others_want = any(busy.get(c.id) for c in clients
                           if c.id != client.id and not (client.group and c.group == client.group))
         if not others_want:
             return False
         members = [c for c in clients if c.id == client.id or (client.group and c.group == client.group)]
-        used = sum(self.usage(c).recent_ns for c in members)
+        used = sum(self.usage(c).recent_ns + self.usage(c).queued_ns for c in members)
         return used / total_recent > share / 100

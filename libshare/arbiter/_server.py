@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import mmap
 import os
+import resource
 import socket
 import struct
 import threading
@@ -40,6 +41,8 @@ log = logging.getLogger("libshare.arbiter")
 
 _PAGE = mmap.PAGESIZE
 _MAX_BUFFER = 1 << 40
+_MAX_CLIENTS = 4096
+_FDS_PER_CLIENT = 4  # socket, pidfd, buffers come and go: a margin
 _WATCHDOG = 120.0  # default seconds one submission may run before the server faults
 _REQUEST_TIMEOUT = 30.0  # a client that starts a frame must finish it within this
 
@@ -63,7 +66,10 @@ class Arbiter:
         if multi_user and os.getuid() != 0:
             raise AccessDenied("multi-user mode needs the arbiter to run as root")
         selector = device if device is not None else os.environ.get("LIBSHARE_DEVICE")
+        if not 1 <= max_clients <= _MAX_CLIENTS:
+            raise InvalidSubmission(f"max_clients must be in 1..{_MAX_CLIENTS} (got {max_clients})")
         self.max_clients = max_clients
+        _raise_fd_limit(max_clients)
         self.multi_user = multi_user
         self.test_hooks = test_hooks if test_hooks is not None else os.environ.get("LIBSHARE_TEST_HOOKS") == "1"
         self.started = time.time()
@@ -299,10 +305,11 @@ class Arbiter:
 
     def snapshot(self) -> dict:
         """The server's and every connected client's state and counters (for ps and metrics)."""
-        clients = [c for c in list(self.drainer.clients.values()) if not c.closing]
+        everyone = list(self.drainer.clients.values())
+        clients = [c for c in everyone if not c.closing]
         totals = Counters()
         totals.add(self.drainer.totals)
-        for client in clients:
+        for client in everyone:  # a closing client is in neither list nor totals until reclaimed
             totals.add(client.counters)
         device = self.device
         server = {"pid": os.getpid(), "state": self.state, "started": self.started, "clients": len(clients),
@@ -333,6 +340,14 @@ class Arbiter:
                 pass
         self.device.close()
         os.close(self._wake_fd)
+
+
+def _raise_fd_limit(max_clients: int) -> None:
+    """Lift the soft open-file limit towards the hard one so ``max_clients`` clients fit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = 256 + _FDS_PER_CLIENT * max_clients
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted if hard == resource.RLIM_INFINITY else min(wanted, hard), hard))
 
 
 def _configure_scheduling(drainer: Drainer, mode: str | None, watchdog: float | None) -> None:

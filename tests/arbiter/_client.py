@@ -54,10 +54,10 @@ def wait_forever(pipe_dir: str) -> None:
             print(f"lost {time.monotonic() - started:.3f}", flush=True)
 
 
-def hold(pipe_dir: str, name: str) -> None:
+def hold(pipe_dir: str, name: str, depth: str = "5") -> None:
     """Keep small busy dispatches queued until the arbiter ends the session.
 
-    Prints 'ready', then, once a call fails, the error class of that call and of two
+    Keeps ``depth`` dispatches in flight. Prints 'ready', then, once a call fails, the error class of that call and of two
     later calls (a sticky error repeats), then waits for a line on stdin before exiting.
     """
     with libshare.connect(name=name, mode="daemon", pipe_directory=pipe_dir) as session:
@@ -69,7 +69,7 @@ def hold(pipe_dir: str, name: str) -> None:
         try:
             while True:
                 tickets.append(session.dispatch(program, groups=4, buffers=[data], push=push))
-                if len(tickets) > 4:
+                if len(tickets) >= int(depth):
                     tickets.pop(0).wait(timeout=60)
         except libshare.LibshareError as exc:
             errors = [type(exc).__name__]
