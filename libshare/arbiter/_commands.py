@@ -296,17 +296,6 @@ class Commands:
         return self.arbiter.drainer.scheduler.mode
 
 
-def _not_yet(name: str):
-    def refuse(self, args: list[str]) -> str:
-        raise LibshareError(f"{name} is not available yet: limits and priorities land with the scheduler")
-    refuse.__doc__ = f"{name}: not yet implemented."
-    return refuse
-
-
-for _name, _command in COMMANDS.items():
-    if not hasattr(Commands, f"_{_name}"):
-        setattr(Commands, f"_{_name}", _not_yet(_name))
-
 _PS_HEADER = ("PID", "ID", "NAME", "DEVICE", "STATE", "PRIORITY", "DISPATCHES", "DEVICE_TIME", "MEMORY",
               "MEM_LIMIT", "COMMAND")
 

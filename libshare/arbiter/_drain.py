@@ -212,11 +212,7 @@ class Drainer:
         batch_commands, batch_entries = [], []
         for client, limit in plan:
             try:
-                # Completions the client has not read yet still hold their slots.
-                budget = min(limit, client.region.completion_space() - client.outstanding)
-                if budget <= 0:
-                    continue
-                count = client.region.pop_into(self._out[:budget], self._out_ptr)
+                count = self._pop(client, limit)
             except Exception as exc:
                 self._drop(client, exc)
                 continue
@@ -228,14 +224,26 @@ class Drainer:
         self._submit(batch_commands, batch_entries)
         return True
 
+    def _pop(self, client: Client, limit: int) -> int:
+        """Pop up to ``limit`` of the client's descriptors into ``self._out``; they are outstanding now.
+
+        Completions the client has not read yet still hold their slots, so a client never has
+        more outstanding than its completion ring can answer. Raises on a corrupt ring.
+        """
+        budget = min(limit, client.region.completion_space() - client.outstanding)
+        if budget <= 0:
+            return 0
+        count = client.region.pop_into(self._out[:budget], self._out_ptr)
+        client.outstanding += count
+        client.counters.submitted += count
+        return count
+
     def _drop(self, client: Client, exc: Exception) -> None:
         log.warning("%s: %s; dropping it", client.describe(), exc)
         self.disconnect(client)
 
     def _accept(self, client: Client, count: int, commands: list, entries: list) -> None:
         errors = []
-        client.outstanding += count
-        client.counters.submitted += count
         for i in range(count):
             raw = self._out_bytes[i * C.DESC_SIZE : (i + 1) * C.DESC_SIZE]
             ticket = int(self._out["ticket"][i])
@@ -409,13 +417,7 @@ class Drainer:
     def _cancel_queued(self, client: Client, status: int = -C.ECANCELED) -> None:
         """Answer ``status`` to every descriptor still in the client's ring (as space allows)."""
         try:
-            while True:
-                budget = min(_POP_BATCH, client.region.completion_space() - client.outstanding)
-                count = client.region.pop_into(self._out[:budget], self._out_ptr) if budget > 0 else 0
-                if count == 0:
-                    return
-                client.outstanding += count
-                client.counters.submitted += count
+            while count := self._pop(client, _POP_BATCH):
                 self._post(client, [(int(t), status, 0) for t in self._out["ticket"][:count]])
         except Exception as exc:  # a corrupt ring: nothing more to cancel
             log.warning("%s: %s while cancelling its queue", client.describe(), exc)

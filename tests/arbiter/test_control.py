@@ -84,6 +84,12 @@ def test_queries_describe_the_server_and_each_client(daemon):
             holder.communicate()
 
 
+def test_every_command_in_the_table_has_a_server_side():
+    from libshare.arbiter._commands import Commands
+
+    assert [name for name in _control.COMMANDS if not hasattr(Commands, f"_{name}")] == []
+
+
 def test_bad_commands_get_clear_errors(daemon):
     _, pipe_dir = daemon
     with pytest.raises(ProtocolError, match="unknown command 'bogus'.*get_server_list"):
