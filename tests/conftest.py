@@ -47,6 +47,17 @@ def spawn_peer(role: str, fd: int, *args: object) -> subprocess.Popen:
     )
 
 
+def stop_process(process: subprocess.Popen, timeout: float = 20.0) -> None:
+    """SIGTERM ``process`` if it still runs; SIGKILL it if it has not exited after ``timeout`` s."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
 def _shm_entries() -> set[str]:
     try:
         return set(os.listdir("/dev/shm"))

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from ..conftest import ROOT
+from ..conftest import ROOT, stop_process
 
 
 @pytest.fixture
@@ -38,13 +38,7 @@ def run_daemon(pipe_dir, **env):
             pytest.fail(f"arbiter did not start: {stderr_path.read_text()[-2000:]}")
         time.sleep(0.05)
     yield process, pipe_dir
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+    stop_process(process)
 
 
 def start_client(role: str, pipe_dir, *args) -> subprocess.Popen:

@@ -15,7 +15,7 @@ from libshare import _config
 from libshare._control import ControlConnection
 from libshare.errors import LibshareError
 
-from ..conftest import ROOT
+from ..conftest import ROOT, stop_process
 
 
 def alive(pid: int) -> bool:
@@ -127,13 +127,7 @@ def foreground(dirs, vulkan_device_name):
 
     yield start
     for process in started:
-        if process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        stop_process(process)
         process.stderr.close()
 
 
