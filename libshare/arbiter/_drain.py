@@ -53,12 +53,12 @@ import select
 import struct
 import threading
 import time
-from concurrent.futures import Future
+from concurrent.futures import Future, wait
 from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import ClientTerminated, InvalidSubmission, ServerFault
+from ..errors import ClientTerminated, InvalidSubmission, ServerFault, ServerNotReady, Timeout
 from ..ring import C, CQE_DTYPE, DESC_DTYPE
 from ..ring._binding import ffi
 from ._clients import BufferRecord, Client, Counters, ProgramRecord
@@ -69,6 +69,7 @@ log = logging.getLogger("libshare.arbiter")
 
 _POP_BATCH = 1024  # descriptors popped per client per pass
 _FENCE_SLICE = 0.0005  # seconds to wait on the oldest fence before looking at the rings again
+_CALL_SLICE = 0.1  # seconds between checks that the drain thread still runs, while a task waits
 _IDLE_SLICE_MS = 200  # poll() timeout when idle; only bounds how soon a stop is noticed
 _DESC_BODY = slice(8, C.DESC_SIZE)  # a descriptor without its ticket: the command cache key
 _HEAD = struct.Struct("<QIHBB3II")
@@ -125,10 +126,18 @@ class Drainer:
         """Run ``fn(*args)`` on the drain thread and return its result (or raise its error)."""
         if threading.current_thread() is self.thread:
             return fn(*args)
+        if self.stopping:
+            raise ServerNotReady("the arbiter is shutting down")
         future: Future = Future()
         self.tasks.put((future, fn, args))
         self.ring_doorbell()
-        return future.result(timeout)
+        deadline = time.monotonic() + timeout
+        while not wait([future], min(_CALL_SLICE, max(deadline - time.monotonic(), 0))).done:
+            if not self.thread.is_alive():  # stopped before it reached the task: it never will
+                raise ServerNotReady("the arbiter shut down before it ran the request")
+            if time.monotonic() >= deadline:
+                raise Timeout(f"the drain thread did not run a request within {timeout:g} s")
+        return future.result()
 
     def ring_doorbell(self) -> None:
         """Wake the drain thread if it sleeps."""

@@ -159,7 +159,10 @@ class Arbiter:
         finally:
             if client is not None:
                 log.info("%s disconnected", client.describe())
-                self._call(self.drainer.connection_closed, client)
+                try:
+                    self._call(self.drainer.connection_closed, client)
+                except LibshareError:
+                    pass  # the arbiter is shutting down, and its shutdown reclaims every client
             with self._lock:
                 self._connections.discard(conn)
             conn.close()

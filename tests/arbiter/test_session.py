@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import struct
+import time
 
 import numpy as np
 import pytest
@@ -208,3 +209,21 @@ def test_pipelining_past_the_completion_ring_loses_nothing(tmp_path):
             assert np.all(y == 4000.0)
     finally:
         arbiter.close()
+
+
+def test_sessions_closed_after_their_arbiter_stopped_end_quietly(tmp_path):
+    """A connection ending after close() must not wait on the stopped drain thread (it used to, 30 s)."""
+    from libshare.arbiter import Arbiter
+
+    tmp_path.chmod(0o700)
+    arbiter = Arbiter()
+    arbiter.serve(tmp_path / "control")
+    sessions = [libshare.connect(mode="daemon", pipe_directory=tmp_path) for _ in range(3)]
+    arbiter.close()
+    started = time.monotonic()
+    with pytest.raises(libshare.ServerNotReady, match="shutting down"):
+        arbiter.drainer.call(lambda: None)
+    assert time.monotonic() - started < 1.0
+    for s in sessions:
+        s.close()
+    time.sleep(0.3)  # the connection threads end now; an exception in one fails the test (warnings are errors)
