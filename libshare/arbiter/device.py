@@ -48,10 +48,13 @@ therefore records each distinct command once and afterwards only *resubmits* it:
   ``device_ns[k]`` runs from the end of command k-1 to the end of command k and the
   list sums to the submission's device time. A timed recording's primary carries its
   own two timestamps; a batch primary writes its N+1 between ``vkCmdExecuteCommands``
-  calls into a query pool of its own, so secondaries know nothing of timing and the
-  results of a whole submission come back in one ``vkGetQueryPoolResults`` call (each
-  call costs about 20 us on lavapipe). Slots are reset by the command buffer that
-  writes them, and read only when ``device_ns`` is. Timestamps are normally cheap on
+  calls into a query pool of its own, so secondaries know nothing of timing. The
+  command buffer that writes the timestamps also copies them
+  (``vkCmdCopyQueryPoolResults``) into host-visible memory mapped once per query pool,
+  so reading them is a memory load: ``vkGetQueryPoolResults`` costs about 20 us on
+  lavapipe and, worse, waits for whatever the queue runs at the time, which held a
+  realtime completion behind the low-priority work submitted after it. Slots are reset
+  by the command buffer that writes them, and read only when ``device_ns`` is. Timestamps are normally cheap on
   GPUs; on lavapipe each costs about 20 us (llvmpipe writes it from its rasterizer
   threads), so ``timed=False`` exists for throughput runs.
 
@@ -76,6 +79,8 @@ import collections
 import os
 import uuid as _uuid
 from typing import Any, Iterable, Sequence
+
+import numpy as np
 
 from libshare.errors import (
     InvalidSubmission,
@@ -339,7 +344,7 @@ class _Recording:
         "primary_array", "primary_info", "submit_info", "secondary_array", "secondary",
     )
 
-    def __init__(self, timed: bool, query_pool: Any, query: int):
+    def __init__(self, timed: bool, query_pool: _QueryPool | None, query: int):
         self.entry: _Entry | None = None
         self.timed = timed
         self.query_pool = query_pool
@@ -359,17 +364,27 @@ class _Recording:
 
 class _Batch:
     """A reusable primary command buffer that runs a batch of secondaries, with the
-    timestamp query pool (and result array) of its timed use, grown on demand."""
+    timestamp query pool of its timed use, grown on demand."""
 
-    __slots__ = ("handle", "array", "submit_info", "query_pool", "query_count", "results")
+    __slots__ = ("handle", "array", "submit_info", "query_pool")
 
     def __init__(self, array: Any):
         self.array = array
         self.handle = array[0]
         self.submit_info = _struct("VkSubmitInfo", "SUBMIT_INFO", commandBufferCount=1, pCommandBuffers=array)
-        self.query_pool: Any = None
-        self.query_count = 0
-        self.results: Any = None  # uint64_t[query_count]
+        self.query_pool: _QueryPool | None = None
+
+
+class _QueryPool:
+    """A timestamp query pool and the host-visible buffer its results are copied into."""
+
+    __slots__ = ("handle", "count", "buffer", "values")
+
+    def __init__(self, handle: Any, count: int, buffer: Buffer, values: np.ndarray):
+        self.handle = handle
+        self.count = count
+        self.buffer = buffer
+        self.values = values  # uint64[count], the mapped buffer: query k's result lands in values[k]
 
 
 class _Fence:
@@ -546,7 +561,7 @@ class Device:
         self._all_fences: list[_Fence] = []
         self._batches: list[_Batch] = []  # idle ones
         self._all_batches: list[_Batch] = []
-        self._query_pools: list[Any] = []
+        self._query_pools: list[_QueryPool] = []
         self._free_queries: list[tuple[Any, int]] = []
         self._cache: collections.OrderedDict[tuple, _Entry] = collections.OrderedDict()
         self._bindings: dict[tuple, tuple[Any, Any]] = {}  # (pipeline, buffers) -> descriptor writes
@@ -563,6 +578,7 @@ class Device:
         access = write | _vk.VK_ACCESS_SHADER_READ_BIT | _vk.VK_ACCESS_TRANSFER_READ_BIT | _vk.VK_ACCESS_HOST_READ_BIT
         self._work_stages = _vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | _vk.VK_PIPELINE_STAGE_TRANSFER_BIT
         self._barrier = _memory_barrier(write, access)
+        self._results_barrier = _memory_barrier(_vk.VK_ACCESS_TRANSFER_WRITE_BIT, _vk.VK_ACCESS_HOST_READ_BIT)
         self._inheritance = _struct("VkCommandBufferInheritanceInfo", "COMMAND_BUFFER_INHERITANCE_INFO")
         self._begin_secondary = _struct(
             "VkCommandBufferBeginInfo", "COMMAND_BUFFER_BEGIN_INFO", pInheritanceInfo=self._inheritance
@@ -580,7 +596,6 @@ class Device:
             )
             for level in (_vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY, _vk.VK_COMMAND_BUFFER_LEVEL_SECONDARY)
         }
-        self._query_out = _ffi.new("uint64_t[2]")
 
     def _destroy_device(self) -> None:
         """Destroy the command pool, device and instance (what the constructor made first)."""
@@ -912,32 +927,68 @@ class Device:
 
     def _execute_timed(self, cb: Any, batch: _Batch, recordings: list[_Recording]) -> None:
         """Run the secondaries one by one with a timestamp before the first and after each."""
-        pool = self._batch_queries(batch, len(recordings) + 1)
-        write, execute = _lib.vkCmdWriteTimestamp, _lib.vkCmdExecuteCommands
+        queries = self._batch_queries(batch, len(recordings) + 1)
+        pool, write, execute = queries.handle, _lib.vkCmdWriteTimestamp, _lib.vkCmdExecuteCommands
         after = _vk.VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT
         _lib.vkCmdResetQueryPool(cb, pool, 0, len(recordings) + 1)
         write(cb, _vk.VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, pool, 0)
         for slot, recording in enumerate(recordings, 1):
             execute(cb, 1, recording.secondary_array)
             write(cb, after, pool, slot)
+        self._copy_results(cb, queries, 0, len(recordings) + 1)
 
-    def _batch_queries(self, batch: _Batch, count: int) -> Any:
+    def _copy_results(self, cb: Any, queries: _QueryPool, first: int, count: int) -> None:
+        """Copy ``count`` timestamps from ``first`` on into the pool's mapped buffer, for the host."""
+        flags = _vk.VK_QUERY_RESULT_64_BIT | _vk.VK_QUERY_RESULT_WAIT_BIT
+        _lib.vkCmdCopyQueryPoolResults(cb, queries.handle, first, count, queries.buffer._handle, 8 * first, 8, flags)
+        transfer, host = _vk.VK_PIPELINE_STAGE_TRANSFER_BIT, _vk.VK_PIPELINE_STAGE_HOST_BIT
+        _lib.vkCmdPipelineBarrier(cb, transfer, host, 0, 1, self._results_barrier, 0, _ffi.NULL, 0, _ffi.NULL)
+
+    def _batch_queries(self, batch: _Batch, count: int) -> _QueryPool:
         """The batch's query pool, replaced by a larger one when it has fewer than ``count``."""
-        if batch.query_count < count:
-            if batch.query_pool is not None:
-                _lib.vkDestroyQueryPool(self._handle, batch.query_pool, _ffi.NULL)  # idle: not pending
-                batch.query_pool, batch.query_count = None, 0
-            size = max(count, 2 * batch.query_count, 64)
-            batch.query_pool = self._create_query_pool(size)
-            batch.query_count, batch.results = size, _ffi.new("uint64_t[]", size)
+        old = batch.query_pool
+        if old is None or old.count < count:
+            batch.query_pool = self._create_query_pool(max(count, 2 * old.count if old else 0, 64))
+            if old is not None:
+                self._destroy_query_pool(old)  # idle: the batch is not pending
         return batch.query_pool
 
-    def _create_query_pool(self, size: int) -> Any:
-        """A timestamp query pool of ``size`` queries."""
+    def _create_query_pool(self, size: int) -> _QueryPool:
+        """A timestamp query pool of ``size`` queries, with a mapped buffer for their results."""
         info = _struct(
             "VkQueryPoolCreateInfo", "QUERY_POOL_CREATE_INFO", queryType=_vk.VK_QUERY_TYPE_TIMESTAMP, queryCount=size
         )
-        return _create(_lib.vkCreateQueryPool, "VkQueryPool", "vkCreateQueryPool", self._handle, info, _ffi.NULL)
+        handle = _create(_lib.vkCreateQueryPool, "VkQueryPool", "vkCreateQueryPool", self._handle, info, _ffi.NULL)
+        try:
+            buffer, values = self._mapped_buffer(8 * size)
+        except BaseException:
+            _lib.vkDestroyQueryPool(self._handle, handle, _ffi.NULL)
+            raise
+        return _QueryPool(handle, size, buffer, values.view(np.uint64))
+
+    def _destroy_query_pool(self, queries: _QueryPool) -> None:
+        self.destroy_buffer(queries.buffer)
+        _lib.vkDestroyQueryPool(self._handle, queries.handle, _ffi.NULL)
+
+    def _mapped_buffer(self, size: int) -> tuple[Buffer, np.ndarray]:
+        """A host-visible, coherent buffer of ``size`` bytes and its mapping (freeing the memory unmaps it)."""
+        buffer = self._create_buffer(size, 0)
+        try:
+            requirements = self._requirements(buffer)
+            wanted = _vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | _vk.VK_MEMORY_PROPERTY_HOST_COHERENT_BIT
+            type_index = self._physical.memory_type(requirements.memoryTypeBits, wanted)
+            memory = self._allocate(requirements.size, type_index, _ffi.NULL, buffer)
+        except BaseException:
+            _lib.vkDestroyBuffer(self._handle, buffer, _ffi.NULL)
+            raise
+        tracked = self._track(Buffer(self, "device", size, 0, buffer, memory))
+        pointer = _ffi.new("void**")
+        try:
+            _check(_lib.vkMapMemory(self._handle, memory, 0, size, 0, pointer), "vkMapMemory")
+        except BaseException:
+            self.destroy_buffer(tracked)
+            raise
+        return tracked, np.frombuffer(_ffi.buffer(pointer[0], size), np.uint8)
 
     def _new_fence(self) -> _Fence:
         """A fresh unsignalled fence (the free list was empty)."""
@@ -969,14 +1020,12 @@ class Device:
         if not recordings:
             return []
         if batch is None:
-            pool, first, out = recordings[0].query_pool, recordings[0].query, self._query_out
+            queries, first = recordings[0].query_pool, recordings[0].query
         else:
-            pool, first, out = batch.query_pool, 0, batch.results
-        count, flags = len(recordings) + 1, _vk.VK_QUERY_RESULT_64_BIT
-        result = _lib.vkGetQueryPoolResults(self._handle, pool, first, count, 8 * count, out, 8, flags)
-        _check(result, "vkGetQueryPoolResults")
+            queries, first = batch.query_pool, 0
+        stamps = queries.values[first : first + len(recordings) + 1].tolist()
         mask, period = self._timestamp_mask, self.timestamp_period_ns
-        return [int(((out[i + 1] - out[i]) & mask) * period) for i in range(len(recordings))]
+        return [int(((later - earlier) & mask) * period) for earlier, later in zip(stamps, stamps[1:])]
 
     # ------------------------------------------------------------------- recording
 
@@ -1030,7 +1079,8 @@ class Device:
         Beginning an executable command buffer resets it (the pool allows that).
         """
         timed = primary and recording.timed
-        pool, query = recording.query_pool, recording.query
+        queries, query = recording.query_pool, recording.query
+        pool = queries.handle if timed else None
         try:
             _check(_lib.vkBeginCommandBuffer(cb, begin), "vkBeginCommandBuffer")
             if timed:
@@ -1046,6 +1096,7 @@ class Device:
             _lib.vkCmdPipelineBarrier(cb, stages, after, 0, 1, self._barrier, 0, _ffi.NULL, 0, _ffi.NULL)
             if timed:
                 _lib.vkCmdWriteTimestamp(cb, _vk.VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, pool, query + 1)
+                self._copy_results(cb, queries, query, 2)
             _check(_lib.vkEndCommandBuffer(cb), "vkEndCommandBuffer")
         except BaseException:
             _lib.vkResetCommandBuffer(cb, 0)  # back to the initial state, ready for another try
@@ -1105,7 +1156,7 @@ class Device:
         region = _ffi.new("VkBufferCopy*", {"srcOffset": c.src_offset, "dstOffset": c.dst_offset, "size": c.size})
         _lib.vkCmdCopyBuffer(cb, c.src._handle, c.dst._handle, 1, region)
 
-    def _take_queries(self) -> tuple[Any, int]:
+    def _take_queries(self) -> tuple[_QueryPool, int]:
         """A free (pool, first query) pair, growing by one query pool when none is free."""
         if not self._free_queries:
             pool = self._create_query_pool(2 * _QUERY_CHUNK)
@@ -1227,11 +1278,11 @@ class Device:
             _destroy_pipeline_handles(self._handle, pipeline)
         for fence in self._all_fences:
             _lib.vkDestroyFence(self._handle, fence.handle, _ffi.NULL)
-        for pool in self._query_pools:
-            _lib.vkDestroyQueryPool(self._handle, pool, _ffi.NULL)
+        for queries in self._query_pools:
+            _lib.vkDestroyQueryPool(self._handle, queries.handle, _ffi.NULL)  # its buffer went with _buffers
         for batch in self._all_batches:
             if batch.query_pool is not None:
-                _lib.vkDestroyQueryPool(self._handle, batch.query_pool, _ffi.NULL)
+                _lib.vkDestroyQueryPool(self._handle, batch.query_pool.handle, _ffi.NULL)
         for entry in self._cache.values():
             entry.alive = False
         self._buffers.clear()

@@ -325,3 +325,21 @@ def test_close_is_idempotent_and_final(device, saxpy_spirv):
     dev.close()
     with pytest.raises(InvalidSubmission):
         dev.submit([])
+
+
+@pytest.mark.parametrize("count", [1, 3], ids=["single", "batch"])
+def test_device_ns_of_finished_work_does_not_wait_for_later_work(device, saxpy, host, count):
+    x, bx = host(64, 1.0)
+    y, by = host(64)
+    n = 1 << 19
+    big_x, big_bx = host(n, 1.0)
+    big_y, big_by = host(n)
+    first = device.submit([_saxpy(saxpy, bx, by, 64, 1.0)] * count)
+    later = device.submit([_saxpy(saxpy, big_bx, big_by, n, 1.0)] * 200)  # a second or so on lavapipe
+    assert first.wait(10.0)
+    assert len(first.device_ns) == count and all(ns > 0 for ns in first.device_ns)
+    assert not later.done(), "reading the timestamps waited for the submission after them"
+    assert later.wait(60.0)
+    assert big_y[0] == 200.0 and y[0] == count
+    first.release()
+    later.release()
