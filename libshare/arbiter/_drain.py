@@ -219,19 +219,26 @@ class Drainer:
         plan = self.scheduler.plan([c for c in clients if c.id in busy], pending, busy, len(self.in_flight),
                                    _POP_BATCH)
         batch_commands, batch_entries = [], []
+        popped, batch_rank = False, None
         for client, limit in plan:
             try:
                 count = self._pop(client, limit)
             except Exception as exc:
                 self._drop(client, exc)
                 continue
-            if count:
-                self.scheduler.submitted(client, count)
-                self._accept(client, count, batch_commands, batch_entries)
-        if not batch_commands:
-            return bool(batch_entries)
-        self._submit(batch_commands, batch_entries)
-        return True
+            if not count:
+                continue
+            popped = True
+            rank = self.scheduler.rank(client)
+            if batch_commands and rank != batch_rank:  # a higher priority's fence must not wait for lower work
+                self._submit(batch_commands, batch_entries)
+                batch_commands, batch_entries = [], []
+            batch_rank = rank
+            self.scheduler.submitted(client, count)
+            self._accept(client, count, batch_commands, batch_entries)
+        if batch_commands:
+            self._submit(batch_commands, batch_entries)
+        return popped
 
     def _pop(self, client: Client, limit: int) -> int:
         """Pop up to ``limit`` of the client's descriptors into ``self._out``; they are outstanding now.

@@ -101,6 +101,10 @@ class Scheduler:
         """The client's priority, or its group's when the group has one."""
         return self.group_priority.get(client.group, client.priority) if client.group else client.priority
 
+    def rank(self, client) -> int:
+        """The client's priority as a number; higher drains first."""
+        return _RANK[self.priority_of(client)]
+
     def share_of(self, client) -> int:
         """The client's own ceiling, lowered by its group's."""
         own = self.usage(client).share
@@ -136,6 +140,8 @@ class Scheduler:
         waiting = [c for c in clients if pending.get(c.id)]
         if not waiting or self.mode == UNSCHEDULED:
             return [(c, max_budget) for c in waiting]
+        if len(clients) == 1:  # a sole client: no one to yield to, but a newcomer waits one slice at most
+            return [(waiting[0], self._slice(waiting[0]) if self.mode == "fairshare" else max_budget)]
         now = time.monotonic_ns()
         if now - self._last_decay_ns > _DECAY_STEP_NS:
             self._decay(now)
@@ -147,26 +153,31 @@ class Scheduler:
         total_recent = sum(self.usage(c).recent_ns + self.usage(c).queued_ns for c in clients) or 1.0
         least_served = min(self.usage(c).total_ns for c in waiting)
         plan = []
+        lower_ns = 0 if in_flight else _SLICE_NS  # lower-priority work this pass may still take
         for client in sorted(waiting, key=self._order_key):
             if self._over_share(client, clients, busy, total_recent):
                 continue
-            lower = ranks[client.id] < top
-            if lower and in_flight:
-                continue  # a higher priority is active: one short slice at a time
-            if self.mode == "fairshare":
+            if ranks[client.id] < top:  # a higher priority is active: one short slice in all
+                per_command = max(self.usage(client).per_command_ns, 1.0)
+                budget = int(lower_ns // per_command) or (1 if lower_ns == _SLICE_NS else 0)  # the first: one at least
+                if not budget:
+                    continue
+                lower_ns -= budget * per_command
+            elif self.mode == "fairshare":
                 if in_flight > 2 or self.usage(client).total_ns > least_served + 2 * _SLICE_NS:
                     continue  # ahead of the least-served waiting client: let it catch up
-            sliced = lower or self.mode == "fairshare" or self.share_of(client) < 100
-            budget = self._slice(client) if sliced else max_budget
+                budget = self._slice(client)
+            else:
+                budget = self._slice(client) if self.share_of(client) < 100 else max_budget
             plan.append((client, min(budget, max_budget)))
         return plan
 
     def _any_share(self) -> bool:
         return any(u.share < 100 for u in self._usage.values()) or any(v < 100 for v in self.group_share.values())
 
-    def _slice(self, client) -> int:
-        """How many of ``client``'s commands fit in one slice of device time."""
-        return max(1, int(_SLICE_NS // max(self.usage(client).per_command_ns, 1.0)))
+    def _slice(self, client, ns: float = _SLICE_NS) -> int:
+        """How many of ``client``'s commands fit in ``ns`` of device time (at least one)."""
+        return max(1, int(ns // max(self.usage(client).per_command_ns, 1.0)))
 
     def submitted(self, client, count: int) -> None:
         """Note that ``count`` descriptors of ``client`` were popped now (it is active)."""
@@ -175,9 +186,10 @@ class Scheduler:
         usage.queued_ns += count * usage.per_command_ns
 
     def _order_key(self, client) -> tuple:
+        """Priority first; then the least served (fairshare) or the longest unserved (throughput)."""
         usage = self.usage(client)
-        fair = usage.total_ns if self.mode == "fairshare" else 0.0
-        return (-_RANK[self.priority_of(client)], fair, client.id)
+        turn = usage.total_ns if self.mode == "fairshare" else usage.last_submit_ns
+        return (-_RANK[self.priority_of(client)], turn, client.id)
 
     def _over_share(self, client, clients: list, busy: dict[int, bool], total_recent: float) -> bool:
         share = self.share_of(client)

@@ -6,6 +6,7 @@ import os
 import struct
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -190,3 +191,54 @@ def test_scheduler_orders_by_priority_then_least_served():
     assert [c.id for c, _ in plan][:1] == [2]  # high first
     assert 1 not in [c.id for c, _ in plan[:3]] or plan[-1][0] is low  # low last
     assert [c.id for c, _ in plan if c.priority == "normal"] == [4]  # a is far ahead: b catches up
+
+
+def test_lower_priorities_share_one_slice_and_take_turns():
+    class Fake:
+        def __init__(self, id, priority):
+            self.id, self.priority, self.group, self.requested_share = id, priority, "", 100
+
+    scheduler = Scheduler(mode="throughput")
+    realtime, lows = Fake(0, "realtime"), [Fake(i, "low") for i in range(1, 8)]
+    clients = [realtime, *lows]
+    for low in lows:
+        for _ in range(30):
+            scheduler.charge(low, 150_000)  # three quarters of a slice: a second would not fit
+    everyone = {c.id: True for c in clients}
+    served = []
+    for _ in range(len(lows)):
+        plan = scheduler.plan(clients, everyone, everyone, 0, 1024)
+        assert plan[0] == (realtime, 1024)
+        assert [budget for _, budget in plan[1:]] == [1], "one low command in all, not one per low client"
+        served.append(plan[1][0].id)
+        scheduler.submitted(plan[1][0], 1)
+    assert sorted(served) == [low.id for low in lows], "the low clients take turns"
+    assert scheduler.plan(clients, everyone, everyone, 1, 1024) == [(realtime, 1024)], "none while one runs"
+
+
+def test_a_realtime_dispatch_is_not_held_behind_low_work_popped_with_it(tmp_path, vulkan_device_name):
+    pipe_dir = tmp_path / "pipe"
+    pipe_dir.mkdir(mode=0o700)
+    arbiter = Arbiter()
+    try:
+        arbiter.serve(pipe_dir / "control")
+        with libshare.connect(mode="daemon", pipe_directory=pipe_dir, priority="low") as low, \
+                libshare.connect(mode="daemon", pipe_directory=pipe_dir, priority="realtime") as realtime:
+            busy, data = low.load_program(libshare.shaders.path("busy")), low.array(1024, np.uint32)
+            saxpy, x, y = realtime.load_program(libshare.shaders.path("saxpy")), realtime.array(64), realtime.array(64)
+            tiny = lambda: realtime.dispatch(saxpy, 1, [x, y], struct.pack("If", 64, 1.0))  # noqa: E731
+            tiny().wait(10)
+            gate = threading.Event()
+            held = threading.Thread(target=arbiter.drainer.call, args=(gate.wait, 10))
+            held.start()  # the drain thread runs gate.wait: both dispatches below meet in one drain pass
+            time.sleep(0.1)
+            slow = low.dispatch(busy, 16, [data], struct.pack("II", 1024, 200_000))  # ~0.2 s on lavapipe
+            quick = tiny()
+            gate.set()
+            held.join()
+            quick.wait(10)
+            quick_done = time.monotonic()
+            slow.wait(60)
+            assert time.monotonic() - quick_done > 0.05, "the realtime dispatch waited for the low one"
+    finally:
+        arbiter.close()
