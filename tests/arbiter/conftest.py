@@ -41,6 +41,20 @@ def run_daemon(pipe_dir, **env):
     stop_process(process)
 
 
+def open_fds(pid: int) -> int:
+    """How many file descriptors process ``pid`` holds."""
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def wait_until(predicate, timeout: float = 30.0, what: str = "condition"):
+    """Poll ``predicate`` until it returns something true, and return that; fail after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while not (value := predicate()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+    return value
+
+
 def start_client(role: str, pipe_dir, *args) -> subprocess.Popen:
     """Start ``tests/arbiter/_client.py ROLE PIPE_DIR ARGS`` with its stdout piped."""
     return subprocess.Popen([sys.executable, "-m", "tests.arbiter._client", role, str(pipe_dir), *map(str, args)],

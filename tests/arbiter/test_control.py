@@ -7,7 +7,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -18,19 +17,11 @@ from libshare import _control
 from libshare.errors import AccessDenied, InvalidSubmission, ProtocolError
 
 from ..conftest import ROOT
-from .conftest import run_daemon, start_client
+from .conftest import open_fds, run_daemon, start_client, wait_until
 
 
 def control(pipe_dir, command: str, *args: str) -> str:
     return _control.run(command, *args, pipe_directory=pipe_dir)
-
-
-def wait_until(predicate, timeout: float = 30.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while not (value := predicate()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-    return value
 
 
 def ready(process: subprocess.Popen) -> subprocess.Popen:
@@ -105,10 +96,6 @@ def test_bad_commands_get_clear_errors(daemon):
     with pytest.raises(AccessDenied, match="test hook"):
         control(pipe_dir, "inject_fault")
     assert control(pipe_dir, "get_server_status") == "ACTIVE"  # none of that hurt it
-
-
-def open_fds(pid: int) -> int:
-    return len(os.listdir(f"/proc/{pid}/fd"))
 
 
 def test_terminate_client_cancels_one_client_and_spares_the_others(daemon):

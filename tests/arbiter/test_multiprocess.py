@@ -12,11 +12,7 @@ import pytest
 import libshare
 from libshare import workloads
 
-from .conftest import start_client
-
-
-def open_fds(pid: int) -> int:
-    return len(os.listdir(f"/proc/{pid}/fd"))
+from .conftest import open_fds, start_client, wait_until
 
 
 def test_eight_clients_with_mixed_kernels_all_right(daemon):
@@ -46,10 +42,8 @@ def test_client_killed_mid_dispatch_leaks_nothing_and_others_run(daemon):
             workloads.run(name, session, rng, cache)
     victim.stdout.close()
 
-    deadline = time.monotonic() + 60
-    while open_fds(arbiter.pid) > fds_before and time.monotonic() < deadline:
-        time.sleep(0.1)  # the victim's in-flight work retires, then its resources go
-    assert open_fds(arbiter.pid) == fds_before
+    # the victim's in-flight work retires, then its resources go
+    wait_until(lambda: open_fds(arbiter.pid) == fds_before, 60, "the arbiter's fds to return to the baseline")
     assert set(os.listdir("/dev/shm")) == shm_before
     with libshare.connect(mode="daemon", pipe_directory=pipe_dir) as session:
         assert session.stats()["clients"] == 1
