@@ -308,6 +308,12 @@ class Arbiter:
 
     def snapshot(self) -> dict:
         """The server's and every connected client's state and counters (for ps and metrics)."""
+        try:  # on the drain thread, which moves a reclaimed client's counts into the totals
+            return self.drainer.call(self._snapshot)
+        except ServerNotReady:  # the drain thread has stopped: nothing moves any more
+            return self._snapshot()
+
+    def _snapshot(self) -> dict:
         everyone = list(self.drainer.clients.values())
         clients = [c for c in everyone if not c.closing]
         totals = Counters()
