@@ -108,7 +108,7 @@ class Drainer:
         self.peak_memory_bytes = 0
         self._fault_waiting: set[int] = set()  # faulted clients whose connection is still open
         self._faulted_memory: list = []  # host memory imported into the faulted device
-        self.timed = timed  # timestamp every command (per-client device time); ~40 us each on lavapipe
+        self.timed = timed  # timestamp every command (per-client device time for the scheduler and ps)
         self.wake_fd = wake_fd
         self.clients: dict[int, Client] = {}
         self.tasks: queue.SimpleQueue = queue.SimpleQueue()

@@ -9,10 +9,12 @@ command took (timestamp queries; without timestamps each command counts as
 
 1. **Priority.** Clients drain in priority order (realtime, high, normal, low).
    While a client of a higher priority is active (it submitted within the last
-   ``_ACTIVE_NS``), lower-priority work goes to the device in short slices (at
-   most ``_SLICE_NS`` of estimated device time per submission, and only when
-   nothing else is in flight), so a realtime dispatch waits behind at most one
-   short slice on a single-queue device such as lavapipe.
+   ``_ACTIVE_NS``), all lower-priority clients together get one short slice per
+   pass (at most ``_SLICE_NS`` of estimated device time, at least one command,
+   and only when nothing else is in flight), taking turns, so a realtime dispatch
+   waits behind at most one short slice on a single-queue device such as
+   lavapipe. The drain thread submits each priority of a pass separately, so a
+   higher priority's completion never waits for the lower work popped with it.
 2. **Compute share** (the active-thread-percentage analogue). A client, or a
    group, whose recent share of device time exceeds its ceiling is not drained
    while any other client wants the device.
