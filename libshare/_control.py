@@ -13,7 +13,6 @@ serves a pipe directory), so scripts written for MPS keep working.
 
 from __future__ import annotations
 
-import socket
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -108,13 +107,13 @@ class ControlConnection:
         directory = _config.pipe_directory(pipe_directory)
         self.socket_path = _config.socket_path(directory)
         """The socket this connection dialled."""
-        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-        self._sock.settimeout(timeout)
         try:
-            self._sock.connect(str(self.socket_path))
+            sock = protocol.dial(self.socket_path, timeout)
         except OSError as exc:
-            self._sock.close()
             raise errors.ArbiterUnavailable(f"no arbiter answers at {self.socket_path}: {exc}") from exc
+        if sock is None:
+            raise errors.ArbiterUnavailable(f"no arbiter answers at {self.socket_path}")
+        self._sock = sock
 
     def run(self, command: str, *args: str) -> str:
         """Run one command and return its output; a refused command raises its LibshareError."""

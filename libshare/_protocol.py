@@ -16,16 +16,47 @@ import json
 import os
 import socket
 import struct
+import time
+from pathlib import Path
 
-from .errors import ArbiterLost, ProtocolError
+from .errors import ArbiterLost, ArbiterUnavailable, ProtocolError
 
-__all__ = ["MAGIC", "VERSION", "MAX_FRAME", "send", "recv", "Frame"]
+__all__ = ["MAGIC", "VERSION", "MAX_FRAME", "dial", "send", "recv", "Frame"]
 
 MAGIC = 0x4C53_4354  # "LSCT"
 VERSION = 1
 MAX_FRAME = 4 << 20  # 4 MiB: a large SPIR-V module fits, a hostile length does not
 MAX_FDS = 4
 _HEADER = struct.Struct("<IHHII")  # magic, version, reserved, json length, payload length
+
+
+def dial(path: Path, timeout: float) -> socket.socket | None:
+    """A stream connected to the arbiter's socket at ``path``, or None when no arbiter listens there.
+
+    A full listen queue (a burst of clients connecting at once) answers EAGAIN at once on a
+    Unix socket; that is retried until ``timeout`` seconds have passed, then ArbiterUnavailable.
+    """
+    deadline = time.monotonic() + timeout
+    pause = 0.001
+    while True:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        sock.settimeout(timeout)
+        try:
+            sock.connect(str(path))
+            return sock
+        except (FileNotFoundError, ConnectionRefusedError, NotADirectoryError):
+            sock.close()
+            return None
+        except BlockingIOError:
+            sock.close()
+            if time.monotonic() + pause > deadline:
+                raise ArbiterUnavailable(f"the arbiter at {path} did not take the connection within "
+                                         f"{timeout:g} s (its listen queue stayed full)") from None
+            time.sleep(pause)
+            pause = min(2 * pause, 0.05)
+        except BaseException:
+            sock.close()
+            raise
 
 
 class Frame:

@@ -372,7 +372,7 @@ def connect(name: str | None = None, priority: str | None = None, mode: str | No
         hello["mem_limit"] = parse_device_limits(os.environ["LIBSHARE_DEVICE_MEM_LIMIT"])
     sock, embedded = None, False
     if mode != "embedded":
-        sock = _dial(_config.socket_path(_config.pipe_directory(pipe_directory)), timeout)
+        sock = protocol.dial(_config.socket_path(_config.pipe_directory(pipe_directory)), timeout)
         if sock is None and mode == "daemon":
             raise errors.ArbiterUnavailable(
                 f"no arbiter answers at {_config.pipe_directory(pipe_directory)}; start one with "
@@ -399,12 +399,3 @@ def connect(name: str | None = None, priority: str | None = None, mode: str | No
     return Session(sock, welcome, embedded)
 
 
-def _dial(path: Path, timeout: float) -> socket.socket | None:
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-    sock.settimeout(timeout)
-    try:
-        sock.connect(str(path))
-    except (FileNotFoundError, ConnectionRefusedError, NotADirectoryError):
-        sock.close()
-        return None
-    return sock

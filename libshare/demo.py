@@ -22,8 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import _config, connect, workloads
-from ._session import _dial
+from . import _config, _protocol as protocol, connect, workloads
 
 
 def client_main(kernel: str, pipe_dir: str, seconds: float, seed: int) -> None:
@@ -90,7 +89,7 @@ def _table(reports: list[dict], where: str) -> str:
 def run_demo(clients: int, seconds: float, pipe_directory: str | None = None) -> str:
     """Run the demo and return its table (uses a daemon when one answers)."""
     daemon_dir = _config.pipe_directory(pipe_directory)
-    probe = _dial(_config.socket_path(daemon_dir), 2.0)
+    probe = protocol.dial(_config.socket_path(daemon_dir), 2.0)
     if probe is not None:
         probe.close()
         return _table(_collect(_start_clients(clients, daemon_dir, seconds), seconds), f"daemon at {daemon_dir}")

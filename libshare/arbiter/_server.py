@@ -116,7 +116,7 @@ class Arbiter:
             listener.bind(str(path))
         finally:
             os.umask(old_umask)
-        listener.listen(128)
+        listener.listen(socket.SOMAXCONN)  # the kernel caps it (net.core.somaxconn)
         self._listener, self.socket_path = listener, path
         threading.Thread(target=self._accept_loop, name="libshare-accept", daemon=True).start()
 
