@@ -70,7 +70,7 @@ log = logging.getLogger("libshare.arbiter")
 _POP_BATCH = 1024  # descriptors popped per client per pass
 _FENCE_SLICE = 0.0005  # seconds to wait on the oldest fence before looking at the rings again
 _CALL_SLICE = 0.1  # seconds between checks that the drain thread still runs, while a task waits
-_IDLE_SLICE_MS = 200  # poll() timeout when idle; only bounds how soon a stop is noticed
+_IDLE_SLICE_MS = 2000  # poll() timeout when idle; a stop, a task and every client ring the doorbell anyway
 _DESC_BODY = slice(8, C.DESC_SIZE)  # a descriptor without its ticket: the command cache key
 _HEAD = struct.Struct("<QIHBB3II")
 
