@@ -62,6 +62,7 @@ from ..errors import ClientTerminated, InvalidSubmission, ServerFault, ServerNot
 from ..ring import C, CQE_DTYPE, DESC_DTYPE
 from ..ring._binding import ffi
 from ._clients import BufferRecord, Client, Counters, ProgramRecord
+from ._programs import SharedPipelines
 from ._scheduler import Scheduler
 from .device import Copy, Device, Dispatch
 
@@ -101,6 +102,8 @@ class Drainer:
         """INITIALIZING, ACTIVE or FAULT."""
         self.scheduler = Scheduler()
         """Drain order and budgets (priorities, fair share, compute share)."""
+        self.pipelines = SharedPipelines()
+        """The device's pipelines, one per distinct SPIR-V module, shared by the clients that load it."""
         self.watchdog: float | None = None
         """Seconds a submission may run before the server faults (None: no limit)."""
         self.totals = Counters()
@@ -138,6 +141,18 @@ class Drainer:
             if time.monotonic() >= deadline:
                 raise Timeout(f"the drain thread did not run a request within {timeout:g} s")
         return future.result()
+
+    def post(self, fn, *args) -> None:
+        """Queue ``fn(*args)`` for the drain thread without waiting; it runs before any later task.
+
+        An exception it raises is logged: only calls that cannot fail belong here.
+        """
+        if self.stopping:
+            raise ServerNotReady("the arbiter is shutting down")
+        future: Future = Future()
+        future.add_done_callback(_log_failure)
+        self.tasks.put((future, fn, args))
+        self.ring_doorbell()
 
     def ring_doorbell(self) -> None:
         """Wake the drain thread if it sleeps."""
@@ -443,6 +458,7 @@ class Drainer:
             return
         self.state = "INITIALIZING"
         log.info("server status is INITIALIZING: recreating the device")
+        self.pipelines.forget()
         try:
             self.device.close()
         except Exception:
@@ -478,7 +494,7 @@ class Drainer:
                 record.memory.close()
             client.counters.memory_bytes -= record.size
         else:
-            self.device.destroy_pipeline(record.pipeline)
+            self.pipelines.release(self.device, record.pipeline)
 
     def _forget_buffer(self, client: Client, record: BufferRecord) -> None:
         """Drop a buffer of a faulted device: its host memory stays mapped until the device is gone."""
@@ -521,6 +537,11 @@ class Drainer:
         self.ring_doorbell()
         if self.thread.is_alive():
             self.thread.join(timeout + 5.0)
+
+
+def _log_failure(future: Future) -> None:
+    if not future.cancelled() and future.exception() is not None:
+        log.error("a posted drain task failed", exc_info=future.exception())
 
 
 def _build_command(client: Client, device: Device, raw: memoryview):

@@ -26,7 +26,6 @@ from pathlib import Path
 import numpy as np
 
 from .. import _protocol as protocol
-from .._spirv import reflect
 from ..errors import (AccessDenied, InvalidSubmission, LibshareError, ProtocolError, ServerNotReady,
                       TooManyClients)
 from ..ring import Region
@@ -35,6 +34,7 @@ from ._commands import Commands
 from ._scheduler import MODES, UNSCHEDULED, percentage, priority_name
 from ._drain import Drainer
 from ._limits import MemoryLimits, device_limit, parse_device_limits
+from ._programs import Interfaces
 from .device import Device
 
 log = logging.getLogger("libshare.arbiter")
@@ -45,6 +45,7 @@ _MAX_CLIENTS = 4096
 _FDS_PER_CLIENT = 4  # socket, pidfd, buffers come and go: a margin
 _WATCHDOG = 120.0  # default seconds one submission may run before the server faults
 _REQUEST_TIMEOUT = 30.0  # a client that starts a frame must finish it within this
+_SPARE_REGIONS = 2  # ring regions made ahead of the hellos that will take them
 
 
 class Arbiter:
@@ -85,12 +86,18 @@ class Arbiter:
         self.drainer = Drainer(lambda: Device(selector), self._wake_fd, timed)
         _configure_scheduling(self.drainer, scheduling, watchdog)
         self.commands = Commands(self)
+        self.interfaces = Interfaces()
+        """Reflected SPIR-V modules by content (a program another client loaded is not reflected again)."""
         self._lock = threading.Lock()
         self._next_client = 1
         self._connections: set[socket.socket] = set()
+        self._attached: set[int] = set()  # ids of the clients whose connection is open (the client limit)
         self._listener: socket.socket | None = None
         self.socket_path: Path | None = None
         self.closed = False
+        self._spare_regions: list[Region] = []
+        for _ in range(_SPARE_REGIONS):  # made now, so that the arbiter's fd count stays level afterwards
+            self._make_spare_region()
         self.drainer.start()
         self.limits.default = device_limit(default_limits, self.device.index, self.device.uuid)
         log.info("arbiter pid %d on device %d: %s (%s); server status is ACTIVE", os.getpid(),
@@ -159,6 +166,8 @@ class Arbiter:
         finally:
             if client is not None:
                 log.info("%s disconnected", client.describe())
+                with self._lock:
+                    self._attached.discard(client.id)
                 try:
                     self._call(self.drainer.connection_closed, client)
                 except LibshareError:
@@ -209,27 +218,52 @@ class Arbiter:
                 raise ServerNotReady("the arbiter is shutting down")
             if self.state != "ACTIVE":
                 raise ServerNotReady(f"server not ready: its state is {self.state}; retry once it is ACTIVE")
-            active = sum(1 for c in self.drainer.clients.values() if not c.closing)
-            if active >= self.max_clients:
-                raise TooManyClients(f"the arbiter already serves {active} clients (its limit is "
+            if len(self._attached) >= self.max_clients:
+                raise TooManyClients(f"the arbiter already serves {len(self._attached)} clients (its limit is "
                                      f"{self.max_clients}); wait for one to leave or raise --max-clients")
             client_id = self._next_client
             self._next_client += 1
-        region = Region.create(*self._geometry)
-        region.announce_consumer()
-        if pid != os.getpid():  # an embedded client is this process: nothing to watch
-            region.watch_peer(pid)
+            self._attached.add(client_id)
+            region = self._spare_regions.pop() if self._spare_regions else None
+        try:
+            region = region or Region.create(*self._geometry)
+            region.announce_consumer()
+            if pid != os.getpid():  # an embedded client is this process: nothing to watch
+                region.watch_peer(pid)
+        except BaseException:
+            with self._lock:
+                self._attached.discard(client_id)
+            raise
         client = Client(client_id, pid, uid, name, priority, region, group=group, cmdline=_cmdline(pid),
                         requested_share=share, env_mem_limit=env_limit)
-        self._call(self.drainer.add_client, client)
+        self.drainer.post(self.drainer.add_client, client)  # ahead of every later task of this client
+        try:
+            protocol.send(conn, {"ok": True, "client_id": client_id, "arbiter_pid": os.getpid(),
+                                 "device": self.device.name},
+                          fds=(region.fd, self._wake_fd))
+        except BaseException:  # gone before the welcome: reclaim what was made for it
+            self.drainer.post(self.drainer.connection_closed, client)
+            with self._lock:
+                self._attached.discard(client_id)
+            raise
         log.info("%s connected (uid %d%s)", client.describe(), uid, f", group {group}" if group else "")
-        protocol.send(conn, {"ok": True, "client_id": client_id, "arbiter_pid": os.getpid(),
-                             "device": self.device.name},
-                      fds=(region.fd, self._wake_fd))
+        self._make_spare_region()
         return client
 
+    def _make_spare_region(self) -> None:
+        """Keep a ring region or two made ahead, so that the next hello does not wait for one."""
+        with self._lock:
+            if self.closed or len(self._spare_regions) >= _SPARE_REGIONS:
+                return
+        region = Region.create(*self._geometry)
+        with self._lock:
+            if not self.closed and len(self._spare_regions) < _SPARE_REGIONS:
+                self._spare_regions.append(region)
+                return
+        region.close()
+
     def _load_program(self, client: Client, frame: protocol.Frame):
-        interface = reflect(frame.payload)
+        digest, interface = self.interfaces.of(frame.payload)
         if interface.push_constant_size > self.device.max_push_constants_size:
             raise InvalidSubmission(f"program declares {interface.push_constant_size} bytes of push constants; "
                                     f"the device allows {self.device.max_push_constants_size}")
@@ -239,8 +273,8 @@ class Arbiter:
         push_size = -(-interface.push_constant_size // 4) * 4  # Vulkan ranges are whole words
 
         def create():
-            pipeline = self.device.create_pipeline(frame.payload, len(interface.bindings), push_size,
-                                                   interface.entry_point)
+            pipeline = self.drainer.pipelines.acquire(self.device, digest, frame.payload, len(interface.bindings),
+                                                      push_size, interface.entry_point)
             record = ProgramRecord(client.new_id(), pipeline, len(interface.bindings), push_size)
             client.programs[record.id] = record
             return record.id
@@ -336,6 +370,9 @@ class Arbiter:
                 return
             self.closed = True
             connections = list(self._connections)
+            spares, self._spare_regions = self._spare_regions, []
+        for region in spares:
+            region.close()
         if self._listener is not None:
             self._listener.close()
             if self.socket_path is not None:
