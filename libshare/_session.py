@@ -21,6 +21,7 @@ import socket
 import struct
 import threading
 import time
+import weakref
 from pathlib import Path
 
 import anyio
@@ -37,6 +38,7 @@ __all__ = ["Session", "Ticket", "connect"]
 
 _HEAD = struct.Struct("<QIHBB3II")
 _OFFSETS = struct.Struct("<8I8Q")
+_SEEN_ARRAYS = 1024  # arrays whose binding a session remembers
 _WAIT_SLICE = 0.05  # seconds per completion wait, between liveness checks
 _REQUEST_TIMEOUT = 60.0  # a control request the arbiter does not answer in this long fails
 _STATUS_TEXT = {
@@ -120,6 +122,7 @@ class Session:
         self._cqes = np.empty(self._region.cq_entries, CQE_DTYPE)
         self._cqes_ptr = ffi.from_buffer("char[]", self._cqes)
         self._by_mapping: dict[int, Buffer] = {}
+        self._seen: dict[int, tuple[weakref.ref, Buffer, int]] = {}  # id(array) -> (the array, buffer, offset)
         self._lost: errors.LibshareError | None = None
         self.closed = False
         """True after close()."""
@@ -234,10 +237,22 @@ class Session:
                 ids.append(item.id)
                 offsets.append(0)
             else:
-                buffer, offset = find_buffer(item, self._by_mapping)
+                buffer, offset = self._bound(item)
                 ids.append(buffer.id)
                 offsets.append(offset)
         return ids, offsets
+
+    def _bound(self, array: np.ndarray) -> tuple[Buffer, int]:
+        """The buffer and byte offset an array binds; remembered per live array (walking its
+        ``.base`` chain is most of what a dispatch costs here)."""
+        seen = self._seen.get(id(array))
+        if seen is not None and seen[0]() is array and not seen[1].freed:
+            return seen[1], seen[2]
+        buffer, offset = find_buffer(array, self._by_mapping)
+        if len(self._seen) >= _SEEN_ARRAYS:
+            self._seen.clear()
+        self._seen[id(array)] = (weakref.ref(array), buffer, offset)
+        return buffer, offset
 
     def _submit(self, opcode: int, program: int, ids, offsets, groups, push: bytes) -> Ticket:
         self._check_usable()

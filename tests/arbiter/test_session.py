@@ -34,6 +34,21 @@ def test_saxpy_on_a_slice_binds_from_its_first_element(session):
     assert np.all(y[:1024] == 2.0) and np.all(y[1024:] == 12.0)
 
 
+def test_bindings_remembered_per_array_follow_new_arrays_and_freed_buffers(session):
+    program = session.load_program(libshare.shaders.path("saxpy"))
+    push = struct.pack("If", 64, 1.0)
+    x = session.array(64)
+    x[:] = 1.0
+    for round in range(20):  # new arrays, often at the address (and id) of one just dropped
+        y = session.array(128)[64:]
+        session.dispatch(program, 1, [x, y], push).wait(10)
+        assert np.all(y == 1.0) and np.all(y.base[:64] == 0.0), f"round {round} bound a stale array"
+        session.free(y)
+        with pytest.raises(ValueError, match="not a view on a live buffer"):
+            session.dispatch(program, 1, [x, y], push)
+        del y
+
+
 def test_dispatches_of_one_session_run_in_order_and_see_earlier_writes(session):
     program = session.load_program(libshare.shaders.path("saxpy"))
     x, y = session.array(4096), session.array(4096)
