@@ -144,6 +144,8 @@ class Scheduler:
             return [(c, max_budget) for c in waiting]
         if len(clients) == 1:  # a sole client: no one to yield to, but a newcomer waits one slice at most
             return [(waiting[0], self._slice(waiting[0]) if self.mode == "fairshare" else max_budget)]
+        if self.mode == "throughput" and self._all_alike(clients):
+            return [(c, max_budget) for c in waiting]  # the common case: nothing to arbitrate
         now = time.monotonic_ns()
         if now - self._last_decay_ns > _DECAY_STEP_NS:
             self._decay(now)
@@ -151,7 +153,7 @@ class Scheduler:
         top = max(ranks[c.id] for c in clients
                   if busy.get(c.id) or now - self.usage(c).last_submit_ns < _ACTIVE_NS)
         if self.mode == "throughput" and all(ranks[c.id] == top for c in waiting) and not self._any_share():
-            return [(c, max_budget) for c in waiting]  # the common case: nothing to arbitrate
+            return [(c, max_budget) for c in waiting]  # the waiting clients are alike
         total_recent = sum(self.usage(c).recent_ns + self.usage(c).queued_ns for c in clients) or 1.0
         least_served = min(self.usage(c).total_ns for c in waiting)
         plan = []
@@ -173,6 +175,11 @@ class Scheduler:
                 budget = self._slice(client) if self.share_of(client) < 100 else max_budget
             plan.append((client, min(budget, max_budget)))
         return plan
+
+    def _all_alike(self, clients: list) -> bool:
+        """One priority for every client and no compute-share ceiling anywhere."""
+        first = self.priority_of(clients[0])
+        return all(self.priority_of(c) == first for c in clients) and not self._any_share()
 
     def _any_share(self) -> bool:
         return any(u.share < 100 for u in self._usage.values()) or any(v < 100 for v in self.group_share.values())
