@@ -317,7 +317,7 @@ class Arbiter:
 
     def _free(self, client: Client, frame: protocol.Frame):
         def free():
-            self.drainer.drain_now()  # descriptors pushed before this request still see the buffer
+            self.drainer.drain_client(client)  # descriptors pushed before this request still see the buffer
             record = (client.buffers.get(frame.fields.get("buffer_id"))
                       if "buffer_id" in frame.fields else client.programs.get(frame.fields.get("program_id")))
             if record is None:

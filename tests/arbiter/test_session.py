@@ -49,6 +49,19 @@ def test_bindings_remembered_per_array_follow_new_arrays_and_freed_buffers(sessi
         del y
 
 
+def test_a_buffer_freed_right_after_dispatches_serves_them_all(session):
+    program = session.load_program(libshare.shaders.path("saxpy"))
+    push = struct.pack("If", 64, 1.0)
+    for round in range(5):
+        x, y = session.array(64), session.array(64)
+        x[:], y[:] = 1.0, 0.0
+        tickets = [session.dispatch(program, 1, [x, y], push) for _ in range(300)]
+        session.free(x)  # the arbiter pops the 300 before it lets go of x
+        for ticket in tickets:
+            ticket.wait(30)
+        assert np.all(y == 300.0), f"round {round}"
+
+
 def test_dispatches_of_one_session_run_in_order_and_see_earlier_writes(session):
     program = session.load_program(libshare.shaders.path("saxpy"))
     x, y = session.array(4096), session.array(4096)
