@@ -159,8 +159,9 @@ class Scheduler:
         plan = []
         lower_ns = 0 if in_flight else _SLICE_NS  # lower-priority work this pass may still take
         for client in sorted(waiting, key=self._order_key):
-            if self._over_share(client, clients, busy, total_recent):
-                continue
+            headroom = self._headroom(client, clients, busy, total_recent)
+            if headroom is not None and headroom <= 0:
+                continue  # at its compute share while others want the device
             if ranks[client.id] < top:  # a higher priority is active: one short slice in all
                 per_command = max(self.usage(client).per_command_ns, 1.0)
                 budget = int(lower_ns // per_command) or (1 if lower_ns == _SLICE_NS else 0)  # the first: one at least
@@ -172,7 +173,7 @@ class Scheduler:
                     continue  # ahead of the least-served waiting client: let it catch up
                 budget = self._slice(client)
             else:
-                budget = self._slice(client) if self.share_of(client) < 100 else max_budget
+                budget = max_budget if headroom is None else self._slice(client, headroom)
             plan.append((client, min(budget, max_budget)))
         return plan
 
@@ -200,14 +201,16 @@ class Scheduler:
         turn = usage.total_ns if self.mode == "fairshare" else usage.last_submit_ns
         return (-_RANK[self.priority_of(client)], turn, client.id)
 
-    def _over_share(self, client, clients: list, busy: dict[int, bool], total_recent: float) -> bool:
-        share = self.share_of(client)
-        if share >= 100:
-            return False
+    def _headroom(self, client, clients: list, busy: dict[int, bool], total_recent: float) -> float | None:
+        """Device time (ns) the client, with its group, may still take before it reaches its
+        compute share: None when no ceiling applies now (100%, or no one else wants the device)."""
+        share = self.share_of(client) / 100
+        if share >= 1:
+            return None
         others_want = any(busy.get(c.id) for c in clients
                           if c.id != client.id and not (client.group and c.group == client.group))
         if not others_want:
-            return False
+            return None
         members = [c for c in clients if c.id == client.id or (client.group and c.group == client.group)]
         used = sum(self.usage(c).recent_ns + self.usage(c).queued_ns for c in members)
-        return used / total_recent > share / 100
+        return (share * total_recent - used) / (1 - share)  # taking x more: (used + x) / (total + x) = share

@@ -242,3 +242,24 @@ def test_a_realtime_dispatch_is_not_held_behind_low_work_popped_with_it(tmp_path
             assert time.monotonic() - quick_done > 0.05, "the realtime dispatch waited for the low one"
     finally:
         arbiter.close()
+
+
+def test_a_client_under_its_share_may_catch_up_in_one_pass():
+    class Fake:
+        def __init__(self, id):
+            self.id, self.priority, self.group, self.requested_share = id, "normal", "", 100
+
+    scheduler = Scheduler(mode="throughput")
+    limited, other = Fake(1), Fake(2)
+    scheduler.usage(limited).share = 50
+    for _ in range(30):
+        scheduler.charge(other, 100_000)  # 3 ms of recent device time, 0.1 ms a command
+    scheduler.charge(limited, 100_000)
+    everyone = {1: True, 2: True}
+    budgets = dict((c.id, b) for c, b in scheduler.plan([limited, other], everyone, everyone, 0, 1024))
+    # 0.1 ms used of 3.1 ms: 2.9 ms more brings it to 50%; at its estimate of 56 us a command
+    # (it has seen one), 51 commands, where one slice would be 3
+    assert scheduler._slice(limited) < budgets[1] <= 52 and budgets[2] == 1024
+    for _ in range(40):
+        scheduler.charge(limited, 100_000)
+    assert [c.id for c, _ in scheduler.plan([limited, other], everyone, everyone, 0, 1024)] == [2]
