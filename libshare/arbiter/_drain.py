@@ -247,19 +247,14 @@ class Drainer:
         """
         if client.closing:
             return
-        try:
-            count = self._pop(client, _POP_BATCH)
-        except Exception as exc:
-            self._drop(client, exc)
-            return
-        if count:
-            self.scheduler.submitted(client, count)
-            commands, entries = [], []
-            self._accept(client, count, commands, entries)
-            if commands:
-                self._submit(commands, entries)
+        commands, entries = [], []
+        self._take(client, _POP_BATCH, commands, entries)
+        if commands:
+            self._submit(commands, entries)
 
     def _drain(self) -> bool:
+        if len(self.in_flight) >= _MAX_IN_FLIGHT:
+            return False
         clients, pending = [], {}
         for client in self.clients.values():
             if client.closing:
@@ -270,31 +265,35 @@ class Drainer:
                 self._drop(client, exc)
                 continue
             clients.append(client)
-        if not any(pending.values()) or len(self.in_flight) >= _MAX_IN_FLIGHT:
+        if not any(pending.values()):
             return False
         busy = {c.id: pending[c.id] or c.outstanding > 0 for c in clients}
         plan = self.scheduler.plan(clients, pending, busy, len(self.in_flight), _POP_BATCH)
         batch_commands, batch_entries = [], []
         popped, batch_rank = False, None
         for client, limit in plan:
-            try:
-                count = self._pop(client, limit)
-            except Exception as exc:
-                self._drop(client, exc)
-                continue
-            if not count:
-                continue
-            popped = True
             rank = self.scheduler.rank(client)
             if batch_commands and rank != batch_rank:  # a higher priority's fence must not wait for lower work
                 self._submit(batch_commands, batch_entries)
                 batch_commands, batch_entries = [], []
             batch_rank = rank
-            self.scheduler.submitted(client, count)
-            self._accept(client, count, batch_commands, batch_entries)
+            popped |= self._take(client, limit, batch_commands, batch_entries) > 0
         if batch_commands:
             self._submit(batch_commands, batch_entries)
         return popped
+
+    def _take(self, client: Client, limit: int, commands: list, entries: list) -> int:
+        """Pop up to ``limit`` of the client's descriptors and add the valid ones to ``commands``
+        and ``entries`` (the invalid ones are answered at once); how many were popped."""
+        try:
+            count = self._pop(client, limit)
+        except Exception as exc:
+            self._drop(client, exc)
+            return 0
+        if count:
+            self.scheduler.submitted(client, count)
+            self._accept(client, count, commands, entries)
+        return count
 
     def _pop(self, client: Client, limit: int) -> int:
         """Pop up to ``limit`` of the client's descriptors into ``self._out``; they are outstanding now.

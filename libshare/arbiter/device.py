@@ -563,7 +563,7 @@ class Device:
         self._batches: list[_Batch] = []  # idle ones
         self._all_batches: list[_Batch] = []
         self._query_pools: list[_QueryPool] = []
-        self._free_queries: list[tuple[Any, int]] = []
+        self._free_queries: list[tuple[_QueryPool, int]] = []
         self._cache: collections.OrderedDict[tuple, _Entry] = collections.OrderedDict()
         self._bindings: dict[tuple, tuple[Any, Any]] = {}  # (pipeline, buffers) -> descriptor writes
         self._retired: set[_Entry] = set()  # dropped entries with recordings still in flight
