@@ -231,6 +231,8 @@ class Arbiter:
             if pid != os.getpid():  # an embedded client is this process: nothing to watch
                 region.watch_peer(pid)
         except BaseException:
+            if region is not None:
+                region.close()
             with self._lock:
                 self._attached.discard(client_id)
             raise
