@@ -18,6 +18,34 @@ declared either the SPIR-V 1.3+ way (``StorageBuffer`` storage class) or the
 SPIR-V 1.0 way (``Uniform`` storage class with a ``BufferBlock`` struct).
 Uniform buffers, images, samplers, arrays of descriptors and any other set are
 rejected, because the arbiter only binds storage buffers.
+
+What a module may use (the whitelist)
+-------------------------------------
+A client's module is untrusted code that runs on the shared device, and on lavapipe
+inside the arbiter's own address space. Bounds checking (``robustBufferAccess``)
+protects every access through a bound descriptor; it cannot protect an access through a
+raw address. So reflection also admits a module only if everything it declares is on an
+explicit list of what a compute kernel over its bound storage buffers needs, and names
+the first thing that is not:
+
+* **capabilities** in :data:`ALLOWED_CAPABILITIES` (``Shader``, the 8/16/64-bit scalar
+  types and storage, subgroup operations, the Vulkan memory model). Refused, among
+  others: ``PhysicalStorageBufferAddresses`` (``GL_EXT_buffer_reference``: a pointer made
+  from an integer reads and writes any memory of the process), ``VariablePointers``,
+  ``Addresses``, ``Kernel``, ``Linkage``, ``Int64ImageEXT`` and everything for images.
+* **extensions** in :data:`ALLOWED_EXTENSIONS`, and extended instruction sets
+  ``GLSL.std.450`` and ``NonSemantic.*`` (which by definition change nothing);
+* the **addressing model** ``Logical`` and the **memory models** ``GLSL450`` and
+  ``Vulkan``;
+* pointers and variables only in the **storage classes** ``Input`` (built-ins),
+  ``Uniform``/``StorageBuffer`` (bound buffers), ``PushConstant``, ``Workgroup``,
+  ``Private`` and ``Function``.
+
+Reflection also sums the bytes of the module's ``Workgroup`` variables and of its
+``Private`` and ``Function`` variables (natural sizes; every array must have a constant
+length), so that the arbiter can refuse a kernel whose shared or per-invocation memory
+would exceed the device's limit or, on lavapipe, the stack of the thread that runs it.
+None of this replaces the SPIR-V validator, which the arbiter runs as well.
 """
 
 from __future__ import annotations
@@ -28,7 +56,7 @@ from typing import Iterator
 
 from libshare.errors import InvalidSubmission
 
-__all__ = ["ShaderInterface", "reflect"]
+__all__ = ["ALLOWED_CAPABILITIES", "ALLOWED_EXTENSIONS", "ShaderInterface", "reflect"]
 
 _MAGIC = 0x07230203
 _MAGIC_SWAPPED = 0x03022307  # the magic number read in the wrong byte order
@@ -42,6 +70,8 @@ _OP_TYPE_INT, _OP_TYPE_FLOAT, _OP_TYPE_VECTOR, _OP_TYPE_MATRIX = 21, 22, 23, 24
 _OP_TYPE_ARRAY, _OP_TYPE_RUNTIME_ARRAY, _OP_TYPE_STRUCT, _OP_TYPE_POINTER = 28, 29, 30, 32
 _OP_CONSTANT, _OP_SPEC_CONSTANT = 43, 50
 _OP_CONSTANT_COMPOSITE, _OP_SPEC_CONSTANT_COMPOSITE = 44, 51
+_OP_EXTENSION, _OP_EXT_INST_IMPORT, _OP_MEMORY_MODEL, _OP_CAPABILITY = 10, 11, 14, 17
+_OP_TYPE_BOOL, _OP_TYPE_FORWARD_POINTER = 20, 39
 _MIN_OPERANDS = {
     _OP_ENTRY_POINT: 3, _OP_EXECUTION_MODE: 2, _OP_EXECUTION_MODE_ID: 2,
     _OP_DECORATE: 2, _OP_MEMBER_DECORATE: 3, _OP_VARIABLE: 3,
@@ -49,8 +79,10 @@ _MIN_OPERANDS = {
     _OP_TYPE_ARRAY: 3, _OP_TYPE_RUNTIME_ARRAY: 2, _OP_TYPE_STRUCT: 1, _OP_TYPE_POINTER: 3,
     _OP_CONSTANT: 3, _OP_SPEC_CONSTANT: 3,
     _OP_CONSTANT_COMPOSITE: 2, _OP_SPEC_CONSTANT_COMPOSITE: 2,
+    _OP_EXTENSION: 1, _OP_EXT_INST_IMPORT: 2, _OP_MEMORY_MODEL: 2, _OP_CAPABILITY: 1,
+    _OP_TYPE_FORWARD_POINTER: 2,
 }
-_TYPE_OPS = {_OP_TYPE_INT, _OP_TYPE_FLOAT, _OP_TYPE_VECTOR, _OP_TYPE_MATRIX, _OP_TYPE_ARRAY,
+_TYPE_OPS = {_OP_TYPE_BOOL, _OP_TYPE_INT, _OP_TYPE_FLOAT, _OP_TYPE_VECTOR, _OP_TYPE_MATRIX, _OP_TYPE_ARRAY,
              _OP_TYPE_RUNTIME_ARRAY, _OP_TYPE_STRUCT, _OP_TYPE_POINTER}
 _CONSTANT_OPS = {_OP_CONSTANT, _OP_SPEC_CONSTANT, _OP_CONSTANT_COMPOSITE,
                  _OP_SPEC_CONSTANT_COMPOSITE}
@@ -62,6 +94,43 @@ _DEC_ARRAY_STRIDE, _DEC_MATRIX_STRIDE, _DEC_BUILTIN = 6, 7, 11
 _DEC_BINDING, _DEC_DESCRIPTOR_SET, _DEC_OFFSET = 33, 34, 35
 _BUILTIN_WORKGROUP_SIZE = 25
 _SC_UNIFORM_CONSTANT, _SC_UNIFORM, _SC_PUSH_CONSTANT, _SC_STORAGE_BUFFER = 0, 2, 9, 12
+_SC_INPUT, _SC_WORKGROUP, _SC_PRIVATE, _SC_FUNCTION = 1, 4, 6, 7
+
+ALLOWED_CAPABILITIES = {
+    0: "Matrix", 1: "Shader", 9: "Float16", 10: "Float64", 11: "Int64", 12: "Int64Atomics",
+    22: "Int16", 39: "Int8",
+    61: "GroupNonUniform", 62: "GroupNonUniformVote", 63: "GroupNonUniformArithmetic",
+    64: "GroupNonUniformBallot", 65: "GroupNonUniformShuffle", 66: "GroupNonUniformShuffleRelative",
+    67: "GroupNonUniformClustered", 68: "GroupNonUniformQuad",
+    4433: "StorageBuffer16BitAccess", 4434: "UniformAndStorageBuffer16BitAccess",
+    4435: "StoragePushConstant16", 4448: "StorageBuffer8BitAccess",
+    4449: "UniformAndStorageBuffer8BitAccess", 4450: "StoragePushConstant8",
+    4464: "DenormPreserve", 4465: "DenormFlushToZero", 4466: "SignedZeroInfNanPreserve",
+    4467: "RoundingModeRTE", 4468: "RoundingModeRTZ",
+    5345: "VulkanMemoryModel", 5346: "VulkanMemoryModelDeviceScope",
+}
+"""SPIR-V capabilities a client module may declare (enumerant: name)."""
+
+ALLOWED_EXTENSIONS = frozenset({
+    "SPV_KHR_storage_buffer_storage_class", "SPV_KHR_16bit_storage", "SPV_KHR_8bit_storage",
+    "SPV_KHR_vulkan_memory_model", "SPV_KHR_float_controls", "SPV_KHR_non_semantic_info",
+    "SPV_KHR_shader_ballot", "SPV_KHR_subgroup_vote",
+})
+"""SPIR-V extensions a client module may declare."""
+
+_ALLOWED_STORAGE = {_SC_INPUT: "Input", _SC_UNIFORM: "Uniform", _SC_WORKGROUP: "Workgroup",
+                    _SC_PRIVATE: "Private", _SC_FUNCTION: "Function", _SC_PUSH_CONSTANT: "PushConstant",
+                    _SC_STORAGE_BUFFER: "StorageBuffer"}
+_ADDRESSING_LOGICAL = 0
+_MEMORY_MODELS = {1: "GLSL450", 3: "Vulkan"}
+# Names of refused enumerants, so that a refusal names what it refused.
+_CAPABILITY_NAMES = {2: "Geometry", 3: "Tessellation", 4: "Addresses", 5: "Linkage", 6: "Kernel",
+                     4441: "VariablePointersStorageBuffer", 4442: "VariablePointers",
+                     5347: "PhysicalStorageBufferAddresses"}
+_STORAGE_NAMES = {0: "UniformConstant", 3: "Output", 5: "CrossWorkgroup", 8: "Generic",
+                  10: "AtomicCounter", 11: "Image", 5349: "PhysicalStorageBuffer"}
+_ADDRESSING_NAMES = {1: "Physical32", 2: "Physical64", 5348: "PhysicalStorageBuffer64"}
+_MAX_NATURAL_BYTES = 1 << 40  # beyond any limit; stops a size computation from growing without end
 
 
 @dataclass(frozen=True)
@@ -76,30 +145,42 @@ class ShaderInterface:
     """Sorted binding numbers of the storage buffers in descriptor set 0."""
     push_constant_size: int
     """Bytes of the push-constant block up to the end of its last member; 0 when none."""
+    workgroup_bytes: int = 0
+    """Bytes of shared (``Workgroup``) memory one workgroup uses."""
+    private_bytes: int = 0
+    """Bytes of ``Private`` and ``Function`` variables one invocation may hold at once (at most)."""
 
 
 def reflect(spirv: bytes) -> ShaderInterface:
     """Read a compute shader's interface from a SPIR-V module.
 
     Accepts either byte order. Raises :class:`~libshare.errors.InvalidSubmission`
-    when the module is malformed or uses a resource other than storage buffers
-    in descriptor set 0 (see the module docstring); ``TypeError`` when
-    ``spirv`` is not bytes-like.
+    when the module is malformed, declares something off the whitelist, or uses a
+    resource other than storage buffers in descriptor set 0 (see the module
+    docstring); ``TypeError`` when ``spirv`` is not bytes-like.
     """
     if not isinstance(spirv, (bytes, bytearray, memoryview)):
         raise TypeError(f"SPIR-V must be bytes, not {type(spirv).__name__}")
     module = _Module(_words(bytes(spirv)))
+    module.check_whitelist()
     entry_id, name = module.entry_point()
     return ShaderInterface(
         entry_point=name,
         local_size=module.local_size(entry_id),
         bindings=module.bindings(),
         push_constant_size=module.push_constant_size(),
+        workgroup_bytes=module.variable_bytes((_SC_WORKGROUP,)),
+        private_bytes=module.variable_bytes((_SC_PRIVATE, _SC_FUNCTION)),
     )
 
 
 def _invalid(message: str) -> InvalidSubmission:
     return InvalidSubmission(f"invalid SPIR-V: {message}")
+
+
+def _refused(what: str) -> InvalidSubmission:
+    return InvalidSubmission(f"refused SPIR-V: {what} is not allowed in a libshare program "
+                             "(only compute kernels over their bound storage buffers)")
 
 
 def _words(data: bytes) -> tuple[int, ...]:
@@ -160,10 +241,27 @@ class _Module:
         self.types: dict[int, tuple[int, tuple[int, ...]]] = {}
         self.constants: dict[int, tuple[int, tuple[int, ...]]] = {}
         self.variables: list[tuple[int, int, int]] = []
+        self.capabilities: list[int] = []
+        self.extensions: list[str] = []
+        self.imports: list[str] = []
+        self.models: list[tuple[int, int]] = []  # (addressing, memory)
+        self.pointer_classes: list[int] = []  # storage classes of OpTypePointer / OpTypeForwardPointer
         for opcode, ops in _instructions(words):
             self._record(opcode, ops)
 
     def _record(self, opcode: int, ops: tuple[int, ...]) -> None:
+        if opcode == _OP_CAPABILITY:
+            self.capabilities.append(ops[0])
+        elif opcode == _OP_EXTENSION:
+            self.extensions.append(_string(ops))
+        elif opcode == _OP_EXT_INST_IMPORT:
+            self.imports.append(_string(ops[1:]))
+        elif opcode == _OP_MEMORY_MODEL:
+            self.models.append((ops[0], ops[1]))
+        elif opcode == _OP_TYPE_FORWARD_POINTER:
+            self.pointer_classes.append(ops[1])
+        if opcode == _OP_TYPE_POINTER:
+            self.pointer_classes.append(ops[1])
         if opcode == _OP_ENTRY_POINT and ops[0] == _GL_COMPUTE:
             self.entry_points.append((ops[1], _string(ops[2:])))
         elif opcode in (_OP_EXECUTION_MODE, _OP_EXECUTION_MODE_ID):
@@ -178,6 +276,61 @@ class _Module:
             self.constants[ops[1]] = (opcode, ops)
         elif opcode == _OP_VARIABLE:
             self.variables.append((ops[0], ops[1], ops[2]))
+
+    def check_whitelist(self) -> None:
+        """Raise InvalidSubmission naming the first capability, extension, import, model
+        or storage class that is not on the whitelist (see the module docstring)."""
+        for capability in self.capabilities:
+            if capability not in ALLOWED_CAPABILITIES:
+                name = _CAPABILITY_NAMES.get(capability, f"number {capability}")
+                raise _refused(f"capability {name}")
+        for extension in self.extensions:
+            if extension not in ALLOWED_EXTENSIONS:
+                raise _refused(f"extension {extension}")
+        for name in self.imports:
+            if name != "GLSL.std.450" and not name.startswith("NonSemantic."):
+                raise _refused(f"extended instruction set {name}")
+        if len(self.models) != 1:
+            raise _invalid(f"expected one OpMemoryModel, found {len(self.models)}")
+        addressing, memory = self.models[0]
+        if addressing != _ADDRESSING_LOGICAL:
+            raise _refused(f"addressing model {_ADDRESSING_NAMES.get(addressing, addressing)}")
+        if memory not in _MEMORY_MODELS:
+            raise _refused(f"memory model number {memory}")
+        for storage in self.pointer_classes + [storage for _, _, storage in self.variables]:
+            if storage not in _ALLOWED_STORAGE and storage != _SC_UNIFORM_CONSTANT:  # images: refused later, by name
+                raise _refused(f"storage class {_STORAGE_NAMES.get(storage, storage)}")
+
+    def variable_bytes(self, storage_classes: tuple[int, ...]) -> int:
+        """Natural bytes of all variables in ``storage_classes`` (an over-estimate for Function ones)."""
+        total = 0
+        for pointer, _, storage in self.variables:
+            if storage in storage_classes:
+                total += self._natural_size(self._pointee(pointer), 0)
+        return total
+
+    def _natural_size(self, type_id: int, depth: int) -> int:
+        """Bytes of a value of this type without explicit layout (no strides, no padding)."""
+        if depth > _MAX_TYPE_DEPTH:
+            raise _invalid("type nesting too deep (or a type contains itself)")
+        kind, ops = self._type(type_id)
+        if kind == _OP_TYPE_BOOL:
+            return 4
+        if kind in (_OP_TYPE_INT, _OP_TYPE_FLOAT):
+            return max(ops[1] // 8, 1)
+        if kind in (_OP_TYPE_VECTOR, _OP_TYPE_MATRIX):
+            size = ops[2] * self._natural_size(ops[1], depth + 1)
+        elif kind == _OP_TYPE_ARRAY:
+            size = self._scalar(ops[2]) * self._natural_size(ops[1], depth + 1)
+        elif kind == _OP_TYPE_STRUCT:
+            size = sum(self._natural_size(member, depth + 1) for member in ops[1:])
+        elif kind == _OP_TYPE_POINTER:
+            size = 8
+        else:
+            raise _invalid(f"variable of type %{type_id} (opcode {kind}) has no fixed size")
+        if size > _MAX_NATURAL_BYTES:
+            raise _refused(f"a variable of {size} bytes (too large)")
+        return size
 
     def entry_point(self) -> tuple[int, str]:
         """Id and name of the single GLCompute entry point."""

@@ -16,11 +16,11 @@ from libshare.errors import InvalidSubmission
 MAGIC = 0x07230203
 
 EXPECTED = {
-    "saxpy": ShaderInterface("main", (64, 1, 1), (0, 1), 8),
-    "vadd": ShaderInterface("main", (64, 1, 1), (0, 1, 2), 4),
-    "sum": ShaderInterface("main", (64, 1, 1), (0, 1), 4),
-    "matmul": ShaderInterface("main", (16, 16, 1), (0, 1, 2), 12),
-    "busy": ShaderInterface("main", (64, 1, 1), (0,), 8),
+    "saxpy": ShaderInterface("main", (64, 1, 1), (0, 1), 8, 0, 4),
+    "vadd": ShaderInterface("main", (64, 1, 1), (0, 1, 2), 4, 0, 4),
+    "sum": ShaderInterface("main", (64, 1, 1), (0, 1), 4, 256, 16),  # shared float[64]
+    "matmul": ShaderInterface("main", (16, 16, 1), (0, 1, 2), 12, 2048, 44),  # two shared float[16][16]
+    "busy": ShaderInterface("main", (64, 1, 1), (0,), 8, 0, 84),
 }
 
 # Opcodes and enumerants used below (SPIR-V specification, section 3).
@@ -29,7 +29,6 @@ DEC_BUILTIN, DEC_BINDING, DEC_DESCRIPTOR_SET = 11, 33, 34
 SC_UNIFORM, SC_PRIVATE, SC_PUSH_CONSTANT, SC_STORAGE_BUFFER = 2, 6, 9, 12
 
 
-HEADER = [MAGIC, 0x00010300, 0, 100, 0]  # SPIR-V 1.3, id bound 100
 MAIN = [0x6E69616D, 0]  # "main" as a nul-terminated literal string
 
 
@@ -38,6 +37,7 @@ def inst(opcode: int, *operands: int) -> list[int]:
     return [(len(operands) + 1) << 16 | opcode, *operands]
 
 
+HEADER = [MAGIC, 0x00010300, 0, 100, 0] + inst(14, 0, 1)  # SPIR-V 1.3, id bound 100; Logical GLSL450
 ENTRY_POINT = inst(15, 5, 1, *MAIN)  # OpEntryPoint GLCompute %1 "main"
 PROLOGUE = HEADER + ENTRY_POINT + inst(OP_EXECUTION_MODE, 1, 17, 8, 4, 2)  # LocalSize 8 4 2
 
@@ -252,3 +252,52 @@ def test_fuzz_mutated_shaders(name: str, changes: list[tuple[int, int]], cut: in
     if cut is not None:
         data = data[:cut % (len(data) + 1)]
     check_reflect_total(data)
+
+
+# --------------------------------------------------------------------------- the whitelist
+
+OP_EXTENSION, OP_MEMORY_MODEL, OP_CAPABILITY, OP_TYPE_POINTER = 10, 14, 17, 32
+
+
+def literal(text: str) -> list[int]:
+    """A nul-terminated literal string as words."""
+    raw = text.encode() + b"\0" * (4 - len(text) % 4)
+    return list(struct.unpack(f"<{len(raw) // 4}I", raw))
+
+
+def add_after_header(data: bytes, extra: list[int]) -> bytes:
+    """The module with ``extra`` instructions inserted right after its header."""
+    module = words(data)
+    return pack(module[:5] + extra + module[5:])
+
+
+@pytest.mark.parametrize(("extra", "named"), [
+    (inst(OP_CAPABILITY, 5347), "capability PhysicalStorageBufferAddresses"),
+    (inst(OP_CAPABILITY, 4442), "capability VariablePointers"),
+    (inst(OP_CAPABILITY, 6), "capability Kernel"),
+    (inst(OP_CAPABILITY, 5), "capability Linkage"),
+    (inst(OP_CAPABILITY, 4), "capability Addresses"),
+    (inst(OP_CAPABILITY, 99999), "capability number 99999"),
+    (inst(OP_EXTENSION, *literal("SPV_KHR_physical_storage_buffer")), "extension SPV_KHR_physical_storage_buffer"),
+    (inst(OP_EXTENSION, *literal("SPV_KHR_variable_pointers")), "extension SPV_KHR_variable_pointers"),
+    (inst(11, 90, *literal("OpenCL.std")), "extended instruction set OpenCL.std"),
+    (inst(OP_TYPE_POINTER, 91, 5349, 1), "storage class PhysicalStorageBuffer"),
+    (inst(OP_TYPE_POINTER, 92, 5, 1), "storage class CrossWorkgroup"),
+    (inst(OP_TYPE_POINTER, 93, 8, 1), "storage class Generic"),
+])
+def test_whitelist_refuses_and_names(extra: list[int], named: str) -> None:
+    assert reflect(spirv("saxpy"))  # the shipped module passes
+    with pytest.raises(InvalidSubmission, match=named):
+        reflect(add_after_header(spirv("saxpy"), extra))
+
+
+@pytest.mark.parametrize(("addressing", "named"), [(5348, "PhysicalStorageBuffer64"), (2, "Physical64")])
+def test_whitelist_refuses_addressing_models(addressing: int, named: str) -> None:
+    data = edit(spirv("saxpy"), OP_MEMORY_MODEL, lambda ops: [addressing, ops[1]])
+    with pytest.raises(InvalidSubmission, match=f"addressing model {named}"):
+        reflect(data)
+
+
+def test_whitelist_allows_the_extensions_of_honest_kernels() -> None:
+    honest = inst(OP_CAPABILITY, 4433) + inst(OP_EXTENSION, *literal("SPV_KHR_16bit_storage"))
+    assert reflect(add_after_header(spirv("saxpy"), honest)).bindings == (0, 1)

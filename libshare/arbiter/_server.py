@@ -26,15 +26,17 @@ from pathlib import Path
 import numpy as np
 
 from .. import _protocol as protocol
-from ..errors import (AccessDenied, InvalidSubmission, LibshareError, ProtocolError, ServerNotReady,
-                      TooManyClients)
+from ..errors import (AccessDenied, InvalidSubmission, LibshareError, ProtocolError, QuotaExceeded,
+                      ServerNotReady, TooManyClients)
 from ..ring import Region
 from ._clients import BufferRecord, Client, Counters, ProgramRecord, SharedMemory
 from ._commands import Commands
 from ._scheduler import MODES, UNSCHEDULED, percentage, priority_name
 from ._drain import Drainer
 from ._limits import MemoryLimits, device_limit, parse_device_limits
-from ._programs import Interfaces
+from ._admission import validator_path
+from ._compiler import Compilers
+from ._programs import MAX_PROGRAMS, Interfaces, check_program_quota
 from .device import Device
 
 log = logging.getLogger("libshare.arbiter")
@@ -46,6 +48,7 @@ _FDS_PER_CLIENT = 4  # socket, pidfd, buffers come and go: a margin
 _WATCHDOG = 120.0  # default seconds one submission may run before the server faults
 _REQUEST_TIMEOUT = 30.0  # a client that starts a frame must finish it within this
 _SPARE_REGIONS = 2  # ring regions made ahead of the hellos that will take them
+_COMPILE_TIMEOUT = 10.0  # default seconds a vetting compile may take
 
 
 class Arbiter:
@@ -58,18 +61,28 @@ class Arbiter:
     arbiter's own uid may connect. ``test_hooks`` (or LIBSHARE_TEST_HOOKS=1)
     enables the ``inject_fault`` control command. ``mem_limit`` (or LIBSHARE_DEVICE_MEM_LIMIT,
     "2G" or "0=2G,1=1G") is the default device memory limit of each client (see _limits.py).
+    ``max_programs`` (LIBSHARE_MAX_PROGRAMS) bounds the programs one client may hold;
+    ``compile_timeout`` (LIBSHARE_COMPILE_TIMEOUT, seconds) bounds the vetting compile of a
+    new module when the arbiter serves other processes (see _programs.py and _compiler.py).
     """
 
     def __init__(self, device: str | None = None, *, max_clients: int = 48,
                  lanes: int = 4, lane_entries: int = 256, cq_entries: int = 1024, timed: bool = True,
                  multi_user: bool = False, test_hooks: bool | None = None, scheduling: str | None = None,
-                 watchdog: float | None = None, mem_limit: str | None = None):
+                 watchdog: float | None = None, mem_limit: str | None = None, max_programs: int | None = None,
+                 compile_timeout: float | None = None):
         if multi_user and os.getuid() != 0:
             raise AccessDenied("multi-user mode needs the arbiter to run as root")
         selector = device if device is not None else os.environ.get("LIBSHARE_DEVICE")
         if not 1 <= max_clients <= _MAX_CLIENTS:
             raise InvalidSubmission(f"max_clients must be in 1..{_MAX_CLIENTS} (got {max_clients})")
         self.max_clients = max_clients
+        validator_path()  # no client module may run unvalidated: refuse to start without spirv-val
+        self.max_programs = _setting(max_programs, "LIBSHARE_MAX_PROGRAMS", int, MAX_PROGRAMS)
+        self.compile_timeout = _setting(compile_timeout, "LIBSHARE_COMPILE_TIMEOUT", float, _COMPILE_TIMEOUT)
+        self._selector = selector or ""
+        self.compilers: Compilers | None = None
+        """The vetting compilers (set by :meth:`serve`: embedded arbiters compile unvetted)."""
         _raise_fd_limit(max_clients)
         self.multi_user = multi_user
         self.test_hooks = test_hooks if test_hooks is not None else os.environ.get("LIBSHARE_TEST_HOOKS") == "1"
@@ -117,6 +130,7 @@ class Arbiter:
 
     def serve(self, path: Path) -> None:
         """Listen on the Unix socket ``path`` (mode 0600) in a background thread."""
+        self._vet_compiles()
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         old_umask = os.umask(0o177)
         try:
@@ -126,6 +140,12 @@ class Arbiter:
         listener.listen(socket.SOMAXCONN)  # the kernel caps it (net.core.somaxconn)
         self._listener, self.socket_path = listener, path
         threading.Thread(target=self._accept_loop, name="libshare-accept", daemon=True).start()
+
+    def _vet_compiles(self) -> None:
+        """Other processes will connect: compile each new module in a vetting child first."""
+        if self.compilers is None:
+            self.compilers = Compilers(self._selector, self.compile_timeout)
+            self.compilers.prestart()
 
     def _accept_loop(self) -> None:
         while not self.closed:
@@ -265,23 +285,30 @@ class Arbiter:
         region.close()
 
     def _load_program(self, client: Client, frame: protocol.Frame):
-        digest, interface = self.interfaces.of(frame.payload)
-        if interface.push_constant_size > self.device.max_push_constants_size:
-            raise InvalidSubmission(f"program declares {interface.push_constant_size} bytes of push constants; "
-                                    f"the device allows {self.device.max_push_constants_size}")
-        if interface.bindings != tuple(range(len(interface.bindings))):
-            raise InvalidSubmission(f"program bindings {interface.bindings} must be 0..N-1 in set 0")
-
+        check_program_quota(client, list(self.drainer.clients.values()), self.max_programs)  # before any work
+        digest, interface = self.interfaces.of(frame.payload, self.device)
         push_size = -(-interface.push_constant_size // 4) * 4  # Vulkan ranges are whole words
+        if self.compilers is not None and not self.drainer.pipelines.has(digest):
+            try:
+                self.compilers.vet(frame.payload, len(interface.bindings), push_size, interface.entry_point)
+            except InvalidSubmission as exc:  # it crashed or outran the time limit: refuse it for everyone
+                self.interfaces.refuse(digest, exc)
+                log.warning("%s: program %s refused: %s", client.describe(), digest.hex()[:16], exc)
+                raise
+        pipeline = self.drainer.pipelines.acquire(self.device, digest, frame.payload, interface, push_size)
 
-        def create():
-            pipeline = self.drainer.pipelines.acquire(self.device, digest, frame.payload, len(interface.bindings),
-                                                      push_size, interface.entry_point)
+        def register():
+            self.drainer.pipelines.collect(self.device)
+            try:
+                check_program_quota(client, self.drainer.clients.values(), self.max_programs)
+            except QuotaExceeded:
+                self.drainer.pipelines.release(self.device, pipeline)
+                raise
             record = ProgramRecord(client.new_id(), pipeline, len(interface.bindings), push_size)
             client.programs[record.id] = record
             return record.id
 
-        program_id = self._call(create)
+        program_id = self._call(register)
         return {"program_id": program_id, "bindings": len(interface.bindings),
                 "push_size": push_size, "local_size": list(interface.local_size)}, ()
 
@@ -380,6 +407,8 @@ class Arbiter:
             if self.socket_path is not None:
                 self.socket_path.unlink(missing_ok=True)
         log.info("shutting down: %d clients connected", len(self.drainer.clients))
+        if self.compilers is not None:
+            self.compilers.close()
         self.drainer.stop(timeout)
         for conn in connections:
             try:
@@ -388,6 +417,19 @@ class Arbiter:
                 pass
         self.device.close()
         os.close(self._wake_fd)
+
+
+def _setting(value, variable: str, kind, default):
+    """An arbiter setting: the argument, else the environment variable, else the default; positive."""
+    if value is None:
+        text = os.environ.get(variable, "").strip()
+        try:
+            value = kind(text) if text else default
+        except ValueError:
+            raise InvalidSubmission(f"bad arbiter setting {variable}={text!r}: not a number") from None
+    if not value > 0:
+        raise InvalidSubmission(f"bad arbiter setting {variable}: {value!r} must be positive")
+    return value
 
 
 def _raise_fd_limit(max_clients: int) -> None:

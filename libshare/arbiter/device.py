@@ -62,8 +62,11 @@ therefore records each distinct command once and afterwards only *resubmits* it:
 Rules for the caller (the arbiter)
 ----------------------------------
 * A :class:`Device` is not thread-safe: call ``submit``, ``release`` and every
-  create/destroy method from one thread. :meth:`Submission.wait` and
-  :meth:`Submission.done` may run in another thread (cffi drops the GIL while waiting).
+  create/destroy method from one thread. Two exceptions: :meth:`Submission.wait` and
+  :meth:`Submission.done` may run in another thread (cffi drops the GIL while waiting),
+  and so may :meth:`create_pipeline`, so that a long compile never holds up the thread
+  that submits (Vulkan lets pipeline creation run beside anything but the destruction of
+  the device; :meth:`close` waits for compiles under way and refuses new ones).
 * A buffer or pipeline must not be destroyed while a submission that uses it is
   unreleased; ``destroy_buffer``/``destroy_pipeline`` check this and raise
   :class:`~libshare.errors.InvalidSubmission` rather than free memory the device reads.
@@ -78,6 +81,7 @@ from __future__ import annotations
 
 import collections
 import os
+import threading
 import uuid as _uuid
 from typing import Any, Iterable, Sequence
 
@@ -496,6 +500,8 @@ class Device:
     def __init__(self, selector: str | None = None, *, cache_size: int = 1024):
         _load_binding()
         self._closed = True  # until everything exists, close() has nothing to do
+        self._compiles = 0  # create_pipeline calls under way, on any thread
+        self._compile_guard = threading.Condition()
         self._handle: Any = None
         self._command_pool: Any = None
         self._instance = _create_instance()
@@ -521,6 +527,9 @@ class Device:
         self.max_push_constants_size: int = info.max_push_constants_size
         self.host_import_alignment: int = info.host_import_alignment
         self.storage_offset_alignment: int = info.storage_offset_alignment
+        self.max_workgroup_size: tuple[int, int, int] = info.max_workgroup_size
+        self.max_workgroup_invocations: int = info.max_workgroup_invocations
+        self.max_shared_memory: int = info.max_shared_memory
         self.timestamp_period_ns: float = info.timestamp_period
         self._family, valid_bits = info.compute_family()
         self._timestamp_mask = (1 << valid_bits) - 1 if valid_bits else 0
@@ -728,8 +737,23 @@ class Device:
         buffers (pushed per dispatch with VK_KHR_push_descriptor, no descriptor pools)
         and whose push-constant block is ``push_size`` bytes.
         """
-        self._require_open()
         self._check_pipeline_args(spirv, binding_count, push_size)
+        with self._compile_guard:
+            self._require_open()
+            self._compiles += 1
+        result = None
+        try:
+            result = self._build_pipeline(spirv, binding_count, push_size, entry)
+        finally:
+            with self._compile_guard:  # close() waits for this, so it destroys the new pipeline too
+                if result is not None:
+                    self._pipelines.add(result)
+                self._compiles -= 1
+                self._compile_guard.notify_all()
+        return result
+
+    def _build_pipeline(self, spirv: bytes, binding_count: int, push_size: int, entry: str) -> Pipeline:
+        """Create the set layout, layout, module and pipeline; destroy the parts on failure."""
         set_layout = self._create_set_layout(binding_count)
         layout = module = None
         try:
@@ -744,9 +768,7 @@ class Device:
         finally:
             if module is not None:
                 _lib.vkDestroyShaderModule(self._handle, module, _ffi.NULL)
-        result = Pipeline(self, binding_count, push_size, pipeline, layout, set_layout)
-        self._pipelines.add(result)
-        return result
+        return Pipeline(self, binding_count, push_size, pipeline, layout, set_layout)
 
     def destroy_pipeline(self, p: Pipeline) -> None:
         """Destroy ``p``. Idempotent; raises InvalidSubmission while work using it is unreleased."""
@@ -1269,10 +1291,12 @@ class Device:
 
     def close(self) -> None:
         """Wait for the device to go idle, then destroy everything. Idempotent."""
-        if self._closed:
-            return
+        with self._compile_guard:
+            if self._closed:
+                return
+            self._closed = True  # no compile starts from now on; wait for those under way
+            self._compile_guard.wait_for(lambda: self._compiles == 0)
         _lib.vkDeviceWaitIdle(self._handle)  # a lost device still gets torn down
-        self._closed = True
         for buf in self._buffers:
             _destroy_buffer_handles(self._handle, buf)
         for pipeline in self._pipelines:
@@ -1389,6 +1413,12 @@ class _PhysicalInfo:
         self.timestamp_period = float(limits.timestampPeriod)
         self.max_push_descriptors = push.maxPushDescriptors if ids.pNext != _ffi.NULL else 0
         self.host_import_alignment = host.minImportedHostPointerAlignment if has_host else 0
+        self.max_workgroup_size = tuple(limits.maxComputeWorkGroupSize)
+        self.max_workgroup_invocations = limits.maxComputeWorkGroupInvocations
+        self.max_shared_memory = limits.maxComputeSharedMemorySize
+        features = _ffi.new("VkPhysicalDeviceFeatures*")
+        _lib.vkGetPhysicalDeviceFeatures(self.handle, features)
+        self.robust_buffer_access = bool(features.robustBufferAccess)
 
     def compute_family(self) -> tuple[int, int]:
         """(index, timestampValidBits) of the best compute queue family.
@@ -1433,6 +1463,8 @@ def _select(devices: list[_PhysicalInfo], selector: str | None) -> _PhysicalInfo
         raise VulkanUnavailable(f"{chosen.name} supports only Vulkan 1.0; libshare needs 1.1")
     if "VK_KHR_push_descriptor" not in chosen.extensions:
         raise VulkanUnavailable(f"{chosen.name} lacks VK_KHR_push_descriptor, which libshare needs")
+    if not chosen.robust_buffer_access:
+        raise VulkanUnavailable(f"{chosen.name} lacks robustBufferAccess, which bounds client kernels")
     return chosen
 
 
@@ -1451,11 +1483,22 @@ def _match(devices: list[_PhysicalInfo], selector: str) -> _PhysicalInfo | None:
 
 
 def _create_device(info: _PhysicalInfo, family: int) -> Any:
-    """A VkDevice with one queue of ``family`` and the extensions libshare uses."""
+    """A VkDevice with one queue of ``family``, the extensions libshare uses and bounds checking.
+
+    ``robustBufferAccess`` (and ``robustBufferAccess2`` where the device has
+    VK_EXT_robustness2) is enabled so that a client's kernel cannot read or write past the
+    buffers bound to it; no other feature is, ``bufferDeviceAddress`` above all: with it a
+    kernel could turn any integer into a pointer.
+    """
     names = ["VK_KHR_push_descriptor"]
     for optional in ("VK_EXT_external_memory_host", "VK_KHR_portability_subset"):
         if optional in info.extensions:
             names.append(optional)
+    features = _ffi.new("VkPhysicalDeviceFeatures*")
+    features.robustBufferAccess = 1
+    robustness2 = _robustness2(info)
+    if robustness2 != _ffi.NULL:
+        names.append("VK_EXT_robustness2")
     c_names = [_ffi.new("char[]", n.encode()) for n in names]
     name_array = _ffi.new("char*[]", c_names)
     priority = _ffi.new("float[1]", [1.0])
@@ -1465,6 +1508,20 @@ def _create_device(info: _PhysicalInfo, family: int) -> Any:
     )
     create = _struct(
         "VkDeviceCreateInfo", "DEVICE_CREATE_INFO", queueCreateInfoCount=1, pQueueCreateInfos=queue,
-        enabledExtensionCount=len(names), ppEnabledExtensionNames=name_array,
+        enabledExtensionCount=len(names), ppEnabledExtensionNames=name_array, pEnabledFeatures=features,
+        pNext=robustness2,
     )
     return _create(_lib.vkCreateDevice, "VkDevice", "vkCreateDevice", info.handle, create, _ffi.NULL)
+
+
+def _robustness2(info: _PhysicalInfo) -> Any:
+    """A feature struct enabling robustBufferAccess2 when the device has it, else NULL."""
+    if "VK_EXT_robustness2" not in info.extensions:
+        return _ffi.NULL
+    wanted = _struct("VkPhysicalDeviceRobustness2FeaturesEXT", "PHYSICAL_DEVICE_ROBUSTNESS_2_FEATURES_EXT")
+    query = _struct("VkPhysicalDeviceFeatures2", "PHYSICAL_DEVICE_FEATURES_2", pNext=wanted)
+    _lib.vkGetPhysicalDeviceFeatures2(info.handle, query)
+    if not wanted.robustBufferAccess2:
+        return _ffi.NULL
+    return _struct("VkPhysicalDeviceRobustness2FeaturesEXT", "PHYSICAL_DEVICE_ROBUSTNESS_2_FEATURES_EXT",
+                   robustBufferAccess2=1)

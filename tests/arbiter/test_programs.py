@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import hashlib
 import struct
 
 import numpy as np
 import pytest
 
 import libshare
-from libshare.arbiter import Arbiter, _programs
+from libshare.arbiter import Arbiter, _admission, _programs
+from libshare.arbiter.device import Device
 from libshare.errors import InvalidSubmission
 
 from .conftest import wait_until
@@ -52,14 +54,32 @@ def test_clients_loading_one_module_share_one_pipeline(arbiter):
     wait_until(lambda: len(pipelines) == 0, 10, "the last pipelines to go with their clients")
 
 
-def test_reflections_are_remembered_by_content_and_bounded(monkeypatch):
+def test_admissions_are_remembered_by_content_and_bounded(monkeypatch, vulkan_device_name):
     monkeypatch.setattr(_programs, "_INTERFACES", 2)
+    validations = []
+    monkeypatch.setattr(_admission, "validate", validations.append)  # count them; the real one is tested below
     interfaces = _programs.Interfaces()
     modules = [libshare.shaders.path(name).read_bytes() for name in ("saxpy", "vadd", "sum")]
-    digest, saxpy = interfaces.of(modules[0])
-    assert interfaces.of(bytes(modules[0])) == (digest, saxpy)  # same content, another object
-    assert interfaces.of(modules[1])[1].bindings == (0, 1, 2)
-    interfaces.of(modules[2])
-    assert len(interfaces._known) == 2 and digest not in interfaces._known
-    with pytest.raises(InvalidSubmission):
-        interfaces.of(b"\x03\x02\x23\x07" + bytes(16))
+    with Device() as device:
+        digest, saxpy = interfaces.of(modules[0], device)
+        assert interfaces.of(bytes(modules[0]), device) == (digest, saxpy)  # same content, another object
+        assert len(validations) == 1
+        assert interfaces.of(modules[1], device)[1].bindings == (0, 1, 2)
+        interfaces.of(modules[2], device)
+        assert len(interfaces._known) == 2 and digest not in interfaces._known
+        bad = b"\x03\x02\x23\x07" + bytes(16)
+        for _ in range(2):  # the refusal is remembered too
+            with pytest.raises(InvalidSubmission):
+                interfaces.of(bad, device)
+        assert hashlib.sha256(bad).digest() in interfaces._known
+
+
+def test_validator_refuses_what_reflection_passes(vulkan_device_name):
+    """A module whose only fault is one the validator sees (an id used before it is defined)."""
+    module = bytearray(libshare.shaders.path("saxpy").read_bytes())
+    _admission.validate(bytes(module))  # the shipped module passes
+    words = list(struct.unpack(f"<{len(module) // 4}I", module))
+    store = next(i for i, w in enumerate(words) if w & 0xFFFF == 62)  # the first OpStore
+    words[store + 1] = words[3] - 1  # store to an id nothing defines
+    with pytest.raises(InvalidSubmission, match="spirv-val"):
+        _admission.validate(struct.pack(f"<{len(words)}I", *words))

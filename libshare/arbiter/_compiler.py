@@ -1,0 +1,251 @@
+"""Vetting compiles: a new module is compiled first in a child process, with a time limit.
+
+Validation (``_admission.py``) rejects what SPIRV-Tools can see is wrong. It cannot see
+what makes a particular driver's compiler crash or run for minutes on a *valid* module,
+and on lavapipe that compiler runs inside the arbiter. So before the arbiter compiles a
+module it has not compiled before, a short-lived child process with the same driver and
+the same device compiles it:
+
+* the child crashes (SIGSEGV in the driver): the module is refused, and only the child
+  died;
+* the child has not answered after ``timeout`` seconds: it is killed and the module
+  refused, so no compile can hold the arbiter for longer than that;
+* the child succeeds: the arbiter compiles the same module itself, off the thread that
+  submits work (``device.create_pipeline`` may run on a connection thread), and the
+  time that takes is bounded by what the child just took.
+
+A child is a ``python -m libshare.arbiter._compiler DEVICE`` process that opens the device
+and then answers requests on its stdin/stdout: ``<len><bindings><push size><entry>``
+then the module, answered by ``<status><len>`` and a message. Children are kept warm
+(starting one costs a Python and a Vulkan start, about 0.3 s) and replaced after
+``_RECYCLE_AFTER`` compiles, because lavapipe keeps about 105 KiB of every pipeline it
+ever compiled (measured: 500 create/destroy pairs of one module grow a process by
+54 MiB); a replaced child gives that memory back. At most ``_MAX_CHILDREN`` run at once,
+so a client that keeps one busy for its whole time limit does not hold up another's.
+Only the outcome is used: a pipeline cannot move between processes.
+
+A daemon arbiter vets; an embedded one (one client, which can only hurt itself) does not.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import select
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import threading
+import time
+
+from ..errors import InvalidSubmission, ServerFault
+
+log = logging.getLogger("libshare.arbiter")
+
+__all__ = ["Compilers"]
+
+_REQUEST = struct.Struct("<IIII")  # module bytes, bindings, push size, entry name bytes
+_REPLY = struct.Struct("<iI")  # status (0 ok), message bytes
+_READY = b"ready\n"
+_START_TIMEOUT = 60.0
+_RECYCLE_AFTER = 256
+_MAX_CHILDREN = 2
+
+
+class _Child:
+    """One vetting process, used by one thread at a time."""
+
+    def __init__(self, selector: str):
+        env = {**os.environ, "LIBSHARE_DEVICE": selector,  # and this process's modules, wherever it runs
+               "PYTHONPATH": os.pathsep.join(path for path in sys.path if path)}
+        self.process = subprocess.Popen([_python(), "-m", "libshare.arbiter._compiler"],
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                        env=env, start_new_session=True)
+        self.compiles = 0
+        self.ready = False
+
+    def compile(self, spirv: bytes, bindings: int, push_size: int, entry: str, timeout: float) -> str | None:
+        """None when the child compiled the module, else why not; raises _Dead if the child died."""
+        if not self.ready:
+            self._read(len(_READY), time.monotonic() + _START_TIMEOUT, "starting")
+            self.ready = True
+        name = entry.encode()
+        try:
+            self.process.stdin.write(_REQUEST.pack(len(spirv), bindings, push_size, len(name)) + name + spirv)
+            self.process.stdin.flush()
+        except OSError:
+            raise _Dead("exited") from None
+        deadline = time.monotonic() + timeout
+        status, length = _REPLY.unpack(self._read(_REPLY.size, deadline, "compiling"))
+        message = self._read(length, deadline, "compiling").decode(errors="replace")
+        self.compiles += 1
+        return None if status == 0 else message
+
+    def _read(self, count: int, deadline: float, doing: str) -> bytes:
+        data = b""
+        fd = self.process.stdout.fileno()
+        while len(data) < count:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                raise _TimedOut(doing)
+            chunk = os.read(fd, count - len(data))
+            if not chunk:
+                raise _Dead(self._death())
+            data += chunk
+        return data
+
+    def _death(self) -> str:
+        code = self.process.wait()
+        return f"was killed by signal {signal.Signals(-code).name}" if code < 0 else f"exited with status {code}"
+
+    def kill(self) -> None:
+        """End the child now and reap it."""
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait()
+        self.process.stdin.close()
+        self.process.stdout.close()
+
+
+def _python() -> str:
+    """A Python interpreter: this one, or (inside a C program that embeds Python) its installation's."""
+    if "python" in os.path.basename(sys.executable):
+        return sys.executable
+    for candidate in (os.path.join(sys.prefix, "bin", "python3"), os.path.join(sys.base_prefix, "bin", "python3")):
+        if os.access(candidate, os.X_OK):
+            return candidate
+    return shutil.which("python3") or "python3"
+
+
+class _Dead(Exception):
+    """The child died (the message says how)."""
+
+
+class _TimedOut(Exception):
+    """The child did not answer in time (the message says while doing what)."""
+
+
+class Compilers:
+    """A few warm vetting children, shared by the connection threads (thread-safe)."""
+
+    def __init__(self, selector: str, timeout: float):
+        self.selector = selector
+        self.timeout = timeout
+        """Seconds a compile may take in a child before the module is refused."""
+        self._idle: list[_Child] = []
+        self._running = 0
+        self._closed = False
+        self._lock = threading.Condition()
+
+    def vet(self, spirv: bytes, bindings: int, push_size: int, entry: str) -> None:
+        """Compile the module in a child; raise InvalidSubmission if that crashes, fails or takes too long."""
+        child = self._take()
+        try:
+            problem = child.compile(spirv, bindings, push_size, entry, self.timeout)
+        except _TimedOut as exc:
+            child.kill()
+            child = None
+            if str(exc) == "starting":
+                raise ServerFault("the arbiter could not start a compiler process; see server.log") from None
+            raise InvalidSubmission(f"compiling the program took longer than {self.timeout:g} s; refused") from None
+        except _Dead as exc:
+            child.kill()
+            child = None
+            raise InvalidSubmission(f"compiling the program crashed the driver's compiler (the vetting process "
+                                    f"{exc}); refused") from None
+        finally:
+            self._give_back(child)
+        if problem is not None:
+            raise InvalidSubmission(f"the driver refused to compile the program: {problem}")
+
+    def prestart(self) -> None:
+        """Start one child now, so that the first new module does not wait for it."""
+        with self._lock:
+            if not self._closed and not self._idle and not self._running:
+                self._idle.append(_Child(self.selector))
+
+    def _take(self) -> _Child:
+        with self._lock:
+            self._lock.wait_for(lambda: self._closed or self._idle or self._running < _MAX_CHILDREN)
+            if self._closed:
+                raise ServerFault("the arbiter is shutting down")
+            self._running += 1
+            if self._idle:
+                return self._idle.pop()
+        try:
+            return _Child(self.selector)
+        except BaseException:
+            self._give_back(None)
+            raise
+
+    def _give_back(self, child: _Child | None) -> None:
+        if child is not None and (child.compiles >= _RECYCLE_AFTER or self._closed):
+            child.kill()
+            child = None
+        with self._lock:
+            self._running -= 1
+            if child is not None:
+                self._idle.append(child)
+            self._lock.notify()
+
+    def children(self) -> list[int]:
+        """Pids of the idle children (for tests and the logs)."""
+        with self._lock:
+            return [child.process.pid for child in self._idle]
+
+    def close(self) -> None:
+        """Kill the idle children; busy ones are killed when their compile returns."""
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+            self._lock.notify_all()
+        for child in idle:
+            child.kill()
+
+
+def _serve() -> int:
+    """The child: open the device, then compile and destroy one module per request."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _die_with_parent()
+    from .device import Device  # here, not at import: the parent must not load Vulkan for this module
+
+    device = Device(os.environ.get("LIBSHARE_DEVICE") or None)
+    requests, answers = sys.stdin.buffer, sys.stdout.buffer
+    answers.write(_READY)
+    answers.flush()
+    while header := requests.read(_REQUEST.size):
+        size, bindings, push_size, name_size = _REQUEST.unpack(header)
+        entry = requests.read(name_size).decode(errors="replace")
+        spirv = requests.read(size)
+        try:
+            device.destroy_pipeline(device.create_pipeline(spirv, bindings, push_size, entry))
+            status, message = 0, b""
+        except Exception as exc:  # the driver's error, for the client
+            status, message = 1, str(exc).encode()[:1000]
+        answers.write(_REPLY.pack(status, len(message)) + message)
+        answers.flush()
+    device.close()
+    return 0
+
+
+def _die_with_parent() -> None:
+    """Exit as soon as the arbiter does, even in the middle of a compile.
+
+    PR_SET_PDEATHSIG would fire when the *thread* that started the child ends (a
+    connection thread), so a thread of the child watches a pidfd of its parent instead.
+    """
+    parent = os.pidfd_open(os.getppid())
+    if os.getppid() == 1:  # the parent died before we looked
+        os._exit(1)
+
+    def watch() -> None:
+        select.select([parent], [], [])
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
+if __name__ == "__main__":
+    sys.exit(_serve())
