@@ -6,8 +6,9 @@ and on lavapipe that compiler runs inside the arbiter. So before the arbiter com
 module it has not compiled before, a short-lived child process with the same driver and
 the same device compiles it:
 
-* the child crashes (SIGSEGV in the driver): the module is refused, and only the child
-  died;
+* the child crashes (SIGSEGV in the driver): a fresh child tries once more (the first
+  may have died of something else), and if it crashes too the module is refused; only
+  children died;
 * the child has not answered after ``timeout`` seconds: it is killed and the module
   refused, so no compile can hold the arbiter for longer than that;
 * the child succeeds: the arbiter compiles the same module itself, off the thread that
@@ -25,10 +26,14 @@ so a client that keeps one busy for its whole time limit does not hold up anothe
 Only the outcome is used: a pipeline cannot move between processes.
 
 A daemon arbiter vets; an embedded one (one client, which can only hurt itself) does not.
+With the test hooks on (LIBSHARE_TEST_HOOKS=1), a child crashes with SIGSEGV on a module
+whose SHA-256 is listed in LIBSHARE_TEST_CRASH_COMPILES, so that tests can crash a real
+compiler process on demand.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import select
@@ -66,17 +71,21 @@ class _Child:
         self.compiles = 0
         self.ready = False
 
-    def compile(self, spirv: bytes, bindings: int, push_size: int, entry: str, timeout: float) -> str | None:
-        """None when the child compiled the module, else why not; raises _Dead if the child died."""
-        if not self.ready:
-            self._read(len(_READY), time.monotonic() + _START_TIMEOUT, "starting")
-            self.ready = True
-        name = entry.encode()
+    def send(self, spirv: bytes, bindings: int, push_size: int, entry: str) -> bool:
+        """Hand the child a module; False when the child had died before it got it."""
         try:
+            if not self.ready:
+                self._read(len(_READY), time.monotonic() + _START_TIMEOUT, "starting")
+                self.ready = True
+            name = entry.encode()
             self.process.stdin.write(_REQUEST.pack(len(spirv), bindings, push_size, len(name)) + name + spirv)
             self.process.stdin.flush()
-        except OSError:
-            raise _Dead("exited") from None
+        except (OSError, _Dead, _TimedOut):
+            return False
+        return True
+
+    def answer(self, timeout: float) -> str | None:
+        """None when the child compiled the module it was sent, else why not; raises _Dead or _TimedOut."""
         deadline = time.monotonic() + timeout
         status, length = _REPLY.unpack(self._read(_REPLY.size, deadline, "compiling"))
         message = self._read(length, deadline, "compiling").decode(errors="replace")
@@ -88,7 +97,9 @@ class _Child:
         fd = self.process.stdout.fileno()
         while len(data) < count:
             left = deadline - time.monotonic()
-            if left <= 0 or not select.select([fd], [], [], left)[0]:
+            readable = select.poll()  # not select(): the arbiter's fds run past FD_SETSIZE
+            readable.register(fd, select.POLLIN)
+            if left <= 0 or not readable.poll(left * 1000):
                 raise _TimedOut(doing)
             chunk = os.read(fd, count - len(data))
             if not chunk:
@@ -140,21 +151,30 @@ class Compilers:
         self._lock = threading.Condition()
 
     def vet(self, spirv: bytes, bindings: int, push_size: int, entry: str) -> None:
-        """Compile the module in a child; raise InvalidSubmission if that crashes, fails or takes too long."""
+        """Compile the module in a child; raise InvalidSubmission if that crashes, fails or takes too long.
+
+        A child can die of something else than the module (an operator's kill, the OOM
+        killer), so a module is blamed only when a second, fresh child dies of it too.
+        """
         child = self._take()
         try:
-            problem = child.compile(spirv, bindings, push_size, entry, self.timeout)
-        except _TimedOut as exc:
+            for attempt in range(2):
+                try:
+                    if not child.send(spirv, bindings, push_size, entry):
+                        raise _Dead("died before it was sent the module")
+                    problem = child.answer(self.timeout)
+                    break
+                except _Dead as exc:
+                    child.kill()
+                    child = None
+                    if attempt:
+                        raise InvalidSubmission(f"compiling the program crashed the driver's compiler twice (the "
+                                                f"vetting process {exc}); refused") from None
+                    child = _Child(self.selector)
+        except _TimedOut:
             child.kill()
             child = None
-            if str(exc) == "starting":
-                raise ServerFault("the arbiter could not start a compiler process; see server.log") from None
             raise InvalidSubmission(f"compiling the program took longer than {self.timeout:g} s; refused") from None
-        except _Dead as exc:
-            child.kill()
-            child = None
-            raise InvalidSubmission(f"compiling the program crashed the driver's compiler (the vetting process "
-                                    f"{exc}); refused") from None
         finally:
             self._give_back(child)
         if problem is not None:
@@ -212,6 +232,9 @@ def _serve() -> int:
     from .device import Device  # here, not at import: the parent must not load Vulkan for this module
 
     device = Device(os.environ.get("LIBSHARE_DEVICE") or None)
+    crash_on = set()
+    if os.environ.get("LIBSHARE_TEST_HOOKS") == "1":
+        crash_on = set(os.environ.get("LIBSHARE_TEST_CRASH_COMPILES", "").split(","))
     requests, answers = sys.stdin.buffer, sys.stdout.buffer
     answers.write(_READY)
     answers.flush()
@@ -219,6 +242,8 @@ def _serve() -> int:
         size, bindings, push_size, name_size = _REQUEST.unpack(header)
         entry = requests.read(name_size).decode(errors="replace")
         spirv = requests.read(size)
+        if hashlib.sha256(spirv).hexdigest() in crash_on:  # test hook: a compiler crash on demand
+            os.kill(os.getpid(), signal.SIGSEGV)
         try:
             device.destroy_pipeline(device.create_pipeline(spirv, bindings, push_size, entry))
             status, message = 0, b""
@@ -241,7 +266,9 @@ def _die_with_parent() -> None:
         os._exit(1)
 
     def watch() -> None:
-        select.select([parent], [], [])
+        gone = select.poll()
+        gone.register(parent, select.POLLIN)
+        gone.poll()
         os._exit(1)
 
     threading.Thread(target=watch, daemon=True).start()

@@ -1,0 +1,113 @@
+"""Vetting compiles: a module that crashes or outruns the compiler costs a child process, not the arbiter."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import struct
+import subprocess
+
+import numpy as np
+import pytest
+
+import libshare
+from libshare.errors import InvalidSubmission
+
+from .conftest import run_daemon, wait_until
+
+
+def saxpy_round_trip(session) -> bool:
+    """One saxpy through the arbiter, checked against the expected values."""
+    program = session.load_program(libshare.shaders.path("saxpy"))
+    x, y = session.array(256), session.array(256)
+    x[:], y[:] = np.arange(256), 1.0
+    session.dispatch(program, 4, [x, y], struct.pack("If", 256, 2.0)).wait(30)
+    return bool(np.array_equal(y, 2.0 * np.arange(256) + 1.0))
+
+
+def children(pid: int) -> set[int]:
+    """Pids of the direct children of process ``pid``."""
+    found = set()
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as f:
+            found.update(int(child) for child in f.read().split())
+    return found
+
+
+@pytest.fixture
+def crashing_daemon(tmp_path, vulkan_device_name):
+    """A daemon whose compiler children crash (SIGSEGV) on the vadd module; yields (process, pipe dir)."""
+    vadd = libshare.shaders.path("vadd").read_bytes()
+    yield from run_daemon(tmp_path / "pipe", LIBSHARE_TEST_HOOKS="1",
+                          LIBSHARE_TEST_CRASH_COMPILES=hashlib.sha256(vadd).hexdigest())
+
+
+def test_a_module_that_crashes_the_compiler_is_refused_and_the_arbiter_lives(crashing_daemon):
+    process, pipe_dir = crashing_daemon
+    with libshare.connect(mode="daemon", pipe_directory=pipe_dir) as honest, \
+            libshare.connect(mode="daemon", pipe_directory=pipe_dir) as hostile:
+        assert saxpy_round_trip(honest)
+        with pytest.raises(InvalidSubmission, match="crashed the driver's compiler.*SIGSEGV"):
+            hostile.load_program(libshare.shaders.path("vadd"))
+        assert process.poll() is None
+        before = children(process.pid)
+        with pytest.raises(InvalidSubmission, match="crashed"):  # remembered: no child is asked again
+            honest.load_program(libshare.shaders.path("vadd"))
+        assert children(process.pid) == before
+        assert saxpy_round_trip(honest) and saxpy_round_trip(hostile)
+        assert hostile.load_program(libshare.shaders.path("sum")) is not None  # a new child vets it
+    assert "refused" in (pipe_dir / "server.log").read_text()
+
+
+def slow_module(directory) -> bytes:
+    """A valid 470 kB kernel of 3,000 dependent sin() steps (about 70 ms to compile on lavapipe)."""
+    steps = "\n".join(f"  a = a * {1.0001 + k * 1e-7:.7f} + sin(a + {k}.0);" for k in range(3000))
+    source = directory / "slow.comp"
+    source.write_text("#version 450\nlayout(local_size_x = 64) in;\n"
+                      "layout(std430, binding = 0) buffer B { float v[]; };\n"
+                      f"void main() {{\n  uint i = gl_GlobalInvocationID.x; float a = v[i];\n{steps}\n  v[i] = a;\n}}\n")
+    subprocess.run(["glslangValidator", "-V", str(source), "-o", str(directory / "slow.spv")], check=True,
+                   capture_output=True)
+    return (directory / "slow.spv").read_bytes()
+
+
+def test_a_compile_past_the_time_limit_is_refused(tmp_path, vulkan_device_name):
+    module = slow_module(tmp_path)
+    for process, pipe_dir in run_daemon(tmp_path / "pipe", LIBSHARE_COMPILE_TIMEOUT="0.01"):
+        with libshare.connect(mode="daemon", pipe_directory=pipe_dir) as session:
+            assert saxpy_round_trip(session)  # the child is warm: what follows times the compile alone
+            with pytest.raises(InvalidSubmission, match="took longer than 0.01 s"):
+                session.load_program(module)
+            assert process.poll() is None
+            assert session.load_program(libshare.shaders.path("sum")) is not None  # a new child vets it
+            assert saxpy_round_trip(session)
+
+
+def test_a_compiler_child_killed_while_idle_is_replaced_without_blaming_the_module(daemon):
+    process, pipe_dir = daemon
+    with libshare.connect(mode="daemon", pipe_directory=pipe_dir) as session:
+        assert saxpy_round_trip(session)  # a child has vetted saxpy and waits for more
+        idle = wait_until(lambda: children(process.pid), 30, "a compiler child")
+        for pid in idle:
+            os.kill(pid, signal.SIGKILL)
+        assert session.load_program(libshare.shaders.path("vadd")) is not None
+
+
+def test_compiler_children_end_with_the_arbiter(daemon):
+    process, pipe_dir = daemon
+    with libshare.connect(mode="daemon", pipe_directory=pipe_dir) as session:
+        assert saxpy_round_trip(session)
+    kids = wait_until(lambda: children(process.pid), 30, "a compiler child")
+    process.kill()
+    process.wait()
+    for pid in kids:
+        wait_until(lambda: not os.path.exists(f"/proc/{pid}") or _zombie(pid), 30, f"compiler {pid} to exit")
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
