@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import libshare
-from libshare import workloads
+from libshare import _control, workloads
 
 from .conftest import open_fds, start_client, wait_until
 
@@ -27,7 +27,7 @@ def test_client_killed_mid_dispatch_leaks_nothing_and_others_run(daemon):
     arbiter, pipe_dir = daemon
     with libshare.connect(mode="daemon", pipe_directory=pipe_dir) as warmup:
         workloads.run("saxpy", warmup, np.random.default_rng(0), {})
-    time.sleep(0.5)
+    wait_until(lambda: _control.run("ps", pipe_directory=pipe_dir).count("\n") == 0, 30, "the warm-up client to go")
     fds_before = open_fds(arbiter.pid)
     shm_before = set(os.listdir("/dev/shm"))
 

@@ -19,7 +19,7 @@ from libshare.arbiter._scheduler import Scheduler, percentage, priority_name
 from libshare.errors import InvalidSubmission
 
 from ..conftest import ROOT
-from .conftest import run_daemon
+from .conftest import run_daemon, wait_until
 
 
 def control(pipe_dir, command: str, *args: str) -> str:
@@ -109,32 +109,31 @@ def test_scheduling_mode_switches_live(daemon):
         control(pipe_dir, "set_scheduling_mode", "lottery")
 
 
-def device_ms(pipe_dir) -> dict[str, float]:
-    return {name: float(row[7].removesuffix("ms")) for name, row in ps_rows(pipe_dir).items()}
+def test_live_share_change_applies_to_a_running_client(tmp_path, vulkan_device_name):
+    """The mechanism: a live ceiling reaches the scheduler of a running client, which keeps running.
 
-
-def shares_over(pipe_dir, seconds: float) -> dict[str, float]:
-    before = device_ms(pipe_dir)
-    time.sleep(seconds)
-    after = device_ms(pipe_dir)
-    used = {name: after[name] - before.get(name, 0.0) for name in after}
-    total = sum(used.values()) or 1.0
-    return {name: value / total for name, value in used.items()}
-
-
-def test_live_share_change_limits_a_running_client(daemon):
-    _, pipe_dir = daemon
-    # Deep queues keep both clients wanting the device all the time.
-    greedy, other = holder(pipe_dir, "greedy", depth=32), holder(pipe_dir, "other", depth=32)
+    How close the measured share comes to the ceiling is a figure of bench/test_scheduler_bench.py:
+    on a loaded machine the other client may not keep its queue full, and a share measured
+    here would say more about the machine than about the arbiter.
+    """
+    pipe_dir = tmp_path / "pipe"
+    pipe_dir.mkdir(mode=0o700)
+    arbiter = Arbiter()
+    greedy = other = None
     try:
-        before = shares_over(pipe_dir, 1.5)["greedy"]
-        control(pipe_dir, "set_active_thread_percentage", str(greedy.pid), "20")
-        time.sleep(0.5)  # the decayed history forgets the time before the change
-        after = shares_over(pipe_dir, 2.0)["greedy"]
-        assert before > 0.35, f"unlimited, greedy had only {before:.0%}: the test needs it near half"
-        assert after < 0.3, f"greedy still used {after:.0%} of the device time after a 20% ceiling"
+        arbiter.serve(pipe_dir / "control")
+        greedy, other = holder(pipe_dir, "greedy", depth=8), holder(pipe_dir, "other", depth=8)
+        scheduler = arbiter.drainer.scheduler
+        by_pid = lambda pid: next(c for c in arbiter.drainer.clients.values() if c.pid == pid)  # noqa: E731
+        assert scheduler.share_of(by_pid(greedy.pid)) == 100
+        assert control(pipe_dir, "set_active_thread_percentage", str(greedy.pid), "20") == "20"
+        assert scheduler.share_of(by_pid(greedy.pid)) == 20 and scheduler.share_of(by_pid(other.pid)) == 100
+        completed = by_pid(greedy.pid).counters.completed
+        wait_until(lambda: by_pid(greedy.pid).counters.completed > completed + 10, 60,
+                   "the capped client to go on completing work")
     finally:
-        stop(greedy, other)
+        stop(*(p for p in (greedy, other) if p is not None))
+        arbiter.close()
 
 
 def test_client_limit_is_configurable_past_the_mps_default(tmp_path, vulkan_device_name):
@@ -167,10 +166,7 @@ def test_watchdog_faults_the_server_and_names_the_offender(tmp_path, vulkan_devi
             with pytest.raises(libshare.ServerFault):
                 ticket.wait(timeout=60)
             assert control(pipe_dir, "get_server_status") in ("FAULT", "INITIALIZING")
-        deadline = time.monotonic() + 60
-        while control(pipe_dir, "get_server_status") != "ACTIVE":
-            assert time.monotonic() < deadline, "the server did not recover"
-            time.sleep(0.1)
+        wait_until(lambda: control(pipe_dir, "get_server_status") == "ACTIVE", 60, "the server to recover")
         log = (tmp_path / "pipe.stderr").read_text()
         assert "past the 0.3 s watchdog" in log and "runaway" in log
     finally:
@@ -228,10 +224,15 @@ def test_a_realtime_dispatch_is_not_held_behind_low_work_popped_with_it(tmp_path
             saxpy, x, y = realtime.load_program(libshare.shaders.path("saxpy")), realtime.array(64), realtime.array(64)
             tiny = lambda: realtime.dispatch(saxpy, 1, [x, y], struct.pack("If", 64, 1.0))  # noqa: E731
             tiny().wait(10)
-            gate = threading.Event()
-            held = threading.Thread(target=arbiter.drainer.call, args=(gate.wait, 10))
-            held.start()  # the drain thread runs gate.wait: both dispatches below meet in one drain pass
-            time.sleep(0.1)
+            gate, entered = threading.Event(), threading.Event()
+
+            def hold_the_drain_thread():
+                entered.set()
+                gate.wait(10)
+
+            held = threading.Thread(target=arbiter.drainer.call, args=(hold_the_drain_thread,))
+            held.start()  # the drain thread waits on the gate: both dispatches below meet in one drain pass
+            assert entered.wait(10)
             slow = low.dispatch(busy, 16, [data], struct.pack("II", 1024, 200_000))  # ~0.2 s on lavapipe
             quick = tiny()
             gate.set()

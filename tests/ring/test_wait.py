@@ -90,7 +90,9 @@ def test_memfd_leaves_nothing_in_dev_shm_after_sigkill():
     before = set(os.listdir("/dev/shm"))
     with Region.create(lanes=1, lane_entries=4, cq_entries=4) as region:
         child = spawn_peer("produce", region.fd, 0, 1_000_000_000, 1)
-        time.sleep(0.3)
+        deadline = time.monotonic() + 30
+        while not region.pending():  # the child has mapped the region and is producing
+            assert time.monotonic() < deadline, "the producer never pushed"
         child.send_signal(signal.SIGKILL)
         child.wait()
     assert set(os.listdir("/dev/shm")) == before
