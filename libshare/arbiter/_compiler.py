@@ -229,6 +229,8 @@ def _serve() -> int:
     """The child: open the device, then compile and destroy one module per request."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _die_with_parent()
+    with open("/proc/self/oom_score_adj", "w") as f:  # expendable: the OOM killer takes a compiler first
+        f.write("1000")
     from .device import Device  # here, not at import: the parent must not load Vulkan for this module
 
     device = Device(os.environ.get("LIBSHARE_DEVICE") or None)
