@@ -116,8 +116,11 @@ class _Child:
         if self.process.poll() is None:
             self.process.kill()
         self.process.wait()
-        self.process.stdin.close()
-        self.process.stdout.close()
+        for pipe in (self.process.stdin, self.process.stdout):
+            try:
+                pipe.close()
+            except OSError:  # the child died with a request half sent: nothing more to flush
+                pass
 
 
 def _python() -> str:
