@@ -22,6 +22,7 @@ from .errors import RingCorrupted as RingCorrupted
 from .errors import RingFull as RingFull
 from .errors import ServerFault as ServerFault
 from .errors import ServerNotReady as ServerNotReady
+from .errors import SessionClosed as SessionClosed
 from .errors import Timeout as Timeout
 from .errors import TooManyClients as TooManyClients
 from .errors import VulkanUnavailable as VulkanUnavailable
@@ -48,6 +49,7 @@ __all__ = [
     "RingFull",
     "ServerFault",
     "ServerNotReady",
+    "SessionClosed",
     "Timeout",
     "TooManyClients",
     "VulkanUnavailable",

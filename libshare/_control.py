@@ -13,10 +13,33 @@ serves a pipe directory), so scripts written for MPS keep working.
 
 from __future__ import annotations
 
+import select
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 
 from . import _config, _protocol as protocol, errors
+
+_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def printable(text: str, spaces: bool = True) -> str:
+    """``text`` with every character that is not printable escaped (``\\n``, ``\\x1b``, ``\\u2028``),
+    and, unless ``spaces``, every space too: what a peer wrote cannot start a line of its own,
+    move the cursor, or split a column of ``ps`` (names and command lines come from clients)."""
+    if text.isprintable() and (spaces or " " not in text):
+        return text
+    out = []
+    for ch in text:
+        if ch.isprintable() and (spaces or ch != " "):
+            out.append(ch)
+        elif ch in _ESCAPES:
+            out.append(_ESCAPES[ch])
+        else:
+            code = ord(ch)
+            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000
+                       else f"\\U{code:08x}")
+    return "".join(out)
 
 
 @dataclass(frozen=True)
@@ -40,7 +63,9 @@ COMMANDS: dict[str, Command] = {c.name: c for c in [
             "Print the device (index, UUID and name) followed by the PIDs of its clients."),
     Command("ps", "ps [-p PID]",
             "A table of the clients: pid, client id, name, device, state, priority, dispatches, "
-            "device time, memory in use, memory limit, command line. -p PID: only that client process."),
+            "device time, memory in use, memory limit, command line. -p PID: only that client process. "
+            "Characters that are not printable are escaped. To users other than root and the "
+            "arbiter's, another user's client shows only its pid, id, device and state."),
     Command("terminate_client", "terminate_client [SERVER_PID] CLIENT_PID",
             "Cancel the client's queued work, let its running work end, reclaim its buffers and "
             "programs; the client sees a sticky ClientTerminated error. Other clients are not affected.",
@@ -101,22 +126,41 @@ COMMANDS: dict[str, Command] = {c.name: c for c in [
 
 
 class ControlConnection:
-    """A connection to the arbiter's control endpoint; send it commands with :meth:`run`."""
+    """A connection to the arbiter's control endpoint; send it commands with :meth:`run`.
+
+    The arbiter closes a control connection that idles past its bound (ten minutes; sooner
+    when many connections wait on it); :meth:`run` then dials again before it sends.
+    """
 
     def __init__(self, pipe_directory: str | Path | None = None, timeout: float = 30.0):
         directory = _config.pipe_directory(pipe_directory)
         self.socket_path = _config.socket_path(directory)
         """The socket this connection dialled."""
+        self._timeout = timeout
+        self._sock = self._dial()
+
+    def _dial(self) -> socket.socket:
         try:
-            sock = protocol.dial(self.socket_path, timeout)
+            sock = protocol.dial(self.socket_path, self._timeout)
+        except errors.LibshareError:  # AccessDenied is an OSError too: it stays what it is
+            raise
         except OSError as exc:
             raise errors.ArbiterUnavailable(f"no arbiter answers at {self.socket_path}: {exc}") from exc
         if sock is None:
             raise errors.ArbiterUnavailable(f"no arbiter answers at {self.socket_path}")
-        self._sock = sock
+        return sock
+
+    def _closed_by_arbiter(self) -> bool:
+        """True when the arbiter closed this idle connection (it never speaks unasked otherwise)."""
+        poller = select.poll()
+        poller.register(self._sock, select.POLLIN | select.POLLHUP)
+        return bool(poller.poll(0))
 
     def run(self, command: str, *args: str) -> str:
         """Run one command and return its output; a refused command raises its LibshareError."""
+        if self._closed_by_arbiter():
+            self._sock.close()
+            self._sock = self._dial()
         try:
             protocol.send(self._sock, {"op": "control", "command": command, "args": list(args)})
             reply = protocol.recv(self._sock)
@@ -127,8 +171,17 @@ class ControlConnection:
         return str(reply.fields.get("output", ""))
 
     def close(self) -> None:
-        """Close the connection."""
-        self._sock.close()
+        """Close the connection. Returns once the arbiter has closed its end too (or after a second),
+        so that what the arbiter holds, counted right after, no longer includes this connection."""
+        try:
+            self._sock.shutdown(socket.SHUT_WR)
+            self._sock.settimeout(1.0)
+            while self._sock.recv(4096):
+                pass
+        except OSError:
+            pass
+        finally:
+            self._sock.close()
 
     def __enter__(self) -> ControlConnection:
         return self

@@ -11,11 +11,40 @@ Connecting to a daemon imports nothing from Vulkan: the session is sockets,
 memfds and the ring. Embedded mode starts one arbiter inside this process
 (shared by every embedded session of the process) and talks to it over a
 socketpair with the very same protocol.
+
+Tickets tell the truth. A ticket's outcome lives on the Ticket itself and is
+sticky: once known (the arbiter's status, the arbiter's loss, or this
+session's close), every later ``wait``, ``done`` and ``await`` gives the same
+answer. The session keeps a record of a ticket only while its work is in
+flight, and that record is a weak reference: a completion read for a ticket
+nobody holds any more is dropped on the spot, so pipelining without waiting
+(the README's pattern) holds no memory per dispatch. Ticket numbers come from
+one counter under the session's gate lock, so threads never share one.
+
+Every way of asking sees the arbiter's death within one wait slice (50 ms):
+a blocking wait sleeps on the completion ring in slices and the ring checks
+the arbiter's pidfd (or, embedded, its state word) between them; ``done()``
+never blocks, so it takes a zero-length look that makes the same check.
+Once the loss is known it is sticky for the session: every unfinished ticket
+fails with it and ``dispatch()`` raises it at once. A cancelled completion
+(the arbiter shut down or terminated this client) counts as that loss too.
+
+Closing never pulls the ring from under a thread. Each thread that touches
+the mapped region counts itself in and out under the gate lock; ``close()``
+marks the session closed, shuts the socket (waking a control request), then
+waits for the count to drop to zero before it unmaps. Whichever thread brings
+it to zero unmaps, so a close from inside a wait (a finalizer, say) cannot
+deadlock: after _CLOSE_WAIT it returns and leaves the unmap to that thread,
+on its way out. A thread asleep on the ring wakes within one slice, sees the
+close, and fails its ticket with ``SessionClosed``, which is also the sticky
+outcome of every ticket whose completion had not been read (the work itself
+still completes at the arbiter).
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import socket
 import struct
@@ -40,6 +69,7 @@ _HEAD = struct.Struct("<QIHBB3II")
 _OFFSETS = struct.Struct("<8I8Q")
 _SEEN_ARRAYS = 1024  # arrays whose binding a session remembers
 _WAIT_SLICE = 0.05  # seconds per completion wait, between liveness checks
+_CLOSE_WAIT = 2.0  # seconds close() waits for threads inside the ring before leaving the unmap to them
 _REQUEST_TIMEOUT = 60.0  # a control request the arbiter does not answer in this long fails
 _STATUS_TEXT = {
     C.EBADSLOT: "descriptor fields out of range",
@@ -63,10 +93,18 @@ def _status_error(ticket: int, status: int) -> errors.LibshareError:
     return errors.InvalidSubmission(f"ticket {ticket} rejected by the arbiter: {text}")
 
 
-class Ticket:
-    """A submitted dispatch or copy; ``wait()``, ``done()`` or ``await`` it."""
+def _fresh(error: errors.LibshareError) -> errors.LibshareError:
+    """A new instance of a sticky error, so that raising it again does not grow one traceback for ever."""
+    return type(error)(*error.args)
 
-    __slots__ = ("_session", "id", "device_ns")
+
+class Ticket:
+    """A submitted dispatch or copy; ``wait()``, ``done()`` or ``await`` it.
+
+    Its outcome is sticky: once known, every ``wait()`` returns or raises the same.
+    """
+
+    __slots__ = ("_session", "id", "device_ns", "_status", "_error", "__weakref__")
 
     def __init__(self, session: Session, ticket_id: int):
         self._session = session
@@ -74,21 +112,37 @@ class Ticket:
         """The ticket number echoed by the arbiter."""
         self.device_ns: int | None = None
         """Device time the work took (nanoseconds), once done."""
+        self._status: int | None = None  # the arbiter's status, once its completion was read
+        self._error: errors.LibshareError | None = None  # the sticky failure, once known
+
+    def _settled(self) -> bool:
+        return self._status is not None or self._error is not None
 
     def done(self) -> bool:
-        """True once the work completed (successfully or not); never blocks."""
-        return self._session._is_done(self, 0.0)
+        """True once ``wait()`` would return or raise at once: the work completed (successfully
+        or not), or its outcome can no longer be known (the arbiter is gone, the session closed).
+        Never blocks, never raises; notices a dead arbiter."""
+        if not self._settled():
+            self._session._poll(self)
+        return self._settled()
 
     def wait(self, timeout: float | None = None) -> Ticket:
-        """Block until done; raise Timeout past ``timeout`` seconds, or the work's error."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        self._session._wait_ticket(self, deadline)
+        """Block until done; raise Timeout past ``timeout`` seconds, or the work's error (every time)."""
+        if not self._settled():
+            deadline = None if timeout is None else time.monotonic() + timeout
+            self._session._wait_ticket(self, deadline)
+        if self._status and self._error is None:
+            self._error = self._session._status_error(self)
+        if self._error is not None:
+            raise _fresh(self._error)
         return self
 
     def __await__(self):
         return self._wait_async().__await__()
 
     async def _wait_async(self) -> Ticket:
+        # A cancelled await abandons its thread, which goes on waiting until the work ends,
+        # the arbiter is lost or the session closes (close() wakes it and waits for it).
         return await anyio.to_thread.run_sync(self.wait, None, abandon_on_cancel=True)
 
     def __repr__(self) -> str:
@@ -100,7 +154,7 @@ class Session:
 
     def __init__(self, sock: socket.socket, welcome: protocol.Frame, embedded: bool):
         self._sock = sock
-        self._request_lock = threading.Lock()
+        self._request_lock = threading.RLock()  # re-entrant: close() from a finalizer inside a request
         self._cq_lock = threading.Lock()
         self.client_id: int = welcome.fields["client_id"]
         """This session's client id at the arbiter."""
@@ -116,16 +170,53 @@ class Session:
         if welcome.fields["arbiter_pid"] != os.getpid():
             self._region.watch_peer(welcome.fields["arbiter_pid"])
         self._region.announce_client()
+        self._gate = threading.Lock()  # guards closed, _users, _torn_down and _next_ticket
+        self._gone = threading.Condition(self._gate)  # close() waits on it for the users to leave
+        self._users = 0  # threads inside the mapped region now: it is unmapped only when none is
+        self._torn_down = False
         self._next_ticket = 1
-        self._results: dict[int, tuple[int, int]] = {}
-        self._outstanding: set[int] = set()
+        self._pending: dict[int, weakref.ref[Ticket]] = {}  # ticket number -> its Ticket, while in flight
         self._cqes = np.empty(self._region.cq_entries, CQE_DTYPE)
         self._cqes_ptr = ffi.from_buffer("char[]", self._cqes)
         self._by_mapping: dict[int, Buffer] = {}
         self._seen: dict[int, tuple[weakref.ref, Buffer, int]] = {}  # id(array) -> (the array, buffer, offset)
-        self._lost: errors.LibshareError | None = None
+        self._lost: errors.LibshareError | None = None  # sticky: the arbiter is gone or ended this session
         self.closed = False
         """True after close()."""
+
+    # ---------------------------------------------------------------- the region's users
+
+    def _enter(self) -> None:
+        """Count this thread in as a user of the mapped region; SessionClosed once closed."""
+        with self._gate:
+            if self.closed:
+                raise _closed_error()
+            self._users += 1
+
+    def _leave(self) -> None:
+        """Count this thread out; the last one out of a closed session unmaps the region."""
+        with self._gate:
+            self._users -= 1
+            last = self.closed and not self._users and not self._torn_down
+            if last:
+                self._torn_down = True
+            if self.closed:
+                self._gone.notify_all()
+        if last:
+            self._tear_down()
+
+    @contextlib.contextmanager
+    def _inside(self):
+        """Counted in for the block, which is told True; told False (and not counted) once closed."""
+        try:
+            self._enter()
+        except errors.SessionClosed:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            self._leave()
 
     # ---------------------------------------------------------------- control requests
 
@@ -136,23 +227,33 @@ class Session:
                 protocol.send(self._sock, {"op": op, **fields}, payload)
                 reply = protocol.recv(self._sock, max_fds=max_fds)
             except (EOFError, OSError) as exc:
-                self._lost = errors.ArbiterLost(f"the arbiter closed the connection ({exc or 'EOF'})")
-                raise self._lost from exc
+                if self.closed:
+                    raise _closed_error() from exc
+                if self._lost is None:
+                    self._lost = errors.ArbiterLost(f"the arbiter closed the connection ({exc or 'EOF'})")
+                raise _fresh(self._lost) from exc
         if not reply.fields.get("ok"):
             reply.close_fds()
             raise errors.remote_error(reply.fields)
         return reply
 
     def _check_usable(self) -> None:
-        if self.closed:
-            raise ValueError("session is closed")
+        """Raise SessionClosed, or the sticky loss (noticing one the arbiter left in the ring)."""
         if self._lost is None:
-            self._lost = self._closed_by_arbiter()
+            self._enter()
+            try:
+                self._lost = self._closed_by_arbiter()
+            finally:
+                self._leave()
+        elif self.closed:
+            raise _closed_error()
         if self._lost is not None:
-            raise self._lost
+            raise _fresh(self._lost)
 
     def _closed_by_arbiter(self) -> errors.LibshareError | None:
-        """The sticky error the arbiter left in the ring when it closed this session, if any."""
+        """The sticky error the arbiter left in the ring when it closed this session, if any.
+
+        Reads the region: only between _enter and _leave."""
         reason = self._region.close_reason()
         if reason == C.ECANCELED:
             return errors.ClientTerminated("the operator terminated this client (terminate_client); "
@@ -160,6 +261,9 @@ class Session:
         if reason == C.EFAULT:
             return errors.ServerFault("the arbiter's device faulted while this session was connected; "
                                       "reconnect once the server is ACTIVE again")
+        if reason == C.ECORRUPT:
+            return errors.RingCorrupted("the arbiter dropped this session: its ring failed validation (an index "
+                                        "in shared memory was overwritten); reconnect to go on")
         return None
 
     def load_program(self, spirv: bytes | str | os.PathLike) -> Program:
@@ -255,86 +359,209 @@ class Session:
         return buffer, offset
 
     def _submit(self, opcode: int, program: int, ids, offsets, groups, push: bytes) -> Ticket:
-        self._check_usable()
-        ticket = self._next_ticket
-        self._next_ticket += 1
-        desc = bytearray(C.DESC_SIZE)
-        _HEAD.pack_into(desc, 0, ticket, program, opcode, len(ids) if opcode == C.OP_DISPATCH else 2,
-                        len(push), *groups, 0)
-        _OFFSETS.pack_into(desc, 32, *ids, *([0] * (8 - len(ids))), *offsets, *([0] * (8 - len(offsets))))
-        desc[128 : 128 + len(push)] = push
-        self._outstanding.add(ticket)
-        self._push(bytes(desc))
-        return Ticket(self, ticket)
+        with self._gate:  # the number and the region's use together: one lock per dispatch
+            if self.closed:
+                raise _closed_error()
+            number = self._next_ticket
+            self._next_ticket += 1
+            self._users += 1
+        try:
+            if self._lost is None:
+                self._lost = self._closed_by_arbiter()
+            if self._lost is not None:
+                raise _fresh(self._lost)
+            desc = bytearray(C.DESC_SIZE)
+            _HEAD.pack_into(desc, 0, number, program, opcode, len(ids) if opcode == C.OP_DISPATCH else 2,
+                            len(push), *groups, 0)
+            _OFFSETS.pack_into(desc, 32, *ids, *([0] * (8 - len(ids))), *offsets,
+                               *([0] * (8 - len(offsets))))
+            desc[128 : 128 + len(push)] = push
+            ticket = Ticket(self, number)
+            self._pending[number] = weakref.ref(ticket)  # before the push: its completion may come at once
+            try:
+                self._push(bytes(desc))
+            except BaseException:
+                self._pending.pop(number, None)
+                raise
+            return ticket
+        finally:
+            self._leave()
 
     def _push(self, desc: bytes) -> None:
         producer = self._region.producer()
         while producer.try_push(desc) == 0:  # lane full: make room by reading completions
-            self._collect(_WAIT_SLICE)
+            if self._lost is not None:
+                raise _fresh(self._lost)
+            self._collect(_WAIT_SLICE)  # raises SessionClosed once closed, or the loss
 
     # ---------------------------------------------------------------- completion
 
-    def _collect(self, timeout: float) -> None:
-        """Pop every ready completion (waiting up to ``timeout`` for one) into the results."""
-        if not self._cq_lock.acquire(timeout=max(timeout, 0.001)):
-            return
+    def _take(self) -> int:
+        """Read every ready completion onto its ticket (if anyone still holds it); return how many.
+
+        Caller holds _cq_lock and is counted in."""
         try:
             n = self._region.completions_into(self._cqes, self._cqes_ptr)
-            if n == 0 and timeout > 0:
+        except errors.RingCorrupted as exc:
+            self._lost = self._lost or exc
+            raise
+        if not n:
+            return 0
+        taken = self._cqes[:n]
+        cancelled = False
+        for number, status, device_ns in zip(taken["ticket"].tolist(), taken["status"].tolist(),
+                                             taken["device_ns"].tolist()):
+            ref = self._pending.pop(number, None)  # None: not ours (the arbiter is untrusted), ignore
+            ticket = ref() if ref is not None else None
+            if ticket is not None:
+                ticket.device_ns = device_ns
+                ticket._status = status
+            cancelled = cancelled or status == -C.ECANCELED
+        if cancelled and self._lost is None:  # the arbiter shut down or ended this session
+            self._lost = self._closed_by_arbiter() or errors.ArbiterLost(
+                "the arbiter shut down or ended this session and cancelled its queued work; connect again")
+        return n
+
+    def _lose(self, exc: errors.ArbiterLost) -> errors.LibshareError:
+        """Record the arbiter's loss, seen by a ring wait, after reading what it posted before it went."""
+        self._take()
+        if self._lost is None:
+            self._lost = self._closed_by_arbiter() or errors.ArbiterLost(
+                f"the arbiter exited or closed this session: {exc}")
+        return self._lost
+
+    def _collect(self, timeout: float) -> None:
+        """Read every ready completion, waiting up to ``timeout`` for one; raise the loss or the close."""
+        self._enter()
+        try:
+            if not self._cq_lock.acquire(timeout=max(timeout, 0.001)):
+                return  # another thread is reading (and watching the arbiter) already
+            try:
+                if self._take() or timeout <= 0:
+                    return
                 try:
                     self._region.wait_completions(1, timeout=timeout)
                 except errors.Timeout:
                     return
                 except errors.ArbiterLost as exc:
-                    self._lost = self._closed_by_arbiter() or errors.ArbiterLost(
-                        f"the arbiter exited or closed this session: {exc}")
-                    raise self._lost from exc
-                n = self._region.completions_into(self._cqes, self._cqes_ptr)
-            for cqe in self._cqes[:n]:
-                self._results[int(cqe["ticket"])] = (int(cqe["status"]), int(cqe["device_ns"]))
+                    raise _fresh(self._lose(exc)) from exc
+                self._take()
+            finally:
+                self._cq_lock.release()
         finally:
-            self._cq_lock.release()
+            self._leave()
 
-    def _is_done(self, ticket: Ticket, timeout: float) -> bool:
-        if ticket.id not in self._results and ticket.id in self._outstanding:
-            self._check_usable()
-            self._collect(timeout)
-        return ticket.id in self._results or ticket.id not in self._outstanding
+    def _poll(self, ticket: Ticket) -> None:
+        """done()'s look: read ready completions and check that the arbiter lives, never blocking."""
+        if self._lost is None:
+            with self._inside() as inside:
+                try:
+                    if inside and self._cq_lock.acquire(blocking=False):  # else the reader watches the arbiter
+                        try:
+                            self._take()
+                            if ticket._status is None:
+                                self._probe()
+                        finally:
+                            self._cq_lock.release()
+                    if inside and self._lost is None:
+                        self._lost = self._closed_by_arbiter()
+                except errors.LibshareError:
+                    pass  # recorded as the loss: settled below
+        self._settle(ticket)
+
+    def _probe(self) -> None:
+        """A zero-length ring wait: reads nothing new, but notices a dead or closed arbiter."""
+        try:
+            if self._region.wait_completions(1, timeout=0, spin=0):
+                self._take()
+        except errors.Timeout:
+            pass
+        except errors.ArbiterLost as exc:
+            self._lose(exc)
+
+    def _settle(self, ticket: Ticket) -> None:
+        """Give an unfinished ticket its sticky failure once its outcome can no longer come."""
+        if ticket._settled():
+            return
+        if self._lost is not None:
+            ticket._error = self._lost
+        elif self.closed:
+            ticket._error = _closed_error(f"ticket {ticket.id}: the session was closed before its completion "
+                                          "was read (the work itself still completes at the arbiter)")
 
     def _wait_ticket(self, ticket: Ticket, deadline: float | None) -> None:
-        while not self._is_done(ticket, _WAIT_SLICE if deadline is None
-                                else min(_WAIT_SLICE, max(deadline - time.monotonic(), 0))):
+        while True:
+            if self._lost is not None or self.closed:
+                self._settle(ticket)
+                return
+            try:
+                self._collect(_WAIT_SLICE if deadline is None
+                              else min(_WAIT_SLICE, max(deadline - time.monotonic(), 0)))
+                if not ticket._settled():
+                    self._check_usable()  # a reason the arbiter left in the ring
+            except errors.LibshareError:
+                if self._lost is None and not self.closed:
+                    raise
+                continue  # settled above
+            if ticket._settled():
+                return
             if deadline is not None and time.monotonic() >= deadline:
                 raise errors.Timeout(f"ticket {ticket.id} not done after the timeout")
-        result = self._results.pop(ticket.id, None)
-        if result is None:
-            return  # collected by an earlier wait on the same ticket
-        self._outstanding.discard(ticket.id)
-        status, ticket.device_ns = result
-        if status:
-            sticky = self._closed_by_arbiter() if -status in (C.ECANCELED, C.EFAULT) else None
-            raise sticky or _status_error(ticket.id, status)
+
+    def _status_error(self, ticket: Ticket) -> errors.LibshareError:
+        """The error a failed ticket's status stands for (the session's sticky one for a fault or cancel)."""
+        status = ticket._status
+        if -status in (C.ECANCELED, C.EFAULT):
+            with self._inside() as inside:
+                sticky = self._closed_by_arbiter() if inside else None
+            if sticky is not None:
+                return sticky
+        return _status_error(ticket.id, status)
 
     def wait_idle(self, timeout: float | None = None) -> None:
-        """Wait until every submitted ticket is done; errors stay with their tickets."""
+        """Wait until every submitted ticket is done; errors stay with their tickets.
+
+        Raises the arbiter's loss (within a wait slice of it, and at once once it is known,
+        like every call on the session), SessionClosed or Timeout."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        while self._outstanding - self._results.keys():
+        self._check_usable()
+        while self._pending:
             if deadline is not None and time.monotonic() >= deadline:
-                raise errors.Timeout(f"{len(self._outstanding)} tickets still running after the timeout")
-            self._check_usable()
+                raise errors.Timeout(f"{len(self._pending)} tickets still running after the timeout")
             self._collect(_WAIT_SLICE)
+            self._check_usable()
 
     # ---------------------------------------------------------------- lifetime
 
     def close(self) -> None:
-        """Disconnect. Submitted work still completes at the arbiter; idempotent."""
-        if self.closed:
-            return
-        self.closed = True
+        """Disconnect; idempotent. Submitted work still completes at the arbiter.
+
+        Threads waiting on this session's tickets wake within a wait slice and raise
+        SessionClosed; the ring is unmapped only once no thread is inside it."""
+        with self._gate:
+            if self.closed:
+                return
+            self.closed = True
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)  # wakes a control request blocked on the arbiter
+        except OSError:
+            pass
+        with self._gone:  # each user leaves within one wait slice; one that does not (this very
+            # thread, when close() runs in a finalizer inside a wait) unmaps it on its way out
+            self._gone.wait_for(lambda: not self._users, timeout=_CLOSE_WAIT)
+            now = not self._users and not self._torn_down
+            if now:
+                self._torn_down = True
+        if now:
+            self._tear_down()
+
+    def _tear_down(self) -> None:
+        self._pending.clear()
         try:
             self._region.announce_client(alive=False)
         finally:
-            self._sock.close()
+            with self._request_lock:
+                self._sock.close()
             self._region.close()
             os.close(self._wake_fd)
 
@@ -343,6 +570,10 @@ class Session:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _closed_error(message: str = "session is closed: connect again") -> errors.SessionClosed:
+    return errors.SessionClosed(message)
 
 
 def _nbytes(item) -> int:

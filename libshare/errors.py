@@ -19,6 +19,7 @@ __all__ = [
     "QuotaExceeded",
     "TooManyClients",
     "ClientTerminated",
+    "SessionClosed",
     "InvalidSubmission",
     "ServerFault",
     "ProtocolError",
@@ -59,6 +60,11 @@ class TooManyClients(LibshareError):
 
 class ClientTerminated(LibshareError):
     """The operator terminated this client; every later call raises this too."""
+
+
+class SessionClosed(builtins.ValueError, LibshareError):
+    """This session was closed (by this process): calls on it, and waits on its tickets whose
+    completion had not been read, raise this; connect again to go on."""
 
 
 class InvalidSubmission(builtins.ValueError, LibshareError):

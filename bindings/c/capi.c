@@ -20,6 +20,13 @@
  * the table (held for microseconds, never across a sleep); `cq_lock` makes one
  * thread at a time the completion ring's consumer, the only one that may sleep
  * on it. Order: cq_lock before lock.
+ *
+ * Every way of asking notices a dead arbiter: waits sleep on the ring in slices
+ * and the ring checks the arbiter's pidfd (or state word) between them, and
+ * ls_poll, which never sleeps, takes a zero-length wait that makes the same
+ * check; the loss is then sticky (-LS_ELOST on every call). The embedded
+ * Python's refusals each come back with their own code (hooks.py, _CODES);
+ * -LS_EPYTHON means the Python side itself failed.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -123,6 +130,11 @@ const char *ls_strerror(int code)
     case LS_ETIMEOUT: return "timed out";
     case LS_EVULKAN: return "no usable Vulkan driver";
     case LS_EPYTHON: return "the embedded Python failed";
+    case LS_EDENIED: return "the arbiter refused this user or command";
+    case LS_ENOTREADY: return "the arbiter is not ready (FAULT, INITIALIZING or shutting down)";
+    case LS_EFULL: return "every submission lane is taken, or a lane stayed full";
+    case LS_ECLOSED: return "the session was closed";
+    case LS_EREFUSED: return "the arbiter refused the request";
     default: return code < 0 ? strerror(-code) : "not an error code";
     }
 }
@@ -454,6 +466,10 @@ int ls_poll(ls_session *s, uint64_t ticket)
         return rc;
     if (ticket_state(s, ticket) == SLOT_PENDING && pthread_mutex_trylock(&s->cq_lock) == 0) {
         rc = collect_ready(s);          /* a busy cq_lock: another thread is collecting already */
+        if (rc == 0 && ticket_state(s, ticket) == SLOT_PENDING) {
+            rc = ls_cq_wait(s->region, 1, 0, 0); /* no spin, no sleep: notices a dead or closed arbiter */
+            rc = rc == -ETIMEDOUT ? 0 : rc < 0 ? mark_lost(s, rc) : collect_ready(s);
+        }
         pthread_mutex_unlock(&s->cq_lock);
         if (rc < 0)
             return lost_error(s);
@@ -549,6 +565,8 @@ static int open_ring(ls_session *s, const struct lsx_conn *conn)
     if (s->peer_pidfd >= 0)
         ls_set_peer_pidfd(s->region, s->peer_pidfd);
     rc = ls_producer_open(s->region, (uint32_t)syscall(SYS_gettid), (uint32_t)getpid(), &s->producer);
+    if (rc == -EBUSY)
+        return fail(-LS_EFULL, "cannot claim a submission lane: every lane of the ring is taken");
     if (rc < 0)
         return fail(rc, "cannot claim a submission lane (%s)", strerror(-rc));
     return 0;

@@ -27,18 +27,25 @@ import libshare  # noqa: E402
 from libshare import _config, errors  # noqa: E402
 
 OK = 1
+# Every libshare error has its own code (subclasses before their bases: the first match wins);
+# LS_EPYTHON is only for an exception that is not a libshare error.
 _CODES = [
+    (errors.ServerNotReady, lib.LS_ENOTREADY),
     (errors.ArbiterUnavailable, lib.LS_EUNAVAILABLE),
     (errors.ArbiterLost, lib.LS_ELOST),
+    (errors.AccessDenied, lib.LS_EDENIED),
     (errors.QuotaExceeded, lib.LS_EQUOTA),
     (errors.TooManyClients, lib.LS_ETOOMANY),
     (errors.ClientTerminated, lib.LS_ETERMINATED),
+    (errors.SessionClosed, lib.LS_ECLOSED),
     (errors.InvalidSubmission, lib.LS_EINVALID),
     (errors.ServerFault, lib.LS_ESERVER),
     (errors.RingCorrupted, lib.LS_ECORRUPT),
     (errors.ProtocolError, lib.LS_EPROTOCOL),
+    (errors.RingFull, lib.LS_EFULL),
     (errors.Timeout, lib.LS_ETIMEOUT),
     (errors.VulkanUnavailable, lib.LS_EVULKAN),
+    (errors.LibshareError, lib.LS_EREFUSED),
 ]
 _handles = itertools.count(1)
 _clients: dict = {}

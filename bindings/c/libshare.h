@@ -210,6 +210,13 @@ int ls_futex_wake(uint32_t *word, int32_t count);
 #define LS_ETIMEOUT 1109                /* a wait ran past its timeout; the work goes on */
 #define LS_EVULKAN 1110                 /* no usable Vulkan driver for an embedded arbiter */
 #define LS_EPYTHON 1111                 /* the embedded Python failed: message and stderr say why */
+#define LS_EDENIED 1112                 /* the arbiter refused this user (another uid) or this command */
+#define LS_ENOTREADY 1113               /* the arbiter is in FAULT or INITIALIZING or shutting down;
+                                           retry once it is ACTIVE */
+#define LS_EFULL 1114                   /* every submission lane is taken, or a lane stayed full */
+#define LS_ECLOSED 1115                 /* the session was closed */
+#define LS_EREFUSED 1116                /* the arbiter refused the request for another reason:
+                                           ls_error_message() says which */
 
 #define LS_FOREVER -1                   /* a timeout that waits as long as the arbiter lives */
 
@@ -269,8 +276,11 @@ typedef struct ls_session ls_session;   /* a connection to an arbiter; opaque */
  * answers, start one inside this process (the embedded default).
  * options: may be NULL (every default). out: receives the session, which the
  * caller owns and releases with ls_disconnect().
- * Returns 0, -LS_EUNAVAILABLE (mode "daemon" and no daemon), -LS_ETOOMANY,
- * -LS_EVULKAN (embedded and no driver), -EINVAL (a bad option), -LS_EPYTHON.
+ * Returns 0, -LS_EUNAVAILABLE (mode "daemon" and no daemon), -LS_ENOTREADY (the
+ * daemon is in FAULT, INITIALIZING or shutting down), -LS_EDENIED (the daemon
+ * serves another user), -LS_ETOOMANY, -LS_EFULL (every lane of the ring taken),
+ * -LS_EVULKAN (embedded and no driver), -EINVAL (a bad option), -LS_EPYTHON (the
+ * embedded Python itself failed: never for a refusal, which has its own code).
  */
 int ls_connect(const struct ls_options *options, ls_session **out);
 
@@ -346,8 +356,8 @@ int ls_wait(ls_session *session, uint64_t ticket, int64_t timeout_ns, uint64_t *
 
 /*
  * Whether the ticket's work is done, without blocking: 1 done (the result
- * waits for ls_wait), 0 still running, or a negative code (-EINVAL, -LS_ELOST).
- * Runs in C.
+ * waits for ls_wait), 0 still running, or a negative code (-EINVAL, -LS_ELOST:
+ * each call checks that the arbiter lives, so polling sees its death). Runs in C.
  */
 int ls_poll(ls_session *session, uint64_t ticket);
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import socket
 import time
 from dataclasses import dataclass, field, fields
 
@@ -28,6 +29,66 @@ class SharedMemory:
         """Unmap and close; the client's mapping, if any, stays valid."""
         os.close(self.fd)
         self.mapping.close()
+
+
+class Doorbell:
+    """One client's doorbell: a datagram socket pair; the client rings one end, the drain thread
+    sleeps on the other.
+
+    The client receives only its end (in the welcome). What it writes there arrives at the
+    arbiter's end, which no other process holds: it can ring, but it cannot read a ring (and
+    swallow a wake-up) nor change how the arbiter reads (O_NONBLOCK belongs to an open file,
+    which an eventfd would share with the client). Unlike a pipe, a ring after the arbiter
+    died fails with ECONNREFUSED instead of raising SIGPIPE in the client. The client's end
+    holds a few rings (the least send buffer); a full bell rings anyway. The arbiter keeps its
+    copy of the client's end until the client is reclaimed, or :meth:`handed_over` once the
+    welcome is sent. The counts below are the drain thread's (see _drain.py, "Sleeping").
+    """
+
+    READS = 256  # rings read at most per wake-up (a client may queue more; the rest wake it again)
+
+    def __init__(self):
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC)
+        try:
+            theirs.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1)  # the kernel's least: a few rings
+        except OSError:
+            pass  # the default will do
+        self.fd, self.writer = mine.detach(), theirs.detach()
+        self.credit = 0.0  # empty wake-ups this client may still cause before it is muted
+        self.refilled = 0.0  # time.monotonic() the credit was last topped up (0: never)
+        self.muted_until = 0.0  # time.monotonic() until which the drain thread does not listen
+        self.mutes = 0  # times it was muted
+        self.empty = 0  # wake-ups it caused that found no work
+        self.popped = False  # descriptors were popped from its ring since it last woke the drain thread
+
+    def muted(self, now: float) -> bool:
+        """True while the drain thread does not listen to this bell."""
+        return now < self.muted_until
+
+    def clear(self) -> None:
+        """Read the rings waiting at the arbiter's end (at most READS), without blocking."""
+        try:
+            for _ in range(self.READS):
+                os.read(self.fd, 8)  # a longer datagram is cut short, any fds it carried are closed
+        except BlockingIOError:
+            pass
+
+    def handed_over(self) -> None:
+        """Close the arbiter's copy of the client's end, once the client has its own (one fd less)."""
+        if self.writer >= 0:
+            os.close(self.writer)
+            self.writer = -1
+
+    def close(self) -> None:
+        """Close the arbiter's end and its copy of the client's (the client's own stays). Idempotent."""
+        for fd in (self.fd, self.writer):
+            if fd >= 0:
+                os.close(fd)
+        self.fd = self.writer = -1
+
+    def __del__(self):  # a hello that failed before the drain thread took the client
+        if getattr(self, "fd", -1) >= 0:
+            self.close()
 
 
 @dataclass
@@ -101,6 +162,7 @@ class Client:
     commands: dict[bytes, object] = field(default_factory=dict)  # descriptor body -> Command
     outstanding: int = 0  # descriptors popped and not yet answered on the completion ring
     closing: bool = False  # disconnected: drain nothing more, reclaim when outstanding is 0
+    doorbell: Doorbell = field(default_factory=Doorbell)  # closed when the client is reclaimed
     next_id: int = 1
     mem_limit: int | None = None  # the operator's limit for this client (set_device_pinned_mem_limit PID)
     env_mem_limit: int | None = None  # the client's own LIBSHARE_DEVICE_MEM_LIMIT: may only lower its limit

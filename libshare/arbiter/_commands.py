@@ -3,18 +3,26 @@
 Each command is a method ``_NAME(args) -> output text`` that raises a LibshareError
 to refuse. Commands that change state are taken only from the arbiter's own uid or
 root (the uid comes from SO_PEERCRED). Every command and its result go to the
-``libshare.control`` log.
+``libshare.control`` log, with what the peer wrote escaped (:func:`printable`).
+
+A control frame is checked against :data:`FIELDS` by the arbiter's gate before it
+gets here (_gate.py holds control connections between commands; a worker thread runs
+each command through :meth:`Commands.answer`). ``ps`` prints nothing a client wrote
+as is: names and command lines are escaped, so an argv with newlines or terminal
+escapes cannot add rows or rewrite the screen. Queries are open to every uid that
+can reach the socket (in multi-user mode, every user), so ``ps`` shows a client of
+another uid to a user who is neither root nor the arbiter's uid as MPS's client list
+would: its pid, id, device and state, never its name, command line or usage.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import socket
 import time
 
 from .. import _protocol as protocol
-from .._control import COMMANDS
+from .._control import COMMANDS, printable
 from . import _limits
 from ..errors import AccessDenied, InvalidSubmission, LibshareError, ProtocolError
 from ._scheduler import MODES, percentage, priority_name
@@ -22,6 +30,12 @@ from ._scheduler import MODES, percentage, priority_name
 log = logging.getLogger("libshare.control")
 
 _TERMINATE_WAIT = 30.0  # seconds terminate_client waits for the client's running work to end
+_MAX_ARGS, _MAX_ARG = 16, 4096
+
+FIELDS = {"op": (protocol.choice("control"), True),
+          "command": (protocol.text(64), True),
+          "args": (protocol.texts(_MAX_ARGS, _MAX_ARG), False)}
+"""The schema of a control frame (see _protocol.check_fields)."""
 
 
 class Commands:
@@ -30,33 +44,28 @@ class Commands:
     def __init__(self, arbiter):
         self.arbiter = arbiter
 
-    def serve(self, conn: socket.socket, frame: protocol.Frame, pid: int, uid: int) -> None:
-        """Answer control frames on ``conn`` until the peer closes it."""
-        while True:
-            fields = frame.fields
-            try:
-                output = self.run(fields.get("command"), fields.get("args", []), pid, uid)
-                reply = {"ok": True, "output": output}
-            except LibshareError as exc:
-                reply = {"ok": False, "error": type(exc).__name__, "message": str(exc)}
-            protocol.send(conn, reply)
-            frame = protocol.recv(conn)
-            if frame.fields.get("op") != "control":
-                raise ProtocolError("a control connection carries only control commands")
+    def answer(self, fields: dict, pid: int, uid: int) -> dict:
+        """The reply to one control frame's ``fields`` from the peer (pid, uid)."""
+        try:
+            protocol.check_fields(fields, FIELDS, "control")
+            output = self.run(fields["command"], fields.get("args", []), pid, uid)
+        except LibshareError as exc:
+            return protocol.error_reply(exc)
+        return {"ok": True, "output": output}
 
     def run(self, name, args, pid: int, uid: int) -> str:
         """Run command ``name`` with ``args`` for the peer (pid, uid); return its output."""
-        if not isinstance(args, list) or not all(isinstance(a, str) for a in args) or len(args) > 16:
-            raise ProtocolError("control arguments must be a list of at most 16 strings")
+        if not isinstance(args, list) or not all(isinstance(a, str) for a in args) or len(args) > _MAX_ARGS:
+            raise ProtocolError(f"control arguments must be a list of at most {_MAX_ARGS} strings")
         command = COMMANDS.get(name) if isinstance(name, str) else None
         handler = getattr(self, f"_{name}", None) if command or name == "inject_fault" else None
         if handler is None:
-            raise ProtocolError(f"unknown command {name!r}; the commands are: {', '.join(COMMANDS)}")
+            raise ProtocolError(f"unknown command {protocol.short(name)}; the commands are: {', '.join(COMMANDS)}")
         if (command is None or command.changes_state) and uid not in (os.getuid(), 0):
             raise AccessDenied(f"{name} changes the arbiter's state: only uid {os.getuid()} or root may")
-        line = " ".join([name, *args])
+        line = printable(" ".join([name, *args]))
         try:
-            output = handler(args)
+            output = handler(args, uid) if name == "ps" else handler(args)
         except LibshareError as exc:
             log.warning("pid %d: %s: failed: %s", pid, line, exc)
             raise
@@ -97,23 +106,38 @@ class Commands:
         pids = sorted({c["pid"] for c in snapshot["clients"]})
         return "\n".join([f"{device['index']} {device['uuid']} {device['name']}", *map(str, pids)])
 
-    def _ps(self, args: list[str]) -> str:
+    def _ps(self, args: list[str], uid: int) -> str:
         if args and (len(args) != 2 or args[0] != "-p"):
             raise InvalidSubmission(f"usage: {COMMANDS['ps'].usage}")
         only = _pid(args[1]) if args else None
         snapshot = self.arbiter.snapshot()
+        owners = None if uid in (0, os.getuid()) else self._owners()
         device = snapshot["server"]["device"]
+        where = f"{device['index']}:{device['uuid'][:8]}"
         rows = [_PS_HEADER]
         for c in snapshot["clients"]:
-            if only is None or c["pid"] == only:
-                rows.append((str(c["pid"]), str(c["client_id"]), c["name"][:24] or "-",
-                             f"{device['index']}:{device['uuid'][:8]}", c["state"], c["priority"],
-                             str(c["submitted"]), f"{c['device_ns'] / 1e6:.1f}ms",
-                             _bytes(c["memory_bytes"]), _limits.format_size(c["mem_limit"]),
-                             c["cmdline"][:80] or "-"))
+            if only is not None and c["pid"] != only:
+                continue
+            if owners is not None and c.get("uid", owners.get(c["client_id"])) != uid:  # another user's
+                rows.append((str(c["pid"]), str(c["client_id"]), "-", where, printable(str(c["state"])),
+                             *["-"] * 5, "(another user's client)"))
+                continue
+            rows.append((str(c["pid"]), str(c["client_id"]), printable(c["name"][:24], spaces=False) or "-",
+                         where, printable(str(c["state"])), printable(str(c["priority"])),
+                         str(c["submitted"]), f"{c['device_ns'] / 1e6:.1f}ms",
+                         _bytes(c["memory_bytes"]), _limits.format_size(c["mem_limit"]),
+                         printable(c["cmdline"][:80]) or "-"))
         widths = [max(len(row[i]) for row in rows) for i in range(len(_PS_HEADER) - 1)]
         return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1]
                          for row in rows)
+
+    def _owners(self) -> dict[int, int]:
+        """The uid of each client, by client id (read on the drain thread, like the snapshot)."""
+        drainer = self.arbiter.drainer
+        try:
+            return drainer.call(lambda: {c.id: c.uid for c in drainer.clients.values()})
+        except LibshareError:  # stopped: nothing is shown as the peer's own
+            return {}
 
     # ---------------------------------------------------------------- actions
 

@@ -13,16 +13,35 @@ the process dies.
 :func:`run` is the foreground runner behind ``python -m libshare.arbiter`` and
 ``libshare-control -f``; :func:`start_background` starts that same runner as a
 detached process for ``libshare-control -d`` and :mod:`libshare.manager`.
+
+A daemon arbiter also guards itself as a process (an embedded one is its client's
+process and leaves that alone):
+
+* **Non-dumpable** (``prctl(PR_SET_DUMPABLE, 0)``). The arbiter holds every client's
+  buffer memfds; a dumpable process's ``/proc/PID/fd/N`` could be opened by any process
+  of the same uid, which would then read and write another client's buffers. Non-dumpable,
+  its ``/proc/PID`` entries belong to root and ptrace is refused to everyone without
+  CAP_SYS_PTRACE. It also means no core dumps of the arbiter.
+* **Last for the OOM killer.** The memory a client makes the arbiter hold counts as the
+  arbiter's, so without help the kernel would kill the service before the greedy client.
+  The arbiter sets its ``oom_score_adj`` to -900, which needs CAP_SYS_RESOURCE (root, or
+  ``OOMScoreAdjust=`` in its systemd unit). Refused, it warns and keeps every client's
+  ``oom_score_adj`` at least 500 above its own instead (raising needs no privilege, and a
+  raised client stays raised after it disconnects), which puts a client first unless it
+  lowers its own value back, down to what it started with. An arbiter that inherited a
+  raised value (started by a client) first lowers it back to 0, which needs no privilege.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import fcntl
 import logging
 import os
 import signal
 import socket
+import stat
 import struct
 import subprocess
 import sys
@@ -35,7 +54,7 @@ from .. import _config
 from ..errors import ArbiterUnavailable, LibshareError
 
 __all__ = ["Options", "AlreadyServing", "StartFailed", "add_arguments", "run", "start_background",
-           "configure_logging", "log_handler", "STDERR_FILE"]
+           "configure_logging", "log_handler", "STDERR_FILE", "EXIT_UNRECOVERABLE"]
 
 log = logging.getLogger("libshare.arbiter")
 control_log = logging.getLogger("libshare.control")
@@ -43,6 +62,13 @@ control_log = logging.getLogger("libshare.control")
 STDERR_FILE = "arbiter.stderr"
 """File in the log directory that receives a background arbiter's standard error."""
 
+EXIT_UNRECOVERABLE = 75  # EX_TEMPFAIL
+"""Exit status of an arbiter whose device cannot be recovered in-process (a dispatch that never ends
+outlived the watchdog and the recovery timeout): socket and lock are gone, start a new one."""
+
+_OOM_SCORE_ADJ = -900  # the daemon arbiter's, where it may lower it
+_CLIENT_OOM_MARGIN = 500  # otherwise clients are kept this far above the arbiter
+_PR_SET_DUMPABLE = 4
 _LOG_FORMAT = "[%(asctime)s.%(msecs)03d %(process)d] %(levelname)s %(message)s"
 _DATE_FORMAT = "%Y-%m-%d %H:%M:%S"
 
@@ -166,10 +192,17 @@ def _close_logging() -> None:
 
 # -------------------------------------------------------------------- pipe directory and lock
 
-def prepare_directory(directory: Path) -> None:
-    """Create the pipe directory with mode 0700 (and make an existing one 0700)."""
+def prepare_directory(directory: Path, multi_user: bool = False) -> None:
+    """Create the pipe directory (or take an existing one) and set its mode: 0700, or in multi-user
+    mode 0711, which lets every user reach the socket (0666, set by the arbiter) but not list or
+    change the directory. It must be a directory of this uid: one that another user owns could
+    have its socket replaced under the arbiter."""
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-    os.chmod(directory, 0o700)
+    status = os.lstat(directory)
+    if not stat.S_ISDIR(status.st_mode) or status.st_uid != os.getuid():
+        raise LibshareError(f"the pipe directory {directory} is not a directory of uid {os.getuid()} (owner uid "
+                            f"{status.st_uid}); remove it or choose another --pipe-directory")
+    os.chmod(directory, 0o711 if multi_user else 0o700)
 
 
 def _holder(path: Path) -> str:
@@ -256,6 +289,7 @@ class _Stop:
     def __init__(self):
         self.event = threading.Event()
         self.reason = ""
+        self.abandoned = False  # work still ran on the device when the arbiter closed (see run)
 
     def set(self, reason: str) -> None:
         if not self.event.is_set():
@@ -270,23 +304,29 @@ def _install_signals(stop: _Stop) -> None:
 
 
 def _watch_quit(arbiter, stop: _Stop) -> None:
+    """Stop on the quit command, and when the drain thread gives the device up."""
     def watch():
         arbiter.quit_requested.wait()
         stop.set("quit command")
 
+    arbiter.drainer.on_unrecoverable = lambda why: stop.set("the device cannot be recovered")
     threading.Thread(target=watch, name="libshare-quit-watch", daemon=True).start()
 
 
 def run(options: Options, echo: bool = True) -> int:
-    """Serve until SIGINT, SIGTERM or the quit command; 0 after a clean stop, 1 when it cannot start.
+    """Serve until SIGINT, SIGTERM, the quit command or a device that cannot be recovered.
 
-    Logs go to server.log and control.log in the log directory (and to stderr when ``echo``).
+    Returns 0 after a clean stop, 1 when it cannot start, :data:`EXIT_UNRECOVERABLE` when the
+    device could not be recovered in this process. Logs go to server.log and control.log in the
+    log directory (and to stderr when ``echo``). When work still ran on the device at the end,
+    the process exits here (``os._exit``, socket and lock already removed): the device may still
+    write host memory that Python's own exit would unmap under it.
     """
     configure_logging(options.log_directory, echo)
     stop = _Stop()
     _install_signals(stop)
     try:
-        return _serve(options, stop)
+        status = _serve(options, stop)
     except (LibshareError, OSError) as exc:
         log.error("%s", exc)
         control_log.error("arbiter pid %d did not start: %s", os.getpid(), exc)
@@ -295,11 +335,16 @@ def run(options: Options, echo: bool = True) -> int:
         return 1
     finally:
         _close_logging()
+    if stop.abandoned:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+    return status
 
 
 def _serve(options: Options, stop: _Stop) -> int:
     directory = options.pipe_directory
-    prepare_directory(directory)
+    prepare_directory(directory, options.multi_user)
     lock = PidLock(_config.lock_path(directory), directory)
     try:
         path = _config.socket_path(directory)
@@ -319,8 +364,12 @@ def _serve_locked(options: Options, path: Path, stop: _Stop) -> int:
     from ._server import Arbiter  # imports Vulkan: only once the lock says this process may serve
 
     control_log.info("arbiter pid %d starting on %s", os.getpid(), options.pipe_directory)
+    _refuse_snooping()  # before any client's memory exists here
+    oom_score_adj = _protect_from_oom()
     arbiter = Arbiter(options.device, max_clients=options.max_clients, timed=options.timestamps,
                       multi_user=options.multi_user)
+    if oom_score_adj > _OOM_SCORE_ADJ:
+        arbiter.client_oom_score_adj = min(oom_score_adj + _CLIENT_OOM_MARGIN, 1000)
     metrics = None
     try:
         if options.metrics_port:  # before the socket: whoever sees the arbiter answer can scrape it
@@ -328,20 +377,58 @@ def _serve_locked(options: Options, path: Path, stop: _Stop) -> int:
 
             metrics = start_metrics(arbiter, options.metrics_address, options.metrics_port)
             log.info("metrics at http://%s:%d/metrics", options.metrics_address, metrics.port)
+        arbiter.drainer.recovery_timeout = options.shutdown_timeout
+        _watch_quit(arbiter, stop)  # before the socket: a fault needs clients
         arbiter.serve(path)
-        _watch_quit(arbiter, stop)
         log.info("arbiter pid %d serving %s at %s", os.getpid(), arbiter.device.name, path)
         control_log.info("arbiter pid %d serving %s at %s", os.getpid(), arbiter.device.name, path)
         stop.event.wait()
     finally:
         if metrics is not None:
             metrics.close()
-        timeout = arbiter.quit_timeout if arbiter.quit_requested.is_set() else options.shutdown_timeout
+        unrecoverable = arbiter.drainer.unrecoverable
+        if unrecoverable is not None:  # what runs has had its time already
+            timeout = 0.0
+        else:
+            timeout = arbiter.quit_timeout if arbiter.quit_requested.is_set() else options.shutdown_timeout
         log.info("stopping (%s), work in flight gets %.1f s", stop.reason or "error", timeout)
-        arbiter.close(timeout)
+        stop.abandoned = not arbiter.close(timeout)
+    if unrecoverable is not None:
+        log.error("arbiter pid %d exits with status %d: %s; start a new arbiter (a supervisor does: see README)",
+                  os.getpid(), EXIT_UNRECOVERABLE, unrecoverable)
+        control_log.error("arbiter pid %d stopped (%s): exit status %d", os.getpid(), stop.reason,
+                          EXIT_UNRECOVERABLE)
+        return EXIT_UNRECOVERABLE
     log.info("arbiter pid %d stopped", os.getpid())
     control_log.info("arbiter pid %d stopped (%s)", os.getpid(), stop.reason)
     return 0
+
+
+def _refuse_snooping() -> None:
+    """Make this process non-dumpable, so that no other process of its uid can open its memfds."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+        log.warning("prctl(PR_SET_DUMPABLE, 0) failed (%s): processes of uid %d can open the buffers "
+                    "this arbiter holds through /proc/%d/fd", os.strerror(ctypes.get_errno()), os.getuid(),
+                    os.getpid())
+
+
+def _protect_from_oom() -> int:
+    """Set this process's oom_score_adj to -900 if allowed, else back to 0 if it inherited more;
+    return the value it has now."""
+    path = Path("/proc/self/oom_score_adj")
+    try:
+        path.write_text(str(_OOM_SCORE_ADJ))
+    except OSError as exc:
+        log.warning("cannot set the arbiter's oom_score_adj to %d (%s; that needs CAP_SYS_RESOURCE, or "
+                    "OOMScoreAdjust= in the systemd unit): each client's is raised to %d above the "
+                    "arbiter's instead", _OOM_SCORE_ADJ, exc.strerror, _CLIENT_OOM_MARGIN)
+        if int(path.read_text()) > 0:  # raised in a parent (a client, say): lowering to 0 needs no privilege
+            try:
+                path.write_text("0")
+            except OSError:
+                pass  # a privileged parent set it higher on purpose
+    return int(path.read_text())
 
 
 # -------------------------------------------------------------------- background start

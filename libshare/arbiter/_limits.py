@@ -1,4 +1,4 @@
-"""Device memory limits: the MPS hierarchy, per-client live limits, and groups.
+"""Device memory limits: the MPS hierarchy, per-client live limits, groups, and the total.
 
 The arbiter allocates every buffer itself, so it is the only place a limit has to be
 enforced and a client cannot escape one (deleting an environment variable changes
@@ -13,6 +13,15 @@ nothing). The limit of one client resolves like this:
 * The client's own LIBSHARE_DEVICE_MEM_LIMIT, sent in its hello, only lowers that.
 * A **group** limit (``set_group_mem_limit``) caps the sum of every member's memory,
   on top of each member's own limit.
+* The **total** limit caps the sum of every client's memory, shared and device buffers
+  alike, whatever the other levels say: without it, clients that each stay under their
+  own limit (unlimited by default, as in MPS) could still together take the machine's
+  memory, and the kernel's OOM killer would pick the arbiter, which holds it. Its
+  default fits the device, measured when the arbiter starts: on a CPU device (lavapipe)
+  every buffer is host memory, so 3/4 of the host's ``MemAvailable``; on a GPU the
+  smaller of that and the largest device-local heap (shared buffers are host memory,
+  device buffers the GPU's, and one sum counts both). LIBSHARE_DEVICE_MEM_TOTAL in the
+  arbiter's environment replaces the default (a size, or ``unlimited``).
 
 Of the limits that apply, the lowest wins. A limit is checked when memory is
 allocated: changing it affects the allocations not yet made, and a limit lowered
@@ -107,12 +116,33 @@ class Limit:
     """One limit that applies, and where it comes from."""
 
     value: int
-    level: str  # "default", "server", "client" or "group"
+    level: str  # "default", "server", "client", "group" or "total"
     source: str  # how it was set, for messages
 
     def describe(self) -> str:
         """ "the server limit of 8M (set_device_pinned_mem_limit)" """
         return f"the {self.level} limit of {format_size(self.value)} ({self.source})"
+
+
+def total_limit(text: str) -> Limit | None:
+    """The total limit set by LIBSHARE_DEVICE_MEM_TOTAL=``text`` (None for "unlimited")."""
+    try:
+        value = parse_limit(text)
+    except InvalidSubmission as exc:
+        raise InvalidSubmission(f"LIBSHARE_DEVICE_MEM_TOTAL={text!r}: {exc}") from None
+    return None if value is None else Limit(value, "total", "LIBSHARE_DEVICE_MEM_TOTAL")
+
+
+def fitting_total_limit(device, meminfo: str = "/proc/meminfo") -> Limit:
+    """The default total limit for ``device`` (a :class:`~.device.Device`), whole MiB (see above)."""
+    with open(meminfo) as f:
+        available = next(int(line.split()[1]) << 10 for line in f if line.startswith("MemAvailable:"))
+    host = available * 3 // 4
+    if device.cpu or not device.local_heap_size:
+        value, source = host, "3/4 of the host memory available at start"
+    else:
+        value, source = min(host, device.local_heap_size), "the device-local heap, at most 3/4 of the host memory"
+    return Limit(value >> 20 << 20, "total", f"{source}; LIBSHARE_DEVICE_MEM_TOTAL sets it")
 
 
 @dataclass
@@ -127,6 +157,8 @@ class MemoryLimits:
     default: int | None = None
     server: int | None = None
     groups: dict[str, int] = field(default_factory=dict)
+    total: Limit | None = None
+    """The cap on every client's memory together (see the module's opening)."""
 
     def client_limit(self, client) -> Limit | None:
         """The limit that binds ``client`` alone (the lowest that applies), or None."""
@@ -149,11 +181,12 @@ class MemoryLimits:
         value = self.groups.get(group) if group else None
         return None if value is None else Limit(value, "group", f"set_group_mem_limit {group}")
 
-    def check(self, client, clients, size: int) -> None:
+    def check(self, client, clients, size: int, released: int = 0) -> None:
         """Raise QuotaExceeded if ``size`` more bytes would take ``client`` or its group past a limit.
 
         ``clients`` are all of the arbiter's clients (those still reclaiming count: their
-        memory is still held).
+        memory is still held); ``released`` is memory freed by clients that the device
+        has not given back yet, which counts towards the total.
         """
         limit = self.client_limit(client)
         used = client.counters.memory_bytes
@@ -168,6 +201,12 @@ class MemoryLimits:
                 raise QuotaExceeded(f"allocating {format_size(size)} would take group {client.group!r} past "
                                     f"{limit.describe()}: its clients use {format_size(used)} now; free "
                                     "buffers or ask the operator to raise the limit")
+        if self.total is not None:
+            used = sum(c.counters.memory_bytes for c in clients) + released
+            if used + size > self.total.value:
+                raise QuotaExceeded(f"allocating {format_size(size)} would take the arbiter's clients past "
+                                    f"{self.total.describe()}: together they use {format_size(used)} now; "
+                                    "free buffers or ask the operator to raise the limit")
 
 
 def group_usage(clients, group: str) -> int:

@@ -1,18 +1,61 @@
 """The arbiter: the control server in front of the drain loop.
 
-Each connection gets a thread that reads length-bounded frames and answers
-them; a client that sends garbage, stalls, or dies affects only its own
-thread. The peer's pid and uid come from SO_PEERCRED, never from a message.
 Requests that touch the device (program load, alloc, free) run on the drain
 thread as tasks. The same class runs as a daemon (``serve``) and embedded
 inside a client process (``attach`` on one end of a socketpair).
 
-A connection whose first frame is a control command (``op: control``) is an
-operator's: it gets the commands of _commands.py instead of a session.
+Connections. A connection costs a thread only once it is a client. Until it has
+said hello, and between an operator's control commands, it waits in the gate
+(_gate.py): one selector thread that accepts, reads first frames in steps, and
+holds a bounded number of connections, each for a bounded time (10 s to say
+hello, 30 s to finish a frame once begun). A hello that passes its schema and the
+admission checks (uid, server state, --max-clients) takes a client slot there and
+gets a thread of its own, which makes the client and answers its requests; a
+control command runs on one of the gate's few worker threads, and its connection
+then goes back to the gate. The peer's pid and uid come from SO_PEERCRED, never
+from a message. An embedded session's hello goes through the gate as well.
+
+Requests. Every frame is checked before anything reads it: its framing by
+_protocol.py, then its fields against the request's schema (_REQUESTS, _HELLO,
+_commands.FIELDS: the type and range of each field; unknown fields and ops are
+refused, so a new request needs its schema in _REQUESTS). A bad request, or a
+whole frame that does not parse (deep JSON, a list where an id belongs), gets an
+error reply (ProtocolError, InvalidSubmission) and the connection goes on; only a
+frame the reader cannot follow (a bad header, a length past the bound, a frame
+begun and not finished in time) ends it. A request that fails with an OSError
+(out of descriptors or memory) is answered too, never taken for the client's
+departure, and a client that does not read its replies for _SEND_TIMEOUT seconds
+is dropped.
+
+Descriptors. A daemon arbiter raises its open-file soft limit to the hard limit,
+and no arbiter starts when the hard limit cannot hold --max-clients clients.
+Every client slot keeps _FDS_PER_CLIENT descriptors free until it is taken, the
+gate keeps room for the connections it may hold, and shared buffers (two each:
+the memfd, and the dup that Python's mmap keeps of it) get what is left, counted
+with a bound of _FDS_PER_BUFFER each: past that an alloc is refused with
+QuotaExceeded (_gate.FdBudget), so the last client can always connect. A hello
+that runs out all the same (a limit lowered under a running arbiter) is refused
+with TooManyClients, and once the drain thread knows a client, the end of its
+connection reclaims it whatever failed: no exited process keeps a slot.
+
+Users. Without --multi-user the socket is 0600 in a 0700 directory, and a peer of
+another uid is refused with AccessDenied (by the file system at connect, or here
+at hello if the modes were opened). With it (root only) the directory is 0711 and
+the socket 0666 (_daemon.py): any user may connect and the arbiter checks uids
+itself. State-changing control commands are taken from root and the arbiter's uid
+only, and ``ps`` shows another uid's clients as MPS would (_commands.py).
+
+Memory a client receives is its own and nothing else: a shared buffer is a fresh
+memfd (its pages start as zeros), sealed against resizing before it is sent, so
+that a client cannot truncate it under the arbiter's mapping (see
+ring/_region.py); a device buffer gets a fill of zeros queued before its id is
+returned, so every command that can read it runs after the fill (device.py). Every allocation is checked against the memory limits, down to the
+total that the device fits (_limits.py), before any memory exists.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import mmap
 import os
@@ -29,11 +72,15 @@ from .. import _protocol as protocol
 from ..errors import (AccessDenied, InvalidSubmission, LibshareError, ProtocolError, QuotaExceeded,
                       ServerNotReady, TooManyClients)
 from ..ring import Region
+from ..ring._region import sealed_memfd
 from ._clients import BufferRecord, Client, Counters, ProgramRecord, SharedMemory
+from ._commands import FIELDS as _CONTROL
 from ._commands import Commands
+from ._gate import HELLO_TIMEOUT, MAX_WAITING, MIN_WAITING, FdBudget, Gate, open_fds
+from .._control import printable
 from ._scheduler import MODES, UNSCHEDULED, percentage, priority_name
 from ._drain import Drainer
-from ._limits import MemoryLimits, device_limit, parse_device_limits
+from ._limits import MemoryLimits, device_limit, fitting_total_limit, parse_device_limits, total_limit
 from ._admission import validator_path
 from ._compiler import Compilers
 from ._programs import MAX_PROGRAMS, Interfaces, check_program_quota
@@ -44,9 +91,44 @@ log = logging.getLogger("libshare.arbiter")
 _PAGE = mmap.PAGESIZE
 _MAX_BUFFER = 1 << 40
 _MAX_CLIENTS = 4096
-_FDS_PER_CLIENT = 4  # socket, pidfd, buffers come and go: a margin
+# Kept for each client slot: its socket, pidfd, ring (the memfd, and the dup that Python's mmap keeps
+# of it) and doorbell pipe (both ends).
+_FDS_PER_CLIENT = 6
+_FDS_PER_BUFFER = 4  # at most, for one shared buffer (its memfd and the mapping's dup: 2): a bound
+_FD_SLACK = 64  # for the rest: logs, control commands, a vetting compile, /proc reads
+_SCARCE = (errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS)  # out of descriptors or memory
+_SEND_TIMEOUT = 30  # seconds a reply may wait for a client to read (SO_SNDTIMEO); then it is dropped
 _WATCHDOG = 120.0  # default seconds one submission may run before the server faults
-_REQUEST_TIMEOUT = 30.0  # a client that starts a frame must finish it within this
+_REQUEST_TIMEOUT = 30.0  # a frame begun must be finished within this (LIBSHARE_REQUEST_TIMEOUT)
+_ID = protocol.integer(0, (1 << 63) - 1)
+
+
+def _op(name: str) -> dict:
+    return {"op": (protocol.choice(name), True)}
+
+
+_REQUESTS = {
+    "load_program": _op("load_program"),  # the SPIR-V module is the payload
+    "alloc": {**_op("alloc"), "size": (protocol.integer(1, _MAX_BUFFER), True),
+              "kind": (protocol.choice("shared", "device"), False)},
+    "free": {**_op("free"), "buffer_id": (_ID, False), "program_id": (_ID, False)},
+    "stats": _op("stats"),
+}
+"""The schema of each request of a session (see _protocol.check_fields)."""
+
+
+def _group_name(name: str, value):
+    value = protocol.text(256)(name, value)
+    if not value.isprintable():
+        raise InvalidSubmission(f"{name} must be printable text (got {protocol.short(value)})")
+    return value
+
+
+_HELLO = {**_op("hello"), "name": (protocol.text(1024), False), "version": (protocol.integer(0, 65535), False),
+          "priority": (protocol.text(32), False), "group": (_group_name, False),
+          "share": (protocol.either(protocol.text(16), protocol.integer(0, 100)), False),
+          "mem_limit": (protocol.byte_counts(16, 64, 1 << 62), False)}
+"""The schema of a hello (checked by the gate: a bad one is answered and may be sent again)."""
 _SPARE_REGIONS = 2  # ring regions made ahead of the hellos that will take them
 _COMPILE_TIMEOUT = 10.0  # default seconds a vetting compile may take
 
@@ -60,7 +142,9 @@ class Arbiter:
     ``multi_user`` (root only) serves clients of every uid; otherwise only the
     arbiter's own uid may connect. ``test_hooks`` (or LIBSHARE_TEST_HOOKS=1)
     enables the ``inject_fault`` control command. ``mem_limit`` (or LIBSHARE_DEVICE_MEM_LIMIT,
-    "2G" or "0=2G,1=1G") is the default device memory limit of each client (see _limits.py).
+    "2G" or "0=2G,1=1G") is the default device memory limit of each client; ``mem_total`` (or
+    LIBSHARE_DEVICE_MEM_TOTAL, a size or "unlimited") caps all clients' memory together, by
+    default what the device fits (see _limits.py).
     ``max_programs`` (LIBSHARE_MAX_PROGRAMS) bounds the programs one client may hold;
     ``compile_timeout`` (LIBSHARE_COMPILE_TIMEOUT, seconds) bounds the vetting compile of a
     new module when the arbiter serves other processes (see _programs.py and _compiler.py).
@@ -70,7 +154,7 @@ class Arbiter:
                  lanes: int = 4, lane_entries: int = 256, cq_entries: int = 1024, timed: bool = True,
                  multi_user: bool = False, test_hooks: bool | None = None, scheduling: str | None = None,
                  watchdog: float | None = None, mem_limit: str | None = None, max_programs: int | None = None,
-                 compile_timeout: float | None = None):
+                 compile_timeout: float | None = None, mem_total: str | None = None):
         if multi_user and os.getuid() != 0:
             raise AccessDenied("multi-user mode needs the arbiter to run as root")
         selector = device if device is not None else os.environ.get("LIBSHARE_DEVICE")
@@ -90,7 +174,13 @@ class Arbiter:
         mem_limit = mem_limit if mem_limit is not None else os.environ.get("LIBSHARE_DEVICE_MEM_LIMIT", "")
         default_limits = parse_device_limits(mem_limit) if mem_limit.strip() else {}
         self.limits = MemoryLimits()
-        """Device memory limits: default, server, groups (the per-client ones are on each Client)."""
+        """Device memory limits: default, server, groups, total (the per-client ones are on each Client)."""
+        mem_total = mem_total if mem_total is not None else os.environ.get("LIBSHARE_DEVICE_MEM_TOTAL", "")
+        if mem_total.strip():
+            self.limits.total = total_limit(mem_total)
+        self.client_oom_score_adj: int | None = None
+        """The oom_score_adj each client is raised to at least when it connects (None: left alone).
+        Set by a daemon that could not lower its own (see _daemon.py)."""
         self.quit_requested = threading.Event()
         """Set by the ``quit`` control command; the daemon then calls :meth:`close`."""
         self.quit_timeout = 10.0
@@ -105,7 +195,8 @@ class Arbiter:
         self._next_client = 1
         self._connections: set[socket.socket] = set()
         self._attached: set[int] = set()  # ids of the clients whose connection is open (the client limit)
-        self._listener: socket.socket | None = None
+        self._gate: Gate | None = None  # made by the first serve or attach
+        self._fd_budget: FdBudget | None = None
         self.socket_path: Path | None = None
         self.closed = False
         self._spare_regions: list[Region] = []
@@ -113,6 +204,10 @@ class Arbiter:
             self._make_spare_region()
         self.drainer.start()
         self.limits.default = device_limit(default_limits, self.device.index, self.device.uuid)
+        if not mem_total.strip():
+            self.limits.total = fitting_total_limit(self.device)
+        log.info("memory of all clients together: %s", self.limits.total.describe() if self.limits.total
+                 else "unlimited (LIBSHARE_DEVICE_MEM_TOTAL)")
         log.info("arbiter pid %d on device %d: %s (%s); server status is ACTIVE", os.getpid(),
                  self.device.index, self.device.name, self.device.uuid)
 
@@ -129,17 +224,25 @@ class Arbiter:
     # ---------------------------------------------------------------- accepting
 
     def serve(self, path: Path) -> None:
-        """Listen on the Unix socket ``path`` (mode 0600) in a background thread."""
+        """Listen on the Unix socket ``path``: mode 0600, or 0666 in multi-user mode, where the
+        arbiter checks each peer's uid itself. The gate's thread accepts (see _gate.py)."""
         self._vet_compiles()
+        _raise_fd_limit(self.max_clients, to_hard=True)
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         old_umask = os.umask(0o177)
         try:
             listener.bind(str(path))
         finally:
             os.umask(old_umask)
-        listener.listen(socket.SOMAXCONN)  # the kernel caps it (net.core.somaxconn)
-        self._listener, self.socket_path = listener, path
-        threading.Thread(target=self._accept_loop, name="libshare-accept", daemon=True).start()
+        try:
+            if self.multi_user:  # opened only now: nobody could connect to it before it was ours
+                os.chmod(path, 0o666)
+            listener.listen(socket.SOMAXCONN)  # the kernel caps it (net.core.somaxconn)
+            self.socket_path = path
+            self._start_gate().listen(listener)
+        except BaseException:
+            listener.close()
+            raise
 
     def _vet_compiles(self) -> None:
         """Other processes will connect: compile each new module in a vetting child first."""
@@ -147,34 +250,100 @@ class Arbiter:
             self.compilers = Compilers(self._selector, self.compile_timeout)
             self.compilers.prestart()
 
-    def _accept_loop(self) -> None:
-        while not self.closed:
-            try:
-                conn, _ = self._listener.accept()
-            except OSError:
-                return
-            self.attach(conn)
-
     def attach(self, conn: socket.socket) -> None:
-        """Serve one connected socket (from accept, or a socketpair end in embedded mode)."""
+        """Serve one connected socket (a socketpair end in embedded mode); it says hello to the gate."""
+        self._start_gate().add(conn)
+
+    def _start_gate(self) -> Gate:
+        with self._lock:
+            if self._gate is None:
+                if self.closed:
+                    raise ServerNotReady("the arbiter is shutting down")
+                limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+                room = (MAX_WAITING if limit == resource.RLIM_INFINITY else
+                        limit - open_fds() - _FD_SLACK - _FDS_PER_CLIENT * self.max_clients)
+                waiting = max(MIN_WAITING, min(MAX_WAITING, room // 4))  # the rest serves shared buffers
+                self._fd_budget = FdBudget(_FDS_PER_CLIENT, _FDS_PER_BUFFER, waiting, _FD_SLACK)
+                self._gate = Gate(self._route, self._start_session, self.commands.answer, max_waiting=waiting,
+                                  hello_timeout=_seconds_setting("LIBSHARE_HELLO_TIMEOUT", HELLO_TIMEOUT),
+                                  request_timeout=_seconds_setting("LIBSHARE_REQUEST_TIMEOUT", _REQUEST_TIMEOUT))
+            return self._gate
+
+    def _route(self, frame: protocol.Frame, pid: int, uid: int, control: bool):
+        """What the gate does with a connection's first frame: ("session", client id) for an admitted
+        hello, ("control", None) for a control command. A bad frame raises ProtocolError or
+        InvalidSubmission (answered; the connection stays), a refusal another LibshareError."""
+        op = frame.fields.get("op")
+        if frame.payload:
+            raise ProtocolError("a hello or a control command carries no payload")
+        if op == "control":
+            protocol.check_fields(frame.fields, _CONTROL, "control")
+            return "control", None
+        if op != "hello":
+            raise ProtocolError(f"the first message must be hello or a control command (got op "
+                                f"{protocol.short(op)})")
+        if control:
+            raise ProtocolError("a control connection carries only control commands")
+        protocol.check_fields(frame.fields, _HELLO, "hello")
+        _requested_priority_and_share(frame.fields, self.drainer.scheduler.default_priority)
+        return "session", self._admit(pid, uid)
+
+    def _admit(self, pid: int, uid: int) -> int:
+        """A client slot for the peer (pid, uid), by its id; refuses with AccessDenied, ServerNotReady
+        or TooManyClients."""
+        if uid != os.getuid() and not self.multi_user:
+            log.warning("refused pid %d: uid %d is not the arbiter's uid %d", pid, uid, os.getuid())
+            raise AccessDenied(f"uid {uid} may not use this arbiter: it runs as uid {os.getuid()} "
+                               "and was not started in multi-user mode")
+        with self._lock:
+            if self.closed:
+                raise ServerNotReady("the arbiter is shutting down")
+            if self.state != "ACTIVE":
+                raise ServerNotReady(f"server not ready: its state is {self.state}; retry once it is ACTIVE")
+            if len(self._attached) >= self.max_clients:
+                raise TooManyClients(f"the arbiter already serves {len(self._attached)} clients (its limit is "
+                                     f"{self.max_clients}); wait for one to leave or raise --max-clients")
+            client_id = self._next_client
+            self._next_client += 1
+            self._attached.add(client_id)
+        return client_id
+
+    def _start_session(self, conn: socket.socket, hello: protocol.Frame, pid: int, uid: int,
+                       client_id: int) -> None:
+        """Give an admitted connection its own thread (from the gate)."""
         with self._lock:
             self._connections.add(conn)
-        threading.Thread(target=self._serve_connection, args=(conn,), name="libshare-client",
-                         daemon=True).start()
+        try:
+            threading.Thread(target=self._serve_connection, args=(conn, hello, pid, uid, client_id),
+                             name="libshare-client", daemon=True).start()
+        except BaseException:
+            with self._lock:
+                self._connections.discard(conn)
+                self._attached.discard(client_id)
+            raise
 
     # ---------------------------------------------------------------- one connection
 
-    def _serve_connection(self, conn: socket.socket) -> None:
+    def _serve_connection(self, conn: socket.socket, hello: protocol.Frame, pid: int, uid: int,
+                          client_id: int) -> None:
         client = None
         try:
-            pid, uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
-            frame = protocol.recv(conn)
-            if frame.fields.get("op") == "control":
-                self.commands.serve(conn, frame, pid, uid)
-                return
-            client = self._hello(conn, frame.fields, pid, uid)
+            conn.setblocking(True)
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", _SEND_TIMEOUT, 0))
+            try:
+                client = self._hello(conn, hello.fields, pid, uid, client_id)
+            except OSError as exc:  # making its ring, pidfd or doorbell: the peer is told, not dropped
+                if exc.errno not in _SCARCE:
+                    raise
+                raise TooManyClients(f"the arbiter could not make this client ({exc.strerror}): it is out of "
+                                     "file descriptors or memory; try again later") from exc
+            timeout = self._gate.request_timeout
             while True:
-                frame = protocol.recv(conn)
+                try:
+                    frame = protocol.recv(conn, timeout=timeout)
+                except protocol.MalformedFrame as exc:  # whole, and bad: answered; the next one is read
+                    self._reply_error(conn, exc)
+                    continue
                 client.counters.control_bytes += len(frame.payload) + 64
                 self._answer(conn, client, frame)
         except LibshareError as exc:  # before OSError: some libshare errors are OSErrors too
@@ -184,7 +353,10 @@ class Arbiter:
         except Exception:
             log.exception("connection handler error")
         finally:
-            if client is not None:
+            if client is None:  # the hello failed: its place goes back (it may have done so already)
+                with self._lock:
+                    self._attached.discard(client_id)
+            else:
                 log.info("%s disconnected", client.describe())
                 with self._lock:
                     self._attached.discard(client.id)
@@ -198,52 +370,66 @@ class Arbiter:
 
     def _reply_error(self, conn: socket.socket, exc: Exception) -> None:
         try:
-            protocol.send(conn, {"ok": False, "error": type(exc).__name__, "message": str(exc)})
+            protocol.send(conn, protocol.error_reply(exc))
         except (LibshareError, OSError):
             pass
 
     def _answer(self, conn: socket.socket, client: Client, frame: protocol.Frame) -> None:
-        handler = self._HANDLERS.get(frame.fields.get("op"))
+        op = frame.fields.get("op")
         try:
             if client.sticky is not None:
                 raise client.sticky
-            if handler is None:
-                raise ProtocolError(f"unknown request {frame.fields.get('op')!r}")
+            handler = self._handler(frame)
+            if op == "alloc" and frame.fields.get("kind", "shared") == "shared" and self._fd_budget is not None:
+                self._fd_budget.reserve_buffer(self.max_clients - len(self._attached))
             fields, fds = handler(self, client, frame)
         except LibshareError as exc:
             self._reply_error(conn, exc)
             return
+        except OSError as exc:  # the request's own failure: the connection is fine
+            self._reply_error(conn, _resource_error(exc, op))
+            return
+        except Exception as exc:  # a bug; the client is told, and its connection goes on
+            log.exception("%s: request %s failed", client.describe(), protocol.short(op))
+            self._reply_error(conn, ProtocolError(f"the arbiter failed on this request: {type(exc).__name__}"))
+            return
         protocol.send(conn, {"ok": True, **fields}, fds=fds)
+
+    def _handler(self, frame: protocol.Frame):
+        """The handler of a request, once its fields passed its schema (else ProtocolError or
+        InvalidSubmission)."""
+        op = frame.fields.get("op")
+        schema = _REQUESTS.get(op) if isinstance(op, str) else None
+        handler = self._HANDLERS.get(op) if schema is not None else None
+        if handler is None:
+            raise ProtocolError(f"unknown request {protocol.short(op)}; the requests are {', '.join(_REQUESTS)}")
+        protocol.check_fields(frame.fields, schema, op)
+        if op == "free" and ("buffer_id" in frame.fields) == ("program_id" in frame.fields):
+            raise ProtocolError("free names one buffer_id or one program_id")
+        if op == "load_program" and not frame.payload:
+            raise InvalidSubmission("load_program carries a SPIR-V module as its payload (got none)")
+        if op != "load_program" and frame.payload:
+            raise ProtocolError(f"{op} carries no payload (got {len(frame.payload)} bytes)")
+        return handler
 
     def _call(self, fn, *args):
         return self.drainer.call(fn, *args)
 
     # ---------------------------------------------------------------- requests
 
-    def _hello(self, conn: socket.socket, fields: dict, pid: int, uid: int) -> Client:
-        if fields.get("op") != "hello":
-            raise ProtocolError("the first message must be hello")
-        if uid != os.getuid() and not self.multi_user:
-            log.warning("refused pid %d: uid %d is not the arbiter's uid %d", pid, uid, os.getuid())
-            raise AccessDenied(f"uid {uid} may not use this arbiter: it runs as uid {os.getuid()} "
-                               "and was not started in multi-user mode")
+    def _hello(self, conn: socket.socket, fields: dict, pid: int, uid: int, client_id: int) -> Client:
+        """Make and welcome the client that the gate admitted as ``client_id`` (its hello passed
+        _HELLO there). A failure gives its slot back; once the drain thread knows the client, the
+        end of its connection reclaims it."""
         priority, share = _requested_priority_and_share(fields, self.drainer.scheduler.default_priority)
-        name = str(fields.get("name") or f"pid{pid}")[:64]
-        group = str(fields.get("group") or "")[:64]
+        name = printable(fields.get("name") or f"pid{pid}")[:64]  # it goes into logs and ps
+        group = (fields.get("group") or "")[:64]
         env_limit = fields.get("mem_limit")
         if env_limit is not None:
             env_limit = device_limit(env_limit, self.device.index, self.device.uuid)
         with self._lock:
             if self.closed:
                 raise ServerNotReady("the arbiter is shutting down")
-            if self.state != "ACTIVE":
-                raise ServerNotReady(f"server not ready: its state is {self.state}; retry once it is ACTIVE")
-            if len(self._attached) >= self.max_clients:
-                raise TooManyClients(f"the arbiter already serves {len(self._attached)} clients (its limit is "
-                                     f"{self.max_clients}); wait for one to leave or raise --max-clients")
-            client_id = self._next_client
-            self._next_client += 1
-            self._attached.add(client_id)
             region = self._spare_regions.pop() if self._spare_regions else None
         try:
             region = region or Region.create(*self._geometry)
@@ -256,20 +442,31 @@ class Arbiter:
             with self._lock:
                 self._attached.discard(client_id)
             raise
-        client = Client(client_id, pid, uid, name, priority, region, group=group, cmdline=_cmdline(pid),
-                        requested_share=share, env_mem_limit=env_limit)
+        try:
+            client = Client(client_id, pid, uid, name, priority, region, group=group, cmdline=_cmdline(pid),
+                            requested_share=share, env_mem_limit=env_limit)
+        except BaseException:  # its doorbell takes descriptors too
+            region.close()
+            raise
+        if self.client_oom_score_adj is not None and pid != os.getpid():
+            _raise_oom_score_adj(pid, self.client_oom_score_adj)
         self.drainer.post(self.drainer.add_client, client)  # ahead of every later task of this client
         try:
             protocol.send(conn, {"ok": True, "client_id": client_id, "arbiter_pid": os.getpid(),
                                  "device": self.device.name},
-                          fds=(region.fd, self._wake_fd))
-        except BaseException:  # gone before the welcome: reclaim what was made for it
+                          fds=(region.fd, client.doorbell.writer))
+            log.info("%s connected (uid %d%s)", client.describe(), uid, f", group {group}" if group else "")
+        except BaseException:  # gone before (or failed right after) the welcome: reclaim what was made for it
             self.drainer.post(self.drainer.connection_closed, client)
             with self._lock:
                 self._attached.discard(client_id)
             raise
-        log.info("%s connected (uid %d%s)", client.describe(), uid, f", group {group}" if group else "")
-        self._make_spare_region()
+        if self._fd_budget is not None:
+            self._fd_budget.client_joined()
+        try:
+            self._make_spare_region()
+        except OSError as exc:  # a head start for the next hello, no part of this one
+            log.warning("could not make a spare ring region: %s", exc)
         return client
 
     def _make_spare_region(self) -> None:
@@ -323,7 +520,8 @@ class Arbiter:
         memory = _shared_memory(rounded) if kind == "shared" else None
 
         def create():
-            self.limits.check(client, self.drainer.clients.values(), rounded)  # again, one alloc at a time
+            self.limits.check(client, self.drainer.clients.values(), rounded,  # again, one alloc at a time
+                              self.device.clearing_bytes)
             if memory is not None:
                 device_buffer = self.device.import_host(memory.address, rounded)
             else:
@@ -361,7 +559,7 @@ class Arbiter:
         return {"client_id": client.id, "submitted": c.submitted, "completed": c.completed,
                 "errors": c.errors, "device_ns": c.device_ns, "control_bytes": c.control_bytes,
                 "memory_bytes": c.memory_bytes,
-                "clients": len(self.drainer.clients)}, ()
+                "clients": len(self._attached)}, ()  # connections: the drain thread may not have added this one yet
 
     _HANDLERS = {"load_program": _load_program, "alloc": _alloc, "free": _free, "stats": _stats}
 
@@ -377,46 +575,61 @@ class Arbiter:
             return self._snapshot()
 
     def _snapshot(self) -> dict:
+        # Every client the drain thread still holds is listed: one that disconnected while its
+        # in-flight work holds memory shows as CLOSING (or INACTIVE) until it is reclaimed, when
+        # its counts move into the totals. "clients" counts the connected ones.
         everyone = list(self.drainer.clients.values())
-        clients = [c for c in everyone if not c.closing]
         totals = Counters()
         totals.add(self.drainer.totals)
-        for client in everyone:  # a closing client is in neither list nor totals until reclaimed
+        for client in everyone:
             totals.add(client.counters)
         device = self.device
-        server = {"pid": os.getpid(), "state": self.state, "started": self.started, "clients": len(clients),
+        server = {"pid": os.getpid(), "state": self.state, "started": self.started,
+                  "clients": sum(not c.closing for c in everyone),
                   "device": {"index": device.index, "uuid": device.uuid, "name": device.name},
                   **totals.as_dict(),
-                  "memory_bytes": sum(c.counters.memory_bytes for c in clients),
+                  "memory_bytes": sum(c.counters.memory_bytes for c in everyone),
                   "peak_memory_bytes": self.drainer.peak_memory_bytes}
-        return {"server": server, "clients": [_client_row(c, self.limits) for c in clients]}
+        return {"server": server, "clients": [_client_row(c, self.limits) for c in everyone]}
 
-    def close(self, timeout: float = 10.0) -> None:
+    def close(self, timeout: float = 10.0) -> bool:
         """Stop accepting, cancel queued work, let in-flight work end (at most ``timeout`` s),
-        tell clients, release the device, unlink the socket. Idempotent."""
+        tell clients, release the device, unlink the socket. Idempotent.
+
+        Returns within about ``timeout`` s whatever the device does: True once the device is
+        released, False when work that never ended kept it (it is abandoned to the process's
+        exit; see "States" in _drain.py).
+        """
+        deadline = time.monotonic() + timeout
         with self._lock:
             if self.closed:
-                return
+                return not self.device._abandoned
             self.closed = True
             connections = list(self._connections)
             spares, self._spare_regions = self._spare_regions, []
         for region in spares:
             region.close()
-        if self._listener is not None:
-            self._listener.close()
-            if self.socket_path is not None:
-                self.socket_path.unlink(missing_ok=True)
+        if self._gate is not None:
+            self._gate.close()  # the listener, and every connection that has not said hello
+        if self.socket_path is not None:
+            self.socket_path.unlink(missing_ok=True)
         log.info("shutting down: %d clients connected", len(self.drainer.clients))
         if self.compilers is not None:
             self.compilers.close()
-        self.drainer.stop(timeout)
+        stopped = self.drainer.stop(timeout)
         for conn in connections:
             try:
                 conn.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
-        self.device.close()
+        if not stopped:  # the drain thread still uses the device: leave both
+            log.error("the drain thread did not stop within %.1f s; the device is abandoned", timeout)
+            return False
+        released = self.device.close(max(deadline - time.monotonic(), 0.0))
+        if not released:
+            log.warning("work still ran on the device at the shutdown timeout: it is abandoned, not destroyed")
         os.close(self._wake_fd)
+        return released
 
 
 def _setting(value, variable: str, kind, default):
@@ -432,12 +645,56 @@ def _setting(value, variable: str, kind, default):
     return value
 
 
-def _raise_fd_limit(max_clients: int) -> None:
-    """Lift the soft open-file limit towards the hard one so ``max_clients`` clients fit."""
+def _raise_fd_limit(max_clients: int, to_hard: bool = False) -> None:
+    """Lift the soft open-file limit: to the hard one for a daemon (``to_hard``), else as far as
+    ``max_clients`` clients need (an embedded arbiter shares its client's process).
+
+    InvalidSubmission when even the hard limit cannot hold ``max_clients`` clients.
+    """
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    wanted = 256 + _FDS_PER_CLIENT * max_clients
-    if soft != resource.RLIM_INFINITY and soft < wanted:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted if hard == resource.RLIM_INFINITY else min(wanted, hard), hard))
+    ceiling = _nr_open() if hard == resource.RLIM_INFINITY else hard
+    base = open_fds() + _FD_SLACK + _FDS_PER_CLIENT * max_clients
+    if ceiling < base + MIN_WAITING:
+        raise InvalidSubmission(f"{max_clients} clients need about {base + MIN_WAITING} open files and the "
+                                f"hard limit is {ceiling}: raise it (ulimit -Hn, LimitNOFILE= in a systemd "
+                                "unit) or lower --max-clients")
+    target = ceiling if to_hard else min(ceiling, base + MAX_WAITING)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (OSError, ValueError) as exc:
+            log.warning("could not raise the open-file limit from %d to %d: %s", soft, target, exc)
+
+
+def _nr_open() -> int:
+    """The most descriptors a process may be allowed (fs.nr_open)."""
+    try:
+        with open("/proc/sys/fs/nr_open") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return 1 << 20
+
+
+def _seconds_setting(name: str, default: float) -> float:
+    """A positive number of seconds from the environment variable ``name``, else ``default``."""
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= 86400:
+        raise InvalidSubmission(f"{name} must be a number of seconds in (0, 86400] (got {text!r})")
+    return value
+
+
+def _resource_error(exc: OSError, op) -> LibshareError:
+    """What a request that failed with ``exc`` tells its client."""
+    if exc.errno in _SCARCE:
+        return QuotaExceeded(f"the arbiter is out of file descriptors or memory ({exc.strerror}); free "
+                             "buffers, or ask the operator to raise the arbiter's limits")
+    return LibshareError(f"the arbiter failed on request {protocol.short(op)}: {exc}")
 
 
 def _configure_scheduling(drainer: Drainer, mode: str | None, watchdog: float | None) -> None:
@@ -469,10 +726,23 @@ def _requested_priority_and_share(fields: dict, default_priority: str) -> tuple[
 
 def _client_row(client: Client, limits: MemoryLimits) -> dict:
     limit = limits.client_limit(client)
+    # CLOSING: disconnected, its in-flight work still running (and holding its memory).
+    state = "CLOSING" if client.closing and client.state == "ACTIVE" else client.state
     return {"pid": client.pid, "client_id": client.id, "name": client.name, "group": client.group,
-            "state": client.state, "priority": client.priority, "connected": client.connected,
+            "state": state, "priority": client.priority, "connected": client.connected,
             "cmdline": client.cmdline, "mem_limit": None if limit is None else limit.value,
             **client.counters.as_dict()}
+
+
+def _raise_oom_score_adj(pid: int, floor: int) -> None:
+    """Raise process ``pid``'s oom_score_adj to ``floor`` if it is lower (never lower it)."""
+    try:
+        with open(f"/proc/{pid}/oom_score_adj", "r+") as f:
+            if int(f.read()) < floor:
+                f.seek(0)
+                f.write(str(floor))
+    except (OSError, ValueError) as exc:
+        log.info("cannot raise the oom_score_adj of pid %d to %d: %s", pid, floor, exc)
 
 
 def _cmdline(pid: int) -> str:
@@ -485,10 +755,10 @@ def _cmdline(pid: int) -> str:
 
 
 def _shared_memory(size: int) -> SharedMemory:
-    """A new memfd of ``size`` bytes, mapped here (page-aligned, so it can be imported)."""
-    fd = os.memfd_create("libshare-buffer", os.MFD_CLOEXEC)
+    """A new sealed memfd of ``size`` bytes (see ring/_region.py), mapped here (page-aligned, so it
+    can be imported). A memfd's pages start as zeros, so the client reads no one else's data."""
+    fd = sealed_memfd("libshare-buffer", size)
     try:
-        os.ftruncate(fd, size)
         mapping = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
     except OSError:
         os.close(fd)

@@ -42,6 +42,17 @@ therefore records each distinct command once and afterwards only *resubmits* it:
   after instead so one barrier also serves the host), and the host sees the device's
   writes once the fence has signalled. Host writes to imported host-coherent memory are
   visible to the device at ``vkQueueSubmit``.
+* **New device buffers read as zeros.** Device memory is recycled: on lavapipe a freed
+  buffer of up to a few hundred KiB comes back, contents and all, in the next allocation
+  of a similar size, and across clients that leaks one tenant's data to another (21 of
+  24 fresh buffers of 4-256 KiB held the previous client's pattern). :meth:`alloc_device`
+  therefore queues a ``vkCmdFillBuffer`` of zeros and its barrier, and waits for nothing:
+  every command that can name the buffer is submitted later on the same queue and so
+  runs after the fill. The fill's fence and command buffer are taken back by later
+  allocations and destroys; a buffer destroyed before its fill has run is destroyed
+  once it has, and counts until then (:attr:`clearing_bytes`, which the arbiter's memory
+  limits include). A fill touches every page, so an allocation costs what its first use
+  would have (on lavapipe about 0.6 s of queue time per fresh GiB), paid at once.
 * **Timing** (``timed=True``, the default). Timestamps are written with
   ``ALL_COMMANDS``/``BOTTOM_OF_PIPE`` stages, i.e. once all earlier work is complete: one
   when the submission starts and one after each command, N+1 for N commands, so
@@ -80,8 +91,10 @@ object holds its handles privately.
 from __future__ import annotations
 
 import collections
+import mmap
 import os
 import threading
+import time
 import uuid as _uuid
 from typing import Any, Iterable, Sequence
 
@@ -217,7 +230,7 @@ class Buffer:
     or ``"device"``. Buffers hash by identity; commands name them in their keys.
     """
 
-    __slots__ = ("kind", "size", "address", "_device", "_handle", "_memory")
+    __slots__ = ("kind", "size", "address", "_device", "_handle", "_memory", "_backing")
 
     def __init__(self, device: Device, kind: str, size: int, address: int, handle: Any, memory: Any):
         self.kind = kind
@@ -226,6 +239,7 @@ class Buffer:
         self._device: Device | None = device
         self._handle = handle
         self._memory = memory
+        self._backing: mmap.mmap | None = None  # anonymous memory a CPU device's "device" buffer lives in
 
     @property
     def alive(self) -> bool:
@@ -425,8 +439,12 @@ class Submission:
         self._device_ns: list[int] | None = None
 
     def done(self) -> bool:
-        """True once the device has finished every command (never blocks)."""
-        if self._complete or self._device._closed:
+        """True once the device has finished every command (never blocks).
+
+        A closed device finished everything, unless close() abandoned it under running work:
+        then the fence, still alive, says.
+        """
+        if self._complete or (self._device._closed and not self._device._abandoned):
             return True
         result = self._device._get_fence_status(self._device._handle, self._fence.handle)
         if result == 0:
@@ -437,8 +455,11 @@ class Submission:
         return False
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Block until done or ``timeout`` seconds passed (None: no limit); True if done."""
-        if self._complete or self._device._closed:
+        """Block until done or ``timeout`` seconds passed (None: no limit); True if done.
+
+        A dispatch may never end: the arbiter always passes a timeout.
+        """
+        if self._complete or (self._device._closed and not self._device._abandoned):
             return True
         device = self._device
         result = device._wait_for_fences(device._handle, 1, self._fence.array, 1, _timeout_ns(timeout))
@@ -531,6 +552,10 @@ class Device:
         self.max_workgroup_invocations: int = info.max_workgroup_invocations
         self.max_shared_memory: int = info.max_shared_memory
         self.timestamp_period_ns: float = info.timestamp_period
+        self.cpu: bool = info.cpu
+        """True for a device that runs on the host's CPU (lavapipe): its memory is the host's."""
+        self.local_heap_size: int = info.local_heap_size()
+        """Bytes in the device's largest device-local memory heap."""
         self._family, valid_bits = info.compute_family()
         self._timestamp_mask = (1 << valid_bits) - 1 if valid_bits else 0
         self._handle = _create_device(info, self._family)
@@ -579,6 +604,8 @@ class Device:
         self._cache_size = max(int(cache_size), 1)
         self._recording_count = 0
         self._buffers: set[Buffer] = set()
+        self._fills: list[tuple[Buffer, _Fence, Any]] = []  # zero fills queued: (buffer, fence, command buffer)
+        self._doomed: set[Buffer] = set()  # destroyed by the caller while their zero fill runs
         self._pipelines: set[Pipeline] = set()
         self._build_prebuilt()
 
@@ -649,10 +676,20 @@ class Device:
         return self._track(Buffer(self, "host", size, address, buffer, memory))
 
     def alloc_device(self, size: int) -> Buffer:
-        """A device-local buffer of ``size`` bytes, filled and read with :class:`Copy`."""
+        """A device-local buffer of ``size`` bytes, filled and read with :class:`Copy`; it reads as zeros.
+
+        On a CPU device (lavapipe) with host import, the buffer is anonymous memory of this
+        process imported like a shared buffer: the kernel hands out zeroed pages as they are
+        first touched, so nothing has to be filled, memory never written costs nothing, and
+        a destroyed buffer's memory goes back to the kernel at once (a driver's allocator
+        would keep it and hand it, data and all, to the next buffer). Elsewhere the buffer is
+        filled with zeros on the queue before any command can read it (:meth:`_fill_zeros`).
+        """
         self._require_open()
         if size <= 0:
             raise InvalidSubmission(f"buffer size must be positive (got {size})")
+        if self.cpu and self.host_import_alignment:
+            return self._alloc_anonymous(size)
         buffer = self._create_buffer(size, 0)
         try:
             requirements = self._requirements(buffer)
@@ -662,16 +699,87 @@ class Device:
         except BaseException:
             _lib.vkDestroyBuffer(self._handle, buffer, _ffi.NULL)
             raise
-        return self._track(Buffer(self, "device", size, 0, buffer, memory))
+        self._finish_fills()
+        tracked = self._track(Buffer(self, "device", size, 0, buffer, memory))
+        try:
+            self._fill_zeros(tracked)
+        except BaseException:
+            self.destroy_buffer(tracked)
+            raise
+        return tracked
+
+    def _alloc_anonymous(self, size: int) -> Buffer:
+        """A "device" buffer of a CPU device: fresh anonymous pages, imported."""
+        rounded = -(-size // self.host_import_alignment) * self.host_import_alignment
+        backing = mmap.mmap(-1, rounded, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        address = np.frombuffer(backing, np.uint8, count=1).ctypes.data  # the view goes at once: close() works
+        try:
+            buf = self.import_host(address, rounded)
+        except BaseException:
+            backing.close()
+            raise
+        buf.kind, buf.size, buf._backing = "device", size, backing
+        return buf
+
+    @property
+    def clearing_bytes(self) -> int:
+        """Bytes of destroyed device buffers whose zero fill has not run yet (freed once it has)."""
+        self._finish_fills()
+        return sum(buf.size for buf in self._doomed)
+
+    def _fill_zeros(self, buf: Buffer) -> None:
+        """Queue a fill of zeros over a new device buffer: its memory may hold a freed buffer's data.
+
+        Nothing waits for it: every later command on the queue runs after the fill and its
+        barrier, so none can read what the memory held before. The fill's fence and command
+        buffer come back in :meth:`_finish_fills`.
+        """
+        array = self._allocate_command_buffer(_vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY)
+        fence = self._fences.pop() if self._fences else self._new_fence()
+        try:
+            cb = array[0]
+            _check(_lib.vkBeginCommandBuffer(cb, self._begin_batch), "vkBeginCommandBuffer")
+            _lib.vkCmdFillBuffer(cb, buf._handle, 0, _UINT64_MAX, 0)  # VK_WHOLE_SIZE
+            stages = self._work_stages
+            _lib.vkCmdPipelineBarrier(cb, stages, stages, 0, 1, self._barrier, 0, _ffi.NULL, 0, _ffi.NULL)
+            _check(_lib.vkEndCommandBuffer(cb), "vkEndCommandBuffer")
+            info = _struct("VkSubmitInfo", "SUBMIT_INFO", commandBufferCount=1, pCommandBuffers=array)
+            _check(self._queue_submit(self._queue, 1, info, fence.handle), "vkQueueSubmit")
+        except BaseException:
+            self._fences.append(fence)  # never submitted: still unsignalled
+            _lib.vkFreeCommandBuffers(self._handle, self._command_pool, 1, array)
+            raise
+        self._fills.append((buf, fence, array))
+
+    def _finish_fills(self) -> None:
+        """Take back the fence and command buffer of every fill that has run; destroy the buffers
+        freed while theirs ran."""
+        running = []
+        for fill in self._fills:
+            buf, fence, array = fill
+            if self._get_fence_status(self._handle, fence.handle) != _vk.VK_SUCCESS:
+                running.append(fill)  # not yet (or the device is lost: close() frees it all)
+                continue
+            self._recycle(fence, None, [])
+            _lib.vkFreeCommandBuffers(self._handle, self._command_pool, 1, array)
+            if buf in self._doomed:
+                self._doomed.discard(buf)
+                self._buffers.discard(buf)
+                _destroy_buffer_handles(self._handle, buf)
+        self._fills = running
 
     def destroy_buffer(self, buf: Buffer) -> None:
         """Destroy ``buf`` and free its memory (not the host mapping). Idempotent.
 
         Raises InvalidSubmission while an unreleased submission uses it.
         """
-        if not buf.alive or self._closed:
+        if not buf.alive or self._closed or buf in self._doomed:
             return
         self._drop_users(buf, "buffer")
+        self._finish_fills()
+        if any(fill[0] is buf for fill in self._fills):  # its zero fill still runs: destroy it after
+            self._doomed.add(buf)
+            return
         self._buffers.discard(buf)
         _destroy_buffer_handles(self._handle, buf)
 
@@ -1289,14 +1397,36 @@ class Device:
 
     # --------------------------------------------------------------- lifetime
 
-    def close(self) -> None:
-        """Wait for the device to go idle, then destroy everything. Idempotent."""
+    _abandoned = False  # close() gave up on work that did not end (see close)
+
+    def close(self, timeout: float | None = None) -> bool:
+        """Wait for submitted work to end, then destroy everything; True once destroyed. Idempotent.
+
+        ``timeout`` bounds the wait, in seconds (None: no bound). Vulkan cannot abort a
+        dispatch that never ends, and destroying a device under running work is undefined
+        (lavapipe would wait for it for ever), so work that has not ended by then leaves the
+        device *abandoned*: closed to every use, its handles, memory and driver threads left
+        alive for the rest of the process, and close() returns False. The fences say when work
+        ends (a lost device fails them at once), so the final vkDeviceWaitIdle never waits.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
         with self._compile_guard:
             if self._closed:
-                return
+                return not self._abandoned
             self._closed = True  # no compile starts from now on; wait for those under way
-            self._compile_guard.wait_for(lambda: self._compiles == 0)
-        _lib.vkDeviceWaitIdle(self._handle)  # a lost device still gets torn down
+            if not self._compile_guard.wait_for(lambda: self._compiles == 0, timeout):
+                self._abandoned = True
+                return False
+        free = set(map(id, self._fences))  # reset fences: unsignalled, and nothing will signal them
+        pending = [fence.handle for fence in self._all_fences if id(fence) not in free]
+        if pending:
+            left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+            result = self._wait_for_fences(self._handle, len(pending), _ffi.new("VkFence[]", pending), 1,
+                                           _timeout_ns(left))
+            if result > 0:  # VK_TIMEOUT: something still runs
+                self._abandoned = True
+                return False
+        _lib.vkDeviceWaitIdle(self._handle)  # idle, or lost (a lost device still gets torn down)
         for buf in self._buffers:
             _destroy_buffer_handles(self._handle, buf)
         for pipeline in self._pipelines:
@@ -1311,11 +1441,14 @@ class Device:
         for entry in self._cache.values():
             entry.alive = False
         self._buffers.clear()
+        self._fills.clear()  # their fences and command buffers go with the device
+        self._doomed.clear()
         self._pipelines.clear()
         self._cache.clear()
         self._bindings.clear()
         self._retired.clear()
         self._destroy_device()  # the command pool takes every command buffer with it
+        return True
 
     def _require_open(self) -> None:
         """Raise when the device is closed."""
@@ -1344,6 +1477,8 @@ def _destroy_buffer_handles(device: Any, buf: Buffer) -> None:
     """vkDestroyBuffer + vkFreeMemory, and mark ``buf`` dead."""
     _lib.vkDestroyBuffer(device, buf._handle, _ffi.NULL)
     _lib.vkFreeMemory(device, buf._memory, _ffi.NULL)
+    if buf._backing is not None:
+        buf._backing.close()  # back to the kernel at once
     buf._device = None
 
 
@@ -1404,6 +1539,7 @@ class _PhysicalInfo:
         _lib.vkGetPhysicalDeviceProperties2(self.handle, props)
         p, limits = props.properties, props.properties.limits
         self.name = _text(p.deviceName)
+        self.cpu = p.deviceType == _vk.VK_PHYSICAL_DEVICE_TYPE_CPU
         self.api_version = p.apiVersion
         self.uuid = str(_uuid.UUID(bytes=bytes(_ffi.buffer(ids.deviceUUID, 16))))
         self.max_group_count = tuple(limits.maxComputeWorkGroupCount)
@@ -1419,6 +1555,12 @@ class _PhysicalInfo:
         features = _ffi.new("VkPhysicalDeviceFeatures*")
         _lib.vkGetPhysicalDeviceFeatures(self.handle, features)
         self.robust_buffer_access = bool(features.robustBufferAccess)
+
+    def local_heap_size(self) -> int:
+        """Bytes in the largest device-local memory heap (0 if none is marked device-local)."""
+        heaps = self.memory.memoryHeaps
+        return max((heaps[i].size for i in range(self.memory.memoryHeapCount)
+                    if heaps[i].flags & _vk.VK_MEMORY_HEAP_DEVICE_LOCAL_BIT), default=0)
 
     def compute_family(self) -> tuple[int, int]:
         """(index, timestampValidBits) of the best compute queue family.

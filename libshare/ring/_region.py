@@ -7,12 +7,22 @@ process attaches by receiving its file descriptor (``socket.send_fds``) or by
 inheriting it, and the memory goes away when the last mapping and descriptor
 close, however the processes died.
 
+Every memfd the arbiter hands a client (this region, and each shared buffer) is
+made by :func:`sealed_memfd`: sized once, then sealed against shrinking and
+growing (``F_SEAL_SHRINK | F_SEAL_GROW``, and ``F_SEAL_SEAL`` so the seals
+stay). A client holds the same open file as the arbiter; without the seals it
+could ``ftruncate`` it to nothing, and the arbiter's next access to its mapping
+would die of SIGBUS. Sealed, ``ftruncate`` fails with EPERM in every process.
+Writing stays allowed: that is what the memory is for, and a ring peer's
+writes are checked anyway.
+
 Every call that needs atomics goes through the C core; this module only
 moves bytes between numpy arrays and C and turns return codes into errors.
 """
 
 from __future__ import annotations
 
+import fcntl
 import mmap
 import os
 import threading
@@ -24,9 +34,22 @@ import numpy as np
 from .. import errors
 from ._binding import C, CQE_DTYPE, DESC_DTYPE, check, ffi, lib
 
-__all__ = ["Region", "Producer", "ReapReport"]
+__all__ = ["Region", "Producer", "ReapReport", "sealed_memfd"]
 
 _SPIN_NS = 20_000  # polling before sleeping on a futex: about one cross-core round trip, many times
+_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
+
+
+def sealed_memfd(name: str, size: int) -> int:
+    """A new memfd of ``size`` bytes (close-on-exec) whose size no process can change any more."""
+    fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        os.ftruncate(fd, size)
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SEALS)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 @dataclass(frozen=True)
@@ -107,9 +130,8 @@ class Region:
                 f"bad ring geometry: lanes={lanes} (1..{C.MAX_LANES}), lane_entries={lane_entries} and "
                 f"cq_entries={cq_entries} (powers of two up to {C.MAX_ENTRIES})"
             )
-        fd = os.memfd_create("libshare-ring", os.MFD_CLOEXEC)
+        fd = sealed_memfd("libshare-ring", size)
         try:
-            os.ftruncate(fd, size)
             with mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE) as view:
                 base = ffi.from_buffer("char[]", view)
                 check(lib.ls_region_format(base, size, lanes, lane_entries, cq_entries, os.getpid()))

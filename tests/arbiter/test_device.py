@@ -343,3 +343,27 @@ def test_device_ns_of_finished_work_does_not_wait_for_later_work(device, saxpy, 
     assert big_y[0] == 200.0 and y[0] == count
     first.release()
     later.release()
+
+
+@pytest.mark.parametrize("cpu", [True, False], ids=["anonymous-pages", "zero-fill"])
+def test_fresh_device_buffers_read_as_zeros_on_both_paths(device, host, cpu):
+    """Lavapipe takes the anonymous-pages path; ``cpu=False`` drives the fill a GPU gets, on the same driver."""
+    from libshare.arbiter.device import Copy
+
+    n = 16 << 10
+    pattern, source = host(n, 7.0)
+    out, sink = host(n)
+    device.cpu = cpu
+    try:
+        for _ in range(3):  # freed memory is the next buffer's: it must never show the pattern
+            dirty = device.alloc_device(n * 4)
+            _run(device, [Copy(source, 0, dirty, 0, n * 4)])
+            device.destroy_buffer(dirty)
+            fresh = device.alloc_device(n * 4)
+            _run(device, [Copy(fresh, 0, sink, 0, n * 4)])
+            assert not out.any(), "a fresh device buffer held data"
+            device.destroy_buffer(fresh)
+        device.wait_idle()
+        assert device.clearing_bytes == 0
+    finally:
+        device.cpu = True

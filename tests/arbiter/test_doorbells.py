@@ -1,0 +1,295 @@
+"""Doorbells and rings under attack, against a real daemon on lavapipe.
+
+A client that reads its doorbell in a loop (hoping to swallow the others' wake-ups), one that
+writes it in a loop (to keep the arbiter awake), and one that corrupts its own ring. Each runs
+as a separate process (``python -m tests.arbiter.test_doorbells ROLE PIPE_DIR``, roles at the
+end of this file; bench/test_doorbell_bench.py runs the same ones and prints the figures).
+What stays here is the mechanism: honest round trips keep completing (none waits out the
+drain thread's 2 s idle poll), the arbiter stops listening to a hammering doorbell and still
+serves that client's work, an idle arbiter sleeps again, and a corrupted ring gets its client
+a sticky RingCorrupted with everything it held reclaimed.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import struct
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import libshare
+from libshare import _protocol as protocol
+from libshare.ring import C
+from libshare.ring._binding import ffi, lib
+
+from ..conftest import ROOT, stop_process
+from .conftest import open_fds, wait_until
+
+pytestmark = pytest.mark.usefixtures("vulkan_device_name")
+
+SAXPY = libshare.shaders.path("saxpy")
+PUSH = struct.pack("If", 64, 1.0)  # y += x over 64 floats, one workgroup
+ROUNDS = 40
+STEAL_ROUNDS = 200  # a stealer wins the race for a wake-up often, not always: many chances
+SLOW = 1.0  # seconds: far below the 2 s idle poll a lost wake-up waits out, far above a round trip
+MUTED = "not listening to its doorbell"  # what server.log says when a doorbell is muted
+
+
+def start_attacker(role: str, pipe_dir, *args) -> subprocess.Popen:
+    """Start ``python -m tests.arbiter.test_doorbells ROLE PIPE_DIR ARGS``; wait for its 'ready'."""
+    process = subprocess.Popen([sys.executable, "-m", "tests.arbiter.test_doorbells", role, str(pipe_dir),
+                                *map(str, args)], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               text=True)
+    assert process.stdout.readline().strip() == "ready", f"the {role} did not start"
+    return process
+
+
+def stop_attacker(process: subprocess.Popen) -> None:
+    """Close its stdin (a role waiting for lines exits), stop it, close its stdout."""
+    try:
+        process.stdin.close()
+    except OSError:
+        pass  # it died: the pipe is broken
+    stop_process(process)
+    process.stdout.close()
+
+
+def round_trips(session, program, x, y, rounds: int = ROUNDS, stop_after: float = SLOW) -> list[float]:
+    """Time ``rounds`` dispatch-and-wait round trips (seconds each); stop early after one over ``stop_after``."""
+    times = []
+    for _ in range(rounds):
+        started = time.perf_counter()
+        session.dispatch(program, 1, [x, y], PUSH).wait(30)
+        times.append(time.perf_counter() - started)
+        if times[-1] > stop_after:
+            break
+    return times
+
+
+def honest(pipe_dir):
+    """A daemon session with saxpy loaded on two 64-float arrays: (session, program, x, y)."""
+    session = libshare.connect(name="honest", mode="daemon", pipe_directory=pipe_dir)
+    program = session.load_program(SAXPY)
+    x, y = session.array(64), session.array(64)
+    x[:] = 1.0
+    return session, program, x, y
+
+
+def server_log(pipe_dir) -> str:
+    return (pipe_dir / "server.log").read_text()
+
+
+def assert_no_traceback(pipe_dir) -> None:
+    text = server_log(pipe_dir)
+    assert "Traceback" not in text and "drain loop error" not in text, text[-3000:]
+
+
+# ---------------------------------------------------------------- doorbells
+
+
+def test_a_client_reading_its_doorbell_steals_no_one_elses_wake_up(daemon):
+    _process, pipe_dir = daemon
+    session, program, x, y = honest(pipe_dir)
+    with session:
+        stealers = [start_attacker("steal", pipe_dir) for _ in range(2)]  # one may be off the CPU
+        try:
+            times = round_trips(session, program, x, y, STEAL_ROUNDS)
+            assert len(times) == STEAL_ROUNDS and max(times) < SLOW, (
+                f"a round trip took {max(times):.2f} s with clients reading their doorbells in a loop: "
+                "a wake-up was stolen and the drain thread slept out its idle poll")
+            assert np.all(y == float(STEAL_ROUNDS))
+        finally:
+            for stealer in stealers:
+                stop_attacker(stealer)
+    assert_no_traceback(pipe_dir)
+
+
+def test_a_hammered_doorbell_is_muted_and_its_client_still_served(daemon):
+    process, pipe_dir = daemon
+    session, program, x, y = honest(pipe_dir)
+    with session:
+        hammer = start_attacker("hammer", pipe_dir)
+        try:
+            wait_until(lambda: MUTED in server_log(pipe_dir), 30, "the arbiter to mute the hammered doorbell")
+            assert_rests(process.pid, "hammered")  # it was a core flat out
+            times = round_trips(session, program, x, y)
+            assert len(times) == ROUNDS and max(times) < SLOW, f"a round trip took {max(times):.2f} s while hammered"
+            assert np.all(y == float(ROUNDS))
+            hammer.stdin.write("dispatch\n")  # its own work is still served (on the slow path while muted)
+            hammer.stdin.flush()
+            assert hammer.stdout.readline().strip() == "ok"
+        finally:
+            stop_attacker(hammer)
+        wait_until(lambda: re.search(r"\(hammer, pid \d+\) reclaimed", server_log(pipe_dir)), 30,
+                   "the hammering client to be reclaimed")
+        assert_rests(process.pid, "idle", max_wakes=25)  # and no slow path is left behind
+    assert_no_traceback(pipe_dir)
+
+
+def assert_rests(pid: int, what: str, max_wakes: int | None = None) -> None:
+    """The arbiter does not spin (and, given ``max_wakes``, sleeps that long), measured over 1 s."""
+    before_cpu, before_switches = cpu_seconds(pid), voluntary_switches(pid)
+    time.sleep(1.0)  # a measuring window, not a synchronisation
+    cpu, switches = cpu_seconds(pid) - before_cpu, voluntary_switches(pid) - before_switches
+    assert cpu < 0.5, f"the {what} arbiter used {cpu:.2f} s of CPU in 1 s: it spins"
+    if max_wakes is not None:
+        assert switches < max_wakes, f"the {what} arbiter woke {switches} times in 1 s"
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of every thread of ``pid`` so far (/proc/PID/stat)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def voluntary_switches(pid: int) -> int:
+    """Voluntary context switches of the threads of ``pid`` alive now (each is a sleep)."""
+    total = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/status") as f:
+                total += next(int(line.split()[1]) for line in f if line.startswith("voluntary_ctxt_switches"))
+        except (OSError, StopIteration):
+            pass  # a thread that just ended
+    return total
+
+
+# ---------------------------------------------------------------- corrupted rings
+
+
+def header(session, name: str) -> int:
+    """A u64 field of the session's ring header (lanes_offset, lane_stride, cq_offset)."""
+    return struct.unpack_from("<Q", session._region._map, ffi.offsetof("struct ls_region_header", name))[0]
+
+
+def overwrite(session, offset: int, value: int) -> None:
+    """Write a u32 into the session's ring region, as a buggy or hostile client could."""
+    struct.pack_into("<I", session._region._map, offset, value & 0xFFFFFFFF)
+
+
+def corrupt_completion_head(session) -> None:
+    """Move the completion ring's head one past its tail: more completions seen than posted."""
+    cq = header(session, "cq_offset")
+    tail = struct.unpack_from("<I", session._region._map, cq + ffi.offsetof("struct ls_cq", "tail"))[0]
+    overwrite(session, cq + ffi.offsetof("struct ls_cq", "head"), tail + 1)
+
+
+def corrupt_lane_tail(session, lane: int) -> None:
+    """Publish more slots in ``lane`` than it has: its tail a whole lane and one past its head."""
+    base = header(session, "lanes_offset") + lane * header(session, "lane_stride")
+    head = struct.unpack_from("<I", session._region._map, base + ffi.offsetof("struct ls_lane", "head"))[0]
+    overwrite(session, base + ffi.offsetof("struct ls_lane", "tail"), head + session._region.lane_entries + 1)
+
+
+def raw_alloc(session) -> dict:
+    """An alloc sent on the session's socket past the library (which refuses once it knows)."""
+    protocol.send(session._sock, {"op": "alloc", "size": 4096, "kind": "shared"})
+    reply = protocol.recv(session._sock, max_fds=1)
+    reply.close_fds()
+    return reply.fields
+
+
+def assert_dropped(session, program, x, y, pipe_dir, where: str) -> None:
+    """Every later call of the session raises RingCorrupted, and so does the arbiter to a raw request."""
+    for call in (lambda: session.dispatch(program, 1, [x, y], PUSH).wait(10), lambda: session.alloc(4096),
+                 lambda: session.load_program(SAXPY)):
+        with pytest.raises(libshare.RingCorrupted, match="dropped this session"):
+            call()
+    reply = raw_alloc(session)
+    assert not reply["ok"] and reply["error"] == "RingCorrupted", reply
+    assert where in reply["message"], reply["message"]
+    assert "dropping it" in server_log(pipe_dir)
+
+
+def test_a_corrupted_completion_head_drops_its_client_with_a_sticky_error(daemon):
+    process, pipe_dir = daemon
+    bystander, program, x, y = honest(pipe_dir)  # saxpy loaded (and vetted) before the count below
+    with bystander:
+        before = open_fds(process.pid)
+        with libshare.connect(name="corrupt", mode="daemon", pipe_directory=pipe_dir) as session:
+            own = session.load_program(SAXPY)
+            a, b = session.array(64), session.array(64)
+            session.dispatch(own, 1, [a, b], PUSH).wait(10)
+            corrupt_completion_head(session)
+            ticket = session.dispatch(own, 1, [a, b], PUSH)  # rings the doorbell: the arbiter looks, drops it
+            with pytest.raises(libshare.RingCorrupted, match="dropped this session"):
+                ticket.wait(10)
+            assert session._region.close_reason() == C.ECORRUPT
+            assert_dropped(session, own, a, b, pipe_dir, "completion ring")
+            assert round_trips(bystander, program, x, y, 5), "the others are served as before"
+        wait_until(lambda: open_fds(process.pid) == before, 30,
+                   "the arbiter to let go of every fd the dropped client held")
+    assert_no_traceback(pipe_dir)
+
+
+def test_a_corrupted_lane_tail_found_by_the_drain_pass_drops_its_client(daemon):
+    _process, pipe_dir = daemon
+    bystander, program, x, y = honest(pipe_dir)
+    with bystander, libshare.connect(name="corrupt", mode="daemon", pipe_directory=pipe_dir) as session:
+        own = session.load_program(SAXPY)
+        a, b = session.array(64), session.array(64)
+        session.dispatch(own, 1, [a, b], PUSH).wait(10)
+        lane = session._region.lane_count - 1  # not the one this thread pushes from
+        corrupt_lane_tail(session, lane)
+        bystander.alloc(4096)  # a task: the drain pass after it looks at every ring
+        wait_until(lambda: session._region.close_reason() == C.ECORRUPT, 30, "the arbiter to drop the client")
+        assert_dropped(session, own, a, b, pipe_dir, f"submission lane {lane}")
+        assert round_trips(bystander, program, x, y, 5), "the others are served as before"
+    assert_no_traceback(pipe_dir)  # a drop during the drain pass's look at every ring raised there
+
+
+# ---------------------------------------------------------------- roles (separate processes)
+
+
+def steal(pipe_dir: str) -> None:
+    """Read this session's doorbell in a loop, hoping to swallow the others' wake-ups."""
+    session = libshare.connect(name="stealer", mode="daemon", pipe_directory=pipe_dir)
+    bell = session._wake_fd
+    print("ready", flush=True)
+    while True:
+        try:
+            os.eventfd_read(bell)
+        except OSError:
+            pass
+
+
+def hammer(pipe_dir: str) -> None:
+    """Write this session's doorbell in a tight loop (with the ring's NEED_WAKEUP flag set, as a
+    producer that rings on every push would), while answering each stdin line 'dispatch' with
+    one saxpy round trip: 'ok' or the error's class. Exits at EOF."""
+    session = libshare.connect(name="hammer", mode="daemon", pipe_directory=pipe_dir)
+    program = session.load_program(SAXPY)
+    x, y = session.array(64), session.array(64)
+    bell = session._wake_fd
+    flags = np.frombuffer(session._region._map, np.uint32, count=1,
+                          offset=ffi.sizeof("struct ls_region_header") + ffi.offsetof("struct ls_bells", "sq_flags"))
+
+    def ring():
+        while True:
+            flags[0] = lib.LS_NEED_WAKEUP
+            try:
+                os.eventfd_write(bell, 1)
+            except OSError:
+                pass  # full: rings pile up
+
+    threading.Thread(target=ring, daemon=True).start()
+    print("ready", flush=True)
+    for line in sys.stdin:
+        if line.strip() == "dispatch":
+            try:
+                session.dispatch(program, 1, [x, y], PUSH).wait(30)
+                print("ok", flush=True)
+            except libshare.LibshareError as exc:
+                print(type(exc).__name__, flush=True)
+    os._exit(0)  # the ringing thread never ends
+
+
+if __name__ == "__main__":
+    globals()[sys.argv[1]](*sys.argv[2:])
