@@ -25,9 +25,16 @@ class SharedMemory:
     mapping: mmap.mmap
     address: int
 
+    def take_fd(self) -> int:
+        """The memfd, to hand to the client; this record no longer owns it (the mapping stays)."""
+        fd, self.fd = self.fd, -1
+        return fd
+
     def close(self) -> None:
-        """Unmap and close; the client's mapping, if any, stays valid."""
-        os.close(self.fd)
+        """Unmap, and close the memfd unless it was handed over; the client's mapping stays valid."""
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
         self.mapping.close()
 
 

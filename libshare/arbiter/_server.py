@@ -30,9 +30,9 @@ is dropped.
 Descriptors. A daemon arbiter raises its open-file soft limit to the hard limit,
 and no arbiter starts when the hard limit cannot hold --max-clients clients.
 Every client slot keeps _FDS_PER_CLIENT descriptors free until it is taken, the
-gate keeps room for the connections it may hold, and shared buffers (two each:
-the memfd, and the dup that Python's mmap keeps of it) get what is left, counted
-with a bound of _FDS_PER_BUFFER each: past that an alloc is refused with
+gate keeps room for the connections it may hold, and shared buffers (one each
+once the reply has carried the memfd to the client: the dup that Python's mmap
+keeps of it) get what is left, counted with a bound of _FDS_PER_BUFFER each: past that an alloc is refused with
 QuotaExceeded (_gate.FdBudget), so the last client can always connect. A hello
 that runs out all the same (a limit lowered under a running arbiter) is refused
 with TooManyClients, and once the drain thread knows a client, the end of its
@@ -91,10 +91,12 @@ log = logging.getLogger("libshare.arbiter")
 _PAGE = mmap.PAGESIZE
 _MAX_BUFFER = 1 << 40
 _MAX_CLIENTS = 4096
-# Kept for each client slot: its socket, pidfd, ring (the memfd, and the dup that Python's mmap keeps
-# of it) and doorbell pipe (both ends).
-_FDS_PER_CLIENT = 6
-_FDS_PER_BUFFER = 4  # at most, for one shared buffer (its memfd and the mapping's dup: 2): a bound
+# Kept for each client slot: its socket, pidfd, doorbell (the arbiter's end) and ring (the dup that
+# Python's mmap keeps of the memfd; the memfd itself is closed once the client has it). A welcome
+# being sent holds two more (the client's end of the doorbell, the ring's memfd): the slack covers
+# a few at once, and a hello that finds none left is refused with TooManyClients.
+_FDS_PER_CLIENT = 4
+_FDS_PER_BUFFER = 2  # one shared buffer: the mapping's dup, and the memfd until the reply carries it
 _FD_SLACK = 64  # for the rest: logs, control commands, a vetting compile, /proc reads
 _SCARCE = (errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS)  # out of descriptors or memory
 _SEND_TIMEOUT = 30  # seconds a reply may wait for a client to read (SO_SNDTIMEO); then it is dropped
@@ -393,7 +395,11 @@ class Arbiter:
             log.exception("%s: request %s failed", client.describe(), protocol.short(op))
             self._reply_error(conn, ProtocolError(f"the arbiter failed on this request: {type(exc).__name__}"))
             return
-        protocol.send(conn, {"ok": True, **fields}, fds=fds)
+        try:
+            protocol.send(conn, {"ok": True, **fields}, fds=fds)
+        finally:
+            for fd in fds:  # a handler's descriptors are handed over: the arbiter keeps no copy
+                os.close(fd)
 
     def _handler(self, frame: protocol.Frame):
         """The handler of a request, once its fields passed its schema (else ProtocolError or
@@ -456,6 +462,8 @@ class Arbiter:
                                  "device": self.device.name},
                           fds=(region.fd, client.doorbell.writer))
             log.info("%s connected (uid %d%s)", client.describe(), uid, f", group {group}" if group else "")
+            region.forget_fd()  # the client has them now: the mappings and the arbiter's own bell stay
+            client.doorbell.handed_over()
         except BaseException:  # gone before (or failed right after) the welcome: reclaim what was made for it
             self.drainer.post(self.drainer.connection_closed, client)
             with self._lock:
@@ -497,8 +505,9 @@ class Arbiter:
         def register():
             self.drainer.pipelines.collect(self.device)
             try:
+                _require_attached(client)
                 check_program_quota(client, self.drainer.clients.values(), self.max_programs)
-            except QuotaExceeded:
+            except LibshareError:  # the pipeline was acquired for this record: give it back
                 self.drainer.pipelines.release(self.device, pipeline)
                 raise
             record = ProgramRecord(client.new_id(), pipeline, len(interface.bindings), push_size)
@@ -520,6 +529,7 @@ class Arbiter:
         memory = _shared_memory(rounded) if kind == "shared" else None
 
         def create():
+            _require_attached(client)
             self.limits.check(client, self.drainer.clients.values(), rounded,  # again, one alloc at a time
                               self.device.clearing_bytes)
             if memory is not None:
@@ -540,7 +550,7 @@ class Arbiter:
             if memory is not None:
                 memory.close()
             raise
-        return {"buffer_id": buffer_id, "size": rounded}, ((memory.fd,) if memory else ())
+        return {"buffer_id": buffer_id, "size": rounded}, ((memory.take_fd(),) if memory else ())
 
     def _free(self, client: Client, frame: protocol.Frame):
         def free():
@@ -630,6 +640,13 @@ class Arbiter:
             log.warning("work still ran on the device at the shutdown timeout: it is abandoned, not destroyed")
         os.close(self._wake_fd)
         return released
+
+
+def _require_attached(client: Client) -> None:
+    """On the drain thread, before a request adds to what a client holds: refuse once the client
+    was dropped, terminated or reclaimed meanwhile (its reclaim would never see the new object)."""
+    if client.closing:
+        raise client.sticky or ServerNotReady("this session was closed by the arbiter; reconnect")
 
 
 def _setting(value, variable: str, kind, default):

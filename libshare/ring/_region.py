@@ -148,9 +148,22 @@ class Region:
 
     @property
     def fd(self) -> int:
-        """The memfd, to pass to the peer with ``socket.send_fds``."""
+        """The memfd, to pass to the peer with ``socket.send_fds`` (until :meth:`forget_fd`)."""
         self._require_open()
+        if self._fd < 0:
+            raise ValueError("this region's descriptor was closed once handed over (forget_fd)")
         return self._fd
+
+    def forget_fd(self) -> None:
+        """Close this process's descriptor of the region once the peer has it; the mapping stays.
+
+        The arbiter does this after the welcome, so that a client's ring costs it one
+        descriptor (the one Python's mmap keeps) instead of two.
+        """
+        with self._lock:
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
 
     @property
     def closed(self) -> bool:
@@ -303,7 +316,8 @@ class Region:
     def _unmap(self) -> None:
         ffi.release(self._base)
         self._map.close()
-        os.close(self._fd)
+        if self._fd >= 0:
+            os.close(self._fd)
 
     def close(self) -> None:
         """Unmap this process's view and close its descriptors. Idempotent."""
