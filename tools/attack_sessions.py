@@ -8,8 +8,8 @@ It starts a daemon arbiter in a temporary pipe directory, then, with honest clie
 checking their results throughout:
 
 1. pushes ``--descriptors`` seeded hostile descriptors (``tests/arbiter/_descriptor_fuzz.py``);
-2. sends ``--messages`` seeded hostile control messages (``tests/arbiter/_control_fuzz.py``
-   when it exists);
+2. sends ``--messages`` seeded hostile control messages (the generators of
+   ``tests/arbiter/test_connection_attacks.py``), each of which must get an error reply;
 3. starts ``--kills`` clients that connect, allocate, load a program and dispatch, and
    SIGKILLs each at a random moment, ``--parallel`` at a time;
 
@@ -100,11 +100,39 @@ def descriptors(pipe_dir: Path, total: int) -> dict:
 
 
 def control_messages(pipe_dir: Path, total: int) -> dict:
+    """Seeded hostile session requests, control commands and hellos (the generators of
+    tests/arbiter/test_connection_attacks.py); every one must get an error reply."""
+    import random
+
+    from tests.arbiter import test_connection_attacks as attacks
+
+    rng = random.Random(1)
+    session, operator, hello = attacks.session_raw(pipe_dir), attacks.connect_raw(pipe_dir), None
+    tally = {"sent": 0, "refused": 0, "unanswered": 0, "accepted": 0}
     try:
-        from tests.arbiter import _control_fuzz
-    except ImportError:
-        return {"skipped": "tests/arbiter/_control_fuzz.py is not there"}
-    return _control_fuzz.fuzz(pipe_dir, seed=1, count=total)
+        for i in range(total):
+            kind = i % 3
+            if kind == 2 and (hello is None or i % 1500 == 2):  # a connection has 10 s to say hello
+                if hello is not None:
+                    hello.close()
+                hello = attacks.connect_raw(pipe_dir)
+            sock = (session, operator, hello)[kind]
+            message = (attacks.hostile_session_request, attacks.hostile_control, attacks.hostile_hello)[kind](rng)
+            tally["sent"] += 1
+            try:
+                attacks.send_hostile(sock, message)
+                answer = attacks.reply(sock)
+            except (OSError, EOFError, ValueError):
+                tally["unanswered"] += 1
+                break
+            tally["refused" if answer.get("ok") is False else "accepted"] += 1
+            if i % 1000 == 999:
+                progress("control messages", i + 1, total)
+    finally:
+        for sock in (session, operator, hello):
+            if sock is not None:
+                sock.close()
+    return tally
 
 
 def kill_storm(pipe_dir: Path, total: int, parallel: int) -> dict:

@@ -16,7 +16,7 @@
 /* What a connect hands to the C side. */
 struct lsx_conn {
     int32_t handle;                     /* the Python session's key, > 0 */
-    int32_t wake_fd;                    /* the arbiter's eventfd, owned by the Python session */
+    int32_t wake_fd;                    /* this client's doorbell, owned by the Python session */
     int32_t peer_pidfd;                 /* a pidfd of a daemon, owned by C; -1 when embedded */
     uint32_t client_id;
     uint32_t embedded;

@@ -204,10 +204,11 @@ class Region:
         self._require_open()
         lib.ls_set_client(self._handle, os.getpid(), C.PEER_ALIVE if alive else C.PEER_CLOSED)
 
-    def set_wake_fd(self, eventfd: int) -> None:
-        """Wake the consumer by writing ``eventfd`` instead of a futex (for a consumer in epoll)."""
+    def set_wake_fd(self, doorbell_fd: int) -> None:
+        """Wake the consumer by writing 8 bytes to ``doorbell_fd`` (the doorbell socket the arbiter
+        gave this client, or an eventfd) instead of a futex, for a consumer that sleeps in poll()."""
         self._require_open()
-        lib.ls_set_wake_fd(self._handle, eventfd)
+        lib.ls_set_wake_fd(self._handle, doorbell_fd)
 
     # ---------------------------------------------------------------- producer
 

@@ -234,7 +234,7 @@ void ls_set_client(ls_region *r, uint32_t pid, uint32_t state)
 
 void ls_set_peer_pidfd(ls_region *r, int pidfd) { r->peer_pidfd = pidfd; }
 
-void ls_set_wake_fd(ls_region *r, int eventfd) { r->wake_fd = eventfd; }
+void ls_set_wake_fd(ls_region *r, int doorbell_fd) { r->wake_fd = doorbell_fd; }
 
 static int pidfd_exited(int pidfd)
 {
@@ -340,7 +340,7 @@ static void notify_consumer(ls_region *r)
     if (r->wake_fd >= 0) {
         uint64_t one = 1;
         ssize_t written = write(r->wake_fd, &one, sizeof one);
-        (void)written;                  /* a full eventfd already wakes its reader */
+        (void)written;                  /* a full doorbell already wakes its reader */
     } else {
         ls_futex_wake_impl(&b->sq_bell, 1);
     }

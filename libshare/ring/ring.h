@@ -174,7 +174,8 @@ void ls_set_client(ls_region *r, uint32_t pid, uint32_t state);
 void ls_close_consumer(ls_region *r, uint32_t reason);
 uint32_t ls_close_reason(const ls_region *r);
 void ls_set_peer_pidfd(ls_region *r, int pidfd);
-void ls_set_wake_fd(ls_region *r, int eventfd);
+/* Ring the consumer by writing 8 bytes to doorbell_fd (its doorbell socket) instead of a futex. */
+void ls_set_wake_fd(ls_region *r, int doorbell_fd);
 
 /* Producer side (client threads): claim a lane once, then push through it. */
 int ls_producer_open(ls_region *r, uint32_t tid, uint32_t pid, ls_producer **out);
