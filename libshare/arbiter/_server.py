@@ -231,19 +231,23 @@ class Arbiter:
         self._vet_compiles()
         _raise_fd_limit(self.max_clients, to_hard=True)
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        unready = path.with_name(f".{path.name}.{os.getpid()}")  # the socket appears only once it listens
+        unready.unlink(missing_ok=True)
         old_umask = os.umask(0o177)
         try:
-            listener.bind(str(path))
+            listener.bind(str(unready))
         finally:
             os.umask(old_umask)
         try:
             if self.multi_user:  # opened only now: nobody could connect to it before it was ours
-                os.chmod(path, 0o666)
+                os.chmod(unready, 0o666)
             listener.listen(socket.SOMAXCONN)  # the kernel caps it (net.core.somaxconn)
+            os.rename(unready, path)  # atomic: whoever sees the path can connect
             self.socket_path = path
             self._start_gate().listen(listener)
         except BaseException:
             listener.close()
+            unready.unlink(missing_ok=True)
             raise
 
     def _vet_compiles(self) -> None:
