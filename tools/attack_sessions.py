@@ -64,10 +64,10 @@ def progress(phase: str, done: int, total: int) -> None:
         print(file=sys.stderr)
 
 
-def start_arbiter(pipe_dir: Path) -> subprocess.Popen:
+def start_arbiter(pipe_dir: Path, root: Path) -> subprocess.Popen:
     log = open(pipe_dir.parent / "arbiter.stderr", "w")
     process = subprocess.Popen([sys.executable, "-m", "libshare.arbiter", "--pipe-directory", str(pipe_dir),
-                                "--max-clients", "256"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log)
+                                "--max-clients", "256"], cwd=root, stdout=subprocess.DEVNULL, stderr=log)
     deadline = time.monotonic() + 60
     while not (pipe_dir / "control").exists():
         if process.poll() is not None or time.monotonic() > deadline:
@@ -162,10 +162,12 @@ def main() -> int:
     parser.add_argument("--messages", type=int, default=100_000)
     parser.add_argument("--kills", type=int, default=1000)
     parser.add_argument("--parallel", type=int, default=8)
+    parser.add_argument("--arbiter-root", type=Path, default=ROOT,
+                        help="run the arbiter of another checkout (with its ring built), for a before/after")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         pipe_dir = Path(tmp) / "pipe"
-        arbiter = start_arbiter(pipe_dir)
+        arbiter = start_arbiter(pipe_dir, args.arbiter_root)
         try:
             warm = honest_clients(pipe_dir, 1, 2)
             warm[0].communicate()

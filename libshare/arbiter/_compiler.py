@@ -184,7 +184,9 @@ class Compilers:
         except _TimedOut:
             child.kill()
             child = None
-            raise InvalidSubmission(f"compiling the program took longer than {self.timeout:g} s; refused") from None
+            raise InvalidSubmission(f"compiling the program and running it once (one workgroup, zeroed buffers "
+                                    f"and push constants) took longer than {self.timeout:g} s; refused (the "
+                                    "arbiter's LIBSHARE_COMPILE_TIMEOUT)") from None
         finally:
             self._give_back(child)
         if problem is not None:
