@@ -366,6 +366,7 @@ def _serve_locked(options: Options, path: Path, stop: _Stop) -> int:
     control_log.info("arbiter pid %d starting on %s", os.getpid(), options.pipe_directory)
     _refuse_snooping()  # before any client's memory exists here
     oom_score_adj = _protect_from_oom()
+    _share_shader_cache(options.pipe_directory)
     arbiter = Arbiter(options.device, max_clients=options.max_clients, timed=options.timestamps,
                       multi_user=options.multi_user)
     if oom_score_adj > _OOM_SCORE_ADJ:
@@ -402,6 +403,27 @@ def _serve_locked(options: Options, path: Path, stop: _Stop) -> int:
     log.info("arbiter pid %d stopped", os.getpid())
     control_log.info("arbiter pid %d stopped (%s)", os.getpid(), stop.reason)
     return 0
+
+
+def _share_shader_cache(directory: Path) -> None:
+    """Give the driver a shader cache in the pipe directory (unless the operator chose one).
+
+    The vetting compiler children run each new kernel once, which on lavapipe fills Mesa's
+    disk cache; the arbiter's own first dispatch of that kernel then loads the machine code
+    instead of compiling it on the queue, in front of every client's work (_compiler.py).
+    That needs a cache both can write: the default lives under $HOME, which a service may
+    not have. The directory is the arbiter's own (mode 0700, inside the pipe directory).
+    """
+    if "MESA_SHADER_CACHE_DIR" in os.environ:
+        return
+    cache = directory / "shader-cache"
+    try:
+        cache.mkdir(mode=0o700, exist_ok=True)
+        os.chmod(cache, 0o700)
+    except OSError as exc:
+        log.warning("no shader cache in %s (%s): a new kernel's first dispatch compiles on the queue", cache, exc)
+        return
+    os.environ["MESA_SHADER_CACHE_DIR"] = str(cache)
 
 
 def _refuse_snooping() -> None:
