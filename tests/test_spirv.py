@@ -301,3 +301,9 @@ def test_whitelist_refuses_addressing_models(addressing: int, named: str) -> Non
 def test_whitelist_allows_the_extensions_of_honest_kernels() -> None:
     honest = inst(OP_CAPABILITY, 4433) + inst(OP_EXTENSION, *literal("SPV_KHR_16bit_storage"))
     assert reflect(add_after_header(spirv("saxpy"), honest)).bindings == (0, 1)
+
+
+def test_a_bool_type_without_operands_is_refused_not_a_crash() -> None:
+    """Found by the fuzz test above in CI (an IndexError escaped reflect)."""
+    with pytest.raises(InvalidSubmission, match="too few operands"):
+        reflect(pack(HEADER + [1 << 16 | 20]))  # OpTypeBool with no result id

@@ -51,7 +51,12 @@ def admit(spirv: bytes, device) -> ShaderInterface:
     Raises :class:`InvalidSubmission` naming the first check it failed.
     """
     check_bounds(spirv)
-    interface = reflect(spirv)
+    try:
+        interface = reflect(spirv)
+    except InvalidSubmission:
+        raise
+    except (ArithmeticError, LookupError, RecursionError, TypeError, ValueError) as exc:  # a parser bug: refuse
+        raise InvalidSubmission(f"invalid SPIR-V: reflection could not read it ({type(exc).__name__})") from None
     check_device_limits(interface, device)
     validate(spirv)
     return interface
