@@ -6,13 +6,13 @@ Vulkan device; control threads reach it through tasks (see _drain.py).
 
 from __future__ import annotations
 
-import mmap
 import os
 import socket
 import time
 from dataclasses import dataclass, field, fields
 
 from ..ring import Region
+from ..ring._region import SharedMapping
 from .device import Buffer as DeviceBuffer
 from .device import Pipeline
 
@@ -22,7 +22,7 @@ class SharedMemory:
     """The arbiter's own mapping of a shared buffer's memfd (imported into Vulkan)."""
 
     fd: int
-    mapping: mmap.mmap
+    mapping: SharedMapping
     address: int
 
     def take_fd(self) -> int:

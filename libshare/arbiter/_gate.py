@@ -525,7 +525,7 @@ class Gate:
 class FdBudget:
     """The arbiter's file descriptors against its limit: room kept for every client slot.
 
-    Each client slot not yet taken keeps ``per_client`` descriptors (its socket, ring,
+    Each client slot not yet taken keeps ``per_client`` descriptors (its socket,
     pidfd and doorbell), the gate keeps ``waiting``, and ``slack`` serves the rest (logs,
     control commands, a compile). What is left serves shared buffers, at most
     ``per_buffer`` descriptors each (a bound: what one costs depends on how it is mapped

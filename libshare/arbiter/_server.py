@@ -30,9 +30,9 @@ is dropped.
 Descriptors. A daemon arbiter raises its open-file soft limit to the hard limit,
 and no arbiter starts when the hard limit cannot hold --max-clients clients.
 Every client slot keeps _FDS_PER_CLIENT descriptors free until it is taken, the
-gate keeps room for the connections it may hold, and shared buffers (one each
-once the reply has carried the memfd to the client: the dup that Python's mmap
-keeps of it) get what is left, counted with a bound of _FDS_PER_BUFFER each: past that an alloc is refused with
+gate keeps room for the connections it may hold, and shared buffers (none once
+the reply has carried the memfd to the client: the arbiter's mapping keeps no
+descriptor) get what is left, counted with a bound of _FDS_PER_BUFFER each: past that an alloc is refused with
 QuotaExceeded (_gate.FdBudget), so the last client can always connect. A hello
 that runs out all the same (a limit lowered under a running arbiter) is refused
 with TooManyClients, and once the drain thread knows a client, the end of its
@@ -66,13 +66,12 @@ import threading
 import time
 from pathlib import Path
 
-import numpy as np
 
 from .. import _protocol as protocol
 from ..errors import (AccessDenied, InvalidSubmission, LibshareError, ProtocolError, QuotaExceeded,
                       ServerNotReady, TooManyClients)
 from ..ring import Region
-from ..ring._region import sealed_memfd
+from ..ring._region import SharedMapping, sealed_memfd
 from ._clients import BufferRecord, Client, Counters, ProgramRecord, SharedMemory
 from ._commands import FIELDS as _CONTROL
 from ._commands import Commands
@@ -91,12 +90,12 @@ log = logging.getLogger("libshare.arbiter")
 _PAGE = mmap.PAGESIZE
 _MAX_BUFFER = 1 << 40
 _MAX_CLIENTS = 4096
-# Kept for each client slot: its socket, pidfd, doorbell (the arbiter's end) and ring (the dup that
-# Python's mmap keeps of the memfd; the memfd itself is closed once the client has it). A welcome
-# being sent holds two more (the client's end of the doorbell, the ring's memfd): the slack covers
-# a few at once, and a hello that finds none left is refused with TooManyClients.
-_FDS_PER_CLIENT = 4
-_FDS_PER_BUFFER = 2  # one shared buffer: the mapping's dup, and the memfd until the reply carries it
+# Kept for each client slot: its socket, pidfd and doorbell (the arbiter's end). Its ring is a
+# mapping that keeps no descriptor (ring/_region.py, SharedMapping). A welcome being sent holds two
+# more (the client's end of the doorbell, the ring's memfd): the slack covers a few at once, and a
+# hello that finds none left is refused with TooManyClients.
+_FDS_PER_CLIENT = 3
+_FDS_PER_BUFFER = 1  # a shared buffer's memfd, until the reply carries it; its mapping keeps none
 _FD_SLACK = 64  # for the rest: logs, control commands, a vetting compile, /proc reads
 _SCARCE = (errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS)  # out of descriptors or memory
 _SEND_TIMEOUT = 30  # seconds a reply may wait for a client to read (SO_SNDTIMEO); then it is dropped
@@ -780,9 +779,8 @@ def _shared_memory(size: int) -> SharedMemory:
     can be imported). A memfd's pages start as zeros, so the client reads no one else's data."""
     fd = sealed_memfd("libshare-buffer", size)
     try:
-        mapping = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        mapping = SharedMapping(fd, size)  # keeps no descriptor: the memfd goes to the client
     except OSError:
         os.close(fd)
         raise
-    address = np.frombuffer(mapping, np.uint8, count=1).ctypes.data
-    return SharedMemory(fd, mapping, address)
+    return SharedMemory(fd, mapping, mapping.address)

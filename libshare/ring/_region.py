@@ -16,12 +16,19 @@ would die of SIGBUS. Sealed, ``ftruncate`` fails with EPERM in every process.
 Writing stays allowed: that is what the memory is for, and a ring peer's
 writes are checked anyway.
 
+A mapping keeps no descriptor (:class:`SharedMapping`). Python's ``mmap.mmap``
+keeps a duplicate of the file descriptor for as long as the mapping lives; in the
+arbiter, which maps every client's ring and every shared buffer, that was one
+descriptor per ring and per buffer, and descriptors are what bounds how many
+clients one arbiter can serve (see arbiter/_server.py, "Descriptors").
+
 Every call that needs atomics goes through the C core; this module only
 moves bytes between numpy arrays and C and turns return codes into errors.
 """
 
 from __future__ import annotations
 
+import ctypes
 import fcntl
 import mmap
 import os
@@ -34,7 +41,7 @@ import numpy as np
 from .. import errors
 from ._binding import C, CQE_DTYPE, DESC_DTYPE, check, ffi, lib
 
-__all__ = ["Region", "Producer", "ReapReport", "sealed_memfd"]
+__all__ = ["Region", "Producer", "ReapReport", "SharedMapping", "sealed_memfd"]
 
 _SPIN_NS = 20_000  # polling before sleeping on a futex: about one cross-core round trip, many times
 _SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
@@ -50,6 +57,40 @@ def sealed_memfd(name: str, size: int) -> int:
         os.close(fd)
         raise
     return fd
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_MAP_FAILED = ctypes.c_void_p(-1).value
+
+
+class SharedMapping:
+    """A read-write MAP_SHARED mapping of ``size`` bytes of ``fd`` that keeps no descriptor.
+
+    ``address`` is where it lies; ``view`` is a writable buffer over it (slices, struct,
+    numpy, cffi). Unlike ``mmap.mmap`` nothing stops :meth:`close` while a view is in use:
+    the owner closes it once nothing can touch it (the region's lock, the arbiter's drain
+    thread).
+    """
+
+    def __init__(self, fd: int, size: int):
+        address = _libc.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, 0)
+        if address in (None, _MAP_FAILED):
+            error = ctypes.get_errno()
+            raise OSError(error, f"mmap of {size} bytes failed: {os.strerror(error)}")
+        self.address: int = address
+        """Start of the mapping (0 once closed)."""
+        self.size = size
+        self.view = (ctypes.c_char * size).from_address(address)
+
+    def close(self) -> None:
+        """Unmap. Idempotent."""
+        if self.address:
+            self.view = None
+            _libc.munmap(self.address, self.size)
+            self.address = 0
 
 
 @dataclass(frozen=True)
@@ -96,11 +137,14 @@ class Region:
         self._fd = fd if owns_fd else os.dup(fd)
         try:
             size = os.fstat(self._fd).st_size
-            self._map = mmap.mmap(self._fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            if size <= 0:
+                raise ValueError("the region is empty")
+            self._mapping = SharedMapping(self._fd, size)
         except (OSError, ValueError) as exc:
             os.close(self._fd)
             raise errors.RingCorrupted(f"cannot map ring region from fd {fd}: {exc}") from exc
-        self._base = ffi.from_buffer("char[]", self._map)
+        self._map = self._mapping.view  # a writable buffer over the region
+        self._base = ffi.cast("char *", self._mapping.address)
         handle = ffi.new("ls_region **")
         rc = lib.ls_region_open(self._base, size, handle)
         if rc < 0:
@@ -315,8 +359,8 @@ class Region:
     # ---------------------------------------------------------------- lifetime
 
     def _unmap(self) -> None:
-        ffi.release(self._base)
-        self._map.close()
+        self._map = None
+        self._mapping.close()
         if self._fd >= 0:
             os.close(self._fd)
 
