@@ -31,8 +31,11 @@ def children(pid: int) -> set[int]:
     """Pids of the direct children of process ``pid``."""
     found = set()
     for task in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{task}/children") as f:
-            found.update(int(child) for child in f.read().split())
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                found.update(int(child) for child in f.read().split())
+        except FileNotFoundError:  # a thread that ended since the listing
+            pass
     return found
 
 
