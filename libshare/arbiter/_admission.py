@@ -18,8 +18,9 @@ reaches ``vkCreateShaderModule`` only after all of these, cheapest first:
    stack of the arbiter thread that runs the kernel).
 4. **The SPIR-V validator**: ``spirv-val`` from SPIRV-Tools (Debian's ``spirv-tools``),
    for the Vulkan 1.1 environment the arbiter's device runs, in a subprocess with a
-   time limit, so that a validator bug costs a child process, not the arbiter. The
-   validator's first message goes back to the client.
+   time limit, so that a validator bug costs a child process, not the arbiter; at most
+   one per core at once, so that clients sending modules together cannot take every
+   core from the device. The validator's first message goes back to the client.
 
 Every refusal is an :class:`~libshare.errors.InvalidSubmission` that names what was
 refused. Compiling (in a vetting child first, see ``_compiler.py``) comes after.
@@ -27,8 +28,10 @@ refused. Compiling (in a vetting child first, see ``_compiler.py``) comes after.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
+import threading
 
 from .._spirv import ShaderInterface, reflect
 from ..errors import InvalidSubmission, VulkanUnavailable
@@ -43,6 +46,7 @@ _ID_BOUND_SLACK = 1024
 _VALIDATOR_TIMEOUT = 10.0
 _TARGET_ENV = "vulkan1.1"  # the API version the arbiter's instance asks for (device.py)
 _INSTALL_HINT = "install SPIRV-Tools (`apt-get install spirv-tools`)"
+_VALIDATORS = threading.BoundedSemaphore(os.cpu_count() or 2)  # spirv-val processes at once
 
 
 def admit(spirv: bytes, device) -> ShaderInterface:
@@ -110,8 +114,9 @@ def validator_path() -> str:
 def validate(spirv: bytes) -> None:
     """Run ``spirv-val`` on the module; raise InvalidSubmission with its message when it refuses."""
     try:
-        result = subprocess.run([validator_path(), "--target-env", _TARGET_ENV, "-"], input=bytes(spirv),
-                                capture_output=True, timeout=_VALIDATOR_TIMEOUT, check=False)
+        with _VALIDATORS:  # clients that send modules at once share the cores, not take one each
+            result = subprocess.run([validator_path(), "--target-env", _TARGET_ENV, "-"], input=bytes(spirv),
+                                    capture_output=True, timeout=_VALIDATOR_TIMEOUT, check=False)
     except subprocess.TimeoutExpired:
         raise InvalidSubmission(f"spirv-val took longer than {_VALIDATOR_TIMEOUT:.0f} s on this module; "
                                 "refused") from None
