@@ -168,6 +168,7 @@ class Client:
     counters: Counters = field(default_factory=Counters)
     commands: dict[bytes, object] = field(default_factory=dict)  # descriptor body -> Command
     outstanding: int = 0  # descriptors popped and not yet answered on the completion ring
+    last_entry: object = None  # the drain's _Entry of its last command not yet answered (LS_OP_NOP waits on it)
     closing: bool = False  # disconnected: drain nothing more, reclaim when outstanding is 0
     doorbell: Doorbell = field(default_factory=Doorbell)  # closed when the client is reclaimed
     next_id: int = 1

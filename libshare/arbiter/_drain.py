@@ -13,7 +13,10 @@ producer, and the device layer (not thread-safe) has a single caller.
 Order and overlap. Descriptors of one client are submitted in the order they
 were popped, and the device layer puts a memory barrier after every command,
 so each dispatch sees the writes of the one before it. Clients are not
-ordered with respect to each other beyond that.
+ordered with respect to each other beyond that. An ``LS_OP_NOP`` descriptor is a
+fence: it runs nothing and is answered (status 0) right after the client's last
+command popped before it, in the same post, or at once when none of its commands
+is unanswered. A refused descriptor is answered at once, ahead of earlier work.
 
 Back-pressure. A client never has more descriptors outstanding (popped and not
 yet answered) than its completion ring has slots, so posting never fails and a
@@ -113,7 +116,7 @@ import struct
 import threading
 import time
 from concurrent.futures import Future, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -140,6 +143,7 @@ _BELL_REFILL = 32.0  # ... and per second after that
 _BELL_PENALTY = 1.0  # seconds a doorbell past its credit goes unheard
 _DESC_BODY = slice(8, C.DESC_SIZE)  # a descriptor without its ticket: the command cache key
 _HEAD = struct.Struct("<QIHBB3II")
+_FENCE = object()  # what an LS_OP_NOP descriptor builds: no command, an answer once the client's earlier work is
 _FAULT_POLL = 0.1  # seconds between looks at faulted work that still runs
 _STOP_SLACK = 5.0  # seconds past the shutdown timeout that stop() waits for the drain thread's last pass
 _ABANDONED: list = []  # work left running on a device given up, and the memory it may still write: kept mapped
@@ -152,6 +156,11 @@ class _Entry:
     client: Client
     ticket: int
     users: tuple  # BufferRecord / ProgramRecord whose in_flight count it holds
+    fences: list = field(default_factory=list)  # tickets of LS_OP_NOPs answered right after this one
+
+    def answers(self, status: int, ns: int) -> list[tuple[int, int, int]]:
+        """(ticket, status, device_ns) for this descriptor, then for the fences that wait on it."""
+        return [(self.ticket, status, ns)] + [(fence, status, 0) for fence in self.fences]
 
 
 @dataclass
@@ -451,11 +460,17 @@ class Drainer:
         self.disconnect(client)
 
     def _accept(self, client: Client, count: int, commands: list, entries: list) -> None:
-        errors = []
+        errors, fences = [], []
         for i in range(count):
             raw = self._out_bytes[i * C.DESC_SIZE : (i + 1) * C.DESC_SIZE]
             ticket = int(self._out["ticket"][i])
             result = self._command_for(client, raw)
+            if result is _FENCE:
+                if client.last_entry is not None:  # answered right after the client's last command
+                    client.last_entry.fences.append(ticket)
+                else:  # nothing of this client runs: every earlier descriptor is answered already
+                    fences.append((ticket, 0, 0))
+                continue
             if isinstance(result, int):
                 errors.append((ticket, result))
                 continue
@@ -463,10 +478,14 @@ class Drainer:
             for user in users:
                 user.in_flight += 1
             commands.append(command)
-            entries.append(_Entry(client, ticket, users))
+            client.last_entry = _Entry(client, ticket, users)
+            entries.append(client.last_entry)
         if errors:
             self._post(client, [(t, status, 0) for t, status in errors])
             client.counters.errors += len(errors)
+        if fences:
+            self._post(client, fences)
+            client.counters.completed += len(fences)
 
     def _command_for(self, client: Client, raw: memoryview):
         """A (Command, users) pair for one descriptor, or a negative LS_E* status."""
@@ -513,7 +532,9 @@ class Drainer:
         clients: dict[int, Client] = {}
         for entry, ns in zip(entries, times):
             clients[entry.client.id] = entry.client
-            by_client.setdefault(entry.client.id, []).append((entry.ticket, status, ns))
+            by_client.setdefault(entry.client.id, []).extend(entry.answers(status, ns))
+            if entry.client.last_entry is entry:
+                entry.client.last_entry = None
             entry.client.counters.device_ns += ns
             self.scheduler.charge(entry.client, ns)
             for user in entry.users:
@@ -796,7 +817,8 @@ class Drainer:
         answers: dict[int, tuple[Client, list]] = {}
         for flight in running:
             for entry in flight.entries:
-                answers.setdefault(entry.client.id, (entry.client, []))[1].append((entry.ticket, status, 0))
+                answers.setdefault(entry.client.id, (entry.client, []))[1].extend(entry.answers(status, 0))
+                entry.client.last_entry = None
         log.warning("%d submission(s) still ran when the arbiter stopped; abandoned on the device, answered %s: %s",
                     len(running), "LS_EFAULT" if status == -C.EFAULT else "LS_ECANCELED",
                     ", ".join(client.describe() for client, _ in answers.values()))
@@ -845,6 +867,8 @@ def _build_command(client: Client, device: Device, raw: memoryview):
     ticket, program_id, opcode, nbuffers, push_size, gx, gy, gz, flags = _HEAD.unpack_from(raw)
     if opcode == C.OP_BAD or flags:
         return -C.EBADSLOT
+    if opcode == C.OP_NOP:  # a fence: names nothing, runs nothing
+        return _FENCE
     buffer_ids = struct.unpack_from("<8I", raw, 32)[:nbuffers]
     offsets = struct.unpack_from("<8Q", raw, 64)[:nbuffers]
     buffers = []
@@ -856,7 +880,7 @@ def _build_command(client: Client, device: Device, raw: memoryview):
     if opcode == C.OP_COPY:
         return _build_copy(buffers, offsets, raw)
     if opcode != C.OP_DISPATCH:
-        return -C.EBADSLOT  # LS_OP_NOP is reserved
+        return -C.EBADSLOT
     program = client.programs.get(program_id)
     if program is None:
         return -C.ENOPROGRAM

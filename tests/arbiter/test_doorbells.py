@@ -224,7 +224,7 @@ def test_a_corrupted_completion_head_drops_its_client_with_a_sticky_error(daemon
             assert session._region.close_reason() == C.ECORRUPT
             assert_dropped(session, own, a, b, pipe_dir, "completion ring")
             assert round_trips(bystander, program, x, y, 5), "the others are served as before"
-        wait_until(lambda: open_fds(process.pid) == before, 30,
+        wait_until(lambda: open_fds(process.pid) <= before, 30,
                    "the arbiter to let go of every fd the dropped client held")
     assert_no_traceback(pipe_dir)
 
