@@ -47,7 +47,6 @@ import atexit
 import contextlib
 import os
 import socket
-import struct
 import threading
 import time
 import weakref
@@ -62,11 +61,10 @@ from . import errors
 from ._buffers import Buffer, Program, find_buffer
 from .ring import C, CQE_DTYPE, Region
 from .ring._binding import ffi
+from .ring._codec import encode
 
 __all__ = ["Session", "Ticket", "connect"]
 
-_HEAD = struct.Struct("<QIHBB3II")
-_OFFSETS = struct.Struct("<8I8Q")
 _SEEN_ARRAYS = 1024  # arrays whose binding a session remembers
 _WAIT_SLICE = 0.05  # seconds per completion wait, between liveness checks
 _CLOSE_WAIT = 2.0  # seconds close() waits for threads inside the ring before leaving the unmap to them
@@ -370,16 +368,11 @@ class Session:
                 self._lost = self._closed_by_arbiter()
             if self._lost is not None:
                 raise _fresh(self._lost)
-            desc = bytearray(C.DESC_SIZE)
-            _HEAD.pack_into(desc, 0, number, program, opcode, len(ids) if opcode == C.OP_DISPATCH else 2,
-                            len(push), *groups, 0)
-            _OFFSETS.pack_into(desc, 32, *ids, *([0] * (8 - len(ids))), *offsets,
-                               *([0] * (8 - len(offsets))))
-            desc[128 : 128 + len(push)] = push
+            desc = encode(number, opcode, program, ids, offsets, groups, push)
             ticket = Ticket(self, number)
             self._pending[number] = weakref.ref(ticket)  # before the push: its completion may come at once
             try:
-                self._push(bytes(desc))
+                self._push(desc)
             except BaseException:
                 self._pending.pop(number, None)
                 raise

@@ -112,7 +112,6 @@ import logging
 import os
 import queue
 import select
-import struct
 import threading
 import time
 from concurrent.futures import Future, wait
@@ -123,6 +122,7 @@ import numpy as np
 from ..errors import ClientTerminated, InvalidSubmission, RingCorrupted, ServerFault, ServerNotReady, Timeout
 from ..ring import C, CQE_DTYPE, DESC_DTYPE
 from ..ring._binding import ffi
+from ..ring._codec import BODY, decode, push_of
 from ._clients import BufferRecord, Client, Counters, ProgramRecord
 from ._programs import SharedPipelines
 from ._scheduler import Scheduler
@@ -141,8 +141,6 @@ _MUTED_SLICE_MS = 20  # poll() timeout while a client's doorbell is muted: how o
 _BELL_CREDIT = 32  # wake-ups without work a client's doorbell may cause in a burst
 _BELL_REFILL = 32.0  # ... and per second after that
 _BELL_PENALTY = 1.0  # seconds a doorbell past its credit goes unheard
-_DESC_BODY = slice(8, C.DESC_SIZE)  # a descriptor without its ticket: the command cache key
-_HEAD = struct.Struct("<QIHBB3II")
 _FENCE = object()  # what an LS_OP_NOP descriptor builds: no command, an answer once the client's earlier work is
 _FAULT_POLL = 0.1  # seconds between looks at faulted work that still runs
 _STOP_SLACK = 5.0  # seconds past the shutdown timeout that stop() waits for the drain thread's last pass
@@ -489,7 +487,7 @@ class Drainer:
 
     def _command_for(self, client: Client, raw: memoryview):
         """A (Command, users) pair for one descriptor, or a negative LS_E* status."""
-        key = bytes(raw[_DESC_BODY])
+        key = bytes(raw[BODY])
         cached = client.commands.get(key)
         if cached is not None:
             return cached
@@ -864,51 +862,48 @@ def _log_failure(future: Future) -> None:
 
 def _build_command(client: Client, device: Device, raw: memoryview):
     """Validate one descriptor (a private copy) against the client's objects."""
-    ticket, program_id, opcode, nbuffers, push_size, gx, gy, gz, flags = _HEAD.unpack_from(raw)
-    if opcode == C.OP_BAD or flags:
+    d = decode(raw)
+    if d.opcode == C.OP_BAD or d.flags:
         return -C.EBADSLOT
-    if opcode == C.OP_NOP:  # a fence: names nothing, runs nothing
+    if d.opcode == C.OP_NOP:  # a fence: names nothing, runs nothing
         return _FENCE
-    buffer_ids = struct.unpack_from("<8I", raw, 32)[:nbuffers]
-    offsets = struct.unpack_from("<8Q", raw, 64)[:nbuffers]
     buffers = []
-    for buffer_id in buffer_ids:
+    for buffer_id in d.buffers:
         record = client.buffers.get(buffer_id)
         if record is None:
             return -C.ENOBUFFER
         buffers.append(record)
-    if opcode == C.OP_COPY:
-        return _build_copy(buffers, offsets, raw)
-    if opcode != C.OP_DISPATCH:
+    if d.opcode == C.OP_COPY:
+        return _build_copy(buffers, d.offsets)
+    if d.opcode != C.OP_DISPATCH:
         return -C.EBADSLOT
-    program = client.programs.get(program_id)
+    program = client.programs.get(d.program)
     if program is None:
         return -C.ENOPROGRAM
-    if nbuffers != program.bindings:
+    if d.nbuffers != program.bindings:
         return -C.EBINDINGS
-    if push_size > program.push_size or push_size % 4:
+    if d.push_size > program.push_size or d.push_size % 4:
         return -C.EPUSH
     alignment = device.storage_offset_alignment
+    offsets = d.offsets[:len(buffers)]
     for record, offset in zip(buffers, offsets):
         if offset >= record.size or offset % alignment:
             return -C.ERANGE
-    groups = (gx, gy, gz)
-    if any(not 1 <= g <= limit for g, limit in zip(groups, device.max_group_count)):
+    if any(not 1 <= g <= limit for g, limit in zip(d.groups, device.max_group_count)):
         return -C.EGROUPS
     command = Dispatch(
         program.pipeline,
         [(r.device_buffer, o) for r, o in zip(buffers, offsets)],
-        groups,
-        bytes(raw[128 : 128 + push_size]),
+        d.groups,
+        push_of(raw, d.push_size),
     )
     return command, (program, *buffers)
 
 
-def _build_copy(buffers: list[BufferRecord], offsets: tuple, raw: memoryview):
+def _build_copy(buffers: list[BufferRecord], offsets: tuple):
     if len(buffers) != 2:
         return -C.EBINDINGS
-    size = struct.unpack_from("<Q", raw, 64 + 16)[0]
-    (src, dst), (src_offset, dst_offset) = buffers, offsets[:2]
+    (src, dst), (src_offset, dst_offset, size) = buffers, offsets[:3]
     if size == 0 or src_offset + size > src.size or dst_offset + size > dst.size:
         return -C.ERANGE
     if src is dst and abs(src_offset - dst_offset) < size:

@@ -14,7 +14,7 @@ import numpy as np
 from .. import errors
 from ._ring_cffi import ffi, lib
 
-__all__ = ["ffi", "lib", "check", "DESC_DTYPE", "CQE_DTYPE", "C"]
+__all__ = ["ffi", "lib", "check", "DESC_DTYPE", "DESC_BUFFERS_AT", "DESC_PUSH_AT", "CQE_DTYPE", "C"]
 
 
 class _Constants:
@@ -77,6 +77,11 @@ DESC_DTYPE = _dtype(
     ],
 )
 """numpy dtype of one submission slot (``struct ls_desc``)."""
+
+DESC_BUFFERS_AT = ffi.offsetof("struct ls_desc", "buffer")
+"""Byte offset of a descriptor's buffer ids (8 x u32), then its offsets (8 x u64)."""
+DESC_PUSH_AT = ffi.offsetof("struct ls_desc", "push")
+"""Byte offset of a descriptor's inline push constants."""
 
 CQE_DTYPE = _dtype(
     "struct ls_cqe",
