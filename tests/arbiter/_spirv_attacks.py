@@ -480,39 +480,40 @@ class Mutator:
             pos += count
         return spans
 
-    def _word_count(self, rng: random.Random, data: bytearray) -> str:
+    def _instruction(self, rng: random.Random, data: bytearray) -> tuple[int, int] | None:
+        """A random instruction's (first word, word count), or None when the module has none."""
         spans = self._spans(data)
-        if not spans:
+        return rng.choice(spans) if spans else None
+
+    def _word_count(self, rng: random.Random, data: bytearray) -> str:
+        if not (picked := self._instruction(rng, data)):
             return "word count (no instructions)"
-        pos, _ = rng.choice(spans)
+        pos, _ = picked
         old = struct.unpack_from("<I", data, 4 * pos)[0]
         count = rng.choice((0, 1, 2, 0xFFFF, rng.randrange(1, 64)))
         struct.pack_into("<I", data, 4 * pos, count << 16 | old & 0xFFFF)
         return f"instruction at word {pos}: word count {old >> 16} -> {count}"
 
     def _opcode(self, rng: random.Random, data: bytearray) -> str:
-        spans = self._spans(data)
-        if not spans:
+        if not (picked := self._instruction(rng, data)):
             return "opcode (no instructions)"
-        pos, _ = rng.choice(spans)
+        pos, _ = picked
         old = struct.unpack_from("<I", data, 4 * pos)[0]
         opcode = rng.choice((rng.randrange(0, 400), rng.randrange(0, 0x10000), 0, 0xFFFF, 4400 + rng.randrange(2000)))
         struct.pack_into("<I", data, 4 * pos, old & 0xFFFF0000 | opcode)
         return f"instruction at word {pos}: opcode {old & 0xFFFF} -> {opcode}"
 
     def _duplicate(self, rng: random.Random, data: bytearray) -> str:
-        spans = self._spans(data)
-        if not spans:
+        if not (picked := self._instruction(rng, data)):
             return "duplicate (no instructions)"
-        pos, count = rng.choice(spans)
+        pos, count = picked
         data[4 * (pos + count):4 * (pos + count)] = data[4 * pos:4 * (pos + count)]
         return f"duplicate instruction at word {pos}"
 
     def _delete(self, rng: random.Random, data: bytearray) -> str:
-        spans = self._spans(data)
-        if not spans:
+        if not (picked := self._instruction(rng, data)):
             return "delete (no instructions)"
-        pos, count = rng.choice(spans)
+        pos, count = picked
         del data[4 * pos:4 * (pos + count)]
         return f"delete instruction at word {pos}"
 
