@@ -32,8 +32,9 @@ and no arbiter starts when the hard limit cannot hold --max-clients clients.
 Every client slot keeps _FDS_PER_CLIENT descriptors free until it is taken, the
 gate keeps room for the connections it may hold, and shared buffers (none once
 the reply has carried the memfd to the client: the arbiter's mapping keeps no
-descriptor) get what is left, counted with a bound of _FDS_PER_BUFFER each: past that an alloc is refused with
-QuotaExceeded (_gate.FdBudget), so the last client can always connect. A hello
+descriptor) get what is left, counted with a bound of _FDS_PER_BUFFER each:
+past that an alloc is refused with QuotaExceeded (_gate.FdBudget), so the last
+client can always connect. A hello
 that runs out all the same (a limit lowered under a running arbiter) is refused
 with TooManyClients, and once the drain thread knows a client, the end of its
 connection reclaims it whatever failed: no exited process keeps a slot.
@@ -48,9 +49,10 @@ only, and ``ps`` shows another uid's clients as MPS would (_commands.py).
 Memory a client receives is its own and nothing else: a shared buffer is a fresh
 memfd (its pages start as zeros), sealed against resizing before it is sent, so
 that a client cannot truncate it under the arbiter's mapping (see
-ring/_region.py); a device buffer gets a fill of zeros queued before its id is
-returned, so every command that can read it runs after the fill (device.py). Every allocation is checked against the memory limits, down to the
-total that the device fits (_limits.py), before any memory exists.
+ring/_region.py); a device buffer reads as zeros too: fresh anonymous pages on a
+CPU device, else a fill of zeros queued before its id is returned (device.py).
+Every allocation is checked against the memory limits, down to the total that
+the device fits (_limits.py), before any memory exists.
 """
 
 from __future__ import annotations
@@ -82,7 +84,7 @@ from ._drain import Drainer
 from ._limits import MemoryLimits, device_limit, fitting_total_limit, parse_device_limits, total_limit
 from ._admission import validator_path
 from ._compiler import Compilers
-from ._programs import MAX_PROGRAMS, Interfaces, check_program_quota
+from ._programs import MAX_PROGRAMS, MAX_TOTAL_PROGRAMS, Interfaces, check_program_quota
 from .device import Device
 
 log = logging.getLogger("libshare.arbiter")
@@ -163,7 +165,7 @@ class Arbiter:
             raise InvalidSubmission(f"max_clients must be in 1..{_MAX_CLIENTS} (got {max_clients})")
         self.max_clients = max_clients
         validator_path()  # no client module may run unvalidated: refuse to start without spirv-val
-        self.max_programs = _setting(max_programs, "LIBSHARE_MAX_PROGRAMS", int, MAX_PROGRAMS)
+        self.max_programs = _setting(max_programs, "LIBSHARE_MAX_PROGRAMS", int, MAX_PROGRAMS, most=MAX_TOTAL_PROGRAMS)
         self.compile_timeout = _setting(compile_timeout, "LIBSHARE_COMPILE_TIMEOUT", float, _COMPILE_TIMEOUT)
         self._selector = selector or ""
         self.compilers: Compilers | None = None
@@ -270,8 +272,8 @@ class Arbiter:
                 waiting = max(MIN_WAITING, min(MAX_WAITING, room // 4))  # the rest serves shared buffers
                 self._fd_budget = FdBudget(_FDS_PER_CLIENT, _FDS_PER_BUFFER, waiting, _FD_SLACK)
                 self._gate = Gate(self._route, self._start_session, self.commands.answer, max_waiting=waiting,
-                                  hello_timeout=_seconds_setting("LIBSHARE_HELLO_TIMEOUT", HELLO_TIMEOUT),
-                                  request_timeout=_seconds_setting("LIBSHARE_REQUEST_TIMEOUT", _REQUEST_TIMEOUT))
+                                  hello_timeout=_setting(None, "LIBSHARE_HELLO_TIMEOUT", float, HELLO_TIMEOUT),
+                                  request_timeout=_setting(None, "LIBSHARE_REQUEST_TIMEOUT", float, _REQUEST_TIMEOUT))
             return self._gate
 
     def _route(self, frame: protocol.Frame, pid: int, uid: int, control: bool):
@@ -652,16 +654,16 @@ def _require_attached(client: Client) -> None:
         raise client.sticky or ServerNotReady("this session was closed by the arbiter; reconnect")
 
 
-def _setting(value, variable: str, kind, default):
-    """An arbiter setting: the argument, else the environment variable, else the default; positive."""
+def _setting(value, variable: str, kind, default, most=86400):
+    """An arbiter setting: the argument, else the environment variable, else the default; in (0, most]."""
     if value is None:
         text = os.environ.get(variable, "").strip()
         try:
             value = kind(text) if text else default
         except ValueError:
             raise InvalidSubmission(f"bad arbiter setting {variable}={text!r}: not a number") from None
-    if not value > 0:
-        raise InvalidSubmission(f"bad arbiter setting {variable}: {value!r} must be positive")
+    if not 0 < value <= most:
+        raise InvalidSubmission(f"bad arbiter setting {variable}: {value!r} must be in (0, {most}]")
     return value
 
 
@@ -693,20 +695,6 @@ def _nr_open() -> int:
             return int(f.read())
     except (OSError, ValueError):
         return 1 << 20
-
-
-def _seconds_setting(name: str, default: float) -> float:
-    """A positive number of seconds from the environment variable ``name``, else ``default``."""
-    text = os.environ.get(name, "").strip()
-    if not text:
-        return default
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 < value <= 86400:
-        raise InvalidSubmission(f"{name} must be a number of seconds in (0, 86400] (got {text!r})")
-    return value
 
 
 def _resource_error(exc: OSError, op) -> LibshareError:
