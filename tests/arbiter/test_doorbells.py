@@ -293,3 +293,32 @@ def hammer(pipe_dir: str) -> None:
 
 if __name__ == "__main__":
     globals()[sys.argv[1]](*sys.argv[2:])
+
+
+def test_descriptors_rung_through_a_doorbell_are_not_kept(daemon):
+    """A doorbell is a datagram socket: a client may attach descriptors to its rings. The arbiter
+    reads rings without taking them, so the kernel closes them; none accumulates in the arbiter."""
+    import socket
+
+    process, pipe_dir = daemon
+    session, program, x, y = honest(pipe_dir)
+    with session:
+        assert round_trips(session, program, x, y, 5)
+        before = open_fds(process.pid)
+        bell = socket.socket(fileno=os.dup(session._wake_fd))
+        spare = [os.open(os.devnull, os.O_RDONLY) for _ in range(4)]
+        try:
+            sent = 0
+            for _ in range(2000):
+                try:
+                    sent += bell.sendmsg([b"\1" * 8], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("4i", *spare))])
+                except BlockingIOError:  # the least send buffer is full: let the arbiter read some
+                    assert round_trips(session, program, x, y, 1)
+            assert sent > 0
+            assert round_trips(session, program, x, y, 20), "the honest work goes on"
+            assert open_fds(process.pid) <= before + 2, "the arbiter keeps descriptors rung to it"
+        finally:
+            bell.close()
+            for fd in spare:
+                os.close(fd)
+    assert_no_traceback(pipe_dir)
