@@ -726,7 +726,8 @@ def _requested_priority_and_share(fields: dict, default_priority: str) -> tuple[
     """The priority and compute share a hello asks for (the share may only lower the arbiter's)."""
     try:
         priority = priority_name(fields.get("priority") or default_priority)
-        share = percentage(fields.get("share") or 100)
+        share = fields.get("share")
+        share = 100 if share in (None, "") else percentage(share)  # 0 is no share, not "unset"
     except ValueError as exc:
         raise InvalidSubmission(str(exc)) from None
     return priority, share

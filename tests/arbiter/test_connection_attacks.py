@@ -573,3 +573,21 @@ def test_multi_user_mode_serves_other_users_and_hides_the_details_of_clients(ope
             assert process.poll() is None
         finally:
             secret.communicate("", timeout=60)
+
+
+def test_a_hello_asking_for_no_compute_share_is_refused_not_unlimited(daemon):
+    _, pipe_dir = daemon
+    for share in (0, "0", -5, 101, "12.5"):
+        sock = connect_raw(pipe_dir)
+        try:
+            sock.sendall(frame({"op": "hello", "share": share}))
+            answer = reply(sock, max_fds=protocol.MAX_FDS)
+            assert answer["ok"] is False and answer["error"] in ("InvalidSubmission", "ProtocolError"), (share, answer)
+        finally:
+            sock.close()
+    sock = connect_raw(pipe_dir)
+    try:
+        sock.sendall(frame({"op": "hello", "share": 40}))
+        assert reply(sock, max_fds=protocol.MAX_FDS)["ok"]
+    finally:
+        sock.close()
