@@ -206,6 +206,11 @@ def _text(chars: Any) -> str:
     return _ffi.string(chars).decode("utf-8", "replace")
 
 
+def _address(handle: Any) -> int:
+    """A Vulkan handle or struct pointer of the ``vulkan`` package as an integer (0 for NULL)."""
+    return int(_ffi.cast("uintptr_t", handle))
+
+
 def _timeout_ns(timeout: float | None) -> int:
     """Seconds (None: forever) as the uint64 nanoseconds vkWaitForFences takes."""
     if timeout is None:
@@ -246,6 +251,11 @@ class Buffer:
         """False once destroyed (or once its device closed)."""
         return self._device is not None
 
+    @property
+    def native(self) -> int:
+        """The VkBuffer handle as an integer, for a native engine."""
+        return _address(self._handle)
+
     def __repr__(self) -> str:
         state = "" if self.alive else ", destroyed"
         return f"<Buffer {self.kind} size={self.size}{state}>"
@@ -268,6 +278,11 @@ class Pipeline:
     def alive(self) -> bool:
         """False once destroyed (or once its device closed)."""
         return self._device is not None
+
+    @property
+    def native(self) -> tuple[int, int]:
+        """The (VkPipeline, VkPipelineLayout) handles as integers, for a native engine."""
+        return _address(self._pipeline), _address(self._layout)
 
     def __repr__(self) -> str:
         return f"<Pipeline bindings={self.binding_count} push={self.push_size}{'' if self.alive else ', destroyed'}>"
@@ -987,6 +1002,32 @@ class Device:
             self._recycle(None, batch, recordings)
             raise _error(result, "vkQueueSubmit")
         return Submission(self, fence, recordings, batch, timed)
+
+    def native_handles(self) -> dict:
+        """The raw handles and limits a native engine records and submits with, as integers.
+
+        Keys: ``device`` (VkDevice), ``queue`` (VkQueue), ``family`` (its queue family),
+        ``timestamp_mask`` (0: no timestamps), ``timestamp_period_ns``, ``max_storage_range``,
+        ``offset_alignment``, ``max_group_count`` (three counts).
+        """
+        self._require_open()
+        return {
+            "device": _address(self._handle), "queue": _address(self._queue), "family": self._family,
+            "timestamp_mask": self._timestamp_mask, "timestamp_period_ns": self.timestamp_period_ns,
+            "max_storage_range": self._physical.max_storage_range,
+            "offset_alignment": self.storage_offset_alignment, "max_group_count": self.max_group_count,
+        }
+
+    def route_submissions(self, submit) -> None:
+        """Send this device's own queue submissions through ``submit(info_address, fence) -> VkResult``.
+
+        A VkQueue must not be used by two threads at once; a native engine that submits on
+        this queue from its own thread passes its locked submit here.
+        """
+        def queue_submit(queue: Any, count: int, info: Any, fence: Any) -> int:
+            return submit(_address(info), _address(fence))
+
+        self._queue_submit = queue_submit
 
     def wait_idle(self) -> None:
         """Block until the device has finished all submitted work."""
