@@ -1008,7 +1008,8 @@ class Device:
 
         Keys: ``device`` (VkDevice), ``queue`` (VkQueue), ``family`` (its queue family),
         ``timestamp_mask`` (0: no timestamps), ``timestamp_period_ns``, ``max_storage_range``,
-        ``offset_alignment``, ``max_group_count`` (three counts).
+        ``offset_alignment``, ``max_group_count`` (three counts), ``host_memory_type`` (the first
+        host-visible, coherent memory type: where timestamps are copied for the host to read).
         """
         self._require_open()
         return {
@@ -1016,6 +1017,8 @@ class Device:
             "timestamp_mask": self._timestamp_mask, "timestamp_period_ns": self.timestamp_period_ns,
             "max_storage_range": self._physical.max_storage_range,
             "offset_alignment": self.storage_offset_alignment, "max_group_count": self.max_group_count,
+            "host_memory_type": self._physical.memory_type(
+                (1 << 32) - 1, _vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | _vk.VK_MEMORY_PROPERTY_HOST_COHERENT_BIT),
         }
 
     def route_submissions(self, submit) -> None:
