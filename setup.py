@@ -2,4 +2,5 @@
 
 from setuptools import setup
 
-setup(cffi_modules=["libshare/ring/_build.py:ffibuilder", "libshare/arbiter/_emergency_build.py:ffibuilder"])
+setup(cffi_modules=["libshare/ring/_build.py:ffibuilder", "libshare/arbiter/_emergency_build.py:ffibuilder",
+                        "libshare/arbiter/_engine_build.py:ffibuilder"])

@@ -1,7 +1,8 @@
 """What the arbiter holds for each client: its ring region, buffers, programs and counters.
 
-Everything here is owned by the drain thread, the only thread that touches the
-Vulkan device; control threads reach it through tasks (see _drain.py).
+Everything here is owned by the control thread (see _drain.py); connection threads reach
+it through tasks. The native engine keeps its own table of each client's buffers and
+programs, and its counts of descriptors (read into ``counters`` by ``Drainer.refresh``).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ class SharedMemory:
 
 
 class Doorbell:
-    """One client's doorbell: a datagram socket pair; the client rings one end, the drain thread
+    """One client's doorbell: a datagram socket pair; the client rings one end, the native engine
     sleeps on the other.
 
     The client receives only its end (in the welcome). What it writes there arrives at the
@@ -49,10 +50,9 @@ class Doorbell:
     died fails with ECONNREFUSED instead of raising SIGPIPE in the client. The client's end
     holds a few rings (the least send buffer); a full bell rings anyway. The arbiter keeps its
     copy of the client's end until the client is reclaimed, or :meth:`handed_over` once the
-    welcome is sent. The counts below are the drain thread's (see _drain.py, "Sleeping").
+    welcome is sent. The engine reads the rings (a datagram read without room for descriptors
+    closes any it carried) and budgets the wake-ups that find no work (engine.c, "Doorbells").
     """
-
-    READS = 256  # rings read at most per wake-up (a client may queue more; the rest wake it again)
 
     def __init__(self):
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC)
@@ -61,24 +61,6 @@ class Doorbell:
         except OSError:
             pass  # the default will do
         self.fd, self.writer = mine.detach(), theirs.detach()
-        self.credit = 0.0  # empty wake-ups this client may still cause before it is muted
-        self.refilled = 0.0  # time.monotonic() the credit was last topped up (0: never)
-        self.muted_until = 0.0  # time.monotonic() until which the drain thread does not listen
-        self.mutes = 0  # times it was muted
-        self.empty = 0  # wake-ups it caused that found no work
-        self.popped = False  # descriptors were popped from its ring since it last woke the drain thread
-
-    def muted(self, now: float) -> bool:
-        """True while the drain thread does not listen to this bell."""
-        return now < self.muted_until
-
-    def clear(self) -> None:
-        """Read the rings waiting at the arbiter's end (at most READS), without blocking."""
-        try:
-            for _ in range(self.READS):
-                os.read(self.fd, 8)  # a longer datagram is cut short, any fds it carried are closed
-        except BlockingIOError:
-            pass
 
     def handed_over(self) -> None:
         """Close the arbiter's copy of the client's end, once the client has its own (one fd less)."""
@@ -93,7 +75,7 @@ class Doorbell:
                 os.close(fd)
         self.fd = self.writer = -1
 
-    def __del__(self):  # a hello that failed before the drain thread took the client
+    def __del__(self):  # a hello that failed before the control thread took the client
         if getattr(self, "fd", -1) >= 0:
             self.close()
 
@@ -166,10 +148,8 @@ class Client:
     buffers: dict[int, BufferRecord] = field(default_factory=dict)
     programs: dict[int, ProgramRecord] = field(default_factory=dict)
     counters: Counters = field(default_factory=Counters)
-    commands: dict[bytes, object] = field(default_factory=dict)  # descriptor body -> Command
-    outstanding: int = 0  # descriptors popped and not yet answered on the completion ring
-    last_entry: object = None  # the drain's _Entry of its last command not yet answered (LS_OP_NOP waits on it)
-    closing: bool = False  # disconnected: drain nothing more, reclaim when outstanding is 0
+    slot: int = -1  # its slot in the native engine, from add_client to reclaim
+    closing: bool = False  # disconnected: drain nothing more, reclaim once nothing is outstanding
     doorbell: Doorbell = field(default_factory=Doorbell)  # closed when the client is reclaimed
     next_id: int = 1
     mem_limit: int | None = None  # the operator's limit for this client (set_device_pinned_mem_limit PID)

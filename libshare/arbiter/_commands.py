@@ -132,7 +132,7 @@ class Commands:
                          for row in rows)
 
     def _owners(self) -> dict[int, int]:
-        """The uid of each client, by client id (read on the drain thread, like the snapshot)."""
+        """The uid of each client, by client id (read on the control thread, like the snapshot)."""
         drainer = self.arbiter.drainer
         try:
             return drainer.call(lambda: {c.id: c.uid for c in drainer.clients.values()})
@@ -203,7 +203,7 @@ class Commands:
         if pid == os.getpid():
             self.arbiter.limits.server = value
         for client in clients:
-            client.mem_limit = value  # checked by the next alloc (on the drain thread)
+            client.mem_limit = value  # checked by the next alloc (on the control thread)
         return _limits.format_size(value)
 
     def _get_device_pinned_mem_limit(self, args: list[str]) -> str:
@@ -235,7 +235,7 @@ class Commands:
     # ---------------------------------------------------------------- priorities and compute share
 
     def _scheduled(self, fn, *args):
-        """Run ``fn`` on the drain thread, where the scheduler lives; ValueError becomes a clear refusal."""
+        """Run ``fn`` on the control thread, where the scheduler lives; ValueError becomes a clear refusal."""
         def guarded():
             try:
                 return fn(*args)

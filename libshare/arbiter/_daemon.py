@@ -304,7 +304,7 @@ def _install_signals(stop: _Stop) -> None:
 
 
 def _watch_quit(arbiter, stop: _Stop) -> None:
-    """Stop on the quit command, and when the drain thread gives the device up."""
+    """Stop on the quit command, and when the control thread gives the device up."""
     def watch():
         arbiter.quit_requested.wait()
         stop.set("quit command")

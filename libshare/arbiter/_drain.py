@@ -1,64 +1,32 @@
-"""The drain loop: the one thread that owns the Vulkan device.
+"""The control thread: the Python half of the arbiter's data path, beside the native engine.
 
 Design
 ------
-Every client has a ring region. The drain thread, and only it, pops their
-descriptors, checks each one against what that client owns, turns the good
-ones into device commands and submits everything that is ready, from all
-clients, in one ``vkQueueSubmit``. It then retires finished submissions in
-order, posting one completion per descriptor on the owner's completion ring.
-Because one thread both submits and posts, each completion ring has a single
-producer, and the device layer (not thread-safe) has a single caller.
+Every client has a ring region. The native engine (engine.c, through _engine.py) drains
+them on its own thread, without the GIL: it pops each client's descriptors, checks each
+against that client's object table, records the good ones into a command buffer, submits,
+retires and answers (read engine.c's essay for the loop, the fences, the back-pressure
+and the doorbell budget). This module is everything around it, on one Python thread,
+the *control thread*:
 
-Order and overlap. Descriptors of one client are submitted in the order they
-were popped, and the device layer puts a memory barrier after every command,
-so each dispatch sees the writes of the one before it. Clients are not
-ordered with respect to each other beyond that. An ``LS_OP_NOP`` descriptor is a
-fence: it runs nothing and is answered (status 0) right after the client's last
-command popped before it, in the same post, or at once when none of its commands
-is unanswered. A refused descriptor is answered at once, ahead of earlier work.
-
-Back-pressure. A client never has more descriptors outstanding (popped and not
-yet answered) than its completion ring has slots, so posting never fails and a
-client that stops reading its completions only stalls itself.
-
-Control requests (load a program, allocate, free, disconnect) come from other
-threads as tasks: a closure queued here plus a write to the wake eventfd; the
-drain thread runs them between drains and hands the result back.
-
-Sleeping. With nothing to pop and nothing in flight, the thread arms every
-client's ring (NEED_WAKEUP, then a last look) and sleeps in poll() on its own
-task eventfd (requests, stop) and on every client's doorbell, which the
-client's producer rings only when it sees the flag. An idle arbiter therefore
-makes no system call at all until work arrives (but for a look every 2 s).
-With work in flight it waits on the oldest fence in short slices instead;
-after a pass that popped work it first watches the rings for 50 us (with up
-to 16 clients), since a client that waits on each completion pushes its next
-descriptor right after.
-
-Each client has a doorbell of its own, and a doorbell rings one way: it is a
-datagram socket pair made at hello, of which the client gets one end, and
-what it writes there arrives at the other end, which only the arbiter holds,
-until the client is reclaimed. A client can ring nothing but its own bell,
-and cannot read a ring at all: with one eventfd shared by everyone, a client
-that read it in a loop swallowed the others' wake-ups, and each of their round
-trips waited out the 2 s poll. Nor can it make the arbiter's read block
-(O_NONBLOCK belongs to the open file, which an eventfd shares with the client).
-A pipe would do as much, but a ring after the arbiter died would raise SIGPIPE
-in the client (a C program embedding libshare dies of it); a socket refuses.
-What a bell still costs the others is wake-ups, so they are budgeted. A wake-up
-by a bell is charged to its client when its ring holds nothing and nothing was
-popped from it since its last ring (a ring that raced a drain pass is not
-charged, so an honest client, which rings only after a push, never is). A
-client may cause 32 such wake-ups at once and 32 a second after that (a token
-bucket); past that the arbiter stops listening to its bell for 1 s (a line in
-the log the 1st, 2nd, 4th, 8th... time). Its work is still picked up, on the
-slow path: by every wake-up something else brings, and at least every 20 ms
-(the poll timeout while any bell is muted). A client ringing in a tight loop
-thus costs the arbiter about 32 short wake-ups and 50 slow looks a second
-instead of a core, and the others nothing they can measure; it waits up to
-20 ms for its own work while it is not heard.
-
+* **Tasks.** Control requests (register a program or buffer, free, disconnect, commands)
+  come from connection threads as tasks: a closure queued here plus a write to the wake
+  eventfd; the control thread runs them one at a time and hands the result back
+  (:meth:`Drainer.call`, :meth:`Drainer.post`). Device-touching work (allocation, zero
+  fills, pipeline destruction) and the clients' records change only here. The device
+  layer's own queue submissions (zero fills) go through the engine's queue lock.
+* **Object tables.** A buffer or program a client may name is put into the engine's table
+  for that client (:meth:`adopt`); a free drops it there first. The engine counts the
+  commands that use each object, so a freed object still in use is destroyed only when the
+  engine says the last of them retired (``RELEASED``).
+* **Events.** The engine writes the same wake eventfd when it queues events: an object
+  released, a closing client with nothing outstanding (``IDLE``: reclaim it), a ring that
+  failed validation (``DROPPED``), the watchdog (``WATCHDOG`` and one ``SUSPECT`` per client
+  of the submission), a failed Vulkan call (``DEVICE``), a muted doorbell (``MUTED``).
+* **Policy.** The engine drains every waiting client, all it has, when the clients are alike
+  (one priority, no compute share, throughput mode): the common case never takes the GIL.
+  Otherwise it calls :meth:`_plan` on its own thread before each pass, and the scheduler
+  (``_scheduler.py``) sets that pass's turns from the device time the engine measured.
 States. The server is ACTIVE, FAULT (the device was lost, a dispatch ran past the
 watchdog, or a fault was injected for a test) or INITIALIZING (recreating the device
 after a fault), as in Volta MPS. A fault closes every client's ring with LS_EFAULT (a
@@ -81,14 +49,14 @@ the process's exit. Terminating one client is the same containment for one clien
 its queued descriptors are cancelled (LS_ECANCELED), its running ones end, and its
 ring is closed with the reason the client reads as ClientTerminated.
 
-The watchdog is there for each dispatch: a batch of tiny dispatches must not lend its
+The watchdog (the engine measures, this thread decides) is there for each dispatch: a batch of tiny dispatches must not lend its
 length to a runaway one in it (a limit of the watchdog times the batch's length let
 one run 30 times the watchdog beside 29 tiny ones). But one fence completes a whole
 ``vkQueueSubmit``, and nothing tells how far into a batch the device is (timestamps
 neither: lavapipe's vkGetQueryPoolResults waits for the queue to go idle first). So
-the limit applies to a submission, counted from when the drain thread first finds it
-at the head of the device's queue (within a fence wait of its getting there; the time
-it spent queued behind another submission does not count), and does not grow with its
+the limit applies to a submission, counted from when it reaches
+the head of the device's queue (the time it spent queued behind another submission
+does not count), and does not grow with its
 length: the watchdog for a single command, where it is exact, and twice the watchdog
 for a batch. A runaway dispatch faults within twice the watchdog, whatever shares its
 submission; the price is that an honest batch whose dispatches together run longer
@@ -102,8 +70,8 @@ dispatches ran cannot be told) until its work ends or the arbiter exits.
 
 Lifetime. A freed buffer or program that a submitted command still uses is
 destroyed when the last such command retires. A client that disconnects (or
-dies) is drained of nothing more; once its outstanding work has retired, its
-buffers, programs and region are released.
+dies) is drained of nothing more; once its outstanding work has been answered,
+its buffers, programs, engine slot and region are released.
 """
 
 from __future__ import annotations
@@ -115,95 +83,108 @@ import select
 import threading
 import time
 from concurrent.futures import Future, wait
-from dataclasses import dataclass, field
 
-import numpy as np
-
-from ..errors import ClientTerminated, InvalidSubmission, RingCorrupted, ServerFault, ServerNotReady, Timeout
-from ..ring import C, CQE_DTYPE, DESC_DTYPE
-from ..ring._binding import ffi
-from ..ring._codec import BODY, decode, push_of
+from ..errors import ClientTerminated, RingCorrupted, ServerFault, ServerNotReady, Timeout
+from ..ring import C
+from ..ring._binding import check as ring_check
 from ._clients import BufferRecord, Client, Counters, ProgramRecord
+from ._engine import BUFFER, EVENTS, POP, PROGRAM, Engine
 from ._programs import SharedPipelines
-from ._scheduler import Scheduler
-from .device import Copy, Device, Dispatch
+from ._scheduler import UNSCHEDULED, Scheduler
+from .device import Device
 
 log = logging.getLogger("libshare.arbiter")
 
-_POP_BATCH = 1024  # descriptors popped per client per pass
-_FENCE_SLICE = 0.0005  # seconds to wait on the oldest fence before looking at the rings again
-_CALL_SLICE = 0.1  # seconds between checks that the drain thread still runs, while a task waits
-_IDLE_SPIN = 50e-6  # seconds to look for the next descriptor before sleeping
-_SPIN_REGIONS = 16  # with more clients than this, work arrives often enough without spinning
+_CALL_SLICE = 0.1  # seconds between checks that the control thread still runs, while a task waits
+_IDLE_SLICE_MS = 1000  # poll() timeout of the control thread: tasks and events write its eventfd anyway
+_SPIN = 50e-6  # seconds the engine watches the rings after work before it sleeps
+_SPIN_CLIENTS = 16  # with more clients than this, work arrives often enough without spinning
 _MAX_IN_FLIGHT = 2  # submissions on the device at once; more work waits in the rings for a larger batch
-_IDLE_SLICE_MS = 2000  # poll() timeout when idle; a stop, a task and every client ring the doorbell anyway
-_MUTED_SLICE_MS = 20  # poll() timeout while a client's doorbell is muted: how often its ring is looked at
-_BELL_CREDIT = 32  # wake-ups without work a client's doorbell may cause in a burst
-_BELL_REFILL = 32.0  # ... and per second after that
-_BELL_PENALTY = 1.0  # seconds a doorbell past its credit goes unheard
-_FENCE = object()  # what an LS_OP_NOP descriptor builds: no command, an answer once the client's earlier work is
 _FAULT_POLL = 0.1  # seconds between looks at faulted work that still runs
-_STOP_SLACK = 5.0  # seconds past the shutdown timeout that stop() waits for the drain thread's last pass
+_STOP_SLACK = 5.0  # seconds past the shutdown timeout that stop() waits for the control thread's last pass
 _ABANDONED: list = []  # work left running on a device given up, and the memory it may still write: kept mapped
 
 
-@dataclass
-class _Entry:
-    """One descriptor in a submission: whom to answer, and what it holds."""
-
-    client: Client
-    ticket: int
-    users: tuple  # BufferRecord / ProgramRecord whose in_flight count it holds
-    fences: list = field(default_factory=list)  # tickets of LS_OP_NOPs answered right after this one
-
-    def answers(self, status: int, ns: int) -> list[tuple[int, int, int]]:
-        """(ticket, status, device_ns) for this descriptor, then for the fences that wait on it."""
-        return [(self.ticket, status, ns)] + [(fence, status, 0) for fence in self.fences]
-
-
-@dataclass
-class _InFlight:
-    submission: object
-    entries: list[_Entry]
-    started: float = 0.0  # time.monotonic() at submit
-    head_since: float | None = None  # when the watchdog first found it at the head of the device's queue
-
-
 class Drainer:
-    """Owns the device; drains rings, submits, retires, and runs control tasks."""
+    """Owns the device and the engine; runs control tasks and the engine's events."""
 
-    def __init__(self, device_factory, wake_fd: int, timed: bool = True):
+    def __init__(self, device_factory, wake_fd: int, timed: bool = True, max_clients: int = 4096):
         self._device_factory = device_factory
+        self.max_slots = max_clients
+        self.wake_fd = wake_fd
         self.device: Device = device_factory()
         self.state = "ACTIVE"
         """INITIALIZING, ACTIVE or FAULT."""
         self.scheduler = Scheduler()
         """Drain order and budgets (priorities, fair share, compute share)."""
+        self.scheduling = threading.Lock()
+        """Held while the scheduler plans (on the engine's thread) or its client list changes."""
         self.pipelines = SharedPipelines()
         """The device's pipelines, one per distinct SPIR-V module, shared by the clients that load it."""
-        self.watchdog: float | None = None
-        """Seconds a submission may run before the server faults (None: no limit)."""
         self.totals = Counters()
         """Counts of clients already reclaimed (add the live clients' for the server's)."""
         self.peak_memory_bytes = 0
         self._fault_waiting: set[int] = set()  # faulted clients whose connection is still open
         self._faulted_memory: list = []  # host memory imported into the faulted device
-        self.timed = timed  # timestamp every command (per-client device time for the scheduler and ps)
-        self.wake_fd = wake_fd
+        self._watchdog: float | None = None
+        self._timed = timed  # timestamp every command (per-client device time for the scheduler and ps)
+        self._planned = False
         self.clients: dict[int, Client] = {}
+        self._by_slot: dict[int, Client] = {}
+        self._free_slots = list(reversed(range(max_clients)))
+        self._released: dict[tuple[int, int, int], BufferRecord | ProgramRecord] = {}  # (slot, kind, id)
         self.tasks: queue.SimpleQueue = queue.SimpleQueue()
-        self.in_flight: list[_InFlight] = []
         self.stopping = False
-        self._out = np.empty(_POP_BATCH, DESC_DTYPE)
-        self._out_ptr = ffi.from_buffer("char[]", self._out)
-        self._out_bytes = memoryview(self._out.view(np.uint8))
-        self._cqes = np.zeros(_POP_BATCH, CQE_DTYPE)
-        self.thread = threading.Thread(target=self._run, name="libshare-drain", daemon=True)
+        self.abandoned = False
+        """True once stop() left work running on the device (the device must then be left too)."""
+        self.engine = self._new_engine()
+        self.thread = threading.Thread(target=self._run, name="libshare-control", daemon=True)
+
+    def _new_engine(self) -> Engine:
+        engine = Engine(self.device, self.max_slots, self.wake_fd, planner=self._plan)
+        self._apply_policy(engine)
+        return engine
+
+    # ---------------------------------------------------------------- settings
+
+    @property
+    def watchdog(self) -> float | None:
+        """Seconds a submission may run before the server faults (None: no limit)."""
+        return self._watchdog
+
+    @watchdog.setter
+    def watchdog(self, seconds: float | None) -> None:
+        self._watchdog = seconds
+        self._apply_policy()
+
+    @property
+    def timed(self) -> bool:
+        """Timestamp every command (per-client device time for the scheduler and ps)."""
+        return self._timed
+
+    @timed.setter
+    def timed(self, value: bool) -> None:
+        self._timed = bool(value)
+        self._apply_policy()
+
+    def _apply_policy(self, engine: Engine | None = None) -> None:
+        """Tell the engine whether the scheduler must plan each pass, and the rest of its policy."""
+        engine = engine or getattr(self, "engine", None)
+        if engine is None:
+            return
+        with self.scheduling:
+            live = [c for c in self.clients.values() if not c.closing]
+            scheduler = self.scheduler
+            alike = scheduler.mode == UNSCHEDULED or not live or (
+                scheduler.mode == "throughput" and scheduler._all_alike(live))
+        self._planned = not alike
+        engine.set_policy(planned=self._planned, timed=self._timed, watchdog=self._watchdog, spin=_SPIN,
+                          spin_clients=_SPIN_CLIENTS, max_in_flight=_MAX_IN_FLIGHT)
 
     # ---------------------------------------------------------------- tasks
 
     def call(self, fn, *args, timeout: float = 30.0):
-        """Run ``fn(*args)`` on the drain thread and return its result (or raise its error)."""
+        """Run ``fn(*args)`` on the control thread and return its result (or raise its error)."""
         if threading.current_thread() is self.thread:
             return fn(*args)
         if self.stopping:
@@ -216,11 +197,11 @@ class Drainer:
             if not self.thread.is_alive():  # stopped before it reached the task: it never will
                 raise ServerNotReady("the arbiter shut down before it ran the request")
             if time.monotonic() >= deadline:
-                raise Timeout(f"the drain thread did not run a request within {timeout:g} s")
+                raise Timeout(f"the control thread did not run a request within {timeout:g} s")
         return future.result()
 
     def post(self, fn, *args) -> None:
-        """Queue ``fn(*args)`` for the drain thread without waiting; it runs before any later task.
+        """Queue ``fn(*args)`` for the control thread without waiting; it runs before any later task.
 
         An exception it raises is logged: only calls that cannot fail belong here.
         """
@@ -232,7 +213,7 @@ class Drainer:
         self.ring_doorbell()
 
     def ring_doorbell(self) -> None:
-        """Wake the drain thread if it sleeps."""
+        """Wake the control thread if it sleeps."""
         try:
             os.eventfd_write(self.wake_fd, 1)
         except BlockingIOError:
@@ -241,18 +222,18 @@ class Drainer:
     def _run_tasks(self) -> bool:
         if self.tasks.empty():  # the common case, without raising queue.Empty
             return False
-        ran = False
         while True:
             try:
                 future, fn, args = self.tasks.get_nowait()
             except queue.Empty:
-                return ran
-            ran = True
+                break
             if future.set_running_or_notify_cancel():
                 try:
                     future.set_result(fn(*args))
                 except BaseException as exc:  # handed to the caller, who raises it
                     future.set_exception(exc)
+        self._apply_policy()  # a task may have changed the clients or the scheduler's settings
+        return True
 
     # ---------------------------------------------------------------- the loop
 
@@ -260,491 +241,165 @@ class Drainer:
         while not self.stopping:
             try:
                 busy = self._run_tasks()
-                busy |= self._drain()
-                busy |= self._retire()
+                busy |= self._handle_events()
                 if not busy:
-                    self._wait()
+                    self._sleep()
             except ServerFault as exc:
                 self.enter_fault(str(exc))
             except Exception:  # never die: log and keep answering
-                log.exception("drain loop error")
+                log.exception("control loop error")
         self._shutdown()
 
-    def _wait(self) -> None:
-        if self.in_flight:
-            oldest = self.in_flight[0]
-            if not oldest.submission.wait(_FENCE_SLICE) and self.watchdog is not None:
-                self._check_watchdog(oldest)
-            return
-        clients = [c for c in self.clients.values() if not c.closing]
-        if self._spin([c.region for c in clients]):
-            return
-        armed = []
-        for client in clients:  # ask every producer to ring, then a last look
-            try:
-                pending = client.region.arm()
-            except Exception as exc:
-                self._drop(client, exc)
-                continue
-            armed.append(client)
-            if pending > 0:
-                break
-        else:
-            if self.tasks.empty():
-                self._sleep(armed)
-        for client in armed:
-            if not client.region.closed:
-                client.region.disarm()
-
-    def _sleep(self, clients: list[Client]) -> None:
-        """Sleep in poll() on the task eventfd and the doorbell of each client that is heard."""
-        now = time.monotonic()
+    def _sleep(self) -> None:
         poller = select.poll()
         poller.register(self.wake_fd, select.POLLIN)
-        bells, muted = {}, False
-        for client in clients:
-            if client.doorbell.muted(now):
-                muted = True  # its ring is looked at on every wake-up, and at least every _MUTED_SLICE_MS
-                continue
-            poller.register(client.doorbell.fd, select.POLLIN)
-            bells[client.doorbell.fd] = client
-        for fd, _events in poller.poll(_MUTED_SLICE_MS if muted else _IDLE_SLICE_MS):
-            if fd == self.wake_fd:
-                try:
-                    os.eventfd_read(self.wake_fd)
-                except BlockingIOError:
-                    pass
-            else:
-                self._rang(bells[fd])
-
-    def _rang(self, client: Client) -> None:
-        """``client``'s doorbell woke the drain thread: clear it, and charge a wake-up that found no work."""
-        bell = client.doorbell
-        bell.clear()
-        try:
-            pending = client.region.pending()
-        except Exception as exc:
-            self._drop(client, exc)
-            return
-        if pending or bell.popped:  # work, or work already taken (a ring that raced the drain pass)
-            bell.popped = False
-            return
-        now = time.monotonic()
-        bell.empty += 1
-        if bell.refilled:
-            bell.credit = min(_BELL_CREDIT, bell.credit + (now - bell.refilled) * _BELL_REFILL)
-        else:
-            bell.credit = _BELL_CREDIT
-        bell.refilled = now
-        bell.credit -= 1
-        if bell.credit >= 0:
-            return
-        bell.muted_until = now + _BELL_PENALTY
-        bell.mutes += 1
-        if not bell.mutes & (bell.mutes - 1):  # the 1st, 2nd, 4th, 8th...: the log stays short
-            log.warning("%s: its doorbell woke the arbiter %d times without work; not listening to its "
-                        "doorbell for %g s (its ring is still drained, at least every %d ms); muted %d times so far",
-                        client.describe(), bell.empty, _BELL_PENALTY, _MUTED_SLICE_MS, bell.mutes)
-
-    def _spin(self, regions: list) -> bool:
-        """Look at the rings for up to ``_IDLE_SPIN`` s before sleeping; True when work arrived.
-
-        A client that waits for each completion pushes its next descriptor a few microseconds
-        after it; catching that here saves both sides a sleep and a wake-up. Only after a pass
-        that popped work: a wake-up that found none (a doorbell without work, the slow look at
-        a muted client's ring) goes back to sleep at once.
-        """
-        if not self._popped or not regions or len(regions) > _SPIN_REGIONS:
-            return False
-        self._popped = False
-        deadline = time.perf_counter() + _IDLE_SPIN
-        try:
-            while time.perf_counter() < deadline:
-                if any(region.pending() for region in regions) or not self.tasks.empty():
-                    return True
-        except Exception:
-            return True  # a corrupt ring: the drain pass drops its client
-        return False
-
-    _popped = False  # descriptors were popped since the last spin (set by _pop)
-
-    # ---------------------------------------------------------------- drain
-
-    def drain_client(self, client: Client) -> None:
-        """Pop and submit what ``client``'s ring holds now, past the scheduler and the in-flight cap
-        (a free request orders itself after the descriptors pushed before it this way).
-
-        Only as many as its completion ring can answer are popped: a client that leaves more
-        than that unread and then frees a buffer they name gets LS_ENOBUFFER for the rest.
-        """
-        if client.closing:
-            return
-        commands, entries = [], []
-        self._take(client, _POP_BATCH, commands, entries)
-        if commands:
-            self._submit(commands, entries)
-
-    def _drain(self) -> bool:
-        if len(self.in_flight) >= _MAX_IN_FLIGHT:
-            return False
-        clients, pending = [], {}
-        for client in list(self.clients.values()):  # a drop below may reclaim a client
-            if client.closing:
-                continue
+        if poller.poll(_IDLE_SLICE_MS):
             try:
-                pending[client.id] = client.region.pending() > 0
-            except Exception as exc:
-                self._drop(client, exc)
-                continue
-            clients.append(client)
-        if not any(pending.values()):
-            return False
-        busy = {c.id: pending[c.id] or c.outstanding > 0 for c in clients}
-        plan = self.scheduler.plan(clients, pending, busy, len(self.in_flight), _POP_BATCH)
-        batch_commands, batch_entries = [], []
-        popped, batch_rank = False, None
-        for client, limit in plan:
-            rank = self.scheduler.rank(client)
-            if batch_commands and rank != batch_rank:  # a higher priority's fence must not wait for lower work
-                self._submit(batch_commands, batch_entries)
-                batch_commands, batch_entries = [], []
-            batch_rank = rank
-            popped |= self._take(client, limit, batch_commands, batch_entries) > 0
-        if batch_commands:
-            self._submit(batch_commands, batch_entries)
-        return popped
+                os.eventfd_read(self.wake_fd)
+            except BlockingIOError:
+                pass
 
-    def _take(self, client: Client, limit: int, commands: list, entries: list) -> int:
-        """Pop up to ``limit`` of the client's descriptors and add the valid ones to ``commands``
-        and ``entries`` (the invalid ones are answered at once); how many were popped."""
-        try:
-            count = self._pop(client, limit)
-        except Exception as exc:
-            self._drop(client, exc)
-            return 0
-        if count:
-            self.scheduler.submitted(client, count)
-            self._accept(client, count, commands, entries)
-        return count
+    def _handle_events(self) -> bool:
+        events = self.engine.events()
+        for event in events:
+            client = self._by_slot.get(event.client)
+            if event.type == EVENTS["RELEASED"]:
+                record = self._released.pop((event.client, event.kind, event.a), None)
+                if record is not None and client is not None:
+                    self._destroy(client, record)
+            elif event.type == EVENTS["IDLE"]:
+                if client is not None:
+                    self._maybe_reclaim(client)
+            elif event.type == EVENTS["DROPPED"]:
+                if client is not None:
+                    self._drop(client, _ring_failure(event.code, client.region))
+            elif event.type == EVENTS["WATCHDOG"]:
+                self._watchdog_fired(event, [self._by_slot[e.client] for e in events
+                                             if e.type == EVENTS["SUSPECT"] and e.client in self._by_slot])
+            elif event.type == EVENTS["DEVICE"]:
+                self.enter_fault(f"the device was lost or failed (VkResult {event.code})")
+            elif event.type == EVENTS["MUTED"] and client is not None:
+                log.warning("%s: its doorbell woke the arbiter %d times without work; not listening to its "
+                            "doorbell for 1 s (its ring is still drained, at least every 20 ms); muted %d times "
+                            "so far", client.describe(), event.a, event.b)
+        return bool(events)
 
-    def _pop(self, client: Client, limit: int) -> int:
-        """Pop up to ``limit`` of the client's descriptors into ``self._out``; they are outstanding now.
+    # ---------------------------------------------------------------- planning (engine thread)
 
-        Completions the client has not read yet still hold their slots, so a client never has
-        more outstanding than its completion ring can answer. Raises on a corrupt ring.
-        """
-        budget = min(limit, client.region.completion_space() - client.outstanding)
-        if budget <= 0:
-            return 0
-        count = client.region.pop_into(self._out[:budget], self._out_ptr)
-        if count:
-            client.doorbell.popped = self._popped = True
-        client.outstanding += count
-        client.counters.submitted += count
-        return count
+    def _plan(self) -> None:
+        """The turns of the engine's next pass, from the scheduler (called on the engine's thread)."""
+        with self.scheduling:
+            scheduler, engine = self.scheduler, self.engine
+            clients, pending, busy = [], {}, {}
+            for client in list(self.clients.values()):
+                if client.closing:
+                    continue
+                usage = engine.take_usage(client.slot)
+                if usage is None:
+                    continue
+                if usage.popped_since:
+                    scheduler.submitted(client, usage.popped_since)
+                if usage.charged_since:
+                    scheduler.charge_many(client, usage.charged_ns_since, usage.charged_since)
+                clients.append(client)
+                pending[client.id] = usage.pending > 0
+                busy[client.id] = usage.pending > 0 or usage.outstanding > 0
+            plan = scheduler.plan(clients, pending, busy, engine.in_flight(), POP)
+            engine.set_plan([(c.slot, budget, scheduler.rank(c)) for c, budget in plan])
 
-    def _drop(self, client: Client, exc: Exception) -> None:
-        """Drop a client whose ring failed validation: close its ring with LS_ECORRUPT (the client
-        reads RingCorrupted there), answer its control requests with the same (sticky), and
-        reclaim everything it holds once its running work ends. Nothing more is read from the ring."""
-        if client.closing:
-            return
-        log.warning("%s: %s; dropping it", client.describe(), exc)
-        if client.sticky is None:  # else it is being terminated or faulted, and already told why
-            client.sticky = RingCorrupted(f"the arbiter dropped this session: {exc}; reconnect to go on")
-            client.state = "INACTIVE"
-            if not client.region.closed:
-                client.region.close_consumer(C.ECORRUPT)
-        self.disconnect(client)
-
-    def _accept(self, client: Client, count: int, commands: list, entries: list) -> None:
-        errors, fences = [], []
-        for i in range(count):
-            raw = self._out_bytes[i * C.DESC_SIZE : (i + 1) * C.DESC_SIZE]
-            ticket = int(self._out["ticket"][i])
-            result = self._command_for(client, raw)
-            if result is _FENCE:
-                if client.last_entry is not None:  # answered right after the client's last command
-                    client.last_entry.fences.append(ticket)
-                else:  # nothing of this client runs: every earlier descriptor is answered already
-                    fences.append((ticket, 0, 0))
-                continue
-            if isinstance(result, int):
-                errors.append((ticket, result))
-                continue
-            command, users = result
-            for user in users:
-                user.in_flight += 1
-            commands.append(command)
-            client.last_entry = _Entry(client, ticket, users)
-            entries.append(client.last_entry)
-        if errors:
-            self._post(client, [(t, status, 0) for t, status in errors])
-            client.counters.errors += len(errors)
-        if fences:
-            self._post(client, fences)
-            client.counters.completed += len(fences)
-
-    def _command_for(self, client: Client, raw: memoryview):
-        """A (Command, users) pair for one descriptor, or a negative LS_E* status."""
-        key = bytes(raw[BODY])
-        cached = client.commands.get(key)
-        if cached is not None:
-            return cached
-        result = _build_command(client, self.device, raw)
-        if not isinstance(result, int):
-            if len(client.commands) >= 4096:
-                client.commands.clear()
-            client.commands[key] = result
-        return result
-
-    def _submit(self, commands: list, entries: list[_Entry]) -> None:
-        try:
-            submission = self.device.submit(commands, timed=self.timed)
-        except ServerFault:
-            self._answer_failed(entries, -C.EFAULT)
-            raise
-        except InvalidSubmission as exc:
-            log.error("submit of %d commands failed: %s", len(commands), exc)
-            self._answer_failed(entries, -C.EFAULT)
-            return
-        self.in_flight.append(_InFlight(submission, entries, time.monotonic()))
-
-    # ---------------------------------------------------------------- retire
-
-    def _retire(self) -> bool:
-        retired = False
-        while self.in_flight and self.in_flight[0].submission.done():
-            done = self.in_flight.pop(0)
-            times = done.submission.device_ns or [0] * len(done.entries)
-            done.submission.release()
-            self._finish(done.entries, times, 0)
-            retired = True
-        return retired
-
-    def _answer_failed(self, entries: list[_Entry], status: int) -> None:
-        self._finish(entries, [0] * len(entries), status)
-
-    def _finish(self, entries: list[_Entry], times: list[int], status: int) -> None:
-        by_client: dict[int, list] = {}
-        clients: dict[int, Client] = {}
-        for entry, ns in zip(entries, times):
-            clients[entry.client.id] = entry.client
-            by_client.setdefault(entry.client.id, []).extend(entry.answers(status, ns))
-            if entry.client.last_entry is entry:
-                entry.client.last_entry = None
-            entry.client.counters.device_ns += ns
-            self.scheduler.charge(entry.client, ns)
-            for user in entry.users:
-                user.in_flight -= 1
-                if user.freed and user.in_flight == 0:
-                    self._destroy(entry.client, user)
-        for client_id, answers in by_client.items():
-            client = clients[client_id]
-            self._post(client, answers)
-            if status == 0:
-                client.counters.completed += len(answers)
-
-    def _post(self, client: Client, answers: list[tuple[int, int, int]]) -> None:
-        """Post completions (ticket, status, device_ns) and release their outstanding slots."""
-        client.outstanding -= len(answers)
-        if not client.closing:
-            cqes = self._cqes[: len(answers)]
-            cqes["ticket"] = [a[0] for a in answers]
-            cqes["status"] = [a[1] for a in answers]
-            cqes["device_ns"] = [a[2] for a in answers]
-            try:
-                posted = client.region.post(cqes)
-                if posted != len(answers):  # the budget in _drain makes this impossible
-                    raise RuntimeError(f"completion ring overflow: {posted} of {len(answers)} posted")
-            except Exception as exc:
-                self._drop(client, exc)
-        self._maybe_reclaim(client)
-
-    # ---------------------------------------------------------------- resources (drain thread)
+    # ---------------------------------------------------------------- clients (control thread)
 
     def add_client(self, client: Client) -> None:
         """Start draining a new client's ring."""
-        self.clients[client.id] = client
+        if not self._free_slots:
+            raise ServerNotReady(f"all {self.max_slots} client slots are taken (clients still closing); retry")
+        client.slot = self._free_slots.pop()
+        with self.scheduling:
+            self.clients[client.id] = client
+        self._by_slot[client.slot] = client
+        self.engine.add_client(client.slot, client.region, client.doorbell.fd)
+        self._apply_policy()
+
+    def adopt(self, client: Client, record: BufferRecord | ProgramRecord) -> None:
+        """Add a new buffer or program to the client's records and to the engine's table."""
+        if isinstance(record, BufferRecord):
+            client.buffers[record.id] = record
+            self.engine.put_buffer(client.slot, record.id, record.device_buffer, record.size)
+        else:
+            client.programs[record.id] = record
+            self.engine.put_program(client.slot, record.id, record.pipeline, record.bindings, record.push_size)
+
+    def refresh(self, client: Client) -> Counters:
+        """The client's counters, with the engine's counts brought up to date."""
+        stats = self.engine.stats(client.slot) if client.slot >= 0 else None
+        if stats is not None:
+            counters = client.counters
+            counters.submitted, counters.completed = stats.submitted, stats.completed
+            counters.errors, counters.device_ns = stats.errors, stats.device_ns
+        return client.counters
+
+    def drain_client(self, client: Client) -> None:
+        """Pop and submit what ``client``'s ring holds now (a free request orders itself after the
+        descriptors pushed before it this way)."""
+        if not client.closing:
+            self.engine.drain_client(client.slot)
 
     def disconnect(self, client: Client) -> None:
-        """Stop draining a client; reclaim everything once its outstanding work retires."""
+        """Stop draining a client; reclaim everything once its outstanding work is answered."""
         if client.closing:
             return
         client.closing = True
+        outstanding = self.engine.close_client(client.slot)
         for record in list(client.buffers.values()) + list(client.programs.values()):
             self.free(client, record)
-        self._maybe_reclaim(client)
+        if outstanding == 0:
+            self._maybe_reclaim(client)
 
     def _maybe_reclaim(self, client: Client) -> None:
-        if client.closing and client.outstanding == 0 and client.id in self.clients:
-            for record in list(client.buffers.values()) + list(client.programs.values()):
-                self.free(client, record)  # made by a request that was under way when it disconnected
+        if not client.closing or client.id not in self.clients:
+            return
+        stats = self.engine.stats(client.slot)
+        if stats is not None and stats.outstanding:
+            return
+        for record in list(client.buffers.values()) + list(client.programs.values()):
+            self.free(client, record)  # made by a request that was under way when it disconnected
+        self.refresh(client)
+        self.engine.remove_client(client.slot)
+        with self.scheduling:
             del self.clients[client.id]
-            client.commands.clear()
-            client.region.close()
-            client.doorbell.close()
-            self.totals.add(client.counters)
             self.scheduler.forget(client)
-            log.info("%s reclaimed", client.describe())
+        del self._by_slot[client.slot]
+        self._free_slots.append(client.slot)
+        client.region.close()
+        client.doorbell.close()
+        self.totals.add(client.counters)
+        log.info("%s reclaimed", client.describe())
+
+    def _drop(self, client: Client, why: str) -> None:
+        """Drop a client whose ring failed validation (the engine closed it with LS_ECORRUPT): answer
+        its control requests with RingCorrupted (sticky), reclaim it once its running work ends."""
+        if client.closing:
+            return
+        log.warning("%s: %s; dropping it", client.describe(), why)
+        if client.sticky is None:  # else it is being terminated or faulted, and already told why
+            client.sticky = RingCorrupted(f"the arbiter dropped this session: {why}; reconnect to go on")
+            client.state = "INACTIVE"
+        self.disconnect(client)
 
     def note_memory(self) -> None:
         """Update the server's peak memory after an allocation."""
         in_use = sum(c.counters.memory_bytes for c in self.clients.values())
         self.peak_memory_bytes = max(self.peak_memory_bytes, in_use)
 
-    # ---------------------------------------------------------------- containment (drain thread)
-
-    def terminate(self, client: Client) -> None:
-        """Cancel a client's queued work and reclaim it once its running work ends (sticky error)."""
-        if client.closing:
-            return
-        log.info("%s: status is INACTIVE (terminated by the operator)", client.describe())
-        self._contain(client, ClientTerminated("the operator terminated this client (terminate_client); "
-                                               "reconnect to go on"), C.ECANCELED)
-
-    def enter_fault(self, reason: str, offender: Client | None = None, runaway: tuple[Client, ...] = ()) -> None:
-        """Put the server in FAULT: fail everything outstanding, make every client INACTIVE.
-
-        Work the device has finished or lost is answered LS_EFAULT at once. Work it still runs
-        stays in flight, its descriptors outstanding, for nothing can stop it: see "States" in
-        the module's essay. ``runaway`` are the clients whose submission tripped the watchdog
-        (ps shows them RUNAWAY, or SUSPECT when several shared it, until it ends).
-        """
-        self._settle_in_flight()
-        if self.state == "FAULT":
-            return
-        self.state = "FAULT"
-        self._fault_since = time.monotonic()
-        log.error("server status is FAULT: %s%s", reason,
-                  f"; raised by {offender.describe()}" if offender else
-                  f"; raised by one of {', '.join(c.describe() for c in runaway)}" if runaway else "")
-        affected = [c for c in self.clients.values() if not c.closing]
-        log.error("clients affected by the fault: %s", ", ".join(f"pid {c.pid}" for c in affected) or "none")
-        for client in affected:
-            self._fault_waiting.add(client.id)
-            self._contain(client, ServerFault(f"the arbiter's device faulted ({reason}); this session is "
-                                              "lost, reconnect once the server is ACTIVE again"), C.EFAULT)
-        for client in runaway:
-            client.state = "RUNAWAY" if len(runaway) == 1 else "SUSPECT"
-        if self.in_flight:
-            log.error("%d submission(s) still run on the device and nothing can stop them; they get %g s to "
-                      "end before the device is given up", len(self.in_flight), self.recovery_timeout)
-            self._watch_fault()
-        self._maybe_recover()
-
-    def _settle_in_flight(self) -> None:
-        """Answer LS_EFAULT for the in-flight submissions the device finished or lost; keep the rest."""
-        running = []
-        for flight in self.in_flight:
-            try:
-                if not flight.submission.done():
-                    running.append(flight)
-                    continue
-                flight.submission.release()
-            except ServerFault:
-                pass  # a lost device: its work never finishes; closing the device frees it
-            self._answer_failed(flight.entries, -C.EFAULT)
-        self.in_flight[:] = running
-
-    def _watch_fault(self) -> None:
-        """Until the fault is over, have the drain thread look every _FAULT_POLL s whether the faulted
-        work has ended or outlived ``recovery_timeout`` (nothing else wakes it once the clients are gone)."""
-        if self._fault_watcher is not None and self._fault_watcher.is_alive():
-            return
-
-        def watch():
-            while self.state == "FAULT" and self.unrecoverable is None and not self.stopping:
-                time.sleep(_FAULT_POLL)
-                try:
-                    self.post(self._maybe_recover)
-                except ServerNotReady:
-                    return
-
-        self._fault_watcher = threading.Thread(target=watch, name="libshare-fault-watch", daemon=True)
-        self._fault_watcher.start()
-
-    def _check_watchdog(self, oldest: _InFlight) -> None:
-        """Fault the server once the submission at the head of the device's queue runs past its limit:
-        the watchdog for a single command, twice the watchdog for a batch, whatever its length
-        (see "States" in the module's essay)."""
-        now = time.monotonic()
-        if oldest.head_since is None:  # first seen there: it got there a loop pass ago at most, so never early
-            oldest.head_since = now
-        if self.state != "ACTIVE":
-            return  # faulted already: _maybe_recover gives the running work its time to end
-        limit = self.watchdog if len(oldest.entries) == 1 else 2 * self.watchdog
-        running = now - oldest.head_since
-        if running <= limit:
-            return
-        suspects = tuple({e.client.id: e.client for e in oldest.entries}.values())
-        log.error("a submission of %d command(s) has run %.1f s at the head of the device's queue, past its "
-                  "%.1f s limit (the %g s watchdog%s); its clients: %s", len(oldest.entries), running, limit,
-                  self.watchdog, "" if len(oldest.entries) == 1 else ", twice over for a batch",
-                  ", ".join(c.describe() for c in suspects))
-        self.enter_fault(f"a dispatch ran past the {self.watchdog:g} s watchdog",
-                         suspects[0] if len(suspects) == 1 else None, suspects)
-
-    def _contain(self, client: Client, sticky: Exception, reason: int) -> None:
-        client.sticky = sticky
-        client.state = "INACTIVE"
-        if not client.region.closed:
-            client.region.close_consumer(reason)
-            self._cancel_queued(client, -reason)
-        self.disconnect(client)
-
-    def _cancel_queued(self, client: Client, status: int = -C.ECANCELED) -> None:
-        """Answer ``status`` to every descriptor still in the client's ring (as space allows)."""
-        try:
-            while count := self._pop(client, _POP_BATCH):
-                self._post(client, [(int(t), status, 0) for t in self._out["ticket"][:count]])
-        except Exception as exc:  # a corrupt ring: nothing more to cancel
-            log.warning("%s: %s while cancelling its queue", client.describe(), exc)
-
-    def _maybe_recover(self) -> None:
-        """Recreate the device once the faulted work has ended and every faulted client has gone;
-        give the device up once that work outlives ``recovery_timeout``. Never waits for the device."""
-        if self.state != "FAULT" or self.unrecoverable is not None:
-            return
-        if self.in_flight:
-            running = time.monotonic() - self._fault_since
-            if running >= self.recovery_timeout:
-                clients = {e.client.id: e.client.describe() for flight in self.in_flight for e in flight.entries}
-                self._give_up(f"{len(self.in_flight)} submission(s) of {', '.join(clients.values())} still run "
-                              f"{running:.1f} s after the fault")
-            return
-        if self._fault_waiting:
-            return
-        self.state = "INITIALIZING"
-        log.info("server status is INITIALIZING: recreating the device")
-        self.pipelines.forget()
-        try:
-            closed = self.device.close(self.recovery_timeout)  # nothing runs: the fences say so at once
-        except Exception:
-            log.exception("closing the faulted device")
-            closed = True
-        if not closed:
-            self.state = "FAULT"
-            self._give_up("the faulted device did not go idle (a compile or a zero fill still runs on it)")
-            return
-        for memory in self._faulted_memory:
-            memory.close()
-        self._faulted_memory.clear()
-        try:
-            self.device = self._device_factory()
-        except Exception as exc:
-            self.state = "FAULT"
-            log.error("recreating the device failed: %s", exc)
-            return
-        self.state = "ACTIVE"
-        log.info("server status is ACTIVE: %s recreated", self.device.name)
-
     def free(self, client: Client, record: BufferRecord | ProgramRecord) -> None:
         """Forget a buffer or program; destroy it now or when its last command retires."""
         record.freed = True
-        client.buffers.pop(record.id, None) if isinstance(record, BufferRecord) else client.programs.pop(record.id, None)
-        client.commands.clear()
-        if record.in_flight == 0:
+        buffer = isinstance(record, BufferRecord)
+        (client.buffers if buffer else client.programs).pop(record.id, None)
+        kind = BUFFER if buffer else PROGRAM
+        if self.engine.drop(client.slot, kind, record.id):
+            self._released[(client.slot, kind, record.id)] = record
+        else:
             self._destroy(client, record)
 
     def _destroy(self, client: Client, record: BufferRecord | ProgramRecord) -> None:
@@ -769,8 +424,129 @@ class Drainer:
     def connection_closed(self, client: Client) -> None:
         """The client's control connection ended: disconnect it; a fault may now recover."""
         self._fault_waiting.discard(client.id)
-        self.disconnect(client)
+        if client.slot >= 0:
+            self.disconnect(client)
         self._maybe_recover()
+
+    # ---------------------------------------------------------------- containment (control thread)
+
+    def terminate(self, client: Client) -> None:
+        """Cancel a client's queued work and reclaim it once its running work ends (sticky error)."""
+        if client.closing:
+            return
+        log.info("%s: status is INACTIVE (terminated by the operator)", client.describe())
+        self._contain(client, ClientTerminated("the operator terminated this client (terminate_client); "
+                                               "reconnect to go on"), C.ECANCELED)
+
+    def _contain(self, client: Client, sticky: Exception, reason: int) -> None:
+        client.sticky = sticky
+        client.state = "INACTIVE"
+        if not client.closing:
+            self.engine.close_client(client.slot, reason)  # closes its ring, answers what it still holds
+        self.disconnect(client)
+
+    def enter_fault(self, reason: str, offender: Client | None = None, runaway: tuple[Client, ...] = ()) -> None:
+        """Put the server in FAULT: fail everything outstanding, make every client INACTIVE.
+
+        Work the device has finished or lost is answered LS_EFAULT at once. Work it still runs
+        stays in flight, its descriptors outstanding, for nothing can stop it: see "States" in
+        the module's essay. ``runaway`` are the clients whose submission tripped the watchdog
+        (ps shows them RUNAWAY, or SUSPECT when several shared it, until it ends).
+        """
+        self.engine.set_fault(True)
+        if self.state == "FAULT":
+            return
+        self.state = "FAULT"
+        self._fault_since = time.monotonic()
+        log.error("server status is FAULT: %s%s", reason,
+                  f"; raised by {offender.describe()}" if offender else
+                  f"; raised by one of {', '.join(c.describe() for c in runaway)}" if runaway else "")
+        affected = [c for c in self.clients.values() if not c.closing]
+        log.error("clients affected by the fault: %s", ", ".join(f"pid {c.pid}" for c in affected) or "none")
+        for client in affected:
+            self._fault_waiting.add(client.id)
+            self._contain(client, ServerFault(f"the arbiter's device faulted ({reason}); this session is "
+                                              "lost, reconnect once the server is ACTIVE again"), C.EFAULT)
+        for client in runaway:
+            client.state = "RUNAWAY" if len(runaway) == 1 else "SUSPECT"
+        if self.engine.in_flight():
+            log.error("%d submission(s) still run on the device and nothing can stop them; they get %g s to "
+                      "end before the device is given up", self.engine.in_flight(), self.recovery_timeout)
+            self._watch_fault()
+        self._maybe_recover()
+
+    def _watchdog_fired(self, event, suspects: list[Client]) -> None:
+        """The engine's head submission ran past its limit: the watchdog for a single command, twice
+        the watchdog for a batch (see "States" in the module's essay)."""
+        if self.state != "ACTIVE":
+            return  # faulted already: _maybe_recover gives the running work its time to end
+        count, running = event.a, event.b / 1e9
+        limit = self._watchdog if count == 1 else 2 * self._watchdog
+        log.error("a submission of %d command(s) has run %.1f s at the head of the device's queue, past its "
+                  "%.1f s limit (the %g s watchdog%s); its clients: %s", count, running, limit,
+                  self._watchdog, "" if count == 1 else ", twice over for a batch",
+                  ", ".join(c.describe() for c in suspects))
+        self.enter_fault(f"a dispatch ran past the {self._watchdog:g} s watchdog",
+                         suspects[0] if len(suspects) == 1 else None, tuple(suspects))
+
+    def _watch_fault(self) -> None:
+        """Until the fault is over, have the control thread look every _FAULT_POLL s whether the faulted
+        work has ended or outlived ``recovery_timeout`` (nothing else wakes it once the clients are gone)."""
+        if self._fault_watcher is not None and self._fault_watcher.is_alive():
+            return
+
+        def watch():
+            while self.state == "FAULT" and self.unrecoverable is None and not self.stopping:
+                time.sleep(_FAULT_POLL)
+                try:
+                    self.post(self._maybe_recover)
+                except ServerNotReady:
+                    return
+
+        self._fault_watcher = threading.Thread(target=watch, name="libshare-fault-watch", daemon=True)
+        self._fault_watcher.start()
+
+    def _maybe_recover(self) -> None:
+        """Recreate the device once the faulted work has ended and every faulted client has gone;
+        give the device up once that work outlives ``recovery_timeout``. Never waits for the device."""
+        if self.state != "FAULT" or self.unrecoverable is not None:
+            return
+        if self.engine.in_flight():
+            running = time.monotonic() - self._fault_since
+            if running >= self.recovery_timeout:
+                clients = [self._by_slot[s].describe() for s in self.engine.in_flight_clients() if s in self._by_slot]
+                self._give_up(f"{self.engine.in_flight()} submission(s) of {', '.join(clients) or 'gone clients'} "
+                              f"still run {running:.1f} s after the fault")
+            return
+        if self._fault_waiting or self.clients:
+            return
+        self.state = "INITIALIZING"
+        log.info("server status is INITIALIZING: recreating the device")
+        self.engine.stop(0)
+        self.engine.destroy()
+        self.pipelines.forget()
+        try:
+            closed = self.device.close(self.recovery_timeout)  # nothing runs: the fences say so at once
+        except Exception:
+            log.exception("closing the faulted device")
+            closed = True
+        if not closed:
+            self.state = "FAULT"
+            self._give_up("the faulted device did not go idle (a compile or a zero fill still runs on it)")
+            return
+        for memory in self._faulted_memory:
+            memory.close()
+        self._faulted_memory.clear()
+        try:
+            self.device = self._device_factory()
+            self.engine = self._new_engine()
+            self.engine.start()
+        except Exception as exc:
+            self.state = "FAULT"
+            log.error("recreating the device failed: %s", exc)
+            return
+        self.state = "ACTIVE"
+        log.info("server status is ACTIVE: %s recreated", self.device.name)
 
     def _give_up(self, why: str) -> None:
         """The device cannot be recovered in this process: say so, and tell whoever runs the arbiter."""
@@ -782,53 +558,33 @@ class Drainer:
             self.on_unrecoverable(why)
 
     def _shutdown(self) -> None:
-        """Cancel queued work, give running work until the shutdown deadline, then answer and abandon
-        what still runs (it stays on the device, which is abandoned too) and disconnect everyone."""
-        deadline = time.monotonic() + self.shutdown_timeout
+        """Stop the engine (it cancels queued work, gives running work until the shutdown timeout, then
+        answers and abandons what still runs), and disconnect everyone."""
         live = [c for c in self.clients.values() if not c.closing]
-        for client in live:
-            self._cancel_queued(client)
-        for flight in self.in_flight:
-            try:
-                if not flight.submission.wait(max(deadline - time.monotonic(), 0)):
-                    break  # still running: what follows it waits behind it
-            except ServerFault:
-                break  # lost: it never ends
-        try:
-            self._retire()
-        except ServerFault:
-            pass  # a lost device: what is left is abandoned below
-        if self.in_flight:
-            self._abandon()
+        running = [self._by_slot[s].describe() for s in self.engine.in_flight_clients() if s in self._by_slot]
+        abandoned = self.engine.stop(self.shutdown_timeout)
+        if abandoned:
+            self.abandoned = True
+            log.warning("%d submission(s) still ran when the arbiter stopped; abandoned on the device, answered %s: "
+                        "%s", abandoned, "LS_EFAULT" if self.state == "FAULT" else "LS_ECANCELED",
+                        ", ".join(running) or "clients gone")
+            _ABANDONED.append((self.engine, self._faulted_memory, list(self._released.values())))
+            self._faulted_memory = []
         for client in live:
             if not client.region.closed:
                 client.region.close_consumer(0)
+        self._handle_events()
         for client in list(self.clients.values()):
             self.disconnect(client)
-
-    def _abandon(self) -> None:
-        """Answer the work still running at shutdown (LS_EFAULT in a fault, else LS_ECANCELED) and leave
-        it to the device: its buffers and programs are not destroyed, and what it may still write
-        stays mapped for the rest of the process."""
-        running, self.in_flight = self.in_flight, []
-        status = -C.EFAULT if self.state == "FAULT" else -C.ECANCELED
-        answers: dict[int, tuple[Client, list]] = {}
-        for flight in running:
-            for entry in flight.entries:
-                answers.setdefault(entry.client.id, (entry.client, []))[1].extend(entry.answers(status, 0))
-                entry.client.last_entry = None
-        log.warning("%d submission(s) still ran when the arbiter stopped; abandoned on the device, answered %s: %s",
-                    len(running), "LS_EFAULT" if status == -C.EFAULT else "LS_ECANCELED",
-                    ", ".join(client.describe() for client, _ in answers.values()))
-        for client, tickets in answers.values():
-            self._post(client, tickets)  # not _finish: what they use must outlive them
-        _ABANDONED.append((running, self._faulted_memory))
-        self._faulted_memory = []
+        self._handle_events()
+        if not abandoned:
+            self.engine.destroy()
 
     # ---------------------------------------------------------------- control
 
     def start(self) -> None:
-        """Start the drain thread."""
+        """Start the engine and the control thread."""
+        self.engine.start()
         self.thread.start()
 
     shutdown_timeout = 10.0
@@ -837,75 +593,35 @@ class Drainer:
     unrecoverable: str | None = None
     """Why the device was given up (see _give_up); None while it serves or may recover."""
     on_unrecoverable = None
-    """Called with that reason, on the drain thread, when the device is given up (the daemon exits)."""
+    """Called with that reason, on the control thread, when the device is given up (the daemon exits)."""
     _fault_since = 0.0  # time.monotonic() when the server entered FAULT
     _fault_watcher: threading.Thread | None = None
 
     def stop(self, timeout: float = 10.0) -> bool:
-        """Cancel queued work, let in-flight work end (at most ``timeout`` s), stop the thread.
+        """Cancel queued work, let in-flight work end (at most ``timeout`` s), stop both threads.
 
-        Returns within ``timeout`` s and a little more: True once the thread has stopped. Work still
-        running then is abandoned on the device (see _shutdown), never waited for.
+        Returns within ``timeout`` s and a little more: True once the control thread has stopped.
+        Work still running then is abandoned on the device (see _shutdown), never waited for.
         """
         self.shutdown_timeout = timeout
         self.stopping = True
         self.ring_doorbell()
         if self.thread.is_alive():
             self.thread.join(timeout + _STOP_SLACK)
+        elif self.thread.ident is None:  # never started: stop the engine here
+            self._shutdown()
         return not self.thread.is_alive()
 
 
 def _log_failure(future: Future) -> None:
     if not future.cancelled() and future.exception() is not None:
-        log.error("a posted drain task failed", exc_info=future.exception())
+        log.error("a posted control task failed", exc_info=future.exception())
 
 
-def _build_command(client: Client, device: Device, raw: memoryview):
-    """Validate one descriptor (a private copy) against the client's objects."""
-    d = decode(raw)
-    if d.opcode == C.OP_BAD or d.flags:
-        return -C.EBADSLOT
-    if d.opcode == C.OP_NOP:  # a fence: names nothing, runs nothing
-        return _FENCE
-    buffers = []
-    for buffer_id in d.buffers:
-        record = client.buffers.get(buffer_id)
-        if record is None:
-            return -C.ENOBUFFER
-        buffers.append(record)
-    if d.opcode == C.OP_COPY:
-        return _build_copy(buffers, d.offsets)
-    if d.opcode != C.OP_DISPATCH:
-        return -C.EBADSLOT
-    program = client.programs.get(d.program)
-    if program is None:
-        return -C.ENOPROGRAM
-    if d.nbuffers != program.bindings:
-        return -C.EBINDINGS
-    if d.push_size > program.push_size or d.push_size % 4:
-        return -C.EPUSH
-    alignment = device.storage_offset_alignment
-    offsets = d.offsets[:len(buffers)]
-    for record, offset in zip(buffers, offsets):
-        if offset >= record.size or offset % alignment:
-            return -C.ERANGE
-    if any(not 1 <= g <= limit for g, limit in zip(d.groups, device.max_group_count)):
-        return -C.EGROUPS
-    command = Dispatch(
-        program.pipeline,
-        [(r.device_buffer, o) for r, o in zip(buffers, offsets)],
-        d.groups,
-        push_of(raw, d.push_size),
-    )
-    return command, (program, *buffers)
-
-
-def _build_copy(buffers: list[BufferRecord], offsets: tuple):
-    if len(buffers) != 2:
-        return -C.EBINDINGS
-    (src, dst), (src_offset, dst_offset, size) = buffers, offsets[:3]
-    if size == 0 or src_offset + size > src.size or dst_offset + size > dst.size:
-        return -C.ERANGE
-    if src is dst and abs(src_offset - dst_offset) < size:
-        return -C.ERANGE
-    return Copy(src.device_buffer, src_offset, dst.device_buffer, dst_offset, size), (src, dst)
+def _ring_failure(code: int, region) -> str:
+    """What the engine's ring operation that failed with ``code`` found (the ring's own words)."""
+    try:
+        ring_check(code, region._handle, "the engine's look at its ring")
+    except Exception as exc:
+        return str(exc)
+    return f"its ring failed validation (code {code})"

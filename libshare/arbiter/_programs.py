@@ -1,4 +1,4 @@
-"""Programs: admission by content, pipelines shared by content, compiled off the drain thread.
+"""Programs: admission by content, pipelines shared by content, compiled off the control thread.
 
 A client's ``load_program`` runs on its connection thread, in three steps:
 
@@ -11,8 +11,8 @@ A client's ``load_program`` runs on its connection thread, in three steps:
    arbiter has no pipeline for is compiled first in a vetting child (daemon arbiters,
    ``_compiler.py``: a crash or a compile past the time limit refuses the module and
    remembers the refusal), then by the arbiter itself, on the connection thread, never
-   on the drain thread: a slow compile delays only the client that asked for it.
-3. **Registration**, on the drain thread: the quota check that counts, and the client's
+   on the control thread: a slow compile delays only the client that asked for it.
+3. **Registration**, on the control thread: the quota check that counts, and the client's
    ProgramRecord. Each client gets its own record and program id, so freeing a program,
    or losing a client, never touches another client's. A shared pipeline is destroyed
    when the last record using it is destroyed, that is once the last command that
@@ -87,13 +87,13 @@ class SharedPipelines:
     """Pipelines by module digest, counted by the records that use them.
 
     :meth:`acquire` may run on any thread; :meth:`release`, :meth:`collect` and
-    :meth:`forget` run on the drain thread.
+    :meth:`forget` run on the control thread.
     """
 
     def __init__(self) -> None:
         self._by_digest: dict[bytes, Pipeline] = {}
         self._users: dict[Pipeline, tuple[bytes, int]] = {}
-        self._duplicates: list[Pipeline] = []  # compiled twice by racing loads: destroy on the drain thread
+        self._duplicates: list[Pipeline] = []  # compiled twice by racing loads: destroy on the control thread
         self._generation = 0  # bumped when the device is recreated
         self._lock = threading.Lock()
 
@@ -101,7 +101,7 @@ class SharedPipelines:
                 push_size: int) -> Pipeline:
         """The pipeline of ``spirv``, compiled on the calling thread on first use.
 
-        Call :meth:`release` once per acquire, on the drain thread.
+        Call :meth:`release` once per acquire, on the control thread.
         """
         bindings = len(interface.bindings)
         with self._lock:
@@ -132,7 +132,7 @@ class SharedPipelines:
         return pipeline
 
     def release(self, device: Device, pipeline: Pipeline) -> None:
-        """One user fewer; the last one destroys the pipeline (drain thread)."""
+        """One user fewer; the last one destroys the pipeline (control thread)."""
         with self._lock:
             if pipeline not in self._users:  # made by a device recreated since: gone with it
                 return
@@ -144,7 +144,7 @@ class SharedPipelines:
         device.destroy_pipeline(pipeline)
 
     def collect(self, device: Device) -> None:
-        """Destroy the pipelines that racing loads compiled twice (drain thread)."""
+        """Destroy the pipelines that racing loads compiled twice (control thread)."""
         with self._lock:
             duplicates, self._duplicates = self._duplicates, []
         for pipeline in duplicates:

@@ -1,11 +1,13 @@
 """Who drains next, and how much: priorities, fair share of device time, compute-share ceilings.
 
-The drain thread asks :meth:`Scheduler.plan` once per pass for an ordered list of
+While clients differ (priorities, compute shares, fairshare), the native engine asks
+:meth:`Scheduler.plan`, on its own thread, once per pass for an ordered list of
 (client, budget) and pops at most ``budget`` descriptors from each; a client left
-out is simply not popped this pass, and its descriptors wait in its ring. After
-each submission retires, :meth:`Scheduler.charge` books the device time each
-command took (timestamp queries; without timestamps each command counts as
-``_UNTIMED_NS``). The policy, in order:
+out is simply not popped this pass, and its descriptors wait in its ring. Before
+each plan, :meth:`Scheduler.charge_many` books the device time the engine measured
+for the commands retired since (timestamp queries; without timestamps each command
+counts as ``_UNTIMED_NS``). When every client is alike the engine drains all of
+them without asking (the common case never takes the GIL). The policy, in order:
 
 1. **Priority.** Clients drain in priority order (realtime, high, normal, low).
    While a client of a higher priority is active (it submitted within the last
@@ -13,7 +15,7 @@ command took (timestamp queries; without timestamps each command counts as
    pass (at most ``_SLICE_NS`` of estimated device time, at least one command,
    and only when nothing else is in flight), taking turns, so a realtime dispatch
    waits behind at most one short slice on a single-queue device such as
-   lavapipe. The drain thread submits each priority of a pass separately, so a
+   lavapipe. The control thread submits each priority of a pass separately, so a
    higher priority's completion never waits for the lower work popped with it.
 2. **Compute share** (the active-thread-percentage analogue). A client, or a
    group, whose recent share of device time exceeds its ceiling is not drained
@@ -76,7 +78,7 @@ class Usage:
 
 @dataclass
 class Scheduler:
-    """The drain policy; owned by the drain thread (commands change it through drain tasks)."""
+    """The drain policy; owned by the control thread (commands change it through drain tasks)."""
 
     mode: str = "throughput"
     default_share: int = 100
@@ -122,6 +124,17 @@ class Scheduler:
         usage.recent_ns += ns
         usage.total_ns += ns / usage.weight
         usage.per_command_ns += (ns - usage.per_command_ns) / 8
+
+    def charge_many(self, client, total_ns: int, count: int) -> None:
+        """Book ``count`` retired commands of ``client`` that took ``total_ns`` together (0: unmeasured),
+        as ``count`` calls of :meth:`charge` with their mean would."""
+        usage = self.usage(client)
+        total_ns = total_ns or count * _UNTIMED_NS
+        mean = total_ns / count
+        usage.queued_ns = max(usage.queued_ns - count * usage.per_command_ns, 0.0)
+        usage.recent_ns += total_ns
+        usage.total_ns += total_ns / usage.weight
+        usage.per_command_ns = mean + (usage.per_command_ns - mean) * (7 / 8) ** min(count, 64)
 
     def _decay(self, now_ns: int) -> None:
         factor = math.exp(-(now_ns - self._last_decay_ns) / _DECAY_NS)

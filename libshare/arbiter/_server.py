@@ -36,7 +36,7 @@ descriptor) get what is left, counted with a bound of _FDS_PER_BUFFER each:
 past that an alloc is refused with QuotaExceeded (_gate.FdBudget), so the last
 client can always connect. A hello
 that runs out all the same (a limit lowered under a running arbiter) is refused
-with TooManyClients, and once the drain thread knows a client, the end of its
+with TooManyClients, and once the control thread knows a client, the end of its
 connection reclaims it whatever failed: no exited process keeps a slot.
 
 Users. Without --multi-user the socket is 0600 in a 0700 directory, and a peer of
@@ -189,7 +189,7 @@ class Arbiter:
         self.quit_timeout = 10.0
         self._geometry = (lanes, lane_entries, cq_entries)
         self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-        self.drainer = Drainer(lambda: Device(selector), self._wake_fd, timed)
+        self.drainer = Drainer(lambda: Device(selector), self._wake_fd, timed, max_clients=2 * max_clients + 64)
         _configure_scheduling(self.drainer, scheduling, watchdog)
         self.commands = Commands(self)
         self.interfaces = Interfaces()
@@ -430,7 +430,7 @@ class Arbiter:
 
     def _hello(self, conn: socket.socket, fields: dict, pid: int, uid: int, client_id: int) -> Client:
         """Make and welcome the client that the gate admitted as ``client_id`` (its hello passed
-        _HELLO there). A failure gives its slot back; once the drain thread knows the client, the
+        _HELLO there). A failure gives its slot back; once the control thread knows the client, the
         end of its connection reclaims it."""
         priority, share = _requested_priority_and_share(fields, self.drainer.scheduler.default_priority)
         name = printable(fields.get("name") or f"pid{pid}")[:64]  # it goes into logs and ps
@@ -516,7 +516,7 @@ class Arbiter:
                 self.drainer.pipelines.release(self.device, pipeline)
                 raise
             record = ProgramRecord(client.new_id(), pipeline, len(interface.bindings), push_size)
-            client.programs[record.id] = record
+            self.drainer.adopt(client, record)
             return record.id
 
         program_id = self._call(register)
@@ -542,7 +542,7 @@ class Arbiter:
             else:
                 device_buffer = self.device.alloc_device(rounded)
             record = BufferRecord(client.new_id(), kind, rounded, device_buffer, memory)
-            client.buffers[record.id] = record
+            self.drainer.adopt(client, record)
             client.counters.memory_bytes += rounded
             client.counters.peak_memory_bytes = max(client.counters.peak_memory_bytes,
                                                     client.counters.memory_bytes)
@@ -570,11 +570,11 @@ class Arbiter:
         return {}, ()
 
     def _stats(self, client: Client, frame: protocol.Frame):
-        c = client.counters
+        c = self.drainer.refresh(client)
         return {"client_id": client.id, "submitted": c.submitted, "completed": c.completed,
                 "errors": c.errors, "device_ns": c.device_ns, "control_bytes": c.control_bytes,
                 "memory_bytes": c.memory_bytes,
-                "clients": len(self._attached)}, ()  # connections: the drain thread may not have added this one yet
+                "clients": len(self._attached)}, ()  # connections: the control thread may not have added this one yet
 
     _HANDLERS = {"load_program": _load_program, "alloc": _alloc, "free": _free, "stats": _stats}
 
@@ -584,16 +584,18 @@ class Arbiter:
 
     def snapshot(self) -> dict:
         """The server's and every connected client's state and counters (for ps and metrics)."""
-        try:  # on the drain thread, which moves a reclaimed client's counts into the totals
+        try:  # on the control thread, which moves a reclaimed client's counts into the totals
             return self.drainer.call(self._snapshot)
-        except ServerNotReady:  # the drain thread has stopped: nothing moves any more
+        except ServerNotReady:  # the control thread has stopped: nothing moves any more
             return self._snapshot()
 
     def _snapshot(self) -> dict:
-        # Every client the drain thread still holds is listed: one that disconnected while its
+        # Every client the control thread still holds is listed: one that disconnected while its
         # in-flight work holds memory shows as CLOSING (or INACTIVE) until it is reclaimed, when
         # its counts move into the totals. "clients" counts the connected ones.
         everyone = list(self.drainer.clients.values())
+        for client in everyone:
+            self.drainer.refresh(client)
         totals = Counters()
         totals.add(self.drainer.totals)
         for client in everyone:
@@ -637,8 +639,11 @@ class Arbiter:
                 conn.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
-        if not stopped:  # the drain thread still uses the device: leave both
-            log.error("the drain thread did not stop within %.1f s; the device is abandoned", timeout)
+        if not stopped:  # the control thread still uses the device: leave both
+            log.error("the control thread did not stop within %.1f s; the device is abandoned", timeout)
+            return False
+        if self.drainer.abandoned:  # the engine's work still runs on the device: leave it
+            log.warning("work still ran on the device at the shutdown timeout: it is abandoned, not destroyed")
             return False
         released = self.device.close(max(deadline - time.monotonic(), 0.0))
         if not released:
@@ -648,7 +653,7 @@ class Arbiter:
 
 
 def _require_attached(client: Client) -> None:
-    """On the drain thread, before a request adds to what a client holds: refuse once the client
+    """On the control thread, before a request adds to what a client holds: refuse once the client
     was dropped, terminated or reclaimed meanwhile (its reclaim would never see the new object)."""
     if client.closing:
         raise client.sticky or ServerNotReady("this session was closed by the arbiter; reconnect")

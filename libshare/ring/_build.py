@@ -23,7 +23,8 @@ def cdef_source(header: Path = HEADER) -> str:
     return text[start:end]
 
 
-def _relative(path: Path) -> str:
+def relative(path: Path) -> str:
+    """``path`` relative to the working directory (cffi wants relative source paths)."""
     return os.path.relpath(path, Path.cwd())
 
 
@@ -32,8 +33,8 @@ ffibuilder.cdef(cdef_source())
 ffibuilder.set_source(
     "libshare.ring._ring_cffi",
     '#include "ring.h"',
-    sources=[_relative(HERE / "ring.c")],
-    include_dirs=[_relative(HERE)],
+    sources=[relative(HERE / "ring.c")],
+    include_dirs=[relative(HERE)],
     extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra"],
 )
 

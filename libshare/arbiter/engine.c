@@ -1,0 +1,1374 @@
+/*
+ * The arbiter's engine: the data path, in C, on its own thread.
+ *
+ * Design
+ * ------
+ * One thread loops over three steps, holding the engine's mutex for a step at a
+ * time and never across a sleep or a call into Python:
+ *
+ *   retire   the oldest submissions whose fence has signalled: read their
+ *            timestamps, post one completion per descriptor (and the fences,
+ *            LS_OP_NOPs, that wait on it), release the objects they used;
+ *   drain    pop each waiting client's descriptors (at most what its completion
+ *            ring can still answer), check each against the client's object table
+ *            (ls_desc_check ran on the private copy in ls_sq_pop; this is the rest
+ *            of the one validator), record the valid ones straight into a pooled
+ *            primary command buffer (bind, push descriptors, push constants,
+ *            dispatch or copy, one barrier) and submit it with one fence;
+ *   wait     on the oldest fence for a short slice when work is in flight; else
+ *            watch the rings for spin_ns after work (a client that waits for each
+ *            completion pushes its next descriptor microseconds later), then arm
+ *            every ring (NEED_WAKEUP) and sleep in poll() on the engine's eventfd
+ *            and every heard doorbell.
+ *
+ * Recording per submission instead of caching recordings keyed by content (what
+ * the Python device layer does) costs well under a microsecond per command in C
+ * and keeps no cache to invalidate when objects are freed.
+ *
+ * Policy. With policy.planned == 0 every waiting client gets all it has, in turn
+ * (round robin start), in one submission. With planned == 1 the engine calls
+ * ls_engine_plan_cb (Python, the scheduler) before each pass; it reads the
+ * clients' counters and sets the pass's turns with ls_engine_set_plan, and the
+ * engine pops exactly that, one submission per rank. The control plane switches
+ * to planned only when clients differ (priorities, compute shares, fairshare), so
+ * the common case never touches the GIL.
+ *
+ * Lifetime. Every command holds a count on the program and buffers it names;
+ * ls_engine_drop of an object still counted marks it, and the last retirement
+ * queues LS_EV_RELEASED so that the control plane destroys it then. A closing
+ * client is drained of nothing more, and LS_EV_IDLE says when its last
+ * descriptor has been answered.
+ *
+ * Doorbells.
+ * Each client has a doorbell of its own, and a doorbell rings one way: it is a
+ * datagram socket pair made at hello, of which the client gets one end, and
+ * what it writes there arrives at the other end, which only the arbiter holds,
+ * until the client is reclaimed. A client can ring nothing but its own bell,
+ * and cannot read a ring at all: with one eventfd shared by everyone, a client
+ * that read it in a loop swallowed the others' wake-ups, and each of their round
+ * trips waited out the 2 s poll. Nor can it make the arbiter's read block
+ * (O_NONBLOCK belongs to the open file, which an eventfd shares with the client).
+ * A pipe would do as much, but a ring after the arbiter died would raise SIGPIPE
+ * in the client (a C program embedding libshare dies of it); a socket refuses.
+ * What a bell still costs the others is wake-ups, so they are budgeted. A wake-up
+ * by a bell is charged to its client when its ring holds nothing and nothing was
+ * popped from it since its last ring (a ring that raced a drain pass is not
+ * charged, so an honest client, which rings only after a push, never is). A
+ * client may cause 32 such wake-ups at once and 32 a second after that (a token
+ * bucket); past that the arbiter stops listening to its bell for 1 s (a line in
+ * the log the 1st, 2nd, 4th, 8th... time). Its work is still picked up, on the
+ * slow path: by every wake-up something else brings, and at least every 20 ms
+ * (the poll timeout while any bell is muted). A client ringing in a tight loop
+ * thus costs the arbiter about 32 short wake-ups and 50 slow looks a second
+ * instead of a core, and the others nothing they can measure; it waits up to
+ * 20 ms for its own work while it is not heard.
+ */
+#define _GNU_SOURCE
+#include "engine.h"
+#include "ring.h"
+#include "sync.h"
+
+#define VK_NO_PROTOTYPES
+#include <vulkan/vulkan.h>
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#define NFLIGHT 8                       /* submission slots */
+#define IDLE_MS 2000                    /* poll() timeout when idle */
+#define MUTED_MS 20                     /* ... while a doorbell is muted */
+#define FENCE_SLICE_NS 500000LL         /* wait on the oldest fence this long, then look again */
+#define BELL_CREDIT 32.0
+#define BELL_REFILL 32.0                /* credits per second */
+#define BELL_PENALTY_NS 1000000000LL
+#define BELL_READS 256
+#define NO_FENCE (-1)
+
+static int64_t now_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000LL + t.tv_nsec;
+}
+
+/* ------------------------------------------------------------------ objects */
+
+struct object {
+    uint32_t id, kind;
+    uint32_t in_flight;                 /* commands submitted and not retired */
+    uint32_t freed;                     /* dropped by the control plane */
+    uint64_t handle, layout, size;      /* VkBuffer + size, or VkPipeline + layout */
+    uint32_t bindings, push_size;
+    uint32_t client;
+};
+
+/* Open addressing, keyed by (kind, id); never more than half full. */
+struct table {
+    struct object **slots;
+    uint32_t cap, used;
+};
+
+static uint32_t hash_key(uint32_t kind, uint32_t id) { return (id * 2654435761u) ^ (kind * 40503u); }
+
+static struct object **table_find(struct table *t, uint32_t kind, uint32_t id)
+{
+    if (!t->cap)
+        return NULL;
+    for (uint32_t i = hash_key(kind, id) & (t->cap - 1);; i = (i + 1) & (t->cap - 1)) {
+        struct object *o = t->slots[i];
+        if (!o)
+            return NULL;
+        if (o != (struct object *)t && o->id == id && o->kind == kind)
+            return &t->slots[i];
+    }
+}
+
+static int table_put(struct table *t, struct object *o)
+{
+    if (2 * (t->used + 1) > t->cap) {
+        uint32_t cap = t->cap ? 2 * t->cap : 16;
+        struct object **old = t->slots, **slots = calloc(cap, sizeof *slots);
+        if (!slots)
+            return -ENOMEM;
+        uint32_t old_cap = t->cap;
+        t->slots = slots, t->cap = cap, t->used = 0;
+        for (uint32_t i = 0; i < old_cap; i++)
+            if (old[i] && old[i] != (struct object *)t)
+                table_put(t, old[i]);
+        free(old);
+    }
+    for (uint32_t i = hash_key(o->kind, o->id) & (t->cap - 1);; i = (i + 1) & (t->cap - 1))
+        if (!t->slots[i] || t->slots[i] == (struct object *)t) {
+            t->slots[i] = o;
+            t->used++;
+            return 0;
+        }
+}
+
+/* A removed slot holds the table's own address (a tombstone), so probes go on past it. */
+static void table_remove(struct table *t, struct object **slot) { *slot = (struct object *)t; }
+
+/* ------------------------------------------------------------------ clients and flights */
+
+struct entry {
+    uint32_t client;
+    uint64_t ticket;
+    struct object *users[LS_MAX_BUFFERS + 1];
+    uint32_t nusers;
+    int32_t fences;                     /* first fence node answered after it, or NO_FENCE */
+    int32_t fences_tail;
+};
+
+struct fence_node {
+    uint64_t ticket;
+    int32_t next;
+};
+
+struct client {
+    ls_region *region;                  /* NULL: the slot is free */
+    int doorbell_fd;
+    uint32_t closing, dropped;
+    uint32_t outstanding;
+    struct entry *last;                 /* its last command not yet answered (a fence waits on it) */
+    struct table objects;
+    struct ls_engine_stats stats;
+    /* doorbell budget */
+    double credit;
+    int64_t refilled, muted_until;
+    uint64_t empty, mutes;
+    int popped;                         /* popped since its bell last woke us */
+    uint32_t active_index;
+};
+
+struct flight {
+    VkCommandBuffer cb;
+    VkFence fence;
+    VkQueryPool queries;
+    VkBuffer results;
+    VkDeviceMemory results_memory;
+    uint64_t *stamps;                   /* mapped results: count + 1 timestamps */
+    struct entry entries[LS_ENGINE_MAX_BATCH];
+    uint32_t count;
+    int timed;
+    int recording;                      /* begun, not yet submitted */
+    uint64_t bound_pipeline;
+    int64_t head_since;
+    int reported;                       /* the watchdog has fired for it */
+};
+
+struct vk {
+    PFN_vkQueueSubmit QueueSubmit;
+    PFN_vkGetFenceStatus GetFenceStatus;
+    PFN_vkWaitForFences WaitForFences;
+    PFN_vkResetFences ResetFences;
+    PFN_vkCreateFence CreateFence;
+    PFN_vkDestroyFence DestroyFence;
+    PFN_vkCreateCommandPool CreateCommandPool;
+    PFN_vkDestroyCommandPool DestroyCommandPool;
+    PFN_vkAllocateCommandBuffers AllocateCommandBuffers;
+    PFN_vkBeginCommandBuffer BeginCommandBuffer;
+    PFN_vkEndCommandBuffer EndCommandBuffer;
+    PFN_vkCmdBindPipeline CmdBindPipeline;
+    PFN_vkCmdPushDescriptorSetKHR CmdPushDescriptorSetKHR;
+    PFN_vkCmdPushConstants CmdPushConstants;
+    PFN_vkCmdDispatch CmdDispatch;
+    PFN_vkCmdCopyBuffer CmdCopyBuffer;
+    PFN_vkCmdPipelineBarrier CmdPipelineBarrier;
+    PFN_vkCreateQueryPool CreateQueryPool;
+    PFN_vkDestroyQueryPool DestroyQueryPool;
+    PFN_vkCmdResetQueryPool CmdResetQueryPool;
+    PFN_vkCmdWriteTimestamp CmdWriteTimestamp;
+    PFN_vkCmdCopyQueryPoolResults CmdCopyQueryPoolResults;
+    PFN_vkCreateBuffer CreateBuffer;
+    PFN_vkDestroyBuffer DestroyBuffer;
+    PFN_vkGetBufferMemoryRequirements GetBufferMemoryRequirements;
+    PFN_vkAllocateMemory AllocateMemory;
+    PFN_vkFreeMemory FreeMemory;
+    PFN_vkBindBufferMemory BindBufferMemory;
+    PFN_vkMapMemory MapMemory;
+};
+
+struct ls_engine {
+    struct ls_engine_config cfg;
+    struct ls_engine_policy policy;
+    struct vk vk;
+    VkDevice device;
+    VkQueue queue;
+    VkCommandPool pool;
+    pthread_mutex_t lock;               /* everything below, but the flights' fences while waited on */
+    pthread_mutex_t queue_lock;         /* the VkQueue */
+    pthread_t thread;
+    int started, stopping, faulted, device_lost;
+    int64_t stop_timeout_ns;
+    int abandoned;
+    int wake_fd;
+    struct client *clients;
+    uint32_t *active;                   /* slots in use, dense */
+    uint32_t nactive, rotate;
+    struct flight flights[NFLIGHT];
+    uint32_t head, nflights;            /* submitted flights: head .. head + nflights - 1 */
+    struct fence_node *fence_nodes;
+    uint32_t fence_cap;
+    int32_t fence_free;
+    struct ls_engine_event *events;
+    uint32_t nevents, events_cap;
+    struct ls_engine_turn *plan;
+    uint32_t nplan, plan_cap;
+    int popped;                         /* popped since the last spin */
+    struct ls_desc descs[LS_ENGINE_POP];
+    struct ls_cqe post_buf[LS_ENGINE_POP];
+    uint32_t post_count, post_client;
+    struct pollfd *pollfds;
+    uint32_t *poll_clients;
+};
+
+/* ------------------------------------------------------------------ events */
+
+static void emit(ls_engine *e, uint32_t type, uint32_t client, int32_t code, uint32_t kind, uint64_t a, uint64_t b)
+{
+    if (e->nevents == e->events_cap) {
+        uint32_t cap = e->events_cap ? 2 * e->events_cap : 64;
+        struct ls_engine_event *grown = realloc(e->events, cap * sizeof *grown);
+        if (!grown)
+            return;                     /* out of memory: the event is lost, the engine goes on */
+        e->events = grown, e->events_cap = cap;
+    }
+    e->events[e->nevents++] = (struct ls_engine_event){type, client, code, kind, a, b};
+    if (e->nevents == 1 && e->cfg.event_fd >= 0) {
+        uint64_t one = 1;
+        ssize_t written = write(e->cfg.event_fd, &one, sizeof one);
+        (void)written;                  /* a saturated eventfd is readable already */
+    }
+}
+
+int ls_engine_events(ls_engine *e, struct ls_engine_event *out, uint32_t max)
+{
+    pthread_mutex_lock(&e->lock);
+    uint32_t n = e->nevents < max ? e->nevents : max;
+    memcpy(out, e->events, n * sizeof *out);
+    memmove(e->events, e->events + n, (e->nevents - n) * sizeof *out);
+    e->nevents -= n;
+    pthread_mutex_unlock(&e->lock);
+    return (int)n;
+}
+
+/* ------------------------------------------------------------------ answers */
+
+static void flush_posts(ls_engine *e)
+{
+    if (!e->post_count)
+        return;
+    struct client *c = &e->clients[e->post_client];
+    uint32_t n = e->post_count;
+    e->post_count = 0;
+    c->outstanding -= n;
+    if (!c->closing && c->region) {
+        int posted = ls_cq_post(c->region, (const char *)e->post_buf, n);
+        if (posted != (int)n) {         /* the budget in take() makes a short post impossible */
+            c->closing = c->dropped = 1;
+            ls_close_consumer(c->region, LS_ECORRUPT);
+            emit(e, LS_EV_DROPPED, e->post_client, posted < 0 ? posted : -LS_ECORRUPT, 0, 0, 0);
+        }
+    }
+    if (c->closing && c->outstanding == 0 && c->region)
+        emit(e, LS_EV_IDLE, e->post_client, 0, 0, 0, 0);
+}
+
+/* Queue one completion; consecutive ones of a client go out in one post. */
+static void answer(ls_engine *e, uint32_t client, uint64_t ticket, int32_t status, uint64_t ns)
+{
+    if (e->post_count && (e->post_client != client || e->post_count == LS_ENGINE_POP))
+        flush_posts(e);
+    e->post_client = client;
+    e->post_buf[e->post_count++] = (struct ls_cqe){.ticket = ticket, .status = status, .device_ns = ns};
+    struct ls_engine_stats *s = &e->clients[client].stats;
+    if (status == 0)
+        s->completed++;
+    else if (status != -LS_EFAULT && status != -LS_ECANCELED)
+        s->errors++;
+}
+
+static void release(ls_engine *e, struct object *o)
+{
+    if (--o->in_flight == 0 && o->freed) {
+        emit(e, LS_EV_RELEASED, o->client, 0, o->kind, o->id, 0);
+        free(o);
+    }
+}
+
+/* Answer one entry and the fences after it; with keep, its objects stay counted (abandoned work). */
+static void finish_entry(ls_engine *e, struct entry *en, int32_t status, uint64_t ns, int keep)
+{
+    struct client *c = &e->clients[en->client];
+    answer(e, en->client, en->ticket, status, ns);
+    for (int32_t f = en->fences; f != NO_FENCE;) {
+        struct fence_node *node = &e->fence_nodes[f];
+        answer(e, en->client, node->ticket, status, 0);
+        int32_t next = node->next;
+        node->next = e->fence_free, e->fence_free = f;
+        f = next;
+    }
+    en->fences = NO_FENCE;
+    if (c->last == en)
+        c->last = NULL;
+    if (status == 0) {
+        c->stats.device_ns += ns;
+        c->stats.charged_since++;
+        c->stats.charged_ns_since += ns;
+    }
+    if (!keep)
+        for (uint32_t k = 0; k < en->nusers; k++)
+            release(e, en->users[k]);
+}
+
+static int add_fence(ls_engine *e, struct entry *en, uint64_t ticket)
+{
+    if (e->fence_free == NO_FENCE) {
+        uint32_t cap = e->fence_cap ? 2 * e->fence_cap : 256;
+        struct fence_node *grown = realloc(e->fence_nodes, cap * sizeof *grown);
+        if (!grown)
+            return -ENOMEM;
+        for (uint32_t i = e->fence_cap; i < cap; i++)
+            grown[i].next = i + 1 < cap ? (int32_t)(i + 1) : e->fence_free;
+        e->fence_free = (int32_t)e->fence_cap;
+        e->fence_nodes = grown, e->fence_cap = cap;
+    }
+    int32_t f = e->fence_free;
+    e->fence_free = e->fence_nodes[f].next;
+    e->fence_nodes[f] = (struct fence_node){ticket, NO_FENCE};
+    if (en->fences == NO_FENCE)
+        en->fences = f;
+    else
+        e->fence_nodes[en->fences_tail].next = f;
+    en->fences_tail = f;
+    return 0;
+}
+
+/* ------------------------------------------------------------------ recording */
+
+static struct flight *flight_at(ls_engine *e, uint32_t k) { return &e->flights[(e->head + k) % NFLIGHT]; }
+
+/* The flight being recorded (begun on first use), or NULL when every slot is in flight. */
+static struct flight *open_flight(ls_engine *e)
+{
+    if (e->nflights >= NFLIGHT)
+        return NULL;
+    struct flight *f = flight_at(e, e->nflights);
+    if (!f->recording) {
+        VkCommandBufferBeginInfo begin = {VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO, NULL,
+                                          VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT, NULL};
+        if (e->vk.BeginCommandBuffer(f->cb, &begin) != VK_SUCCESS)
+            return NULL;
+        f->recording = 1;
+        f->count = 0;
+        f->bound_pipeline = 0;
+        f->reported = 0;
+        f->head_since = 0;
+        f->timed = e->policy.timed && e->cfg.timestamp_mask && f->queries;
+        if (f->timed) {
+            e->vk.CmdResetQueryPool(f->cb, f->queries, 0, LS_ENGINE_MAX_BATCH + 1);
+            e->vk.CmdWriteTimestamp(f->cb, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, f->queries, 0);
+        }
+    }
+    return f;
+}
+
+static void record_barrier(ls_engine *e, VkCommandBuffer cb)
+{
+    VkMemoryBarrier barrier = {VK_STRUCTURE_TYPE_MEMORY_BARRIER, NULL,
+                               VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT,
+                               VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT | VK_ACCESS_SHADER_READ_BIT |
+                                   VK_ACCESS_TRANSFER_READ_BIT | VK_ACCESS_HOST_READ_BIT};
+    VkPipelineStageFlags work = VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT;
+    e->vk.CmdPipelineBarrier(cb, work, work | VK_PIPELINE_STAGE_HOST_BIT, 0, 1, &barrier, 0, NULL, 0, NULL);
+}
+
+static void record_dispatch(ls_engine *e, struct flight *f, const struct ls_desc *d, struct object *program,
+                            struct object **buffers)
+{
+    VkCommandBuffer cb = f->cb;
+    if (f->bound_pipeline != program->handle) {
+        e->vk.CmdBindPipeline(cb, VK_PIPELINE_BIND_POINT_COMPUTE, (VkPipeline)program->handle);
+        f->bound_pipeline = program->handle;
+    }
+    if (d->nbuffers) {
+        VkDescriptorBufferInfo infos[LS_MAX_BUFFERS];
+        VkWriteDescriptorSet writes[LS_MAX_BUFFERS];
+        for (uint32_t k = 0; k < d->nbuffers; k++) {
+            uint64_t range = buffers[k]->size - d->offset[k];
+            infos[k] = (VkDescriptorBufferInfo){(VkBuffer)buffers[k]->handle, d->offset[k],
+                                                range < e->cfg.max_storage_range ? range : e->cfg.max_storage_range};
+            writes[k] = (VkWriteDescriptorSet){VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET, NULL, VK_NULL_HANDLE, k, 0, 1,
+                                               VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, NULL, &infos[k], NULL};
+        }
+        e->vk.CmdPushDescriptorSetKHR(cb, VK_PIPELINE_BIND_POINT_COMPUTE, (VkPipelineLayout)program->layout, 0,
+                                      d->nbuffers, writes);
+    }
+    if (d->push_size)
+        e->vk.CmdPushConstants(cb, (VkPipelineLayout)program->layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, d->push_size,
+                               d->push);
+    e->vk.CmdDispatch(cb, d->groups[0], d->groups[1], d->groups[2]);
+}
+
+static void record_copy(ls_engine *e, struct flight *f, const struct ls_desc *d, struct object **buffers)
+{
+    VkBufferCopy region = {d->offset[0], d->offset[1], d->offset[2]};
+    e->vk.CmdCopyBuffer(f->cb, (VkBuffer)buffers[0]->handle, (VkBuffer)buffers[1]->handle, 1, &region);
+}
+
+/* ------------------------------------------------------------------ the validator */
+
+/*
+ * 0 when the descriptor (a private copy, ls_desc_check already applied by ls_sq_pop) may run
+ * for client c, with its objects in users[] (program last); else the negative LS_E* status.
+ */
+static int check_desc(ls_engine *e, struct client *c, const struct ls_desc *d, struct object **users,
+                      uint32_t *nusers)
+{
+    if (d->opcode == LS_OP_BAD || d->flags)
+        return -LS_EBADSLOT;
+    for (uint32_t k = 0; k < d->nbuffers; k++) {
+        struct object **slot = table_find(&c->objects, LS_KIND_BUFFER, d->buffer[k]);
+        if (!slot)
+            return -LS_ENOBUFFER;
+        users[k] = *slot;
+    }
+    *nusers = d->nbuffers;
+    if (d->opcode == LS_OP_COPY) {
+        if (d->nbuffers != 2)
+            return -LS_EBINDINGS;
+        uint64_t src = d->offset[0], dst = d->offset[1], size = d->offset[2];
+        if (size == 0 || size > users[0]->size || src > users[0]->size - size || size > users[1]->size ||
+            dst > users[1]->size - size)
+            return -LS_ERANGE;
+        if (users[0] == users[1] && (src > dst ? src - dst : dst - src) < size)
+            return -LS_ERANGE;
+        return 0;
+    }
+    if (d->opcode != LS_OP_DISPATCH)
+        return -LS_EBADSLOT;
+    struct object **slot = table_find(&c->objects, LS_KIND_PROGRAM, d->program);
+    if (!slot)
+        return -LS_ENOPROGRAM;
+    struct object *program = *slot;
+    if (d->nbuffers != program->bindings)
+        return -LS_EBINDINGS;
+    if (d->push_size > program->push_size || d->push_size % 4)
+        return -LS_EPUSH;
+    for (uint32_t k = 0; k < d->nbuffers; k++)
+        if (d->offset[k] >= users[k]->size || d->offset[k] % e->cfg.offset_alignment)
+            return -LS_ERANGE;
+    for (int k = 0; k < 3; k++)
+        if (d->groups[k] < 1 || d->groups[k] > e->cfg.max_groups[k])
+            return -LS_EGROUPS;
+    users[(*nusers)++] = program;
+    return 0;
+}
+
+/* ------------------------------------------------------------------ drain */
+
+static void drop_client(ls_engine *e, uint32_t slot, int code)
+{
+    struct client *c = &e->clients[slot];
+    if (c->closing)
+        return;
+    c->closing = c->dropped = 1;
+    ls_close_consumer(c->region, LS_ECORRUPT);
+    emit(e, LS_EV_DROPPED, slot, code, 0, 0, 0);
+    if (c->outstanding == 0)
+        emit(e, LS_EV_IDLE, slot, 0, 0, 0, 0);
+}
+
+static int submit(ls_engine *e)
+{
+    if (e->nflights >= NFLIGHT)
+        return 0;
+    struct flight *f = flight_at(e, e->nflights);
+    if (!f->recording)
+        return 0;
+    f->recording = 0;
+    if (f->timed) {
+        e->vk.CmdCopyQueryPoolResults(f->cb, f->queries, 0, f->count + 1, f->results, 0, 8,
+                                      VK_QUERY_RESULT_64_BIT | VK_QUERY_RESULT_WAIT_BIT);
+        VkMemoryBarrier barrier = {VK_STRUCTURE_TYPE_MEMORY_BARRIER, NULL, VK_ACCESS_TRANSFER_WRITE_BIT,
+                                   VK_ACCESS_HOST_READ_BIT};
+        e->vk.CmdPipelineBarrier(f->cb, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_PIPELINE_STAGE_HOST_BIT, 0, 1, &barrier, 0,
+                                 NULL, 0, NULL);
+    }
+    VkResult result = e->vk.EndCommandBuffer(f->cb);
+    if (result == VK_SUCCESS) {
+        VkSubmitInfo info = {VK_STRUCTURE_TYPE_SUBMIT_INFO, NULL, 0, NULL, NULL, 1, &f->cb, 0, NULL};
+        pthread_mutex_lock(&e->queue_lock);
+        result = e->vk.QueueSubmit(e->queue, 1, &info, f->fence);
+        pthread_mutex_unlock(&e->queue_lock);
+    }
+    if (result != VK_SUCCESS) {         /* lost device, or out of memory: fail this work, tell Python */
+        for (uint32_t k = 0; k < f->count; k++)
+            finish_entry(e, &f->entries[k], -LS_EFAULT, 0, 0);
+        flush_posts(e);
+        f->count = 0;
+        emit(e, LS_EV_DEVICE, 0, result, 0, 0, 0);
+        e->device_lost = 1;
+        return 0;
+    }
+    if (e->nflights == 0)
+        f->head_since = now_ns();
+    e->nflights++;
+    return 1;
+}
+
+/* Commands the free flight slots can still take: popping more would leave some without one. */
+static int64_t room(ls_engine *e)
+{
+    if (e->nflights >= NFLIGHT)
+        return 0;
+    struct flight *f = flight_at(e, e->nflights);
+    int64_t open = f->recording ? LS_ENGINE_MAX_BATCH - f->count : LS_ENGINE_MAX_BATCH;
+    return open + (int64_t)LS_ENGINE_MAX_BATCH * (NFLIGHT - 1 - e->nflights);
+}
+
+/* Pop up to limit of a client's descriptors; record the good ones, answer the rest. Returns how
+ * many were popped. May submit (a full batch) and open a new flight on the way. */
+static int take(ls_engine *e, uint32_t slot, uint32_t limit)
+{
+    struct client *c = &e->clients[slot];
+    if (!c->region || c->closing)
+        return 0;
+    int space = ls_cq_space(c->region);
+    if (space < 0) {
+        drop_client(e, slot, space);
+        return 0;
+    }
+    int64_t budget = (int64_t)space - c->outstanding;
+    if (budget > limit)
+        budget = limit;
+    if (budget > LS_ENGINE_POP)
+        budget = LS_ENGINE_POP;
+    if (budget > room(e))
+        budget = room(e);
+    if (budget <= 0)
+        return 0;
+    int n = ls_sq_pop(c->region, (char *)e->descs, (uint32_t)budget);
+    if (n < 0) {
+        drop_client(e, slot, n);
+        return 0;
+    }
+    if (n == 0)
+        return 0;
+    c->outstanding += n;
+    c->stats.submitted += n;
+    c->stats.popped_since += n;
+    c->popped = e->popped = 1;
+    for (int i = 0; i < n; i++) {
+        const struct ls_desc *d = &e->descs[i];
+        if (d->opcode == LS_OP_NOP && !d->flags) {  /* a fence */
+            if (!c->last || add_fence(e, c->last, d->ticket))
+                answer(e, slot, d->ticket, 0, 0);
+            continue;
+        }
+        struct object *users[LS_MAX_BUFFERS + 1];
+        uint32_t nusers = 0;
+        int status = check_desc(e, c, d, users, &nusers);
+        struct flight *f = status ? NULL : open_flight(e);
+        if (f && f->count == LS_ENGINE_MAX_BATCH) {
+            submit(e);
+            f = open_flight(e);
+        }
+        if (!f) {
+            answer(e, slot, d->ticket, status ? status : -LS_EFAULT, 0);
+            continue;
+        }
+        if (d->opcode == LS_OP_DISPATCH)
+            record_dispatch(e, f, d, users[nusers - 1], users);
+        else
+            record_copy(e, f, d, users);
+        record_barrier(e, f->cb);
+        if (f->timed)
+            e->vk.CmdWriteTimestamp(f->cb, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, f->queries, f->count + 1);
+        struct entry *en = &f->entries[f->count++];
+        en->client = slot;
+        en->ticket = d->ticket;
+        en->nusers = nusers;
+        en->fences = NO_FENCE;
+        for (uint32_t k = 0; k < nusers; k++) {
+            en->users[k] = users[k];
+            users[k]->in_flight++;
+        }
+        c->last = en;
+    }
+    flush_posts(e);
+    return n;
+}
+
+/* Read every waiting client's pending count into its stats; how many clients wait. */
+static uint32_t look(ls_engine *e)
+{
+    uint32_t waiting = 0;
+    for (uint32_t i = 0; i < e->nactive; i++) {
+        uint32_t slot = e->active[i];
+        struct client *c = &e->clients[slot];
+        if (c->closing) {
+            c->stats.pending = 0;
+            continue;
+        }
+        int pending = ls_sq_pending(c->region);
+        if (pending < 0) {
+            drop_client(e, slot, pending);
+            pending = 0;
+        }
+        c->stats.pending = (uint32_t)pending;
+        waiting += pending > 0;
+    }
+    return waiting;
+}
+
+static int drain(ls_engine *e)
+{
+    int popped = 0;
+    if (e->policy.planned) {
+        int32_t rank = 0;
+        for (uint32_t t = 0; t < e->nplan; t++) {
+            struct ls_engine_turn turn = e->plan[t];
+            if (turn.client >= e->cfg.max_clients)
+                continue;
+            if (t && turn.rank != rank)
+                submit(e);              /* a higher priority's fence must not wait for lower work */
+            rank = turn.rank;
+            popped |= take(e, turn.client, turn.budget) > 0;
+        }
+        e->nplan = 0;
+    } else {
+        uint32_t n = e->nactive, start = n ? e->rotate++ % n : 0;
+        for (uint32_t i = 0; i < n; i++) {
+            uint32_t slot = e->active[(start + i) % n];
+            if (e->clients[slot].stats.pending)
+                popped |= take(e, slot, LS_ENGINE_POP) > 0;
+        }
+    }
+    submit(e);
+    return popped;
+}
+
+/* ------------------------------------------------------------------ retire */
+
+static void read_times(ls_engine *e, struct flight *f, uint64_t *ns)
+{
+    for (uint32_t k = 0; k < f->count; k++)
+        ns[k] = f->timed ? (uint64_t)((double)((f->stamps[k + 1] - f->stamps[k]) & e->cfg.timestamp_mask) *
+                                      e->cfg.timestamp_period_ns)
+                         : 0;
+}
+
+static void retire_head(ls_engine *e, int32_t status, int keep)
+{
+    struct flight *f = flight_at(e, 0);
+    static uint64_t ns[LS_ENGINE_MAX_BATCH];  /* the engine thread's, or a stopped engine's caller */
+    read_times(e, f, ns);
+    for (uint32_t k = 0; k < f->count; k++)
+        finish_entry(e, &f->entries[k], status, status ? 0 : ns[k], keep);
+    flush_posts(e);
+    f->count = 0;
+    e->vk.ResetFences(e->device, 1, &f->fence);
+    e->head = (e->head + 1) % NFLIGHT;
+    e->nflights--;
+    if (e->nflights)
+        flight_at(e, 0)->head_since = now_ns();
+}
+
+static int retire(ls_engine *e)
+{
+    int retired = 0;
+    while (e->nflights) {
+        VkResult result = e->vk.GetFenceStatus(e->device, flight_at(e, 0)->fence);
+        if (result == VK_NOT_READY)
+            break;
+        if (result != VK_SUCCESS && !e->device_lost) {
+            e->device_lost = 1;
+            emit(e, LS_EV_DEVICE, 0, result, 0, 0, 0);
+        }
+        retire_head(e, result == VK_SUCCESS && !e->faulted ? 0 : -LS_EFAULT, 0);
+        retired = 1;
+    }
+    return retired;
+}
+
+static void check_watchdog(ls_engine *e)
+{
+    if (!e->nflights || !e->policy.watchdog_ns || e->faulted)
+        return;
+    struct flight *f = flight_at(e, 0);
+    uint64_t limit = f->count == 1 ? e->policy.watchdog_ns : 2 * e->policy.watchdog_ns;
+    int64_t running = now_ns() - f->head_since;
+    if (f->reported || running <= (int64_t)limit)
+        return;
+    f->reported = 1;
+    emit(e, LS_EV_WATCHDOG, 0, 0, 0, f->count, (uint64_t)running);
+    for (uint32_t k = 0; k < f->count; k++) {
+        uint32_t slot = f->entries[k].client, seen = 0;
+        for (uint32_t j = 0; j < k && !seen; j++)
+            seen = f->entries[j].client == slot;
+        if (!seen)
+            emit(e, LS_EV_SUSPECT, slot, 0, 0, 0, 0);
+    }
+}
+
+/* ------------------------------------------------------------------ sleeping */
+
+static void rang(ls_engine *e, uint32_t slot, int64_t now)
+{
+    struct client *c = &e->clients[slot];
+    char sink[8];
+    for (int k = 0; k < BELL_READS && recv(c->doorbell_fd, sink, sizeof sink, MSG_DONTWAIT) >= 0; k++)
+        ;
+    int pending = ls_sq_pending(c->region);
+    if (pending < 0) {
+        drop_client(e, slot, pending);
+        return;
+    }
+    if (pending || c->popped) {
+        c->popped = 0;
+        return;
+    }
+    c->empty++;
+    c->credit = c->refilled ? c->credit + (double)(now - c->refilled) / 1e9 * BELL_REFILL : BELL_CREDIT;
+    if (c->credit > BELL_CREDIT)
+        c->credit = BELL_CREDIT;
+    c->refilled = now;
+    c->credit -= 1;
+    if (c->credit >= 0)
+        return;
+    c->muted_until = now + BELL_PENALTY_NS;
+    c->mutes++;
+    if (!(c->mutes & (c->mutes - 1)))
+        emit(e, LS_EV_MUTED, slot, 0, 0, c->empty, c->mutes);
+}
+
+/* Watch the rings for spin_ns after popped work; 1 when work (or a task) arrived. */
+static int spin(ls_engine *e)
+{
+    if (!e->popped || !e->nactive || e->nactive > e->policy.spin_clients)
+        return 0;
+    e->popped = 0;
+    int64_t deadline = now_ns() + (int64_t)e->policy.spin_ns;
+    do {
+        pthread_mutex_lock(&e->lock);
+        int found = look(e) > 0 || e->nevents || e->stopping;
+        pthread_mutex_unlock(&e->lock);
+        if (found)
+            return 1;
+        for (int k = 0; k < 64; k++)
+            ls_cpu_relax();
+    } while (now_ns() < deadline);
+    return 0;
+}
+
+static void sleep_on_bells(ls_engine *e)
+{
+    pthread_mutex_lock(&e->lock);
+    int64_t now = now_ns();
+    uint32_t nfds = 1, muted = 0, armed = 0, work = 0;
+    e->pollfds[0] = (struct pollfd){e->wake_fd, POLLIN, 0};
+    for (; armed < e->nactive; armed++) {
+        uint32_t slot = e->active[armed];
+        struct client *c = &e->clients[slot];
+        if (c->closing)
+            continue;
+        int pending = ls_sq_arm(c->region);
+        if (pending < 0) {
+            drop_client(e, slot, pending);
+            continue;
+        }
+        if (pending > 0) {
+            work = 1;
+            armed++;
+            break;
+        }
+        if (now < c->muted_until) {
+            muted = 1;
+            continue;
+        }
+        e->pollfds[nfds] = (struct pollfd){c->doorbell_fd, POLLIN, 0};
+        e->poll_clients[nfds++] = slot;
+    }
+    int stop = e->stopping;
+    pthread_mutex_unlock(&e->lock);
+    if (!work && !stop && poll(e->pollfds, nfds, muted ? MUTED_MS : IDLE_MS) > 0) {
+        uint64_t count;
+        if (e->pollfds[0].revents && read(e->wake_fd, &count, sizeof count) < 0)
+            count = 0;                  /* nothing to read: someone read it first */
+        pthread_mutex_lock(&e->lock);
+        now = now_ns();
+        for (uint32_t k = 1; k < nfds; k++) {
+            uint32_t slot = e->poll_clients[k];
+            struct client *c = &e->clients[slot];
+            if (e->pollfds[k].revents && c->region && !c->closing && c->doorbell_fd == e->pollfds[k].fd)
+                rang(e, slot, now);
+        }
+        pthread_mutex_unlock(&e->lock);
+    }
+    pthread_mutex_lock(&e->lock);
+    for (uint32_t i = 0; i < e->nactive && i < armed; i++) {
+        struct client *c = &e->clients[e->active[i]];
+        if (!c->closing)
+            ls_sq_disarm(c->region);
+    }
+    pthread_mutex_unlock(&e->lock);
+}
+
+static void wait_for_work(ls_engine *e)
+{
+    if (e->nflights) {
+        VkFence fence = flight_at(e, 0)->fence;
+        e->vk.WaitForFences(e->device, 1, &fence, VK_TRUE, FENCE_SLICE_NS);
+        return;
+    }
+    if (!spin(e))
+        sleep_on_bells(e);
+}
+
+/* ------------------------------------------------------------------ the loop */
+
+static void cancel_queued(ls_engine *e, uint32_t slot, int32_t status)
+{
+    struct client *c = &e->clients[slot];
+    for (;;) {
+        int space = ls_cq_space(c->region);
+        int64_t budget = (int64_t)space - c->outstanding;
+        if (space < 0 || budget <= 0)
+            return;
+        int n = ls_sq_pop(c->region, (char *)e->descs, budget < LS_ENGINE_POP ? (uint32_t)budget : LS_ENGINE_POP);
+        if (n <= 0)
+            return;
+        c->outstanding += n;
+        c->stats.submitted += n;
+        for (int i = 0; i < n; i++)
+            answer(e, slot, e->descs[i].ticket, status, 0);
+        flush_posts(e);
+    }
+}
+
+static void shutdown_engine(ls_engine *e)
+{
+    pthread_mutex_lock(&e->lock);
+    for (uint32_t i = 0; i < e->nactive; i++)
+        if (!e->clients[e->active[i]].closing)
+            cancel_queued(e, e->active[i], -LS_ECANCELED);
+    pthread_mutex_unlock(&e->lock);
+    int64_t deadline = now_ns() + e->stop_timeout_ns;
+    for (uint32_t k = 0; k < e->nflights; k++) {
+        int64_t left = deadline - now_ns();
+        VkFence fence = flight_at(e, k)->fence;
+        if (e->vk.WaitForFences(e->device, 1, &fence, VK_TRUE, left > 0 ? (uint64_t)left : 0) != VK_SUCCESS)
+            break;
+    }
+    pthread_mutex_lock(&e->lock);
+    retire(e);
+    e->abandoned = (int)e->nflights;
+    int32_t status = e->faulted ? -LS_EFAULT : -LS_ECANCELED;
+    while (e->nflights) {               /* answered, never released: it still runs on the device */
+        struct flight *f = flight_at(e, 0);
+        for (uint32_t k = 0; k < f->count; k++)
+            finish_entry(e, &f->entries[k], status, 0, 1);
+        flush_posts(e);
+        f->count = 0;
+        e->head = (e->head + 1) % NFLIGHT;
+        e->nflights--;
+    }
+    pthread_mutex_unlock(&e->lock);
+}
+
+static void *run(void *arg)
+{
+    ls_engine *e = arg;
+    for (;;) {
+        pthread_mutex_lock(&e->lock);
+        if (e->stopping) {
+            pthread_mutex_unlock(&e->lock);
+            break;
+        }
+        int busy = retire(e);
+        check_watchdog(e);
+        int can_pop = !e->faulted && !e->device_lost && e->nflights < e->policy.max_in_flight;
+        uint32_t waiting = can_pop ? look(e) : 0;
+        int planned = e->policy.planned;
+        pthread_mutex_unlock(&e->lock);
+        if (waiting && planned)
+            ls_engine_plan_cb(e);       /* Python sets the turns; no lock held */
+        if (waiting) {
+            pthread_mutex_lock(&e->lock);
+            if (e->policy.planned == (uint32_t)planned && !e->faulted)
+                busy |= drain(e);
+            pthread_mutex_unlock(&e->lock);
+        }
+        if (!busy)
+            wait_for_work(e);
+    }
+    shutdown_engine(e);
+    return NULL;
+}
+
+/* ------------------------------------------------------------------ setup */
+
+static int load_vulkan(ls_engine *e)
+{
+    void *loader = dlopen("libvulkan.so.1", RTLD_NOW | RTLD_NOLOAD);
+    if (!loader)
+        loader = dlopen("libvulkan.so.1", RTLD_NOW);
+    if (!loader)
+        return -ENOENT;
+    PFN_vkGetDeviceProcAddr get = (PFN_vkGetDeviceProcAddr)dlsym(loader, "vkGetDeviceProcAddr");
+    if (!get)
+        return -ENOENT;
+#define LOAD(name)                                                                 \
+    if (!(e->vk.name = (PFN_vk##name)get(e->device, "vk" #name)))                  \
+        return -ENOSYS;
+    LOAD(QueueSubmit) LOAD(GetFenceStatus) LOAD(WaitForFences) LOAD(ResetFences) LOAD(CreateFence)
+    LOAD(DestroyFence) LOAD(CreateCommandPool) LOAD(DestroyCommandPool) LOAD(AllocateCommandBuffers)
+    LOAD(BeginCommandBuffer) LOAD(EndCommandBuffer) LOAD(CmdBindPipeline) LOAD(CmdPushDescriptorSetKHR)
+    LOAD(CmdPushConstants) LOAD(CmdDispatch) LOAD(CmdCopyBuffer) LOAD(CmdPipelineBarrier) LOAD(CreateQueryPool)
+    LOAD(DestroyQueryPool) LOAD(CmdResetQueryPool) LOAD(CmdWriteTimestamp) LOAD(CmdCopyQueryPoolResults)
+    LOAD(CreateBuffer) LOAD(DestroyBuffer) LOAD(GetBufferMemoryRequirements) LOAD(AllocateMemory) LOAD(FreeMemory)
+    LOAD(BindBufferMemory) LOAD(MapMemory)
+#undef LOAD
+    return 0;
+}
+
+/* A query pool and a mapped buffer for a flight's timestamps; without them the flight is untimed. */
+static void create_timing(ls_engine *e, struct flight *f)
+{
+    uint32_t count = LS_ENGINE_MAX_BATCH + 1;
+    VkQueryPoolCreateInfo qinfo = {VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO, NULL, 0, VK_QUERY_TYPE_TIMESTAMP, count,
+                                   0};
+    VkBufferCreateInfo binfo = {VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO, NULL, 0, 8 * count,
+                                VK_BUFFER_USAGE_TRANSFER_DST_BIT, VK_SHARING_MODE_EXCLUSIVE, 0, NULL};
+    if (e->vk.CreateQueryPool(e->device, &qinfo, NULL, &f->queries) != VK_SUCCESS) {
+        f->queries = VK_NULL_HANDLE;
+        return;
+    }
+    VkMemoryRequirements req;
+    void *mapped = NULL;
+    if (e->vk.CreateBuffer(e->device, &binfo, NULL, &f->results) == VK_SUCCESS) {
+        e->vk.GetBufferMemoryRequirements(e->device, f->results, &req);
+        VkMemoryAllocateInfo ainfo = {VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO, NULL, req.size,
+                                      e->cfg.host_memory_type};
+        if ((req.memoryTypeBits >> e->cfg.host_memory_type & 1) &&
+            e->vk.AllocateMemory(e->device, &ainfo, NULL, &f->results_memory) == VK_SUCCESS &&
+            e->vk.BindBufferMemory(e->device, f->results, f->results_memory, 0) == VK_SUCCESS &&
+            e->vk.MapMemory(e->device, f->results_memory, 0, VK_WHOLE_SIZE, 0, &mapped) == VK_SUCCESS) {
+            f->stamps = mapped;
+            return;
+        }
+    }
+    e->vk.DestroyQueryPool(e->device, f->queries, NULL);  /* untimed: the rest is freed by destroy */
+    f->queries = VK_NULL_HANDLE;
+}
+
+int ls_engine_create(const struct ls_engine_config *config, ls_engine **out)
+{
+    if (!config->max_clients || config->max_clients > (1u << 20) || !config->offset_alignment)
+        return -EINVAL;
+    ls_engine *e = calloc(1, sizeof *e);
+    if (!e)
+        return -ENOMEM;
+    e->cfg = *config;
+    e->device = (VkDevice)(uintptr_t)config->device;
+    e->queue = (VkQueue)(uintptr_t)config->queue;
+    e->policy = (struct ls_engine_policy){0, 1, 0, 50000, 16, 2};
+    e->fence_free = NO_FENCE;
+    e->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    e->clients = calloc(config->max_clients, sizeof *e->clients);
+    e->active = calloc(config->max_clients, sizeof *e->active);
+    e->pollfds = calloc(config->max_clients + 1, sizeof *e->pollfds);
+    e->poll_clients = calloc(config->max_clients + 1, sizeof *e->poll_clients);
+    pthread_mutex_init(&e->lock, NULL);
+    pthread_mutex_init(&e->queue_lock, NULL);
+    int rc = e->wake_fd < 0 ? -errno : 0;
+    if (!rc && (!e->clients || !e->active || !e->pollfds || !e->poll_clients))
+        rc = -ENOMEM;
+    if (!rc)
+        rc = load_vulkan(e);
+    VkCommandPoolCreateInfo pinfo = {VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO, NULL,
+                                     VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT, config->family};
+    if (!rc && e->vk.CreateCommandPool(e->device, &pinfo, NULL, &e->pool) != VK_SUCCESS)
+        rc = -ENOMEM;
+    for (int k = 0; !rc && k < NFLIGHT; k++) {
+        struct flight *f = &e->flights[k];
+        VkCommandBufferAllocateInfo ainfo = {VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO, NULL, e->pool,
+                                             VK_COMMAND_BUFFER_LEVEL_PRIMARY, 1};
+        VkFenceCreateInfo finfo = {VK_STRUCTURE_TYPE_FENCE_CREATE_INFO, NULL, 0};
+        if (e->vk.AllocateCommandBuffers(e->device, &ainfo, &f->cb) != VK_SUCCESS ||
+            e->vk.CreateFence(e->device, &finfo, NULL, &f->fence) != VK_SUCCESS)
+            rc = -ENOMEM;
+        else if (config->timestamp_mask)
+            create_timing(e, f);
+    }
+    if (rc) {
+        ls_engine_destroy(e);
+        return rc;
+    }
+    *out = e;
+    return 0;
+}
+
+int ls_engine_start(ls_engine *e)
+{
+    if (e->started)
+        return -EALREADY;
+    int rc = pthread_create(&e->thread, NULL, run, e);
+    if (rc)
+        return -rc;
+    e->started = 1;
+    return 0;
+}
+
+void ls_engine_wake(ls_engine *e)
+{
+    uint64_t one = 1;
+    ssize_t written = write(e->wake_fd, &one, sizeof one);
+    (void)written;                      /* saturated: the engine is awake anyway */
+}
+
+int ls_engine_stop(ls_engine *e, int64_t timeout_ns)
+{
+    if (!e->started)
+        return 0;
+    pthread_mutex_lock(&e->lock);
+    e->stopping = 1;
+    e->stop_timeout_ns = timeout_ns;
+    pthread_mutex_unlock(&e->lock);
+    ls_engine_wake(e);
+    pthread_join(e->thread, NULL);
+    e->started = 0;
+    return e->abandoned;
+}
+
+int ls_engine_destroy(ls_engine *e)
+{
+    if (!e)
+        return 0;
+    if (e->started || e->abandoned || e->nflights)
+        return -EBUSY;                  /* its command buffers and fences may still be in use */
+    if (e->vk.DestroyFence) {
+        for (int k = 0; k < NFLIGHT; k++) {
+            struct flight *f = &e->flights[k];
+            if (f->fence)
+                e->vk.DestroyFence(e->device, f->fence, NULL);
+            if (f->queries)
+                e->vk.DestroyQueryPool(e->device, f->queries, NULL);
+            if (f->results)
+                e->vk.DestroyBuffer(e->device, f->results, NULL);
+            if (f->results_memory)
+                e->vk.FreeMemory(e->device, f->results_memory, NULL);  /* unmaps it */
+        }
+        if (e->pool)
+            e->vk.DestroyCommandPool(e->device, e->pool, NULL);
+    }
+    for (uint32_t i = 0; e->clients && i < e->cfg.max_clients; i++)
+        if (e->clients[i].region)
+            ls_engine_remove_client(e, i);
+    if (e->wake_fd >= 0)
+        close(e->wake_fd);
+    free(e->clients), free(e->active), free(e->pollfds), free(e->poll_clients);
+    free(e->fence_nodes), free(e->events), free(e->plan);
+    pthread_mutex_destroy(&e->lock);
+    pthread_mutex_destroy(&e->queue_lock);
+    free(e);
+    return 0;
+}
+
+void ls_engine_set_policy(ls_engine *e, const struct ls_engine_policy *policy)
+{
+    pthread_mutex_lock(&e->lock);
+    e->policy = *policy;
+    if (e->policy.max_in_flight < 1 || e->policy.max_in_flight > NFLIGHT - 1)
+        e->policy.max_in_flight = 2;
+    pthread_mutex_unlock(&e->lock);
+    ls_engine_wake(e);
+}
+
+int32_t ls_engine_queue_submit(ls_engine *e, uint64_t submit_info, uint64_t fence)
+{
+    pthread_mutex_lock(&e->queue_lock);
+    VkResult result = e->vk.QueueSubmit(e->queue, 1, (const VkSubmitInfo *)(uintptr_t)submit_info,
+                                        (VkFence)(uintptr_t)fence);
+    pthread_mutex_unlock(&e->queue_lock);
+    return result;
+}
+
+/* ------------------------------------------------------------------ clients */
+
+static struct client *client_at(ls_engine *e, uint32_t slot)
+{
+    return slot < e->cfg.max_clients && e->clients[slot].region ? &e->clients[slot] : NULL;
+}
+
+int ls_engine_add_client(ls_engine *e, uint32_t slot, uint64_t region, int32_t doorbell_fd)
+{
+    if (slot >= e->cfg.max_clients || !region)
+        return -EINVAL;
+    pthread_mutex_lock(&e->lock);
+    struct client *c = &e->clients[slot];
+    int rc = c->region ? -EEXIST : 0;
+    if (!rc) {
+        memset(c, 0, sizeof *c);
+        c->region = (ls_region *)(uintptr_t)region;
+        c->doorbell_fd = doorbell_fd;
+        c->active_index = e->nactive;
+        e->active[e->nactive++] = slot;
+    }
+    pthread_mutex_unlock(&e->lock);
+    ls_engine_wake(e);                  /* arm its ring */
+    return rc;
+}
+
+int ls_engine_close_client(ls_engine *e, uint32_t slot, uint32_t reason)
+{
+    pthread_mutex_lock(&e->lock);
+    struct client *c = client_at(e, slot);
+    int rc = -ENOENT;
+    if (c) {
+        if (reason && !c->closing) {
+            ls_close_consumer(c->region, reason);
+            cancel_queued(e, slot, -(int32_t)reason);
+        }
+        c->closing = 1;
+        rc = (int)c->outstanding;
+    }
+    pthread_mutex_unlock(&e->lock);
+    return rc;
+}
+
+int ls_engine_remove_client(ls_engine *e, uint32_t slot)
+{
+    int locked = e->started;
+    if (locked)
+        pthread_mutex_lock(&e->lock);
+    struct client *c = client_at(e, slot);
+    int rc = c ? 0 : -ENOENT;
+    if (c) {
+        for (uint32_t i = 0; i < c->objects.cap; i++) {
+            struct object *o = c->objects.slots[i];
+            if (o && o != (struct object *)&c->objects) {
+                if (o->in_flight)
+                    o->freed = 1, o->client = slot;  /* abandoned work still names it: leak, never free */
+                else
+                    free(o);
+            }
+        }
+        free(c->objects.slots);
+        uint32_t last = e->active[--e->nactive];
+        e->active[c->active_index] = last;
+        e->clients[last].active_index = c->active_index;
+        memset(c, 0, sizeof *c);
+    }
+    if (locked)
+        pthread_mutex_unlock(&e->lock);
+    if (locked)
+        ls_engine_wake(e);
+    return rc;
+}
+
+int ls_engine_drain_client(ls_engine *e, uint32_t slot)
+{
+    pthread_mutex_lock(&e->lock);
+    int rc = -ENOENT;
+    if (client_at(e, slot)) {
+        rc = e->faulted || e->device_lost ? 0 : take(e, slot, LS_ENGINE_POP);
+        submit(e);
+    }
+    pthread_mutex_unlock(&e->lock);
+    ls_engine_wake(e);
+    return rc;
+}
+
+int ls_engine_stats(ls_engine *e, uint32_t slot, struct ls_engine_stats *out)
+{
+    pthread_mutex_lock(&e->lock);
+    struct client *c = client_at(e, slot);
+    if (c) {
+        *out = c->stats;
+        out->outstanding = c->outstanding;
+        out->closing = c->closing;
+        out->muted = now_ns() < c->muted_until;
+    }
+    pthread_mutex_unlock(&e->lock);
+    return c ? 0 : -ENOENT;
+}
+
+int ls_engine_take_usage(ls_engine *e, uint32_t slot, struct ls_engine_stats *out)
+{
+    pthread_mutex_lock(&e->lock);
+    struct client *c = client_at(e, slot);
+    if (c) {
+        int pending = c->closing ? 0 : ls_sq_pending(c->region);  /* now: the plan is made now */
+        c->stats.pending = pending > 0 ? (uint32_t)pending : 0;   /* a corrupt ring: the next look drops it */
+        *out = c->stats;
+        out->outstanding = c->outstanding;
+        c->stats.popped_since = c->stats.charged_since = c->stats.charged_ns_since = 0;
+    }
+    pthread_mutex_unlock(&e->lock);
+    return c ? 0 : -ENOENT;
+}
+
+/* ------------------------------------------------------------------ objects */
+
+static int put_object(ls_engine *e, uint32_t slot, struct object *o)
+{
+    pthread_mutex_lock(&e->lock);
+    struct client *c = client_at(e, slot);
+    int rc = !c ? -ENOENT : table_find(&c->objects, o->kind, o->id) ? -EEXIST : table_put(&c->objects, o);
+    pthread_mutex_unlock(&e->lock);
+    if (rc)
+        free(o);
+    return rc;
+}
+
+int ls_engine_put_program(ls_engine *e, uint32_t slot, uint32_t id, uint64_t pipeline, uint64_t layout,
+                          uint32_t bindings, uint32_t push_size)
+{
+    if (!pipeline || !layout || bindings > LS_MAX_BUFFERS || push_size > LS_MAX_PUSH)
+        return -EINVAL;
+    struct object *o = calloc(1, sizeof *o);
+    if (!o)
+        return -ENOMEM;
+    *o = (struct object){.id = id, .kind = LS_KIND_PROGRAM, .handle = pipeline, .layout = layout,
+                         .bindings = bindings, .push_size = push_size, .client = slot};
+    return put_object(e, slot, o);
+}
+
+int ls_engine_put_buffer(ls_engine *e, uint32_t slot, uint32_t id, uint64_t buffer, uint64_t size)
+{
+    if (!buffer || !size)
+        return -EINVAL;
+    struct object *o = calloc(1, sizeof *o);
+    if (!o)
+        return -ENOMEM;
+    *o = (struct object){.id = id, .kind = LS_KIND_BUFFER, .handle = buffer, .size = size, .client = slot};
+    return put_object(e, slot, o);
+}
+
+int ls_engine_drop(ls_engine *e, uint32_t slot, uint32_t kind, uint32_t id)
+{
+    pthread_mutex_lock(&e->lock);
+    struct client *c = client_at(e, slot);
+    struct object **found = c ? table_find(&c->objects, kind, id) : NULL;
+    int rc = -ENOENT;
+    if (found) {
+        struct object *o = *found;
+        table_remove(&c->objects, found);
+        if (o->in_flight) {
+            o->freed = 1;
+            rc = 1;
+        } else {
+            free(o);
+            rc = 0;
+        }
+    }
+    pthread_mutex_unlock(&e->lock);
+    return rc;
+}
+
+/* ------------------------------------------------------------------ faults and plans */
+
+void ls_engine_set_fault(ls_engine *e, uint32_t faulted)
+{
+    pthread_mutex_lock(&e->lock);
+    e->faulted = faulted != 0;
+    if (e->started)
+        retire(e);                      /* finished work: answered LS_EFAULT now */
+    pthread_mutex_unlock(&e->lock);
+    ls_engine_wake(e);
+}
+
+int ls_engine_in_flight(ls_engine *e)
+{
+    pthread_mutex_lock(&e->lock);
+    int n = (int)e->nflights;
+    pthread_mutex_unlock(&e->lock);
+    return n;
+}
+
+int ls_engine_in_flight_clients(ls_engine *e, uint32_t *out, uint32_t max)
+{
+    pthread_mutex_lock(&e->lock);
+    uint32_t n = 0;
+    for (uint32_t k = 0; k < e->nflights; k++) {
+        struct flight *f = flight_at(e, k);
+        for (uint32_t j = 0; j < f->count && n < max; j++) {
+            uint32_t slot = f->entries[j].client, seen = 0;
+            for (uint32_t i = 0; i < n && !seen; i++)
+                seen = out[i] == slot;
+            if (!seen)
+                out[n++] = slot;
+        }
+    }
+    pthread_mutex_unlock(&e->lock);
+    return (int)n;
+}
+
+int ls_engine_set_plan(ls_engine *e, const struct ls_engine_turn *turns, uint32_t count)
+{
+    pthread_mutex_lock(&e->lock);
+    int rc = 0;
+    if (count > e->plan_cap) {
+        struct ls_engine_turn *grown = realloc(e->plan, count * sizeof *grown);
+        if (grown)
+            e->plan = grown, e->plan_cap = count;
+        else
+            rc = -ENOMEM;
+    }
+    if (!rc) {
+        memcpy(e->plan, turns, count * sizeof *turns);
+        e->nplan = count;
+    }
+    pthread_mutex_unlock(&e->lock);
+    return rc;
+}
