@@ -287,7 +287,17 @@ class Drainer:
     # ---------------------------------------------------------------- planning (engine thread)
 
     def _plan(self) -> None:
-        """The turns of the engine's next pass, from the scheduler (called on the engine's thread)."""
+        """The turns of the engine's next pass, from the scheduler (called on the engine's thread).
+
+        Should the scheduler fail, the pass drains every waiting client (logged): a policy bug must
+        not starve anyone."""
+        try:
+            self._plan_turns()
+        except Exception:
+            log.exception("the scheduler failed to plan a pass; this one drains every waiting client")
+            self.engine.set_plan([(c.slot, POP, 0) for c in list(self.clients.values()) if not c.closing])
+
+    def _plan_turns(self) -> None:
         with self.scheduling:
             scheduler, engine = self.scheduler, self.engine
             clients, pending, busy = [], {}, {}
@@ -305,7 +315,7 @@ class Drainer:
                 pending[client.id] = usage.pending > 0
                 busy[client.id] = usage.pending > 0 or usage.outstanding > 0
             plan = scheduler.plan(clients, pending, busy, engine.in_flight(), POP)
-            engine.set_plan([(c.slot, budget, scheduler.rank(c)) for c, budget in plan])
+            engine.set_plan([(c.slot, budget, scheduler.rank(c)) for c, budget in plan if budget > 0])
 
     # ---------------------------------------------------------------- clients (control thread)
 

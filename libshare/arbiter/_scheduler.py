@@ -178,7 +178,7 @@ class Scheduler:
             if ranks[client.id] < top:  # a higher priority is active: one short slice in all
                 per_command = max(self.usage(client).per_command_ns, 1.0)
                 budget = int(lower_ns // per_command) or (1 if lower_ns == _SLICE_NS else 0)  # the first: one at least
-                if not budget:
+                if budget <= 0:  # the slice is spent (the first command may overrun it)
                     continue
                 lower_ns -= budget * per_command
             elif self.mode == "fairshare":

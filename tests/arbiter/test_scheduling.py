@@ -211,6 +211,23 @@ def test_lower_priorities_share_one_slice_and_take_turns():
     assert scheduler.plan(clients, everyone, everyone, 1, 1024) == [(realtime, 1024)], "none while one runs"
 
 
+def test_lower_priority_commands_longer_than_the_slice_get_no_negative_budget():
+    """A low command that overruns the whole slice leaves the others none, never a negative budget
+    (the engine takes a plan's budgets as unsigned counts)."""
+    class Fake:
+        def __init__(self, id, priority):
+            self.id, self.priority, self.group, self.requested_share = id, priority, "", 100
+
+    scheduler = Scheduler(mode="throughput")
+    realtime, lows = Fake(0, "realtime"), [Fake(i, "low") for i in range(1, 4)]
+    for low in lows:
+        for _ in range(30):
+            scheduler.charge(low, 3_000_000)  # fifteen slices each
+    everyone = {c.id: True for c in [realtime, *lows]}
+    plan = scheduler.plan([realtime, *lows], everyone, everyone, 0, 1024)
+    assert [budget for _, budget in plan] == [1024, 1], plan
+
+
 def test_a_realtime_dispatch_is_not_held_behind_low_work_popped_with_it(tmp_path, vulkan_device_name):
     pipe_dir = tmp_path / "pipe"
     pipe_dir.mkdir(mode=0o700)
