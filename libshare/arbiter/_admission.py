@@ -44,7 +44,7 @@ MAX_PRIVATE_BYTES = 64 << 10
 """Most bytes of Private and Function variables a kernel may declare."""
 _ID_BOUND_SLACK = 1024
 _VALIDATOR_TIMEOUT = 10.0
-_TARGET_ENV = "vulkan1.1"  # the API version the arbiter's instance asks for (device.py)
+_TARGET_ENV = "vulkan1.1"  # the API version the arbiter's instance asks for (the device package)
 _INSTALL_HINT = "install SPIRV-Tools (`apt-get install spirv-tools`)"
 _VALIDATORS = threading.BoundedSemaphore(os.cpu_count() or 2)  # spirv-val processes at once
 

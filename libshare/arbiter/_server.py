@@ -50,7 +50,7 @@ Memory a client receives is its own and nothing else: a shared buffer is a fresh
 memfd (its pages start as zeros), sealed against resizing before it is sent, so
 that a client cannot truncate it under the arbiter's mapping (see
 ring/_region.py); a device buffer reads as zeros too: fresh anonymous pages on a
-CPU device, else a fill of zeros queued before its id is returned (device.py).
+CPU device, else a fill of zeros queued before its id is returned (the device package, _memory.py).
 Every allocation is checked against the memory limits, down to the total that
 the device fits (_limits.py), before any memory exists.
 """

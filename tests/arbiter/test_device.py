@@ -12,6 +12,7 @@ import re
 import shutil
 import struct
 import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -367,3 +368,10 @@ def test_fresh_device_buffers_read_as_zeros_on_both_paths(device, host, cpu):
         assert device.clearing_bytes == 0
     finally:
         device.cpu = True
+
+
+def test_importing_the_package_loads_no_vulkan():
+    """The binding loads when a Device is built, not on import: the arbiter's parent process
+    imports the package without loading Vulkan (see ``_compiler.py``)."""
+    code = "import sys, libshare.arbiter.device; assert 'vulkan' not in sys.modules, 'vulkan was imported'"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -1,0 +1,308 @@
+"""Instance creation, physical device information and selection, and device creation.
+
+A :class:`~libshare.arbiter.device.Device` picks its physical device by ``selector``,
+checks that it can run libshare (Vulkan 1.1, VK_KHR_push_descriptor, robustBufferAccess),
+and creates a VkDevice with bounds checking, one compute queue, and the command pool
+every command buffer of the package is allocated from.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid as _uuid
+from typing import Any
+
+from libshare.errors import QuotaExceeded, VulkanUnavailable
+
+from ._binding import (
+    _INSTALL_HINT,
+    _address,
+    _check,
+    _create,
+    _enumerate,
+    _result_name,
+    _struct,
+    _text,
+    _uses_binding,
+)
+
+_vk, _ffi, _lib = _uses_binding(globals())  # set when the first Device loads the binding
+
+
+class _Instance:
+    """The physical device, VkDevice, queue, command pool and entry points of a Device (one of its parts)."""
+
+    def _open(self, selector: str | None) -> None:
+        """Pick the physical device, read its properties, create device, queue and command pool."""
+        handles = _enumerate(_lib.vkEnumeratePhysicalDevices, "VkPhysicalDevice", self._instance)
+        devices = [_PhysicalInfo(handle) for handle in handles]
+        info = _select(devices, selector)
+        self._physical = info
+        self.index: int = devices.index(info)
+        self.name: str = info.name
+        self.uuid: str = info.uuid
+        self.max_group_count: tuple[int, int, int] = info.max_group_count
+        self.max_push_constants_size: int = info.max_push_constants_size
+        self.host_import_alignment: int = info.host_import_alignment
+        self.storage_offset_alignment: int = info.storage_offset_alignment
+        self.max_workgroup_size: tuple[int, int, int] = info.max_workgroup_size
+        self.max_workgroup_invocations: int = info.max_workgroup_invocations
+        self.max_shared_memory: int = info.max_shared_memory
+        self.timestamp_period_ns: float = info.timestamp_period
+        self.cpu: bool = info.cpu
+        """True for a device that runs on the host's CPU (lavapipe): its memory is the host's."""
+        self.local_heap_size: int = info.local_heap_size()
+        """Bytes in the device's largest device-local memory heap."""
+        self._family, valid_bits = info.compute_family()
+        self._timestamp_mask = (1 << valid_bits) - 1 if valid_bits else 0
+        self._handle = _create_device(info, self._family)
+        queue = _ffi.new("VkQueue*")
+        _lib.vkGetDeviceQueue(self._handle, self._family, 0, queue)
+        self._queue = queue[0]
+        self._load_functions()
+        self._create_command_pool()
+
+    def _load_functions(self) -> None:
+        """Bind the hot-path and extension entry points once."""
+        self._queue_submit = _lib.vkQueueSubmit
+        self._wait_for_fences = _lib.vkWaitForFences
+        self._reset_fences = _lib.vkResetFences
+        self._get_fence_status = _lib.vkGetFenceStatus
+        self._push_descriptor_set = self._device_function("vkCmdPushDescriptorSetKHR")
+        self._host_pointer_properties = (
+            self._device_function("vkGetMemoryHostPointerPropertiesEXT") if self.host_import_alignment else None
+        )
+
+    def _device_function(self, name: str) -> Any:
+        """An extension function of this device, cast to its PFN type."""
+        pointer = _lib.vkGetDeviceProcAddr(self._handle, name.encode())
+        if pointer == _ffi.NULL:
+            raise VulkanUnavailable(f"{self.name} does not provide {name}")
+        return _ffi.cast("PFN_" + name, pointer)
+
+    def _create_command_pool(self) -> None:
+        """The command pool every command buffer comes from, and how to allocate one."""
+        info = _struct(
+            "VkCommandPoolCreateInfo", "COMMAND_POOL_CREATE_INFO",
+            flags=_vk.VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT, queueFamilyIndex=self._family,
+        )
+        self._command_pool = _create(
+            _lib.vkCreateCommandPool, "VkCommandPool", "vkCreateCommandPool", self._handle, info, _ffi.NULL
+        )
+        self._allocate_infos = {
+            level: _struct(
+                "VkCommandBufferAllocateInfo", "COMMAND_BUFFER_ALLOCATE_INFO", commandPool=self._command_pool,
+                level=level, commandBufferCount=1,
+            )
+            for level in (_vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY, _vk.VK_COMMAND_BUFFER_LEVEL_SECONDARY)
+        }
+
+    def _allocate_command_buffer(self, level: int) -> Any:
+        """A VkCommandBuffer[1] holding one new command buffer of ``level``."""
+        array = _ffi.new("VkCommandBuffer[1]")
+        info = self._allocate_infos[level]
+        _check(_lib.vkAllocateCommandBuffers(self._handle, info, array), "vkAllocateCommandBuffers")
+        return array
+
+    def native_handles(self) -> dict:
+        """The raw handles and limits a native engine records and submits with, as integers.
+
+        Keys: ``device`` (VkDevice), ``queue`` (VkQueue), ``family`` (its queue family),
+        ``timestamp_mask`` (0: no timestamps), ``timestamp_period_ns``, ``max_storage_range``,
+        ``offset_alignment``, ``max_group_count`` (three counts), ``host_memory_type`` (the first
+        host-visible, coherent memory type: where timestamps are copied for the host to read).
+        """
+        self._require_open()
+        return {
+            "device": _address(self._handle), "queue": _address(self._queue), "family": self._family,
+            "timestamp_mask": self._timestamp_mask, "timestamp_period_ns": self.timestamp_period_ns,
+            "max_storage_range": self._physical.max_storage_range,
+            "offset_alignment": self.storage_offset_alignment, "max_group_count": self.max_group_count,
+            "host_memory_type": self._physical.memory_type(
+                (1 << 32) - 1, _vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | _vk.VK_MEMORY_PROPERTY_HOST_COHERENT_BIT),
+        }
+
+    def _destroy_device(self) -> None:
+        """Destroy the command pool, device and instance (what the constructor made first)."""
+        if self._handle is not None:
+            if self._command_pool is not None:
+                _lib.vkDestroyCommandPool(self._handle, self._command_pool, _ffi.NULL)
+            _lib.vkDestroyDevice(self._handle, _ffi.NULL)
+            self._handle = None
+        _lib.vkDestroyInstance(self._instance, _ffi.NULL)
+
+
+def _create_instance() -> Any:
+    """A Vulkan 1.1 instance, or VulkanUnavailable when no driver answers."""
+    # lavapipe hands every dispatch to a thread pool and waits for it: for the small
+    # dispatches an arbiter batches, that handoff costs more than the work (about 20 us
+    # against 4 us a command on 2 cores). Inline unless the user chose a pool size;
+    # other drivers ignore the variable. It must be set before the driver loads.
+    os.environ.setdefault("LP_NUM_THREADS", "0")
+    app = _struct(
+        "VkApplicationInfo", "APPLICATION_INFO", pApplicationName=_ffi.new("char[]", b"libshare-arbiter"),
+        pEngineName=_ffi.new("char[]", b"libshare"), apiVersion=_vk.VK_MAKE_VERSION(1, 1, 0),
+    )
+    info = _struct("VkInstanceCreateInfo", "INSTANCE_CREATE_INFO", pApplicationInfo=app)
+    out = _ffi.new("VkInstance*")
+    result = _lib.vkCreateInstance(info, _ffi.NULL, out)
+    if result < 0:
+        raise VulkanUnavailable(f"vkCreateInstance failed with {_result_name(result)}; {_INSTALL_HINT}")
+    return out[0]
+
+
+class _PhysicalInfo:
+    """What the device layer needs to know about one physical device."""
+
+    def __init__(self, handle: Any):
+        self.handle = handle
+        found = _enumerate(_lib.vkEnumerateDeviceExtensionProperties, "VkExtensionProperties", handle, _ffi.NULL)
+        self.extensions = {_text(e.extensionName) for e in found}
+        self._read_properties()
+        self.families = _enumerate(_lib.vkGetPhysicalDeviceQueueFamilyProperties, "VkQueueFamilyProperties", handle)
+        self.memory = _ffi.new("VkPhysicalDeviceMemoryProperties*")
+        _lib.vkGetPhysicalDeviceMemoryProperties(handle, self.memory)
+
+    def _read_properties(self) -> None:
+        """Name, UUID, limits, push-descriptor and host-import properties."""
+        push = _struct("VkPhysicalDevicePushDescriptorPropertiesKHR", "PHYSICAL_DEVICE_PUSH_DESCRIPTOR_PROPERTIES_KHR")
+        ids = _struct("VkPhysicalDeviceIDProperties", "PHYSICAL_DEVICE_ID_PROPERTIES", pNext=push)
+        host = _struct(
+            "VkPhysicalDeviceExternalMemoryHostPropertiesEXT", "PHYSICAL_DEVICE_EXTERNAL_MEMORY_HOST_PROPERTIES_EXT",
+            pNext=ids,
+        )
+        has_host = "VK_EXT_external_memory_host" in self.extensions
+        props = _struct("VkPhysicalDeviceProperties2", "PHYSICAL_DEVICE_PROPERTIES_2", pNext=host if has_host else ids)
+        if "VK_KHR_push_descriptor" not in self.extensions:
+            ids.pNext = _ffi.NULL
+        _lib.vkGetPhysicalDeviceProperties2(self.handle, props)
+        p, limits = props.properties, props.properties.limits
+        self.name = _text(p.deviceName)
+        self.cpu = p.deviceType == _vk.VK_PHYSICAL_DEVICE_TYPE_CPU
+        self.api_version = p.apiVersion
+        self.uuid = str(_uuid.UUID(bytes=bytes(_ffi.buffer(ids.deviceUUID, 16))))
+        self.max_group_count = tuple(limits.maxComputeWorkGroupCount)
+        self.max_push_constants_size = limits.maxPushConstantsSize
+        self.storage_offset_alignment = limits.minStorageBufferOffsetAlignment
+        self.max_storage_range = limits.maxStorageBufferRange
+        self.timestamp_period = float(limits.timestampPeriod)
+        self.max_push_descriptors = push.maxPushDescriptors if ids.pNext != _ffi.NULL else 0
+        self.host_import_alignment = host.minImportedHostPointerAlignment if has_host else 0
+        self.max_workgroup_size = tuple(limits.maxComputeWorkGroupSize)
+        self.max_workgroup_invocations = limits.maxComputeWorkGroupInvocations
+        self.max_shared_memory = limits.maxComputeSharedMemorySize
+        features = _ffi.new("VkPhysicalDeviceFeatures*")
+        _lib.vkGetPhysicalDeviceFeatures(self.handle, features)
+        self.robust_buffer_access = bool(features.robustBufferAccess)
+
+    def local_heap_size(self) -> int:
+        """Bytes in the largest device-local memory heap (0 if none is marked device-local)."""
+        heaps = self.memory.memoryHeaps
+        return max((heaps[i].size for i in range(self.memory.memoryHeapCount)
+                    if heaps[i].flags & _vk.VK_MEMORY_HEAP_DEVICE_LOCAL_BIT), default=0)
+
+    def compute_family(self) -> tuple[int, int]:
+        """(index, timestampValidBits) of the best compute queue family.
+
+        Prefers families with timestamps, then compute-only ones (async compute).
+        """
+        compute, graphics = _vk.VK_QUEUE_COMPUTE_BIT, _vk.VK_QUEUE_GRAPHICS_BIT
+        candidates = [
+            (f.timestampValidBits > 0, not f.queueFlags & graphics, -i, i)
+            for i, f in enumerate(self.families)
+            if f.queueFlags & compute and f.queueCount > 0
+        ]
+        if not candidates:
+            raise VulkanUnavailable(f"{self.name} has no compute queue")
+        index = max(candidates)[3]
+        return index, self.families[index].timestampValidBits
+
+    def memory_type(self, allowed_bits: int, preferred: int) -> int:
+        """The first allowed memory type with all ``preferred`` flags, else the first allowed."""
+        allowed = [i for i in range(self.memory.memoryTypeCount) if allowed_bits >> i & 1]
+        if not allowed:
+            raise QuotaExceeded("no memory type of the device fits this buffer")
+        for i in allowed:
+            if self.memory.memoryTypes[i].propertyFlags & preferred == preferred:
+                return i
+        return allowed[0]
+
+    def describe(self, index: int) -> str:
+        """One line for error messages."""
+        return f"{index}: {self.name} (uuid {self.uuid})"
+
+
+def _select(devices: list[_PhysicalInfo], selector: str | None) -> _PhysicalInfo:
+    """Pick by selector, and check the pick can run libshare."""
+    if not devices:
+        raise VulkanUnavailable(f"the Vulkan loader found no device; {_INSTALL_HINT}")
+    chosen = _match(devices, (selector or "").strip())
+    if chosen is None:
+        found = "; ".join(d.describe(i) for i, d in enumerate(devices))
+        raise VulkanUnavailable(f"no Vulkan device matches {selector!r}; found: {found}")
+    if chosen.api_version < _vk.VK_MAKE_VERSION(1, 1, 0):
+        raise VulkanUnavailable(f"{chosen.name} supports only Vulkan 1.0; libshare needs 1.1")
+    if "VK_KHR_push_descriptor" not in chosen.extensions:
+        raise VulkanUnavailable(f"{chosen.name} lacks VK_KHR_push_descriptor, which libshare needs")
+    if not chosen.robust_buffer_access:
+        raise VulkanUnavailable(f"{chosen.name} lacks robustBufferAccess, which bounds client kernels")
+    return chosen
+
+
+def _match(devices: list[_PhysicalInfo], selector: str) -> _PhysicalInfo | None:
+    """The device named by index or UUID, or None."""
+    if not selector:
+        return devices[0]
+    if selector.isdecimal():
+        index = int(selector)
+        return devices[index] if index < len(devices) else None
+    wanted = selector.replace("-", "").lower()
+    for d in devices:
+        if d.uuid.replace("-", "") == wanted:
+            return d
+    return None
+
+
+def _create_device(info: _PhysicalInfo, family: int) -> Any:
+    """A VkDevice with one queue of ``family``, the extensions libshare uses and bounds checking.
+
+    ``robustBufferAccess`` (and ``robustBufferAccess2`` where the device has
+    VK_EXT_robustness2) is enabled so that a client's kernel cannot read or write past the
+    buffers bound to it; no other feature is, ``bufferDeviceAddress`` above all: with it a
+    kernel could turn any integer into a pointer.
+    """
+    names = ["VK_KHR_push_descriptor"]
+    for optional in ("VK_EXT_external_memory_host", "VK_KHR_portability_subset"):
+        if optional in info.extensions:
+            names.append(optional)
+    features = _ffi.new("VkPhysicalDeviceFeatures*")
+    features.robustBufferAccess = 1
+    robustness2 = _robustness2(info)
+    if robustness2 != _ffi.NULL:
+        names.append("VK_EXT_robustness2")
+    c_names = [_ffi.new("char[]", n.encode()) for n in names]
+    name_array = _ffi.new("char*[]", c_names)
+    priority = _ffi.new("float[1]", [1.0])
+    queue = _struct(
+        "VkDeviceQueueCreateInfo", "DEVICE_QUEUE_CREATE_INFO", queueFamilyIndex=family, queueCount=1,
+        pQueuePriorities=priority,
+    )
+    create = _struct(
+        "VkDeviceCreateInfo", "DEVICE_CREATE_INFO", queueCreateInfoCount=1, pQueueCreateInfos=queue,
+        enabledExtensionCount=len(names), ppEnabledExtensionNames=name_array, pEnabledFeatures=features,
+        pNext=robustness2,
+    )
+    return _create(_lib.vkCreateDevice, "VkDevice", "vkCreateDevice", info.handle, create, _ffi.NULL)
+
+
+def _robustness2(info: _PhysicalInfo) -> Any:
+    """A feature struct enabling robustBufferAccess2 when the device has it, else NULL."""
+    if "VK_EXT_robustness2" not in info.extensions:
+        return _ffi.NULL
+    wanted = _struct("VkPhysicalDeviceRobustness2FeaturesEXT", "PHYSICAL_DEVICE_ROBUSTNESS_2_FEATURES_EXT")
+    query = _struct("VkPhysicalDeviceFeatures2", "PHYSICAL_DEVICE_FEATURES_2", pNext=wanted)
+    _lib.vkGetPhysicalDeviceFeatures2(info.handle, query)
+    if not wanted.robustBufferAccess2:
+        return _ffi.NULL
+    return _struct("VkPhysicalDeviceRobustness2FeaturesEXT", "PHYSICAL_DEVICE_ROBUSTNESS_2_FEATURES_EXT",
+                   robustBufferAccess2=1)
