@@ -81,6 +81,9 @@ class Scheduler:
     """The drain policy; owned by the control thread (commands change it through drain tasks)."""
 
     mode: str = "throughput"
+    max_in_flight: int = 2
+    """Submissions on the device at once: more work waits in the rings for a larger batch, and a
+    higher priority's next submission waits behind at most this many."""
     default_share: int = 100
     default_priority: str = "normal"
     group_share: dict[str, int] = field(default_factory=dict)
@@ -182,13 +185,18 @@ class Scheduler:
                     continue
                 lower_ns -= budget * per_command
             elif self.mode == "fairshare":
-                if in_flight > 2 or self.usage(client).total_ns > least_served + 2 * _SLICE_NS:
+                if in_flight >= self.max_in_flight or self.usage(client).total_ns > least_served + 2 * _SLICE_NS:
                     continue  # ahead of the least-served waiting client: let it catch up
                 budget = self._slice(client)
             else:
                 budget = max_budget if headroom is None else self._slice(client, headroom)
             plan.append((client, min(budget, max_budget)))
         return plan
+
+    def arbitrates(self, clients: list) -> bool:
+        """False when every pass would give every waiting client all it has (no plan is needed):
+        scheduling off, no client, or throughput mode with every client alike."""
+        return not (self.mode == UNSCHEDULED or not clients or (self.mode == "throughput" and self._all_alike(clients)))
 
     def _all_alike(self, clients: list) -> bool:
         """One priority for every client and no compute-share ceiling anywhere."""

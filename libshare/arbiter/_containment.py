@@ -1,0 +1,189 @@
+"""Containment: terminating a client, faults, the watchdog, and the device's recovery.
+
+States. The server is ACTIVE, FAULT (the device was lost, a dispatch ran past the
+watchdog, or a fault was injected for a test) or INITIALIZING (recreating the device
+after a fault), as in Volta MPS. A fault closes every client's ring with LS_EFAULT (a
+sticky ServerFault on the client's side, which its waiting tickets see too), answers
+LS_EFAULT to the descriptors the device has finished or lost, and makes the clients
+INACTIVE. Work the device still runs cannot be stopped: Vulkan has no call that aborts
+a dispatch, and destroying a device under running work is undefined (lavapipe waits
+for it, for ever if it never ends). So that work stays in flight, and nothing waits
+for it unbounded: every wait is a fence wait with a timeout, and the device is closed
+only once its fences say that nothing runs. Once the work has ended (by itself, or
+because the driver reset the GPU and reported the device lost) and every faulted
+client has disconnected, the device is recreated and the server is ACTIVE again. Work
+that outlives the recovery timeout (the daemon's ``--shutdown-timeout``) means the
+device cannot be recovered in this process: the arbiter says so in server.log and the
+daemon exits with status 75, socket and lock file removed, for a supervisor to start
+a new one. On lavapipe, which never aborts a running shader, a runaway dispatch always
+ends that way. Stopping (SIGTERM, ``quit``) gives running work its timeout in the same
+way, then answers what still runs (LS_ECANCELED) and leaves it, with the device, to
+the process's exit. Terminating one client is the same containment for one client:
+its queued descriptors are cancelled (LS_ECANCELED), its running ones end, and its
+ring is closed with the reason the client reads as ClientTerminated.
+
+The watchdog (the engine measures, this thread decides) is there for each dispatch: a batch of tiny dispatches must not lend its
+length to a runaway one in it (a limit of the watchdog times the batch's length let
+one run 30 times the watchdog beside 29 tiny ones). But one fence completes a whole
+``vkQueueSubmit``, and nothing tells how far into a batch the device is (timestamps
+neither: lavapipe's vkGetQueryPoolResults waits for the queue to go idle first). So
+the limit applies to a submission, counted from when it reaches
+the head of the device's queue (the time it spent queued behind another submission
+does not count), and does not grow with its
+length: the watchdog for a single command, where it is exact, and twice the watchdog
+for a batch. A runaway dispatch faults within twice the watchdog, whatever shares its
+submission; the price is that an honest batch whose dispatches together run longer
+than that faults too, which takes many long dispatches pipelined at once (with the
+default 120 s, over four minutes of work in one submission). Exact per-dispatch
+progress would need a marker written after each command of a batch for the host to
+read; a limit that grew with a client's history could be trained by that client. The
+client that tripped the watchdog is named in server.log and shown RUNAWAY in ``ps``
+(SUSPECT for each of several clients that shared the submission: which of their
+dispatches ran cannot be told) until its work ends or the arbiter exits.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from ..errors import ClientTerminated, ServerFault, ServerNotReady
+from ..ring import C
+from ._clients import Client
+
+log = logging.getLogger("libshare.arbiter")
+
+_FAULT_POLL = 0.1  # seconds between looks at faulted work that still runs
+
+
+class Containment:
+    """How the control thread contains a client or a fault (a part of Drainer, whose engine,
+    clients, device and state it uses)."""
+
+    def terminate(self, client: Client) -> None:
+        """Cancel a client's queued work and reclaim it once its running work ends (sticky error)."""
+        if client.closing:
+            return
+        log.info("%s: status is INACTIVE (terminated by the operator)", client.describe())
+        self._contain(client, ClientTerminated("the operator terminated this client (terminate_client); "
+                                               "reconnect to go on"), C.ECANCELED)
+
+    def _contain(self, client: Client, sticky: Exception, reason: int) -> None:
+        client.sticky = sticky
+        client.state = "INACTIVE"
+        if not client.closing:
+            self.engine.close_client(client.slot, reason)  # closes its ring, answers what it still holds
+        self.disconnect(client)
+
+    def enter_fault(self, reason: str, offender: Client | None = None, runaway: tuple[Client, ...] = ()) -> None:
+        """Put the server in FAULT: fail everything outstanding, make every client INACTIVE.
+
+        Work the device has finished or lost is answered LS_EFAULT at once. Work it still runs
+        stays in flight, its descriptors outstanding, for nothing can stop it: see "States" in
+        the module's essay. ``runaway`` are the clients whose submission tripped the watchdog
+        (ps shows them RUNAWAY, or SUSPECT when several shared it, until it ends).
+        """
+        self.engine.set_fault(True)
+        if self.state == "FAULT":
+            return
+        self.state = "FAULT"
+        self._fault_since = time.monotonic()
+        log.error("server status is FAULT: %s%s", reason,
+                  f"; raised by {offender.describe()}" if offender else
+                  f"; raised by one of {', '.join(c.describe() for c in runaway)}" if runaway else "")
+        affected = [c for c in self.clients.values() if not c.closing]
+        log.error("clients affected by the fault: %s", ", ".join(f"pid {c.pid}" for c in affected) or "none")
+        for client in affected:
+            self._fault_waiting.add(client.id)
+            self._contain(client, ServerFault(f"the arbiter's device faulted ({reason}); this session is "
+                                              "lost, reconnect once the server is ACTIVE again"), C.EFAULT)
+        for client in runaway:
+            client.state = "RUNAWAY" if len(runaway) == 1 else "SUSPECT"
+        if self.engine.in_flight():
+            log.error("%d submission(s) still run on the device and nothing can stop them; they get %g s to "
+                      "end before the device is given up", self.engine.in_flight(), self.recovery_timeout)
+            self._watch_fault()
+        self._maybe_recover()
+
+    def _watchdog_fired(self, event, suspects: list[Client]) -> None:
+        """The engine's head submission ran past its limit: the watchdog for a single command, twice
+        the watchdog for a batch (see "States" in the module's essay)."""
+        if self.state != "ACTIVE":
+            return  # faulted already: _maybe_recover gives the running work its time to end
+        count, running = event.a, event.b / 1e9
+        limit = self._watchdog if count == 1 else 2 * self._watchdog
+        log.error("a submission of %d command(s) has run %.1f s at the head of the device's queue, past its "
+                  "%.1f s limit (the %g s watchdog%s); its clients: %s", count, running, limit,
+                  self._watchdog, "" if count == 1 else ", twice over for a batch",
+                  ", ".join(c.describe() for c in suspects))
+        self.enter_fault(f"a dispatch ran past the {self._watchdog:g} s watchdog",
+                         suspects[0] if len(suspects) == 1 else None, tuple(suspects))
+
+    def _watch_fault(self) -> None:
+        """Until the fault is over, have the control thread look every _FAULT_POLL s whether the faulted
+        work has ended or outlived ``recovery_timeout`` (nothing else wakes it once the clients are gone)."""
+        if self._fault_watcher is not None and self._fault_watcher.is_alive():
+            return
+
+        def watch():
+            while self.state == "FAULT" and self.unrecoverable is None and not self.stopping:
+                time.sleep(_FAULT_POLL)
+                try:
+                    self.post(self._maybe_recover)
+                except ServerNotReady:
+                    return
+
+        self._fault_watcher = threading.Thread(target=watch, name="libshare-fault-watch", daemon=True)
+        self._fault_watcher.start()
+
+    def _maybe_recover(self) -> None:
+        """Recreate the device once the faulted work has ended and every faulted client has gone;
+        give the device up once that work outlives ``recovery_timeout``. Never waits for the device."""
+        if self.state != "FAULT" or self.unrecoverable is not None:
+            return
+        if self.engine.in_flight():
+            running = time.monotonic() - self._fault_since
+            if running >= self.recovery_timeout:
+                clients = [self._by_slot[s].describe() for s in self.engine.in_flight_clients() if s in self._by_slot]
+                self._give_up(f"{self.engine.in_flight()} submission(s) of {', '.join(clients) or 'gone clients'} "
+                              f"still run {running:.1f} s after the fault")
+            return
+        if self._fault_waiting or self.clients:
+            return
+        self.state = "INITIALIZING"
+        log.info("server status is INITIALIZING: recreating the device")
+        self.engine.stop(0)
+        self.engine.destroy()
+        self.pipelines.forget()
+        try:
+            closed = self.device.close(self.recovery_timeout)  # nothing runs: the fences say so at once
+        except Exception:
+            log.exception("closing the faulted device")
+            closed = True
+        if not closed:
+            self.state = "FAULT"
+            self._give_up("the faulted device did not go idle (a compile or a zero fill still runs on it)")
+            return
+        for memory in self._faulted_memory:
+            memory.close()
+        self._faulted_memory.clear()
+        try:
+            self.device = self._device_factory()
+            self.engine = self._new_engine()
+            self.engine.start()
+        except Exception as exc:
+            self.state = "FAULT"
+            log.error("recreating the device failed: %s", exc)
+            return
+        self.state = "ACTIVE"
+        log.info("server status is ACTIVE: %s recreated", self.device.name)
+
+    def _give_up(self, why: str) -> None:
+        """The device cannot be recovered in this process: say so, and tell whoever runs the arbiter."""
+        self.unrecoverable = why
+        log.error("the device cannot be recovered in this process: %s (Vulkan cannot abort a dispatch, and the "
+                  "driver of %s has not reset the device; lavapipe never does); the arbiter must be restarted",
+                  why, self.device.name)
+        if self.on_unrecoverable is not None:
+            self.on_unrecoverable(why)
