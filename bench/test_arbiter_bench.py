@@ -1,9 +1,10 @@
 """The arbiter against direct Vulkan, side by side in one run; ratios in the summary.
 
-1. tiny dispatch round trip (64 floats, one workgroup): through a daemon vs the same
-   dispatch submitted in-process with the ``vulkan`` package and a prerecorded command
-   buffer (libshare's own device layer, which records once and resubmits). Target <= 1.15x.
-   Both sides wait for each dispatch before the next.
+1. tiny dispatch round trip (64 floats, one workgroup): through a daemon, and through the
+   embedded arbiter, vs the same dispatch submitted in-process with the ``vulkan`` package
+   and a prerecorded command buffer (libshare's own device layer, which records once and
+   resubmits). Targets <= 1.15x (daemon) and <= 1.10x (embedded). Every side waits for each
+   dispatch before the next, and none takes timestamps.
 2. one client pipelining 10,000 tiny dispatches vs direct serial submission. Target >= 1.5x.
 3. 8 client processes through one arbiter vs 8 processes that each open their own device,
    aggregate dispatches/s. Target >= 1.0x on lavapipe.
@@ -65,6 +66,18 @@ def remote(arbiter_dir):
         yield session, lambda: session.dispatch(program, 1, [x, y], struct.pack("If", 64, 1.0))
 
 
+@pytest.fixture(scope="module")
+def embedded():
+    """A session of this process's embedded arbiter, untimed like the others."""
+    with libshare.connect(mode="embedded") as session:
+        from libshare._session import _embedded
+
+        _embedded().drainer.timed = False  # the direct path takes no timestamps either
+        program = session.load_program(libshare.shaders.path("saxpy"))
+        x, y = session.array(64), session.array(64)
+        yield lambda: session.dispatch(program, 1, [x, y], struct.pack("If", 64, 1.0))
+
+
 def ratio_line(label: str, numerator: str, denominator: str, target: str, report_ratio) -> None:
     if numerator in RESULTS and denominator in RESULTS:
         report_ratio(f"{label}: {RESULTS[numerator] / RESULTS[denominator]:.3f}x ({target}); "
@@ -91,6 +104,13 @@ def test_round_trip_arbiter(benchmark, remote, report_ratio):
     RESULTS["arbiter round trip"] = benchmark.stats.stats.median
     ratio_line("1. tiny round trip, arbiter / direct", "arbiter round trip", "direct round trip",
                "target <= 1.15", report_ratio)
+
+
+def test_round_trip_embedded(benchmark, embedded, report_ratio):
+    benchmark(lambda: embedded().wait(10))
+    RESULTS["embedded round trip"] = benchmark.stats.stats.median
+    ratio_line("1. tiny round trip, embedded / direct", "embedded round trip", "direct round trip",
+               "target <= 1.10", report_ratio)
 
 
 # ---------------------------------------------------------------- 2. pipelining

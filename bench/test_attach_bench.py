@@ -328,8 +328,11 @@ def idle_percent(pid: int, seconds: float = IDLE_SECONDS) -> tuple[float, float]
     return (100.0 * (cpu_seconds(pid) - before) / seconds, 100.0 * (run_seconds(pid) - run_before) / seconds)
 
 
+IDLE_CLIENTS = 256
+
+
 def test_idle_arbiter_cpu(benchmark, tmp_path_factory, report_ratio):
-    process, pipe_dir = start_daemon(tmp_path_factory.mktemp("idle"))
+    process, pipe_dir = start_daemon(tmp_path_factory.mktemp("idle"), "--max-clients", str(IDLE_CLIENTS + 8))
     try:
         time.sleep(1.0)  # start-up done
         alone = idle_percent(process.pid)
@@ -342,10 +345,21 @@ def test_idle_arbiter_cpu(benchmark, tmp_path_factory, report_ratio):
             time.sleep(0.5)  # the dispatch retired, the drain thread asleep
             with_client = benchmark.pedantic(idle_percent, args=(process.pid,), rounds=1)
             assert session.stats()["completed"] == 1  # still attached, and it was idle
+        many = [libshare.connect(mode="daemon", pipe_directory=pipe_dir, name=f"idle{i}")
+                for i in range(IDLE_CLIENTS)]
+        try:
+            for other in many:  # each has run a dispatch, and now waits
+                other.dispatch(other.load_program(SAXPY), 1, [other.array(64), other.array(64)], PUSH).wait(10)
+            time.sleep(0.5)
+            with_many = idle_percent(process.pid)
+        finally:
+            for other in many:
+                other.close()
         assert process.poll() is None, "the arbiter exited while idle"
     finally:
         stop_process(process)
     tick = 100.0 / os.sysconf("SC_CLK_TCK") / IDLE_SECONDS
     report_ratio(f"5. idle arbiter CPU over {IDLE_SECONDS:.0f} s, utime+stime (resolution {tick:.2f}%): "
-                 f"one idle client {with_client[0]:.2f}% of one core, no client {alone[0]:.2f}% (target < 0.5%); "
-                 f"schedstat: {with_client[1]:.3f}% and {alone[1]:.3f}%")
+                 f"one idle client {with_client[0]:.2f}% of one core, {IDLE_CLIENTS} idle clients "
+                 f"{with_many[0]:.2f}%, no client {alone[0]:.2f}% (target < 0.5%); "
+                 f"schedstat: {with_client[1]:.3f}%, {with_many[1]:.3f}% and {alone[1]:.3f}%")
