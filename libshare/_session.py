@@ -1,8 +1,9 @@
 """Sessions and tickets: the client side of libshare.
 
 A Session holds a control socket (rare requests: programs, buffers) and a
-ring region (every dispatch). ``dispatch`` packs one 256-byte descriptor,
-pushes it from this thread's lane and returns a Ticket at once. Completions
+ring region (every dispatch). ``dispatch`` hands the operation to the ring's
+C encoder (``ls_push_op``, the one bindings/c calls too), which checks it and
+writes it straight into this thread's lane, and returns a Ticket at once. Completions
 come back on the completion ring; whichever thread waits pops them all and
 files each status under its ticket, so tickets may be waited in any order,
 from any thread, or awaited under anyio.
@@ -19,7 +20,8 @@ answer. The session keeps a record of a ticket only while its work is in
 flight, and that record is a weak reference: a completion read for a ticket
 nobody holds any more is dropped on the spot, so pipelining without waiting
 (the README's pattern) holds no memory per dispatch. Ticket numbers come from
-one counter under the session's gate lock, so threads never share one.
+one counter under the session's gate lock, so threads never share one, and an
+operation the encoder refuses spends none.
 
 Every way of asking sees the arbiter's death within one wait slice (50 ms):
 a blocking wait sleeps on the completion ring in slices and the ring checks
@@ -27,10 +29,14 @@ the arbiter's pidfd (or, embedded, its state word) between them; ``done()``
 never blocks, so it takes a zero-length look that makes the same check.
 Once the loss is known it is sticky for the session: every unfinished ticket
 fails with it and ``dispatch()`` raises it at once. A cancelled completion
-(the arbiter shut down or terminated this client) counts as that loss too.
+(the arbiter shut down or terminated this client) counts as that loss too, and
+so does the encoder's refusal to push into a ring whose arbiter side is closed
+(a dispatch notices a shutdown, a termination or a fault by itself).
 
-Closing never pulls the ring from under a thread. Each thread that touches
-the mapped region counts itself in and out under the gate lock; ``close()``
+Closing never pulls the ring from under a thread. A dispatch pushes while it
+holds the gate lock (one lock round trip: its number, the check that the session
+is open, the push); every other use of the mapped region (a wait, a dispatch
+waiting for room in a full lane) counts itself in and out under that lock; ``close()``
 marks the session closed, shuts the socket (waking a control request), then
 waits for the count to drop to zero before it unmaps. Whichever thread brings
 it to zero unmaps, so a close from inside a wait (a finalizer, say) cannot
@@ -61,7 +67,6 @@ from . import errors
 from ._buffers import Buffer, Program, find_buffer
 from .ring import C, CQE_DTYPE, Region
 from .ring._binding import ffi
-from .ring._codec import encode
 
 __all__ = ["Session", "Ticket", "connect"]
 
@@ -69,6 +74,10 @@ _SEEN_ARRAYS = 1024  # arrays whose binding a session remembers
 _WAIT_SLICE = 0.05  # seconds per completion wait, between liveness checks
 _CLOSE_WAIT = 2.0  # seconds close() waits for threads inside the ring before leaving the unmap to them
 _REQUEST_TIMEOUT = 60.0  # a control request the arbiter does not answer in this long fails
+_OP_DISPATCH, _OP_COPY = C.OP_DISPATCH, C.OP_COPY
+_ref = weakref.ref
+_TOO_BIG = (f"at most {C.MAX_BUFFERS} buffers, {C.MAX_PUSH} push bytes and 3 group counts, each count "
+            "and offset not negative and within 32 bits (offsets and sizes: 64 bits)")
 _STATUS_TEXT = {
     C.EBADSLOT: "descriptor fields out of range",
     C.ENOPROGRAM: "unknown program id",
@@ -174,10 +183,11 @@ class Session:
         self._torn_down = False
         self._next_ticket = 1
         self._pending: dict[int, weakref.ref[Ticket]] = {}  # ticket number -> its Ticket, while in flight
+        self._lanes = threading.local()  # .push_op: ls_push_op on this thread's lane, claimed on its first push
         self._cqes = np.empty(self._region.cq_entries, CQE_DTYPE)
         self._cqes_ptr = ffi.from_buffer("char[]", self._cqes)
         self._by_mapping: dict[int, Buffer] = {}
-        self._seen: dict[int, tuple[weakref.ref, Buffer, int]] = {}  # id(array) -> (the array, buffer, offset)
+        self._seen: dict[int, tuple[weakref.ref, int, int]] = {}  # id(item) -> (the item, buffer id, offset)
         self._lost: errors.LibshareError | None = None  # sticky: the arbiter is gone or ended this session
         self.closed = False
         """True after close()."""
@@ -301,6 +311,9 @@ class Session:
         buffer = obj if isinstance(obj, Buffer) else find_buffer(obj, self._by_mapping)[0]
         self._request("free", buffer_id=buffer.id)
         buffer.freed = True
+        for key, (_, buffer_id, _) in list(self._seen.items()):  # its arrays bind nothing any more
+            if buffer_id == buffer.id:
+                self._seen.pop(key, None)
         if buffer.mapping is not None:
             self._by_mapping.pop(id(buffer.mapping), None)
 
@@ -318,74 +331,122 @@ class Session:
         ``buffers`` are arrays from :meth:`array` (a slice binds from its first element)
         or Buffer objects; ``push`` is the push-constant bytes (``struct.pack``).
         """
-        groups = (groups, 1, 1) if isinstance(groups, int) else tuple(groups) + (1,) * (3 - len(groups))
-        if len(buffers) > C.MAX_BUFFERS or len(push) > C.MAX_PUSH:
-            raise errors.InvalidSubmission(f"at most {C.MAX_BUFFERS} buffers and {C.MAX_PUSH} push bytes")
-        ids, offsets = self._bindings(buffers)
-        return self._submit(C.OP_DISPATCH, program.id, ids, offsets, groups, push)
+        if groups.__class__ is int:
+            gx, gy, gz = groups, 1, 1
+        else:
+            gx, gy, gz = _groups(groups)
+        ids, offsets = [], []
+        seen = self._seen
+        for item in buffers:  # the hot path of _binding, inline
+            known = seen.get(id(item))
+            if known is None or known[0]() is not item:
+                known = self._binding(item)
+            ids.append(known[1])
+            offsets.append(known[2])
+        if push.__class__ is not bytes:
+            push = bytes(push)
+        return self._submit(_OP_DISPATCH, program.id, gx, gy, gz, ids, offsets, push)
 
     def copy(self, src, dst, nbytes: int | None = None, src_offset: int = 0, dst_offset: int = 0) -> Ticket:
         """Queue a copy between two buffers (shared or device); returns a Ticket at once."""
-        (src_id, dst_id), (src_base, dst_base) = self._bindings((src, dst))
+        (_, src_id, src_base), (_, dst_id, dst_base) = self._binding(src), self._binding(dst)
         if nbytes is None:
             nbytes = min(_nbytes(src), _nbytes(dst))
         offsets = [src_base + src_offset, dst_base + dst_offset, int(nbytes)]
-        return self._submit(C.OP_COPY, 0, [src_id, dst_id], offsets, (0, 0, 0), b"")
+        return self._submit(_OP_COPY, 0, 0, 0, 0, [src_id, dst_id], offsets, b"")
 
-    def _bindings(self, buffers) -> tuple[list[int], list[int]]:
-        ids, offsets = [], []
-        for item in buffers:
-            if isinstance(item, Buffer):
-                ids.append(item.id)
-                offsets.append(0)
-            else:
-                buffer, offset = self._bound(item)
-                ids.append(buffer.id)
-                offsets.append(offset)
-        return ids, offsets
-
-    def _bound(self, array: np.ndarray) -> tuple[Buffer, int]:
-        """The buffer and byte offset an array binds; remembered per live array (walking its
-        ``.base`` chain is most of what a dispatch costs here)."""
-        seen = self._seen.get(id(array))
-        if seen is not None and seen[0]() is array and not seen[1].freed:
-            return seen[1], seen[2]
-        buffer, offset = find_buffer(array, self._by_mapping)
+    def _binding(self, item: Buffer | np.ndarray) -> tuple[weakref.ref, int, int]:
+        """(a weak reference to ``item``, the buffer id it binds, the byte offset it binds from),
+        remembered per live item until its buffer is freed (walking an array's ``.base`` chain is
+        most of what binding costs)."""
+        known = self._seen.get(id(item))
+        if known is not None and known[0]() is item:
+            return known
+        if isinstance(item, Buffer):
+            buffer, offset = item, 0
+        else:
+            buffer, offset = find_buffer(item, self._by_mapping)
         if len(self._seen) >= _SEEN_ARRAYS:
             self._seen.clear()
-        self._seen[id(array)] = (weakref.ref(array), buffer, offset)
-        return buffer, offset
+        known = self._seen[id(item)] = (weakref.ref(item), buffer.id, offset)
+        return known
 
-    def _submit(self, opcode: int, program: int, ids, offsets, groups, push: bytes) -> Ticket:
-        with self._gate:  # the number and the region's use together: one lock per dispatch
-            if self.closed:
-                raise _closed_error()
-            number = self._next_ticket
-            self._next_ticket += 1
-            self._users += 1
+    def _submit(self, opcode: int, program: int, gx: int, gy: int, gz: int, ids: list, offsets: list,
+                push: bytes) -> Ticket:
+        """Number the operation and hand it to the ring's C encoder (ls_push_op) on this thread's lane."""
         try:
-            if self._lost is None:
-                self._lost = self._closed_by_arbiter()
-            if self._lost is not None:
-                raise _fresh(self._lost)
-            desc = encode(number, opcode, program, ids, offsets, groups, push)
-            ticket = Ticket(self, number)
-            self._pending[number] = weakref.ref(ticket)  # before the push: its completion may come at once
-            try:
-                self._push(desc)
-            except BaseException:
-                self._pending.pop(number, None)
-                raise
-            return ticket
+            push_op = self._lanes.push_op
+        except AttributeError:
+            push_op = self._claim_lane()
+        # Made before the gate: an allocation may start a garbage collection, and a finalizer it
+        # runs may close this session, which takes the gate (not re-entrant).
+        ticket = Ticket(self, 0)
+        record = _ref(ticket)
+        gate = self._gate
+        gate.acquire()  # the number, the check that the session is open and the push: one lock round trip
+        try:
+            if self.closed or self._lost is not None:
+                pushed = None
+            else:
+                number = ticket.id = self._next_ticket
+                self._pending[number] = record  # before the push: its completion may come at once
+                try:
+                    pushed = push_op(number, opcode, program, gx, gy, gz, len(ids), ids, len(offsets), offsets,
+                                     push, len(push))
+                except OverflowError:  # cffi: a count, id or offset beyond its C type
+                    pushed = -C.EBADSLOT
+                if pushed == 1:
+                    self._next_ticket = number + 1
+                    return ticket
+                if pushed == 0:  # the lane is full: the number is spent, the record stays
+                    self._next_ticket = number + 1
+                else:  # refused: no record, and the number is not spent
+                    self._pending.pop(number, None)
+                self._users += 1  # the rest happens outside the gate, counted in
+        finally:
+            gate.release()
+        if pushed is None:
+            raise _closed_error() if self.closed else _fresh(self._lost)
+        try:
+            while pushed == 0:  # make room by reading completions
+                if self._lost is not None:
+                    raise _fresh(self._lost)
+                self._collect(_WAIT_SLICE)  # raises SessionClosed once closed, or the loss
+                pushed = push_op(number, opcode, program, gx, gy, gz, len(ids), ids, len(offsets), offsets, push,
+                                 len(push))
+            if pushed < 0:
+                self._refused(pushed)
+        except BaseException:
+            self._pending.pop(number, None)
+            raise
         finally:
             self._leave()
+        return ticket
 
-    def _push(self, desc: bytes) -> None:
-        producer = self._region.producer()
-        while producer.try_push(desc) == 0:  # lane full: make room by reading completions
-            if self._lost is not None:
-                raise _fresh(self._lost)
-            self._collect(_WAIT_SLICE)  # raises SessionClosed once closed, or the loss
+    def _claim_lane(self):
+        """This thread's ``push_op``, on a lane claimed now (counted in: the region stays mapped)."""
+        self._enter()
+        try:
+            push_op = self._lanes.push_op = self._region.producer().push_op
+        finally:
+            self._leave()
+        return push_op
+
+    def _refused(self, code: int) -> None:
+        """Raise what a push the ring refused stands for; a closed or corrupt ring is the sticky loss.
+
+        Caller is counted in (the region stays mapped)."""
+        if code == -C.EBADSLOT:
+            raise errors.InvalidSubmission(_TOO_BIG)
+        if code == -C.EPEERDEAD:  # the arbiter closed this session's side of the ring
+            self._lost = self._lost or self._closed_by_arbiter() or errors.ArbiterLost(
+                "the arbiter shut down or closed this session; connect again")
+            raise _fresh(self._lost)
+        try:
+            self._region.producer().raise_for(code)
+        except errors.RingCorrupted as exc:
+            self._lost = self._lost or exc
+            raise
 
     # ---------------------------------------------------------------- completion
 
@@ -571,6 +632,16 @@ def _closed_error(message: str = "session is closed: connect again") -> errors.S
 
 def _nbytes(item) -> int:
     return item.size if isinstance(item, Buffer) else item.nbytes
+
+
+def _groups(groups) -> tuple[int, int, int]:
+    """Workgroup counts x, y, z from one to three of them (the missing ones are 1)."""
+    if isinstance(groups, int):
+        return groups, 1, 1
+    groups = tuple(groups)
+    if not 1 <= len(groups) <= 3:
+        raise errors.InvalidSubmission(f"{_TOO_BIG}: got {len(groups)} group counts")
+    return groups + (1,) * (3 - len(groups))
 
 
 # -------------------------------------------------------------------- connecting

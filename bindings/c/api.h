@@ -157,8 +157,10 @@ int ls_free_buffer(ls_session *session, uint32_t buffer_id);
  * byte offset in offsets[i]; offsets may be NULL for all 0) with push_size
  * bytes of push constants. Returns at once: *ticket receives the ticket to
  * wait on. Runs in C (no Python): one descriptor pushed into the ring.
- * Returns 0, -EINVAL (more than 8 buffers or 128 push bytes), -LS_ELOST.
- * Invalid ids, ranges and group counts are reported by ls_wait() on the ticket.
+ * Returns 0, -EINVAL (more than 8 buffers or 128 push bytes, buffers or push
+ * NULL with a count, ticket NULL: no ticket is issued), -LS_ELOST (also when
+ * the arbiter has closed this session's ring). Invalid ids, ranges and group
+ * counts are reported by ls_wait() on the ticket.
  */
 int ls_dispatch(ls_session *session, uint32_t program, uint32_t groups_x, uint32_t groups_y,
                 uint32_t groups_z, uint32_t nbuffers, const uint32_t *buffers, const uint64_t *offsets,

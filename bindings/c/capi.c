@@ -12,7 +12,9 @@
  * the arbiter's doorbell fd; this file opens its own view of the region with
  * the ring's C core, claims a submission lane, and from then on owns the
  * session's completion ring: the Python session is used for control requests
- * only and never pops a completion of a C session.
+ * only and never pops a completion of a C session. A dispatch or copy is
+ * written into the lane by the ring's ls_push_op, the one descriptor encoder
+ * (the Python session calls it too), which also checks its fields.
  *
  * Tickets are numbered here. Each one has a record in a small hash table
  * (pending, then done with its status and device time) until ls_wait takes
@@ -345,15 +347,40 @@ static int check_ticket(ls_session *s, uint64_t ticket)
 
 /* ------------------------------------------------------------------ submission */
 
-/* Give a ticket to desc and push it; when the lane is full, make room by reading completions. */
-static int submit(ls_session *s, struct ls_desc *desc, uint64_t *ticket)
+/* One operation for ls_push_op, the ring's encoder (the Python session's too). */
+struct lsx_op {
+    const char *what;                   /* the API call, for error messages */
+    uint32_t opcode, program, groups[3];
+    uint32_t nbuffers, noffsets, push_size;
+    const uint32_t *buffers;
+    const uint64_t *offsets;
+    const void *push;
+};
+
+static int push_op(ls_session *s, uint64_t ticket, const struct lsx_op *op)
 {
+    return ls_push_op(s->producer, ticket, op->opcode, op->program, op->groups[0], op->groups[1], op->groups[2],
+                      op->nbuffers, op->buffers, op->noffsets, op->offsets, op->push, op->push_size);
+}
+
+/* Give the operation a ticket and push it; when the lane is full, make room by reading completions. */
+static int submit(ls_session *s, const struct lsx_op *op, uint64_t *ticket)
+{
+    if (ticket == NULL)
+        return fail(-EINVAL, "%s: ticket is NULL", op->what);
     pthread_mutex_lock(&s->lock);
-    desc->ticket = s->next_ticket;
-    int rc = table_add_pending(&s->table, desc->ticket);
+    uint64_t number = s->next_ticket;
+    int rc = table_add_pending(&s->table, number);
     if (rc == 0) {
-        __atomic_store_n(&s->next_ticket, desc->ticket + 1, __ATOMIC_RELAXED);
-        rc = ls_push(s->producer, (const char *)desc, 1);
+        rc = push_op(s, number, op);
+        if (rc == -LS_EBADSLOT || rc == -EINVAL) { /* refused by the encoder: no record, no number spent */
+            table_remove(&s->table, table_find(&s->table, number));
+            pthread_mutex_unlock(&s->lock);
+            return fail(-EINVAL, "%s: %u buffers and %u push bytes, at most %d and %d, each array non-NULL "
+                        "when its count is not 0", op->what, op->nbuffers, op->push_size, LS_MAX_BUFFERS,
+                        LS_MAX_PUSH);
+        }
+        __atomic_store_n(&s->next_ticket, number + 1, __ATOMIC_RELAXED);
     }
     pthread_mutex_unlock(&s->lock);
     while (rc == 0) {                   /* lane full: the arbiter waits for us to read completions */
@@ -363,12 +390,12 @@ static int submit(ls_session *s, struct ls_desc *desc, uint64_t *ticket)
             got = collect_waiting(s, LSX_FULL_WAIT_NS);
         pthread_mutex_unlock(&s->cq_lock);
         pthread_mutex_lock(&s->lock);
-        rc = got < 0 ? got : ls_push(s->producer, (const char *)desc, 1);
+        rc = got < 0 ? got : push_op(s, number, op);
         pthread_mutex_unlock(&s->lock);
     }
     if (rc < 0) {
         pthread_mutex_lock(&s->lock);
-        struct lsx_record *record = table_find(&s->table, desc->ticket);
+        struct lsx_record *record = table_find(&s->table, number);
         if (record)
             table_remove(&s->table, record);
         pthread_mutex_unlock(&s->lock);
@@ -378,7 +405,7 @@ static int submit(ls_session *s, struct ls_desc *desc, uint64_t *ticket)
             mark_lost(s, rc);
         return lost_error(s);
     }
-    *ticket = desc->ticket;
+    *ticket = number;
     return 0;
 }
 
@@ -389,25 +416,19 @@ int ls_dispatch(ls_session *s, uint32_t program, uint32_t groups_x, uint32_t gro
     int rc = check_session(s);
     if (rc < 0)
         return rc;
-    if (ticket == NULL || (nbuffers && buffers == NULL) || (push_size && push == NULL))
-        return fail(-EINVAL, "ls_dispatch: ticket, buffers or push is NULL");
-    if (nbuffers > LS_MAX_BUFFERS || push_size > LS_MAX_PUSH)
-        return fail(-EINVAL, "ls_dispatch: %u buffers and %u push bytes; at most %d and %d", nbuffers,
-                    push_size, LS_MAX_BUFFERS, LS_MAX_PUSH);
-    struct ls_desc desc = {
-        .program = program,
+    struct lsx_op op = {
+        .what = "ls_dispatch",
         .opcode = LS_OP_DISPATCH,
-        .nbuffers = (uint8_t)nbuffers,
-        .push_size = (uint8_t)push_size,
+        .program = program,
         .groups = {groups_x, groups_y, groups_z},
+        .nbuffers = nbuffers,
+        .buffers = buffers,
+        .noffsets = offsets ? nbuffers : 0,   /* NULL: every offset 0 */
+        .offsets = offsets,
+        .push = push,
+        .push_size = push_size,
     };
-    for (uint32_t i = 0; i < nbuffers; i++) {
-        desc.buffer[i] = buffers[i];
-        desc.offset[i] = offsets ? offsets[i] : 0;
-    }
-    if (push_size)
-        memcpy(desc.push, push, push_size);
-    return submit(s, &desc, ticket);
+    return submit(s, &op, ticket);
 }
 
 int ls_copy(ls_session *s, uint32_t src, uint64_t src_offset, uint32_t dst, uint64_t dst_offset,
@@ -416,15 +437,17 @@ int ls_copy(ls_session *s, uint32_t src, uint64_t src_offset, uint32_t dst, uint
     int rc = check_session(s);
     if (rc < 0)
         return rc;
-    if (ticket == NULL)
-        return fail(-EINVAL, "ls_copy: ticket is NULL");
-    struct ls_desc desc = {
+    uint32_t buffers[2] = {src, dst};
+    uint64_t offsets[3] = {src_offset, dst_offset, nbytes};
+    struct lsx_op op = {
+        .what = "ls_copy",
         .opcode = LS_OP_COPY,
         .nbuffers = 2,
-        .buffer = {src, dst},
-        .offset = {src_offset, dst_offset, nbytes},
+        .buffers = buffers,
+        .noffsets = 3,
+        .offsets = offsets,
     };
-    return submit(s, &desc, ticket);
+    return submit(s, &op, ticket);
 }
 
 /* ------------------------------------------------------------------ waiting */

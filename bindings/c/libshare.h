@@ -174,6 +174,14 @@ int ls_producer_lane(ls_producer *p);
 int ls_push(ls_producer *p, const char *descs, uint32_t count);
 int ls_reserve(ls_producer *p, uint32_t count, struct ls_desc **slots);
 int ls_commit(ls_producer *p, uint32_t count);
+/* Encode one operation into the lane's next slot and publish it (the client's one encoder):
+ * buffers[nbuffers] ids, offsets[noffsets] byte offsets (LS_OP_COPY: source, destination, size),
+ * push[push_size] bytes; the rest of the slot is zeroed. Returns 1, 0 when the lane is full,
+ * -LS_EBADSLOT (opcode, nbuffers, noffsets or push_size out of range), -EINVAL (a NULL array
+ * with a count), -LS_EPEERDEAD (the consumer closed its side) or -LS_ECORRUPT. */
+int ls_push_op(ls_producer *p, uint64_t ticket, uint32_t opcode, uint32_t program, uint32_t groups_x,
+               uint32_t groups_y, uint32_t groups_z, uint32_t nbuffers, const uint32_t *buffers,
+               uint32_t noffsets, const uint64_t *offsets, const void *push, uint32_t push_size);
 int ls_space(ls_producer *p);
 
 /* Consumer side (arbiter). */
@@ -329,8 +337,10 @@ int ls_free_buffer(ls_session *session, uint32_t buffer_id);
  * byte offset in offsets[i]; offsets may be NULL for all 0) with push_size
  * bytes of push constants. Returns at once: *ticket receives the ticket to
  * wait on. Runs in C (no Python): one descriptor pushed into the ring.
- * Returns 0, -EINVAL (more than 8 buffers or 128 push bytes), -LS_ELOST.
- * Invalid ids, ranges and group counts are reported by ls_wait() on the ticket.
+ * Returns 0, -EINVAL (more than 8 buffers or 128 push bytes, buffers or push
+ * NULL with a count, ticket NULL: no ticket is issued), -LS_ELOST (also when
+ * the arbiter has closed this session's ring). Invalid ids, ranges and group
+ * counts are reported by ls_wait() on the ticket.
  */
 int ls_dispatch(ls_session *session, uint32_t program, uint32_t groups_x, uint32_t groups_y,
                 uint32_t groups_z, uint32_t nbuffers, const uint32_t *buffers, const uint64_t *offsets,

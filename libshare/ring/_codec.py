@@ -1,23 +1,23 @@
-"""The one descriptor codec of the Python side: what a client writes, what the arbiter reads.
+"""The descriptor reader of the Python side: what a client wrote, as the arbiter reads it.
 
-``struct ls_desc`` is declared once, in ring.h. Its offsets reach Python through cffi
-(``_binding.DESC_BUFFERS_AT`` and ``DESC_PUSH_AT``) and the fixed head below is checked
-against them when this module loads, so no other module spells a layout or an offset:
-the session encodes with :func:`encode` and the arbiter decodes with :func:`decode`.
+``struct ls_desc`` is declared once, in ring.h. A client writes it with one encoder in C,
+``ls_push_op`` in ring.c (the Python session and bindings/c both call it), never from Python.
+Its offsets reach Python through cffi (``_binding.DESC_BUFFERS_AT`` and ``DESC_PUSH_AT``)
+and the fixed head below is checked against them when this module loads, so no other module
+spells a layout or an offset: the arbiter, and tests of the encoder, read with :func:`decode`.
 """
 
 from __future__ import annotations
 
 import struct
-from typing import NamedTuple, Sequence
+from typing import NamedTuple
 
 from ._binding import DESC_BUFFERS_AT, DESC_DTYPE, DESC_PUSH_AT, C
 
-__all__ = ["BODY", "Descriptor", "decode", "encode", "push_of"]
+__all__ = ["BODY", "Descriptor", "decode", "push_of"]
 
 _HEAD = struct.Struct("<QIHBB3II")  # ticket, program, opcode, nbuffers, push_size, groups x3, flags
 _IDS = struct.Struct(f"<{C.MAX_BUFFERS}I{C.MAX_BUFFERS}Q")  # buffer ids, then byte offsets
-_ZEROS = (0,) * C.MAX_BUFFERS
 
 BODY = slice(DESC_DTYPE.fields["program"][1], C.DESC_SIZE)
 """A descriptor without its ticket: two descriptors that agree here ask for the same command."""
@@ -39,16 +39,6 @@ class Descriptor(NamedTuple):
     flags: int
     buffers: tuple[int, ...]
     offsets: tuple[int, ...]
-
-
-def encode(ticket: int, opcode: int, program: int, buffers: Sequence[int], offsets: Sequence[int],
-           groups: Sequence[int], push: bytes = b"") -> bytes:
-    """A descriptor's bytes. For ``LS_OP_COPY``, ``offsets`` are (source, destination, size)."""
-    desc = bytearray(C.DESC_SIZE)
-    _HEAD.pack_into(desc, 0, ticket, program, opcode, len(buffers), len(push), *groups, 0)
-    _IDS.pack_into(desc, DESC_BUFFERS_AT, *buffers, *_ZEROS[len(buffers):], *offsets, *_ZEROS[len(offsets):])
-    desc[DESC_PUSH_AT:DESC_PUSH_AT + len(push)] = push
-    return bytes(desc)
 
 
 def decode(raw) -> Descriptor:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import ctypes
 import fcntl
+import functools
 import mmap
 import os
 import threading
@@ -404,6 +405,12 @@ class Producer:
         self._push = lib.ls_push
         self.lane: int | None = lib.ls_producer_lane(self._handle)
         """The lane index this producer owns, None after release."""
+        self.push_op = functools.partial(lib.ls_push_op, self._handle)
+        """ring.h's ``ls_push_op`` on this lane, the client's one descriptor encoder: called as
+        ``push_op(ticket, opcode, program, gx, gy, gz, nbuffers, ids, noffsets, offsets, push,
+        push_size)`` (``ids`` and ``offsets`` sequences of ints, ``push`` bytes), it writes the slot
+        in C and returns 1, 0 when the lane is full, or a negative code for :meth:`raise_for`.
+        The caller keeps this producer (and its region) alive and unreleased while it calls it."""
 
     def try_push(self, descs) -> int:
         """Push as many descriptors as fit without waiting; return how many were pushed.
@@ -434,6 +441,10 @@ class Producer:
             os.sched_yield()
             rest = view + pushed * C.DESC_SIZE
             pushed += check(self._push(self._handle, rest, count - pushed), self._region._c(), "push")
+
+    def raise_for(self, rc: int) -> None:
+        """Raise the error a negative :attr:`push_op` result stands for."""
+        check(rc, self._region._c(), "push")
 
     def space(self) -> int:
         """Free slots in this lane."""

@@ -21,7 +21,9 @@
  * published) and every other lane drain normally. When the consumer reaps
  * (ls_sq_reap) it finds lanes whose owner process is gone; for each it counts
  * reserved_tail - tail as broken slots, reports the first one, adds them to
- * the lane's `broken` word, and frees the lane for another producer.
+ * the lane's `broken` word, and frees the lane for another producer. A client
+ * writes its descriptors with ls_push_op, which encodes one operation in place
+ * between ls_reserve and ls_commit: the same two stores bracket the slot.
  *
  * The consumer trusts nothing in the region. At open it validates the header
  * and copies the geometry into private memory; it never reads a size or
@@ -242,6 +244,15 @@ static int pidfd_exited(int pidfd)
     return pidfd >= 0 && poll(&p, 1, 0) > 0;
 }
 
+/* The one range check of a descriptor's fields, on whole values: ls_desc_check applies it to a
+ * slot's copy, ls_push_op to its arguments before they are narrowed into a slot. */
+static int fields_check(uint32_t opcode, uint32_t nbuffers, uint32_t push_size, uint32_t flags)
+{
+    if (opcode > LS_OP_MAX || nbuffers > LS_MAX_BUFFERS || push_size > LS_MAX_PUSH || flags != 0)
+        return -LS_EBADSLOT;
+    return 0;
+}
+
 /* ------------------------------------------------------------------ producer */
 
 static int thread_gone(uint32_t pid, uint32_t tid)
@@ -406,14 +417,53 @@ int ls_commit(ls_producer *p, uint32_t count)
     return 0;
 }
 
+/*
+ * The client's one way to write a descriptor (the Python session and bindings/c both call it):
+ * encode the operation straight into the lane's next slot (ls_reserve), then publish it
+ * (ls_commit). Every byte of the slot is written, unused ids, offsets and push bytes as zeros,
+ * so equal operations give equal slots. Nothing is reserved for a refused call: fields out of
+ * range (fields_check, the consumer's own check, on the whole argument values) or more than
+ * LS_MAX_BUFFERS offsets give -LS_EBADSLOT, a NULL array with a count -EINVAL, and a consumer
+ * that closed its side -LS_EPEERDEAD (the work would never be read).
+ */
+int ls_push_op(ls_producer *p, uint64_t ticket, uint32_t opcode, uint32_t program, uint32_t groups_x,
+               uint32_t groups_y, uint32_t groups_z, uint32_t nbuffers, const uint32_t *buffers,
+               uint32_t noffsets, const uint64_t *offsets, const void *push, uint32_t push_size)
+{
+    if (fields_check(opcode, nbuffers, push_size, 0) < 0 || noffsets > LS_MAX_BUFFERS)
+        return -LS_EBADSLOT;
+    if ((nbuffers && buffers == NULL) || (noffsets && offsets == NULL) || (push_size && push == NULL))
+        return -EINVAL;
+    if (ls_load_acquire(&p->r->bells->consumer_state) == LS_PEER_CLOSED)
+        return -LS_EPEERDEAD;
+    struct ls_desc *d;
+    int n = ls_reserve(p, 1, &d);
+    if (n <= 0)
+        return n;                       /* 0: the lane is full */
+    d->ticket = ticket;
+    d->program = program;
+    d->opcode = (uint16_t)opcode;
+    d->nbuffers = (uint8_t)nbuffers;
+    d->push_size = (uint8_t)push_size;
+    d->groups[0] = groups_x;
+    d->groups[1] = groups_y;
+    d->groups[2] = groups_z;
+    d->flags = 0;
+    for (uint32_t i = 0; i < LS_MAX_BUFFERS; i++) {
+        d->buffer[i] = i < nbuffers ? buffers[i] : 0;
+        d->offset[i] = i < noffsets ? offsets[i] : 0;
+    }
+    if (push_size)
+        memcpy(d->push, push, push_size);
+    memset(d->push + push_size, 0, LS_MAX_PUSH - push_size);
+    return ls_commit(p, 1) < 0 ? -LS_ECORRUPT : 1;
+}
+
 /* ------------------------------------------------------------------ consumer */
 
 int ls_desc_check(const struct ls_desc *d)
 {
-    if (d->opcode > LS_OP_MAX || d->nbuffers > LS_MAX_BUFFERS || d->push_size > LS_MAX_PUSH ||
-        d->flags != 0)
-        return -LS_EBADSLOT;
-    return 0;
+    return fields_check(d->opcode, d->nbuffers, d->push_size, d->flags);
 }
 
 /* Entries ready in one lane, or -LS_ECORRUPT (recorded) when its tail is impossible. */

@@ -184,6 +184,14 @@ int ls_producer_lane(ls_producer *p);
 int ls_push(ls_producer *p, const char *descs, uint32_t count);
 int ls_reserve(ls_producer *p, uint32_t count, struct ls_desc **slots);
 int ls_commit(ls_producer *p, uint32_t count);
+/* Encode one operation into the lane's next slot and publish it (the client's one encoder):
+ * buffers[nbuffers] ids, offsets[noffsets] byte offsets (LS_OP_COPY: source, destination, size),
+ * push[push_size] bytes; the rest of the slot is zeroed. Returns 1, 0 when the lane is full,
+ * -LS_EBADSLOT (opcode, nbuffers, noffsets or push_size out of range), -EINVAL (a NULL array
+ * with a count), -LS_EPEERDEAD (the consumer closed its side) or -LS_ECORRUPT. */
+int ls_push_op(ls_producer *p, uint64_t ticket, uint32_t opcode, uint32_t program, uint32_t groups_x,
+               uint32_t groups_y, uint32_t groups_z, uint32_t nbuffers, const uint32_t *buffers,
+               uint32_t noffsets, const uint64_t *offsets, const void *push, uint32_t push_size);
 int ls_space(ls_producer *p);
 
 /* Consumer side (arbiter). */

@@ -242,6 +242,36 @@ TEST(dispatch_checks_its_arguments)
     CHECK_RC(ls_dispatch(NULL, saxpy.id, 1, 1, 1, 0, NULL, NULL, NULL, 0, &ticket), -EINVAL);
 }
 
+/* The worst value of each field the encoder takes, and NULL arrays: refused before a ticket is
+ * issued, so the refusals spend no ticket number and leave no record for ls_wait_idle. */
+TEST(refused_operations_issue_no_ticket)
+{
+    struct ls_buffer x, y;
+    CHECK_RC(ls_alloc(S, 4096, LS_BUFFER_SHARED, &x), 0);
+    CHECK_RC(ls_alloc(S, 4096, LS_BUFFER_SHARED, &y), 0);
+    struct saxpy_push push = {64, 1.0f};
+    uint32_t ids[9] = {x.id, y.id};
+    uint64_t offsets[9] = {0}, first = 0, last = 0, ticket = 0;
+    char big[129] = {0};
+    CHECK_RC(ls_dispatch(S, saxpy.id, 1, 1, 1, 2, ids, NULL, &push, sizeof push, &first), 0);
+    CHECK_RC(ls_dispatch(S, saxpy.id, 1, 1, 1, 9, ids, offsets, &push, sizeof push, &ticket), -EINVAL);
+    CHECK(strstr(ls_error_message(), "ls_dispatch") != NULL);
+    CHECK_RC(ls_dispatch(S, saxpy.id, 1, 1, 1, 2, ids, NULL, big, sizeof big, &ticket), -EINVAL);
+    CHECK_RC(ls_dispatch(S, saxpy.id, 1, 1, 1, 2, NULL, NULL, &push, sizeof push, &ticket), -EINVAL);
+    CHECK_RC(ls_dispatch(S, saxpy.id, 1, 1, 1, 2, ids, NULL, NULL, sizeof push, &ticket), -EINVAL);
+    CHECK_RC(ls_dispatch(S, saxpy.id, 1, 1, 1, UINT32_MAX, ids, NULL, NULL, 0, &ticket), -EINVAL);
+    CHECK_RC(ls_dispatch(S, saxpy.id, 1, 1, 1, 0, NULL, NULL, big, UINT32_MAX, &ticket), -EINVAL);
+    CHECK_RC(ls_copy(S, x.id, 0, y.id, 0, 64, NULL), -EINVAL);
+    CHECK(ticket == 0);
+    CHECK_RC(ls_dispatch(S, saxpy.id, 1, 1, 1, 2, ids, NULL, &push, sizeof push, &last), 0);
+    CHECK(last == first + 1);
+    CHECK_RC(ls_wait_idle(S, 30 * SECOND), 0);
+    CHECK_RC(ls_wait(S, first, 0, NULL), 0);
+    CHECK_RC(ls_wait(S, last, 0, NULL), 0);
+    CHECK_RC(ls_free_buffer(S, x.id), 0);
+    CHECK_RC(ls_free_buffer(S, y.id), 0);
+}
+
 TEST(wait_refuses_tickets_never_issued)
 {
     CHECK_RC(ls_wait(S, 0, 0, NULL), -EINVAL);
@@ -397,6 +427,7 @@ int main(int argc, char **argv)
         T(dispatch_binds_from_offsets),
         T(rejected_tickets_carry_the_arbiters_status),
         T(dispatch_checks_its_arguments),
+        T(refused_operations_issue_no_ticket),
         T(wait_refuses_tickets_never_issued),
         T(wait_times_out_and_poll_does_not_block),
         T(copies_go_through_device_buffers),
