@@ -1,19 +1,36 @@
-"""ls_push_op, the client's one descriptor encoder: what it writes (read back with the arbiter's
-decoder) and what it refuses (the worst value of each field, NULL arrays, a closed consumer)."""
+"""ls_push_op, the client's one descriptor encoder: what it writes (read back through DESC_DTYPE, whose
+offsets cffi takes from ring.h) and what it refuses (the worst value of each field, NULL arrays, a
+closed consumer)."""
 
 from __future__ import annotations
 
 import errno
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from libshare import InvalidSubmission
-from libshare.ring import C, Region
+from libshare.ring import C, DESC_DTYPE, Region
 from libshare.ring._binding import ffi, lib
-from libshare.ring._codec import BODY, decode, push_of
 
 U32, U64 = 2**32 - 1, 2**64 - 1
 NULL = ffi.NULL
+BODY = slice(DESC_DTYPE.fields["program"][1], C.DESC_SIZE)  # a slot without its ticket
+
+
+def decode(raw: bytes) -> SimpleNamespace:
+    """One slot's fields; ``buffers`` cut to its ``nbuffers``, all eight ``offsets``."""
+    d = np.frombuffer(raw, DESC_DTYPE)[0]
+    return SimpleNamespace(ticket=int(d["ticket"]), program=int(d["program"]), opcode=int(d["opcode"]),
+                           nbuffers=int(d["nbuffers"]), push_size=int(d["push_size"]), flags=int(d["flags"]),
+                           groups=tuple(d["groups"].tolist()), buffers=tuple(d["buffer"][:d["nbuffers"]].tolist()),
+                           offsets=tuple(d["offset"].tolist()), push=d["push"].tobytes())
+
+
+def push_of(raw: bytes, size: int) -> bytes:
+    """The first ``size`` push-constant bytes of a slot."""
+    return decode(raw).push[:size]
 
 
 def op(producer, ticket=1, opcode=C.OP_DISPATCH, program=7, groups=(1, 1, 1), ids=(), offsets=(), push=b"",
