@@ -11,7 +11,6 @@ from ._binding import C as C
 from ._binding import CQE_DTYPE as CQE_DTYPE
 from ._binding import DESC_DTYPE as DESC_DTYPE
 from ._region import Producer as Producer
-from ._region import ReapReport as ReapReport
 from ._region import Region as Region
 
-__all__ = ["C", "CQE_DTYPE", "DESC_DTYPE", "Producer", "ReapReport", "Region"]
+__all__ = ["C", "CQE_DTYPE", "DESC_DTYPE", "Producer", "Region"]

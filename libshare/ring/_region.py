@@ -35,14 +35,13 @@ import mmap
 import os
 import threading
 import time
-from dataclasses import dataclass
 
 import numpy as np
 
 from .. import errors
 from ._binding import C, CQE_DTYPE, DESC_DTYPE, check, ffi, lib
 
-__all__ = ["Region", "Producer", "ReapReport", "SharedMapping", "sealed_memfd"]
+__all__ = ["Region", "Producer", "SharedMapping", "sealed_memfd"]
 
 _SPIN_NS = 20_000  # polling before sleeping on a futex: about one cross-core round trip, many times
 _SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
@@ -92,20 +91,6 @@ class SharedMapping:
             self.view = None
             _libc.munmap(self.address, self.size)
             self.address = 0
-
-
-@dataclass(frozen=True)
-class ReapReport:
-    """What :meth:`Region.reap` found among lanes whose producer process died."""
-
-    lanes_freed: int
-    """Lanes whose owner had exited and are free again."""
-    broken_slots: int
-    """Slots a dead producer reserved but never published; their entries are lost."""
-    first_broken_lane: int | None
-    """Lane of the first broken slot, None when there was none."""
-    first_broken_pos: int | None
-    """Free-running position of that slot in its lane."""
 
 
 def _ns(seconds: float | None) -> int:
@@ -310,19 +295,6 @@ class Region:
         """Clear the wake-up request set by :meth:`arm` (the consumer is awake again)."""
         self._require_open()
         lib.ls_sq_disarm(self._handle)
-
-    def reap(self) -> ReapReport:
-        """Free the lanes of producer processes that died; report slots they left half-written."""
-        self._require_open()
-        report = ffi.new("struct ls_reap_report *")
-        lib.ls_sq_reap(self._handle, report)
-        broken = report.first_broken_lane != 0xFFFFFFFF
-        return ReapReport(
-            lanes_freed=report.lanes_freed,
-            broken_slots=report.broken_slots,
-            first_broken_lane=report.first_broken_lane if broken else None,
-            first_broken_pos=report.first_broken_pos if broken else None,
-        )
 
     # ---------------------------------------------------------------- completions
 

@@ -18,10 +18,8 @@
  * the n descriptors into their slots, then store-releases tail = tail + n.
  * The consumer reads only [head, tail), so a producer killed while copying
  * leaves slots that are never read: the entries before them (already
- * published) and every other lane drain normally. When the consumer reaps
- * (ls_sq_reap) it finds lanes whose owner process is gone; for each it counts
- * reserved_tail - tail as broken slots, reports the first one, adds them to
- * the lane's `broken` word, and frees the lane for another producer. A client
+ * published) and every other lane drain normally. A region belongs to one client
+ * process, whose death ends its session, so nothing reclaims such a lane. A client
  * writes its descriptors with ls_push_op, which encodes one operation in place
  * between ls_reserve and ls_commit: the same two stores bracket the slot.
  *
@@ -600,34 +598,6 @@ int ls_sq_arm(ls_region *r)
 }
 
 void ls_sq_disarm(ls_region *r) { ls_store_relaxed(&r->bells->sq_flags, 0); }
-
-int ls_sq_reap(ls_region *r, struct ls_reap_report *report)
-{
-    memset(report, 0, sizeof *report);
-    report->first_broken_lane = LS_NO_LANE;
-    for (uint32_t i = 0; i < r->lane_count; i++) {
-        struct ls_lane *l = lane_at(r, i);
-        uint32_t owner = ls_load_acquire(&l->owner_tid);
-        uint32_t pid = ls_load_relaxed(&l->owner_pid);
-        if (owner == 0 || pid == 0 || kill((pid_t)pid, 0) == 0 || errno != ESRCH)
-            continue;
-        uint32_t tail = ls_load_acquire(&l->tail);
-        uint32_t broken = ls_load_relaxed(&l->reserved_tail) - tail;
-        if (broken > r->lane_entries)
-            broken = r->lane_entries;   /* a garbage reservation: bounded, never trusted */
-        if (broken && report->first_broken_lane == LS_NO_LANE) {
-            report->first_broken_lane = i;
-            report->first_broken_pos = tail;
-        }
-        report->broken_slots += broken;
-        l->broken += broken;
-        ls_store_relaxed(&l->reserved_tail, tail);
-        ls_store_relaxed(&l->owner_pid, 0);
-        ls_store_release(&l->owner_tid, 0);
-        report->lanes_freed++;
-    }
-    return (int)report->lanes_freed;
-}
 
 /* ------------------------------------------------------------------ completions */
 

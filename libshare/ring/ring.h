@@ -121,7 +121,7 @@ struct ls_lane {
     uint32_t owner_pid;
     uint8_t  pad0[48];
     uint32_t head;                      /* slots consumed; consumer store-release */
-    uint32_t broken;                    /* slots the consumer declared lost */
+    uint32_t unused;                    /* 0 */
     uint8_t  pad1[56];
 };
 
@@ -131,14 +131,6 @@ struct ls_cq {
     uint8_t  pad0[60];
     uint32_t head;                      /* completions seen; client store-release */
     uint8_t  pad1[60];
-};
-
-/* What the consumer found when it reclaimed the lanes of dead producers. */
-struct ls_reap_report {
-    uint32_t lanes_freed;               /* lanes whose owner had died */
-    uint32_t broken_slots;              /* slots reserved but never published */
-    uint32_t first_broken_lane;         /* lane of the first broken slot, or 0xffffffff */
-    uint32_t first_broken_pos;          /* its position (free-running index) */
 };
 
 /* Why the consumer rejected a region: filled by ls_last_error(). */
@@ -198,7 +190,6 @@ int ls_space(ls_producer *p);
 int ls_sq_pop(ls_region *r, char *out, uint32_t max);
 int ls_sq_pending(ls_region *r);
 int ls_sq_wait(ls_region *r, int64_t spin_ns, int64_t timeout_ns);
-int ls_sq_reap(ls_region *r, struct ls_reap_report *report);
 int ls_sq_arm(ls_region *r);
 void ls_sq_disarm(ls_region *r);
 int ls_desc_check(const struct ls_desc *d);

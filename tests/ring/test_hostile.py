@@ -28,11 +28,6 @@ def test_producer_killed_mid_push_loses_only_its_half_written_slot():
         assert list(popped["ticket"][popped["program"] == 7]) == [0, 1, 2, 3, 4]
         assert 999_999 not in popped["ticket"]
 
-        report = region.reap()
-        assert report.lanes_freed == 1
-        assert report.broken_slots == 1
-        assert report.first_broken_lane is not None and report.first_broken_pos == 5
-        assert region.reap().lanes_freed == 0  # reported once
 
 
 def test_producer_killed_at_a_random_moment_leaves_a_clean_prefix():
@@ -46,9 +41,6 @@ def test_producer_killed_at_a_random_moment_leaves_a_clean_prefix():
         assert victim.wait(timeout=30) == -signal.SIGKILL
         seen.extend(region.pop(1024)["ticket"])
         assert seen == list(range(len(seen))), "published descriptors must arrive in order, none lost"
-        report = region.reap()
-        assert report.lanes_freed == 1
-        assert report.broken_slots <= 8  # at most the one batch it was writing
 
 
 def lane_word(region: Region, lane: int, field: str) -> slice:
