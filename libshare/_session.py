@@ -65,8 +65,7 @@ from . import _config
 from . import _protocol as protocol
 from . import errors
 from ._buffers import Buffer, Program, find_buffer
-from .ring import C, CQE_DTYPE, Region
-from .ring._binding import ffi
+from .ring import C, Region
 
 __all__ = ["Session", "Ticket", "connect"]
 
@@ -184,8 +183,6 @@ class Session:
         self._next_ticket = 1
         self._pending: dict[int, weakref.ref[Ticket]] = {}  # ticket number -> its Ticket, while in flight
         self._lanes = threading.local()  # .push_op: ls_push_op on this thread's lane, claimed on its first push
-        self._cqes = np.empty(self._region.cq_entries, CQE_DTYPE)
-        self._cqes_ptr = ffi.from_buffer("char[]", self._cqes)
         self._by_mapping: dict[int, Buffer] = {}
         self._seen: dict[int, tuple[weakref.ref, int, int]] = {}  # id(item) -> (the item, buffer id, offset)
         self._lost: errors.LibshareError | None = None  # sticky: the arbiter is gone or ended this session
@@ -455,16 +452,14 @@ class Session:
 
         Caller holds _cq_lock and is counted in."""
         try:
-            n = self._region.completions_into(self._cqes, self._cqes_ptr)
+            taken = self._region.take_completions()
         except errors.RingCorrupted as exc:
             self._lost = self._lost or exc
             raise
-        if not n:
+        if not taken:
             return 0
-        taken = self._cqes[:n]
         cancelled = False
-        for number, status, device_ns in zip(taken["ticket"].tolist(), taken["status"].tolist(),
-                                             taken["device_ns"].tolist()):
+        for number, status, device_ns in taken:
             ref = self._pending.pop(number, None)  # None: not ours (the arbiter is untrusted), ignore
             ticket = ref() if ref is not None else None
             if ticket is not None:
@@ -474,7 +469,7 @@ class Session:
         if cancelled and self._lost is None:  # the arbiter shut down or ended this session
             self._lost = self._closed_by_arbiter() or errors.ArbiterLost(
                 "the arbiter shut down or ended this session and cancelled its queued work; connect again")
-        return n
+        return len(taken)
 
     def _lose(self, exc: errors.ArbiterLost) -> errors.LibshareError:
         """Record the arbiter's loss, seen by a ring wait, after reading what it posted before it went."""

@@ -43,7 +43,7 @@ from ._binding import C, CQE_DTYPE, DESC_DTYPE, check, ffi, lib
 
 __all__ = ["Region", "Producer", "SharedMapping", "sealed_memfd"]
 
-_SPIN_NS = 20_000  # polling before sleeping on a futex: about one cross-core round trip, many times
+_SPIN_NS = 50_000  # polling before sleeping on a futex (skipped while waits take longer: see ring.c)
 _SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 
 
@@ -149,6 +149,7 @@ class Region:
         self._local = threading.local()
         self._cqe_out = np.empty(self.cq_entries, CQE_DTYPE)
         self._cqe_ptr = ffi.from_buffer("char[]", self._cqe_out)
+        self._cqe_structs = ffi.cast("struct ls_cqe *", self._cqe_ptr)
         self._pidfd = -1
 
     @classmethod
@@ -315,6 +316,15 @@ class Region:
         limit = self.cq_entries if max_count is None else min(max_count, self.cq_entries)
         n = check(lib.ls_cq_pop(self._handle, self._cqe_ptr, limit), self._handle, "completions")
         return self._cqe_out[:n].copy()
+
+    def take_completions(self) -> list[tuple[int, int, int]]:
+        """Take the completions that are ready, without waiting: (ticket, status, device_ns) each.
+
+        The lean form of :meth:`completions` for a client's wait (no array is built)."""
+        self._require_open()
+        n = check(lib.ls_cq_pop(self._handle, self._cqe_ptr, self.cq_entries), self._handle, "completions")
+        cqes = self._cqe_structs
+        return [(cqes[i].ticket, cqes[i].status, cqes[i].device_ns) for i in range(n)]
 
     def completions_into(self, out: np.ndarray, out_ptr=None) -> int:
         """Take ready completions into ``out`` (a CQE_DTYPE array); return how many, without waiting."""

@@ -83,6 +83,8 @@ struct ls_region {
     int wake_fd;
     struct ls_error_info err;           /* sticky once err.code != 0 */
     uint32_t heads[LS_MAX_LANES];       /* consumer's private lane heads */
+    int64_t wait_ns;                    /* how long a wait that ended in work took, on average */
+    uint32_t waits;                     /* waits so far: every 16th spins whatever wait_ns says */
 };
 
 static int is_pow2(uint32_t x) { return x && !(x & (x - 1)); }
@@ -536,6 +538,8 @@ static int peer_gone(ls_region *r, const uint32_t *state_word)
  * The shared sleep: spin on ready() for spin_ns, then sleep on *bell with
  * NEED_WAKEUP set in *flags, in slices, until ready() > 0, the peer is gone,
  * or timeout_ns passes (a negative timeout waits forever, slice by slice).
+ * The spin adapts: it is skipped while the waits of this view of the region
+ * take longer than the spin on average (see below).
  */
 static int wait_for(ls_region *r, int (*ready)(ls_region *, uint32_t), uint32_t want,
                     uint32_t *flags, uint32_t *bell, const uint32_t *peer_state,
@@ -544,9 +548,17 @@ static int wait_for(ls_region *r, int (*ready)(ls_region *, uint32_t), uint32_t 
     int64_t start = ls_now_ns();
     int64_t deadline = timeout_ns < 0 ? INT64_MAX : start + timeout_ns;
     int n;
+    /* Spin only while waits tend to end within the spin: when they take longer (the peer is busy,
+     * or many processes share the cores) spinning only takes a core from whoever would answer.
+     * Every 16th wait spins anyway, to notice when waits become short again. */
+    if (r->wait_ns > spin_ns && (r->waits & 15))
+        spin_ns = 0;
+    r->waits++;
     for (uint32_t iter = 0;; iter++) {
-        if ((n = ready(r, want)) != 0)
+        if ((n = ready(r, want)) != 0) {
+            r->wait_ns += (ls_now_ns() - start - r->wait_ns) / 8;
             return n;
+        }
         if ((iter & 63) == 0 && ls_now_ns() - start >= spin_ns)
             break;
         ls_cpu_relax();
@@ -572,6 +584,8 @@ static int wait_for(ls_region *r, int (*ready)(ls_region *, uint32_t), uint32_t 
         ls_futex_wait_impl(bell, seen, slice);
     }
     ls_store_relaxed(flags, 0);
+    if (n > 0)
+        r->wait_ns += (ls_now_ns() - start - r->wait_ns) / 8;
     return n;
 }
 
