@@ -6,7 +6,10 @@ C encoder (``ls_push_op``, the one bindings/c calls too), which checks it and
 writes it straight into this thread's lane, and returns a Ticket at once. Completions
 come back on the completion ring; whichever thread waits pops them all and
 files each status under its ticket, so tickets may be waited in any order,
-from any thread, or awaited under anyio.
+from any thread, or awaited under anyio. A thread waits in C (a short spin,
+then the completion ring's futex); an ``await`` waits in its event loop on the
+session's doorbell socket, on which the arbiter sends a byte when the ring was
+armed for it (LS_NEED_WAKEUP_FD), so awaiting starts no thread.
 
 Connecting to a daemon imports nothing from Vulkan: the session is sockets,
 memfds and the ring. Embedded mode starts one arbiter inside this process
@@ -147,9 +150,11 @@ class Ticket:
         return self._wait_async().__await__()
 
     async def _wait_async(self) -> Ticket:
-        # A cancelled await abandons its thread, which goes on waiting until the work ends,
-        # the arbiter is lost or the session closes (close() wakes it and waits for it).
-        return await anyio.to_thread.run_sync(self.wait, None, abandon_on_cancel=True)
+        # done() reads what is ready and notices a lost arbiter or a closed session; between looks
+        # the task waits on the session's doorbell socket, never in a thread (see _completion_bell).
+        while not self.done():
+            await self._session._completion_bell()
+        return self.wait(0)
 
     def __repr__(self) -> str:
         return f"<libshare.Ticket {self.id}>"
@@ -172,6 +177,7 @@ class Session:
         self._region = Region.attach(region_fd)
         os.close(region_fd)
         self._wake_fd = wake_fd
+        os.set_blocking(wake_fd, False)  # a ring never waits; nor does reading the arbiter's bytes
         self._region.set_wake_fd(wake_fd)
         if welcome.fields["arbiter_pid"] != os.getpid():
             self._region.watch_peer(welcome.fields["arbiter_pid"])
@@ -518,6 +524,30 @@ class Session:
                     pass  # recorded as the loss: settled below
         self._settle(ticket)
 
+    async def _completion_bell(self) -> None:
+        """Wait until the arbiter rings this session's doorbell socket, or one wait slice: how an
+        event loop, which must not block in a futex, waits for completions. Returns at once when
+        completions are ready (or the session is closed): the caller reads them with done().
+
+        The ring is armed first (LS_NEED_WAKEUP_FD, then a look), so a completion posted after
+        the look sends a byte. Each waiting task polls a descriptor of its own (a dup): close()
+        may close the session's meanwhile, and an event loop lets one task at a time wait on a
+        descriptor. The bytes are read before the next arming, not after a wake-up, so that every
+        task woken by one byte looks at the ring; a task that arms after another read the byte its
+        completion sent finds the completion read already, or waits out its slice (50 ms)."""
+        with self._inside() as inside:
+            if not inside:
+                return
+            _read_bell(self._wake_fd)
+            if self._region.arm_completions():
+                return
+            bell = os.dup(self._wake_fd)
+        try:
+            with anyio.move_on_after(_WAIT_SLICE):
+                await anyio.wait_readable(bell)
+        finally:
+            os.close(bell)
+
     def _probe(self) -> None:
         """A zero-length ring wait: reads nothing new, but notices a dead or closed arbiter."""
         try:
@@ -619,6 +649,15 @@ class Session:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _read_bell(fd: int) -> None:
+    """Read the bytes waiting on a doorbell socket (each datagram is one byte, its wake-up), without blocking."""
+    try:
+        for _ in range(256):
+            os.read(fd, 8)  # non-blocking: set when the session took the socket
+    except (BlockingIOError, InterruptedError):
+        pass
 
 
 def _closed_error(message: str = "session is closed: connect again") -> errors.SessionClosed:

@@ -230,6 +230,7 @@ class Drainer(Tasks, Containment):
         with self.scheduling:
             self.clients[client.id] = client
         self._by_slot[client.slot] = client
+        client.region.set_wake_fd(client.doorbell.fd)  # a byte there wakes the client's async waiter
         self.engine.add_client(client.slot, client.region, client.doorbell.fd)
         self._apply_policy()
 

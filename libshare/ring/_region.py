@@ -236,8 +236,9 @@ class Region:
         lib.ls_set_client(self._handle, os.getpid(), C.PEER_ALIVE if alive else C.PEER_CLOSED)
 
     def set_wake_fd(self, doorbell_fd: int) -> None:
-        """Wake the consumer by writing 8 bytes to ``doorbell_fd`` (the doorbell socket the arbiter
-        gave this client, or an eventfd) instead of a futex, for a consumer that sleeps in poll()."""
+        """The doorbell: a client wakes the consumer by writing 8 bytes to ``doorbell_fd`` (the socket
+        the arbiter gave it, or an eventfd) instead of a futex, for a consumer that sleeps in poll();
+        the arbiter, given its own end, sends a byte there for a client's async waiter."""
         self._require_open()
         lib.ls_set_wake_fd(self._handle, doorbell_fd)
 
@@ -331,6 +332,12 @@ class Region:
         self._require_open()
         ptr = out_ptr if out_ptr is not None else ffi.from_buffer("char[]", out)
         return check(lib.ls_cq_pop(self._handle, ptr, len(out)), self._handle, "completions")
+
+    def arm_completions(self) -> int:
+        """Ask for a byte on the doorbell socket with the next completion (for a waiter that polls
+        it, such as an event loop); how many completions are ready already."""
+        self._require_open()
+        return check(lib.ls_cq_arm(self._handle), self._handle, "arm completions")
 
     def wait_completions(self, min_count: int = 1, timeout: float | None = None,
                          spin: float = _SPIN_NS / 1e9) -> int:

@@ -39,10 +39,17 @@
  * producer, after publishing its tail, issues a full barrier and reads
  * sq_flags; only when the flag is set does it take it (exchange to 0), bump
  * sq_bell and wake the consumer. So while the consumer polls, producers make
- * no system call. The completion ring works the same way in the other
- * direction. Every sleep is cut into slices of at most LS_SLICE_NS; between
- * slices the sleeper checks that its peer is alive (a pidfd, or the peer's
- * state word), so a dead peer is noticed within one slice.
+ * no system call. The arbiter's engine sleeps on many rings at once, in poll(),
+ * so a client given a doorbell (ls_set_wake_fd: one end of a datagram socket
+ * pair whose other end only the arbiter holds) writes 8 bytes there instead of
+ * waking the futex. The completion ring works the same way in the other
+ * direction: a client thread sleeps on the cq_bell futex (LS_NEED_WAKEUP), and
+ * an event loop, which cannot block in a futex, asks for a byte on its end of
+ * the doorbell instead (ls_cq_arm sets LS_NEED_WAKEUP_FD) and polls it; the
+ * poster takes both flags at once and wakes each kind of waiter it finds.
+ * Every sleep is cut into slices of at most LS_SLICE_NS; between slices the
+ * sleeper checks that its peer is alive (a pidfd, or the peer's state word),
+ * so a dead peer is noticed within one slice.
  */
 #define _GNU_SOURCE
 #include "ring.h"
@@ -53,6 +60,7 @@
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 
 #define LS_SLICE_NS 50000000LL          /* 50 ms: how long a dead peer can go unnoticed */
 #define LS_HEADER_SIZE 128
@@ -207,12 +215,23 @@ static int fail(ls_region *r, int code, uint32_t lane, uint32_t head, uint32_t t
     return code;
 }
 
+/* A byte on the doorbell socket for an async waiter. Never blocks (MSG_DONTWAIT: a full socket
+ * has its wake-up already) and never raises SIGPIPE. */
+static void ring_bell(ls_region *r)
+{
+    char one = 1;
+    if (r->wake_fd >= 0 && send(r->wake_fd, &one, 1, MSG_DONTWAIT | MSG_NOSIGNAL) < 0)
+        return;                         /* full, or the client's end is gone: nothing to wake */
+}
+
 void ls_set_consumer(ls_region *r, uint32_t pid, uint32_t state)
 {
     ls_store_relaxed(&r->bells->consumer_pid, pid);
     ls_store_release(&r->bells->consumer_state, state);
-    if (state == LS_PEER_CLOSED)        /* wake a client asleep on completions so it sees the close */
+    if (state == LS_PEER_CLOSED) {      /* wake a client asleep on completions so it sees the close */
         ls_futex_wake_impl(&r->bells->cq_bell, INT_MAX);
+        ring_bell(r);
+    }
 }
 
 void ls_close_consumer(ls_region *r, uint32_t reason)
@@ -565,7 +584,7 @@ static int wait_for(ls_region *r, int (*ready)(ls_region *, uint32_t), uint32_t 
     }
     for (;;) {
         uint32_t seen = ls_load_acquire(bell);
-        ls_store_relaxed(flags, LS_NEED_WAKEUP);
+        ls_fetch_or(flags, LS_NEED_WAKEUP);  /* beside an async waiter's LS_NEED_WAKEUP_FD */
         /* Pairs with the waker's ls_smp_mb after it publishes: either we see its
          * entries below, or it sees NEED_WAKEUP and bumps the bell. */
         ls_smp_mb();
@@ -583,7 +602,7 @@ static int wait_for(ls_region *r, int (*ready)(ls_region *, uint32_t), uint32_t 
         int64_t slice = deadline - now < LS_SLICE_NS ? deadline - now : LS_SLICE_NS;
         ls_futex_wait_impl(bell, seen, slice);
     }
-    ls_store_relaxed(flags, 0);
+    ls_fetch_and(flags, ~(uint32_t)LS_NEED_WAKEUP);
     if (n > 0)
         r->wait_ns += (ls_now_ns() - start - r->wait_ns) / 8;
     return n;
@@ -642,10 +661,14 @@ int ls_cq_post(ls_region *r, const char *cqes, uint32_t count)
     struct ls_bells *b = r->bells;
     /* Pairs with the ls_smp_mb in ls_cq_wait (wait_for) after it sets NEED_WAKEUP. */
     ls_smp_mb();
-    if (n && (ls_load_relaxed(&b->cq_flags) & LS_NEED_WAKEUP) &&
-        (ls_exchange(&b->cq_flags, 0) & LS_NEED_WAKEUP)) {
-        ls_fetch_add(&b->cq_bell, 1);
-        ls_futex_wake_impl(&b->cq_bell, INT_MAX);
+    uint32_t wanted;
+    if (n && ls_load_relaxed(&b->cq_flags) && (wanted = ls_exchange(&b->cq_flags, 0))) {
+        if (wanted & LS_NEED_WAKEUP) {
+            ls_fetch_add(&b->cq_bell, 1);
+            ls_futex_wake_impl(&b->cq_bell, INT_MAX);
+        }
+        if (wanted & LS_NEED_WAKEUP_FD)
+            ring_bell(r);
     }
     return (int)n;
 }
@@ -680,6 +703,15 @@ static int cq_ready_at_least(ls_region *r, uint32_t want)
 {
     int ready = ls_cq_ready(r);
     return (ready < 0 || (uint32_t)ready >= want) ? ready : 0;
+}
+
+int ls_cq_arm(ls_region *r)
+{
+    ls_fetch_or(&r->bells->cq_flags, LS_NEED_WAKEUP_FD);
+    /* Pairs with the ls_smp_mb in ls_cq_post after it publishes: either the caller sees the
+     * completions counted here, or the poster sees LS_NEED_WAKEUP_FD and sends a byte. */
+    ls_smp_mb();
+    return ls_cq_ready(r);
 }
 
 int ls_cq_wait(ls_region *r, uint32_t min_ready, int64_t spin_ns, int64_t timeout_ns)

@@ -40,6 +40,7 @@
 #define LS_OP_BAD 0xffff               /* set by the consumer on a slot that failed ls_desc_check */
 
 #define LS_NEED_WAKEUP 1                /* in sq_flags / cq_flags: the sleeper wants a wake */
+#define LS_NEED_WAKEUP_FD 2             /* in cq_flags: an async waiter wants a byte on its doorbell socket */
 
 #define LS_PEER_ALIVE 1                 /* in *_state */
 #define LS_PEER_CLOSED 2
@@ -166,7 +167,8 @@ void ls_set_client(ls_region *r, uint32_t pid, uint32_t state);
 void ls_close_consumer(ls_region *r, uint32_t reason);
 uint32_t ls_close_reason(const ls_region *r);
 void ls_set_peer_pidfd(ls_region *r, int pidfd);
-/* Ring the consumer by writing 8 bytes to doorbell_fd (its doorbell socket) instead of a futex. */
+/* The doorbell socket: the client rings the consumer there (8 bytes instead of a futex wake), and the
+ * consumer, given its own end, sends a byte there to wake an async waiter (LS_NEED_WAKEUP_FD). */
 void ls_set_wake_fd(ls_region *r, int doorbell_fd);
 
 /* Producer side (client threads): claim a lane once, then push through it. */
@@ -200,6 +202,9 @@ int ls_cq_space(ls_region *r);
 int ls_cq_pop(ls_region *r, char *out, uint32_t max);
 int ls_cq_ready(ls_region *r);
 int ls_cq_wait(ls_region *r, uint32_t min_ready, int64_t spin_ns, int64_t timeout_ns);
+/* For a waiter that polls the doorbell socket (an event loop): ask the arbiter for a byte on it
+ * with the next completion (LS_NEED_WAKEUP_FD), then look; how many completions are ready. */
+int ls_cq_arm(ls_region *r);
 
 /* Futex helpers, exposed for tests and for callers with their own words. */
 int ls_futex_wait(uint32_t *word, uint32_t expected, int64_t timeout_ns);

@@ -25,6 +25,8 @@
 #define ls_store_relaxed(p, v) __atomic_store_n((p), (v), __ATOMIC_RELAXED)
 #define ls_exchange(p, v) __atomic_exchange_n((p), (v), __ATOMIC_ACQ_REL)
 #define ls_fetch_add(p, v) __atomic_fetch_add((p), (v), __ATOMIC_ACQ_REL)
+#define ls_fetch_or(p, v) __atomic_fetch_or((p), (v), __ATOMIC_ACQ_REL)
+#define ls_fetch_and(p, v) __atomic_fetch_and((p), (v), __ATOMIC_ACQ_REL)
 #define ls_cas(p, expected_ptr, desired) \
     __atomic_compare_exchange_n((p), (expected_ptr), (desired), 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)
 #define ls_smp_mb() __atomic_thread_fence(__ATOMIC_SEQ_CST)

@@ -196,6 +196,35 @@ def test_await_ticket_on_asyncio_and_trio(session, anyio_backend):
     assert done.device_ns is not None and np.all(y == 7.0)
 
 
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+def test_many_tasks_await_tickets_of_one_session_at_once_without_threads(session, anyio_backend):
+    """Twenty tasks each await a chain of five dispatches on their own slice: every result is right,
+    and no thread was started for them (an await waits on the session's doorbell socket)."""
+    import threading
+
+    import anyio
+
+    program = session.load_program(libshare.shaders.path("saxpy"))
+    x, y = session.array(20 * 64), session.array(20 * 64)
+    x[:], y[:] = 1.0, 0.0
+    threads = threading.active_count()
+    most = []
+
+    async def chain(k):
+        for _ in range(5):
+            await session.dispatch(program, 1, [x[k * 64:], y[k * 64:]], struct.pack("If", 64, float(k)))
+            most.append(threading.active_count())
+
+    async def main():
+        async with anyio.create_task_group() as group:
+            for k in range(20):
+                group.start_soon(chain, k)
+
+    anyio.run(main, backend=anyio_backend)
+    assert np.array_equal(y.reshape(20, 64), np.repeat(5.0 * np.arange(20.0), 64).reshape(20, 64))
+    assert max(most) == threads, "an await started a thread"
+
+
 def test_submit_cost_does_not_depend_on_buffer_size(session):
     """Zero-copy: the control socket carries the same few bytes for 4 KiB and 128 MiB."""
     program = session.load_program(libshare.shaders.path("saxpy"))
