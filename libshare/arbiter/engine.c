@@ -36,6 +36,18 @@
  * to planned only when clients differ (priorities, compute shares, fairshare), so
  * the common case never touches the GIL.
  *
+ * Cores. Lavapipe (Mesa 22.3 with LLVM 15 here) exposes one queue and runs a
+ * whole dispatch on its queue thread: a 64-workgroup dispatch kept 0.99 of a
+ * core busy with LP_NUM_THREADS at 2 or 4. So the engine does not run shaders
+ * itself: its thread pops, checks, records, submits and answers while
+ * lavapipe's queue thread runs the previous submission (two may be in flight),
+ * which puts the arbiter on both cores of this machine, and the clients' own
+ * work runs wherever the scheduler puts it. Shaders on both cores at once
+ * would take one VkDevice per core, each client's objects on its device and
+ * one engine each; not done, because it splits the scheduler's one view of the
+ * device (priorities and shares would hold per device only). A GPU runs a
+ * submission's work in parallel itself.
+ *
  * Lifetime. Every command holds a count on the program and buffers it names;
  * ls_engine_drop of an object still counted marks it, and the last retirement
  * queues LS_EV_RELEASED so that the control plane destroys it then. A closing
