@@ -8,8 +8,11 @@
    against Session.dispatch in Python, and the control path (ls_stats,
    ls_alloc + ls_free_buffer through the embedded Python) against the same calls
    made from Python.
+3. eight C processes doing the tiny round trip for 3 s, released together: libshare clients
+   through one daemon vs direct Vulkan programs that each open their own device, aggregate
+   dispatches/s (the C twin of bench/test_arbiter_bench.py's "eight processes"). Target >= 1.0x.
 
-Every figure is the median of 15 timed batches; the C programs time themselves.
+Figures 1 and 2 are medians of 15 timed batches; the C programs time themselves.
 """
 
 from __future__ import annotations
@@ -128,3 +131,31 @@ def test_python_paths(benchmark, arbiter_dir, report_ratio):
     ratio(report_ratio, "C2. control path: stats request, C through embedded Python / Python", "c_stats", "py_stats")
     ratio(report_ratio, "C2. control path: alloc + free, C through embedded Python / Python", "c_alloc_free",
           "py_alloc_free")
+
+
+def run_eight_c(binary: Path, env: dict | None = None, seconds: float = 3.0) -> float:
+    """Eight copies of a C benchmark in its "--for" mode, released together; their summed rates."""
+    workers = [subprocess.Popen([str(binary), str(SAXPY), "--for", str(seconds)], env=env, stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, text=True) for _ in range(8)]
+    try:
+        for w in workers:
+            assert w.stdout.readline().strip() == "ready", f"{binary.name} failed to set up"
+        for w in workers:
+            w.stdin.write("go\n")
+            w.stdin.flush()
+        outputs = [w.communicate(timeout=120)[0] for w in workers]
+        assert all(w.returncode == 0 for w in workers), f"{binary.name} failed"
+        return sum(float(out.strip()) for out in outputs)
+    finally:
+        for w in workers:
+            if w.poll() is None:
+                w.kill()
+                w.wait()
+
+
+def test_eight_c_processes(benchmark, programs, arbiter_dir, report_ratio):
+    own = run_eight_c(programs["vulkan"])
+    daemon = dict(os.environ, LIBSHARE_MODE="daemon", LIBSHARE_PIPE_DIRECTORY=str(arbiter_dir))
+    shared = benchmark.pedantic(run_eight_c, args=(programs["libshare"], daemon), rounds=1)
+    report_ratio(f"C3. eight C processes, aggregate tiny dispatches/s: through one arbiter {shared:.0f} vs private "
+                 f"device each {own:.0f} = {shared / own:.2f}x (target >= 1.0)")

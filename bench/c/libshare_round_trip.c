@@ -1,12 +1,16 @@
 /*
  * The same tiny saxpy dispatch through libshare from C, and what each path of
  * the C API costs. Connects as the environment says (LIBSHARE_MODE,
- * LIBSHARE_PIPE_DIRECTORY). Prints "NAME NS" lines:
+ * LIBSHARE_PIPE_DIRECTORY).
+ *
+ *   libshare_round_trip SAXPY_SPV                 prints "NAME NS" lines:
  *   c_round_trip     ls_dispatch + ls_wait, one at a time
  *   c_dispatch       one ls_dispatch call (the C hot path: a descriptor pushed), lane not full
  *   c_pipelined      per dispatch, 100 dispatches then ls_wait_idle
  *   c_stats          ls_stats: a control request served by the embedded Python
  *   c_alloc_free     ls_alloc + ls_free_buffer of a shared page: two control requests
+ *   libshare_round_trip SAXPY_SPV --for SECONDS   after set-up prints "ready", waits for a
+ *                    line on stdin, then does round trips for SECONDS; prints their rate per second
  */
 #include "timing.h"
 
@@ -81,9 +85,11 @@ int main(int argc, char **argv)
         return fprintf(stderr, "set-up: %s\n", ls_error_message()), 1;
     t.ids[0] = x.id;
     t.ids[1] = y.id;
-    int failed = bench("c_round_trip", round_trip, &t, 200) || dispatch_cost(&t) ||
-                 bench("c_pipelined", pipelined, &t, 10) || bench("c_stats", stats, &t, 50) ||
-                 bench("c_alloc_free", alloc_free, &t, 20);
+    double seconds = bench_for_seconds(argc, argv);
+    int failed = seconds > 0 ? bench_for("c_round_trip", seconds, round_trip, &t)
+                             : bench("c_round_trip", round_trip, &t, 200) || dispatch_cost(&t) ||
+                                   bench("c_pipelined", pipelined, &t, 10) || bench("c_stats", stats, &t, 50) ||
+                                   bench("c_alloc_free", alloc_free, &t, 20);
     ls_disconnect(t.s);
     return failed;
 }

@@ -1,12 +1,15 @@
 /*
  * Shared by the C round-trip benchmarks: time ROUNDS batches of an operation
- * and print the median nanoseconds per operation as "NAME NS".
+ * and print the median nanoseconds per operation as "NAME NS"; or, given
+ * "--for SECONDS" after the shader's path, run it for a while on a signal
+ * (bench_for) so that several processes can be started together.
  */
 #ifndef LIBSHARE_BENCH_TIMING_H
 #define LIBSHARE_BENCH_TIMING_H
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #define ROUNDS 15
@@ -38,6 +41,34 @@ static int bench(const char *name, int (*op)(void *), void *arg, int batch)
     }
     qsort(per_op, ROUNDS, sizeof per_op[0], bench_compare);
     printf("%s %.0f\n", name, per_op[ROUNDS / 2]);
+    fflush(stdout);
+    return 0;
+}
+
+/* The seconds of "PROGRAM SPV --for SECONDS", or 0 when the mode is not asked for. */
+static double bench_for_seconds(int argc, char **argv)
+{
+    return argc > 3 && strcmp(argv[2], "--for") == 0 ? atof(argv[3]) : 0;
+}
+
+/*
+ * Print "ready", wait for a line on stdin (the release of all the processes at
+ * once), then run op(arg) one call after another for the given seconds; print
+ * the calls per second of elapsed time.
+ */
+static int bench_for(const char *name, double seconds, int (*op)(void *), void *arg)
+{
+    char line[64];
+    printf("ready\n");
+    fflush(stdout);
+    if (!fgets(line, sizeof line, stdin))
+        return fprintf(stderr, "%s: no start line on stdin\n", name), 1;
+    long count = 0;
+    double start = bench_now(), now = start, end = start + seconds * 1e9;
+    for (; now < end; now = bench_now(), count++)
+        if (op(arg) != 0)
+            return fprintf(stderr, "%s failed\n", name), 1;
+    printf("%.1f\n", count / ((now - start) / 1e9));
     fflush(stdout);
     return 0;
 }

@@ -3,7 +3,10 @@
  * workgroup) recorded once into a command buffer, then submitted and waited
  * on with a fence, again and again, in one process with no arbiter.
  *
- *   vulkan_round_trip SAXPY_SPV      prints "vulkan_round_trip NS"
+ *   vulkan_round_trip SAXPY_SPV                 prints "vulkan_round_trip NS"
+ *   vulkan_round_trip SAXPY_SPV --for SECONDS   after set-up prints "ready", waits for a line
+ *                                               on stdin, then does round trips for SECONDS;
+ *                                               prints their rate per second
  */
 #include "timing.h"
 
@@ -127,7 +130,9 @@ int main(int argc, char **argv)
     VK(vkEndCommandBuffer(d.commands));
     VkFenceCreateInfo fence_info = {.sType = VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
     VK(vkCreateFence(d.device, &fence_info, NULL, &d.fence));
-    int failed = bench("vulkan_round_trip", round_trip, &d, 200);
+    double seconds = bench_for_seconds(argc, argv);
+    int failed = seconds > 0 ? bench_for("vulkan_round_trip", seconds, round_trip, &d)
+                             : bench("vulkan_round_trip", round_trip, &d, 200);
     vkDeviceWaitIdle(d.device);
     vkDestroyDevice(d.device, NULL);   /* the process ends here: the driver frees the rest */
     vkDestroyInstance(instance, NULL);

@@ -133,7 +133,8 @@ class Drainer(Tasks, Containment):
         with self.scheduling:
             self._planned = self.scheduler.arbitrates([c for c in self.clients.values() if not c.closing])
         engine.set_policy(planned=self._planned, timed=self._timed, watchdog=self._watchdog, spin=_SPIN,
-                          spin_clients=_SPIN_CLIENTS, max_in_flight=self.scheduler.max_in_flight)
+                          spin_clients=_SPIN_CLIENTS, max_in_flight=self.scheduler.max_in_flight,
+                          plan_for=self.scheduler.plan_for)
 
     def _after_tasks(self) -> None:
         self._apply_policy()  # a task may have changed the clients or the scheduler's settings

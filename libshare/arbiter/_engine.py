@@ -122,12 +122,12 @@ class Engine:
         return True
 
     def set_policy(self, *, planned: bool, timed: bool, watchdog: float | None, spin: float,
-                   spin_clients: int, max_in_flight: int) -> None:
+                   spin_clients: int, max_in_flight: int, plan_for: float) -> None:
         """The policy the engine enforces from its next pass on (see struct ls_engine_policy)."""
         lib.ls_engine_set_policy(self._e, ffi.new("struct ls_engine_policy *", {
             "planned": int(planned), "timed": int(timed),
             "watchdog_ns": int(watchdog * 1e9) if watchdog else 0, "spin_ns": int(spin * 1e9),
-            "spin_clients": spin_clients, "max_in_flight": max_in_flight}))
+            "spin_clients": spin_clients, "max_in_flight": max_in_flight, "plan_ns": int(plan_for * 1e9)}))
 
     # ---------------------------------------------------------------- clients and objects
 

@@ -82,6 +82,8 @@ class Scheduler:
 
     mode: str = "throughput"
     max_in_flight: int = 2
+    plan_for: float = 0.001
+    """Seconds a plan holds while the same clients wait (the engine asks again at once when that changes)."""
     """Submissions on the device at once: more work waits in the rings for a larger batch, and a
     higher priority's next submission waits behind at most this many."""
     default_share: int = 100

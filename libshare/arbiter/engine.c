@@ -30,9 +30,13 @@
  *
  * Policy. With policy.planned == 0 every waiting client gets all it has, in turn
  * (round robin start), in one submission. With planned == 1 the engine calls
- * ls_engine_plan_cb (Python, the scheduler) before each pass; it reads the
+ * ls_engine_plan_cb (Python, the scheduler) before a pass; it reads the
  * clients' counters and sets the pass's turns with ls_engine_set_plan, and the
- * engine pops exactly that, one submission per rank. The control plane switches
+ * engine pops exactly that, one submission per rank. A plan holds for later
+ * passes while the same clients wait (and work runs or not, as it did) for at
+ * most policy.plan_ns (1 ms): the scheduler's picture (device time decaying
+ * over 250 ms, slices of 200 us) changes little within it, and a client that
+ * starts waiting, a realtime one say, is planned for at once. The control plane switches
  * to planned only when clients differ (priorities, compute shares, fairshare), so
  * the common case never touches the GIL.
  *
@@ -277,6 +281,8 @@ struct ls_engine {
     uint32_t nevents, events_cap;
     struct ls_engine_turn *plan;
     uint32_t nplan, plan_cap;
+    uint64_t waiting_sig, plan_sig;     /* which clients wait (and whether work runs): at the last look, at the plan */
+    int64_t planned_at;
     int popped;                         /* popped since the last spin */
     struct ls_desc descs[LS_ENGINE_POP];
     struct ls_cqe post_buf[LS_ENGINE_POP];
@@ -667,6 +673,7 @@ static int take(ls_engine *e, uint32_t slot, uint32_t limit)
 static uint32_t look(ls_engine *e)
 {
     uint32_t waiting = 0;
+    uint64_t sig = e->nflights ? 1 : 0;
     for (uint32_t i = 0; i < e->nactive; i++) {
         uint32_t slot = e->active[i];
         struct client *c = &e->clients[slot];
@@ -681,7 +688,10 @@ static uint32_t look(ls_engine *e)
         }
         c->stats.pending = (uint32_t)pending;
         waiting += pending > 0;
+        if (pending > 0)
+            sig += (uint64_t)(slot + 1) * 0x9e3779b97f4a7c15ull;
     }
+    e->waiting_sig = sig;
     return waiting;
 }
 
@@ -699,7 +709,6 @@ static int drain(ls_engine *e)
             rank = turn.rank;
             popped |= take(e, turn.client, turn.budget) > 0;
         }
-        e->nplan = 0;
     } else {
         uint32_t n = e->nactive, start = n ? e->rotate++ % n : 0;
         for (uint32_t i = 0; i < n; i++) {
@@ -976,9 +985,18 @@ static void *run(void *arg)
         int can_pop = !e->faulted && !e->device_lost && e->nflights < e->policy.max_in_flight;
         uint32_t waiting = can_pop ? look(e) : 0;
         int planned = e->policy.planned;
+        /* The same clients wait as when the plan was made, and it is recent: it still holds. */
+        int replan = planned && waiting && (e->waiting_sig != e->plan_sig || !e->nplan ||
+                                            now_ns() - e->planned_at > (int64_t)e->policy.plan_ns);
+        uint64_t sig = e->waiting_sig;
         pthread_mutex_unlock(&e->lock);
-        if (waiting && planned)
+        if (replan) {
             ls_engine_plan_cb(e);       /* Python sets the turns; no lock held */
+            pthread_mutex_lock(&e->lock);
+            e->plan_sig = sig;
+            e->planned_at = now_ns();
+            pthread_mutex_unlock(&e->lock);
+        }
         if (waiting) {
             pthread_mutex_lock(&e->lock);
             if (e->policy.planned == (uint32_t)planned && !e->faulted)
@@ -1058,7 +1076,7 @@ int ls_engine_create(const struct ls_engine_config *config, ls_engine **out)
     e->cfg = *config;
     e->device = (VkDevice)(uintptr_t)config->device;
     e->queue = (VkQueue)(uintptr_t)config->queue;
-    e->policy = (struct ls_engine_policy){0, 1, 0, 50000, 16, 2};
+    e->policy = (struct ls_engine_policy){0, 1, 0, 50000, 16, 2, 1000000};
     e->fence_free = NO_FENCE;
     e->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     e->clients = calloc(config->max_clients, sizeof *e->clients);
@@ -1167,6 +1185,7 @@ void ls_engine_set_policy(ls_engine *e, const struct ls_engine_policy *policy)
     e->policy = *policy;
     if (e->policy.max_in_flight < 1 || e->policy.max_in_flight > NFLIGHT - 1)
         e->policy.max_in_flight = 2;
+    e->nplan = 0;                       /* made under the old policy: ask again */
     pthread_mutex_unlock(&e->lock);
     ls_engine_wake(e);
 }

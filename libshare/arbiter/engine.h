@@ -55,6 +55,7 @@ struct ls_engine_policy {
     uint64_t spin_ns;                   /* look at the rings this long after popped work before sleeping */
     uint32_t spin_clients;              /* ... only with at most this many clients */
     uint32_t max_in_flight;             /* submissions on the device at once */
+    uint64_t plan_ns;                   /* a plan is reused this long while the same clients wait */
 };
 
 /* One turn of a planned pass: pop at most budget descriptors of client; a change of
