@@ -90,7 +90,8 @@ class Drainer(Tasks, Containment):
         self.clients: dict[int, Client] = {}
         self._by_slot: dict[int, Client] = {}
         self._free_slots = list(reversed(range(max_clients)))
-        self._released: dict[tuple[int, int, int], BufferRecord | ProgramRecord] = {}  # (slot, kind, id)
+        self._reclaiming: set[int] = set()  # ids of the clients being reclaimed (see _maybe_reclaim)
+        self._released: dict[tuple[int, int, int], tuple[Client, BufferRecord | ProgramRecord]] = {}  # by (slot, kind, id)
         self.tasks: queue.SimpleQueue = queue.SimpleQueue()
         self.stopping = False
         self.abandoned = False
@@ -167,10 +168,10 @@ class Drainer(Tasks, Containment):
         events = self.engine.events()
         for event in events:
             client = self._by_slot.get(event.client)
-            if event.type == EVENTS["RELEASED"]:
-                record = self._released.pop((event.client, event.kind, event.a), None)
-                if record is not None and client is not None:
-                    self._destroy(client, record)
+            if event.type == EVENTS["RELEASED"]:  # its owner may be reclaimed, its slot reused, already
+                owner, record = self._released.pop((event.client, event.kind, event.a), (None, None))
+                if record is not None:
+                    self._destroy(owner, record)
             elif event.type == EVENTS["IDLE"]:
                 if client is not None:
                     self._maybe_reclaim(client)
@@ -271,11 +272,23 @@ class Drainer(Tasks, Containment):
             self._maybe_reclaim(client)
 
     def _maybe_reclaim(self, client: Client) -> None:
-        if not client.closing or client.id not in self.clients:
+        """Release everything of a closing client once nothing of it is outstanding.
+
+        Every LS_EV_RELEASED of its objects was queued before its last answer, so the queue is
+        handled first: once its slot is given back, a new client's objects may carry the same
+        (slot, kind, id), and an old event must not destroy one of them."""
+        if not client.closing or client.id not in self.clients or client.id in self._reclaiming:
             return
         stats = self.engine.stats(client.slot)
         if stats is not None and stats.outstanding:
             return
+        self._reclaiming.add(client.id)
+        try:
+            self._handle_events()
+        finally:
+            self._reclaiming.discard(client.id)
+        if client.id not in self.clients:
+            return  # an event reclaimed it meanwhile
         for record in list(client.buffers.values()) + list(client.programs.values()):
             self.free(client, record)  # made by a request that was under way when it disconnected
         self.refresh(client)
@@ -313,7 +326,7 @@ class Drainer(Tasks, Containment):
         (client.buffers if buffer else client.programs).pop(record.id, None)
         kind = BUFFER if buffer else PROGRAM
         if self.engine.drop(client.slot, kind, record.id):
-            self._released[(client.slot, kind, record.id)] = record
+            self._released[(client.slot, kind, record.id)] = (client, record)
         else:
             self._destroy(client, record)
 
@@ -354,7 +367,7 @@ class Drainer(Tasks, Containment):
             log.warning("%d submission(s) still ran when the arbiter stopped; abandoned on the device, answered %s: "
                         "%s", abandoned, "LS_EFAULT" if self.state == "FAULT" else "LS_ECANCELED",
                         ", ".join(running) or "clients gone")
-            _ABANDONED.append((self.engine, self._faulted_memory, list(self._released.values())))
+            _ABANDONED.append((self.engine, self._faulted_memory, [r for _, r in self._released.values()]))
             self._faulted_memory = []
         for client in live:
             if not client.region.closed:
