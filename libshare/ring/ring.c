@@ -569,13 +569,16 @@ static int wait_for(ls_region *r, int (*ready)(ls_region *, uint32_t), uint32_t 
     int n;
     /* Spin only while waits tend to end within the spin: when they take longer (the peer is busy,
      * or many processes share the cores) spinning only takes a core from whoever would answer.
-     * Every 16th wait spins anyway, to notice when waits become short again. */
-    if (r->wait_ns > spin_ns && (r->waits & 15))
+     * Every 16th wait spins anyway; one that ends within its spin turns spinning back on (the
+     * average alone would not: waits that sleep are slow because they sleep). */
+    int off = r->wait_ns > spin_ns;
+    if (off && (r->waits & 15))
         spin_ns = 0;
     r->waits++;
     for (uint32_t iter = 0;; iter++) {
         if ((n = ready(r, want)) != 0) {
-            r->wait_ns += (ls_now_ns() - start - r->wait_ns) / 8;
+            int64_t took = ls_now_ns() - start;
+            r->wait_ns = off ? took : r->wait_ns + (took - r->wait_ns) / 8;
             return n;
         }
         if ((iter & 63) == 0 && ls_now_ns() - start >= spin_ns)
