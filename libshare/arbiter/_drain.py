@@ -127,15 +127,22 @@ class Drainer(Tasks, Containment):
         self._apply_policy()
 
     def _apply_policy(self, engine: Engine | None = None) -> None:
-        """Tell the engine whether the scheduler must plan each pass, and the rest of its policy."""
+        """Tell the engine whether the scheduler must plan each pass, and the rest of its policy
+        (only when it changed: setting it wakes the engine and drops its current plan)."""
+        fresh = engine is not None
         engine = engine or getattr(self, "engine", None)
         if engine is None:
             return
         with self.scheduling:
             self._planned = self.scheduler.arbitrates([c for c in self.clients.values() if not c.closing])
-        engine.set_policy(planned=self._planned, timed=self._timed, watchdog=self._watchdog, spin=_SPIN,
-                          spin_clients=_SPIN_CLIENTS, max_in_flight=self.scheduler.max_in_flight,
-                          plan_for=self.scheduler.plan_for)
+        policy = dict(planned=self._planned, timed=self._timed, watchdog=self._watchdog, spin=_SPIN,
+                      spin_clients=_SPIN_CLIENTS, max_in_flight=self.scheduler.max_in_flight,
+                      plan_for=self.scheduler.plan_for)
+        if fresh or policy != self._policy:
+            engine.set_policy(**policy)
+            self._policy = policy
+
+    _policy: dict | None = None  # the policy the engine has
 
     def _after_tasks(self) -> None:
         self._apply_policy()  # a task may have changed the clients or the scheduler's settings
