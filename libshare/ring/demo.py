@@ -17,7 +17,6 @@ import time
 import numpy as np
 
 from . import CQE_DTYPE, DESC_DTYPE, Region
-from ._binding import ffi
 
 
 def _progress(done: int, total: int, started: float) -> None:
@@ -59,13 +58,12 @@ def run_parent(count: int, batch: int) -> float:
         )
         region.watch_peer(child.pid)
         out = np.empty(1024, DESC_DTYPE)
-        out_ptr = ffi.from_buffer("char[]", out)
         cqe = np.zeros(1024, CQE_DTYPE)
         received, started, next_report = 0, None, 0
         while received < count:
             region.wait(timeout=30)
             started = started or time.monotonic()
-            n = region.pop_into(out, out_ptr)
+            n = region.pop_into(out)
             tickets = out["ticket"][:n]
             if not np.array_equal(tickets, np.arange(received, received + n, dtype=np.uint64)):
                 raise SystemExit(f"order broken after {received} descriptors")
