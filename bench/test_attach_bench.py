@@ -4,7 +4,7 @@
    another session keeps loaded the whole time, two 64-float arrays, dispatch, wait) through a
    warm daemon vs a private in-process device from instance creation to its first completed
    dispatch (``Device()``, create_pipeline, two imported host buffers, submit, wait). Target
-   <= 3 ms through the arbiter; median and p90 of each, their ratio, and the arbiter's median
+   <= 1 ms through the arbiter; median and p90 of each, their ratio, and the arbiter's median
    per step. Both sides wait for their one dispatch and check its result; closing (session,
    device) is not timed.
    Also a burst: 256 sessions connecting at once, 4 worker processes x 64 threads, each thread
@@ -170,7 +170,7 @@ def test_attach_arbiter(benchmark, warm, report_ratio):
     if "private" in RESULTS:
         private = RESULTS["private"]
         report_ratio(f"4. attach, connect() to first completed dispatch: arbiter {arbiter[0] * 1e3:.2f} ms "
-                     f"(p90 {arbiter[1] * 1e3:.2f}, target <= 3 ms) vs private device {private[0] * 1e3:.2f} ms "
+                     f"(p90 {arbiter[1] * 1e3:.2f}, target <= 1 ms) vs private device {private[0] * 1e3:.2f} ms "
                      f"(p90 {private[1] * 1e3:.2f}) = {arbiter[0] / private[0]:.3f}x")
     report_ratio("4. attach steps through the arbiter (medians): " + ", ".join(
         f"{name} {s * 1e3:.2f} ms" for name, s in zip(("connect", "load_program", "2x array", "dispatch+wait"),

@@ -54,6 +54,11 @@ MAX_FRAME = 4 << 20  # 4 MiB: a large SPIR-V module fits, a hostile length does 
 FIRST_FRAME = 64 << 10  # a hello or a control command: no payload, a small object
 MAX_FDS = 4  # no frame carries more descriptors (the welcome carries 2, a shared alloc's reply 1)
 _HEADER = struct.Struct("<IHHII")  # magic, version, reserved, json length, payload length
+_ENCODE = json.JSONEncoder(separators=(",", ":")).encode  # json.dumps with these options makes an encoder per call
+# The socket module's flags are enums, whose every ``&`` costs a microsecond: plain ints, per frame step.
+_SOL_SOCKET, _SCM_RIGHTS = int(socket.SOL_SOCKET), int(socket.SCM_RIGHTS)
+_MSG_CTRUNC, _MSG_CMSG_CLOEXEC = int(socket.MSG_CTRUNC), int(socket.MSG_CMSG_CLOEXEC)
+_MSG_DONTWAIT = int(socket.MSG_DONTWAIT)
 
 
 class MalformedFrame(ProtocolError):
@@ -118,16 +123,17 @@ def send(sock: socket.socket, fields: dict, payload: bytes = b"", fds: tuple[int
     """Send one frame (and ``fds`` with it)."""
     if len(fds) > MAX_FDS:
         raise ProtocolError(f"a frame carries at most {MAX_FDS} file descriptors (got {len(fds)})")
-    body = json.dumps(fields, separators=(",", ":")).encode()
+    body = _ENCODE(fields).encode()
     if len(body) + len(payload) > MAX_FRAME:
         raise ProtocolError(f"message of {len(body) + len(payload)} bytes exceeds {MAX_FRAME}")
     frame = _HEADER.pack(MAGIC, VERSION, 0, len(body), len(payload)) + body + payload
     try:
-        sent = 0
         if fds:
-            ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
-            sent = sock.sendmsg([frame], ancillary)
-        sock.sendall(frame[sent:])
+            sent = sock.sendmsg([frame], [(_SOL_SOCKET, _SCM_RIGHTS, array.array("i", fds))])
+            if sent < len(frame):  # (sendall of nothing would still make a system call)
+                sock.sendall(frame[sent:])
+        else:
+            sock.sendall(frame)
     except (BrokenPipeError, ConnectionResetError) as exc:
         raise ArbiterLost(f"the peer closed the control socket: {exc}") from exc
 
@@ -140,11 +146,12 @@ class FrameReader:
     ``max_fds`` descriptors may come with a frame, ``max_frame`` bytes of JSON and payload.
     """
 
-    __slots__ = ("max_fds", "max_frame", "_buffer", "_need", "_json_len", "_fds", "_refused")
+    __slots__ = ("max_fds", "max_frame", "_room", "_buffer", "_need", "_json_len", "_fds", "_refused")
 
     def __init__(self, max_fds: int = 0, max_frame: int = MAX_FRAME):
         self.max_fds = max_fds
         self.max_frame = max_frame
+        self._room = socket.CMSG_SPACE(max_fds * 4) if max_fds else 0
         self._reset()
 
     def _reset(self) -> None:
@@ -159,15 +166,15 @@ class FrameReader:
         """True once a byte of the current frame has arrived."""
         return bool(self._buffer) or self._json_len >= 0
 
-    def step(self, sock: socket.socket) -> Frame | None:
-        """Read once; the frame when it is complete, else None.
+    def step(self, sock: socket.socket, extra_flags: int = 0) -> Frame | None:
+        """Read once (``recvmsg``, with ``extra_flags``); the frame when it is complete, else None.
 
         Raises what ``recvmsg`` raises (BlockingIOError when a non-blocking socket has
-        nothing), EOFError when the peer closed, ProtocolError when the stream cannot be
-        followed any more, MalformedFrame for a whole frame whose content is bad.
+        nothing, or with MSG_DONTWAIT), EOFError when the peer closed, ProtocolError when the
+        stream cannot be followed any more, MalformedFrame for a whole frame whose content is bad.
         """
-        room = socket.CMSG_SPACE(self.max_fds * 4) if self.max_fds else 0
-        data, ancillary, flags, _ = sock.recvmsg(self._need - len(self._buffer), room, socket.MSG_CMSG_CLOEXEC)
+        data, ancillary, flags, _ = sock.recvmsg(self._need - len(self._buffer), self._room,
+                                                 _MSG_CMSG_CLOEXEC | extra_flags)
         self._take_fds(ancillary, flags)
         if not data:
             started = self.started
@@ -194,7 +201,7 @@ class FrameReader:
 
     def _take_fds(self, ancillary, flags: int) -> None:
         for level, kind, blob in ancillary:
-            if level != socket.SOL_SOCKET or kind != socket.SCM_RIGHTS:
+            if level != _SOL_SOCKET or kind != _SCM_RIGHTS:
                 continue
             received = array.array("i")
             received.frombytes(blob[: len(blob) - len(blob) % received.itemsize])
@@ -204,7 +211,7 @@ class FrameReader:
                 else:  # never kept: a peer cannot make us hold descriptors it sends unasked
                     os.close(fd)
                     self._refused += 1
-        if flags & socket.MSG_CTRUNC:  # the kernel dropped descriptors that found no room
+        if flags & _MSG_CTRUNC:  # the kernel dropped descriptors that found no room
             self._refused += 1
 
     def _finish(self) -> Frame:
@@ -248,6 +255,13 @@ def recv(sock: socket.socket, max_fds: int = 0, timeout: float | None = None,
         frame = reader.step(sock)
         if frame is not None:
             return frame
+        if timeout is not None and original is None:  # the rest usually came with the header: read it
+            try:  # without the two timeout changes (four system calls) that bound a wait for it
+                frame = reader.step(sock, _MSG_DONTWAIT)
+                if frame is not None:
+                    return frame
+            except BlockingIOError:
+                pass
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             if deadline is not None:
@@ -358,14 +372,15 @@ def byte_counts(max_items: int, max_key: int, high: int):
 
 
 def either(*rules):
-    """A rule: whatever one of ``rules`` accepts (the first one's refusal otherwise)."""
+    """A rule: whatever one of ``rules`` accepts, tried in order (the first one's refusal otherwise)."""
     def rule(name: str, value):
-        for candidate in rules[1:]:
+        refusal = None
+        for candidate in rules:
             try:
                 return candidate(name, value)
-            except InvalidSubmission:
-                pass
-        return rules[0](name, value)
+            except InvalidSubmission as exc:
+                refusal = refusal or exc
+        raise refusal
     return rule
 
 

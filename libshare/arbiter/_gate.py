@@ -283,7 +283,9 @@ class Gate:
             except OSError:
                 conn.close()
                 continue
-            self._hold(Waiting(conn, pid, uid, time.monotonic() + self.hello_timeout))
+            waiting = Waiting(conn, pid, uid, time.monotonic() + self.hello_timeout)
+            self._hold(waiting)
+            self._readable(waiting)  # a client sends its hello as it connects: often it is here already
 
     def _accept_failed(self, exc: OSError) -> None:
         self._failures += 1

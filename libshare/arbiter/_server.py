@@ -10,9 +10,9 @@ said hello, and between an operator's control commands, it waits in the gate
 holds a bounded number of connections, each for a bounded time (10 s to say
 hello, 30 s to finish a frame once begun). A hello that passes its schema and the
 admission checks (uid, server state, --max-clients) takes a client slot there and
-gets a thread of its own, which makes the client and answers its requests; a
-control command runs on one of the gate's few worker threads, and its connection
-then goes back to the gate. The peer's pid and uid come from SO_PEERCRED, never
+gets a thread of its own (one that a departed client left idle, or a new one), which
+makes the client and answers its requests; a control command runs on one of the
+gate's few worker threads, and its connection then goes back to the gate. The peer's pid and uid come from SO_PEERCRED, never
 from a message. An embedded session's hello goes through the gate as well.
 
 Requests. Every frame is checked before anything reads it: its framing by
@@ -61,6 +61,7 @@ import errno
 import logging
 import mmap
 import os
+import queue
 import resource
 import socket
 import struct
@@ -133,6 +134,7 @@ _HELLO = {**_op("hello"), "name": (protocol.text(1024), False), "version": (prot
           "mem_limit": (protocol.byte_counts(16, 64, 1 << 62), False)}
 """The schema of a hello (checked by the gate: a bad one is answered and may be sent again)."""
 _SPARE_REGIONS = 2  # ring regions made ahead of the hellos that will take them
+_IDLE_SESSION_THREADS = 4  # session threads kept waiting for the next client once theirs left
 _COMPILE_TIMEOUT = 10.0  # default seconds a vetting compile may take
 
 
@@ -205,6 +207,10 @@ class Arbiter:
         self._spare_regions: list[Region] = []
         for _ in range(_SPARE_REGIONS):  # made now, so that the arbiter's fd count stays level afterwards
             self._make_spare_region()
+        self._spares_wanted = threading.Event()  # a hello took a spare region: the spares thread makes one
+        self._spares_thread: threading.Thread | None = None
+        self._sessions: queue.SimpleQueue = queue.SimpleQueue()  # admitted connections for idle session threads
+        self._idle_sessions = 0  # session threads waiting for a connection (under _lock)
         self.drainer.start()
         self.limits.default = device_limit(default_limits, self.device.index, self.device.uuid)
         if not mem_total.strip():
@@ -317,17 +323,41 @@ class Arbiter:
 
     def _start_session(self, conn: socket.socket, hello: protocol.Frame, pid: int, uid: int,
                        client_id: int) -> None:
-        """Give an admitted connection its own thread (from the gate)."""
+        """Give an admitted connection a thread of its own (from the gate): an idle session thread
+        when one waits, else a new one (starting a thread costs the gate and the hello a few
+        wake-ups, which a burst of clients can afford but a lone attach notices)."""
+        job = (conn, hello, pid, uid, client_id)
         with self._lock:
             self._connections.add(conn)
+            idle = self._idle_sessions > 0
+            if idle:
+                self._idle_sessions -= 1  # that thread's: each job handed over had one counted idle
+        if idle:
+            self._sessions.put(job)
+            return
         try:
-            threading.Thread(target=self._serve_connection, args=(conn, hello, pid, uid, client_id),
-                             name="libshare-client", daemon=True).start()
+            threading.Thread(target=self._session_thread, args=(job,), name="libshare-client", daemon=True).start()
         except BaseException:
             with self._lock:
                 self._connections.discard(conn)
                 self._attached.discard(client_id)
             raise
+
+    def _session_thread(self, job: tuple) -> None:
+        """Serve one connection after another; wait for the next one while fewer than
+        _IDLE_SESSION_THREADS others wait (an idle thread costs no CPU: it sleeps in ``get``, named
+        libshare-idle: it is nobody's connection thread then)."""
+        me = threading.current_thread()
+        while job is not None:
+            me.name = "libshare-client"
+            self._serve_connection(*job)
+            job = None
+            with self._lock:
+                if self.closed or self._idle_sessions >= _IDLE_SESSION_THREADS:
+                    return
+                self._idle_sessions += 1
+            me.name = "libshare-idle"
+            job = self._sessions.get()
 
     # ---------------------------------------------------------------- one connection
 
@@ -367,8 +397,8 @@ class Arbiter:
                 log.info("%s disconnected", client.describe())
                 with self._lock:
                     self._attached.discard(client.id)
-                try:
-                    self._call(self.drainer.connection_closed, client)
+                try:  # not waited for: this thread may serve the next client meanwhile
+                    self.drainer.post(self.drainer.connection_closed, client)
                 except LibshareError:
                     pass  # the arbiter is shutting down, and its shutdown reclaims every client
             with self._lock:
@@ -423,8 +453,8 @@ class Arbiter:
             raise ProtocolError(f"{op} carries no payload (got {len(frame.payload)} bytes)")
         return handler
 
-    def _call(self, fn, *args):
-        return self.drainer.call(fn, *args)
+    def _call(self, fn, *args, policy: bool = True):
+        return self.drainer.call(fn, *args, policy=policy)
 
     # ---------------------------------------------------------------- requests
 
@@ -461,7 +491,14 @@ class Arbiter:
             raise
         if self.client_oom_score_adj is not None and pid != os.getpid():
             _raise_oom_score_adj(pid, self.client_oom_score_adj)
-        self.drainer.post(self.drainer.add_client, client)  # ahead of every later task of this client
+        try:  # queued ahead of every later task (ps, once the client has its welcome, lists it), but the
+            # control thread is woken only below: it makes the engine slot while the client maps its
+            # ring, instead of taking the GIL from this thread before the welcome is out
+            self.drainer.post(self.drainer.add_client, client, policy=False, wake=False)  # it sets the policy
+        except BaseException:  # shutting down: the control thread never knew it
+            region.close()
+            client.doorbell.close()
+            raise
         try:
             protocol.send(conn, {"ok": True, "client_id": client_id, "arbiter_pid": os.getpid(),
                                  "device": self.device.name},
@@ -474,13 +511,49 @@ class Arbiter:
             with self._lock:
                 self._attached.discard(client_id)
             raise
+        self.drainer.ring_doorbell()  # add_client
         if self._fd_budget is not None:
             self._fd_budget.client_joined()
-        try:
-            self._make_spare_region()
-        except OSError as exc:  # a head start for the next hello, no part of this one
-            log.warning("could not make a spare ring region: %s", exc)
+        self._spares_wanted.set()  # a head start for the next hello, made on the spares thread
+        self._start_spares()
         return client
+
+    def _start_spares(self) -> None:
+        """Start the thread that makes spare regions, once (should it fail, hellos make their own)."""
+        with self._lock:
+            if self._spares_thread is not None or self.closed:
+                return
+            self._spares_thread = threading.Thread(target=self._make_spares, name="libshare-spares", daemon=True)
+        try:
+            self._spares_thread.start()
+        except RuntimeError as exc:  # no thread to be had now: the next hello tries again
+            log.warning("could not start the spare-region thread: %s", exc)
+            with self._lock:
+                self._spares_thread = None
+
+    def _make_spares(self) -> None:
+        """The spares thread: keep _SPARE_REGIONS ring regions made ahead of the hellos, off their
+        path (a region takes some 0.3 ms to format: made by the connection thread after the
+        welcome, it held up the new client's first request). It sleeps until a hello takes one.
+
+        It makes one at once: waiting for a quiet moment (no request for a millisecond) spared a
+        lone client's next requests, which share the CPU and the GIL with it, but cost clients
+        that attach one after another more than it saved (measured)."""
+        while True:
+            self._spares_wanted.wait()
+            self._spares_wanted.clear()
+            while not self.closed:
+                with self._lock:
+                    full = len(self._spare_regions) >= _SPARE_REGIONS
+                if full:
+                    break
+                try:
+                    self._make_spare_region()
+                except OSError as exc:  # the next hello makes its own
+                    log.warning("could not make a spare ring region: %s", exc)
+                    break
+            if self.closed:
+                return
 
     def _make_spare_region(self) -> None:
         """Keep a ring region or two made ahead, so that the next hello does not wait for one."""
@@ -519,7 +592,7 @@ class Arbiter:
             self.drainer.adopt(client, record)
             return record.id
 
-        program_id = self._call(register)
+        program_id = self._call(register, policy=False)  # a record: the engine's policy stays
         return {"program_id": program_id, "bindings": len(interface.bindings),
                 "push_size": push_size, "local_size": list(interface.local_size)}, ()
 
@@ -550,7 +623,7 @@ class Arbiter:
             return record.id
 
         try:
-            buffer_id = self._call(create)
+            buffer_id = self._call(create, policy=False)  # a record: the engine's policy stays
         except BaseException:
             if memory is not None:
                 memory.close()
@@ -566,7 +639,7 @@ class Arbiter:
                 raise InvalidSubmission(f"no such buffer or program: {frame.fields}")
             self.drainer.free(client, record)
 
-        self._call(free)
+        self._call(free, policy=False)  # records: the engine's policy stays
         return {}, ()
 
     def _stats(self, client: Client, frame: protocol.Frame):
@@ -624,8 +697,12 @@ class Arbiter:
             self.closed = True
             connections = list(self._connections)
             spares, self._spare_regions = self._spare_regions, []
+            idle, self._idle_sessions = self._idle_sessions, 0
         for region in spares:
             region.close()
+        for _ in range(idle):  # the idle session threads end
+            self._sessions.put(None)
+        self._spares_wanted.set()  # the spares thread ends
         if self._gate is not None:
             self._gate.close()  # the listener, and every connection that has not said hello
         if self.socket_path is not None:
@@ -761,11 +838,15 @@ def _raise_oom_score_adj(pid: int, floor: int) -> None:
 
 def _cmdline(pid: int) -> str:
     """The command line of process ``pid`` (from /proc), or "" if it is gone."""
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read(4096).replace(b"\0", b" ").decode(errors="replace").strip()
+    try:  # three system calls (a buffered open() makes eight): this is on the way to a client's welcome
+        fd = os.open(f"/proc/{pid}/cmdline", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            text = os.read(fd, 4096)
+        finally:
+            os.close(fd)
     except OSError:
         return ""
+    return text.replace(b"\0", b" ").decode(errors="replace").strip()
 
 
 def _shared_memory(size: int) -> SharedMemory:
