@@ -492,14 +492,13 @@ class Session:
             if not self._cq_lock.acquire(timeout=max(timeout, 0.001)):
                 return  # another thread is reading (and watching the arbiter) already
             try:
-                if self._take() or timeout <= 0:
-                    return
-                try:
-                    self._region.wait_completions(1, timeout=timeout)
-                except errors.Timeout:
-                    return
-                except errors.ArbiterLost as exc:
-                    raise _fresh(self._lose(exc)) from exc
+                if timeout > 0:  # returns at once when completions are ready
+                    try:
+                        self._region.wait_completions(1, timeout=timeout)
+                    except errors.Timeout:
+                        return
+                    except errors.ArbiterLost as exc:
+                        raise _fresh(self._lose(exc)) from exc
                 self._take()
             finally:
                 self._cq_lock.release()
