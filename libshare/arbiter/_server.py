@@ -135,6 +135,7 @@ _HELLO = {**_op("hello"), "name": (protocol.text(1024), False), "version": (prot
 """The schema of a hello (checked by the gate: a bad one is answered and may be sent again)."""
 _SPARE_REGIONS = 2  # ring regions made ahead of the hellos that will take them
 _IDLE_SESSION_THREADS = 4  # session threads kept waiting for the next client once theirs left
+_IDLE_SESSION_SECONDS = 2.0  # ... for this long at most
 _COMPILE_TIMEOUT = 10.0  # default seconds a vetting compile may take
 
 
@@ -330,10 +331,10 @@ class Arbiter:
         with self._lock:
             self._connections.add(conn)
             idle = self._idle_sessions > 0
-            if idle:
+            if idle:  # claimed and queued under one lock: an idle thread that gives up checks both
                 self._idle_sessions -= 1  # that thread's: each job handed over had one counted idle
+                self._sessions.put(job)
         if idle:
-            self._sessions.put(job)
             return
         try:
             threading.Thread(target=self._session_thread, args=(job,), name="libshare-client", daemon=True).start()
@@ -346,7 +347,12 @@ class Arbiter:
     def _session_thread(self, job: tuple) -> None:
         """Serve one connection after another; wait for the next one while fewer than
         _IDLE_SESSION_THREADS others wait (an idle thread costs no CPU: it sleeps in ``get``, named
-        libshare-idle: it is nobody's connection thread then)."""
+        libshare-idle: it is nobody's connection thread then), and for _IDLE_SESSION_SECONDS at
+        most, so that a quiet arbiter goes back to the threads it started with.
+
+        Every waiting thread stands for an idle count not yet claimed or a job queued (the gate
+        claims and queues under the lock): one whose wait ran out takes a job still queued, if
+        any, else gives its count back and ends."""
         me = threading.current_thread()
         while job is not None:
             me.name = "libshare-client"
@@ -357,7 +363,15 @@ class Arbiter:
                     return
                 self._idle_sessions += 1
             me.name = "libshare-idle"
-            job = self._sessions.get()
+            try:
+                job = self._sessions.get(timeout=_IDLE_SESSION_SECONDS)
+            except queue.Empty:
+                with self._lock:
+                    try:
+                        job = self._sessions.get_nowait()
+                    except queue.Empty:
+                        self._idle_sessions -= 1
+                        return
 
     # ---------------------------------------------------------------- one connection
 

@@ -288,3 +288,31 @@ def test_sessions_closed_after_their_arbiter_stopped_end_quietly(tmp_path):
         if thread.name.startswith("libshare-client"):
             thread.join(timeout=30)
             assert not thread.is_alive(), "a connection thread outlived its closed session"
+
+
+def test_a_quiet_arbiter_goes_back_to_its_threads(tmp_path):
+    """A departed client's session thread waits a while for the next client, then ends: after a
+    burst of clients, a quiet arbiter has no more threads than before it (none is left behind)."""
+    from libshare.arbiter import Arbiter
+
+    from .conftest import wait_until
+
+    tmp_path.chmod(0o700)
+    arbiter = Arbiter()
+    try:
+        arbiter.serve(tmp_path / "control")
+        with libshare.connect(mode="daemon", pipe_directory=tmp_path):
+            pass  # the gate's and the spare regions' threads exist from now on
+        wait_until(lambda: any(t.name == "libshare-spares" for t in threading.enumerate()), 60,
+                   "the spare regions' thread to start")  # a standing thread, started by the first hello
+        wait_until(lambda: not [t for t in threading.enumerate() if t.name == "libshare-idle"], 60,
+                   "the first session thread to end")
+        before = {t.ident for t in threading.enumerate()}
+        sessions = [libshare.connect(mode="daemon", pipe_directory=tmp_path) for _ in range(8)]
+        for s in sessions:
+            s.close()
+        wait_until(lambda: not [t for t in threading.enumerate() if t.name in ("libshare-idle", "libshare-client")],
+                   60, "the session threads to end")
+        assert [t.name for t in threading.enumerate() if t.ident not in before] == []
+    finally:
+        arbiter.close()
