@@ -108,30 +108,33 @@ class Submission:
         A closed device finished everything, unless close() abandoned it under running work:
         then the fence, still alive, says.
         """
-        if self._complete or (self._device._closed and not self._device._abandoned):
+        if self._known_done():
             return True
-        result = self._device._get_fence_status(self._device._handle, self._fence.handle)
-        if result == 0:
-            self._complete = True
-            return True
-        if result < 0:
-            raise _error(result, "vkGetFenceStatus")
-        return False
+        return self._settle(self._device._get_fence_status(self._device._handle, self._fence.handle),
+                            "vkGetFenceStatus")
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until done or ``timeout`` seconds passed (None: no limit); True if done.
 
         A dispatch may never end: the arbiter always passes a timeout.
         """
-        if self._complete or (self._device._closed and not self._device._abandoned):
+        if self._known_done():
             return True
         device = self._device
-        result = device._wait_for_fences(device._handle, 1, self._fence.array, 1, _timeout_ns(timeout))
+        return self._settle(device._wait_for_fences(device._handle, 1, self._fence.array, 1, _timeout_ns(timeout)),
+                            "vkWaitForFences")
+
+    def _known_done(self) -> bool:
+        """Done without asking the fence: seen done before, or its device closed (not abandoned)."""
+        return self._complete or (self._device._closed and not self._device._abandoned)
+
+    def _settle(self, result: int, what: str) -> bool:
+        """A fence call's VkResult: True (and remembered) when signalled, False when not yet; raises on an error."""
         if result == 0:
             self._complete = True
             return True
         if result < 0:
-            raise _error(result, "vkWaitForFences")
+            raise _error(result, what)
         return False
 
     @property
