@@ -323,6 +323,19 @@ int ls_engine_events(ls_engine *e, struct ls_engine_event *out, uint32_t max)
 
 /* ------------------------------------------------------------------ answers */
 
+/* Close a client's ring as corrupt (LS_EV_DROPPED), and drain nothing more of it. */
+static void drop_client(ls_engine *e, uint32_t slot, int code)
+{
+    struct client *c = &e->clients[slot];
+    if (c->closing)
+        return;
+    c->closing = c->dropped = 1;
+    ls_close_consumer(c->region, LS_ECORRUPT);
+    emit(e, LS_EV_DROPPED, slot, code, 0, 0, 0);
+    if (c->outstanding == 0)
+        emit(e, LS_EV_IDLE, slot, 0, 0, 0, 0);
+}
+
 static void flush_posts(ls_engine *e)
 {
     if (!e->post_count)
@@ -334,9 +347,8 @@ static void flush_posts(ls_engine *e)
     if (!c->closing && c->region) {
         int posted = ls_cq_post(c->region, (const char *)e->post_buf, n);
         if (posted != (int)n) {         /* the budget in take() makes a short post impossible */
-            c->closing = c->dropped = 1;
-            ls_close_consumer(c->region, LS_ECORRUPT);
-            emit(e, LS_EV_DROPPED, e->post_client, posted < 0 ? posted : -LS_ECORRUPT, 0, 0, 0);
+            drop_client(e, e->post_client, posted < 0 ? posted : -LS_ECORRUPT);  /* and says when idle */
+            return;
         }
     }
     if (c->closing && c->outstanding == 0 && c->region)
@@ -535,18 +547,6 @@ static int check_desc(ls_engine *e, struct client *c, const struct ls_desc *d, s
 }
 
 /* ------------------------------------------------------------------ drain */
-
-static void drop_client(ls_engine *e, uint32_t slot, int code)
-{
-    struct client *c = &e->clients[slot];
-    if (c->closing)
-        return;
-    c->closing = c->dropped = 1;
-    ls_close_consumer(c->region, LS_ECORRUPT);
-    emit(e, LS_EV_DROPPED, slot, code, 0, 0, 0);
-    if (c->outstanding == 0)
-        emit(e, LS_EV_IDLE, slot, 0, 0, 0, 0);
-}
 
 static int submit(ls_engine *e)
 {
@@ -815,6 +815,15 @@ static void rang(ls_engine *e, uint32_t slot, int64_t now)
         emit(e, LS_EV_MUTED, slot, 0, 0, c->empty, c->mutes);
 }
 
+/* A look at the rings (and at stop, and with events_too at queued events) under the lock. */
+static int work_waiting(ls_engine *e, int events_too)
+{
+    pthread_mutex_lock(&e->lock);
+    int found = look(e) > 0 || e->stopping || (events_too && e->nevents);
+    pthread_mutex_unlock(&e->lock);
+    return found;
+}
+
 /* Watch the rings for spin_ns after popped work; 1 when work (or a task) arrived. */
 static int spin(ls_engine *e)
 {
@@ -823,10 +832,7 @@ static int spin(ls_engine *e)
     e->popped = 0;
     int64_t deadline = now_ns() + (int64_t)e->policy.spin_ns;
     do {
-        pthread_mutex_lock(&e->lock);
-        int found = look(e) > 0 || e->nevents || e->stopping;
-        pthread_mutex_unlock(&e->lock);
-        if (found)
+        if (work_waiting(e, 1))
             return 1;
         for (int k = 0; k < 64; k++)
             ls_cpu_relax();
@@ -897,13 +903,8 @@ static void wait_for_fence(ls_engine *e)
     do {
         if (e->vk.GetFenceStatus(e->device, fence) != VK_NOT_READY)
             return;
-        if (e->nflights < e->policy.max_in_flight) {
-            pthread_mutex_lock(&e->lock);
-            int found = look(e) > 0 || e->stopping;
-            pthread_mutex_unlock(&e->lock);
-            if (found)
-                return;
-        }
+        if (e->nflights < e->policy.max_in_flight && work_waiting(e, 0))
+            return;
         for (int k = 0; k < 64; k++)
             ls_cpu_relax();
     } while (now_ns() < deadline);
