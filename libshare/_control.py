@@ -157,18 +157,34 @@ class ControlConnection:
         return bool(poller.poll(0))
 
     def run(self, command: str, *args: str) -> str:
-        """Run one command and return its output; a refused command raises its LibshareError."""
+        """Run one command and return its output; a refused command raises its LibshareError.
+
+        A connection that idled here may be closed by the arbiter while the command is on its
+        way (the gate closes idle control connections without reading them to make room); the
+        command was then never run, and it is sent once more on a new connection.
+        """
+        request = {"op": "control", "command": command, "args": list(args)}
         if self._closed_by_arbiter():
-            self._sock.close()
-            self._sock = self._dial()
+            self._redial()
         try:
-            protocol.send(self._sock, {"op": "control", "command": command, "args": list(args)})
-            reply = protocol.recv(self._sock)
-        except (EOFError, OSError) as exc:
-            raise errors.ArbiterLost(f"the arbiter closed the control connection: {exc or 'EOF'}") from exc
+            reply = self._exchange(request)
+        except (EOFError, OSError):  # ArbiterLost, from a send, is an OSError too
+            self._redial()
+            try:
+                reply = self._exchange(request)
+            except (EOFError, OSError) as exc:
+                raise errors.ArbiterLost(f"the arbiter closed the control connection: {exc or 'EOF'}") from exc
         if not reply.fields.get("ok"):
             raise errors.remote_error(reply.fields)
         return str(reply.fields.get("output", ""))
+
+    def _redial(self) -> None:
+        self._sock.close()
+        self._sock = self._dial()
+
+    def _exchange(self, request: dict) -> protocol.Frame:
+        protocol.send(self._sock, request)
+        return protocol.recv(self._sock)
 
     def close(self) -> None:
         """Close the connection. Returns once the arbiter has closed its end too (or after a second),

@@ -19,7 +19,10 @@ Bounds, each enforced here:
 * **Number.** At most ``max_waiting`` connections wait at once (sized from the
   descriptor budget, at most 512). When a new one would pass that, the one that has
   waited longest is closed to make room, so a flood of idle connections cannot lock
-  out the operator or an honest client, who speaks as soon as it connects. A uid other
+  out the operator or an honest client, who speaks as soon as it connects. An idle
+  control connection closed this way is closed without a word, as at its deadline: a
+  command its client sent meanwhile was never read, and the client sends it again on a
+  new connection (``ControlConnection.run``). A uid other
   than root and the arbiter's own may hold at most a quarter of the places.
 * **Replies** from the gate are sent without blocking; a peer whose socket cannot take
   a small error reply at once does not read its replies, and is closed.
@@ -324,7 +327,7 @@ class Gate:
             if oldest is None:
                 return False
             self._drop(oldest, "closed to make room for a newer connection of the same uid",
-                       errors.TooManyClients("closed: too many connections of this uid wait at the arbiter"))
+                       self._eviction(oldest, "closed: too many connections of this uid wait at the arbiter"))
         with self._lock:
             held = len(self._waiting) + self._busy
         while held >= self.max_waiting:
@@ -332,9 +335,16 @@ class Gate:
                 return False
             oldest = next(iter(self._waiting.values()))
             self._drop(oldest, "closed to make room for a newer connection",
-                       errors.TooManyClients("closed: too many connections wait at the arbiter"))
+                       self._eviction(oldest, "closed: too many connections wait at the arbiter"))
             held -= 1
         return True
+
+    @staticmethod
+    def _eviction(waiting: Waiting, message: str) -> LibshareError | None:
+        """What a connection closed to make room is told: nothing, for a control connection idle
+        between commands (its client may have a command on the way, and dials again when this
+        one finds the connection closed), else why."""
+        return None if waiting.control else errors.TooManyClients(message)
 
     def _schedule(self, waiting: Waiting) -> None:
         self._sequence += 1

@@ -191,6 +191,27 @@ def test_idle_connections_cost_no_thread_and_are_closed(strict_daemon):
             sock.close()
 
 
+def test_an_idle_control_connection_closed_to_make_room_sends_its_command_again(strict_daemon, monkeypatch):
+    """The race that a flood opens: the operator's tool finds its idle connection open, sends
+    a command, and the gate closes the connection (to make room) before reading it. The gate
+    closes it without a word, and the tool runs the command on a new connection."""
+    process, pipe_dir = strict_daemon
+    own_fd_limit(1300)
+    operator = _control.ControlConnection(pipe_dir)
+    assert operator.run("get_server_status") == "ACTIVE"
+    idle = [connect_raw(pipe_dir) for _ in range(1000)]
+    try:
+        wait_until(operator._closed_by_arbiter, what="the operator's idle connection to be closed for room")
+        assert operator._sock.recv(1, socket.MSG_PEEK) == b""  # closed, and told nothing
+        monkeypatch.setattr(operator, "_closed_by_arbiter", lambda: False)  # it looked just before
+        assert operator.run("get_server_status") == "ACTIVE"
+    finally:
+        operator.close()
+        for sock in idle:
+            sock.close()
+    assert process.poll() is None
+
+
 def test_a_frame_begun_and_not_finished_is_dropped(strict_daemon):
     process, pipe_dir = strict_daemon
     with libshare.connect(mode="daemon", pipe_directory=pipe_dir) as honest:
