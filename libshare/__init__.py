@@ -12,11 +12,14 @@ from . import manager as manager
 from . import shaders as shaders
 from .errors import AccessDenied as AccessDenied
 from .errors import ArbiterLost as ArbiterLost
+from .errors import ArbiterRestarted as ArbiterRestarted
+from .errors import BufferLost as BufferLost
 from .errors import ArbiterUnavailable as ArbiterUnavailable
 from .errors import ClientTerminated as ClientTerminated
 from .errors import InvalidSubmission as InvalidSubmission
 from .errors import LibshareError as LibshareError
 from .errors import ProtocolError as ProtocolError
+from .errors import Quarantined as Quarantined
 from .errors import QuotaExceeded as QuotaExceeded
 from .errors import RingCorrupted as RingCorrupted
 from .errors import RingFull as RingFull
@@ -39,11 +42,14 @@ __all__ = [
     "shaders",
     "AccessDenied",
     "ArbiterLost",
+    "ArbiterRestarted",
+    "BufferLost",
     "ArbiterUnavailable",
     "ClientTerminated",
     "InvalidSubmission",
     "LibshareError",
     "ProtocolError",
+    "Quarantined",
     "QuotaExceeded",
     "RingCorrupted",
     "RingFull",

@@ -6,6 +6,11 @@ client's mapping are read and written by the device with no copy anywhere.
 Arrays are plain ``np.ndarray`` views whose ``.base`` chain ends in the
 buffer's mmap; a dispatch finds the buffer (and the byte offset of a slice)
 by walking that chain.
+
+A shared buffer keeps its memfd open (one descriptor per buffer) and a program keeps
+its SPIR-V: that is what a session hands a new arbiter when it reattaches after a
+restart, so that the same memory and the same programs carry on under new ids. A
+device buffer's contents live only on the device: after a restart it is ``lost``.
 """
 
 from __future__ import annotations
@@ -34,14 +39,26 @@ class Buffer:
         """This process's mapping of a shared buffer; None for a device buffer."""
         self.address = 0
         """Address of the mapping in this process (0 for a device buffer)."""
+        self.memfd = -1
+        """The shared buffer's memfd, kept for a reattach (-1 for a device buffer, or once freed)."""
         if fd is not None:
             try:
                 self.mapping = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-            finally:
+            except BaseException:
                 os.close(fd)
+                raise
+            self.memfd = fd
             self.address = np.frombuffer(self.mapping, np.uint8, count=1).ctypes.data
         self.freed = False
         """True once :meth:`Session.free` let it go."""
+        self.lost: Exception | None = None
+        """Why the buffer no longer exists at the arbiter (a device buffer after a restart), or None."""
+
+    def close_memfd(self) -> None:
+        """Let go of the kept memfd (the mapping stays). Idempotent."""
+        if self.memfd >= 0:
+            os.close(self.memfd)
+            self.memfd = -1
 
     def array(self, shape, dtype=np.float32, offset: int = 0) -> np.ndarray:
         """A numpy view on this shared buffer (no copy); raises for a device buffer."""
@@ -55,15 +72,21 @@ class Buffer:
         return np.frombuffer(self.mapping, dtype, count=count, offset=offset).reshape(shape)
 
     def __repr__(self) -> str:
-        return f"<libshare.Buffer id={self.id} {self.kind} {self.size} bytes{' freed' if self.freed else ''}>"
+        state = " freed" if self.freed else " lost" if self.lost else ""
+        return f"<libshare.Buffer id={self.id} {self.kind} {self.size} bytes{state}>"
 
 
 class Program:
     """A program loaded into the arbiter, with the interface read from its SPIR-V."""
 
-    def __init__(self, program_id: int, bindings: int, push_size: int, local_size: tuple[int, int, int]):
+    def __init__(self, program_id: int, bindings: int, push_size: int, local_size: tuple[int, int, int],
+                 spirv: bytes = b""):
         self.id = program_id
-        """The arbiter's id for this program."""
+        """The arbiter's id for this program (a new one after a reattach)."""
+        self.spirv = spirv
+        """The SPIR-V module it was loaded from (loaded again when the session reattaches)."""
+        self.lost: Exception | None = None
+        """Why a new arbiter refused it on reattach, or None."""
         self.bindings = bindings
         """How many storage buffers it takes (bindings 0..N-1 of set 0)."""
         self.push_size = push_size

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 from pathlib import Path
 
@@ -31,6 +32,29 @@ def socket_path(directory: Path) -> Path:
 def lock_path(directory: Path) -> Path:
     """The arbiter's PID lock file inside a pipe directory (held with flock while it runs)."""
     return directory / "arbiter.pid"
+
+
+def supervisor_lock_path(directory: Path) -> Path:
+    """The control daemon's lock file inside a pipe directory (held with flock while it supervises)."""
+    return directory / "control-daemon.pid"
+
+
+def supervised(directory: Path) -> bool:
+    """True while a control daemon supervises ``directory``: it starts a new arbiter whenever the
+    one serving there goes away other than by ``quit`` (so a session waits for it and reattaches)."""
+    try:
+        fd = os.open(supervisor_lock_path(directory), os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)  # (a lock taken here goes with the descriptor)
+    return False
 
 
 def log_directory(override: str | os.PathLike | None = None, pipe_dir: Path | None = None) -> Path:

@@ -65,10 +65,16 @@ COMMANDS: dict[str, Command] = {c.name: c for c in [
             "A table of the clients: pid, client id, name, device, state, priority, dispatches, "
             "device time, memory in use, memory limit, command line. -p PID: only that client process. "
             "Characters that are not printable are escaped. To users other than root and the "
-            "arbiter's, another user's client shows only its pid, id, device and state."),
+            "arbiter's, another user's client shows only its pid, id, device and state. Below the "
+            "table, a QUARANTINED line for each process and module the arbiter refuses (get_quarantine)."),
     Command("terminate_client", "terminate_client [SERVER_PID] CLIENT_PID",
             "Cancel the client's queued work, let its running work end, reclaim its buffers and "
             "programs; the client sees a sticky ClientTerminated error. Other clients are not affected.",
+            changes_state=True),
+    Command("restart", "restart",
+            "Replace the running arbiter with a fresh one (after an upgrade of libshare or of the driver): "
+            "it stops taking work, lets running work end and hands over; every client moves to the new "
+            "arbiter and sees a pause, not an error. Needs the control daemon (libshare-control -d or -f).",
             changes_state=True),
     Command("quit", "quit [-t SECONDS]",
             "Shut the arbiter down: stop accepting, let running work end (at most SECONDS, "
@@ -122,6 +128,15 @@ COMMANDS: dict[str, Command] = {c.name: c for c in [
             "throughput (batch greedily) or fairshare (share device time by measured GPU time); live.",
             changes_state=True),
     Command("get_scheduling_mode", "get_scheduling_mode", "Print the scheduling mode."),
+    Command("get_quarantine", "get_quarantine",
+            "Print every client process and SPIR-V module (by SHA-256) that was under way when an arbiter "
+            "on this pipe directory died, with its strikes and what it was doing; at 2 strikes it is "
+            "refused (a process at hello, a module for every client). To users other than root and "
+            "the arbiter's, another user's process shows only its pid."),
+    Command("clear_quarantine", "clear_quarantine PID|DIGEST|all",
+            "Forget the strikes of a client process (by pid), of a module (its SHA-256, or its first 8 "
+            "or more hex digits), or of everything: they may connect and load again.",
+            changes_state=True),
 ]}
 
 

@@ -41,7 +41,7 @@ import struct
 import time
 from pathlib import Path
 
-from . import errors
+from . import _config, errors
 from .errors import AccessDenied, ArbiterLost, ArbiterUnavailable, InvalidSubmission, LibshareError, ProtocolError
 
 __all__ = ["MAGIC", "VERSION", "MAX_FRAME", "MAX_FDS", "FIRST_FRAME", "dial", "send", "recv", "Frame",
@@ -65,11 +65,16 @@ class MalformedFrame(ProtocolError):
     """A whole frame arrived but its content is unusable; the stream is still in step."""
 
 
+_RESTART_PAUSE = 0.01  # seconds between looks for the arbiter a control daemon is starting
+
+
 def dial(path: Path, timeout: float) -> socket.socket | None:
     """A stream connected to the arbiter's socket at ``path``, or None when no arbiter listens there.
 
     A full listen queue (a burst of clients connecting at once) answers EAGAIN at once on a
     Unix socket; that is retried until ``timeout`` seconds have passed, then ArbiterUnavailable.
+    While a control daemon supervises the directory, no arbiter listening means that a new
+    one is on its way (a crash, a restart): that is waited for too, within ``timeout``.
     A socket (or directory) this user may not open is :class:`AccessDenied`.
     """
     deadline = time.monotonic() + timeout
@@ -82,7 +87,9 @@ def dial(path: Path, timeout: float) -> socket.socket | None:
             return sock
         except (FileNotFoundError, ConnectionRefusedError, NotADirectoryError):
             sock.close()
-            return None
+            if time.monotonic() + _RESTART_PAUSE > deadline or not _config.supervised(Path(path).parent):
+                return None
+            time.sleep(_RESTART_PAUSE)
         except PermissionError as exc:
             sock.close()
             raise AccessDenied(f"uid {os.getuid()} may not connect to the arbiter at {path} ({exc.strerror}): "

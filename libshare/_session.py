@@ -36,6 +36,23 @@ fails with it and ``dispatch()`` raises it at once. A cancelled completion
 so does the encoder's refusal to push into a ring whose arbiter side is closed
 (a dispatch notices a shutdown, a termination or a fault by itself).
 
+Surviving the arbiter. Under the control daemon (``libshare-control -d``; see
+arbiter/_supervisor.py) an arbiter that dies is replaced within about 50 ms, and a session
+reattaches instead of ending: a plain loss becomes ArbiterRestarted, and the next call or
+wait runs :meth:`Session._reattach`. That keeps other threads out of the old ring (they
+wait at ``_enter`` while ``_moving``), settles the tickets in flight, says hello to the new
+arbiter and hands it every live buffer and program under the ids they had (``import``
+sends the sealed memfd a shared buffer kept, so the arrays stay the same objects over the
+same pages; a program's SPIR-V is loaded again; a device buffer is lost: BufferLost), then
+swaps in the new ring and resends, first and in ticket order, the work the old arbiter
+never ran: descriptors still unconsumed in the old lanes (the producer's own writes, read
+back) and, after a hand-over (``restart``: the old arbiter closes the ring with LS_EMOVED
+and answers what it had not started LS_EMOVED), those answered so. It waits for the old
+arbiter to answer what it had started before it decides. Work the old arbiter took and
+never answered fails with ArbiterRestarted: it may or may not have run. A loss that is not
+the arbiter's death (terminated, a fault, a corrupt ring), or one with no control daemon,
+stays sticky as before.
+
 Closing never pulls the ring from under a thread. A dispatch pushes while it
 holds the gate lock (one lock round trip: its number, the check that the session
 is open, the push); every other use of the mapped region (a wait, a dispatch
@@ -76,6 +93,9 @@ _SEEN_ARRAYS = 1024  # arrays whose binding a session remembers
 _WAIT_SLICE = 0.05  # seconds per completion wait, between liveness checks
 _CLOSE_WAIT = 2.0  # seconds close() waits for threads inside the ring before leaving the unmap to them
 _REQUEST_TIMEOUT = 60.0  # a control request the arbiter does not answer in this long fails
+_REDIAL_PAUSE = 0.01  # seconds between looks for the arbiter that replaces a lost one
+_REATTACH_TRIES = 3  # pushes a dispatch tries, reattaching between them
+_MOVE_POLL = 0.001  # seconds between looks at a handed-over ring, for the answers still due
 _OP_DISPATCH, _OP_COPY = C.OP_DISPATCH, C.OP_COPY
 _ref = weakref.ref
 _TOO_BIG = (f"at most {C.MAX_BUFFERS} buffers, {C.MAX_PUSH} push bytes and 3 group counts, each count "
@@ -100,6 +120,11 @@ def _status_error(ticket: int, status: int) -> errors.LibshareError:
     if -status == C.ECANCELED:
         return errors.ArbiterLost(f"ticket {ticket} was cancelled: the arbiter shut down or ended this session")
     return errors.InvalidSubmission(f"ticket {ticket} rejected by the arbiter: {text}")
+
+
+class _Moved(errors.ArbiterRestarted):
+    """The arbiter handed this session over to a new one (``restart``): nothing failed, the work
+    it did not run goes to the new arbiter (see Session._unrun_work)."""
 
 
 def _fresh(error: errors.LibshareError) -> errors.LibshareError:
@@ -130,7 +155,8 @@ class Ticket:
     def done(self) -> bool:
         """True once ``wait()`` would return or raise at once: the work completed (successfully
         or not), or its outcome can no longer be known (the arbiter is gone, the session closed).
-        Never blocks, never raises; notices a dead arbiter."""
+        Never raises; notices a dead arbiter. Blocks only to reattach after an arbiter restart
+        (milliseconds with the control daemon's standby; the session's timeout at most)."""
         if not self._settled():
             self._session._poll(self)
         return self._settled()
@@ -163,43 +189,61 @@ class Ticket:
 class Session:
     """A client's connection to an arbiter. Use ``libshare.connect()`` to make one."""
 
-    def __init__(self, sock: socket.socket, welcome: protocol.Frame, embedded: bool):
+    def __init__(self, sock: socket.socket, welcome: protocol.Frame, embedded: bool, hello: dict | None = None,
+                 socket_path: Path | None = None, timeout: float = 10.0):
         self._sock = sock
         self._request_lock = threading.RLock()  # re-entrant: close() from a finalizer inside a request
         self._cq_lock = threading.Lock()
-        self.client_id: int = welcome.fields["client_id"]
-        """This session's client id at the arbiter."""
         self.embedded = embedded
         """True when the arbiter runs inside this process."""
-        self.device_name: str = welcome.fields["device"]
-        """The name of the arbiter's device."""
-        region_fd, wake_fd = welcome.fds
-        self._region = Region.attach(region_fd)
-        os.close(region_fd)
-        self._wake_fd = wake_fd
-        os.set_blocking(wake_fd, False)  # a ring never waits; nor does reading the arbiter's bytes
-        self._region.set_wake_fd(wake_fd)
-        if welcome.fields["arbiter_pid"] != os.getpid():
-            self._region.watch_peer(welcome.fields["arbiter_pid"])
-        self._region.announce_client()
-        self._gate = threading.Lock()  # guards closed, _users, _torn_down and _next_ticket
-        self._gone = threading.Condition(self._gate)  # close() waits on it for the users to leave
+        self._hello, self._socket_path, self._timeout = hello, socket_path, timeout  # to reattach
+        self._adopt(welcome)
+        self._gate = threading.Lock()  # guards closed, _users, _torn_down, _moving, _next_ticket, _pending
+        self._gone = threading.Condition(self._gate)  # close() and a reattach wait on it for the users to leave
         self._users = 0  # threads inside the mapped region now: it is unmapped only when none is
         self._torn_down = False
+        self._moving = False  # a reattach swaps the region: nobody enters meanwhile
+        self._reattach_lock = threading.Lock()
+        self.reattached = 0
+        """How many times this session reattached to a new arbiter."""
         self._next_ticket = 1
         self._pending: dict[int, weakref.ref[Ticket]] = {}  # ticket number -> its Ticket, while in flight
         self._lanes = threading.local()  # .push_op: ls_push_op on this thread's lane, claimed on its first push
         self._by_mapping: dict[int, Buffer] = {}
+        self._objects: dict[int, Buffer | Program] = {}  # id -> each live buffer and program (for a reattach)
         self._seen: dict[int, tuple[weakref.ref, int, int]] = {}  # id(item) -> (the item, buffer id, offset)
-        self._lost: errors.LibshareError | None = None  # sticky: the arbiter is gone or ended this session
+        self._lost: errors.LibshareError | None = None  # sticky (until a reattach): the arbiter is gone or ended this session
+        self._moved: set[int] = set()  # tickets the arbiter answered LS_EMOVED (handed over): sent again
         self.closed = False
         """True after close()."""
+
+    def _adopt(self, welcome: protocol.Frame) -> None:
+        """Take the ring and doorbell an arbiter's welcome carries (at connect, and at each reattach)."""
+        self.client_id: int = welcome.fields["client_id"]
+        """This session's client id at the arbiter."""
+        self.device_name: str = welcome.fields["device"]
+        """The name of the arbiter's device."""
+        self.arbiter_pid: int = welcome.fields["arbiter_pid"]
+        """The pid of the arbiter this session is attached to."""
+        region_fd, wake_fd = welcome.fds
+        try:
+            self._region = Region.attach(region_fd)
+        finally:
+            os.close(region_fd)
+        self._wake_fd = wake_fd
+        os.set_blocking(wake_fd, False)  # a ring never waits; nor does reading the arbiter's bytes
+        self._region.set_wake_fd(wake_fd)
+        if self.arbiter_pid != os.getpid():
+            self._region.watch_peer(self.arbiter_pid)
+        self._region.announce_client()
 
     # ---------------------------------------------------------------- the region's users
 
     def _enter(self) -> None:
         """Count this thread in as a user of the mapped region; SessionClosed once closed."""
         with self._gate:
+            while self._moving and not self.closed:
+                self._gone.wait()
             if self.closed:
                 raise _closed_error()
             self._users += 1
@@ -211,7 +255,7 @@ class Session:
             last = self.closed and not self._users and not self._torn_down
             if last:
                 self._torn_down = True
-            if self.closed:
+            if self.closed or self._moving:
                 self._gone.notify_all()
         if last:
             self._tear_down()
@@ -231,25 +275,27 @@ class Session:
 
     # ---------------------------------------------------------------- control requests
 
-    def _request(self, op: str, payload: bytes = b"", max_fds: int = 0, **fields) -> protocol.Frame:
+    def _request(self, op: str, payload: bytes = b"", max_fds: int = 0, fds: tuple[int, ...] = (),
+                 **fields) -> protocol.Frame:
         self._check_usable()
         with self._request_lock:
             try:
-                protocol.send(self._sock, {"op": op, **fields}, payload)
-                reply = protocol.recv(self._sock, max_fds=max_fds)
+                reply = _exchange(self._sock, {"op": op, **fields}, payload, max_fds, fds)
             except (EOFError, OSError) as exc:
                 if self.closed:
                     raise _closed_error() from exc
-                if self._lost is None:
-                    self._lost = errors.ArbiterLost(f"the arbiter closed the connection ({exc or 'EOF'})")
-                raise _fresh(self._lost) from exc
+                with self._inside() as inside:
+                    why = self._closed_by_arbiter() if inside else None
+                lost = self._record_loss(why or errors.ArbiterLost(f"the arbiter closed the connection ({exc or 'EOF'})"))
+                raise _fresh(lost) from exc
         if not reply.fields.get("ok"):
             reply.close_fds()
             raise errors.remote_error(reply.fields)
         return reply
 
     def _check_usable(self) -> None:
-        """Raise SessionClosed, or the sticky loss (noticing one the arbiter left in the ring)."""
+        """Raise SessionClosed, or the sticky loss (noticing one the arbiter left in the ring);
+        after an arbiter restart, reattach first (see :meth:`_reattach`)."""
         if self._lost is None:
             self._enter()
             try:
@@ -258,8 +304,164 @@ class Session:
                 self._leave()
         elif self.closed:
             raise _closed_error()
+        if isinstance(self._lost, errors.ArbiterRestarted):
+            self._reattach()
         if self._lost is not None:
             raise _fresh(self._lost)
+
+    # ---------------------------------------------------------------- an arbiter's loss, and reattaching
+
+    def _record_loss(self, lost: errors.LibshareError) -> errors.LibshareError:
+        """Record why the arbiter is gone, once; return the session's loss.
+
+        A plain loss (the arbiter died or closed the connection) under a control daemon, which
+        starts a new arbiter, becomes ArbiterRestarted, and so does a hand-over: the next call,
+        or a wait, reattaches (:meth:`_reattach`), which settles every ticket in flight. Any
+        other loss (terminated, a fault, a corrupt ring), or one with no control daemon, is
+        sticky and fails the tickets in flight now."""
+        if type(lost) is errors.ArbiterLost and self._may_reattach():
+            lost = errors.ArbiterRestarted(f"{lost}; a new arbiter takes over: the work in flight may or may not "
+                                           "have run, submit it again (this session reattaches by itself)")
+        with self._gate:  # a dispatch numbers and records its ticket under the gate: none slips past
+            if self._lost is not None:
+                return self._lost
+            self._lost = lost
+        if not isinstance(lost, errors.ArbiterRestarted):
+            self._fail_in_flight(lost)
+        return lost
+
+    def _fail_in_flight(self, error: errors.LibshareError, numbers=None) -> None:
+        """Fail the tickets in flight (those of ``numbers``, or all) with ``error``: no longer pending."""
+        with self._gate:
+            numbers = list(self._pending) if numbers is None else numbers
+            records = [self._pending.pop(number, None) for number in numbers]
+        for record in records:
+            ticket = record() if record is not None else None
+            if ticket is not None and not ticket._settled():
+                ticket._error = error
+
+    def _unrun_work(self) -> np.ndarray:
+        """The descriptors of the tickets in flight that the lost arbiter never ran, to send to the
+        new one under the same tickets; every other ticket in flight fails with ArbiterRestarted.
+
+        Never run: those it answered LS_EMOVED (handing over), and those still waiting in the
+        lanes (it never took them). After a hand-over the old arbiter still finishes what it took
+        and answers it, so this waits for that while it lives (the session's timeout at most).
+        Only the reattaching thread uses the region now (no other thread may enter it)."""
+        deadline = time.monotonic() + self._timeout
+        while True:
+            try:
+                self._take()
+            except errors.RingCorrupted:
+                break
+            unconsumed = self._region.unconsumed_tickets()
+            if (set(self._pending) - self._moved <= unconsumed or time.monotonic() >= deadline
+                    or not self._region.peer_alive() or not isinstance(self._lost, _Moved)):
+                break
+            time.sleep(_MOVE_POLL)  # the old arbiter finishes what it took, then answers it
+        not_run = (self._moved | unconsumed) & set(self._pending)
+        self._moved.clear()
+        self._fail_in_flight(errors.ArbiterRestarted(
+            "the arbiter went away while this ticket's work was in flight: it may or may not have run, "
+            "submit it again (the session reattached by itself)"), set(self._pending) - not_run)
+        return self._region.descriptors_of(not_run)
+
+    def _may_reattach(self) -> bool:
+        return (not self.embedded and self._socket_path is not None and not self.closed
+                and _config.supervised(self._socket_path.parent))
+
+    def _reattach(self) -> None:
+        """Attach this session to the arbiter that replaced a lost one: a new ring, then every
+        live buffer (by the memfd it kept: the same memory) and program (from its SPIR-V) under
+        the ids they had. Device buffers come back lost (BufferLost), a program the new arbiter
+        refuses comes back lost with its reason. Waits up to the session's timeout for the new
+        arbiter; past it the loss becomes a sticky ArbiterLost."""
+        with self._reattach_lock:
+            if not isinstance(self._lost, errors.ArbiterRestarted) or self.closed:
+                return  # another thread reattached already (or gave up, or the session closed)
+            with self._gate:
+                self._moving = True  # nobody enters the old region from now on
+                left = self._gone.wait_for(lambda: not self._users, timeout=_CLOSE_WAIT)
+            try:
+                resend = self._unrun_work() if left else None
+                sock, welcome = self._dial_new_arbiter()
+                try:
+                    self._register_objects(sock)  # before anyone dispatches: the ids must exist there
+                except BaseException:
+                    welcome.close_fds()
+                    sock.close()
+                    raise
+            except (errors.LibshareError, EOFError, OSError) as exc:
+                if not isinstance(exc, errors.ArbiterLost):  # (that one went too: the next call tries again)
+                    self._lost = errors.ArbiterLost(f"the arbiter went away and no new one took its place: {exc}")
+                    self._fail_in_flight(self._lost)
+                with self._gate:
+                    self._moving = False
+                    self._gone.notify_all()
+                return
+            if resend is None:  # a thread stayed inside the old ring: what it ran cannot be told
+                self._fail_in_flight(errors.ArbiterRestarted("the arbiter went away while this ticket's work was "
+                                                             "in flight: it may or may not have run, submit it again"))
+            sock.settimeout(_REQUEST_TIMEOUT)
+            old = (self._sock, self._region, self._wake_fd)
+            with self._gate:
+                self._sock = sock
+                self._adopt(welcome)
+                self._lanes = threading.local()  # each thread claims a lane on the new ring
+                self._seen.clear()
+                self._lost = None
+                self.reattached += 1
+            _close_quietly(old[0], old[1] if left else None, old[2])  # a region still in use is left mapped
+            try:
+                if resend is not None and len(resend):  # first on the new ring: the order stays
+                    self._region.producer().push(resend, timeout=self._timeout)
+            except errors.LibshareError as exc:
+                self._fail_in_flight(errors.ArbiterRestarted(f"the new arbiter did not take this ticket's work "
+                                                             f"({exc}): submit it again"), resend["ticket"].tolist())
+            finally:
+                with self._gate:
+                    self._moving = False
+                    self._gone.notify_all()
+
+    def _dial_new_arbiter(self) -> tuple[socket.socket, protocol.Frame]:
+        """Say hello to the arbiter now serving the socket (waiting for it while a control daemon runs)."""
+        deadline = time.monotonic() + self._timeout
+        while True:
+            sock = protocol.dial(self._socket_path, max(deadline - time.monotonic(), 0.1))
+            if sock is not None:
+                try:
+                    welcome = _hello(sock, self._hello, self._timeout)
+                    if welcome.fields["arbiter_pid"] != self.arbiter_pid:
+                        return sock, welcome
+                    welcome.close_fds()  # the old arbiter, still on its way out
+                except errors.ArbiterUnavailable:  # (ServerNotReady too) starting, or on its way out
+                    pass
+                except BaseException:
+                    sock.close()
+                    raise
+                sock.close()
+            if time.monotonic() >= deadline:
+                raise errors.ArbiterUnavailable(f"none answered at {self._socket_path} within {self._timeout:g} s")
+            if not _config.supervised(self._socket_path.parent):
+                raise errors.ArbiterUnavailable("the control daemon stopped (quit)")
+            time.sleep(_REDIAL_PAUSE)
+
+    def _register_objects(self, sock: socket.socket) -> None:
+        """Hand a new arbiter every live buffer and program, in id order (ids are kept); what it
+        refuses is marked lost with the reason. EOFError or OSError when it goes away too."""
+        for object_id, item in sorted(self._objects.items()):
+            if isinstance(item, Program):
+                reply = _exchange(sock, {"op": "load_program", "id": object_id}, item.spirv)
+            elif item.memfd >= 0:
+                reply = _exchange(sock, {"op": "import", "size": item.size, "id": object_id}, fds=(item.memfd,))
+            else:
+                item.lost = errors.BufferLost(f"device buffer {object_id} died with the arbiter that held it (a "
+                                              "restart keeps shared buffers only): allocate it again")
+                continue
+            if not reply.fields.get("ok"):
+                refusal = errors.remote_error(reply.fields)
+                item.lost = refusal if isinstance(item, Program) else errors.BufferLost(
+                    f"buffer {object_id} could not be handed to the new arbiter: {refusal}")
 
     def _closed_by_arbiter(self) -> errors.LibshareError | None:
         """The sticky error the arbiter left in the ring when it closed this session, if any.
@@ -272,6 +474,8 @@ class Session:
         if reason == C.EFAULT:
             return errors.ServerFault("the arbiter's device faulted while this session was connected; "
                                       "reconnect once the server is ACTIVE again")
+        if reason == C.EMOVED:
+            return _Moved("the arbiter handed over to a new one (restart); this session moves there")
         if reason == C.ECORRUPT:
             return errors.RingCorrupted("the arbiter dropped this session: its ring failed validation (an index "
                                         "in shared memory was overwritten); reconnect to go on")
@@ -279,10 +483,12 @@ class Session:
 
     def load_program(self, spirv: bytes | str | os.PathLike) -> Program:
         """Load a compute program from SPIR-V bytes or a .spv path; its interface is reflected."""
-        code = spirv if isinstance(spirv, (bytes, bytearray)) else Path(spirv).read_bytes()
-        reply = self._request("load_program", bytes(code))
+        code = bytes(spirv) if isinstance(spirv, (bytes, bytearray)) else Path(spirv).read_bytes()
+        reply = self._request("load_program", code)
         f = reply.fields
-        return Program(f["program_id"], f["bindings"], f["push_size"], tuple(f["local_size"]))
+        program = Program(f["program_id"], f["bindings"], f["push_size"], tuple(f["local_size"]), code)
+        self._objects[program.id] = program
+        return program
 
     def alloc(self, nbytes: int, kind: str = "shared") -> Buffer:
         """Allocate a buffer of ``nbytes``: "shared" (zero-copy, mapped here) or "device"."""
@@ -294,6 +500,7 @@ class Session:
         buffer = Buffer(self, reply.fields["buffer_id"], reply.fields["size"], kind, fd)
         if buffer.mapping is not None:
             self._by_mapping[id(buffer.mapping)] = buffer
+        self._objects[buffer.id] = buffer
         return buffer
 
     def array(self, shape, dtype=np.float32) -> np.ndarray:
@@ -309,11 +516,16 @@ class Session:
         after the device is done. Arrays on a freed buffer stay readable here.
         """
         if isinstance(obj, Program):
-            self._request("free", program_id=obj.id)
+            if obj.lost is None:  # (a lost one is unknown to this arbiter)
+                self._request("free", program_id=obj.id)
+            self._objects.pop(obj.id, None)
             return
         buffer = obj if isinstance(obj, Buffer) else find_buffer(obj, self._by_mapping)[0]
-        self._request("free", buffer_id=buffer.id)
+        if buffer.lost is None:
+            self._request("free", buffer_id=buffer.id)
         buffer.freed = True
+        buffer.close_memfd()
+        self._objects.pop(buffer.id, None)
         for key, (_, buffer_id, _) in list(self._seen.items()):  # its arrays bind nothing any more
             if buffer_id == buffer.id:
                 self._seen.pop(key, None)
@@ -334,6 +546,8 @@ class Session:
         ``buffers`` are arrays from :meth:`array` (a slice binds from its first element)
         or Buffer objects; ``push`` is the push-constant bytes (``struct.pack``).
         """
+        if program.lost is not None:
+            raise _fresh(program.lost)
         if groups.__class__ is int:
             gx, gy, gz = groups, 1, 1
         else:
@@ -369,6 +583,8 @@ class Session:
             buffer, offset = item, 0
         else:
             buffer, offset = find_buffer(item, self._by_mapping)
+        if buffer.lost is not None:
+            raise _fresh(buffer.lost)
         if len(self._seen) >= _SEEN_ARRAYS:
             self._seen.clear()
         known = self._seen[id(item)] = (weakref.ref(item), buffer.id, offset)
@@ -376,11 +592,23 @@ class Session:
 
     def _submit(self, opcode: int, program: int, gx: int, gy: int, gz: int, ids: list, offsets: list,
                 push: bytes) -> Ticket:
-        """Number the operation and hand it to the ring's C encoder (ls_push_op) on this thread's lane."""
+        """Number the operation and hand it to the ring's C encoder (ls_push_op) on this thread's lane;
+        after an arbiter restart, reattach first (twice at most, then the loss is raised)."""
+        for _ in range(_REATTACH_TRIES):
+            ticket = self._push(opcode, program, gx, gy, gz, ids, offsets, push)
+            if ticket is not None:
+                return ticket
+            self._reattach()
+        raise _fresh(self._lost) if self._lost is not None else _closed_error()
+
+    def _push(self, opcode: int, program: int, gx: int, gy: int, gz: int, ids: list, offsets: list,
+              push: bytes) -> Ticket | None:
+        """The ticket of the pushed operation, or None when a reattach must come first."""
+        lanes = self._lanes
         try:
-            push_op = self._lanes.push_op
+            push_op = lanes.push_op
         except AttributeError:
-            push_op = self._claim_lane()
+            push_op = self._claim_lane(lanes)
         # Made before the gate: an allocation may start a garbage collection, and a finalizer it
         # runs may close this session, which takes the gate (not re-entrant).
         ticket = Ticket(self, 0)
@@ -388,7 +616,7 @@ class Session:
         gate = self._gate
         gate.acquire()  # the number, the check that the session is open and the push: one lock round trip
         try:
-            if self.closed or self._lost is not None:
+            if self.closed or self._lost is not None or lanes is not self._lanes:
                 pushed = None
             else:
                 number = ticket.id = self._next_ticket
@@ -409,7 +637,11 @@ class Session:
         finally:
             gate.release()
         if pushed is None:
-            raise _closed_error() if self.closed else _fresh(self._lost)
+            if self.closed:
+                raise _closed_error()
+            if self._lost is None or isinstance(self._lost, errors.ArbiterRestarted):
+                return None  # a new ring (a reattach under way or due): push there
+            raise _fresh(self._lost)
         try:
             while pushed == 0:  # make room by reading completions
                 if self._lost is not None:
@@ -419,6 +651,9 @@ class Session:
                                  len(push))
             if pushed < 0:
                 self._refused(pushed)
+        except errors.ArbiterRestarted:  # not pushed, and a new arbiter is there: push it there
+            self._pending.pop(number, None)
+            return None
         except BaseException:
             self._pending.pop(number, None)
             raise
@@ -426,11 +661,11 @@ class Session:
             self._leave()
         return ticket
 
-    def _claim_lane(self):
+    def _claim_lane(self, lanes: threading.local):
         """This thread's ``push_op``, on a lane claimed now (counted in: the region stays mapped)."""
         self._enter()
         try:
-            push_op = self._lanes.push_op = self._region.producer().push_op
+            push_op = lanes.push_op = self._region.producer().push_op
         finally:
             self._leave()
         return push_op
@@ -442,9 +677,8 @@ class Session:
         if code == -C.EBADSLOT:
             raise errors.InvalidSubmission(_TOO_BIG)
         if code == -C.EPEERDEAD:  # the arbiter closed this session's side of the ring
-            self._lost = self._lost or self._closed_by_arbiter() or errors.ArbiterLost(
-                "the arbiter shut down or closed this session; connect again")
-            raise _fresh(self._lost)
+            raise _fresh(self._record_loss(self._closed_by_arbiter() or errors.ArbiterLost(
+                "the arbiter shut down or closed this session; connect again")))
         try:
             self._region.producer().raise_for(code)
         except errors.RingCorrupted as exc:
@@ -466,6 +700,9 @@ class Session:
             return 0
         cancelled = False
         for number, status, device_ns in taken:
+            if status == -C.EMOVED:  # not run: the arbiter handed over; the reattach sends it again
+                self._moved.add(number)
+                continue
             ref = self._pending.pop(number, None)  # None: not ours (the arbiter is untrusted), ignore
             ticket = ref() if ref is not None else None
             if ticket is not None:
@@ -473,17 +710,15 @@ class Session:
                 ticket._status = status
             cancelled = cancelled or status == -C.ECANCELED
         if cancelled and self._lost is None:  # the arbiter shut down or ended this session
-            self._lost = self._closed_by_arbiter() or errors.ArbiterLost(
-                "the arbiter shut down or ended this session and cancelled its queued work; connect again")
+            self._record_loss(self._closed_by_arbiter() or errors.ArbiterLost(
+                "the arbiter shut down or ended this session and cancelled its queued work; connect again"))
         return len(taken)
 
     def _lose(self, exc: errors.ArbiterLost) -> errors.LibshareError:
         """Record the arbiter's loss, seen by a ring wait, after reading what it posted before it went."""
         self._take()
-        if self._lost is None:
-            self._lost = self._closed_by_arbiter() or errors.ArbiterLost(
-                f"the arbiter exited or closed this session: {exc}")
-        return self._lost
+        return self._record_loss(self._closed_by_arbiter() or errors.ArbiterLost(
+            f"the arbiter exited or closed this session: {exc}"))
 
     def _collect(self, timeout: float) -> None:
         """Read every ready completion, waiting up to ``timeout`` for one; raise the loss or the close."""
@@ -506,7 +741,10 @@ class Session:
             self._leave()
 
     def _poll(self, ticket: Ticket) -> None:
-        """done()'s look: read ready completions and check that the arbiter lives, never blocking."""
+        """done()'s look: read ready completions and check that the arbiter lives, never blocking
+        (but to reattach after an arbiter restart, which settles the ticket or resends it)."""
+        if isinstance(self._lost, errors.ArbiterRestarted) and not self.closed:
+            self._reattach()
         if self._lost is None:
             with self._inside() as inside:
                 try:
@@ -534,6 +772,9 @@ class Session:
         descriptor. The bytes are read before the next arming, not after a wake-up, so that every
         task woken by one byte looks at the ring; a task that arms after another read the byte its
         completion sent finds the completion read already, or waits out its slice (50 ms)."""
+        if isinstance(self._lost, errors.ArbiterRestarted) and not self.closed:
+            await anyio.to_thread.run_sync(self._reattach)  # (it may wait for the new arbiter)
+            return
         with self._inside() as inside:
             if not inside:
                 return
@@ -559,8 +800,8 @@ class Session:
 
     def _settle(self, ticket: Ticket) -> None:
         """Give an unfinished ticket its sticky failure once its outcome can no longer come."""
-        if ticket._settled():
-            return
+        if ticket._settled() or isinstance(self._lost, errors.ArbiterRestarted):
+            return  # (a reattach settles the tickets in flight, or sends them again)
         if self._lost is not None:
             ticket._error = self._lost
         elif self.closed:
@@ -569,9 +810,15 @@ class Session:
 
     def _wait_ticket(self, ticket: Ticket, deadline: float | None) -> None:
         while True:
-            if self._lost is not None or self.closed:
+            if isinstance(self._lost, errors.ArbiterRestarted) and not self.closed:
+                self._reattach()  # settles the ticket, or sends it to the new arbiter
+            if self._lost is not None or self.closed or ticket._settled():
                 self._settle(ticket)
-                return
+                if ticket._settled() or not isinstance(self._lost, errors.ArbiterRestarted):
+                    return
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise errors.Timeout(f"ticket {ticket.id} not done after the timeout (reattaching)")
+                continue
             try:
                 self._collect(_WAIT_SLICE if deadline is None
                               else min(_WAIT_SLICE, max(deadline - time.monotonic(), 0)))
@@ -606,7 +853,10 @@ class Session:
         while self._pending:
             if deadline is not None and time.monotonic() >= deadline:
                 raise errors.Timeout(f"{len(self._pending)} tickets still running after the timeout")
-            self._collect(_WAIT_SLICE)
+            try:
+                self._collect(_WAIT_SLICE)
+            except errors.ArbiterRestarted:
+                pass  # _check_usable reattaches, which settles or resends what is in flight
             self._check_usable()
 
     # ---------------------------------------------------------------- lifetime
@@ -635,6 +885,9 @@ class Session:
 
     def _tear_down(self) -> None:
         self._pending.clear()
+        for item in self._objects.values():
+            if isinstance(item, Buffer):
+                item.close_memfd()
         try:
             self._region.announce_client(alive=False)
         finally:
@@ -648,6 +901,40 @@ class Session:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _exchange(sock: socket.socket, fields: dict, payload: bytes = b"", max_fds: int = 0,
+              fds: tuple[int, ...] = ()) -> protocol.Frame:
+    """Send one request and read its reply (EOFError or OSError when the arbiter went away)."""
+    protocol.send(sock, fields, payload, fds)
+    return protocol.recv(sock, max_fds=max_fds)
+
+
+def _hello(sock: socket.socket, hello: dict, timeout: float) -> protocol.Frame:
+    """Say hello on a connected socket; the welcome, with its ring and doorbell (the caller
+    closes the socket when this raises)."""
+    sock.settimeout(timeout)
+    try:
+        welcome = _exchange(sock, hello, max_fds=2)
+    except (EOFError, OSError) as exc:
+        raise errors.ArbiterUnavailable(f"the arbiter did not answer hello: {exc}") from exc
+    if not welcome.fields.get("ok"):
+        raise errors.remote_error(welcome.fields)
+    if len(welcome.fds) != 2:
+        welcome.close_fds()
+        raise errors.ProtocolError("the arbiter's welcome did not carry the ring and doorbell")
+    return welcome
+
+
+def _close_quietly(sock: socket.socket, region: Region | None, wake_fd: int) -> None:
+    """Let go of a lost arbiter's connection, ring and doorbell."""
+    sock.close()
+    if region is not None:
+        try:
+            region.announce_client(alive=False)
+        finally:
+            region.close()
+    os.close(wake_fd)
 
 
 def _read_bell(fd: int) -> None:
@@ -696,13 +983,17 @@ def _embedded():
 
 def connect(name: str | None = None, priority: str | None = None, mode: str | None = None,
             pipe_directory: str | os.PathLike | None = None, timeout: float = 10.0,
-            group: str | None = None) -> Session:
+            group: str | None = None, reattach: bool = True) -> Session:
     """Connect to the arbiter at the pipe directory, or run one in this process.
 
     ``mode``: "auto" (default, or LIBSHARE_MODE) uses a daemon when one answers and
     embeds one otherwise; "daemon" insists on a daemon (ArbiterUnavailable if none);
     "embedded" never looks for one. ``group`` (or LIBSHARE_GROUP) names a group of
-    clients whose limits apply to them together.
+    clients whose limits apply to them together. With ``reattach`` (the default) a session
+    with a daemon started by the control daemon (``libshare-control -d``) survives that
+    arbiter: when it dies or is restarted, the session waits up to ``timeout`` for the new
+    one and carries on with the same arrays and programs (work in flight then fails with
+    ArbiterRestarted). An embedded arbiter has no second process to fall back on.
     """
     mode = _config.connect_mode(mode)
     hello = {"op": "hello", "name": name or "", "version": protocol.VERSION,
@@ -724,21 +1015,13 @@ def connect(name: str | None = None, priority: str | None = None, mode: str | No
         sock, far_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         _embedded().attach(far_end)
         embedded = True
-    sock.settimeout(timeout)
     try:
-        protocol.send(sock, hello)
-        welcome = protocol.recv(sock, max_fds=2)
-    except (EOFError, OSError) as exc:
+        welcome = _hello(sock, hello, timeout)
+    except BaseException:
         sock.close()
-        raise errors.ArbiterUnavailable(f"the arbiter did not answer hello: {exc}") from exc
-    if not welcome.fields.get("ok"):
-        sock.close()
-        raise errors.remote_error(welcome.fields)
-    if len(welcome.fds) != 2:
-        welcome.close_fds()
-        sock.close()
-        raise errors.ProtocolError("the arbiter's welcome did not carry the ring and doorbell")
+        raise
     sock.settimeout(_REQUEST_TIMEOUT)
-    return Session(sock, welcome, embedded)
+    path = None if embedded or not reattach else _config.socket_path(_config.pipe_directory(pipe_directory))
+    return Session(sock, welcome, embedded, hello, path, timeout)
 
 

@@ -170,14 +170,15 @@ def _start_daemon(options: _daemon.Options, timeout: float) -> int:
     started = time.monotonic()
     _open_control_log(options)
     try:
-        process = _daemon.start_background(options, timeout)
+        process = _daemon.start_background(options, timeout, supervised=True)
     except (LibshareError, OSError) as exc:
         _error(str(exc))
         log.error("-d: the arbiter did not start: %s", exc)
         return 1
     finally:
         _close_control_log()
-    print(f"libshare arbiter pid {process.pid} ACTIVE at {_config.socket_path(options.pipe_directory)} "
+    print(f"libshare arbiter pid {_daemon.serving_pid(options.pipe_directory)} ACTIVE at "
+          f"{_config.socket_path(options.pipe_directory)} under control daemon pid {process.pid} "
           f"({time.monotonic() - started:.2f} s)", flush=True)
     return 0
 
@@ -192,7 +193,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.daemon:
         return _start_daemon(options, args.start_timeout)
     if args.foreground:
-        return _daemon.run(options, echo=True)
+        from .arbiter import _supervisor
+
+        return _supervisor.run(options, echo=True)
     return _run_commands(options, args.command)
 
 

@@ -14,8 +14,11 @@ __all__ = [
     "LibshareError",
     "ArbiterUnavailable",
     "ArbiterLost",
+    "ArbiterRestarted",
+    "BufferLost",
     "ServerNotReady",
     "AccessDenied",
+    "Quarantined",
     "QuotaExceeded",
     "TooManyClients",
     "ClientTerminated",
@@ -42,12 +45,29 @@ class ArbiterLost(builtins.ConnectionError, LibshareError):
     """The arbiter this session was attached to died or closed the connection."""
 
 
+class ArbiterRestarted(ArbiterLost):
+    """The arbiter went away while this ticket's work was in flight, and a control daemon starts
+    (or has started) a new one: the work may or may not have run. Submit it again; the session
+    reattaches by itself, with the same arrays and programs."""
+
+
+class BufferLost(LibshareError):
+    """A device-local buffer whose contents died with the arbiter that held them (sticky for
+    that buffer); shared buffers survive an arbiter restart, device ones do not."""
+
+
 class ServerNotReady(ArbiterUnavailable):
     """The arbiter is in FAULT or INITIALIZING and takes no new clients; retry once it is ACTIVE."""
 
 
 class AccessDenied(builtins.PermissionError, LibshareError):
     """The arbiter refused this user (another uid, or a state-changing command from a non-owner)."""
+
+
+class Quarantined(AccessDenied):
+    """The arbiter refuses this client process, or this SPIR-V module for every client: it was under
+    way when the arbiter died, twice (a compile, a runaway dispatch). The message says what happened
+    and how an operator lifts it (``libshare-control clear_quarantine``)."""
 
 
 class QuotaExceeded(LibshareError):

@@ -46,6 +46,11 @@
 #define LS_ECLOSED 1115                 /* the session was closed */
 #define LS_EREFUSED 1116                /* the arbiter refused the request for another reason:
                                            ls_error_message() says which */
+#define LS_ERESTARTED 1117              /* the arbiter went away under this work and a new one took over:
+                                           it may or may not have run; submit it again */
+#define LS_EBUFFERLOST 1118             /* a device buffer died with the arbiter that held it */
+#define LS_EQUARANTINED 1119            /* the arbiter refused this process or module: it brought
+                                           arbiters down twice (ls_error_message() says how) */
 
 #define LS_FOREVER -1                   /* a timeout that waits as long as the arbiter lives */
 

@@ -137,6 +137,9 @@ const char *ls_strerror(int code)
     case LS_EFULL: return "every submission lane is taken, or a lane stayed full";
     case LS_ECLOSED: return "the session was closed";
     case LS_EREFUSED: return "the arbiter refused the request";
+    case LS_ERESTARTED: return "the arbiter was replaced while this work was in flight; submit it again";
+    case LS_EBUFFERLOST: return "the device buffer died with the arbiter that held it";
+    case LS_EQUARANTINED: return "quarantined: this process or module brought arbiters down twice";
     default: return code < 0 ? strerror(-code) : "not an error code";
     }
 }

@@ -32,7 +32,10 @@ OK = 1
 _CODES = [
     (errors.ServerNotReady, lib.LS_ENOTREADY),
     (errors.ArbiterUnavailable, lib.LS_EUNAVAILABLE),
+    (errors.ArbiterRestarted, lib.LS_ERESTARTED),
     (errors.ArbiterLost, lib.LS_ELOST),
+    (errors.BufferLost, lib.LS_EBUFFERLOST),
+    (errors.Quarantined, lib.LS_EQUARANTINED),
     (errors.AccessDenied, lib.LS_EDENIED),
     (errors.QuotaExceeded, lib.LS_EQUOTA),
     (errors.TooManyClients, lib.LS_ETOOMANY),
@@ -124,7 +127,7 @@ def lsx_py_connect(options, out):
     group = _text(options.group)
     if group is not None:
         kwargs["group"] = group  # older clients raise TypeError: reported as -EINVAL
-    session = libshare.connect(**kwargs)
+    session = libshare.connect(reattach=False, **kwargs)  # C holds this ring's address: it must not move
     try:
         address, size, wake_fd, pidfd = _region_view(session)
     except BaseException:

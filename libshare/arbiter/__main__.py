@@ -14,8 +14,15 @@ def main(argv: list[str] | None = None) -> int:
                                      description="libshare arbiter in the foreground (libshare-control -f does the same)")
     _daemon.add_arguments(parser)
     parser.add_argument("--quiet", action="store_true", help="log only to server.log, not to stderr")
+    parser.add_argument("--supervise", action="store_true",
+                        help="run the control daemon, which starts the arbiter and a new one whenever it dies")
     args = parser.parse_args(argv)
-    return _daemon.run(_daemon.Options.from_args(args), echo=not args.quiet)
+    options = _daemon.Options.from_args(args)
+    if args.supervise:
+        from . import _supervisor
+
+        return _supervisor.run(options, echo=not args.quiet)
+    return _daemon.run(options, echo=not args.quiet)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ import socket
 import time
 from dataclasses import dataclass, field, fields
 
+from ..errors import InvalidSubmission
 from ..ring import Region
 from ..ring._region import SharedMapping
 from .device import Buffer as DeviceBuffer
@@ -159,7 +160,12 @@ class Client:
         """"client 3 (name, pid 1234)" for logs and errors."""
         return f"client {self.id} ({self.name}, pid {self.pid})"
 
-    def new_id(self) -> int:
-        """A fresh buffer or program id (never reused within this client)."""
-        self.next_id += 1
-        return self.next_id - 1
+    def new_id(self, wanted: int | None = None) -> int:
+        """A fresh buffer or program id (never reused within this client): the next one, or
+        ``wanted`` (a session that reattaches keeps its ids) if this client never had it here."""
+        if wanted is None:
+            wanted = self.next_id
+        elif wanted < self.next_id:
+            raise InvalidSubmission(f"id {wanted} was given out already; a kept id must be above {self.next_id - 1}")
+        self.next_id = wanted + 1
+        return wanted

@@ -24,7 +24,7 @@ import time
 from .. import _protocol as protocol
 from .._control import COMMANDS, printable
 from . import _limits
-from ..errors import AccessDenied, InvalidSubmission, LibshareError, ProtocolError
+from ..errors import AccessDenied, InvalidSubmission, LibshareError, ProtocolError, ServerNotReady
 from ._scheduler import MODES, percentage, priority_name
 
 log = logging.getLogger("libshare.control")
@@ -65,7 +65,7 @@ class Commands:
             raise AccessDenied(f"{name} changes the arbiter's state: only uid {os.getuid()} or root may")
         line = printable(" ".join([name, *args]))
         try:
-            output = handler(args, uid) if name == "ps" else handler(args)
+            output = handler(args, uid) if name in _BY_VIEWER else handler(args)
         except LibshareError as exc:
             log.warning("pid %d: %s: failed: %s", pid, line, exc)
             raise
@@ -128,8 +128,9 @@ class Commands:
                          _bytes(c["memory_bytes"]), _limits.format_size(c["mem_limit"]),
                          printable(c["cmdline"][:80]) or "-"))
         widths = [max(len(row[i]) for row in rows) for i in range(len(_PS_HEADER) - 1)]
-        return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1]
-                         for row in rows)
+        refused = [] if only is not None else self.arbiter.drainer.quarantine.describe(uid, refused_only=True)
+        return "\n".join([*("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1]
+                            for row in rows), *(f"QUARANTINED {line}" for line in refused)])
 
     def _owners(self) -> dict[int, int]:
         """The uid of each client, by client id (read on the control thread, like the snapshot)."""
@@ -138,6 +139,10 @@ class Commands:
             return drainer.call(lambda: {c.id: c.uid for c in drainer.clients.values()})
         except LibshareError:  # stopped: nothing is shown as the peer's own
             return {}
+
+    def _get_quarantine(self, args: list[str], uid: int) -> str:
+        self._expect(args, 0, "get_quarantine")
+        return "\n".join(self.arbiter.drainer.quarantine.describe(uid))
 
     # ---------------------------------------------------------------- actions
 
@@ -155,6 +160,18 @@ class Commands:
                 raise LibshareError(f"client pid {args[-1]} still has work running after {_TERMINATE_WAIT:.0f} s")
             time.sleep(0.01)
         return "\n".join(f"terminated {c.describe()}" for c in clients)
+
+    def _clear_quarantine(self, args: list[str]) -> str:
+        self._expect(args, 1, "clear_quarantine")
+        return "\n".join(self.arbiter.drainer.quarantine.clear(args[0]))
+
+    def _restart(self, args: list[str]) -> str:
+        self._expect(args, 0, "restart")
+        if self.arbiter.on_restart is None:
+            raise ServerNotReady("restart needs the control daemon, which starts the new arbiter: run the "
+                                 "arbiter with libshare-control -d (or -f), or stop it and start a new one")
+        self.arbiter.on_restart()
+        return f"arbiter pid {os.getpid()} hands over to a new arbiter once it is ready"
 
     def _quit(self, args: list[str]) -> str:
         if args and (len(args) != 2 or args[0] != "-t"):
@@ -319,6 +336,8 @@ class Commands:
         self._expect(args, 0, "get_scheduling_mode")
         return self.arbiter.drainer.scheduler.mode
 
+
+_BY_VIEWER = ("ps", "get_quarantine")  # what they show depends on the peer's uid
 
 _PS_HEADER = ("PID", "ID", "NAME", "DEVICE", "STATE", "PRIORITY", "DISPATCHES", "DEVICE_TIME", "MEMORY",
               "MEM_LIMIT", "COMMAND")

@@ -31,6 +31,14 @@ ever compiled (measured: 500 create/destroy pairs of one module grow a process b
 so a client that keeps one busy for its whole time limit does not hold up another's.
 Only the outcome is used: a pipeline cannot move between processes.
 
+A module that passed is written down (its SHA-256, one line in ``vetted`` in the pipe
+directory, at most ``_MAX_PASSED`` of them), and the arbiter that replaces this one after a
+crash or a restart reads that list and does not vet them again: the sessions that reattach
+load every program they hold at once, and a vetting trial per module (0.2 s each on
+lavapipe) would be most of their pause. Only the arbiter's own uid (or root) can write the
+pipe directory, and whoever can could kill the arbiter anyway; the list is read as hostile
+all the same (bounded, and a line that is not a digest is skipped).
+
 A daemon arbiter vets; an embedded one (one client, which can only hurt itself) does not.
 With the test hooks on (LIBSHARE_TEST_HOOKS=1), a child crashes with SIGSEGV on a module
 whose SHA-256 is listed in LIBSHARE_TEST_CRASH_COMPILES, so that tests can crash a real
@@ -57,6 +65,7 @@ log = logging.getLogger("libshare.arbiter")
 
 __all__ = ["Compilers"]
 
+_MAX_PASSED = 4096  # vetted modules written down for the next arbiter
 _REQUEST = struct.Struct("<IIII")  # module bytes, bindings, push size, entry name bytes
 _REPLY = struct.Struct("<iI")  # status (0 ok), message bytes
 _READY = b"ready\n"
@@ -159,13 +168,49 @@ class Compilers:
         self._running = 0
         self._closed = False
         self._lock = threading.Condition()
+        self._passed: set[bytes] = set()  # digests of the modules that passed, here or before a restart
+        self._passed_path: str | None = None
+
+    def remember_passed(self, path) -> None:
+        """Keep the digests of the modules that pass in the file ``path``, and trust those already there."""
+        self._passed_path = str(path)
+        try:
+            with open(path, "rb") as file:
+                text = file.read(_MAX_PASSED * 65)
+        except OSError:
+            return
+        for line in text.split(b"\n")[:_MAX_PASSED]:
+            try:
+                digest = bytes.fromhex(line.decode("ascii"))
+            except (UnicodeDecodeError, ValueError):
+                continue
+            if len(digest) == 32:
+                self._passed.add(digest)
+
+    def _passed_now(self, digest: bytes) -> None:
+        if len(self._passed) >= _MAX_PASSED:
+            return
+        self._passed.add(digest)
+        if self._passed_path is not None:
+            try:
+                fd = os.open(self._passed_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+                try:
+                    os.write(fd, digest.hex().encode() + b"\n")
+                finally:
+                    os.close(fd)
+            except OSError as exc:
+                log.warning("could not note a vetted module in %s: %s", self._passed_path, exc)
 
     def vet(self, spirv: bytes, bindings: int, push_size: int, entry: str) -> None:
         """Compile the module in a child; raise InvalidSubmission if that crashes, fails or takes too long.
 
         A child can die of something else than the module (an operator's kill, the OOM
-        killer), so a module is blamed only when a second, fresh child dies of it too.
+        killer), so a module is blamed only when a second, fresh child dies of it too. A module
+        that passed before (here, or at the arbiter this one replaced) is not compiled again.
         """
+        digest = hashlib.sha256(spirv).digest()
+        if digest in self._passed:
+            return
         child = self._take()
         try:
             for attempt in range(2):
@@ -191,6 +236,7 @@ class Compilers:
             self._give_back(child)
         if problem is not None:
             raise InvalidSubmission(f"the driver refused to compile the program: {problem}")
+        self._passed_now(digest)
 
     def prestart(self) -> None:
         """Start one child now, so that the first new module does not wait for it."""

@@ -39,7 +39,9 @@ progress would need a marker written after each command of a batch for the host 
 read; a limit that grew with a client's history could be trained by that client. The
 client that tripped the watchdog is named in server.log and shown RUNAWAY in ``ps``
 (SUSPECT for each of several clients that shared the submission: which of their
-dispatches ran cannot be told) until its work ends or the arbiter exits.
+dispatches ran cannot be told) until its work ends or the arbiter exits. A RUNAWAY client is
+also journaled (_quarantine.py) until its work ends: should the arbiter exit first, the next
+one on the pipe directory counts a strike against that process and its program.
 """
 
 from __future__ import annotations
@@ -51,6 +53,8 @@ import time
 from ..errors import ClientTerminated, ServerFault, ServerNotReady
 from ..ring import C
 from ._clients import Client
+from ._engine import PROGRAM
+from ._quarantine import RUNAWAY
 
 log = logging.getLogger("libshare.arbiter")
 
@@ -60,6 +64,8 @@ _FAULT_POLL = 0.1  # seconds between looks at faulted work that still runs
 class Containment:
     """How the control thread contains a client or a fault (a part of Drainer, whose engine,
     clients, device and state it uses)."""
+
+    _runaway_record = None  # the quarantine's record of the runaway that faulted the server, until it ends
 
     def terminate(self, client: Client) -> None:
         """Cancel a client's queued work and reclaim it once its running work ends (sticky error)."""
@@ -106,19 +112,31 @@ class Containment:
             self._watch_fault()
         self._maybe_recover()
 
-    def _watchdog_fired(self, event, suspects: list[Client]) -> None:
+    def _watchdog_fired(self, event, suspects: list[tuple[Client, int]]) -> None:
         """The engine's head submission ran past its limit: the watchdog for a single command, twice
-        the watchdog for a batch (see "States" in the module's essay)."""
+        the watchdog for a batch (see "States" in the module's essay). ``suspects``: each client of
+        the submission, with the one program its dispatches there ran (0: none, or several)."""
         if self.state != "ACTIVE":
             return  # faulted already: _maybe_recover gives the running work its time to end
+        programs = [program for _, program in suspects]
+        suspects = [client for client, _ in suspects]
         count, running = event.a, event.b / 1e9
         limit = self._watchdog if count == 1 else 2 * self._watchdog
         log.error("a submission of %d command(s) has run %.1f s at the head of the device's queue, past its "
                   "%.1f s limit (the %g s watchdog%s); its clients: %s", count, running, limit,
                   self._watchdog, "" if count == 1 else ", twice over for a batch",
                   ", ".join(c.describe() for c in suspects))
+        if len(suspects) == 1:  # journaled until that work ends (several: which one ran cannot be told)
+            digest = self._program_digest(suspects[0], programs[0])
+            self._runaway_record = self.quarantine.begin(RUNAWAY, suspects[0], digest, ends_with_close=False)
         self.enter_fault(f"a dispatch ran past the {self._watchdog:g} s watchdog",
                          suspects[0] if len(suspects) == 1 else None, tuple(suspects))
+
+    def _program_digest(self, client: Client, program_id: int) -> bytes | None:
+        """The module of a client's program (one it freed may still run: it waits in _released)."""
+        record = client.programs.get(program_id) or self._released.get((client.slot, PROGRAM, program_id),
+                                                                         (None, None))[1]
+        return self.pipelines.digest_of(record.pipeline) if record is not None else None
 
     def _watch_fault(self) -> None:
         """Until the fault is over, have the control thread look every _FAULT_POLL s whether the faulted
@@ -149,6 +167,8 @@ class Containment:
                 self._give_up(f"{self.engine.in_flight()} submission(s) of {', '.join(clients) or 'gone clients'} "
                               f"still run {running:.1f} s after the fault")
             return
+        self.quarantine.end(self._runaway_record)  # the runaway ended: it did not end the arbiter
+        self._runaway_record = None
         if self._fault_waiting or self.clients:
             return
         self.state = "INITIALIZING"

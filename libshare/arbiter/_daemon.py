@@ -10,9 +10,17 @@ leaves. SIGINT and SIGTERM stop gracefully through :meth:`Arbiter.close`; a cras
 signal runs the C handler of ``_emergency.c``, which unlinks socket and lock before
 the process dies.
 
-:func:`run` is the foreground runner behind ``python -m libshare.arbiter`` and
-``libshare-control -f``; :func:`start_background` starts that same runner as a
-detached process for ``libshare-control -d`` and :mod:`libshare.manager`.
+:func:`run` is the foreground runner behind ``python -m libshare.arbiter``;
+:func:`start_background` starts that same runner as a detached process for
+:mod:`libshare.manager`, or the control daemon (_supervisor.py) for
+``libshare-control -d``, which runs ``-f`` in the foreground.
+
+Under the control daemon (``--supervisor-fd``) an arbiter starts as a standby: it makes
+its device and vetting compilers first, says ``standby`` on its link, and takes the lock
+only on ``go`` (:class:`SupervisorLink`). Serving, it says ``active``; ``restart`` reaches
+the daemon through it, and ``handover`` makes it stop accepting, give up socket and lock
+(its crash handler disarmed: they are the new arbiter's), say ``released`` and move its
+clients (:func:`_hand_over`), then stop as after ``quit``.
 
 A daemon arbiter also guards itself as a process (an embedded one is its client's
 process and leaves that alone):
@@ -54,13 +62,16 @@ from .. import _config
 from ..errors import ArbiterUnavailable, LibshareError
 
 __all__ = ["Options", "AlreadyServing", "StartFailed", "add_arguments", "run", "start_background",
-           "configure_logging", "log_handler", "STDERR_FILE", "EXIT_UNRECOVERABLE"]
+           "configure_logging", "log_handler", "STDERR_FILE", "EXIT_CANNOT_START", "EXIT_UNRECOVERABLE"]
 
 log = logging.getLogger("libshare.arbiter")
 control_log = logging.getLogger("libshare.control")
 
 STDERR_FILE = "arbiter.stderr"
 """File in the log directory that receives a background arbiter's standard error."""
+
+EXIT_CANNOT_START = 1
+"""Exit status of an arbiter that could not start (a bad option, no such device, the lock is taken)."""
 
 EXIT_UNRECOVERABLE = 75  # EX_TEMPFAIL
 """Exit status of an arbiter whose device cannot be recovered in-process (a dispatch that never ends
@@ -94,6 +105,7 @@ class Options:
     metrics_port: int = 0
     metrics_address: str = "127.0.0.1"
     shutdown_timeout: float = 10.0
+    supervisor_fd: int = -1  # the control daemon's link (_supervisor.py), or -1; not in argv()
 
     @classmethod
     def create(cls, pipe_directory=None, log_directory=None, **fields) -> Options:
@@ -108,7 +120,8 @@ class Options:
         return cls.create(args.pipe_directory, args.log_directory, device=args.device,
                           max_clients=args.max_clients, timestamps=not args.no_timestamps,
                           multi_user=args.multi_user, metrics_port=args.metrics_port,
-                          metrics_address=args.metrics_address, shutdown_timeout=args.shutdown_timeout)
+                          metrics_address=args.metrics_address, shutdown_timeout=args.shutdown_timeout,
+                          supervisor_fd=args.supervisor_fd)
 
     def argv(self) -> list[str]:
         """The command-line options that reproduce these options."""
@@ -159,6 +172,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--metrics-address", default="127.0.0.1", help="address of the metrics endpoint")
     group.add_argument("--shutdown-timeout", type=float, default=10.0,
                        help="seconds running work may take to end on SIGINT/SIGTERM (default 10)")
+    group.add_argument("--supervisor-fd", type=int, default=-1, help=argparse.SUPPRESS)  # set by the control daemon
 
 
 # -------------------------------------------------------------------- logs
@@ -205,7 +219,7 @@ def prepare_directory(directory: Path, multi_user: bool = False) -> None:
     os.chmod(directory, 0o711 if multi_user else 0o700)
 
 
-def _holder(path: Path) -> str:
+def holder(path: Path) -> str:
     """The pid written in a held lock file (it may still be empty a moment after it was taken)."""
     for _ in range(20):
         try:
@@ -216,6 +230,22 @@ def _holder(path: Path) -> str:
             return text
         time.sleep(0.01)
     return "unknown"
+
+
+def serving_pid(directory: Path) -> str | None:
+    """The pid of the arbiter that holds ``directory``'s lock, or None when none does."""
+    path = _config.lock_path(directory)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return holder(path)
+    finally:
+        os.close(fd)
+    return None
 
 
 class PidLock:
@@ -236,7 +266,7 @@ class PidLock:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 os.close(fd)
-                raise AlreadyServing(f"another arbiter (pid {_holder(path)}) serves {directory}") from None
+                raise AlreadyServing(f"another arbiter (pid {holder(path)}) serves {directory}") from None
             # The previous holder unlinks the file before it lets go: a lock on an inode that
             # is no longer at ``path`` guards nothing, so take the new file instead.
             try:
@@ -332,7 +362,7 @@ def run(options: Options, echo: bool = True) -> int:
         control_log.error("arbiter pid %d did not start: %s", os.getpid(), exc)
         if not echo:
             print(exc, file=sys.stderr, flush=True)
-        return 1
+        return EXIT_CANNOT_START
     finally:
         _close_logging()
     if stop.abandoned:
@@ -345,7 +375,21 @@ def run(options: Options, echo: bool = True) -> int:
 def _serve(options: Options, stop: _Stop) -> int:
     directory = options.pipe_directory
     prepare_directory(directory, options.multi_user)
-    lock = PidLock(_config.lock_path(directory), directory)
+    link = SupervisorLink(options.supervisor_fd) if options.supervisor_fd >= 0 else None
+    arbiter = None
+    if link is not None:  # a standby: the device first, then the lock on the control daemon's word
+        arbiter = _make_arbiter(options)
+        link.send("standby")
+        if not link.wait_for_go(stop):
+            log.info("standby arbiter pid %d stops (%s)", os.getpid(), stop.reason or "the control daemon left")
+            arbiter.close(0.0)
+            return 0
+    try:
+        lock = PidLock(_config.lock_path(directory), directory)
+    except BaseException:
+        if arbiter is not None:
+            arbiter.close(0.0)
+        raise
     try:
         path = _config.socket_path(directory)
         remove_stale_socket(path, directory)
@@ -353,17 +397,18 @@ def _serve(options: Options, stop: _Stop) -> int:
 
         _emergency.install(path, lock.path)
         try:
-            return _serve_locked(options, path, stop)
+            return _serve_locked(options, path, stop, arbiter, link, lock)
         finally:
             _emergency.disarm()
     finally:
         lock.release()
 
 
-def _serve_locked(options: Options, path: Path, stop: _Stop) -> int:
-    from ._server import Arbiter  # imports Vulkan: only once the lock says this process may serve
+def _make_arbiter(options: Options):
+    from ._server import Arbiter  # imports Vulkan
 
-    control_log.info("arbiter pid %d starting on %s", os.getpid(), options.pipe_directory)
+    control_log.info("arbiter pid %d starting on %s%s", os.getpid(), options.pipe_directory,
+                     " (standby of the control daemon)" if options.supervisor_fd >= 0 else "")
     _refuse_snooping()  # before any client's memory exists here
     oom_score_adj = _protect_from_oom()
     _share_shader_cache(options.pipe_directory)
@@ -371,6 +416,15 @@ def _serve_locked(options: Options, path: Path, stop: _Stop) -> int:
                       multi_user=options.multi_user)
     if oom_score_adj > _OOM_SCORE_ADJ:
         arbiter.client_oom_score_adj = min(oom_score_adj + _CLIENT_OOM_MARGIN, 1000)
+    if options.supervisor_fd >= 0:
+        arbiter.prepare_to_serve()  # a standby starts its vetting compilers too, before it is needed
+    return arbiter
+
+
+def _serve_locked(options: Options, path: Path, stop: _Stop, arbiter, link: SupervisorLink | None,
+                  lock: PidLock) -> int:
+    if arbiter is None:  # only once the lock says this process may serve
+        arbiter = _make_arbiter(options)
     metrics = None
     try:
         if options.metrics_port:  # before the socket: whoever sees the arbiter answer can scrape it
@@ -383,6 +437,8 @@ def _serve_locked(options: Options, path: Path, stop: _Stop) -> int:
         arbiter.serve(path)
         log.info("arbiter pid %d serving %s at %s", os.getpid(), arbiter.device.name, path)
         control_log.info("arbiter pid %d serving %s at %s", os.getpid(), arbiter.device.name, path)
+        if link is not None:
+            link.serve(arbiter, stop, lock)
         stop.event.wait()
     finally:
         if metrics is not None:
@@ -403,6 +459,78 @@ def _serve_locked(options: Options, path: Path, stop: _Stop) -> int:
     log.info("arbiter pid %d stopped", os.getpid())
     control_log.info("arbiter pid %d stopped (%s)", os.getpid(), stop.reason)
     return 0
+
+
+class SupervisorLink:
+    """An arbiter's end of its control daemon's socket pair (see _supervisor.py): lines both ways."""
+
+    def __init__(self, fd: int):
+        self._sock = socket.socket(fileno=fd)
+        os.set_inheritable(fd, False)
+        self._buffer = b""
+
+    def send(self, word: str) -> None:
+        """Tell the control daemon ``word`` (nothing happens when it is gone)."""
+        try:
+            self._sock.sendall(word.encode() + b"\n")
+        except OSError:
+            pass
+
+    def _next_word(self, timeout: float | None) -> str | None:
+        """The next line; "" at timeout, None once the daemon is gone."""
+        while b"\n" not in self._buffer:
+            self._sock.settimeout(timeout)
+            try:
+                data = self._sock.recv(256)
+            except TimeoutError:
+                return ""
+            except OSError:
+                return None
+            if not data:
+                return None
+            self._buffer += data
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        return line.decode(errors="replace").strip()
+
+    def wait_for_go(self, stop: _Stop) -> bool:
+        """Wait (a standby) for ``go``; False when told to stop, or when the control daemon is gone."""
+        while not stop.event.is_set():
+            word = self._next_word(0.1)
+            if word is None:
+                return False
+            if word == "go":
+                return True
+        return False
+
+    def serve(self, arbiter, stop: _Stop, lock: PidLock) -> None:
+        """Say ``active``, let ``restart`` reach the daemon, and hand over on its word."""
+        arbiter.on_restart = lambda: self.send("restart")
+        self.send("active")
+
+        def watch():
+            while True:
+                word = self._next_word(None)
+                if word is None:
+                    return  # the control daemon is gone: serve on, unsupervised
+                if word == "handover":
+                    _hand_over(arbiter, stop, lock, self)
+                    return
+
+        threading.Thread(target=watch, name="libshare-supervisor-link", daemon=True).start()
+
+
+def _hand_over(arbiter, stop: _Stop, lock: PidLock, link: SupervisorLink) -> None:
+    """Let a new arbiter serve: stop accepting, give up socket and lock, move the clients, stop."""
+    from . import _emergency
+
+    arbiter.stop_accepting()
+    _emergency.disarm()  # socket and lock are the new arbiter's from now on
+    lock.release()
+    link.send("released")
+    control_log.info("arbiter pid %d handed the pipe directory over; its clients move to the new arbiter",
+                     os.getpid())
+    arbiter.move_clients()
+    stop.set("handed over")
 
 
 def _share_shader_cache(directory: Path) -> None:
@@ -480,21 +608,35 @@ def _status(pipe_directory: Path, pid: int) -> str | None:
         return None
 
 
-def start_background(options: Options, timeout: float = 60.0) -> subprocess.Popen:
+def _child_serving(pipe_directory: Path, parent: int) -> int | None:
+    """The pid of the arbiter serving ``pipe_directory`` if it is a child of ``parent``."""
+    pid = serving_pid(pipe_directory)
+    try:
+        stat_line = Path(f"/proc/{pid}/stat").read_text() if pid and pid.isdigit() else ""
+    except OSError:
+        return None
+    fields = stat_line.rsplit(")", 1)[-1].split()
+    return int(pid) if len(fields) > 1 and fields[1] == str(parent) else None
+
+
+def start_background(options: Options, timeout: float = 60.0, supervised: bool = False) -> subprocess.Popen:
     """Start a detached arbiter and return once it answers ACTIVE; :class:`StartFailed` with its reason if not.
 
     The arbiter runs in a new session with stdin and stdout on /dev/null and stderr
-    appended to ``arbiter.stderr`` in the log directory; it logs to server.log.
+    appended to ``arbiter.stderr`` in the log directory; it logs to server.log. With
+    ``supervised`` the process started is the control daemon (_supervisor.py), whose child
+    arbiter must answer ACTIVE.
     """
     options.log_directory.mkdir(mode=0o755, parents=True, exist_ok=True)
     stderr_path = options.log_directory / STDERR_FILE
     with open(stderr_path, "ab") as stderr:
         offset = stderr.tell()
-        process = subprocess.Popen([sys.executable, "-m", "libshare.arbiter", "--quiet", *options.argv()],
+        process = subprocess.Popen([sys.executable, "-m", "libshare.arbiter", "--quiet",
+                                    *(["--supervise"] if supervised else []), *options.argv()],
                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr,
                                    start_new_session=True, close_fds=True, cwd="/")
     try:
-        _wait_active(process, options.pipe_directory, timeout, lambda: _tail(stderr_path, offset))
+        _wait_active(process, options.pipe_directory, timeout, lambda: _tail(stderr_path, offset), supervised)
     except BaseException:
         if process.poll() is None:
             process.kill()
@@ -503,14 +645,16 @@ def start_background(options: Options, timeout: float = 60.0) -> subprocess.Pope
     return process
 
 
-def _wait_active(process: subprocess.Popen, pipe_directory: Path, timeout: float, reason) -> None:
+def _wait_active(process: subprocess.Popen, pipe_directory: Path, timeout: float, reason,
+                 supervised: bool = False) -> None:
     deadline = time.monotonic() + timeout
     status = None
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise StartFailed(reason() or f"the arbiter exited with status {process.returncode}")
         try:
-            status = _status(pipe_directory, process.pid)
+            pid = _child_serving(pipe_directory, process.pid) if supervised else process.pid
+            status = None if pid is None else _status(pipe_directory, pid)
         except LibshareError as exc:
             status = f"unanswered ({exc})"
         if status == "ACTIVE":

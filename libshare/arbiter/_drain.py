@@ -50,6 +50,7 @@ from ._clients import BufferRecord, Client, Counters, ProgramRecord
 from ._containment import Containment
 from ._engine import BUFFER, EVENTS, POP, PROGRAM, Engine
 from ._programs import SharedPipelines
+from ._quarantine import Quarantine
 from ._scheduler import Scheduler
 from ._tasks import Tasks
 from .device import Device
@@ -79,6 +80,9 @@ class Drainer(Tasks, Containment):
         """Held while the scheduler plans (on the engine's thread) or its client list changes."""
         self.pipelines = SharedPipelines()
         """The device's pipelines, one per distinct SPIR-V module, shared by the clients that load it."""
+        self.quarantine = Quarantine()
+        """The journal of actions that could end the arbiter, and the strikes (off until it serves a
+        pipe directory: see _quarantine.py)."""
         self.totals = Counters()
         """Counts of clients already reclaimed (add the live clients' for the server's)."""
         self.peak_memory_bytes = 0
@@ -186,8 +190,9 @@ class Drainer(Tasks, Containment):
                 if client is not None:
                     self._drop(client, _ring_failure(event.code, client.region))
             elif event.type == EVENTS["WATCHDOG"]:
-                self._watchdog_fired(event, [self._by_slot[e.client] for e in events
-                                             if e.type == EVENTS["SUSPECT"] and e.client in self._by_slot])
+                suspects = [e for e in events if e.type == EVENTS["SUSPECT"] and e.client in self._by_slot]
+                self._watchdog_fired(event, [(self._by_slot[e.client], e.a if e.kind == PROGRAM else 0)
+                                             for e in suspects])
             elif event.type == EVENTS["DEVICE"]:
                 self.enter_fault(f"the device was lost or failed (VkResult {event.code})")
             elif event.type == EVENTS["MUTED"] and client is not None:

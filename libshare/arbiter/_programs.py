@@ -124,6 +124,12 @@ class SharedPipelines:
         with self._lock:
             return digest in self._by_digest
 
+    def digest_of(self, pipeline: Pipeline) -> bytes | None:
+        """The SHA-256 of the module ``pipeline`` was compiled from (None: not one of this device's)."""
+        with self._lock:
+            known = self._users.get(pipeline)
+        return known[0] if known else None
+
     def _add_user(self, digest: bytes) -> Pipeline | None:
         pipeline = self._by_digest.get(digest)
         if pipeline is not None:

@@ -46,6 +46,13 @@ the socket 0666 (_daemon.py): any user may connect and the arbiter checks uids
 itself. State-changing control commands are taken from root and the arbiter's uid
 only, and ``ps`` shows another uid's clients as MPS would (_commands.py).
 
+Reattaching. A session whose arbiter died hands the new one what it kept: ``import`` (one
+descriptor: a shared buffer's memfd, checked by check_sealed_memfd to be a memfd of the
+size it says, writable, sealed against shrinking, growing and new seals, so that mapping it
+can never fault; counted against the client's limits like an alloc) and ``load_program``,
+each with the ``id`` it had (Client.new_id takes one only above every id it gave out).
+Every other request carries no descriptor.
+
 Memory a client receives is its own and nothing else: a shared buffer is a fresh
 memfd (its pages start as zeros), sealed against resizing before it is sent, so
 that a client cannot truncate it under the arbiter's mapping (see
@@ -73,8 +80,8 @@ from pathlib import Path
 from .. import _protocol as protocol
 from ..errors import (AccessDenied, InvalidSubmission, LibshareError, ProtocolError, QuotaExceeded,
                       ServerNotReady, TooManyClients)
-from ..ring import Region
-from ..ring._region import SharedMapping, sealed_memfd
+from ..ring import C, Region
+from ..ring._region import SharedMapping, check_sealed_memfd, sealed_memfd
 from ._clients import BufferRecord, Client, Counters, ProgramRecord, SharedMemory
 from ._commands import FIELDS as _CONTROL
 from ._commands import Commands
@@ -86,6 +93,7 @@ from ._limits import MemoryLimits, device_limit, fitting_total_limit, parse_devi
 from ._admission import validator_path
 from ._compiler import Compilers
 from ._programs import MAX_PROGRAMS, MAX_TOTAL_PROGRAMS, Interfaces, check_program_quota
+from ._quarantine import COMPILE
 from .device import Device
 
 log = logging.getLogger("libshare.arbiter")
@@ -105,6 +113,7 @@ _SEND_TIMEOUT = 30  # seconds a reply may wait for a client to read (SO_SNDTIMEO
 _WATCHDOG = 120.0  # default seconds one submission may run before the server faults
 _REQUEST_TIMEOUT = 30.0  # a frame begun must be finished within this (LIBSHARE_REQUEST_TIMEOUT)
 _ID = protocol.integer(0, (1 << 63) - 1)
+_KEPT_ID = protocol.integer(1, (1 << 31) - 1)  # an id a reattaching session asks to keep (Client.new_id)
 
 
 def _op(name: str) -> dict:
@@ -112,9 +121,11 @@ def _op(name: str) -> dict:
 
 
 _REQUESTS = {
-    "load_program": _op("load_program"),  # the SPIR-V module is the payload
+    "load_program": {**_op("load_program"), "id": (_KEPT_ID, False)},  # the SPIR-V module is the payload
     "alloc": {**_op("alloc"), "size": (protocol.integer(1, _MAX_BUFFER), True),
               "kind": (protocol.choice("shared", "device"), False)},
+    "import": {**_op("import"), "size": (protocol.integer(_PAGE, _MAX_BUFFER), True),  # the memfd rides along
+               "id": (_KEPT_ID, False)},
     "free": {**_op("free"), "buffer_id": (_ID, False), "program_id": (_ID, False)},
     "stats": _op("stats"),
 }
@@ -190,6 +201,8 @@ class Arbiter:
         self.quit_requested = threading.Event()
         """Set by the ``quit`` control command; the daemon then calls :meth:`close`."""
         self.quit_timeout = 10.0
+        self.on_restart = None
+        """Called by the ``restart`` command: set by a daemon that a control daemon supervises."""
         self._geometry = (lanes, lane_entries, cq_entries)
         self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self.drainer = Drainer(lambda: Device(selector), self._wake_fd, timed, max_clients=2 * max_clients + 64)
@@ -236,7 +249,9 @@ class Arbiter:
     def serve(self, path: Path) -> None:
         """Listen on the Unix socket ``path``: mode 0600, or 0666 in multi-user mode, where the
         arbiter checks each peer's uid itself. The gate's thread accepts (see _gate.py)."""
+        self.drainer.quarantine.open(path.parent)  # strikes for what a dead arbiter left, before anyone connects
         self._vet_compiles()
+        self.compilers.remember_passed(path.parent / "vetted")
         _raise_fd_limit(self.max_clients, to_hard=True)
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         unready = path.with_name(f".{path.name}.{os.getpid()}")  # the socket appears only once it listens
@@ -257,6 +272,28 @@ class Arbiter:
             listener.close()
             unready.unlink(missing_ok=True)
             raise
+
+    def prepare_to_serve(self) -> None:
+        """Start what :meth:`serve` needs before it listens (the vetting compilers): a standby does
+        this while it waits, so that it serves at once when it takes over."""
+        self._vet_compiles()
+
+    def stop_accepting(self) -> None:
+        """Hand-over, first step: close the listener and every connection not yet a client, and
+        remove the socket (a new arbiter binds its own). Clients keep being served."""
+        if self._gate is not None:
+            self._gate.close()
+        if self.socket_path is not None:
+            self.socket_path.unlink(missing_ok=True)
+            self.socket_path = None
+
+    def move_clients(self) -> None:
+        """Hand-over, second step: close every client's ring with LS_EMOVED. The engine answers
+        what it had not started with LS_EMOVED and finishes what runs; the session sends the
+        work that did not run to the new arbiter, under the same tickets (see _session.py)."""
+        drainer = self.drainer
+        drainer.call(lambda: [drainer.engine.close_client(c.slot, C.EMOVED)
+                              for c in list(drainer.clients.values()) if not c.closing])
 
     def _vet_compiles(self) -> None:
         """Other processes will connect: compile each new module in a vetting child first."""
@@ -309,6 +346,7 @@ class Arbiter:
             log.warning("refused pid %d: uid %d is not the arbiter's uid %d", pid, uid, os.getuid())
             raise AccessDenied(f"uid {uid} may not use this arbiter: it runs as uid {os.getuid()} "
                                "and was not started in multi-user mode")
+        self.drainer.quarantine.check_client(pid, uid)  # Quarantined: it brought the arbiter down twice
         with self._lock:
             if self.closed:
                 raise ServerNotReady("the arbiter is shutting down")
@@ -391,7 +429,7 @@ class Arbiter:
             timeout = self._gate.request_timeout
             while True:
                 try:
-                    frame = protocol.recv(conn, timeout=timeout)
+                    frame = protocol.recv(conn, max_fds=1, timeout=timeout)
                 except protocol.MalformedFrame as exc:  # whole, and bad: answered; the next one is read
                     self._reply_error(conn, exc)
                     continue
@@ -426,6 +464,12 @@ class Arbiter:
             pass
 
     def _answer(self, conn: socket.socket, client: Client, frame: protocol.Frame) -> None:
+        try:
+            self._answer_request(conn, client, frame)
+        finally:
+            frame.close_fds()  # only import takes one, and it keeps none (its mapping needs no descriptor)
+
+    def _answer_request(self, conn: socket.socket, client: Client, frame: protocol.Frame) -> None:
         op = frame.fields.get("op")
         try:
             if client.sticky is not None:
@@ -465,6 +509,8 @@ class Arbiter:
             raise InvalidSubmission("load_program carries a SPIR-V module as its payload (got none)")
         if op != "load_program" and frame.payload:
             raise ProtocolError(f"{op} carries no payload (got {len(frame.payload)} bytes)")
+        if op != "import" and frame.fds:
+            raise ProtocolError(f"{op} carries no file descriptors (got {len(frame.fds)}; they were closed)")
         return handler
 
     def _call(self, fn, *args, policy: bool = True):
@@ -584,6 +630,7 @@ class Arbiter:
     def _load_program(self, client: Client, frame: protocol.Frame):
         check_program_quota(client, list(self.drainer.clients.values()), self.max_programs)  # before any work
         digest, interface = self.interfaces.of(frame.payload, self.device)
+        self.drainer.quarantine.check_program(digest)
         push_size = -(-interface.push_constant_size // 4) * 4  # Vulkan ranges are whole words
         if self.compilers is not None and not self.drainer.pipelines.has(digest):
             try:
@@ -592,17 +639,19 @@ class Arbiter:
                 self.interfaces.refuse(digest, exc)
                 log.warning("%s: program %s refused: %s", client.describe(), digest.hex()[:16], exc)
                 raise
-        pipeline = self.drainer.pipelines.acquire(self.device, digest, frame.payload, interface, push_size)
+        with self.drainer.quarantine.risk(COMPILE, client, digest, unless=self.drainer.pipelines.has(digest)):
+            pipeline = self.drainer.pipelines.acquire(self.device, digest, frame.payload, interface, push_size)
 
         def register():
             self.drainer.pipelines.collect(self.device)
             try:
                 _require_attached(client)
                 check_program_quota(client, self.drainer.clients.values(), self.max_programs)
+                program_id = client.new_id(frame.fields.get("id"))
             except LibshareError:  # the pipeline was acquired for this record: give it back
                 self.drainer.pipelines.release(self.device, pipeline)
                 raise
-            record = ProgramRecord(client.new_id(), pipeline, len(interface.bindings), push_size)
+            record = ProgramRecord(program_id, pipeline, len(interface.bindings), push_size)
             self.drainer.adopt(client, record)
             return record.id
 
@@ -619,16 +668,39 @@ class Arbiter:
         rounded = -(-size // _PAGE) * _PAGE
         self.limits.check(client, list(self.drainer.clients.values()), rounded)  # before any memory exists
         memory = _shared_memory(rounded) if kind == "shared" else None
+        buffer_id = self._register_buffer(client, kind, rounded, memory, None)
+        return {"buffer_id": buffer_id, "size": rounded}, ((memory.take_fd(),) if memory else ())
 
+    def _import(self, client: Client, frame: protocol.Frame):
+        """A shared buffer's memfd that the client kept from an earlier arbiter (a session that
+        reattaches after a restart): checked (see check_sealed_memfd), mapped, and counted against
+        the client's limits like a new buffer. The client's memory is the very same."""
+        size = frame.fields["size"]
+        if len(frame.fds) != 1:
+            raise InvalidSubmission(f"import carries exactly one memfd (got {len(frame.fds)})")
+        if size % _PAGE:
+            raise InvalidSubmission(f"an imported buffer is a whole number of {_PAGE}-byte pages (got {size})")
+        check_sealed_memfd(frame.fds[0], size)
+        self.limits.check(client, list(self.drainer.clients.values()), size)  # before mapping anything
+        mapping = SharedMapping(frame.fds[0], size)  # the frame's descriptor is closed by _answer
+        buffer_id = self._register_buffer(client, "shared", size, SharedMemory(-1, mapping, mapping.address),
+                                          frame.fields.get("id"))
+        return {"buffer_id": buffer_id, "size": size}, ()
+
+    def _register_buffer(self, client: Client, kind: str, rounded: int, memory: SharedMemory | None,
+                         wanted_id: int | None) -> int:
+        """Make the device buffer over ``memory`` (or a device-local one) and the client's record of
+        it (id ``wanted_id`` if given), on the control thread; the memory is released if that fails."""
         def create():
             _require_attached(client)
             self.limits.check(client, self.drainer.clients.values(), rounded,  # again, one alloc at a time
                               self.device.clearing_bytes)
+            buffer_id = client.new_id(wanted_id)  # before the device buffer: a refused id leaves nothing
             if memory is not None:
                 device_buffer = self.device.import_host(memory.address, rounded)
             else:
                 device_buffer = self.device.alloc_device(rounded)
-            record = BufferRecord(client.new_id(), kind, rounded, device_buffer, memory)
+            record = BufferRecord(buffer_id, kind, rounded, device_buffer, memory)
             self.drainer.adopt(client, record)
             client.counters.memory_bytes += rounded
             client.counters.peak_memory_bytes = max(client.counters.peak_memory_bytes,
@@ -637,12 +709,11 @@ class Arbiter:
             return record.id
 
         try:
-            buffer_id = self._call(create, policy=False)  # a record: the engine's policy stays
+            return self._call(create, policy=False)  # a record: the engine's policy stays
         except BaseException:
             if memory is not None:
                 memory.close()
             raise
-        return {"buffer_id": buffer_id, "size": rounded}, ((memory.take_fd(),) if memory else ())
 
     def _free(self, client: Client, frame: protocol.Frame):
         def free():
@@ -663,7 +734,7 @@ class Arbiter:
                 "memory_bytes": c.memory_bytes,
                 "clients": len(self._attached)}, ()  # connections: the control thread may not have added this one yet
 
-    _HANDLERS = {"load_program": _load_program, "alloc": _alloc, "free": _free, "stats": _stats}
+    _HANDLERS = {"load_program": _load_program, "alloc": _alloc, "import": _import, "free": _free, "stats": _stats}
 
     # ---------------------------------------------------------------- shutdown
 
@@ -724,6 +795,7 @@ class Arbiter:
         log.info("shutting down: %d clients connected", len(self.drainer.clients))
         if self.compilers is not None:
             self.compilers.close()
+        self.drainer.quarantine.close()  # a compile still running did not end the arbiter
         stopped = self.drainer.stop(timeout)
         for conn in connections:
             try:

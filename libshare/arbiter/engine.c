@@ -195,6 +195,7 @@ struct client {
     ls_region *region;                  /* NULL: the slot is free */
     int doorbell_fd;
     uint32_t closing, dropped;
+    uint32_t handed_over;               /* closed with LS_EMOVED: what runs is still answered */
     uint32_t outstanding;
     struct entry *last;                 /* its last command not yet answered (a fence waits on it) */
     struct table objects;
@@ -344,7 +345,7 @@ static void flush_posts(ls_engine *e)
     uint32_t n = e->post_count;
     e->post_count = 0;
     c->outstanding -= n;
-    if (!c->closing && c->region) {
+    if ((!c->closing || c->handed_over) && c->region) {
         int posted = ls_cq_post(c->region, (const char *)e->post_buf, n);
         if (posted != (int)n) {         /* the budget in take() makes a short post impossible */
             drop_client(e, e->post_client, posted < 0 ? posted : -LS_ECORRUPT);  /* and says when idle */
@@ -764,6 +765,23 @@ static int retire(ls_engine *e)
     return retired;
 }
 
+/* The id of the one program that client slot's dispatches in flight f run, or 0 when they run none or
+ * several (then which of them ran away cannot be told). A dispatch's program is its last user. */
+static uint64_t flight_program(const struct flight *f, uint32_t slot)
+{
+    uint64_t program = 0;
+    for (uint32_t k = 0; k < f->count; k++) {
+        const struct entry *en = &f->entries[k];
+        const struct object *o = en->nusers ? en->users[en->nusers - 1] : NULL;
+        if (en->client != slot || !o || o->kind != LS_KIND_PROGRAM)
+            continue;
+        if (program && program != o->id)
+            return 0;
+        program = o->id;
+    }
+    return program;
+}
+
 static void check_watchdog(ls_engine *e)
 {
     if (!e->nflights || !e->policy.watchdog_ns || e->faulted)
@@ -779,8 +797,10 @@ static void check_watchdog(ls_engine *e)
         uint32_t slot = f->entries[k].client, seen = 0;
         for (uint32_t j = 0; j < k && !seen; j++)
             seen = f->entries[j].client == slot;
-        if (!seen)
-            emit(e, LS_EV_SUSPECT, slot, 0, 0, 0, 0);
+        if (!seen) {
+            uint64_t program = flight_program(f, slot);
+            emit(e, LS_EV_SUSPECT, slot, 0, program ? LS_KIND_PROGRAM : 0, program, 0);
+        }
     }
 }
 
@@ -1235,6 +1255,7 @@ int ls_engine_close_client(ls_engine *e, uint32_t slot, uint32_t reason)
         if (reason && !c->closing) {
             ls_close_consumer(c->region, reason);
             cancel_queued(e, slot, -(int32_t)reason);
+            c->handed_over = reason == LS_EMOVED;  /* its session waits for what runs, then moves it */
         }
         c->closing = 1;
         rc = (int)c->outstanding;

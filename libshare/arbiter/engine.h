@@ -28,7 +28,9 @@
 #define LS_EV_IDLE 2                    /* a closing client has nothing outstanding: reclaim it */
 #define LS_EV_DROPPED 3                 /* its ring failed validation (code: the negative error); closed */
 #define LS_EV_WATCHDOG 4                /* the head submission ran past its limit (a: commands, b: ns) */
-#define LS_EV_SUSPECT 5                 /* follows LS_EV_WATCHDOG once per client of that submission */
+#define LS_EV_SUSPECT 5                 /* follows LS_EV_WATCHDOG once per client of that submission
+                                           (kind LS_KIND_PROGRAM, a: the one program its dispatches
+                                           there run; kind 0 when they run none or several) */
 #define LS_EV_DEVICE 6                  /* a Vulkan call failed (code: the VkResult): the device is lost */
 #define LS_EV_MUTED 7                   /* a doorbell is muted (a: empty wake-ups, b: times muted) */
 
@@ -108,7 +110,8 @@ int32_t ls_engine_queue_submit(ls_engine *e, uint64_t submit_info, uint64_t fenc
 /* Clients. region is the arbiter's ls_region* (from libshare.ring), doorbell_fd its end of the bell. */
 int ls_engine_add_client(ls_engine *e, uint32_t client, uint64_t region, int32_t doorbell_fd);
 /* Drain nothing more; with reason != 0, also close the ring for that reason and answer what
- * it still holds with -reason. Returns the client's outstanding count (0: reclaim it now). */
+ * it still holds with -reason. What already runs is answered as it ends only for LS_EMOVED (a
+ * hand-over: the session waits for it). Returns the client's outstanding count (0: reclaim it now). */
 int ls_engine_close_client(ls_engine *e, uint32_t client, uint32_t reason);
 int ls_engine_remove_client(ls_engine *e, uint32_t client);
 /* Pop and submit what the client's ring holds now, past the plan and the in-flight cap. */

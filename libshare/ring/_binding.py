@@ -43,6 +43,7 @@ class _Constants:
     EPUSH = lib.LS_EPUSH
     EFAULT = lib.LS_EFAULT
     ECANCELED = lib.LS_ECANCELED
+    EMOVED = lib.LS_EMOVED
     PEER_ALIVE = lib.LS_PEER_ALIVE
     PEER_CLOSED = lib.LS_PEER_CLOSED
 

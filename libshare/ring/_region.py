@@ -33,6 +33,7 @@ import fcntl
 import functools
 import mmap
 import os
+import select
 import threading
 import time
 
@@ -41,7 +42,7 @@ import numpy as np
 from .. import errors
 from ._binding import C, CQE_DTYPE, DESC_DTYPE, check, ffi, lib
 
-__all__ = ["Region", "Producer", "SharedMapping", "sealed_memfd"]
+__all__ = ["Region", "Producer", "SharedMapping", "sealed_memfd", "check_sealed_memfd"]
 
 _SPIN_NS = 50_000  # polling before sleeping on a futex (skipped while waits take longer: see ring.c)
 _SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
@@ -57,6 +58,30 @@ def sealed_memfd(name: str, size: int) -> int:
         os.close(fd)
         raise
     return fd
+
+
+_WRITE_SEALS = fcntl.F_SEAL_WRITE | getattr(fcntl, "F_SEAL_FUTURE_WRITE", 0x10)
+
+
+def check_sealed_memfd(fd: int, size: int) -> None:
+    """Check that a descriptor a peer sent is what :func:`sealed_memfd` makes: a memfd of exactly
+    ``size`` bytes, open for reading and writing, whose size no process can change and which no
+    process can make read-only (so that mapping it can never fault); InvalidSubmission if not.
+
+    ``F_SEAL_SEAL`` makes the seals final, so what is checked here stays true afterwards."""
+    try:
+        status = os.fstat(fd)
+        seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)  # EINVAL for anything but a memfd (shmem)
+        mode = fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE
+    except OSError as exc:
+        raise errors.InvalidSubmission(f"the descriptor is not a sealed memfd ({exc.strerror})") from None
+    if seals & _SEALS != _SEALS or seals & _WRITE_SEALS:
+        raise errors.InvalidSubmission(f"the memfd's seals are {seals:#x}: a buffer's memfd is sealed against "
+                                       "shrinking and growing (and sealing), and not against writing")
+    if status.st_size != size:
+        raise errors.InvalidSubmission(f"the memfd holds {status.st_size} bytes, not the {size} declared")
+    if mode != os.O_RDWR:
+        raise errors.InvalidSubmission("the memfd is not open for reading and writing")
 
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -215,6 +240,14 @@ class Region:
         self._pidfd = os.pidfd_open(pid)
         lib.ls_set_peer_pidfd(self._handle, self._pidfd)
 
+    def peer_alive(self) -> bool:
+        """False once the process given to :meth:`watch_peer` has exited (True when none was)."""
+        if self._pidfd < 0:
+            return True
+        poller = select.poll()
+        poller.register(self._pidfd, select.POLLIN)
+        return not poller.poll(0)
+
     def announce_consumer(self, alive: bool = True) -> None:
         """Record this process as the consumer, alive or closed (a close wakes waiting clients)."""
         self._require_open()
@@ -347,6 +380,40 @@ class Region:
         return check(rc, self._handle, "wait for completions")
 
     # ---------------------------------------------------------------- lifetime
+
+    # ---------------------------------------------------------------- after a hand-over (client side)
+
+    def _lane_slots(self):
+        """(tail, head, the lane's slots as a DESC_DTYPE view) for each lane."""
+        header = lib.ls_region_header_of(self._handle)
+        lane_size, head_at = ffi.sizeof("struct ls_lane"), ffi.offsetof("struct ls_lane", "head")
+        for lane in range(self.lane_count):
+            start = header.lanes_offset + lane * header.lane_stride
+            tail, = np.frombuffer(self._map, np.uint32, 1, start)
+            head, = np.frombuffer(self._map, np.uint32, 1, start + head_at)
+            yield int(tail), int(head), np.frombuffer(self._map, DESC_DTYPE, self.lane_entries, start + lane_size)
+
+    def unconsumed_tickets(self) -> set[int]:
+        """The tickets of the descriptors published in the lanes that the consumer has not taken."""
+        self._require_open()
+        tickets = set()
+        mask = self.lane_entries - 1
+        for tail, head, slots in self._lane_slots():
+            waiting = (tail - head) & 0xFFFFFFFF
+            for position in range(head, head + min(waiting, self.lane_entries)):
+                tickets.add(int(slots[position & mask]["ticket"]))
+        return tickets
+
+    def descriptors_of(self, tickets: set[int]) -> np.ndarray:
+        """Copies of the descriptors in the lanes whose ticket is in ``tickets``, in ticket order:
+        the producer's own writes, read back to send them to a new consumer after a hand-over
+        (they stay in their slots until this producer reuses them)."""
+        self._require_open()
+        wanted = np.fromiter(tickets, np.uint64, len(tickets))
+        found = [slots[np.isin(slots["ticket"], wanted)] for _, _, slots in self._lane_slots()]
+        descs = np.concatenate(found) if found else np.empty(0, DESC_DTYPE)
+        _, first = np.unique(descs["ticket"], return_index=True)  # one copy each, in ticket order
+        return descs[first].copy()
 
     def _unmap(self) -> None:
         self._map = None

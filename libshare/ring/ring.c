@@ -236,7 +236,12 @@ void ls_set_consumer(ls_region *r, uint32_t pid, uint32_t state)
 
 void ls_close_consumer(ls_region *r, uint32_t reason)
 {
-    ls_store_relaxed(&r->bells->close_reason, reason);
+    /* The first reason stays: a ring closed for a reason (terminated, faulted, handed over) is
+     * closed again, with 0, when the arbiter shuts down, and the client must still read why. */
+    int closed_for_a_reason = ls_load_acquire(&r->bells->consumer_state) == LS_PEER_CLOSED &&
+                              ls_load_acquire(&r->bells->close_reason) != 0;
+    if (!closed_for_a_reason)
+        ls_store_relaxed(&r->bells->close_reason, reason);
     ls_set_consumer(r, ls_load_acquire(&r->bells->consumer_pid), LS_PEER_CLOSED);
 }
 

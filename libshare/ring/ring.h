@@ -58,6 +58,7 @@
 #define LS_EPUSH 1009                   /* more push-constant bytes than the program declares */
 #define LS_EFAULT 1010                  /* the device faulted while running it */
 #define LS_ECANCELED 1011               /* cancelled: the client was terminated or closed */
+#define LS_EMOVED 1012                  /* not run: the arbiter handed over; send it to the new one */
 
 /* A dispatch descriptor: one submission slot, 256 bytes. */
 struct ls_desc {
@@ -105,7 +106,7 @@ struct ls_bells {
     uint32_t sq_bell;                   /* futex word the consumer sleeps on */
     uint32_t consumer_pid;
     uint32_t consumer_state;            /* LS_PEER_ALIVE / LS_PEER_CLOSED */
-    uint32_t close_reason;              /* why the consumer closed: 0, LS_ECANCELED or LS_EFAULT */
+    uint32_t close_reason;              /* why the consumer closed: 0, LS_ECANCELED, LS_EFAULT or LS_EMOVED */
     uint8_t  pad0[44];
     uint32_t cq_flags;                  /* LS_NEED_WAKEUP: client is (about to be) asleep */
     uint32_t cq_bell;                   /* futex word the client sleeps on */
@@ -163,7 +164,8 @@ void ls_last_error(ls_region *r, struct ls_error_info *out);
 void ls_set_consumer(ls_region *r, uint32_t pid, uint32_t state);
 void ls_set_client(ls_region *r, uint32_t pid, uint32_t state);
 /* Close the consumer side for a reason the client can read: 0 (shut down), LS_ECANCELED
- * (the operator terminated the client) or LS_EFAULT (the device faulted). Wakes waiters. */
+ * (the operator terminated the client), LS_EFAULT (the device faulted) or LS_EMOVED (the
+ * arbiter handed over to a new one). Wakes waiters. */
 void ls_close_consumer(ls_region *r, uint32_t reason);
 uint32_t ls_close_reason(const ls_region *r);
 void ls_set_peer_pidfd(ls_region *r, int pidfd);

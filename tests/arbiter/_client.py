@@ -103,5 +103,62 @@ def allocator(pipe_dir: str, name: str, group: str = "") -> None:
                 print(f"{type(exc).__name__}: {exc}", flush=True)
 
 
+def _connect_when_up(pipe_dir: str, name: str):
+    """A session with the next arbiter that takes one (None arbiter yet, or one in FAULT: try again
+    for 120 s); None after printing 'refused CLASS: MESSAGE' when the arbiter refuses this process."""
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            return libshare.connect(name=name, mode="daemon", pipe_directory=pipe_dir)
+        except libshare.AccessDenied as exc:
+            print(f"refused {type(exc).__name__}: {exc}", flush=True)
+            return None
+        except libshare.ArbiterUnavailable:  # the test starts the next arbiter once this one is gone
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+def runaway_rounds(pipe_dir: str, rounds: str) -> None:
+    """One process that brings arbiters down: ``rounds`` times, connect to whichever arbiter answers,
+    start a dispatch that never ends, print 'lost N CLASS' when the arbiter gives it up; a refused
+    connection prints 'refused ...' (see _connect_when_up) and ends."""
+    for n in range(1, int(rounds) + 1):
+        session = _connect_when_up(pipe_dir, "runaway")
+        if session is None:
+            return
+        print(f"connected {n}", flush=True)
+        program = session.load_program(libshare.shaders.path("busy"))
+        data = session.array(65535 * 64, np.uint32)
+        ticket = session.dispatch(program, groups=(65535, 64, 1), buffers=[data],
+                                  push=struct.pack("II", 65535 * 64, 1_000_000))  # hours on lavapipe
+        try:
+            ticket.wait(timeout=300)
+            print(f"finished {n}", flush=True)
+        except libshare.LibshareError as exc:
+            print(f"lost {n} {type(exc).__name__}", flush=True)
+        try:
+            session.close()
+        except libshare.LibshareError:
+            pass
+
+
+def load(pipe_dir: str, path: str) -> None:
+    """Connect, print 'connected', load the SPIR-V module at ``path`` and print 'loaded' or the error's class."""
+    session = _connect_when_up(pipe_dir, "loader")
+    if session is None:
+        return
+    print("connected", flush=True)
+    try:
+        session.load_program(path)
+        print("loaded", flush=True)
+    except libshare.LibshareError as exc:
+        print(type(exc).__name__, flush=True)
+    try:
+        session.close()
+    except libshare.LibshareError:
+        pass
+
+
 if __name__ == "__main__":
     globals()[sys.argv[1]](*sys.argv[2:])

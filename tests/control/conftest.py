@@ -96,20 +96,34 @@ class Dirs:
 
     def server_pid(self) -> int | None:
         """The pid written in the lock file, if there is one."""
-        try:
-            return int(self.lock.read_text())
-        except (FileNotFoundError, ValueError):
-            return None
+        return _pid_in(self.lock)
+
+    def control_daemon_pid(self) -> int | None:
+        """The pid written in the control daemon's lock file, if there is one."""
+        return _pid_in(_config.supervisor_lock_path(self.pipe))
+
+
+def _pid_in(path: Path) -> int | None:
+    try:
+        return int(path.read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def parent_of(pid: int) -> int:
+    """The parent pid of a live process."""
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
 @pytest.fixture
 def dirs(tmp_path) -> Dirs:
-    """Pipe and log directories under tmp_path; any arbiter still serving them is killed afterwards."""
+    """Pipe and log directories under tmp_path; any control daemon and arbiter still serving them
+    are killed afterwards (the daemon first: it would start a new arbiter)."""
     d = Dirs(tmp_path)
     yield d
-    pid = d.server_pid()
-    if pid is not None:
-        kill_hard(pid)
+    for pid in (d.control_daemon_pid(), d.server_pid()):
+        if pid is not None:
+            kill_hard(pid)
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ import libshare
 from libshare._control import COMMANDS
 
 from ..conftest import ROOT
-from .conftest import alive, control, server_status, wait_active, wait_dead
+from .conftest import alive, control, parent_of, server_status, wait_active, wait_dead
 
 
 def test_console_script_is_declared():
@@ -105,16 +105,17 @@ def test_foreground_mode_serves_until_sigint(dirs, vulkan_device_name):
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         wait_active(dirs.pipe, process)
-        assert dirs.server_pid() == process.pid
+        server = dirs.server_pid()
+        assert parent_of(server) == process.pid  # the control daemon runs in the foreground, the arbiter is its child
         process.send_signal(signal.SIGINT)
-        _, stderr = process.communicate(timeout=20)
+        _, stderr = process.communicate(timeout=30)
     finally:
         if process.poll() is None:
             process.kill()
             process.communicate()
     assert process.returncode == 0, stderr
-    assert "serving" in stderr and "stopping (SIGINT)" in stderr  # foreground logs echo on stderr
-    assert not dirs.socket.exists() and not dirs.lock.exists()
+    assert f"arbiter pid {server} serves" in stderr and "stopped (SIGINT)" in stderr  # its log echoes on stderr
+    assert not dirs.socket.exists() and not dirs.lock.exists() and not alive(server)
 
 
 def test_daemon_start_failure_reports_the_reason(dirs, vulkan_device_name):

@@ -1,0 +1,207 @@
+"""Quarantine: a client process or a module that brought the arbiter down twice is refused.
+
+Each test runs real arbiters one after another on one pipe directory, as a supervisor would:
+what a dead arbiter journaled (_quarantine.py) becomes a strike in the next one. A compile is
+killed by SIGKILLing the arbiter while its journal record is there; a runaway dispatch makes
+the arbiter give its device up and exit on its own (lavapipe never aborts one).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import libshare
+from libshare import _control
+from libshare.arbiter._daemon import EXIT_UNRECOVERABLE
+from libshare.arbiter._quarantine import start_time
+
+from ..conftest import ROOT, stop_process
+from ._spirv_attacks import compile_glsl, have_tools
+from .conftest import start_client, wait_until
+from .test_compiler import saxpy_round_trip
+
+
+def control(pipe_dir, command: str, *args: str) -> str:
+    return _control.run(command, *args, pipe_directory=pipe_dir)
+
+
+@contextlib.contextmanager
+def arbiter(pipe_dir, *args: str, **env):
+    """A daemon arbiter on ``pipe_dir`` with extra options and environment; yields its process once it
+    listens, and stops it (if it still runs) afterwards."""
+    stderr_path = pipe_dir.parent / f"{pipe_dir.name}.stderr"  # a file: a full pipe would stall the arbiter
+    with open(stderr_path, "a") as stderr:
+        process = subprocess.Popen([sys.executable, "-m", "libshare.arbiter", "--pipe-directory", str(pipe_dir),
+                                    *args], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=stderr,
+                                   env={**os.environ, **env})
+    try:
+        wait_until(lambda: serves(pipe_dir, process) or process.poll() is not None, 60, "the arbiter to listen")
+        assert process.poll() is None, f"arbiter did not start: {stderr_path.read_text()[-2000:]}"
+        yield process
+    finally:
+        stop_process(process)
+
+
+def serves(pipe_dir, process) -> bool:
+    """Whether ``process`` answers on the pipe directory's socket (a dead one's may still be there)."""
+    try:
+        return control(pipe_dir, "get_server_list") == str(process.pid)
+    except libshare.LibshareError:
+        return False
+
+
+def journal(pipe_dir) -> list:
+    """The arbiter's journal records (actions under way)."""
+    directory = pipe_dir / "quarantine"
+    return sorted(directory.glob("action-*")) if directory.exists() else []
+
+
+def slow_compile(directory) -> bytes:
+    """A valid kernel whose pipeline takes lavapipe seconds to create (NIR unrolls 262,144 steps, which
+    then fold to one constant: its dispatch is quick, so the vetting child is done in about the same
+    time). New code each run, though the pipeline is compiled afresh anyway (no cache holds it)."""
+    salt = os.getpid() ^ int.from_bytes(os.urandom(3), "little")
+    return compile_glsl(f"""#version 450
+#extension GL_EXT_control_flow_attributes : require
+layout(local_size_x = 64) in;
+layout(std430, binding = 0) buffer X {{ uint x[]; }};
+void main() {{
+    uint acc = {salt}u;
+    [[unroll]] for (int j = 0; j < 512; j++) {{
+        [[unroll]] for (int k = 0; k < 512; k++) {{
+            acc = acc * 1664525u + uint(j * 512 + k);
+        }}
+    }}
+    x[gl_GlobalInvocationID.x] = acc;
+}}
+""", directory, "slow_create")
+
+
+def test_a_module_whose_compile_killed_the_arbiter_twice_is_refused_for_every_client(tmp_path, vulkan_device_name):
+    if have_tools():
+        pytest.skip(have_tools())
+    module = slow_compile(tmp_path)
+    path, digest = tmp_path / "slow_create.spv", hashlib.sha256(module).hexdigest()
+    pipe_dir = tmp_path / "pipe"
+    for attempt in (1, 2):  # a new loader process each time: only the module is struck twice
+        with arbiter(pipe_dir, LIBSHARE_COMPILE_TIMEOUT="300") as process:
+            loader = start_client("load", pipe_dir, path)
+            assert loader.stdout.readline().strip() == "connected"
+            record = wait_until(lambda: journal(pipe_dir), 240, "the arbiter compiling the module")[0]
+            process.kill()  # the "driver crash", in the middle of the arbiter's own compile
+            process.wait()
+            assert loader.stdout.readline().strip() not in ("loaded", "")  # the error of a lost arbiter
+            assert loader.wait(timeout=60) == 0
+            loader.stdout.close()
+            written = json.loads(record.read_text())
+            assert (written["action"], written["program"], written["client"]["pid"]) == ("compile", digest, loader.pid)
+    with arbiter(pipe_dir) as process, \
+            libshare.connect(name="honest", mode="daemon", pipe_directory=pipe_dir) as honest:
+        assert not journal(pipe_dir)  # counted, then cleared
+        log = (pipe_dir / "server.log").read_text()
+        assert f"strike 2 of 2 for program {digest}" in log
+        assert "it is refused from now on" in log
+        with pytest.raises(libshare.Quarantined, match=f"refuses this program \\(SHA-256 {digest}\\) for every "
+                                                       "client: it brought the arbiter down 2 times") as refused:
+            honest.load_program(path)
+        assert "clear_quarantine" in str(refused.value)
+        assert saxpy_round_trip(honest)  # the other clients keep working
+        assert f"QUARANTINED program {digest}: 2 strikes, refused" in control(pipe_dir, "ps")
+        assert f"program {digest}: 2 strikes, refused; compile by client pid" in control(pipe_dir, "get_quarantine")
+        assert control(pipe_dir, "clear_quarantine", digest[:16]) == f"cleared program {digest} (2 strikes, refused)"
+        assert honest.load_program(path) is not None  # lifted: vetted and compiled again, and it survives
+        assert saxpy_round_trip(honest)
+        assert process.poll() is None
+
+
+def test_a_process_whose_runaway_dispatch_ended_two_arbiters_is_refused_at_hello(tmp_path, vulkan_device_name):
+    pipe_dir = tmp_path / "pipe"
+    options = ("--shutdown-timeout", "2")  # how long the runaway may run after the fault, in each arbiter
+    runaway = None
+    try:
+        for attempt in (1, 2):
+            with arbiter(pipe_dir, *options, LIBSHARE_WATCHDOG_SECONDS="1") as process:
+                if runaway is None:  # one process for every round: it outlives each arbiter and reconnects
+                    runaway = start_client("runaway_rounds", pipe_dir, 3)
+                assert runaway.stdout.readline().strip() == f"connected {attempt}"
+                if attempt == 2:
+                    assert f"strike 1 of 2 for client pid {runaway.pid} (runaway" in (pipe_dir / "server.log").read_text()
+                assert runaway.stdout.readline().split()[:2] == ["lost", str(attempt)]
+                assert process.wait(timeout=120) == EXIT_UNRECOVERABLE
+                assert [json.loads(r.read_text())["action"] for r in journal(pipe_dir)] == \
+                    ["dispatch past the watchdog"]
+        with arbiter(pipe_dir, *options, LIBSHARE_WATCHDOG_SECONDS="1") as process:
+            refusal = runaway.stdout.readline()
+            assert refusal.startswith(f"refused Quarantined: the arbiter refuses this process (pid {runaway.pid}): "
+                                      "it brought the arbiter down 2 times (dispatch past the watchdog of program ")
+            assert f"clear_quarantine {runaway.pid}" in refusal
+            assert runaway.wait(timeout=60) == 0
+            runaway.stdout.close()
+            busy = hashlib.sha256(libshare.shaders.path("busy").read_bytes()).hexdigest()
+            with libshare.connect(name="honest", mode="daemon", pipe_directory=pipe_dir) as honest:
+                with pytest.raises(libshare.Quarantined, match=busy):  # the module too, for everyone
+                    honest.load_program(libshare.shaders.path("busy"))
+                assert saxpy_round_trip(honest)
+                ps = control(pipe_dir, "ps")
+                assert f"QUARANTINED client pid {runaway.pid}: 2 strikes, refused; name runaway" in ps
+                assert f"QUARANTINED program {busy}: 2 strikes, refused" in ps
+            log = (pipe_dir / "server.log").read_text()
+            assert f"strike 2 of 2 for client pid {runaway.pid} (runaway" in log
+            assert f"refused pid {runaway.pid} (runaway, uid {os.getuid()}): quarantined after 2 strikes" in log
+            assert process.poll() is None
+    finally:
+        if runaway is not None and runaway.poll() is None:
+            runaway.kill()
+            runaway.wait()
+            runaway.stdout.close()
+
+
+def test_a_garbled_quarantine_does_not_stop_the_arbiter(tmp_path, vulkan_device_name):
+    pipe_dir = tmp_path / "pipe"
+    quarantine = pipe_dir / "quarantine"
+    quarantine.mkdir(parents=True)
+    (quarantine / "action-1-1").write_bytes(b"\xff" * 100)
+    (quarantine / "action-1-2").write_text("[" * 4000)  # deeper than the JSON parser goes
+    (quarantine / "action-1-3").write_bytes(b" " * 100_000)  # past a record's bound
+    (quarantine / "action-1-4").write_text(json.dumps({"arbiter": 1, "action": "compile", "since": 0,
+                                                       "program": "../../etc", "client": {"pid": -1}}))
+    os.mkfifo(quarantine / "action-1-5")  # opened without blocking, and not read
+    os.symlink("/etc/passwd", quarantine / "action-1-6")  # not followed
+    me = {"pid": os.getpid(), "uid": os.getuid(), "start": start_time(os.getpid()), "name": "tests",
+          "cmdline": "pytest"}
+    live = quarantine / "action-2-1"  # of a live arbiter (this process stands for one handing over): it stays
+    live.write_text(json.dumps({"arbiter": os.getpid(), "arbiter_start": start_time(os.getpid()),
+                                "action": "compile", "since": 1.0, "program": None, "client": me}))
+    for store in (b"[" * 200_000, b"x" * (2 << 20)):  # too deep; too large
+        (quarantine / "strikes.json").write_bytes(store)
+        with arbiter(pipe_dir), libshare.connect(mode="daemon", pipe_directory=pipe_dir) as session:
+            assert saxpy_round_trip(session)
+            assert control(pipe_dir, "get_quarantine") == ""
+    assert journal(pipe_dir) == [live]
+    log = (pipe_dir / "server.log").read_text()
+    assert log.count("quarantine: ignoring journal record") == 6
+    assert log.count("starting with no strikes") == 2
+    assert "quarantine: strike" not in log
+    live.unlink()
+    # A well-formed store whose entries are partly garbage: the good one counts (here: this very
+    # process, struck twice), the rest is dropped.
+    me = {**me, "strikes": 2, "reasons": ["compile of program 0123 (a test's say-so)"], "last": 1.0}
+    junk = [{"pid": "1"}, [], None, {**me, "strikes": True}, {**me, "last": float("nan")}]
+    (quarantine / "strikes.json").write_text(json.dumps({"version": 1, "clients": [me, *junk],
+                                                         "programs": [{"digest": "zz"}, 7]}))
+    with arbiter(pipe_dir):
+        with pytest.raises(libshare.Quarantined, match=f"pid {os.getpid()}.*a test's say-so"):
+            libshare.connect(mode="daemon", pipe_directory=pipe_dir)
+        assert control(pipe_dir, "clear_quarantine", str(os.getpid())) == \
+            f"cleared client pid {os.getpid()} (2 strikes, refused)"
+        with libshare.connect(mode="daemon", pipe_directory=pipe_dir) as session:
+            assert saxpy_round_trip(session)
+    assert "dropped 7 malformed entries" in (pipe_dir / "server.log").read_text()
+    assert json.loads((quarantine / "strikes.json").read_text())["clients"] == []  # the clearing is durable
