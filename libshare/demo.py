@@ -60,8 +60,11 @@ def _start_clients(count: int, pipe_dir: Path, seconds: float) -> list[subproces
 
 def _collect(clients: list[subprocess.Popen], seconds: float) -> list[dict]:
     started = time.monotonic()
-    while any(c.poll() is None for c in clients):
-        _progress((time.monotonic() - started) / (seconds + 1), f"{len(clients)} clients running")
+    while any(c.poll() is None for c in clients):  # (the clients start, then run for ``seconds``)
+        fraction = (time.monotonic() - started) / (seconds + 1)
+        running = sum(c.poll() is None for c in clients)
+        _progress(min(fraction, 0.99), f"{running} clients running" if fraction < 1 else
+                  f"{running} clients finishing (started late: a busy machine)")
         time.sleep(0.1)
     _progress(1.0, "done" + " " * 20)
     sys.stderr.write("\n")
