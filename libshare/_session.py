@@ -214,6 +214,8 @@ class Session:
         self._seen: dict[int, tuple[weakref.ref, int, int]] = {}  # id(item) -> (the item, buffer id, offset)
         self._lost: errors.LibshareError | None = None  # sticky (until a reattach): the arbiter is gone or ended this session
         self._moved: set[int] = set()  # tickets the arbiter answered LS_EMOVED (handed over): sent again
+        self._tickets_outside = False  # True: other code (the C API) reads the completion ring and numbers
+        # the tickets; only _reattach_external reattaches then (a call that meets the loss raises it)
         self.closed = False
         """True after close()."""
 
@@ -349,6 +351,7 @@ class Session:
         and answers it, so this waits for that while it lives (the session's timeout at most).
         Only the reattaching thread uses the region now (no other thread may enter it)."""
         deadline = time.monotonic() + self._timeout
+        unconsumed: set[int] = set()
         while True:
             try:
                 self._take()
@@ -370,14 +373,16 @@ class Session:
         return (not self.embedded and self._socket_path is not None and not self.closed
                 and _config.supervised(self._socket_path.parent))
 
-    def _reattach(self) -> None:
+    def _reattach(self, outside: bool = False) -> None:
         """Attach this session to the arbiter that replaced a lost one: a new ring, then every
         live buffer (by the memfd it kept: the same memory) and program (from its SPIR-V) under
         the ids they had. Device buffers come back lost (BufferLost), a program the new arbiter
         refuses comes back lost with its reason. Waits up to the session's timeout for the new
-        arbiter; past it the loss becomes a sticky ArbiterLost."""
+        arbiter; past it the loss becomes a sticky ArbiterLost. ``outside``: called by
+        :meth:`_reattach_external` (the only caller for a session whose tickets live outside)."""
         with self._reattach_lock:
-            if not isinstance(self._lost, errors.ArbiterRestarted) or self.closed:
+            if (not isinstance(self._lost, errors.ArbiterRestarted) or self.closed
+                    or self._tickets_outside and not outside):
                 return  # another thread reattached already (or gave up, or the session closed)
             with self._gate:
                 self._moving = True  # nobody enters the old region from now on
@@ -392,7 +397,10 @@ class Session:
                     sock.close()
                     raise
             except (errors.LibshareError, EOFError, OSError) as exc:
-                if not isinstance(exc, errors.ArbiterLost):  # (that one went too: the next call tries again)
+                if isinstance(exc, (errors.AccessDenied, errors.TooManyClients)):  # refused (Quarantined...): say why
+                    self._lost = exc
+                    self._fail_in_flight(self._lost)
+                elif not isinstance(exc, errors.ArbiterLost):  # (that one went too: the next call tries again)
                     self._lost = errors.ArbiterLost(f"the arbiter went away and no new one took its place: {exc}")
                     self._fail_in_flight(self._lost)
                 with self._gate:
@@ -422,6 +430,50 @@ class Session:
                 with self._gate:
                     self._moving = False
                     self._gone.notify_all()
+
+    def _reattach_external(self, tickets, moved=()) -> list[tuple[int, int | None, int, errors.LibshareError | None]]:
+        """Reattach a session whose tickets are numbered and whose completion ring is read outside
+        Python (the C API, bindings/c/capi.c, which stops using the old ring meanwhile).
+
+        ``tickets``: its tickets in flight, after it read the old completion ring; ``moved``: those
+        of them the old arbiter answered LS_EMOVED. Each stands in ``_pending`` for the reattach
+        (a Ticket held here), which reads what the old ring still holds, resends what the old
+        arbiter never ran, and fails the rest. Returns ``(ticket, status, device_ns, error)`` for
+        each: the arbiter's status (its completion was read here: the caller never sees it), or
+        the error it failed with (ArbiterRestarted), or neither: sent to the new arbiter, its
+        completion comes on the new ring. Raises the session's loss when it cannot reattach
+        (no control daemon, terminated, a fault): sticky then."""
+        held = {int(number): Ticket(self, int(number)) for number in tickets}
+        # The caller read the completion ring through a view of its own, and a view keeps its own
+        # head: this session's lags behind. A view opened now starts where the caller stopped.
+        fresh = Region.attach(self._region.fd)
+        with contextlib.suppress(OSError):  # (gone for good: nothing left to wait for)
+            fresh.watch_peer(self.arbiter_pid)
+        with self._gate:
+            self._pending.update((number, _ref(ticket)) for number, ticket in held.items())
+            stale, self._region = self._region, fresh
+        self._moved.update(int(number) for number in moved)
+        try:
+            if self._lost is None:  # the caller saw the loss on the ring, this session did not
+                with self._inside() as inside:
+                    why = self._closed_by_arbiter() if inside else None
+                self._record_loss(why or errors.ArbiterLost("the arbiter exited or closed this session"))
+            for _ in range(_REATTACH_TRIES):  # (a new arbiter that dies at once: try the next)
+                if not isinstance(self._lost, errors.ArbiterRestarted) or self.closed:
+                    break
+                self._reattach(outside=True)
+            if self.closed:
+                raise _closed_error()
+            if self._lost is not None:
+                raise _fresh(self._lost)
+        finally:
+            with self._gate:  # the resent tickets are the caller's again: their completions come to it
+                for number in held:
+                    self._pending.pop(number, None)
+            with self._gone:  # a thread that took the stale view is inside until it leaves
+                self._gone.wait_for(lambda: not self._users, timeout=_CLOSE_WAIT)
+            stale.close()
+        return [(number, ticket._status, ticket.device_ns or 0, ticket._error) for number, ticket in held.items()]
 
     def _dial_new_arbiter(self) -> tuple[socket.socket, protocol.Frame]:
         """Say hello to the arbiter now serving the socket (waiting for it while a control daemon runs)."""
@@ -457,11 +509,14 @@ class Session:
             else:
                 item.lost = errors.BufferLost(f"device buffer {object_id} died with the arbiter that held it (a "
                                               "restart keeps shared buffers only): allocate it again")
-                continue
-            if not reply.fields.get("ok"):
+            if item.lost is None and not reply.fields.get("ok"):
                 refusal = errors.remote_error(reply.fields)
                 item.lost = refusal if isinstance(item, Program) else errors.BufferLost(
                     f"buffer {object_id} could not be handed to the new arbiter: {refusal}")
+            if item.lost is not None:  # the new arbiter may give its id to a new object
+                del self._objects[object_id]
+                if isinstance(item, Buffer):
+                    item.close_memfd()
 
     def _closed_by_arbiter(self) -> errors.LibshareError | None:
         """The sticky error the arbiter left in the ring when it closed this session, if any.
@@ -516,16 +571,16 @@ class Session:
         after the device is done. Arrays on a freed buffer stay readable here.
         """
         if isinstance(obj, Program):
-            if obj.lost is None:  # (a lost one is unknown to this arbiter)
+            if obj.lost is None:  # (a lost one is unknown to this arbiter, which may give its id to another)
                 self._request("free", program_id=obj.id)
-            self._objects.pop(obj.id, None)
+                self._objects.pop(obj.id, None)
             return
         buffer = obj if isinstance(obj, Buffer) else find_buffer(obj, self._by_mapping)[0]
         if buffer.lost is None:
             self._request("free", buffer_id=buffer.id)
+            self._objects.pop(buffer.id, None)
         buffer.freed = True
         buffer.close_memfd()
-        self._objects.pop(buffer.id, None)
         for key, (_, buffer_id, _) in list(self._seen.items()):  # its arrays bind nothing any more
             if buffer_id == buffer.id:
                 self._seen.pop(key, None)

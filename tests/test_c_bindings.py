@@ -15,11 +15,12 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 
-from .arbiter.conftest import daemon  # noqa: F401 - the daemon fixture
+from .arbiter.conftest import daemon, wait_until  # noqa: F401 - the daemon fixture
 from .conftest import ROOT, vulkan_required
 
 C_DIR = ROOT / "bindings" / "c"
@@ -149,10 +150,12 @@ def test_c_api_against_a_daemon(c_tests, daemon):
     assert check_run(run_c(c_tests, daemon_env(pipe_dir), str(SHADERS))) >= 20
 
 
-def test_c_wait_returns_when_the_daemon_dies(library, daemon, tmp_path):
+@pytest.mark.parametrize("how", ["wait", "poll"])
+def test_c_wait_returns_when_the_daemon_dies(library, daemon, tmp_path, how):
+    """No control daemon: nobody replaces the arbiter, so the C session does not reattach: the loss is sticky."""
     process, pipe_dir = daemon
     binary = compile_c(library, C_DIR / "tests" / "test_lost.c", tmp_path)
-    client = subprocess.Popen([str(binary), str(SHADERS)], env=daemon_env(pipe_dir), stdout=subprocess.PIPE,
+    client = subprocess.Popen([str(binary), str(SHADERS), how], env=daemon_env(pipe_dir), stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True)
     try:
         assert client.stdout.readline().strip() == "ready"
@@ -196,3 +199,133 @@ def test_multi_process_example_hosting_its_arbiter(examples, tmp_path):
 def test_multi_process_example_against_a_daemon(examples, daemon):
     done = run_c(examples["multi_process"], daemon_env(daemon[1]), str(SHADERS), "--daemon")
     assert right_lines(done) == 4
+
+
+# ---------------------------------------------------------------- surviving the arbiter
+
+DEPTH, THREADS = 4, 2  # as in bindings/c/tests/test_reattach.c
+
+
+@pytest.fixture(scope="session")
+def reattach_program(library, tmp_path_factory) -> Path:
+    return compile_c(library, C_DIR / "tests" / "test_reattach.c", tmp_path_factory.mktemp("c-reattach"))
+
+
+@pytest.fixture
+def supervised(tmp_path):
+    from .arbiter.test_reattach import Daemon
+
+    daemon = Daemon(tmp_path / "pipe")
+    yield daemon
+    daemon.stop()
+
+
+class Streamer:
+    """test_reattach in its stream mode: two threads of one C session streaming checked saxpy."""
+
+    def __init__(self, binary: Path, pipe: Path):
+        self.stderr = pipe.parent / "streamer.stderr"  # a file: a full pipe would stall the program
+        with open(self.stderr, "w") as stderr:
+            self.process = subprocess.Popen([str(binary), str(SHADERS), "stream"], env=daemon_env(pipe),
+                                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, text=True)
+        self.lines: list[str] = []
+        self.ok = self.restarted = 0
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        with self.process.stdout:
+            for line in self.process.stdout:
+                self.lines.append(line.rstrip("\n"))
+                if line.startswith("progress "):
+                    self.ok, self.restarted = map(int, line.split()[1:])
+
+    def output(self) -> str:
+        return "\n".join(self.lines[-20:]) + "\n" + self.stderr.read_text()[-3000:]
+
+    def progresses(self, what: str) -> None:
+        """Wait for more successes than the dead arbiter could have answered: some ran on the new one."""
+        start = self.ok
+        wait_until(lambda: self.ok > start + 2 * DEPTH * THREADS or self.process.poll() is not None, 120, what)
+        assert self.process.poll() is None, self.output()
+
+    def finish(self) -> tuple[int, int]:
+        """Close its standard input; (ok, restarted) once it passed."""
+        self.process.stdin.close()
+        assert self.process.wait(timeout=120) == 0, self.output()
+        self._reader.join(10)
+        assert counts("\n".join(self.lines)) == (1, 0), self.output()
+        return self.ok, self.restarted
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        if not self.process.stdin.closed:
+            self.process.stdin.close()
+        self._reader.join(10)
+
+
+def test_c_session_rides_out_sigkilled_arbiters(reattach_program, supervised):
+    """Kills while two threads of one C session stream: the session goes on on each new arbiter with the same
+    buffer pointers and program ids; no result it reported successful is wrong (the program checks each one);
+    tickets in flight fail with -LS_ERESTARTED and none hangs."""
+    from .arbiter.test_reattach import _gone
+
+    streamer = Streamer(reattach_program, supervised.pipe)
+    kills = 5
+    try:
+        streamer.progresses("the first dispatches")
+        for kill in range(kills):
+            wait_until(lambda: supervised.standbys() >= kill + 1, 120, "a standby arbiter")
+            arbiter = supervised.arbiter()
+            os.kill(arbiter, signal.SIGKILL)
+            assert _gone(arbiter, 60)
+            wait_until(lambda: supervised.arbiter() not in (arbiter, None), 60, "the standby to take over")
+            streamer.progresses(f"dispatches on the arbiter after kill {kill + 1}")
+        ok, restarted = streamer.finish()
+    finally:
+        streamer.kill()
+    assert restarted > 0  # the kills met work in flight, which failed cleanly
+    assert supervised.log().count("was killed by SIGKILL") == kills
+
+
+def test_c_session_restart_is_a_pause_not_an_error(reattach_program, supervised):
+    from .arbiter.test_reattach import _gone
+
+    streamer = Streamer(reattach_program, supervised.pipe)
+    try:
+        streamer.progresses("the first dispatches")
+        old = supervised.arbiter()
+        assert "hands over" in supervised.run("restart")
+        wait_until(lambda: supervised.arbiter() not in (old, None), 120, "the new arbiter")
+        assert _gone(old, 60)
+        streamer.progresses("dispatches on the new arbiter")
+        ok, restarted = streamer.finish()
+    finally:
+        streamer.kill()
+    assert restarted == 0 and ok > 0
+    assert f"arbiter pid {old} handed over and exited with status 0" in supervised.log()
+
+
+@pytest.mark.parametrize("mode", ["inflight", "unrun"])
+def test_c_session_after_one_kill(reattach_program, supervised, mode):
+    """inflight: a ticket the dead arbiter took fails with -LS_ERESTARTED (a control call reattaches
+    first); unrun: dispatches pushed into the dead arbiter's ring run once each on the new one."""
+    from .arbiter.test_reattach import _gone
+
+    client = subprocess.Popen([str(reattach_program), str(SHADERS), mode], env=daemon_env(supervised.pipe),
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert client.stdout.readline().strip() == "ready"
+        arbiter = supervised.arbiter()
+        os.kill(arbiter, signal.SIGKILL)
+        assert _gone(arbiter, 60)
+        out, err = client.communicate("go\n", timeout=120)
+    finally:
+        if client.poll() is None:
+            client.kill()
+            client.communicate()
+    assert counts(out) == (1, 0), out + err
+    assert supervised.arbiter() != arbiter
+

@@ -18,17 +18,37 @@
  *
  * Tickets are numbered here. Each one has a record in a small hash table
  * (pending, then done with its status and device time) until ls_wait takes
- * the result. Two locks: `lock` guards the producer, the ticket counter and
- * the table (held for microseconds, never across a sleep); `cq_lock` makes one
+ * the result; a ticket's record is made in the same hold of `lock` as its
+ * push, so its completion (filed under `lock` too) always finds it. Two locks:
+ * `lock` guards the producer, the ticket counter and the table (held for
+ * microseconds, never across a sleep, but for a reattach); `cq_lock` makes one
  * thread at a time the completion ring's consumer, the only one that may sleep
- * on it. Order: cq_lock before lock.
+ * on it. Order: cq_lock before lock. The ring itself (region, producer, peer
+ * pidfd) is used under either lock and replaced only under both.
  *
  * Every way of asking notices a dead arbiter: waits sleep on the ring in slices
  * and the ring checks the arbiter's pidfd (or state word) between them, and
  * ls_poll, which never sleeps, takes a zero-length wait that makes the same
- * check; the loss is then sticky (-LS_ELOST on every call). The embedded
- * Python's refusals each come back with their own code (hooks.py, _CODES);
- * -LS_EPYTHON means the Python side itself failed.
+ * check. The embedded Python's refusals each come back with their own code
+ * (hooks.py, _CODES); -LS_EPYTHON means the Python side itself failed.
+ *
+ * Surviving the arbiter (reattach(), the C half of Session._reattach_external):
+ * when a push or a wait meets the ring's end (-LS_EPEERDEAD), the thread takes
+ * both locks, so no other thread uses the old ring, reads what its completion
+ * ring still holds, and hands the tickets still pending to the Python session
+ * (lsx_py_reattach). Under a control daemon that session moves to the new
+ * arbiter (the buffers' memory and ids, the programs' ids stay), reads what the
+ * old ring still answers, sends the work the old arbiter never ran to the new
+ * one under the same tickets and fails the work it took and never answered
+ * with -LS_ERESTARTED; it says which for each ticket, and C opens its view of
+ * the new ring (a new lane) and goes on: a push is made there, a wait waits
+ * there. `generation` counts the rings, so that threads that met the same end
+ * reattach once. Device buffers do not survive: their ids are refused
+ * (-LS_EBUFFERLOST) until freed, since the new arbiter may give them out again.
+ * Otherwise (embedded, no control daemon, terminated, a fault) the loss is
+ * sticky: -LS_ELOST (or -LS_ECORRUPT) on every call. A control call that meets
+ * the restart first (-LS_ERESTARTED from Python) reattaches too and is made
+ * again.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -54,13 +74,14 @@
 #define LSX_SLICE_NS 50000000LL         /* longest sleep between checks of a waiter's deadline */
 #define LSX_FULL_WAIT_NS 1000000LL      /* a full lane waits this long for completions */
 #define LSX_CQE_BATCH 64
+#define LSX_REATTACH_TRIES 3            /* a push reattaches at most this often before the loss is sticky */
 
 enum { SLOT_EMPTY, SLOT_PENDING, SLOT_DONE };
 
 struct lsx_record {
     uint64_t ticket;
     uint64_t device_ns;
-    int32_t status;
+    int32_t status;                     /* once done; while pending, -LS_EMOVED: the arbiter handed it over */
     uint32_t state;                     /* SLOT_* */
 };
 
@@ -74,14 +95,17 @@ struct lsx_table {
 
 struct ls_session {
     int32_t handle;
-    int32_t peer_pidfd;
-    ls_region *region;
+    int32_t peer_pidfd;                 /* the ring (these three): used under lock or cq_lock, */
+    ls_region *region;                  /* replaced under both (reattach); NULL once lost there */
     ls_producer *producer;
+    uint64_t generation;                /* rings so far: written under both locks, read under either */
     pthread_mutex_t lock;
     pthread_mutex_t cq_lock;
     uint64_t next_ticket;
     struct lsx_table table;
-    int lost;                           /* sticky -LS_ELOST / -LS_ECORRUPT once the ring is dead */
+    uint32_t *lost_ids;                 /* buffers a reattach could not carry over (device buffers), */
+    uint32_t nlost;                     /* refused with -LS_EBUFFERLOST until freed: under lock */
+    int lost;                           /* sticky -LS_ELOST / -LS_ECORRUPT once the ring is dead for good */
     struct ls_session_info info;
 };
 
@@ -222,6 +246,10 @@ static void table_complete(struct lsx_table *t, const struct ls_cqe *cqe)
     struct lsx_record *record = table_find(t, cqe->ticket);
     if (record == NULL || record->state != SLOT_PENDING)
         return;                         /* not ours: the arbiter is untrusted, ignore it */
+    if (cqe->status == -LS_EMOVED) {    /* not run: handed over, the reattach sends it to the new arbiter */
+        record->status = -LS_EMOVED;
+        return;
+    }
     record->state = SLOT_DONE;
     record->status = cqe->status;
     record->device_ns = cqe->device_ns;
@@ -259,15 +287,17 @@ static int lost_error(ls_session *s)
                : fail(-LS_ELOST, "the arbiter exited or closed this session; connect again");
 }
 
-/* Pop every ready completion into the table. Caller holds cq_lock. */
+/* Pop every ready completion into the table; the ring's error as is. Caller holds cq_lock. */
 static int collect_ready(ls_session *s)
 {
     struct ls_cqe cqes[LSX_CQE_BATCH];
     int total = 0, n;
+    if (is_lost(s))
+        return is_lost(s);              /* (the ring may be gone) */
     do {
         n = ls_cq_pop(s->region, (char *)cqes, LSX_CQE_BATCH);
         if (n < 0)
-            return mark_lost(s, n);
+            return n;
         pthread_mutex_lock(&s->lock);
         for (int i = 0; i < n; i++)
             table_complete(&s->table, &cqes[i]);
@@ -277,13 +307,35 @@ static int collect_ready(ls_session *s)
     return total;
 }
 
-/* Sleep up to wait_ns for a completion, then collect. Caller holds cq_lock. */
+/* Sleep up to wait_ns for a completion, then collect; the ring's error as is. Caller holds cq_lock. */
 static int collect_waiting(ls_session *s, int64_t wait_ns)
 {
+    if (is_lost(s))
+        return is_lost(s);
     int rc = ls_cq_wait(s->region, 1, LSX_SPIN_NS, wait_ns);
     if (rc < 0 && rc != -ETIMEDOUT)
-        return mark_lost(s, rc);
+        return rc;
     return collect_ready(s);
+}
+
+static int reattach(ls_session *s);
+
+/* After a ring error: 0 once the session is on a new arbiter's ring, else the sticky loss. Caller holds cq_lock. */
+static int recover_locked(ls_session *s, int rc)
+{
+    if (is_lost(s))
+        return is_lost(s);
+    return rc == -LS_EPEERDEAD && !s->info.embedded ? reattach(s) : mark_lost(s, rc);
+}
+
+/* Same, from a thread that met the error on ring `generation` without cq_lock: 0 at once when another
+ * thread has reattached since. */
+static int recover(ls_session *s, int rc, uint64_t generation)
+{
+    pthread_mutex_lock(&s->cq_lock);
+    rc = __atomic_load_n(&s->generation, __ATOMIC_RELAXED) != generation ? 0 : recover_locked(s, rc);
+    pthread_mutex_unlock(&s->cq_lock);
+    return rc;
 }
 
 /* The state of a ticket's record (SLOT_EMPTY when it has none), under lock. */
@@ -317,6 +369,8 @@ static int wait_step(ls_session *s, int (*done)(ls_session *, uint64_t), uint64_
         if (left > 0)
             rc = collect_waiting(s, left < LSX_SLICE_NS ? left : LSX_SLICE_NS);
     }
+    if (rc < 0)
+        rc = recover_locked(s, rc);     /* 0: on a new arbiter's ring, where the wait goes on */
     pthread_mutex_unlock(&s->cq_lock);
     return rc < 0 ? rc : 0;
 }
@@ -360,53 +414,76 @@ struct lsx_op {
     const void *push;
 };
 
-static int push_op(ls_session *s, uint64_t ticket, const struct lsx_op *op)
+/*
+ * Push the operation as ticket `number` on the current ring and, once pushed, record it pending in
+ * the same hold of lock (room is made first, so that recording cannot fail after the push).
+ * Returns 1 pushed, 0 the lane is full, or a negative code. Caller holds lock.
+ */
+static int push_locked(ls_session *s, uint64_t number, const struct lsx_op *op)
 {
-    return ls_push_op(s->producer, ticket, op->opcode, op->program, op->groups[0], op->groups[1], op->groups[2],
-                      op->nbuffers, op->buffers, op->noffsets, op->offsets, op->push, op->push_size);
+    if (is_lost(s))
+        return is_lost(s);
+    for (uint32_t i = 0; i < s->nlost; i++)
+        for (uint32_t b = 0; op->buffers && b < op->nbuffers; b++)
+            if (op->buffers[b] == s->lost_ids[i])
+                return -LS_EBUFFERLOST;
+    if ((s->table.used + 1) * 2 > s->table.cap && table_grow(&s->table) < 0)
+        return -ENOMEM;
+    int rc = ls_push_op(s->producer, number, op->opcode, op->program, op->groups[0], op->groups[1],
+                        op->groups[2], op->nbuffers, op->buffers, op->noffsets, op->offsets, op->push,
+                        op->push_size);
+    if (rc == 1)
+        table_add_pending(&s->table, number);
+    return rc;
 }
 
-/* Give the operation a ticket and push it; when the lane is full, make room by reading completions. */
+/*
+ * Give the operation a ticket and push it; when the lane is full, make room by reading completions.
+ * A ring that ended (the arbiter died or handed over) is replaced by the new arbiter's (reattach),
+ * where the push is made under the same number.
+ */
 static int submit(ls_session *s, const struct lsx_op *op, uint64_t *ticket)
 {
     if (ticket == NULL)
         return fail(-EINVAL, "%s: ticket is NULL", op->what);
-    pthread_mutex_lock(&s->lock);
-    uint64_t number = s->next_ticket;
-    int rc = table_add_pending(&s->table, number);
-    if (rc == 0) {
-        rc = push_op(s, number, op);
-        if (rc == -LS_EBADSLOT || rc == -EINVAL) { /* refused by the encoder: no record, no number spent */
-            table_remove(&s->table, table_find(&s->table, number));
-            pthread_mutex_unlock(&s->lock);
+    uint64_t number = 0;                /* spent once a push found the lane full (another thread may take the next) */
+    int rc, tries = 0;
+    for (;;) {
+        pthread_mutex_lock(&s->lock);
+        uint64_t generation = s->generation;
+        uint64_t trying = number ? number : s->next_ticket;
+        rc = push_locked(s, trying, op);
+        if (rc >= 0 && number == 0) {
+            number = trying;
+            __atomic_store_n(&s->next_ticket, number + 1, __ATOMIC_RELAXED);
+        }
+        pthread_mutex_unlock(&s->lock);
+        if (rc == 1)
+            break;
+        if (rc == -LS_EBADSLOT || rc == -EINVAL)  /* refused by the encoder: no number spent */
             return fail(-EINVAL, "%s: %u buffers and %u push bytes, at most %d and %d, each array non-NULL "
                         "when its count is not 0", op->what, op->nbuffers, op->push_size, LS_MAX_BUFFERS,
                         LS_MAX_PUSH);
-        }
-        __atomic_store_n(&s->next_ticket, number + 1, __ATOMIC_RELAXED);
-    }
-    pthread_mutex_unlock(&s->lock);
-    while (rc == 0) {                   /* lane full: the arbiter waits for us to read completions */
-        pthread_mutex_lock(&s->cq_lock);
-        int got = collect_ready(s);
-        if (got == 0)
-            got = collect_waiting(s, LSX_FULL_WAIT_NS);
-        pthread_mutex_unlock(&s->cq_lock);
-        pthread_mutex_lock(&s->lock);
-        rc = got < 0 ? got : push_op(s, number, op);
-        pthread_mutex_unlock(&s->lock);
-    }
-    if (rc < 0) {
-        pthread_mutex_lock(&s->lock);
-        struct lsx_record *record = table_find(&s->table, number);
-        if (record)
-            table_remove(&s->table, record);
-        pthread_mutex_unlock(&s->lock);
         if (rc == -ENOMEM)
             return fail(rc, "out of memory for the ticket table");
-        if (!is_lost(s))
-            mark_lost(s, rc);
-        return lost_error(s);
+        if (rc == -LS_EBUFFERLOST)      /* (before any push: no number spent) */
+            return fail(rc, "%s: a device buffer it uses died with the arbiter that held it (a restart keeps "
+                        "shared buffers only): free it and allocate it again", op->what);
+        if (rc == 0) {                  /* lane full: the arbiter waits for us to read completions */
+            pthread_mutex_lock(&s->cq_lock);
+            rc = collect_ready(s);
+            if (rc == 0)
+                rc = collect_waiting(s, LSX_FULL_WAIT_NS);
+            if (rc < 0)
+                rc = recover_locked(s, rc);
+            pthread_mutex_unlock(&s->cq_lock);
+        } else if (rc == -LS_EPEERDEAD && tries++ < LSX_REATTACH_TRIES) {
+            rc = recover(s, rc, generation);
+        } else if (!is_lost(s)) {
+            rc = mark_lost(s, rc);
+        }
+        if (rc < 0)
+            return lost_error(s);
     }
     *ticket = number;
     return 0;
@@ -494,8 +571,10 @@ int ls_poll(ls_session *s, uint64_t ticket)
         rc = collect_ready(s);          /* a busy cq_lock: another thread is collecting already */
         if (rc == 0 && ticket_state(s, ticket) == SLOT_PENDING) {
             rc = ls_cq_wait(s->region, 1, 0, 0); /* no spin, no sleep: notices a dead or closed arbiter */
-            rc = rc == -ETIMEDOUT ? 0 : rc < 0 ? mark_lost(s, rc) : collect_ready(s);
+            rc = rc == -ETIMEDOUT ? 0 : rc < 0 ? rc : collect_ready(s);
         }
+        if (rc < 0)
+            rc = recover_locked(s, rc); /* (a reattach blocks: milliseconds, the session's timeout at most) */
         pthread_mutex_unlock(&s->cq_lock);
         if (rc < 0)
             return lost_error(s);
@@ -578,6 +657,7 @@ static void free_session(ls_session *s)
     pthread_mutex_destroy(&s->lock);
     pthread_mutex_destroy(&s->cq_lock);
     free(s->table.slots);
+    free(s->lost_ids);
     free(s);
 }
 
@@ -597,6 +677,98 @@ static int open_ring(ls_session *s, const struct lsx_conn *conn)
         return fail(rc, "cannot claim a submission lane (%s)", strerror(-rc));
     return 0;
 }
+
+/* Ask Python which buffers the reattach could not carry over (into lost_ids). Caller holds lock. */
+static int note_lost_buffers(ls_session *s)
+{
+    uint32_t count = 0, capacity;
+    int rc;
+    do {
+        capacity = count;
+        uint32_t *ids = realloc(s->lost_ids, (capacity + 1) * sizeof *ids);
+        if (ids == NULL)
+            return fail(-ENOMEM, "out of memory for the lost buffers");
+        s->lost_ids = ids;
+        rc = hooked(PYTHON(lsx_py_lost_buffers(s->handle, ids, capacity, &count)));
+    } while (rc == 0 && count > capacity);
+    s->nlost = rc == 0 ? count : 0;
+    return rc;
+}
+
+/* Forget a lost buffer id: freed, or given to a new buffer. */
+static void forget_lost(ls_session *s, uint32_t buffer_id)
+{
+    pthread_mutex_lock(&s->lock);
+    for (uint32_t i = 0; i < s->nlost; i++)
+        if (s->lost_ids[i] == buffer_id)
+            s->lost_ids[i--] = s->lost_ids[--s->nlost];
+    pthread_mutex_unlock(&s->lock);
+}
+
+/*
+ * Move the session to the arbiter that replaced a lost one (see the top of this file). Caller holds
+ * cq_lock; this takes lock for the whole move (other threads wait: milliseconds with the control
+ * daemon's standby, the session's timeout at most). Returns 0 on the new ring, or the sticky loss.
+ */
+static int reattach(ls_session *s)
+{
+    int rc = collect_ready(s);          /* what the old ring still holds for us */
+    if (rc < 0 && rc != -LS_EPEERDEAD)
+        return mark_lost(s, rc);
+    pthread_mutex_lock(&s->lock);
+    struct lsx_flight *flights = calloc(s->table.pending + 1, sizeof *flights);
+    uint32_t count = 0;
+    for (uint32_t i = 0; flights && i < s->table.cap; i++) {
+        struct lsx_record *record = &s->table.slots[i];
+        if (record->state == SLOT_PENDING)
+            flights[count++] = (struct lsx_flight){.ticket = record->ticket,
+                                                   .moved = record->status == -LS_EMOVED};
+    }
+    /* Let go of the old ring while it is mapped: Python unmaps it during the move. */
+    ls_producer_close(s->producer);
+    ls_region_close(s->region);
+    s->producer = NULL;
+    s->region = NULL;
+    if (s->peer_pidfd >= 0)
+        close(s->peer_pidfd);
+    s->peer_pidfd = -1;
+    struct lsx_conn conn = {.peer_pidfd = -1};
+    rc = flights ? hooked(PYTHON(lsx_py_reattach(s->handle, flights, count, &conn))) : -ENOMEM;
+    if (rc == 0) {
+        for (uint32_t i = 0; i < count; i++) {
+            struct lsx_record *record = table_find(&s->table, flights[i].ticket);
+            if (record == NULL || record->state != SLOT_PENDING)
+                continue;
+            record->status = 0;         /* (no longer -LS_EMOVED: sent to the new arbiter) */
+            if (flights[i].done)
+                table_complete(&s->table, &(struct ls_cqe){.ticket = flights[i].ticket,
+                                                          .status = flights[i].status,
+                                                          .device_ns = flights[i].device_ns});
+        }
+        s->peer_pidfd = conn.peer_pidfd;
+        s->info.client_id = conn.client_id;
+        rc = open_ring(s, &conn);
+        if (rc == 0)
+            rc = note_lost_buffers(s);
+        __atomic_store_n(&s->generation, s->generation + 1, __ATOMIC_RELAXED);
+    }
+    if (rc < 0)
+        mark_lost(s, rc);
+    pthread_mutex_unlock(&s->lock);
+    free(flights);
+    return rc < 0 ? is_lost(s) : 0;
+}
+
+/* A control call (a hook): once more after a reattach when it met an arbiter restart first. */
+#define CONTROL(s, call)                                                                            \
+    ({                                                                                              \
+        uint64_t generation_ = __atomic_load_n(&(s)->generation, __ATOMIC_RELAXED);                  \
+        int control_rc_ = hooked(PYTHON(call));                                                     \
+        if (control_rc_ == -LS_ERESTARTED)                                                          \
+            control_rc_ = recover((s), -LS_EPEERDEAD, generation_) == 0 ? hooked(PYTHON(call))       \
+                                                                        : lost_error(s);            \
+        control_rc_;                                                                                \
+    })
 
 static int shutdown_registered;
 
@@ -664,7 +836,7 @@ int ls_load_program(ls_session *s, const void *code, uint64_t nbytes, struct ls_
         return rc;
     if (code == NULL || nbytes == 0 || out == NULL)
         return fail(-EINVAL, "ls_load_program: code is NULL or empty, or out is NULL");
-    return hooked(PYTHON(lsx_py_load_program(s->handle, code, nbytes, NULL, out)));
+    return CONTROL(s, lsx_py_load_program(s->handle, code, nbytes, NULL, out));
 }
 
 int ls_load_program_file(ls_session *s, const char *path, struct ls_program *out)
@@ -674,13 +846,13 @@ int ls_load_program_file(ls_session *s, const char *path, struct ls_program *out
         return rc;
     if (path == NULL || out == NULL)
         return fail(-EINVAL, "ls_load_program_file: path or out is NULL");
-    return hooked(PYTHON(lsx_py_load_program(s->handle, NULL, 0, path, out)));
+    return CONTROL(s, lsx_py_load_program(s->handle, NULL, 0, path, out));
 }
 
 int ls_free_program(ls_session *s, uint32_t program_id)
 {
     int rc = check_session(s);
-    return rc < 0 ? rc : hooked(PYTHON(lsx_py_free(s->handle, 1, program_id)));
+    return rc < 0 ? rc : CONTROL(s, lsx_py_free(s->handle, 1, program_id));
 }
 
 int ls_alloc(ls_session *s, uint64_t nbytes, uint32_t kind, struct ls_buffer *out)
@@ -692,13 +864,17 @@ int ls_alloc(ls_session *s, uint64_t nbytes, uint32_t kind, struct ls_buffer *ou
         return fail(-EINVAL, "ls_alloc: out is NULL");
     if (kind != LS_BUFFER_SHARED && kind != LS_BUFFER_DEVICE)
         return fail(-EINVAL, "ls_alloc: kind must be LS_BUFFER_SHARED or LS_BUFFER_DEVICE (got %u)", kind);
-    return hooked(PYTHON(lsx_py_alloc(s->handle, nbytes, kind, out)));
+    if ((rc = CONTROL(s, lsx_py_alloc(s->handle, nbytes, kind, out))) == 0)
+        forget_lost(s, out->id);        /* (the new arbiter gave a lost id out again) */
+    return rc;
 }
 
 int ls_free_buffer(ls_session *s, uint32_t buffer_id)
 {
     int rc = check_session(s);
-    return rc < 0 ? rc : hooked(PYTHON(lsx_py_free(s->handle, 0, buffer_id)));
+    if (rc == 0 && (rc = CONTROL(s, lsx_py_free(s->handle, 0, buffer_id))) == 0)
+        forget_lost(s, buffer_id);
+    return rc;
 }
 
 int ls_stats(ls_session *s, struct ls_stats *out)
@@ -708,7 +884,7 @@ int ls_stats(ls_session *s, struct ls_stats *out)
         return rc;
     if (out == NULL)
         return fail(-EINVAL, "ls_stats: out is NULL");
-    return hooked(PYTHON(lsx_py_stats(s->handle, out)));
+    return CONTROL(s, lsx_py_stats(s->handle, out));
 }
 
 int ls_serve(const char *pipe_directory)

@@ -26,7 +26,25 @@ struct lsx_conn {
     char device[256];
 };
 
+/* A ticket in flight when the arbiter went away: C fills ticket and moved, Python the rest. */
+struct lsx_flight {
+    uint64_t ticket;
+    uint64_t device_ns;                 /* out, with done: the device time of a completion Python read */
+    int32_t status;                     /* out, with done: the arbiter's status, or -LS_ERESTARTED (taken,
+                                           never answered: it may or may not have run) */
+    uint32_t moved;                     /* in: the old arbiter answered it -LS_EMOVED (handing over) */
+    uint32_t done;                      /* out: 1 settled with status; 0 sent to the new arbiter (pending) */
+    uint32_t pad;
+};
+
 LSX_HOOK int lsx_py_connect(const struct ls_options *options, struct lsx_conn *out);
+/* Move the session to the arbiter that replaced a lost one (the C side no longer uses the old ring
+ * and has read its completion ring): fills out (handle unchanged) and each flight. A negative code
+ * when the session cannot reattach (embedded, no control daemon, terminated...): the loss is sticky. */
+LSX_HOOK int lsx_py_reattach(int32_t handle, struct lsx_flight *flights, uint32_t count, struct lsx_conn *out);
+/* The ids of the session's buffers lost at a reattach (device buffers): the first `capacity` in
+ * ids, how many there are in *count. */
+LSX_HOOK int lsx_py_lost_buffers(int32_t handle, uint32_t *ids, uint32_t capacity, uint32_t *count);
 LSX_HOOK int lsx_py_close(int32_t handle);
 LSX_HOOK int lsx_py_load_program(int32_t handle, const char *code, uint64_t nbytes, const char *path,
                                  struct ls_program *out);

@@ -6,7 +6,10 @@ serve), after build.py's preamble has put the building environment's
 site-packages on ``sys.path``. Each ``lsx_py_*`` hook declared in hooks.h is
 defined here; it returns 1, or a negative code after setting the calling
 thread's message with ``lib.lsx_set_error``. The hot path (dispatch, wait)
-never comes here: capi.c runs it on the ring directly.
+never comes here: capi.c runs it on the ring directly, and reads the session's
+completion ring itself; so the Session moves to a new arbiter (a restart under
+the control daemon) only when C asks, through ``lsx_py_reattach``
+(``Session._reattach_external``), once it has stopped using the old ring.
 
 Embedded default: ``libshare.connect`` in mode "auto" starts the arbiter in
 this interpreter when no daemon answers, so a C program needs no daemon; its
@@ -127,20 +130,53 @@ def lsx_py_connect(options, out):
     group = _text(options.group)
     if group is not None:
         kwargs["group"] = group  # older clients raise TypeError: reported as -EINVAL
-    session = libshare.connect(reattach=False, **kwargs)  # C holds this ring's address: it must not move
+    session = libshare.connect(**kwargs)
+    session._tickets_outside = True  # C reads the ring: only lsx_py_reattach may move it (C asks)
     try:
-        address, size, wake_fd, pidfd = _region_view(session)
+        _conn(session, out)
     except BaseException:
         session.close()
         raise
     with _lock:
         handle = next(_handles)
         _clients[handle] = _Client(session)
-    out.handle, out.wake_fd, out.peer_pidfd = handle, wake_fd, pidfd
+    out.handle = handle
+
+
+def _conn(session, out) -> None:
+    """Fill a struct lsx_conn (but its handle) with the session's ring view."""
+    address, size, wake_fd, pidfd = _region_view(session)
+    out.wake_fd, out.peer_pidfd = wake_fd, pidfd
     out.client_id, out.embedded = session.client_id, int(session.embedded)
     out.region_addr, out.region_size = address, size
     name = session.device_name.encode()[: ffi.sizeof(out.device) - 1]
     ffi.memmove(out.device, name + b"\0", len(name) + 1)
+
+
+@_answer
+def lsx_py_reattach(handle, flights, count, out):
+    """Move a C session to the arbiter that replaced a lost one (Session._reattach_external): the
+    new ring's view in ``out``, and each flight's outcome."""
+    client = _client(handle)
+    tickets = [flights[i].ticket for i in range(count)]
+    moved = [flights[i].ticket for i in range(count) if flights[i].moved]
+    outcomes = client.session._reattach_external(tickets, moved)
+    for i, (_, status, device_ns, error) in enumerate(outcomes):  # (in the order given)
+        flight = flights[i]
+        flight.done = int(status is not None or error is not None)
+        flight.status = status if status is not None else _code_of(error) if error is not None else 0
+        flight.device_ns = device_ns if status is not None else 0
+    out.handle = handle
+    _conn(client.session, out)
+
+
+@_answer
+def lsx_py_lost_buffers(handle, ids, capacity, count):
+    """The buffers the last reattach could not hand to the new arbiter (device buffers)."""
+    lost = [buffer_id for buffer_id, buffer in _client(handle).buffers.items() if buffer.lost is not None]
+    for i, buffer_id in enumerate(lost[:capacity]):
+        ids[i] = buffer_id
+    count[0] = len(lost)
 
 
 @_answer

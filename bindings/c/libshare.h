@@ -207,7 +207,8 @@ int ls_futex_wake(uint32_t *word, int32_t count);
 
 /* Errors of the client API, returned negated, beside -errno and the ring's -LS_E* codes. */
 #define LS_EUNAVAILABLE 1101            /* no arbiter answers and the mode forbids embedding one */
-#define LS_ELOST 1102                   /* the arbiter died or closed this session (sticky) */
+#define LS_ELOST 1102                   /* the arbiter died or closed this session and none took
+                                           over (sticky): connect again */
 #define LS_EQUOTA 1103                  /* a memory or compute limit would be exceeded */
 #define LS_ETOOMANY 1104                /* the arbiter already serves its maximum of clients */
 #define LS_ETERMINATED 1105             /* the operator terminated this client (sticky) */
@@ -303,7 +304,7 @@ int ls_connect(const struct ls_options *options, ls_session **out);
  */
 void ls_disconnect(ls_session *session);
 
-/* Fill *out with the session's client id, mode and device name. Returns 0 or -EINVAL. */
+/* Fill *out with the session's client id (a new one after a reattach), mode and device name. Returns 0 or -EINVAL. */
 int ls_session_info(ls_session *session, struct ls_session_info *out);
 
 /*
@@ -341,9 +342,12 @@ int ls_free_buffer(ls_session *session, uint32_t buffer_id);
  * bytes of push constants. Returns at once: *ticket receives the ticket to
  * wait on. Runs in C (no Python): one descriptor pushed into the ring.
  * Returns 0, -EINVAL (more than 8 buffers or 128 push bytes, buffers or push
- * NULL with a count, ticket NULL: no ticket is issued), -LS_ELOST (also when
- * the arbiter has closed this session's ring). Invalid ids, ranges and group
- * counts are reported by ls_wait() on the ticket.
+ * NULL with a count, ticket NULL: no ticket is issued), -LS_EBUFFERLOST (a
+ * device buffer that died with an arbiter: no ticket), -LS_ELOST (also when the
+ * arbiter has closed this session's ring; after an arbiter restart under the
+ * control daemon the session moves to the new arbiter and the work goes there
+ * instead). Invalid ids, ranges and group counts are reported by ls_wait() on
+ * the ticket.
  */
 int ls_dispatch(ls_session *session, uint32_t program, uint32_t groups_x, uint32_t groups_y,
                 uint32_t groups_z, uint32_t nbuffers, const uint32_t *buffers, const uint64_t *offsets,
@@ -362,16 +366,19 @@ int ls_copy(ls_session *session, uint32_t src, uint64_t src_offset, uint32_t dst
  * limit). Returns 0 when it succeeded (and stores the device time in
  * *device_ns when device_ns is not NULL and the arbiter measured it), the
  * ticket's negative LS_E* status when the arbiter rejected or failed it,
- * -LS_ETIMEOUT (the ticket stays valid), -LS_ELOST, or -EINVAL (a ticket this
- * session never issued). The first successful wait consumes the ticket's
- * record; a later wait on it returns 0. Runs in C.
+ * -LS_ERESTARTED (the arbiter went away with the work in flight and a new one
+ * took over: it may or may not have run; submit it again), -LS_ETIMEOUT (the
+ * ticket stays valid), -LS_ELOST, or -EINVAL (a ticket this session never
+ * issued). The first wait that returns the result consumes the ticket's
+ * record; a later wait on it returns 0. Runs in C (Python only to reattach).
  */
 int ls_wait(ls_session *session, uint64_t ticket, int64_t timeout_ns, uint64_t *device_ns);
 
 /*
- * Whether the ticket's work is done, without blocking: 1 done (the result
- * waits for ls_wait), 0 still running, or a negative code (-EINVAL, -LS_ELOST:
- * each call checks that the arbiter lives, so polling sees its death). Runs in C.
+ * Whether the ticket's work is done, without blocking (but to reattach after
+ * an arbiter restart): 1 done (the result waits for ls_wait), 0 still running,
+ * or a negative code (-EINVAL, -LS_ELOST: each call checks that the arbiter
+ * lives, so polling sees its death). Runs in C.
  */
 int ls_poll(ls_session *session, uint64_t ticket);
 
@@ -382,7 +389,7 @@ int ls_poll(ls_session *session, uint64_t ticket);
  */
 int ls_wait_idle(ls_session *session, int64_t timeout_ns);
 
-/* Fill *out with the arbiter's counters for this session. Returns 0 or -LS_ELOST. */
+/* Fill *out with the arbiter's counters for this session (a new arbiter's start at 0). Returns 0 or -LS_ELOST. */
 int ls_stats(ls_session *session, struct ls_stats *out);
 
 /*
