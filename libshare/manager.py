@@ -141,16 +141,18 @@ class Lease:
 
 
 def acquire(device: str | int | None = None, pipe_directory: str | os.PathLike | None = None,
-            log_directory: str | os.PathLike | None = None, *, timeout: float = 60.0) -> Lease:
+            log_directory: str | os.PathLike | None = None, *, timeout: float = 60.0,
+            multi_user: bool = False) -> Lease:
     """A lease on the arbiter of ``pipe_directory`` (default: LIBSHARE_PIPE_DIRECTORY or the per-user one).
 
     Starts the arbiter for ``device`` when none runs there, and waits (at most ``timeout``
     seconds) until it is ACTIVE; raises :class:`libshare.arbiter._daemon.StartFailed` with
     the arbiter's own reason if it does not start, and ValueError when the pipe directory
-    is already leased for another device.
+    is already leased for another device. ``multi_user`` starts it with ``--multi-user`` (root
+    only): clients of every uid may connect (an arbiter already running is used as it is).
     """
     options = _daemon.Options.create(pipe_directory, log_directory,
-                                     device=None if device is None else str(device))
+                                     device=None if device is None else str(device), multi_user=multi_user)
     with _registry_lock:
         arbiter = _registry.setdefault(options.pipe_directory, _Arbiter(options))
         _check_device(arbiter, options)

@@ -1,0 +1,74 @@
+"""A Slurm task for bench/test_slurm_bench.py: ``first OUT`` or ``busy OUT SECONDS``.
+
+first: one checked saxpy dispatch; writes OUT/JOBID.first with the wall-clock time it completed.
+busy:  warms up, writes OUT/JOBID.ready, waits for OUT/start, then keeps 4 busy dispatches in
+flight for SECONDS and writes OUT/JOBID.busy with the device time of those that completed.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import struct
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+import libshare
+
+BUSY_ITERATIONS = 512  # about 0.8 ms of lavapipe time per dispatch of 4096 items
+
+
+def first(session, out: Path, job: str) -> None:
+    saxpy = session.load_program(libshare.shaders.path("saxpy"))
+    x, y = session.array(64, np.float32), session.array(64, np.float32)
+    x[:] = 2.0
+    y[:] = 1.0
+    session.dispatch(saxpy, 1, [x, y], struct.pack("If", 64, 3.0)).wait(60)
+    done = time.time()
+    assert np.all(y == 7.0)
+    (out / f"{job}.first").write_text(repr(done))
+
+
+def busy(session, out: Path, job: str, seconds: float) -> None:
+    n = 4096
+    program = session.load_program(libshare.shaders.path("busy"))
+    data = session.array(n, np.uint32)
+    go = lambda: session.dispatch(program, (n // 64, 1, 1), [data], struct.pack("II", n, BUSY_ITERATIONS))  # noqa: E731
+    go().wait(60)
+    (out / f"{job}.ready").write_text("")
+    deadline = time.monotonic() + 120
+    while not (out / "start").exists():
+        if time.monotonic() > deadline:
+            raise SystemExit("no start after 120 s")
+        time.sleep(0.01)
+    device_ns, count = 0, 0
+    end = time.perf_counter() + seconds
+    flight = collections.deque(go() for _ in range(4))
+    while True:
+        ticket = flight.popleft().wait(60)
+        if time.perf_counter() >= end:
+            break
+        device_ns += ticket.device_ns or 0
+        count += 1
+        flight.append(go())
+    session.wait_idle(120)
+    (out / f"{job}.busy").write_text(json.dumps({"device_ns": device_ns, "count": count,
+                                                 "group": os.environ.get("LIBSHARE_GROUP")}))
+
+
+def main() -> None:
+    mode, out = sys.argv[1], Path(sys.argv[2])
+    job = os.environ["SLURM_JOB_ID"]
+    with libshare.connect(name=f"bench-{job}") as session:
+        if mode == "first":
+            first(session, out, job)
+        else:
+            busy(session, out, job, float(sys.argv[3]))
+
+
+if __name__ == "__main__":
+    main()

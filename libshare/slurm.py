@@ -1,0 +1,310 @@
+"""Slurm: a node's device offered as a count of libshare shares (the recipe is in contrib/slurm/).
+
+The node offers ``Gres=libshare:100`` (gres.conf ``Name=libshare Count=100``, no File); a job
+asks for some with ``--gres=libshare:N``. Slurm's ``Prolog`` (root, on the node, before the
+job's first task) runs ``python -m libshare.slurm prolog``, which
+
+* reads the job's count of shares on this node and its memory there from
+  ``scontrol show job -d`` (Slurm passes neither to a prolog's environment),
+* takes a lease on the node's arbiter through :mod:`libshare.manager`, which starts it when
+  none answers (the arbiter outlives the prolog: it runs in a session of its own),
+* makes the libshare group ``slurm-JOBID``: compute share N% of the device
+  (``set_group_active_thread_percentage``, scaled when the node offers another count than
+  100) and a memory limit of the job's memory on the node (``set_group_mem_limit``),
+* writes the job's ``export NAME=value`` lines (LIBSHARE_PIPE_DIRECTORY, LIBSHARE_MODE,
+  LIBSHARE_LOG_DIRECTORY, LIBSHARE_DEVICE, LIBSHARE_GROUP) to STATE/JOBID.env, which the
+  ``TaskProlog`` prints so that Slurm adds them to every task's environment.
+
+The ``Epilog`` runs ``python -m libshare.slurm epilog``: it forgets the job, lifts its group's
+memory limit, and when no job of the node holds shares any more, quits the arbiter, if a
+prolog started it (one an operator started, such as a ``--multi-user`` arbiter under
+systemd, is used and never quit, as the manager does). Prologs and epilogs are separate
+processes, so the count of jobs lives in the state directory (one file per job, under an
+``flock``), not in the manager's memory. Jobs that ask for no shares are left alone.
+
+Settings, from the environment (contrib/slurm/libshare-slurm.env sets them for the scripts):
+LIBSHARE_PIPE_DIRECTORY (default /run/libshare), LIBSHARE_LOG_DIRECTORY (default
+/var/log/libshare; ``slurm.log`` there records every prolog and epilog), LIBSHARE_DEVICE,
+LIBSHARE_SLURM_STATE (default /run/libshare-slurm), LIBSHARE_SLURM_GRES (the gres name,
+default ``libshare``), LIBSHARE_SLURM_SHARES (the node's count, default 100),
+LIBSHARE_SLURM_MULTI_USER (1: start the arbiter with ``--multi-user``, so that jobs of every
+user may connect; needed unless jobs run as the arbiter's uid), LIBSHARE_SLURM_SCONTROL
+(default: ``scontrol`` on PATH or in /usr/bin).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import manager
+from ._control import ControlConnection
+from .manager import _server_pid
+from .arbiter import _daemon
+from .errors import ArbiterLost, ArbiterUnavailable, LibshareError
+
+__all__ = ["JobRequest", "group_name", "parse_job", "prolog", "epilog"]
+
+log = logging.getLogger("libshare.slurm")
+
+_QUIT_WAIT = 30.0
+
+
+def group_name(job_id: str) -> str:
+    """The libshare group of a Slurm job."""
+    return f"slurm-{job_id}"
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """What a job holds on one node: its count of shares and its memory (MiB, None if unknown)."""
+
+    shares: int
+    mem_mib: int | None
+
+
+def _hostnames(expression: str, scontrol: str) -> list[str]:
+    if not re.search(r"[\[,]", expression):
+        return [expression]
+    out = subprocess.run([scontrol, "show", "hostnames", expression], capture_output=True, text=True,
+                         timeout=30, check=True).stdout
+    return out.split()
+
+
+def parse_job(text: str, node: str, gres: str = "libshare", scontrol: str = "scontrol") -> JobRequest:
+    """The job's request on ``node`` from ``scontrol show job -d`` output (Slurm 22.05 to 24.x).
+
+    The per-node lines (``Nodes=n[1-2] CPU_IDs=0 Mem=300 GRES=libshare(CNT:30)``) say what the
+    node was given; without one for ``node``, ``TresPerNode`` (``gres:libshare:30`` or
+    ``gres/libshare:30``) and ``MinMemoryNode`` say what was asked per node.
+    """
+    count = re.compile(rf"(?:^|,){re.escape(gres)}(?::[^,(:]+)*\(CNT:(\d+)\)")
+    for line in text.splitlines():
+        fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
+        if "Nodes" not in fields or "GRES" not in fields and "Mem" not in fields:
+            continue
+        if node not in _hostnames(fields["Nodes"], scontrol):
+            continue
+        found = count.search(fields.get("GRES", ""))
+        mem = fields.get("Mem")
+        return JobRequest(int(found.group(1)) if found else 0, int(mem) if mem and mem.isdigit() else None)
+    per_node = re.search(rf"TresPerNode=\S*?gres[:/]{re.escape(gres)}(?::[^,:\s]+)*?:(\d+)(?:,|\s|$)", text)
+    mem = re.search(r"MinMemoryNode=(\d+)([KMGT]?)", text)
+    mib = None
+    if mem:
+        scale = {"K": 1 / 1024, "": 1, "M": 1, "G": 1024, "T": 1024 * 1024}[mem.group(2)]
+        mib = int(int(mem.group(1)) * scale) or None
+    return JobRequest(int(per_node.group(1)) if per_node else 0, mib)
+
+
+@dataclass(frozen=True)
+class _Settings:
+    pipe_directory: Path
+    log_directory: Path
+    device: str | None
+    state: Path
+    gres: str
+    node_shares: int
+    multi_user: bool
+    scontrol: str
+
+    @classmethod
+    def from_environment(cls, env=os.environ) -> _Settings:
+        scontrol = env.get("LIBSHARE_SLURM_SCONTROL") or shutil.which(
+            "scontrol", path=env.get("PATH", "") + os.pathsep + "/usr/bin:/usr/local/bin") or "scontrol"
+        return cls(Path(env.get("LIBSHARE_PIPE_DIRECTORY") or "/run/libshare"),
+                   Path(env.get("LIBSHARE_LOG_DIRECTORY") or "/var/log/libshare"),
+                   env.get("LIBSHARE_DEVICE") or None, Path(env.get("LIBSHARE_SLURM_STATE") or "/run/libshare-slurm"),
+                   env.get("LIBSHARE_SLURM_GRES") or "libshare", int(env.get("LIBSHARE_SLURM_SHARES") or 100),
+                   env.get("LIBSHARE_SLURM_MULTI_USER") == "1", scontrol)
+
+
+class _State:
+    """The node's jobs that hold shares: STATE/JOBID.json (and JOBID.env for the task prolog)."""
+
+    def __init__(self, directory: Path):
+        self.directory = directory
+
+    @contextmanager
+    def locked(self):
+        self.directory.mkdir(mode=0o755, parents=True, exist_ok=True)
+        fd = os.open(self.directory / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield self
+        finally:
+            os.close(fd)
+
+    def jobs(self) -> list[str]:
+        return sorted(p.stem for p in self.directory.glob("*.json"))
+
+    def _write(self, name: str, text: str) -> None:
+        path = self.directory / name
+        temporary = path.with_name(f".{name}.tmp")
+        temporary.write_text(text)
+        temporary.chmod(0o644)
+        temporary.replace(path)
+
+    def add(self, job_id: str, record: dict, environment: dict[str, str]) -> None:
+        self._write(f"{job_id}.json", json.dumps(record))
+        self._write(f"{job_id}.env", "".join(f"export {k}={v}\n" for k, v in environment.items()))
+
+    def remove(self, job_id: str) -> dict | None:
+        record = None
+        try:
+            record = json.loads((self.directory / f"{job_id}.json").read_text())
+        except (FileNotFoundError, ValueError):
+            pass
+        for suffix in (".env", ".json"):
+            (self.directory / f"{job_id}{suffix}").unlink(missing_ok=True)
+        return record
+
+    @property
+    def owned(self) -> int | None:
+        """The pid of the arbiter a prolog started (the epilog of the last job quits it)."""
+        try:
+            return int((self.directory / "arbiter").read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+
+    @owned.setter
+    def owned(self, pid: int | None) -> None:
+        if pid is None:
+            (self.directory / "arbiter").unlink(missing_ok=True)
+        else:
+            self._write("arbiter", str(pid))
+
+
+def _job_request(job_id: str, settings: _Settings, node: str) -> JobRequest:
+    out = subprocess.run([settings.scontrol, "show", "job", "-d", job_id], capture_output=True, text=True,
+                         timeout=60)
+    if out.returncode:
+        raise LibshareError(f"{settings.scontrol} show job -d {job_id} failed: {out.stderr.strip()}")
+    return parse_job(out.stdout, node, settings.gres, settings.scontrol)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return False
+    return state not in ("Z", "X")  # a prolog's child is reparented to init, which may never reap it
+
+
+def _quit(pipe_directory: Path, pid: int) -> None:
+    try:
+        with ControlConnection(pipe_directory, timeout=10.0) as connection:
+            connection.run("quit")
+    except (ArbiterUnavailable, ArbiterLost):
+        pass
+    for sig in (None, signal.SIGTERM, signal.SIGKILL):
+        if sig is not None and _alive(pid):
+            log.warning("arbiter pid %d still runs %.0f s after quit: sending %s", pid, _QUIT_WAIT, sig.name)
+            os.kill(pid, sig)
+        deadline = time.monotonic() + _QUIT_WAIT
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if not _alive(pid):
+            return
+
+
+def prolog(job_id: str, node: str, env=os.environ) -> dict[str, str] | None:
+    """Give job ``job_id`` its group on ``node``'s arbiter; its tasks' environment, or None without shares."""
+    settings = _Settings.from_environment(env)
+    request = _job_request(job_id, settings, node)
+    if request.shares <= 0:
+        log.info("job %s: no %s shares on %s, nothing to do", job_id, settings.gres, node)
+        return None
+    group = group_name(job_id)
+    percent = max(1, min(100, round(request.shares * 100 / settings.node_shares)))
+    with _State(settings.state).locked() as state:
+        held = state.owned
+        lease = manager.acquire(settings.device, settings.pipe_directory, settings.log_directory,
+                                multi_user=settings.multi_user)
+        # The lease is never released here: this process ends, the arbiter stays; the epilog of
+        # the node's last job quits it (STATE/arbiter says whether a prolog started it).
+        if lease.started:
+            state.owned = lease.pid
+        elif held != lease.pid:
+            state.owned = None  # someone else's arbiter: used, never quit
+        try:
+            with ControlConnection(settings.pipe_directory, timeout=30.0) as connection:
+                share = connection.run("set_group_active_thread_percentage", group, str(percent)).strip()
+                limit = (connection.run("set_group_mem_limit", group, f"{request.mem_mib}M").strip()
+                         if request.mem_mib else "unlimited")
+            environment = {**lease.environment, "LIBSHARE_GROUP": group}
+            state.add(job_id, {"group": group, "shares": request.shares, "share": share, "mem_limit": limit,
+                               "arbiter": lease.pid}, environment)
+        except BaseException:
+            _stop_if_unused(state, settings)
+            raise
+    log.info("job %s: group %s, %d of %d shares: compute share %s%%, memory limit %s; arbiter pid %d (%s)",
+             job_id, group, request.shares, settings.node_shares, share, limit, lease.pid,
+             "started" if lease.started else "running")
+    return environment
+
+
+def epilog(job_id: str, env=os.environ) -> None:
+    """Forget job ``job_id``; quit the arbiter a prolog started once no job holds shares."""
+    settings = _Settings.from_environment(env)
+    with _State(settings.state).locked() as state:
+        record = state.remove(job_id)
+        if record is None:
+            return
+        try:
+            with ControlConnection(settings.pipe_directory, timeout=30.0) as connection:
+                connection.run("set_group_mem_limit", record["group"], "unlimited")
+        except LibshareError as exc:
+            log.info("job %s: could not lift the memory limit of %s: %s", job_id, record["group"], exc)
+        log.info("job %s: ended; %d job(s) left with shares", job_id, len(state.jobs()))
+        _stop_if_unused(state, settings)
+
+
+def _stop_if_unused(state: _State, settings: _Settings) -> None:
+    if state.jobs():
+        return
+    owned = state.owned
+    if owned is not None and _server_pid(settings.pipe_directory) == owned:
+        log.info("no job holds shares: quitting arbiter pid %d", owned)
+        _quit(settings.pipe_directory, owned)
+    state.owned = None
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1 or argv[0] not in ("prolog", "epilog"):
+        print("usage: python -m libshare.slurm prolog|epilog  (run by Slurm's Prolog and Epilog)", file=sys.stderr)
+        return 2
+    settings = _Settings.from_environment()
+    settings.log_directory.mkdir(mode=0o755, parents=True, exist_ok=True)
+    handler = _daemon.log_handler(settings.log_directory / "slurm.log")
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    job_id = os.environ.get("SLURM_JOB_ID", "")
+    if not job_id.isdigit():
+        log.error("%s: SLURM_JOB_ID is %r, not a job id", argv[0], job_id)
+        return 1
+    try:
+        if argv[0] == "prolog":
+            prolog(job_id, os.environ.get("SLURMD_NODENAME") or os.uname().nodename.split(".")[0])
+        else:
+            epilog(job_id)
+    except Exception as exc:  # noqa: BLE001  (logged; a non-zero status makes Slurm drain the node)
+        log.exception("job %s: %s failed: %s", job_id, argv[0], exc)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,142 @@
+"""contrib/slurm on a real one-node Slurm cluster: jobs get a group each, with their share and memory.
+
+Three jobs ask for 20, 30 and 50 of the node's 100 libshare shares (the last with two tasks)
+and a fourth asks for none. Their tasks run checked saxpy dispatches and then wait, so that
+all of them are connected at once while the test looks at the arbiter; then the jobs end
+one after the other. Also: libshare.slurm.parse_job on the output of several Slurm versions.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from libshare import slurm as libshare_slurm
+from libshare.arbiter._limits import format_size
+
+from ..conftest import ROOT
+from ..control.conftest import alive
+
+JOBS = {20: (200, 1), 30: (300, 1), 50: (400, 2)}  # shares: (--mem in MiB, tasks)
+
+
+def _ctl(cluster, *args: str) -> str:
+    """``libshare-control ARGS`` at the cluster's pipe directory (as the node's operator would run it)."""
+    result = subprocess.run([sys.executable, "-m", "libshare.control", *args], cwd=ROOT, capture_output=True,
+                            text=True, timeout=60,
+                            env={**cluster.env, "LIBSHARE_PIPE_DIRECTORY": str(cluster.pipe)})
+    assert result.returncode == 0, f"libshare-control {' '.join(args)}: {result.stderr}"
+    return result.stdout
+
+
+def test_jobs_get_their_group_share_and_memory_and_the_arbiter_quits_after_the_last(slurm, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    jobs = {}  # job id: (shares, mem MiB, tasks)
+    for shares, (mem, tasks) in JOBS.items():
+        job = slurm.sbatch(f"--gres=libshare:{shares}", f"--mem={mem}M", f"--ntasks={tasks}",
+                           f"--output={out}/%j.log",
+                           f"--wrap=srun {sys.executable} -m tests.slurm._client {out} {mem}")
+        jobs[job] = (shares, mem, tasks)
+    plain = slurm.sbatch("--mem=100M", f"--output={out}/%j.log", "--wrap=env")
+
+    reports = slurm.until("not every task reported", lambda: (
+        [json.loads(p.read_text()) for p in sorted(out.glob("*.json"))]
+        if len(list(out.glob("*.json"))) == sum(t for _, _, t in jobs.values()) else None))
+
+    # each task: in its job's group, at the node's arbiter, computed right, held to its job's memory
+    arbiters = set()
+    for report in reports:
+        job = report["job"]
+        shares, mem, _ = jobs[job]
+        assert report["LIBSHARE_GROUP"] == f"slurm-{job}", report
+        assert report["LIBSHARE_PIPE_DIRECTORY"] == str(slurm.pipe) and report["LIBSHARE_MODE"] == "daemon"
+        assert report["dispatches"] == 32
+        assert f"set_group_mem_limit slurm-{job}" in report["over_limit"], report["over_limit"]
+        record = json.loads((slurm.state / f"{job}.json").read_text())
+        assert record["share"] == str(shares)  # the arbiter's answer to set_group_active_thread_percentage
+        arbiters.add(record["arbiter"])
+    assert len(arbiters) == 1  # one arbiter for the node, started by the first prolog
+    arbiter = arbiters.pop()
+    assert (slurm.state / "arbiter").read_text() == str(arbiter) and alive(arbiter)
+    assert slurm.pipe.stat().st_mode & 0o777 == 0o711  # --multi-user (LIBSHARE_SLURM_MULTI_USER=1)
+    assert sum(t for _, _, t in jobs.values()) == 4 and len({r["pid"] for r in reports}) == 4
+
+    # what the arbiter says: every task a client, every job's group limit
+    assert _ctl(slurm, "get_server_list").split() == [str(arbiter)]
+    clients = _ctl(slurm, "get_client_list").split()
+    ps = _ctl(slurm, "ps")
+    for report in reports:
+        assert str(report["pid"]) in clients
+        assert f"slurm-{report['job']}-task{report['task']}" in ps, ps
+    for job, (shares, mem, _) in jobs.items():
+        assert _ctl(slurm, "get_group_mem_limit", f"slurm-{job}").strip() == format_size(mem << 20)
+    server_log = (slurm.libshare_log / "server.log").read_text()
+    for report in reports:
+        assert f"pid {report['pid']}" in server_log and f"group slurm-{report['job']}" in server_log
+
+    # a job without shares: no group, no variables, nothing recorded
+    slurm.until("the job without shares did not end", lambda: plain not in slurm.queued())
+    plain_env = (out / f"{plain}.log").read_text()
+    assert "SLURM_JOB_ID" in plain_env and "LIBSHARE_GROUP" not in plain_env
+    assert not (slurm.state / f"{plain}.json").exists()
+
+    # the jobs end one after the other: the arbiter serves until the last has gone
+    order = sorted(jobs, key=lambda j: jobs[j][0])
+    for index, job in enumerate(order):
+        (out / f"go.{job}").write_text("")
+        slurm.until(f"job {job} did not end", lambda: job not in slurm.queued())
+        slurm.until(f"job {job}'s epilog did not run", lambda: not (slurm.state / f"{job}.json").exists())
+        assert slurm.job_field(job, "ExitCode") == "0:0", (out / f"{job}.log").read_text()
+        for task in range(jobs[job][2]):
+            assert (out / f"{job}.{task}.done").read_text() == "33"
+        if index < len(order) - 1:
+            assert alive(arbiter), slurm.diagnose()
+            assert _ctl(slurm, "get_group_mem_limit", f"slurm-{job}").strip() == "unlimited"
+            assert _ctl(slurm, "get_server_list").split() == [str(arbiter)]
+    slurm.until("the arbiter did not quit after the last job", lambda: not alive(arbiter), 60)
+    assert not (slurm.pipe / "control").exists() and not (slurm.state / "arbiter").exists()
+    assert not list(slurm.state.glob("*.json")) and not list(slurm.state.glob("*.env"))
+    log = (slurm.libshare_log / "slurm.log").read_text()
+    assert log.count("(started)") == 1 and log.count("(running)") == 2, log
+    assert f"quitting arbiter pid {arbiter}" in log
+
+
+SLURM_22_05 = """\
+JobId=7 JobName=wrap
+   TRES=cpu=2,mem=400M,node=1,billing=2
+   Socks/Node=* NtasksPerN:B:S:C=0:0:*:* CoreSpec=*
+   JOB_GRES=libshare:50
+     Nodes=vm CPU_IDs=0-1 Mem=400 GRES=libshare(CNT:50)
+   MinCPUsNode=1 MinMemoryNode=400M MinTmpDiskNode=0
+   TresPerNode=gres:libshare:50
+"""
+
+SLURM_23_11_TWO_NODES = """\
+JobId=8 JobName=train
+   JOB_GRES=gpu:a100:2,libshare:60
+     Nodes=n01 CPU_IDs=0-3 Mem=2048 GRES=gpu:a100:1(IDX:0),libshare(CNT:30)
+     Nodes=n02 CPU_IDs=0-3 Mem=2048 GRES=gpu:a100:1(IDX:1),libshare(CNT:30)
+   MinCPUsNode=4 MinMemoryNode=2G MinTmpDiskNode=0
+   TresPerNode=gres/gpu:a100:1,gres/libshare:30
+"""
+
+SUMMARY_ONLY = """\
+JobId=9 JobName=x
+   MinCPUsNode=1 MinMemoryNode=1G MinTmpDiskNode=0
+   TresPerNode=gres/gpu:1,gres/libshare:25
+"""
+
+
+@pytest.mark.parametrize("text, node, expected", [
+    (SLURM_22_05, "vm", (50, 400)),
+    (SLURM_23_11_TWO_NODES, "n02", (30, 2048)),
+    (SUMMARY_ONLY, "n01", (25, 1024)),
+    ("JobId=10 JobName=y\n     Nodes=vm CPU_IDs=0 Mem=100 GRES=\n   MinMemoryNode=100M\n", "vm", (0, 100)),
+])
+def test_a_jobs_shares_and_memory_are_read_from_scontrol(text, node, expected):
+    request = libshare_slurm.parse_job(text, node)
+    assert (request.shares, request.mem_mib) == expected
