@@ -118,8 +118,9 @@ COMMANDS: dict[str, Command] = {c.name: c for c in [
             "Print the priority given to new clients."),
     Command("set_client_priority", "set_client_priority PID PRIORITY",
             "Change a running client's priority (live).", changes_state=True),
-    Command("set_group_priority", "set_group_priority GROUP PRIORITY",
-            "Priority of every client of a group, now and later (overrides the clients' own).",
+    Command("set_group_priority", "set_group_priority GROUP PRIORITY|none",
+            "Priority of every client of a group, now and later (overrides the clients' own); none: "
+            "the members' own priorities again.",
             changes_state=True),
     Command("set_group_active_thread_percentage", "set_group_active_thread_percentage GROUP PERCENT",
             "Ceiling on the share of device time a whole group may use while others want the device.",
@@ -128,6 +129,16 @@ COMMANDS: dict[str, Command] = {c.name: c for c in [
             "throughput (batch greedily) or fairshare (share device time by measured GPU time); live.",
             changes_state=True),
     Command("get_scheduling_mode", "get_scheduling_mode", "Print the scheduling mode."),
+    Command("reload", "reload",
+            "Read the configuration file again (--config FILE; SIGHUP does the same) and apply what changed, "
+            "to running clients too (unlike MPS): group limits and priorities, the default memory limit, "
+            "the scheduling mode and the watchdog at once, the default priority and compute share to "
+            "clients that connect from now on; max_clients only at the next start. A key taken out of the "
+            "file goes back to its default. A bad file is refused with its line and the reason, and the "
+            "configuration in force stays.", changes_state=True),
+    Command("get_config", "get_config",
+            "Print the configuration in force, as TOML, with where each value comes from: the file, the "
+            "default (or the arbiter's LIBSHARE_* environment), or a control command since."),
     Command("get_quarantine", "get_quarantine",
             "Print every client process and SPIR-V module (by SHA-256) that was under way when an arbiter "
             "on this pipe directory died, with its strikes and what it was doing; at 2 strikes it is "

@@ -25,7 +25,7 @@ from .. import _protocol as protocol
 from .._control import COMMANDS, printable
 from . import _limits
 from ..errors import AccessDenied, InvalidSubmission, LibshareError, ProtocolError, ServerNotReady
-from ._scheduler import MODES, percentage, priority_name
+from ._scheduler import mode_name, percentage, priority_name
 
 log = logging.getLogger("libshare.control")
 
@@ -173,6 +173,14 @@ class Commands:
         self.arbiter.on_restart()
         return f"arbiter pid {os.getpid()} hands over to a new arbiter once it is ready"
 
+    def _reload(self, args: list[str]) -> str:
+        self._expect(args, 0, "reload")
+        return self.arbiter.config.reload("reload command")
+
+    def _get_config(self, args: list[str]) -> str:
+        self._expect(args, 0, "get_config")
+        return self.arbiter.config.describe()
+
     def _quit(self, args: list[str]) -> str:
         if args and (len(args) != 2 or args[0] != "-t"):
             raise InvalidSubmission(f"usage: {COMMANDS['quit'].usage}")
@@ -285,6 +293,9 @@ class Commands:
     def _set_group_priority(self, args: list[str]) -> str:
         self._expect(args, 2, "set_group_priority")
         scheduler = self.arbiter.drainer.scheduler
+        if args[1].strip().lower() == "none":  # the members' own priorities again
+            self._scheduled(scheduler.group_priority.pop, args[0], None)
+            return "none"
         self._scheduled(lambda: scheduler.group_priority.__setitem__(args[0], priority_name(args[1])))
         return scheduler.group_priority[args[0]]
 
@@ -326,10 +337,8 @@ class Commands:
 
     def _set_scheduling_mode(self, args: list[str]) -> str:
         self._expect(args, 1, "set_scheduling_mode")
-        if args[0] not in MODES:
-            raise InvalidSubmission(f"scheduling mode must be one of {', '.join(MODES)}, got {args[0]!r}")
         scheduler = self.arbiter.drainer.scheduler
-        self._scheduled(setattr, scheduler, "mode", args[0])
+        self._scheduled(lambda: setattr(scheduler, "mode", mode_name(args[0])))
         return scheduler.mode
 
     def _get_scheduling_mode(self, args: list[str]) -> str:

@@ -59,6 +59,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import _config
+from . import _settings
 from ..errors import ArbiterUnavailable, LibshareError
 
 __all__ = ["Options", "AlreadyServing", "StartFailed", "add_arguments", "run", "start_background",
@@ -99,20 +100,22 @@ class Options:
     pipe_directory: Path
     log_directory: Path
     device: str | None = None
-    max_clients: int = 48
+    max_clients: int | None = None  # None: the configuration file's, else the arbiter's default (48)
     timestamps: bool = True
     multi_user: bool = False
     metrics_port: int = 0
     metrics_address: str = "127.0.0.1"
     shutdown_timeout: float = 10.0
     supervisor_fd: int = -1  # the control daemon's link (_supervisor.py), or -1; not in argv()
+    config: Path | None = None  # the operator's configuration file (_settings.py)
 
     @classmethod
-    def create(cls, pipe_directory=None, log_directory=None, **fields) -> Options:
-        """Options with the pipe and log directories resolved from the LIBSHARE_* environment."""
+    def create(cls, pipe_directory=None, log_directory=None, config=None, **fields) -> Options:
+        """Options with the pipe and log directories resolved from the LIBSHARE_* environment
+        (and the configuration file's path made absolute: a daemon's children run in /)."""
         pipe = _config.pipe_directory(pipe_directory).absolute()
         logs = _config.log_directory(log_directory, pipe).absolute()
-        return cls(pipe, logs, **fields)
+        return cls(pipe, logs, config=None if config is None else Path(config).absolute(), **fields)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> Options:
@@ -121,12 +124,16 @@ class Options:
                           max_clients=args.max_clients, timestamps=not args.no_timestamps,
                           multi_user=args.multi_user, metrics_port=args.metrics_port,
                           metrics_address=args.metrics_address, shutdown_timeout=args.shutdown_timeout,
-                          supervisor_fd=args.supervisor_fd)
+                          supervisor_fd=args.supervisor_fd, config=args.config)
 
     def argv(self) -> list[str]:
         """The command-line options that reproduce these options."""
         argv = ["--pipe-directory", str(self.pipe_directory), "--log-directory", str(self.log_directory),
-                "--max-clients", str(self.max_clients), "--shutdown-timeout", str(self.shutdown_timeout)]
+                "--shutdown-timeout", str(self.shutdown_timeout)]
+        if self.max_clients is not None:
+            argv += ["--max-clients", str(self.max_clients)]
+        if self.config is not None:
+            argv += ["--config", str(self.config)]
         if self.device is not None:
             argv += ["--device", str(self.device)]
         if not self.timestamps:
@@ -162,7 +169,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="where server.log and control.log go (default: LIBSHARE_LOG_DIRECTORY, "
                             "else the pipe directory)")
     group.add_argument("--device", default=None, help="Vulkan device index or UUID (default: LIBSHARE_DEVICE, else 0)")
-    group.add_argument("--max-clients", type=_positive_int, default=48, help="clients served at once (default 48)")
+    group.add_argument("--max-clients", type=_positive_int, default=None,
+                       help="clients served at once (default: max_clients of --config, else 48)")
+    group.add_argument("--config", default=None, metavar="FILE",
+                       help="the operator's configuration (TOML: [defaults] and [groups.NAME]; see README); "
+                            "read again on reload and SIGHUP")
     group.add_argument("--no-timestamps", action="store_true",
                        help="skip per-dispatch device timing (no device-time accounting; faster on lavapipe)")
     group.add_argument("--multi-user", action="store_true",
@@ -327,10 +338,37 @@ class _Stop:
             self.event.set()
 
 
-def _install_signals(stop: _Stop) -> None:
+def _install_signals(stop: _Stop, hangup: int) -> None:
+    """SIGINT and SIGTERM stop; SIGHUP writes a byte to the pipe ``hangup`` (see :func:`_watch_hangup`)."""
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda number, _frame: stop.set(signal.Signals(number).name))
+    signal.signal(signal.SIGHUP, lambda _number, _frame: _note_hangup(hangup))
+
+
+def _note_hangup(fd: int) -> None:
+    try:
+        os.write(fd, b"h")
+    except BlockingIOError:  # a reload is pending already
+        pass
+
+
+def _watch_hangup(arbiter, hangup: int) -> None:
+    """Read the configuration file again on each SIGHUP (the handler only writes to a pipe: a
+    reload runs control commands, which must not run inside a signal handler)."""
+    def watch():
+        while os.read(hangup, 64):
+            _reload(arbiter, "SIGHUP")
+
+    threading.Thread(target=watch, name="libshare-sighup", daemon=True).start()
+
+
+def _reload(arbiter, why: str) -> None:
+    """Read the configuration file again; a bad one is logged (by Config.reload) and changes nothing."""
+    try:
+        arbiter.config.reload(why)
+    except LibshareError:
+        pass
 
 
 def _watch_quit(arbiter, stop: _Stop) -> None:
@@ -354,9 +392,11 @@ def run(options: Options, echo: bool = True) -> int:
     """
     configure_logging(options.log_directory, echo)
     stop = _Stop()
-    _install_signals(stop)
+    hangup_r, hangup_w = os.pipe2(os.O_CLOEXEC)
+    os.set_blocking(hangup_w, False)  # the handler never blocks: one byte pending is enough
+    _install_signals(stop, hangup_w)
     try:
-        status = _serve(options, stop)
+        status = _serve(options, stop, hangup_r)
     except (LibshareError, OSError) as exc:
         log.error("%s", exc)
         control_log.error("arbiter pid %d did not start: %s", os.getpid(), exc)
@@ -372,13 +412,14 @@ def run(options: Options, echo: bool = True) -> int:
     return status
 
 
-def _serve(options: Options, stop: _Stop) -> int:
+def _serve(options: Options, stop: _Stop, hangup: int) -> int:
+    settings = _settings.read(options.config) if options.config is not None else {}  # a bad file: no start
     directory = options.pipe_directory
     prepare_directory(directory, options.multi_user)
     link = SupervisorLink(options.supervisor_fd) if options.supervisor_fd >= 0 else None
     arbiter = None
     if link is not None:  # a standby: the device first, then the lock on the control daemon's word
-        arbiter = _make_arbiter(options)
+        arbiter = _make_arbiter(options, settings)
         link.send("standby")
         if not link.wait_for_go(stop):
             log.info("standby arbiter pid %d stops (%s)", os.getpid(), stop.reason or "the control daemon left")
@@ -397,14 +438,14 @@ def _serve(options: Options, stop: _Stop) -> int:
 
         _emergency.install(path, lock.path)
         try:
-            return _serve_locked(options, path, stop, arbiter, link, lock)
+            return _serve_locked(options, path, stop, arbiter, link, lock, settings, hangup)
         finally:
             _emergency.disarm()
     finally:
         lock.release()
 
 
-def _make_arbiter(options: Options):
+def _make_arbiter(options: Options, settings: _settings.Values):
     from ._server import Arbiter  # imports Vulkan
 
     control_log.info("arbiter pid %d starting on %s%s", os.getpid(), options.pipe_directory,
@@ -412,8 +453,9 @@ def _make_arbiter(options: Options):
     _refuse_snooping()  # before any client's memory exists here
     oom_score_adj = _protect_from_oom()
     _share_shader_cache(options.pipe_directory)
-    arbiter = Arbiter(options.device, max_clients=options.max_clients, timed=options.timestamps,
-                      multi_user=options.multi_user)
+    max_clients = options.max_clients or settings.get(("", "max_clients"))
+    arbiter = Arbiter(options.device, timed=options.timestamps, multi_user=options.multi_user,
+                      **({"max_clients": max_clients} if max_clients else {}))
     if oom_score_adj > _OOM_SCORE_ADJ:
         arbiter.client_oom_score_adj = min(oom_score_adj + _CLIENT_OOM_MARGIN, 1000)
     if options.supervisor_fd >= 0:
@@ -422,11 +464,17 @@ def _make_arbiter(options: Options):
 
 
 def _serve_locked(options: Options, path: Path, stop: _Stop, arbiter, link: SupervisorLink | None,
-                  lock: PidLock) -> int:
-    if arbiter is None:  # only once the lock says this process may serve
-        arbiter = _make_arbiter(options)
+                  lock: PidLock, settings: _settings.Values, hangup: int) -> int:
+    standby = arbiter is not None
+    if not standby:  # only once the lock says this process may serve
+        arbiter = _make_arbiter(options, settings)
     metrics = None
     try:
+        if options.config is not None:  # before the socket: the first client sees the file's settings
+            arbiter.config.start(options.config, settings)
+            if standby:  # it read the file when it started, maybe long ago
+                _reload(arbiter, "taking over")
+        _watch_hangup(arbiter, hangup)
         if options.metrics_port:  # before the socket: whoever sees the arbiter answer can scrape it
             from ._metrics import start_metrics
 

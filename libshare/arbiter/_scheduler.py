@@ -52,6 +52,13 @@ def priority_name(value: str) -> str:
     return value
 
 
+def mode_name(value) -> str:
+    """A scheduling mode (one of :data:`MODES`) from text; ValueError otherwise."""
+    if value not in MODES:
+        raise ValueError(f"scheduling mode must be one of {', '.join(MODES)}, got {value!r}")
+    return value
+
+
 def percentage(value) -> int:
     """A compute share in 1..100 from text or a number; ValueError otherwise."""
     try:

@@ -87,8 +87,9 @@ from ._commands import FIELDS as _CONTROL
 from ._commands import Commands
 from ._gate import HELLO_TIMEOUT, MAX_WAITING, MIN_WAITING, FdBudget, Gate, open_fds
 from .._control import printable
-from ._scheduler import MODES, UNSCHEDULED, percentage, priority_name
+from ._scheduler import UNSCHEDULED, mode_name, percentage, priority_name
 from ._drain import Drainer
+from ._settings import Config, max_clients_count, watchdog_seconds
 from ._limits import MemoryLimits, device_limit, fitting_total_limit, parse_device_limits, total_limit
 from ._admission import validator_path
 from ._compiler import Compilers
@@ -100,7 +101,6 @@ log = logging.getLogger("libshare.arbiter")
 
 _PAGE = mmap.PAGESIZE
 _MAX_BUFFER = 1 << 40
-_MAX_CLIENTS = 4096
 # Kept for each client slot: its socket, pidfd and doorbell (the arbiter's end). Its ring is a
 # mapping that keeps no descriptor (ring/_region.py, SharedMapping). A welcome being sent holds two
 # more (the client's end of the doorbell, the ring's memfd): the slack covers a few at once, and a
@@ -175,8 +175,10 @@ class Arbiter:
         if multi_user and os.getuid() != 0:
             raise AccessDenied("multi-user mode needs the arbiter to run as root")
         selector = device if device is not None else os.environ.get("LIBSHARE_DEVICE")
-        if not 1 <= max_clients <= _MAX_CLIENTS:
-            raise InvalidSubmission(f"max_clients must be in 1..{_MAX_CLIENTS} (got {max_clients})")
+        try:
+            max_clients_count(max_clients)
+        except ValueError as exc:
+            raise InvalidSubmission(str(exc)) from None
         self.max_clients = max_clients
         validator_path()  # no client module may run unvalidated: refuse to start without spirv-val
         self.max_programs = _setting(max_programs, "LIBSHARE_MAX_PROGRAMS", int, MAX_PROGRAMS, most=MAX_TOTAL_PROGRAMS)
@@ -233,6 +235,8 @@ class Arbiter:
                  else "unlimited (LIBSHARE_DEVICE_MEM_TOTAL)")
         log.info("arbiter pid %d on device %d: %s (%s); server status is ACTIVE", os.getpid(),
                  self.device.index, self.device.name, self.device.uuid)
+        self.config = Config(self)
+        """The operator's configuration file (a daemon's --config) and where each setting comes from."""
 
     @property
     def device(self) -> Device:
@@ -878,12 +882,10 @@ def _configure_scheduling(drainer: Drainer, mode: str | None, watchdog: float | 
     env = os.environ
     try:
         mode = mode or env.get("LIBSHARE_SCHEDULING") or "throughput"
-        if mode not in (*MODES, UNSCHEDULED):
-            raise ValueError(f"scheduling must be one of {', '.join(MODES)}, got {mode!r}")
-        drainer.scheduler.mode = mode
+        drainer.scheduler.mode = mode if mode == UNSCHEDULED else mode_name(mode)
         drainer.scheduler.default_share = percentage(env.get("LIBSHARE_ACTIVE_THREAD_PERCENTAGE") or 100)
         drainer.scheduler.default_priority = priority_name(env.get("LIBSHARE_DEFAULT_CLIENT_PRIORITY") or "normal")
-        seconds = watchdog if watchdog is not None else float(env.get("LIBSHARE_WATCHDOG_SECONDS") or _WATCHDOG)
+        seconds = watchdog_seconds(watchdog if watchdog is not None else env.get("LIBSHARE_WATCHDOG_SECONDS") or _WATCHDOG)
     except ValueError as exc:
         drainer.device.close()
         raise InvalidSubmission(f"bad arbiter setting: {exc}") from None

@@ -28,6 +28,11 @@ also quarantined (_quarantine.py).
 SIGTERM): the daemon stops its standby and exits too, removing its lock file. SIGTERM or
 SIGINT to the daemon is passed on to its children the same way.
 
+**Configuration.** With ``--config FILE`` the daemon checks the file before it starts any
+arbiter (a bad one: it does not start, and says why), and passes the option on to each
+child, which reads the file itself (_settings.py). SIGHUP to the daemon is passed on to the
+active arbiter, which reads the file again; a standby reads it again when it takes over.
+
 **Restart.** ``libshare-control restart`` asks the active arbiter, which tells the daemon
 (``restart``). The daemon replaces the standby with a fresh one (new code, new driver),
 waits for it to be ready, then sends ``handover`` to the active arbiter: that one stops
@@ -52,7 +57,7 @@ import time
 from dataclasses import dataclass, field
 
 from .. import _config
-from . import _daemon
+from . import _daemon, _settings
 
 log = logging.getLogger("libshare.control")
 
@@ -100,6 +105,7 @@ class Supervisor:
         self._next_start = 0.0
         self._selector = selectors.DefaultSelector()
         self._signal_r, self._signal_w = socket.socketpair()
+        self._hangup = False  # a SIGHUP to pass on to the active arbiter
 
     # ---------------------------------------------------------------- the loop
 
@@ -143,6 +149,7 @@ class Supervisor:
         signal.signal(signal.SIGPIPE, signal.SIG_IGN)
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda number, _frame: self._stop(signal.Signals(number).name))
+        signal.signal(signal.SIGHUP, lambda *_: setattr(self, "_hangup", True))  # passed on in _turn
         self._selector.register(self._signal_r, selectors.EVENT_READ, None)
 
     def _turn(self) -> None:
@@ -162,6 +169,9 @@ class Supervisor:
                     pass
             else:
                 self._read(key.data)
+        if self._hangup:
+            self._hangup = False
+            self._pass_hangup()
         self._reap()
         if self._next_start and time.monotonic() >= self._next_start and not self.stopping:
             self._next_start = 0.0
@@ -235,6 +245,18 @@ class Supervisor:
             standby = self._standby()
             if standby is not None:
                 self._go(standby)
+
+    def _pass_hangup(self) -> None:
+        """Pass a SIGHUP on to the active arbiter: it reads its configuration file again."""
+        active = self.active()
+        if active is None or self.stopping:
+            log.warning("SIGHUP: no arbiter serves now; the next one reads the configuration file when it starts")
+            return
+        log.info("SIGHUP: passed on to arbiter pid %d (it reads its configuration file again)", active.pid)
+        try:
+            active.process.send_signal(signal.SIGHUP)
+        except ProcessLookupError:
+            pass
 
     def _go(self, child: Child) -> None:
         child.state = "going"
@@ -343,8 +365,10 @@ def run(options: _daemon.Options, echo: bool) -> int:
     _daemon.configure_logging(options.log_directory, echo)
     log.info("control daemon pid %d supervises %s", os.getpid(), options.pipe_directory)
     try:
+        if options.config is not None:
+            _settings.read(options.config)  # a bad file: no arbiter would start (each child reads it again)
         return Supervisor(options).run()
-    except (_daemon.AlreadyServing, OSError) as exc:
+    except (_daemon.AlreadyServing, _settings.ConfigError, OSError) as exc:
         log.error("the control daemon did not start: %s", exc)
         if not echo:
             print(exc, file=sys.stderr, flush=True)
