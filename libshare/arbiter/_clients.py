@@ -144,6 +144,7 @@ class Client:
     cmdline: str = ""
     connected: float = field(default_factory=time.time)
     requested_share: int = 100  # compute share from the client's environment (may only lower)
+    own_priority: bool = False  # it asked for its priority (hello, set_client_priority): defaults pass it by
     state: str = "ACTIVE"  # INACTIVE once terminated or faulted, as in Volta MPS
     sticky: Exception | None = None  # raised for every later request (ClientTerminated, ServerFault)
     buffers: dict[int, BufferRecord] = field(default_factory=dict)

@@ -288,6 +288,7 @@ class Commands:
         priority = self._scheduled(priority_name, args[1])
         for client in clients:
             client.priority = priority  # read by the next drain pass
+            client.own_priority = True
         return priority
 
     def _set_group_priority(self, args: list[str]) -> str:
@@ -318,7 +319,8 @@ class Commands:
 
         def apply():
             for client in clients:
-                scheduler.usage(client).share = min(percentage(args[1]), client.requested_share)
+                usage = scheduler.usage(client)
+                usage.share, usage.own_share = min(percentage(args[1]), client.requested_share), True
             return scheduler.share_of(clients[0])
         return str(self._scheduled(apply))
 

@@ -81,6 +81,7 @@ class Usage:
     total_ns: float = 0.0  # device time ever, divided by weight (fairshare's virtual time)
     per_command_ns: float = float(_UNTIMED_NS)  # running estimate, for slicing
     last_submit_ns: int = 0
+    own_share: bool = False  # set for this client alone (set_active_thread_percentage): defaults pass it by
 
 
 @dataclass
@@ -108,6 +109,16 @@ class Scheduler:
         if found is None:
             found = self._usage[client.id] = Usage(share=min(self.default_share, client.requested_share))
         return found
+
+    def follow_defaults(self, clients) -> None:
+        """Give the running clients that took the default priority or share the defaults now in
+        force (a reload of the configuration file; the commands alone change them for new clients)."""
+        for client in clients:
+            if not client.own_priority:
+                client.priority = self.default_priority
+            usage = self._usage.get(client.id)
+            if usage is not None and not usage.own_share:
+                usage.share = min(self.default_share, client.requested_share)
 
     def forget(self, client) -> None:
         """Drop a reclaimed client's state."""

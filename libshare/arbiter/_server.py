@@ -549,7 +549,7 @@ class Arbiter:
             raise
         try:
             client = Client(client_id, pid, uid, name, priority, region, group=group, cmdline=_cmdline(pid),
-                            requested_share=share, env_mem_limit=env_limit)
+                            requested_share=share, env_mem_limit=env_limit, own_priority=bool(fields.get("priority")))
         except BaseException:  # its doorbell takes descriptors too
             region.close()
             raise

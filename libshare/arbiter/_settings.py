@@ -21,6 +21,9 @@ function the control command that sets it uses (:func:`percentage`, :func:`prior
 :func:`mode_name`, :func:`parse_limit`, ...) and applied by running that command
 (``Commands.run``, so control.log records each change too); the watchdog, which has no
 command, is set through the same ``Drainer.watchdog`` as at start, on the control thread.
+The default priority and compute share reach, beyond new clients (what their commands do, as
+in MPS), the running clients that took the default (``Scheduler.follow_defaults``; a client
+that asked for its own, in its environment or by a command, keeps it).
 
 The whole file is checked before anything is applied: a syntax error (with the line
 :mod:`tomllib` gives), an unknown key or a bad value (naming the key and its line) refuses
@@ -89,6 +92,16 @@ def _run(arbiter, command: str, *args) -> None:
     arbiter.commands.run(command, [str(a) for a in args], os.getpid(), os.getuid())
 
 
+def _default(command: str):
+    """Apply a default through its command (which reaches new clients), then to the running clients
+    that took the default (which a reload reaches, unlike MPS)."""
+    def apply(arbiter, group: str, value) -> None:
+        _run(arbiter, command, value)
+        drainer = arbiter.drainer
+        drainer.call(lambda: drainer.scheduler.follow_defaults(list(drainer.clients.values())))
+    return apply
+
+
 def _set_watchdog(arbiter, group: str, seconds: float) -> None:
     drainer = arbiter.drainer
     drainer.call(setattr, drainer, "watchdog", seconds or None)
@@ -126,12 +139,12 @@ def _scheduler(arbiter):
 
 DEFAULTS = {s.key: s for s in [
     Setting("active_thread_percentage", (int,), percentage, lambda a, g: _scheduler(a).default_share,
-            lambda a, g, v: _run(a, "set_default_active_thread_percentage", v), "new clients"),
+            _default("set_default_active_thread_percentage"), "running clients that took the default"),
     Setting("device_mem_limit", (str, int), _limit, lambda a, g: a.limits.default,
             lambda a, g, v: _run(a, "set_default_device_pinned_mem_limit", a.device.index, format_size(v)),
             size=True),
     Setting("priority", (str, int), priority_name, lambda a, g: _scheduler(a).default_priority,
-            lambda a, g, v: _run(a, "set_default_client_priority", v), "new clients"),
+            _default("set_default_client_priority"), "running clients that took the default"),
     Setting("scheduling", (str,), mode_name, lambda a, g: _scheduler(a).mode,
             lambda a, g, v: _run(a, "set_scheduling_mode", v)),
     Setting("max_clients", (int,), max_clients_count, lambda a, g: a.max_clients, None, "the next start"),

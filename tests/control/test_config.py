@@ -203,3 +203,28 @@ def test_get_config_without_a_file_shows_the_defaults_and_reload_says_why_not(di
     assert _config_lines(dirs)["groups.batch.priority"] == '"low"  # control command'
     result = control(*dirs.args, "reload")
     assert result.returncode != 0 and "no configuration file: start it with --config FILE" in result.stderr
+
+
+def test_a_reloaded_default_reaches_the_running_clients_that_took_it(dirs, config_file, vulkan_device_name):
+    """Unlike MPS, and unlike the set_default_* commands alone: a reload gives the running clients
+    that took the default priority and share the new ones; a client that asked for its own keeps it."""
+    _start(dirs, config_file)
+
+    def priority_of(name: str) -> str:
+        rows = [line.split() for line in _ok(*dirs.args, "ps").splitlines()[1:]]
+        return next(row[5] for row in rows if row[2] == name)
+
+    with libshare.connect(name="follower", mode="daemon", pipe_directory=dirs.pipe) as follower, \
+            libshare.connect(name="chooser", priority="low", mode="daemon", pipe_directory=dirs.pipe) as chooser:
+        for session in (follower, chooser):  # a dispatch each: the scheduler knows them
+            x, y = session.array(64), session.array(64)
+            session.dispatch(session.load_program(libshare.shaders.path("saxpy")), 1, [x, y],
+                             b"\x40\x00\x00\x00\x00\x00\x80\x3f").wait(60)
+        assert (priority_of("follower"), priority_of("chooser")) == ("high", "low")
+        config_file.write_text(START.replace('priority = "high"', 'priority = "normal"')
+                               .replace("active_thread_percentage = 60", "active_thread_percentage = 30", 1))
+        output = _ok(*dirs.args, "reload")
+        assert "running clients that took the default" in output, output
+        assert (priority_of("follower"), priority_of("chooser")) == ("normal", "low")
+        shares = _ok(*dirs.args, "get_active_thread_percentage", str(os.getpid())).split()
+        assert shares and all(share == "30" for share in shares), shares
