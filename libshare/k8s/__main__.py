@@ -1,0 +1,7 @@
+"""``python -m libshare.k8s``: the Kubernetes device plugin (see ``libshare.k8s._cli``)."""
+
+import sys
+
+from ._cli import main
+
+sys.exit(main())

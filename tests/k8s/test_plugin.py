@@ -1,0 +1,189 @@
+"""The device plugin against a simulated kubelet (real gRPC, real Unix sockets) and a real arbiter."""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import sys
+
+import pytest
+
+grpc = pytest.importorskip("grpc")
+
+from libshare import _control  # noqa: E402
+from libshare.k8s import group_name  # noqa: E402
+from libshare.k8s._stubs import api_pb2  # noqa: E402
+
+from ..arbiter.conftest import run_daemon, wait_until  # noqa: E402
+from ..conftest import ROOT, stop_process  # noqa: E402
+from .conftest import DEADLINE, Kubelet, health, next_listing, run_plugin  # noqa: E402
+
+arbiter = contextlib.contextmanager(run_daemon)
+EMPTY = api_pb2.Empty()
+
+
+def _allocate(stub, *containers):
+    request = api_pb2.AllocateRequest(
+        container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=ids) for ids in containers])
+    return stub.Allocate(request, timeout=DEADLINE)
+
+
+def _healthy(stream):
+    return next_listing(stream, lambda listing: health(listing) == {"Healthy"}, "every share Healthy")
+
+
+def _unhealthy(stream):
+    return next_listing(stream, lambda listing: health(listing) == {"Unhealthy"}, "every share Unhealthy")
+
+
+def test_registers_and_lists_its_shares_unhealthy_without_an_arbiter(kubelet, tmp_path):
+    with run_plugin(kubelet.socket, tmp_path / "pipe", "--shares", "4"):
+        request = kubelet.registration()
+        assert (request.version, request.resource_name) == ("v1beta1", "libshare.io/vulkan")
+        assert request.endpoint == "libshare-vulkan.sock" and (kubelet.directory / request.endpoint).is_socket()
+        assert not request.options.pre_start_required and not request.options.get_preferred_allocation_available
+        plugin = kubelet.plugin(request)
+        assert plugin.GetDevicePluginOptions(EMPTY, timeout=DEADLINE) == request.options
+        stream = plugin.ListAndWatch(EMPTY, timeout=DEADLINE)
+        listing = next(stream)
+        assert [device.ID for device in listing.devices] == ["share-0", "share-1", "share-2", "share-3"]
+        assert health(listing) == {"Unhealthy"}
+        stream.cancel()
+
+
+def test_shares_are_unhealthy_while_the_arbiter_is_down(kubelet, tmp_path, vulkan_device_name):
+    pipe = tmp_path / "pipe"
+    with run_plugin(kubelet.socket, pipe, "--shares", "3"):
+        stream = kubelet.plugin(kubelet.registration()).ListAndWatch(EMPTY, timeout=10 * DEADLINE)
+        assert health(next(stream)) == {"Unhealthy"}
+        with arbiter(pipe):
+            listing = _healthy(stream)
+            assert len(listing.devices) == 3
+        _unhealthy(stream)  # SIGTERM: the arbiter left; the plugin streamed the change by itself
+        with arbiter(pipe):
+            _healthy(stream)
+        _unhealthy(stream)
+        stream.cancel()
+
+
+def test_registers_again_when_the_kubelet_restarts(kubelet, tmp_path):
+    with run_plugin(kubelet.socket, tmp_path / "pipe", "--shares", "2", "--resource-name", "example.com/gpu-share"):
+        first = kubelet.registration()
+        assert first.endpoint == "libshare-gpu-share.sock"
+        assert len(next(kubelet.plugin(first).ListAndWatch(EMPTY, timeout=DEADLINE)).devices) == 2
+        restarted = kubelet.restart()  # the plugin's socket is removed with the old kubelet's
+        try:
+            second = restarted.registration()
+            assert second == first
+            listing = next(restarted.plugin(second).ListAndWatch(EMPTY, timeout=DEADLINE))
+            assert [device.ID for device in listing.devices] == ["share-0", "share-1"]
+        finally:
+            restarted.stop()
+
+
+def test_registration_is_tried_again_when_the_kubelet_refuses(tmp_path):
+    directory = tmp_path / "dp"
+    directory.mkdir()
+    refusing = Kubelet(directory, refuse=True)
+    try:
+        with run_plugin(refusing.socket, tmp_path / "pipe"):
+            assert refusing.registration() == refusing.registration()
+    finally:
+        refusing.stop()
+
+
+def test_allocate_gives_the_shares_environment_mount_and_group_limits(kubelet, tmp_path, vulkan_device_name):
+    pipe = tmp_path / "pipe"
+    with arbiter(pipe), run_plugin(kubelet.socket, pipe, "--shares", "8", "--memory-per-share", "256M"):
+        plugin = kubelet.plugin(kubelet.registration())
+        stream = plugin.ListAndWatch(EMPTY, timeout=DEADLINE)
+        _healthy(stream)
+        mount = api_pb2.Mount(container_path=str(pipe), host_path=str(pipe), read_only=True)
+
+        one, three = _allocate(plugin, ["share-7"], ["share-2", "share-0", "share-5"]).container_responses
+        assert dict(one.envs) == {"LIBSHARE_PIPE_DIRECTORY": str(pipe), "LIBSHARE_MODE": "daemon",
+                                  "LIBSHARE_ACTIVE_THREAD_PERCENTAGE": "12", "LIBSHARE_DEVICE_MEM_LIMIT": str(256 << 20),
+                                  "LIBSHARE_GROUP": group_name(["share-7"])}
+        assert dict(three.envs) == {**one.envs, "LIBSHARE_ACTIVE_THREAD_PERCENTAGE": "37",
+                                    "LIBSHARE_DEVICE_MEM_LIMIT": str(768 << 20),
+                                    "LIBSHARE_GROUP": group_name(["share-0", "share-2", "share-5"])}
+        assert list(one.mounts) == list(three.mounts) == [mount]
+        assert not one.devices and not one.cdi_devices
+        everything = _allocate(plugin, [f"share-{i}" for i in range(8)]).container_responses[0]
+        assert everything.envs["LIBSHARE_ACTIVE_THREAD_PERCENTAGE"] == "100"
+        assert everything.envs["LIBSHARE_DEVICE_MEM_LIMIT"] == str(2 << 30)
+
+        with _control.ControlConnection(pipe) as control:
+            # All eight shares went to one container since: the two groups before it were lifted.
+            assert control.run("get_group_mem_limit", everything.envs["LIBSHARE_GROUP"]) == "2G"
+            assert control.run("get_group_mem_limit", three.envs["LIBSHARE_GROUP"]) == "unlimited"
+            again = _allocate(plugin, ["share-5", "share-2", "share-0"]).container_responses[0]
+            assert dict(again.envs) == dict(three.envs)  # the same devices, in any order: the same group
+            assert control.run("get_group_mem_limit", again.envs["LIBSHARE_GROUP"]) == "768M"
+            assert control.run("get_group_mem_limit", everything.envs["LIBSHARE_GROUP"]) == "unlimited"
+
+            # A process of the container: the arbiter takes the environment as the client's own limits.
+            client = subprocess.Popen(
+                [sys.executable, "-c", "import sys, libshare\nwith libshare.connect(name='pod'):\n"
+                 "    print('ready', flush=True); sys.stdin.read()"],
+                cwd=ROOT, env={"PATH": "/usr/bin:/bin", **dict(again.envs)}, stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, text=True)
+            try:
+                assert client.stdout.readline() == "ready\n"
+                pid = str(client.pid)
+                wait_until(lambda: pid in control.run("get_client_list").split(), DEADLINE, "the client in the list")
+                assert control.run("get_active_thread_percentage", pid) == "37"
+                assert control.run("get_device_pinned_mem_limit", pid, "0").startswith("768M ")
+            finally:
+                client.stdin.close()
+                stop_process(client)
+                client.stdout.close()
+
+
+def test_uneven_and_single_shares(kubelet, tmp_path):
+    pipe = tmp_path / "pipe"
+    with run_plugin(kubelet.socket, pipe, "--shares", "50%:1G,30%,20%", "--memory-per-share", "100M"):
+        plugin = kubelet.plugin(kubelet.registration())
+        small, big = _allocate(plugin, ["share-2"], ["share-0", "share-1"]).container_responses
+        assert (small.envs["LIBSHARE_ACTIVE_THREAD_PERCENTAGE"], small.envs["LIBSHARE_DEVICE_MEM_LIMIT"]) == \
+            ("20", str(100 << 20))
+        assert (big.envs["LIBSHARE_ACTIVE_THREAD_PERCENTAGE"], big.envs["LIBSHARE_DEVICE_MEM_LIMIT"]) == \
+            ("80", str((1 << 30) + (100 << 20)))
+        assert small.envs["LIBSHARE_GROUP"] != big.envs["LIBSHARE_GROUP"]
+    with run_plugin(kubelet.socket, pipe, "--shares", "1"):
+        plugin = kubelet.plugin(kubelet.registration())
+        whole = _allocate(plugin, ["share-0"]).container_responses[0]
+        assert whole.envs["LIBSHARE_ACTIVE_THREAD_PERCENTAGE"] == "100"
+        assert "LIBSHARE_DEVICE_MEM_LIMIT" not in whole.envs
+
+
+@pytest.mark.parametrize("containers, complaint", [
+    ((), "no container request"),
+    (([],), "names no device"),
+    ((["share-9"],), "unknown device id"),
+    ((["share-0", "gpu-0"],), "unknown device id"),
+    ((["share-1", "share-1"],), "more than once"),
+    ((["share-0"], ["share-0", "share-1"]), "requested by two containers"),
+])
+def test_bad_allocations_are_refused(kubelet, tmp_path, containers, complaint):
+    with run_plugin(kubelet.socket, tmp_path / "pipe", "--shares", "4"):
+        plugin = kubelet.plugin(kubelet.registration())
+        with pytest.raises(grpc.RpcError) as refused:
+            _allocate(plugin, *containers)
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT and complaint in refused.value.details()
+        assert _allocate(plugin, ["share-3"]).container_responses[0].envs["LIBSHARE_ACTIVE_THREAD_PERCENTAGE"] == "25"
+
+
+def test_the_calls_it_does_not_offer(kubelet, tmp_path):
+    with run_plugin(kubelet.socket, tmp_path / "pipe", "--shares", "2"):
+        plugin = kubelet.plugin(kubelet.registration())
+        request = api_pb2.PreferredAllocationRequest(container_requests=[
+            api_pb2.ContainerPreferredAllocationRequest(available_deviceIDs=["share-0", "share-1"], allocation_size=1)])
+        with pytest.raises(grpc.RpcError) as refused:
+            plugin.GetPreferredAllocation(request, timeout=DEADLINE)
+        assert refused.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        assert plugin.PreStartContainer(api_pb2.PreStartContainerRequest(devices_ids=["share-1"]),
+                                        timeout=DEADLINE) == api_pb2.PreStartContainerResponse()
+        with pytest.raises(grpc.RpcError) as refused:
+            plugin.PreStartContainer(api_pb2.PreStartContainerRequest(devices_ids=["nope"]), timeout=DEADLINE)
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
