@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import time
 
 from .. import _protocol as protocol
@@ -36,6 +37,9 @@ FIELDS = {"op": (protocol.choice("control"), True),
           "command": (protocol.text(64), True),
           "args": (protocol.texts(_MAX_ARGS, _MAX_ARG), False)}
 """The schema of a control frame (see _protocol.check_fields)."""
+
+
+_TEST_HOOKS = ("inject_fault", "inject_crash")  # commands only an arbiter with LIBSHARE_TEST_HOOKS=1 runs
 
 
 class Commands:
@@ -58,7 +62,7 @@ class Commands:
         if not isinstance(args, list) or not all(isinstance(a, str) for a in args) or len(args) > _MAX_ARGS:
             raise ProtocolError(f"control arguments must be a list of at most {_MAX_ARGS} strings")
         command = COMMANDS.get(name) if isinstance(name, str) else None
-        handler = getattr(self, f"_{name}", None) if command or name == "inject_fault" else None
+        handler = getattr(self, f"_{name}", None) if command or name in _TEST_HOOKS else None
         if handler is None:
             raise ProtocolError(f"unknown command {protocol.short(name)}; the commands are: {', '.join(COMMANDS)}")
         if (command is None or command.changes_state) and uid not in (os.getuid(), 0):
@@ -187,6 +191,20 @@ class Commands:
         self.arbiter.quit_timeout = _seconds(args[1]) if args else 10.0
         self.arbiter.quit_requested.set()
         return f"arbiter pid {os.getpid()} is shutting down"
+
+    def _inject_crash(self, args: list[str]) -> str:
+        """Test hook: crash (SIGSEGV) as a driver would while the engine handles a client's descriptor."""
+        if not self.arbiter.test_hooks:
+            raise AccessDenied("inject_crash is a test hook: start the arbiter with LIBSHARE_TEST_HOOKS=1")
+        if len(args) != 1:
+            raise InvalidSubmission("usage: inject_crash PID")
+        client = self._clients_of(_pid(args[0]))[0]
+        from . import _emergency
+
+        log.error("test hook: crashing while %s's descriptor is processed", client.describe())
+        _emergency.set_busy(client.slot + 1)
+        os.kill(os.getpid(), signal.SIGSEGV)
+        return "crashing"  # (the signal may land on another thread after this reply)
 
     def _inject_fault(self, args: list[str]) -> str:
         """Test hook: put the server in FAULT as a lost device would (naming a client pid as offender)."""

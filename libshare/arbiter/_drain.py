@@ -50,6 +50,7 @@ from ._clients import BufferRecord, Client, Counters, ProgramRecord
 from ._containment import Containment
 from ._engine import BUFFER, EVENTS, POP, PROGRAM, Engine
 from ._programs import SharedPipelines
+from . import _emergency
 from ._quarantine import Quarantine
 from ._scheduler import Scheduler
 from ._tasks import Tasks
@@ -105,6 +106,7 @@ class Drainer(Tasks, Containment):
 
     def _new_engine(self) -> Engine:
         engine = Engine(self.device, self.max_slots, self.wake_fd, planner=self._plan)
+        engine.set_busy_word(_emergency.busy_word())  # a crash names the client being handled (_quarantine.py)
         self._apply_policy(engine)
         return engine
 
@@ -245,6 +247,7 @@ class Drainer(Tasks, Containment):
             self.clients[client.id] = client
         self._by_slot[client.slot] = client
         client.region.set_wake_fd(client.doorbell.fd)  # a byte there wakes the client's async waiter
+        self.quarantine.arm(client)  # before its first descriptor: a crash on it names this client
         self.engine.add_client(client.slot, client.region, client.doorbell.fd)
         self._apply_policy()
 
@@ -305,6 +308,7 @@ class Drainer(Tasks, Containment):
             self.free(client, record)  # made by a request that was under way when it disconnected
         self.refresh(client)
         self.engine.remove_client(client.slot)
+        self.quarantine.disarm(client)
         with self.scheduling:
             del self.clients[client.id]
             self.scheduler.forget(client)

@@ -6,10 +6,19 @@
  * are copied into static buffers at install time so the handler reads no heap memory.
  * SA_RESETHAND restores the default action before the handler runs, so the re-raised
  * signal kills the process with its usual status (and core dump, where enabled).
+ *
+ * Quarantine. While the engine checks and records a client's descriptors it keeps that
+ * client's slot (+ 1) in busy_slot. A crash then names that client: the handler renames the
+ * record the arbiter prepared when the client came (.armed-PID-SLOT, whole JSON written in
+ * advance, because formatting one here would not be async-signal-safe) to a journal record
+ * (action-PID-crashSLOT), which the next arbiter on the pipe directory counts as a strike.
+ * rename() is async-signal-safe; the names are built with a hand-written itoa.
  */
 
 #include <errno.h>
 #include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -22,10 +31,52 @@ static char lock_path[LS_PATH_BYTES];
 
 static const int fatal_signals[] = {SIGSEGV, SIGABRT, SIGBUS, SIGILL, SIGFPE};
 
+static volatile uint32_t busy_slot;     /* the engine's busy word: slot + 1, or 0 */
+static char journal[LS_PATH_BYTES];     /* the quarantine directory, "" = none */
+static char own_pid[16];                /* this process's pid, in decimal */
+
+/* Append src, then the decimal digits of value, to dst (of LS_PATH_BYTES); 0, or -1 if too long. */
+static int append(char *dst, const char *src, uint32_t value, int with_value)
+{
+    size_t len = strlen(dst), add = strlen(src);
+    char digits[12];
+    int n = 0;
+
+    if (len + add + sizeof digits >= LS_PATH_BYTES)
+        return -1;
+    memcpy(dst + len, src, add + 1);
+    if (!with_value)
+        return 0;
+    do
+        digits[n++] = (char)('0' + value % 10);
+    while ((value /= 10) && n < (int)sizeof digits);
+    len += add;
+    while (n)
+        dst[len++] = digits[--n];
+    dst[len] = '\0';
+    return 0;
+}
+
+static void journal_crash(void)
+{
+    static char from[LS_PATH_BYTES], to[LS_PATH_BYTES];
+    uint32_t slot = busy_slot;
+
+    if (!journal[0] || !slot)
+        return;
+    from[0] = to[0] = '\0';
+    if (append(from, journal, 0, 0) || append(from, "/.armed-", 0, 0) || append(from, own_pid, 0, 0) ||
+        append(from, "-", slot - 1, 1) || append(to, journal, 0, 0) || append(to, "/action-", 0, 0) ||
+        append(to, own_pid, 0, 0) || append(to, "-crash", slot - 1, 1))
+        return;
+    rename(from, to);
+}
+
 static void emergency(int sig)
 {
     int saved = errno;
 
+    journal_crash();
     if (socket_path[0])
         unlink(socket_path);
     if (lock_path[0])
@@ -66,4 +117,24 @@ void ls_emergency_disarm(void)
 {
     socket_path[0] = '\0';
     lock_path[0] = '\0';
+}
+
+uint64_t ls_emergency_busy_word(void)
+{
+    return (uint64_t)(uintptr_t)&busy_slot;
+}
+
+void ls_emergency_set_busy(uint32_t slot_plus_one)
+{
+    busy_slot = slot_plus_one;
+}
+
+int ls_emergency_journal(const char *directory)
+{
+    int rc = copy_path(journal, directory);
+
+    if (rc < 0)
+        journal[0] = '\0';
+    snprintf(own_pid, sizeof own_pid, "%ld", (long)getpid());
+    return rc;
 }

@@ -18,3 +18,22 @@ def install(socket_path: Path, lock_path: Path) -> None:
 def disarm() -> None:
     """Stop unlinking the paths on a crash (they may belong to the next arbiter once this one stopped)."""
     lib.ls_emergency_disarm()
+
+
+def busy_word() -> int:
+    """The address of the word the engine keeps a client's slot + 1 in while it handles that
+    client's descriptors (``Engine.set_busy_word``); the crash handler reads it."""
+    return lib.ls_emergency_busy_word()
+
+
+def set_busy(slot_plus_one: int) -> None:
+    """Set the busy word (a test hook: as the engine does while it handles a client)."""
+    lib.ls_emergency_set_busy(slot_plus_one)
+
+
+def journal(directory: str) -> None:
+    """On a crash while the busy word names a slot, turn that client's armed record in
+    ``directory`` (the quarantine's) into a journal record; "" turns it off."""
+    rc = lib.ls_emergency_journal(os.fsencode(directory))
+    if rc < 0:
+        raise OSError(-rc, f"cannot journal crashes in {directory}: {os.strerror(-rc)}")

@@ -136,6 +136,11 @@ class Engine:
         handle = int(ring_ffi.cast("uintptr_t", region._handle))  # the ring's own ls_region*
         check(lib.ls_engine_add_client(self._e, slot, handle, doorbell_fd), "adding a client to the engine")
 
+    def set_busy_word(self, address: int) -> None:
+        """Keep the slot (+ 1) of the client whose descriptors are being handled in the uint32 word at
+        ``address`` (0 after), for a crash handler (see _emergency.c); 0 turns it off."""
+        lib.ls_engine_set_busy_word(self._e, address)
+
     def close_client(self, slot: int, reason: int = 0) -> int:
         """Drain nothing more of ``slot`` (closing its ring for ``reason`` and cancelling what it holds,
         when non-zero); its outstanding count (0: reclaim it now)."""

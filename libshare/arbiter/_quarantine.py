@@ -27,8 +27,14 @@ the machine, and a reboot ends every client anyway):
   neighbours. The module is blamed only when that client's dispatches in the submission all
   ran one program (the engine says which: the SUSPECT event).
 
-Nothing is written per descriptor: a crash while the engine records or runs ordinary work
-is not attributed. An orderly stop (SIGTERM, ``quit``) withdraws the records of compiles
+* one per client, written when it comes (``.armed-ARBITERPID-SLOT``, action "descriptor
+  being processed") and removed when it goes: nothing is written per descriptor. While the
+  engine checks and records a client's descriptors it keeps that client's slot in a word that
+  the crash handler of _emergency.c reads (``Engine.set_busy_word``); on a crash signal
+  (SIGSEGV, SIGBUS, SIGABRT, ...) the handler renames that client's armed record to a journal
+  record, the one file operation it can do safely. A crash while the device runs the work
+  (after the descriptors were recorded and submitted) is not attributed: which client's
+  dispatch the driver was in cannot be told from the host. An orderly stop (SIGTERM, ``quit``) withdraws the records of compiles
 still running (the compile did not end the arbiter) but not the watchdog's: the arbiter
 stops with that dispatch still running.
 
@@ -71,9 +77,10 @@ import time
 from pathlib import Path
 
 from .._control import printable
+from . import _emergency
 from ..errors import InvalidSubmission, Quarantined
 
-__all__ = ["COMPILE", "RUNAWAY", "STRIKES", "Quarantine", "start_time"]
+__all__ = ["COMPILE", "DESCRIPTOR", "RUNAWAY", "STRIKES", "Quarantine", "start_time"]
 
 log = logging.getLogger("libshare.arbiter")
 
@@ -81,12 +88,14 @@ STRIKES = 2
 """Deaths of the arbiter during a process's (or a module's) actions after which it is refused."""
 COMPILE = "compile"
 RUNAWAY = "dispatch past the watchdog"
-_ACTIONS = (COMPILE, RUNAWAY)
+DESCRIPTOR = "descriptor being processed"
+_ACTIONS = (COMPILE, RUNAWAY, DESCRIPTOR)
 
 _DIRECTORY = "quarantine"  # inside the pipe directory
 _STORE = "strikes.json"
 _RECORD = "action-"  # a journal record: action-ARBITERPID-SERIAL
 _TEMPORARY = ".tmp-"  # a record or store being written
+_ARMED = ".armed-"  # a client's record made in advance: .armed-ARBITERPID-SLOT (the crash handler renames it)
 _MAX_RECORD = 4096  # bytes read of one record
 _MAX_RECORDS = 1024  # records read at start; more are removed unread
 _MAX_STORE = 1 << 20  # bytes read of the store
@@ -156,6 +165,10 @@ class Quarantine:
                 self._changed()
             return
         self.directory = directory
+        try:
+            _emergency.journal(str(directory))  # a crash in a client's descriptor names it (see arm)
+        except OSError as exc:
+            log.error("quarantine: crashes while processing a descriptor go unrecorded: %s", exc)
         if changed:
             self._save()
         refused = self.describe(None, refused_only=True)
@@ -230,13 +243,9 @@ class Quarantine:
         """
         if self.directory is None or self._closed:
             return None
-        record = {"arbiter": os.getpid(), "arbiter_start": self._started, "action": action, "since": time.time(),
-                  "program": digest.hex() if digest else None,
-                  "client": {"pid": client.pid, "uid": client.uid, "start": start_time(client.pid) or 0,
-                             "name": client.name[:_MAX_TEXT], "cmdline": client.cmdline[:_MAX_TEXT]}}
         path = self.directory / f"{_RECORD}{os.getpid()}-{next(self._serial)}"
         try:
-            _write_atomically(path, json.dumps(record).encode())
+            _write_atomically(path, self._record_of(action, client, digest))
         except OSError as exc:
             if not self._warned:
                 self._warned = True
@@ -248,6 +257,31 @@ class Quarantine:
                 return path
         path.unlink(missing_ok=True)  # closed meanwhile
         return None
+
+    def _record_of(self, action: str, client, digest: bytes | None) -> bytes:
+        return json.dumps({"arbiter": os.getpid(), "arbiter_start": self._started, "action": action,
+                           "since": time.time(), "program": digest.hex() if digest else None,
+                           "client": {"pid": client.pid, "uid": client.uid, "start": start_time(client.pid) or 0,
+                                      "name": client.name[:_MAX_TEXT], "cmdline": client.cmdline[:_MAX_TEXT]}}).encode()
+
+    def arm(self, client) -> None:
+        """Write, in advance, the record of a crash while the engine handles ``client``'s descriptors
+        (.armed-PID-SLOT): the crash handler in _emergency.c only renames it, which is safe in a
+        signal handler where writing JSON is not. :meth:`disarm` removes it when the client goes."""
+        if self.directory is None or self._closed:
+            return
+        try:
+            _write_atomically(self._armed_path(client), self._record_of(DESCRIPTOR, client, None))
+        except OSError as exc:
+            log.warning("quarantine: could not prepare the crash record of %s (%s)", client.describe(), exc)
+
+    def disarm(self, client) -> None:
+        """Remove the record :meth:`arm` prepared for ``client``."""
+        if self.directory is not None:
+            self._armed_path(client).unlink(missing_ok=True)
+
+    def _armed_path(self, client) -> Path:
+        return self.directory / f"{_ARMED}{os.getpid()}-{client.slot}"
 
     def end(self, record: Path | None) -> None:
         """The action of ``record`` (from :meth:`begin`) ended without ending the arbiter."""
@@ -276,6 +310,10 @@ class Quarantine:
             withdrawn = [path for path, ends in self._pending.items() if ends]
         for path in withdrawn:
             self.end(path)
+        if self.directory is not None:  # what is still processed at an orderly stop did not end the arbiter
+            _emergency.journal("")
+            for armed in self.directory.glob(f"{_ARMED}{os.getpid()}-*"):
+                armed.unlink(missing_ok=True)
 
     # ---------------------------------------------------------------- refusals
 
@@ -465,6 +503,9 @@ def _sweep(directory: Path) -> list[dict]:
         log.error("quarantine: cannot read %s (%s)", directory, exc)
         return []
     for entry in entries:
+        if entry.name.startswith(_ARMED):
+            _sweep_armed(Path(entry.path))
+            continue
         if not entry.name.startswith((_RECORD, _TEMPORARY)):
             continue
         path = Path(entry.path)
@@ -487,6 +528,17 @@ def _sweep(directory: Path) -> list[dict]:
         except OSError as exc:
             log.warning("quarantine: could not remove %s (%s)", path, exc)
     return records
+
+
+def _sweep_armed(path: Path) -> None:
+    """Remove a crash record prepared by an arbiter that has exited (one that lives keeps its own)."""
+    pid = path.name[len(_ARMED):].split("-", 1)[0]
+    if pid.isdigit() and int(pid) != os.getpid() and start_time(int(pid)) is not None:
+        return
+    try:
+        path.unlink()
+    except OSError as exc:
+        log.warning("quarantine: could not remove %s (%s)", path, exc)
 
 
 def _record(data) -> dict | None:

@@ -263,6 +263,7 @@ struct ls_engine {
     VkDevice device;
     VkQueue queue;
     VkCommandPool pool;
+    volatile uint32_t *busy;            /* slot + 1 while take() handles that client (atomic pointer) */
     pthread_mutex_t lock;               /* everything below, but the flights' fences while waited on */
     pthread_mutex_t queue_lock;         /* the VkQueue */
     pthread_t thread;
@@ -629,6 +630,9 @@ static int take(ls_engine *e, uint32_t slot, uint32_t limit)
     c->stats.submitted += n;
     c->stats.popped_since += n;
     c->popped = e->popped = 1;
+    volatile uint32_t *busy = __atomic_load_n(&e->busy, __ATOMIC_ACQUIRE);
+    if (busy)
+        *busy = slot + 1;               /* a crash from here on is this client's descriptor's */
     for (int i = 0; i < n; i++) {
         const struct ls_desc *d = &e->descs[i];
         if (d->opcode == LS_OP_NOP && !d->flags) {  /* a fence */
@@ -666,6 +670,8 @@ static int take(ls_engine *e, uint32_t slot, uint32_t limit)
         }
         c->last = en;
     }
+    if (busy)
+        *busy = 0;
     flush_posts(e);
     return n;
 }
@@ -1395,6 +1401,11 @@ int ls_engine_drop(ls_engine *e, uint32_t slot, uint32_t kind, uint32_t id)
 }
 
 /* ------------------------------------------------------------------ faults and plans */
+
+void ls_engine_set_busy_word(ls_engine *e, uint64_t word_address)
+{
+    __atomic_store_n(&e->busy, (volatile uint32_t *)(uintptr_t)word_address, __ATOMIC_RELEASE);
+}
 
 void ls_engine_set_fault(ls_engine *e, uint32_t faulted)
 {

@@ -129,6 +129,10 @@ int ls_engine_drop(ls_engine *e, uint32_t client, uint32_t kind, uint32_t id);
 
 /* Faults: stop popping, answer finished work LS_EFAULT; work still running stays in flight. */
 void ls_engine_set_fault(ls_engine *e, uint32_t faulted);
+/* A word (uint32_t, at word_address; 0: none) that the engine sets to a client's slot + 1 while it
+ * checks and records that client's descriptors, and to 0 after: a crash handler reads it to name
+ * the client whose descriptor was being processed (_emergency.c, _quarantine.py). */
+void ls_engine_set_busy_word(ls_engine *e, uint64_t word_address);
 int ls_engine_in_flight(ls_engine *e);
 /* The clients with work in flight, at most max of them; returns how many were written. */
 int ls_engine_in_flight_clients(ls_engine *e, uint32_t *out, uint32_t max);

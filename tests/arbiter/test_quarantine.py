@@ -205,3 +205,37 @@ def test_a_garbled_quarantine_does_not_stop_the_arbiter(tmp_path, vulkan_device_
             assert saxpy_round_trip(session)
     assert "dropped 7 malformed entries" in (pipe_dir / "server.log").read_text()
     assert json.loads((quarantine / "strikes.json").read_text())["clients"] == []  # the clearing is durable
+
+
+def test_a_process_whose_descriptor_crashed_two_arbiters_is_refused(tmp_path, vulkan_device_name):
+    """A crash (SIGSEGV, as a driver would) while the engine handles a client's descriptor: the crash
+    handler turns the record the arbiter prepared for that client into a journal record, and the next
+    arbiter counts it. The test hook crashes the arbiter the way the engine would be caught."""
+    pipe_dir = tmp_path / "pipe"
+    for crash in range(2):
+        with arbiter(pipe_dir, LIBSHARE_TEST_HOOKS="1") as process:
+            with libshare.connect(mode="daemon", pipe_directory=pipe_dir, reattach=False) as session:
+                saxpy_round_trip(session)
+                armed = list((pipe_dir / "quarantine").glob(".armed-*"))
+                assert len(armed) == 1  # this client's record, made in advance
+                with contextlib.suppress(libshare.LibshareError):  # it may answer before the signal lands
+                    control(pipe_dir, "inject_crash", str(os.getpid()))
+                assert process.wait(timeout=60) == -11  # SIGSEGV: the handler re-raised it
+                assert [p.name for p in journal(pipe_dir)] == [f"action-{process.pid}-crash{armed[0].name.rsplit('-', 1)[1]}"]
+    with arbiter(pipe_dir) as process:
+        with pytest.raises(libshare.Quarantined, match="descriptor being processed"):
+            libshare.connect(mode="daemon", pipe_directory=pipe_dir)
+        assert not list((pipe_dir / "quarantine").glob(".armed-*"))  # the dead arbiters' were swept
+        with start_client_checked(pipe_dir) as honest:  # another process is served
+            assert honest == "ok"
+        log = (pipe_dir / "server.log").read_text()
+        assert "strike 2 of 2" in log and "descriptor being processed" in log
+
+
+@contextlib.contextmanager
+def start_client_checked(pipe_dir):
+    client = start_client("mixed", pipe_dir, 1, 3)
+    try:
+        yield client.communicate(timeout=120)[0].strip()
+    finally:
+        stop_process(client)
