@@ -19,7 +19,10 @@ them without asking (the common case never takes the GIL). The policy, in order:
    higher priority's completion never waits for the lower work popped with it.
 2. **Compute share** (the active-thread-percentage analogue). A client, or a
    group, whose recent share of device time exceeds its ceiling is not drained
-   while any other client wants the device.
+   while any other client wants the device. The device never idles while work
+   waits, though: when every waiting client is at its ceiling at once (ceilings
+   that add up to 100% all meet it together) and nothing runs, the one least
+   over its ceiling gets a slice.
 3. **Fair share** (mode ``fairshare``). Within a priority, the client with the
    least device time per unit of weight drains first and gets one slice; in
    ``throughput`` mode every client gets all it has, in turn.
@@ -192,11 +195,12 @@ class Scheduler:
             return [(c, max_budget) for c in waiting]  # the waiting clients are alike
         total_recent = sum(self.usage(c).recent_ns + self.usage(c).queued_ns for c in clients) or 1.0
         least_served = min(self.usage(c).total_ns for c in waiting)
-        plan = []
+        plan, held = [], []
         lower_ns = 0 if in_flight else _SLICE_NS  # lower-priority work this pass may still take
         for client in sorted(waiting, key=self._order_key):
             headroom = self._headroom(client, clients, busy, total_recent)
             if headroom is not None and headroom <= 0:
+                held.append((headroom, client))
                 continue  # at its compute share while others want the device
             if ranks[client.id] < top:  # a higher priority is active: one short slice in all
                 per_command = max(self.usage(client).per_command_ns, 1.0)
@@ -211,6 +215,9 @@ class Scheduler:
             else:
                 budget = max_budget if headroom is None else self._slice(client, headroom)
             plan.append((client, min(budget, max_budget)))
+        if not plan and held and not in_flight:  # work-conserving: the device never idles while work waits
+            client = max(held, key=lambda item: item[0])[1]  # (every waiting client at its ceiling: shares
+            plan.append((client, self._slice(client)))      # that add up to 100% all meet it at once)
         return plan
 
     def arbitrates(self, clients: list) -> bool:

@@ -272,3 +272,23 @@ def test_a_client_under_its_share_may_catch_up_in_one_pass():
     for _ in range(40):
         scheduler.charge(limited, 100_000)
     assert [c.id for c, _ in scheduler.plan([limited, other], everyone, everyone, 0, 1024)] == [2]
+
+
+def test_compute_shares_that_add_up_to_the_whole_device_never_hold_everyone_at_once():
+    """Three waiting clients with ceilings of 20, 30 and 50% that each used exactly their share:
+    each is at its ceiling while the others want the device, and holding all three would leave the
+    device idle with work waiting, for ever (a Slurm job's tasks hung so). One gets a slice."""
+    class Fake:
+        def __init__(self, id, group):
+            self.id, self.priority, self.group, self.requested_share = id, "normal", group, 100
+
+    scheduler = Scheduler(mode="throughput")
+    clients = [Fake(1, "a"), Fake(2, "b"), Fake(3, "c")]
+    for client, share in zip(clients, (20, 30, 50)):
+        scheduler.group_share[client.group] = share
+        for _ in range(share):
+            scheduler.charge(client, 1_000_000)
+    everyone = {c.id: True for c in clients}
+    plan = scheduler.plan(clients, everyone, everyone, 0, 1024)
+    assert len(plan) == 1 and plan[0][1] >= 1, plan
+    assert scheduler.plan(clients, everyone, everyone, 1, 1024) == [], "none while work runs: it will rebalance"
