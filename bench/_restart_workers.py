@@ -30,8 +30,7 @@ import time
 import numpy as np
 
 import libshare
-
-N = 4096
+from tests.arbiter._streaming_client import Stream
 
 
 def say(**fields) -> None:
@@ -80,14 +79,10 @@ def _commands(pending: bytearray) -> list[str] | None:
 
 
 def gaps(pipe_directory: str, depth: int) -> int:
-    session = libshare.connect(mode="daemon", pipe_directory=pipe_directory, timeout=30)
-    program = session.load_program(libshare.shaders.path("saxpy"))
-    x, y = session.array(N, np.float32), session.array(N, np.float32)
-    x_buffer, y_buffer = x.base, y.base
-    x[:] = np.arange(N, dtype=np.float32)
-    slice_size = N // depth
+    stream = Stream(pipe_directory, depth)
+    session, program, x, y = stream.session, stream.program, stream.x, stream.y
+    slice_size, expected = stream.slice_size, stream.expected
     push = struct.pack("If", slice_size, 2.0)
-    expected = 2.0 * x + 1.0
     window, arbiters, pending = Window(), set(), bytearray()
     ok = errors = 0
     os.set_blocking(0, False)
@@ -122,8 +117,7 @@ def gaps(pipe_directory: str, depth: int) -> int:
             if new:
                 arbiters.add(session.arbiter_pid)
                 say(event="ok", t=window.last, arbiter=session.arbiter_pid)
-    same = x.base is x_buffer and y.base is y_buffer
-    say(event="end", ok=ok, errors=errors, reattached=session.reattached, same_arrays=bool(same))
+    say(event="end", ok=ok, errors=errors, reattached=session.reattached, same_arrays=stream.same_arrays())
     session.close()
     return 0
 

@@ -49,7 +49,7 @@ import numpy as np
 
 import libshare
 from tests.arbiter.conftest import wait_until
-from tests.arbiter.test_reattach import Client, Daemon
+from tests.arbiter.test_reattach import Client, Daemon, exited
 from tests.conftest import ROOT, stop_process, vulkan_device_name  # noqa: F401  (a fixture: skips without Vulkan)
 
 CLIENTS = 4
@@ -70,12 +70,6 @@ def _running(pid: int) -> bool:
         return False
 
 
-def _exits(pid: int, timeout: float) -> bool:
-    with contextlib.suppress(AssertionError):
-        wait_until(lambda: not _running(pid), timeout, f"pid {pid} to exit")
-    return not _running(pid)
-
-
 def _signal(pid: int, signum: int) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signum)
@@ -93,11 +87,11 @@ def control_daemon(pipe: Path):
             daemon.run("quit")
         except (libshare.LibshareError, OSError):  # no arbiter to ask: SIGTERM stops the daemon and its children
             _signal(daemon.pid, signal.SIGTERM)
-        if not _exits(daemon.pid, 30):
+        if not exited(daemon.pid, 30):
             _signal(daemon.pid, signal.SIGTERM)
-            if not _exits(daemon.pid, 30):
+            if not exited(daemon.pid, 30):
                 _signal(daemon.pid, signal.SIGKILL)
-                _exits(daemon.pid, 10)
+                exited(daemon.pid, 10)
         log = pipe / "control.log"
         for pid in {int(p) for p in re.findall(r"arbiter pid (\d+)", log.read_text() if log.exists() else "")}:
             with contextlib.suppress(OSError):
@@ -164,12 +158,16 @@ def streaming(daemon: Daemon, kind: type[Client]):
             client._reader.join(10)
 
 
-def serving(daemon: Daemon) -> int:
-    """The pid in the lock file, or 0 while it is being rewritten."""
-    try:
-        return daemon.arbiter()
-    except (OSError, ValueError):
-        return 0
+def replace_arbiter(daemon: Daemon, clients: list, standbys: int, act, timeout: float) -> tuple[float, int, int]:
+    """Once ``standbys`` standbys have stood by (so a warm one waits), ``act(old)`` replaces the serving
+    arbiter (a kill, a restart) and returns when it did; then wait for the new arbiter and for every
+    client's first success on it. Returns (that time, old pid, new pid)."""
+    wait_until(lambda: daemon.standbys() >= standbys, 120, "a standby arbiter")  # its start is over
+    old = daemon.arbiter()
+    t_act = act(old)
+    new = wait_until(lambda: (pid := daemon.arbiter()) not in (None, old) and pid, timeout, "the new arbiter")
+    wait_until(lambda: all(c.served_by(new) for c in clients), 120, f"every client on arbiter {new}")
+    return t_act, old, new
 
 
 def ms(seconds: float) -> str:
@@ -180,14 +178,14 @@ def ms(seconds: float) -> str:
 
 def kill_series(daemon: Daemon, clients: list[Client]) -> list[tuple[float, int]]:
     """KILLS SIGKILLs of the serving arbiter, each once a warm standby waits; (kill time, new arbiter) per kill."""
-    kills = []
-    for kill in range(KILLS):
-        wait_until(lambda: daemon.standbys() >= kill + 1, 120, "a standby arbiter")
-        old = daemon.arbiter()
+    def kill_it(old: int) -> float:
         t_kill = time.monotonic()
         os.kill(old, signal.SIGKILL)
-        new = wait_until(lambda: (pid := serving(daemon)) not in (0, old) and pid, 60, "the standby to take over")
-        wait_until(lambda: all(c.served_by(new) for c in clients), 120, f"every client on arbiter {new}")
+        return t_kill
+
+    kills = []
+    for kill in range(KILLS):
+        t_kill, _, new = replace_arbiter(daemon, clients, kill + 1, kill_it, 60)
         kills.append((t_kill, new))
     return kills
 
@@ -219,17 +217,17 @@ def test_sigkill_to_first_dispatch(benchmark, tmp_path, vulkan_device_name, repo
 
 def restart_series(daemon: Daemon, clients: list[GapClient]) -> list[tuple[float, list[dict]]]:
     """RESTARTS restarts, each once a standby waits; (restart time, each client's window) per restart."""
-    restarts = []
-    for restart in range(RESTARTS):
-        wait_until(lambda: daemon.standbys() >= restart + 1, 120, "a standby arbiter")  # its start is over
-        old = daemon.arbiter()
+    def restart_it(old: int) -> float:
         for client in clients:
             client.window()  # the window opens here
         t_restart = time.monotonic()
         assert "hands over" in daemon.run("restart")
-        new = wait_until(lambda: (pid := serving(daemon)) not in (0, old) and pid, 120, "the new arbiter")
-        wait_until(lambda: all(c.served_by(new) for c in clients), 120, f"every client on arbiter {new}")
-        assert _exits(old, 60), f"arbiter {old} did not exit after handing over"
+        return t_restart
+
+    restarts = []
+    for restart in range(RESTARTS):
+        t_restart, old, new = replace_arbiter(daemon, clients, restart + 1, restart_it, 120)
+        assert exited(old, 60), f"arbiter {old} did not exit after handing over"
         restarts.append((t_restart, [client.window() for client in clients]))
         wait_until(lambda: f"arbiter pid {old} handed over and exited with status 0" in daemon.log(), 60,
                    f"the control daemon to see arbiter {old} hand over")

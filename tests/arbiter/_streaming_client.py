@@ -45,15 +45,28 @@ def _rings() -> int:
         return sum("libshare-ring" in line for line in maps)
 
 
+class Stream:
+    """A session streaming saxpy over two shared arrays in ``depth`` slices (shared with the bench's
+    restart worker): ``same_arrays()`` says whether they are still the buffers they began on."""
+
+    def __init__(self, pipe_directory: str, depth: int):
+        self.session = libshare.connect(mode="daemon", pipe_directory=pipe_directory, timeout=30)
+        self.program = self.session.load_program(libshare.shaders.path("saxpy"))
+        self.x, self.y = self.session.array(N, np.float32), self.session.array(N, np.float32)
+        self._buffers = (self.x.base, self.y.base)
+        self.x[:] = np.arange(N, dtype=np.float32)
+        self.slice_size = N // depth
+        self.expected = 2.0 * self.x + 1.0
+
+    def same_arrays(self) -> bool:
+        return self.x.base is self._buffers[0] and self.y.base is self._buffers[1]
+
+
 def main() -> int:
     pipe_directory, depth = sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 4
-    session = libshare.connect(mode="daemon", pipe_directory=pipe_directory, timeout=30)
-    program = session.load_program(libshare.shaders.path("saxpy"))
-    x, y = session.array(N, np.float32), session.array(N, np.float32)
-    x_buffer, y_buffer = x.base, y.base
-    x[:] = np.arange(N, dtype=np.float32)
-    slice_size = N // depth
-    expected = 2.0 * x + 1.0
+    stream = Stream(pipe_directory, depth)
+    session, program, x, y = stream.session, stream.program, stream.x, stream.y
+    slice_size, expected = stream.slice_size, stream.expected
     ok = restarted = rounds = 0
     arbiters = set()
     say(event="ready", pid=session.arbiter_pid, fds=_fds(), rings=_rings())
@@ -87,9 +100,8 @@ def main() -> int:
             restarted += failed
             say(event="restarted", t=time.monotonic(), tickets=failed, why=why)
         rounds += 1
-    same = x.base is x_buffer and y.base is y_buffer
     say(event="end", ok=ok, restarted=restarted, rounds=rounds, reattached=session.reattached,
-        same_arrays=bool(same), arbiters=sorted(arbiters), fds=_fds(), rings=_rings())
+        same_arrays=stream.same_arrays(), arbiters=sorted(arbiters), fds=_fds(), rings=_rings())
     session.close()
     return 0
 

@@ -63,11 +63,12 @@ class Daemon:
             self.run("quit")
         except libshare.LibshareError:
             pass
-        if not _gone(self.pid, 60):
+        if not exited(self.pid, 60):
             os.kill(self.pid, signal.SIGKILL)
 
 
-def _gone(pid: int, timeout: float) -> bool:
+def exited(pid: int, timeout: float) -> bool:
+    """True once ``pid`` has exited (gone, or a zombie) within ``timeout`` seconds."""
     try:
         wait_until(lambda: not Path(f"/proc/{pid}").exists() or "Z" in _state(pid), timeout, f"pid {pid} to exit")
     except AssertionError:
@@ -161,7 +162,7 @@ def test_restart_under_load_is_a_pause_not_an_error(supervised):
     wait_until(lambda: supervised.arbiter() not in (old, None), 120, "the new arbiter")
     new = supervised.arbiter()
     wait_until(lambda: all(c.served_by(new) for c in clients), 120, "every client on the new arbiter")
-    assert _gone(old, 60)
+    assert exited(old, 60)
     ends = [c.finish() for c in clients]
     for end in ends:
         assert end["restarted"] == 0 and end["reattached"] == 1 and end["same_arrays"], end
@@ -280,7 +281,7 @@ def test_quit_stops_the_control_daemon_and_its_standby(supervised):
     wait_until(lambda: supervised.standbys() >= 1, 120, "a standby arbiter")
     arbiter = supervised.arbiter()
     supervised.run("quit")
-    assert _gone(arbiter, 60) and _gone(supervised.pid, 60)
+    assert exited(arbiter, 60) and exited(supervised.pid, 60)
     assert "the control daemon stops too" in supervised.log()
     assert not _config.supervisor_lock_path(supervised.pipe).exists()
     assert not _config.socket_path(supervised.pipe).exists()
