@@ -117,3 +117,24 @@ def _zombie(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] == "Z"
     except FileNotFoundError:
         return True
+
+
+def test_the_list_of_vetted_modules_is_read_as_hostile(tmp_path):
+    """The pipe directory's "vetted" list (modules the arbiter before this one vetted) can be
+    written by any process of the arbiter's uid: only whole 32-byte digests count, read up to the
+    bound, and a module it does not name is still vetted."""
+    from libshare.arbiter._compiler import _MAX_PASSED, Compilers
+
+    good = hashlib.sha256(b"vetted module").digest()
+    path = tmp_path / "vetted"
+    path.write_bytes(b"\n".join([b"\xff\xfe not text", b"zz" * 32, b"ab" * 16, good.hex().encode(),
+                                 b"0" * 10_000_000]))  # garbage, a short digest, one good, a huge line
+    compilers = Compilers("", 1.0)
+    compilers.remember_passed(path)
+    assert compilers._passed == {good}
+    many = tmp_path / "many"
+    many.write_text("\n".join(hashlib.sha256(str(i).encode()).hexdigest() for i in range(_MAX_PASSED + 100)))
+    compilers = Compilers("", 1.0)
+    compilers.remember_passed(many)
+    assert len(compilers._passed) == _MAX_PASSED  # bounded
+    compilers.remember_passed(tmp_path / "absent")  # no list: nothing trusted, nothing raised
