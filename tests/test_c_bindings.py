@@ -270,7 +270,7 @@ def test_c_session_rides_out_sigkilled_arbiters(reattach_program, supervised):
     """Kills while two threads of one C session stream: the session goes on on each new arbiter with the same
     buffer pointers and program ids; no result it reported successful is wrong (the program checks each one);
     tickets in flight fail with -LS_ERESTARTED and none hangs."""
-    from .arbiter.test_reattach import _gone
+    from .arbiter.test_reattach import exited
 
     streamer = Streamer(reattach_program, supervised.pipe)
     kills = 5
@@ -280,7 +280,7 @@ def test_c_session_rides_out_sigkilled_arbiters(reattach_program, supervised):
             wait_until(lambda: supervised.standbys() >= kill + 1, 120, "a standby arbiter")
             arbiter = supervised.arbiter()
             os.kill(arbiter, signal.SIGKILL)
-            assert _gone(arbiter, 60)
+            assert exited(arbiter, 60)
             wait_until(lambda: supervised.arbiter() not in (arbiter, None), 60, "the standby to take over")
             streamer.progresses(f"dispatches on the arbiter after kill {kill + 1}")
         ok, restarted = streamer.finish()
@@ -291,7 +291,7 @@ def test_c_session_rides_out_sigkilled_arbiters(reattach_program, supervised):
 
 
 def test_c_session_restart_is_a_pause_not_an_error(reattach_program, supervised):
-    from .arbiter.test_reattach import _gone
+    from .arbiter.test_reattach import exited
 
     streamer = Streamer(reattach_program, supervised.pipe)
     try:
@@ -299,7 +299,7 @@ def test_c_session_restart_is_a_pause_not_an_error(reattach_program, supervised)
         old = supervised.arbiter()
         assert "hands over" in supervised.run("restart")
         wait_until(lambda: supervised.arbiter() not in (old, None), 120, "the new arbiter")
-        assert _gone(old, 60)
+        assert exited(old, 60)
         streamer.progresses("dispatches on the new arbiter")
         ok, restarted = streamer.finish()
     finally:
@@ -312,7 +312,7 @@ def test_c_session_restart_is_a_pause_not_an_error(reattach_program, supervised)
 def test_c_session_after_one_kill(reattach_program, supervised, mode):
     """inflight: a ticket the dead arbiter took fails with -LS_ERESTARTED (a control call reattaches
     first); unrun: dispatches pushed into the dead arbiter's ring run once each on the new one."""
-    from .arbiter.test_reattach import _gone
+    from .arbiter.test_reattach import exited
 
     client = subprocess.Popen([str(reattach_program), str(SHADERS), mode], env=daemon_env(supervised.pipe),
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -320,7 +320,7 @@ def test_c_session_after_one_kill(reattach_program, supervised, mode):
         assert client.stdout.readline().strip() == "ready"
         arbiter = supervised.arbiter()
         os.kill(arbiter, signal.SIGKILL)
-        assert _gone(arbiter, 60)
+        assert exited(arbiter, 60)
         out, err = client.communicate("go\n", timeout=120)
     finally:
         if client.poll() is None:
