@@ -3,10 +3,13 @@
 A Session holds a control socket (rare requests: programs, buffers) and a
 ring region (every dispatch). ``dispatch`` hands the operation to the ring's
 C encoder (``ls_push_op``, the one bindings/c calls too), which checks it and
-writes it straight into this thread's lane, and returns a Ticket at once. Completions
-come back on the completion ring; whichever thread waits pops them all and
-files each status under its ticket, so tickets may be waited in any order,
-from any thread, or awaited under anyio. A thread waits in C (a short spin,
+writes it straight into this thread's lane, and returns a Ticket at once. The
+session keeps its tickets in flight in the ring's ticket book (ring/tickets.c, the
+one bindings/c keeps for a C session): the push and the ticket's record are one
+C call (``ls_tickets_push``). Completions come back on the completion ring;
+whichever thread waits pops them all into the book in C, and each ticket takes
+its outcome from there, so tickets may be waited in any order, from any thread,
+or awaited under anyio. A thread waits in C with the GIL released (a short spin,
 then the completion ring's futex); an ``await`` waits in its event loop on the
 session's doorbell socket, on which the arbiter sends a byte when the ring was
 armed for it (LS_NEED_WAKEUP_FD), so awaiting starts no thread.
@@ -19,12 +22,16 @@ socketpair with the very same protocol.
 Tickets tell the truth. A ticket's outcome lives on the Ticket itself and is
 sticky: once known (the arbiter's status, the arbiter's loss, or this
 session's close), every later ``wait``, ``done`` and ``await`` gives the same
-answer. The session keeps a record of a ticket only while its work is in
-flight, and that record is a weak reference: a completion read for a ticket
-nobody holds any more is dropped on the spot, so pipelining without waiting
-(the README's pattern) holds no memory per dispatch. Ticket numbers come from
-one counter under the session's gate lock, so threads never share one, and an
-operation the encoder refuses spends none.
+answer. The book keeps a ticket's record while its work is in flight and then
+its outcome until the Ticket takes it; a Ticket dropped unread lists its number
+(``Ticket.__del__``, a deque append), and the next read of the completion ring
+tells the book to forget it, so a completion nobody will ask for is dropped and
+pipelining without waiting (the README's pattern) holds no memory per
+dispatch. A reattach or a loss that fails tickets takes them out of the book
+and leaves each failure in ``_failures`` for its Ticket. Ticket numbers come
+from one counter under the session's gate lock, so threads never share one,
+and an operation the encoder refuses spends none (and its Ticket, numbered 0,
+forgets nothing).
 
 Every way of asking sees the arbiter's death within one wait slice (50 ms):
 a blocking wait sleeps on the completion ring in slices and the ring checks
@@ -70,7 +77,9 @@ still completes at the arbiter).
 from __future__ import annotations
 
 import atexit
+import collections
 import contextlib
+import errno
 import os
 import socket
 import threading
@@ -85,7 +94,7 @@ from . import _config
 from . import _protocol as protocol
 from . import errors
 from ._buffers import Buffer, Program, find_buffer
-from .ring import C, Region
+from .ring import C, Region, TicketBook
 
 __all__ = ["Session", "Ticket", "connect"]
 
@@ -97,7 +106,7 @@ _REDIAL_PAUSE = 0.01  # seconds between looks for the arbiter that replaces a lo
 _REATTACH_TRIES = 3  # pushes a dispatch tries, reattaching between them
 _MOVE_POLL = 0.001  # seconds between looks at a handed-over ring, for the answers still due
 _OP_DISPATCH, _OP_COPY = C.OP_DISPATCH, C.OP_COPY
-_ref = weakref.ref
+_NONE, _DONE, _MOVED, _ORPHAN = TicketBook.NONE, TicketBook.DONE, TicketBook.MOVED, TicketBook.ORPHAN
 _TOO_BIG = (f"at most {C.MAX_BUFFERS} buffers, {C.MAX_PUSH} push bytes and 3 group counts, each count "
             "and offset not negative and within 32 bits (offsets and sizes: 64 bits)")
 _STATUS_TEXT = {
@@ -138,7 +147,7 @@ class Ticket:
     Its outcome is sticky: once known, every ``wait()`` returns or raises the same.
     """
 
-    __slots__ = ("_session", "id", "device_ns", "_status", "_error", "__weakref__")
+    __slots__ = ("_session", "id", "device_ns", "_status", "_error")
 
     def __init__(self, session: Session, ticket_id: int):
         self._session = session
@@ -185,6 +194,14 @@ class Ticket:
     def __repr__(self) -> str:
         return f"<libshare.Ticket {self.id}>"
 
+    def __del__(self):
+        # Nobody can ask for this outcome any more: the session's ticket book drops it (a list
+        # append here; the book is told on the next read of the completion ring).
+        if self._status is None and self._error is None and self.id:
+            session = self._session
+            session._forgotten.append(self.id)
+            session._failures.pop(self.id, None)
+
 
 class Session:
     """A client's connection to an arbiter. Use ``libshare.connect()`` to make one."""
@@ -198,7 +215,7 @@ class Session:
         """True when the arbiter runs inside this process."""
         self._hello, self._socket_path, self._timeout = hello, socket_path, timeout  # to reattach
         self._adopt(welcome)
-        self._gate = threading.Lock()  # guards closed, _users, _torn_down, _moving, _next_ticket, _pending
+        self._gate = threading.Lock()  # guards closed, _users, _torn_down, _moving, _next_ticket
         self._gone = threading.Condition(self._gate)  # close() and a reattach wait on it for the users to leave
         self._users = 0  # threads inside the mapped region now: it is unmapped only when none is
         self._torn_down = False
@@ -207,13 +224,15 @@ class Session:
         self.reattached = 0
         """How many times this session reattached to a new arbiter."""
         self._next_ticket = 1
-        self._pending: dict[int, weakref.ref[Ticket]] = {}  # ticket number -> its Ticket, while in flight
+        self._book = TicketBook()  # the tickets in flight and their outcomes, in C (ring/tickets.c)
+        self._forgotten: collections.deque[int] = collections.deque()  # tickets dropped unread: for the book
+        self._failures: dict[int, errors.LibshareError] = {}  # ticket -> what it failed with, off the book
+        self._cancelled = 0  # the book's count of cancelled completions, as last seen
         self._lanes = threading.local()  # .push_op: ls_push_op on this thread's lane, claimed on its first push
         self._by_mapping: dict[int, Buffer] = {}
         self._objects: dict[int, Buffer | Program] = {}  # id -> each live buffer and program (for a reattach)
         self._seen: dict[int, tuple[weakref.ref, int, int]] = {}  # id(item) -> (the item, buffer id, offset)
         self._lost: errors.LibshareError | None = None  # sticky (until a reattach): the arbiter is gone or ended this session
-        self._moved: set[int] = set()  # tickets the arbiter answered LS_EMOVED (handed over): sent again
         self._tickets_outside = False  # True: other code (the C API) reads the completion ring and numbers
         # the tickets; only _reattach_external reattaches then (a call that meets the loss raises it)
         self.closed = False
@@ -333,14 +352,15 @@ class Session:
         return lost
 
     def _fail_in_flight(self, error: errors.LibshareError, numbers=None) -> None:
-        """Fail the tickets in flight (those of ``numbers``, or all) with ``error``: no longer pending."""
+        """Fail the tickets in flight (those of ``numbers``, or all) with ``error``: they leave the
+        ticket book, and the failure waits in _failures for their Ticket (unless it was dropped)."""
+        self._tell_forgotten()
         with self._gate:
-            numbers = list(self._pending) if numbers is None else numbers
-            records = [self._pending.pop(number, None) for number in numbers]
-        for record in records:
-            ticket = record() if record is not None else None
-            if ticket is not None and not ticket._settled():
-                ticket._error = error
+            in_flight = self._book.in_flight()
+            for number in in_flight if numbers is None else set(numbers) & in_flight.keys():
+                self._book.drop(number)
+                if not in_flight[number] & _ORPHAN:
+                    self._failures[number] = error
 
     def _unrun_work(self) -> np.ndarray:
         """The descriptors of the tickets in flight that the lost arbiter never ran, to send to the
@@ -351,22 +371,25 @@ class Session:
         and answers it, so this waits for that while it lives (the session's timeout at most).
         Only the reattaching thread uses the region now (no other thread may enter it)."""
         deadline = time.monotonic() + self._timeout
-        unconsumed: set[int] = set()
         while True:
             try:
-                self._take()
+                self._file()
+                corrupt = False
             except errors.RingCorrupted:
-                break
-            unconsumed = self._region.unconsumed_tickets()
-            if (set(self._pending) - self._moved <= unconsumed or time.monotonic() >= deadline
+                corrupt = True
+            in_flight = self._book.in_flight()
+            pending = set(in_flight)
+            moved = {number for number, marks in in_flight.items() if marks & _MOVED}
+            unconsumed = set() if corrupt else self._region.unconsumed_tickets()
+            if (corrupt or pending - moved <= unconsumed or time.monotonic() >= deadline
                     or not self._region.peer_alive() or not isinstance(self._lost, _Moved)):
                 break
             time.sleep(_MOVE_POLL)  # the old arbiter finishes what it took, then answers it
-        not_run = (self._moved | unconsumed) & set(self._pending)
-        self._moved.clear()
+        not_run = (moved | unconsumed) & pending
+        self._book.resent()
         self._fail_in_flight(errors.ArbiterRestarted(
             "the arbiter went away while this ticket's work was in flight: it may or may not have run, "
-            "submit it again (the session reattached by itself)"), set(self._pending) - not_run)
+            "submit it again (the session reattached by itself)"), pending - not_run)
         return self._region.descriptors_of(not_run)
 
     def _may_reattach(self) -> bool:
@@ -436,8 +459,8 @@ class Session:
         Python (the C API, bindings/c/capi.c, which stops using the old ring meanwhile).
 
         ``tickets``: its tickets in flight, after it read the old completion ring; ``moved``: those
-        of them the old arbiter answered LS_EMOVED. Each stands in ``_pending`` for the reattach
-        (a Ticket held here), which reads what the old ring still holds, resends what the old
+        of them the old arbiter answered LS_EMOVED. Each stands in this session's ticket book for the
+        reattach (a Ticket held here), which reads what the old ring still holds, resends what the old
         arbiter never ran, and fails the rest. Returns ``(ticket, status, device_ns, error)`` for
         each: the arbiter's status (its completion was read here: the caller never sees it), or
         the error it failed with (ArbiterRestarted), or neither: sent to the new arbiter, its
@@ -450,9 +473,12 @@ class Session:
         with contextlib.suppress(OSError):  # (gone for good: nothing left to wait for)
             fresh.watch_peer(self.arbiter_pid)
         with self._gate:
-            self._pending.update((number, _ref(ticket)) for number, ticket in held.items())
+            for number in held:
+                self._book.drop(number)  # (a record of an earlier reattach: the caller's now)
+                self._book.add(number)
             stale, self._region = self._region, fresh
-        self._moved.update(int(number) for number in moved)
+        for number in moved:
+            self._book.settle(int(number), -C.EMOVED)  # marks it moved, as the completion did
         try:
             if self._lost is None:  # the caller saw the loss on the ring, this session did not
                 with self._inside() as inside:
@@ -468,8 +494,10 @@ class Session:
                 raise _fresh(self._lost)
         finally:
             with self._gate:  # the resent tickets are the caller's again: their completions come to it
-                for number in held:
-                    self._pending.pop(number, None)
+                for number, ticket in held.items():
+                    self._fetch(ticket)  # (its outcome, when it was read here)
+                    self._book.drop(number)
+                    ticket.id = 0  # the number is the caller's: this Ticket must not forget it
             with self._gone:  # a thread that took the stale view is inside until it leaves
                 self._gone.wait_for(lambda: not self._users, timeout=_CLOSE_WAIT)
             stale.close()
@@ -617,7 +645,8 @@ class Session:
             offsets.append(known[2])
         if push.__class__ is not bytes:
             push = bytes(push)
-        return self._submit(_OP_DISPATCH, program.id, gx, gy, gz, ids, offsets, push)
+        return (self._push(_OP_DISPATCH, program.id, gx, gy, gz, ids, offsets, push)
+                or self._submit(_OP_DISPATCH, program.id, gx, gy, gz, ids, offsets, push))
 
     def copy(self, src, dst, nbytes: int | None = None, src_offset: int = 0, dst_offset: int = 0) -> Ticket:
         """Queue a copy between two buffers (shared or device); returns a Ticket at once."""
@@ -648,7 +677,8 @@ class Session:
     def _submit(self, opcode: int, program: int, gx: int, gy: int, gz: int, ids: list, offsets: list,
                 push: bytes) -> Ticket:
         """Number the operation and hand it to the ring's C encoder (ls_push_op) on this thread's lane;
-        after an arbiter restart, reattach first (twice at most, then the loss is raised)."""
+        after an arbiter restart, reattach first (twice at most, then the loss is raised). (dispatch()
+        tries one push itself before it calls this.)"""
         for _ in range(_REATTACH_TRIES):
             ticket = self._push(opcode, program, gx, gy, gz, ids, offsets, push)
             if ticket is not None:
@@ -667,28 +697,24 @@ class Session:
         # Made before the gate: an allocation may start a garbage collection, and a finalizer it
         # runs may close this session, which takes the gate (not re-entrant).
         ticket = Ticket(self, 0)
-        record = _ref(ticket)
         gate = self._gate
         gate.acquire()  # the number, the check that the session is open and the push: one lock round trip
         try:
             if self.closed or self._lost is not None or lanes is not self._lanes:
                 pushed = None
             else:
-                number = ticket.id = self._next_ticket
-                self._pending[number] = record  # before the push: its completion may come at once
-                try:
+                number = self._next_ticket
+                try:  # pushed and recorded in the ticket book in one C call (its completion may come at once)
                     pushed = push_op(number, opcode, program, gx, gy, gz, len(ids), ids, len(offsets), offsets,
                                      push, len(push))
                 except OverflowError:  # cffi: a count, id or offset beyond its C type
                     pushed = -C.EBADSLOT
-                if pushed == 1:
+                if pushed >= 0:  # pushed, or the lane is full: the number is spent
                     self._next_ticket = number + 1
-                    return ticket
-                if pushed == 0:  # the lane is full: the number is spent, the record stays
-                    self._next_ticket = number + 1
-                else:  # refused: no record, and the number is not spent
-                    self._pending.pop(number, None)
-                self._users += 1  # the rest happens outside the gate, counted in
+                    ticket.id = number
+                    if pushed == 1:
+                        return ticket
+                self._users += 1  # the rest happens outside the gate, counted in (refused: the number is not spent)
         finally:
             gate.release()
         if pushed is None:
@@ -707,10 +733,10 @@ class Session:
             if pushed < 0:
                 self._refused(pushed)
         except errors.ArbiterRestarted:  # not pushed, and a new arbiter is there: push it there
-            self._pending.pop(number, None)
+            ticket.id = 0
             return None
         except BaseException:
-            self._pending.pop(number, None)
+            ticket.id = 0  # never recorded: nothing for it to forget
             raise
         finally:
             self._leave()
@@ -720,7 +746,7 @@ class Session:
         """This thread's ``push_op``, on a lane claimed now (counted in: the region stays mapped)."""
         self._enter()
         try:
-            push_op = lanes.push_op = self._region.producer().push_op
+            push_op = lanes.push_op = self._book.pusher(self._region.producer())
         finally:
             self._leave()
         return push_op
@@ -731,6 +757,8 @@ class Session:
         Caller is counted in (the region stays mapped)."""
         if code == -C.EBADSLOT:
             raise errors.InvalidSubmission(_TOO_BIG)
+        if code == -errno.ENOMEM:
+            raise MemoryError("no memory left for the ticket book's record of this dispatch")
         if code == -C.EPEERDEAD:  # the arbiter closed this session's side of the ring
             raise _fresh(self._record_loss(self._closed_by_arbiter() or errors.ArbiterLost(
                 "the arbiter shut down or closed this session; connect again")))
@@ -742,54 +770,76 @@ class Session:
 
     # ---------------------------------------------------------------- completion
 
-    def _take(self) -> int:
-        """Read every ready completion onto its ticket (if anyone still holds it); return how many.
+    def _file(self) -> int:
+        """Read every ready completion into the ticket book; return how many were read. A
+        cancelled one means the arbiter shut down or ended this session: that is the loss.
 
         Caller holds _cq_lock and is counted in."""
+        self._tell_forgotten()
         try:
-            taken = self._region.take_completions()
+            read = self._book.collect(self._region)
         except errors.RingCorrupted as exc:
             self._lost = self._lost or exc
             raise
-        if not taken:
-            return 0
-        cancelled = False
-        for number, status, device_ns in taken:
-            if status == -C.EMOVED:  # not run: the arbiter handed over; the reattach sends it again
-                self._moved.add(number)
-                continue
-            ref = self._pending.pop(number, None)  # None: not ours (the arbiter is untrusted), ignore
-            ticket = ref() if ref is not None else None
-            if ticket is not None:
-                ticket.device_ns = device_ns
-                ticket._status = status
-            cancelled = cancelled or status == -C.ECANCELED
-        if cancelled and self._lost is None:  # the arbiter shut down or ended this session
-            self._record_loss(self._closed_by_arbiter() or errors.ArbiterLost(
-                "the arbiter shut down or ended this session and cancelled its queued work; connect again"))
-        return len(taken)
+        if read:
+            self._after_filing()
+        return read
+
+    def _after_filing(self) -> None:
+        cancelled = self._book.cancelled()
+        if cancelled != self._cancelled:
+            self._cancelled = cancelled
+            if self._lost is None:
+                self._record_loss(self._closed_by_arbiter() or errors.ArbiterLost(
+                    "the arbiter shut down or ended this session and cancelled its queued work; connect again"))
+
+    def _tell_forgotten(self) -> None:
+        """Tell the ticket book which tickets were dropped unread (Ticket.__del__ lists them)."""
+        forgotten = self._forgotten
+        if forgotten:
+            numbers = []
+            while forgotten:
+                numbers.append(forgotten.popleft())
+            self._book.forget(numbers)
+
+    def _fetch(self, ticket: Ticket) -> bool:
+        """Move ``ticket``'s outcome onto it once known (from the ticket book, or the failure a
+        reattach or a loss left for it); True once it is settled."""
+        if ticket._status is None and ticket._error is None and ticket.id:
+            state, status, device_ns = self._book.take(ticket.id)
+            if state == _DONE:
+                ticket._status, ticket.device_ns = status, device_ns
+            elif state == _NONE:
+                ticket._error = self._failures.pop(ticket.id, None)
+        return ticket._settled()
 
     def _lose(self, exc: errors.ArbiterLost) -> errors.LibshareError:
         """Record the arbiter's loss, seen by a ring wait, after reading what it posted before it went."""
-        self._take()
+        self._file()
         return self._record_loss(self._closed_by_arbiter() or errors.ArbiterLost(
             f"the arbiter exited or closed this session: {exc}"))
 
-    def _collect(self, timeout: float) -> None:
-        """Read every ready completion, waiting up to ``timeout`` for one; raise the loss or the close."""
+    def _collect(self, timeout: float, ticket_id: int = 0) -> None:
+        """Read every ready completion, waiting up to ``timeout`` for the next one while ticket
+        ``ticket_id`` (0: any ticket) is pending; raise the loss or the close. The wait is one C
+        call (the ticket book's), in which other threads run."""
         self._enter()
         try:
             if not self._cq_lock.acquire(timeout=max(timeout, 0.001)):
                 return  # another thread is reading (and watching the arbiter) already
             try:
-                if timeout > 0:  # returns at once when completions are ready
-                    try:
-                        self._region.wait_completions(1, timeout=timeout)
-                    except errors.Timeout:
-                        return
-                    except errors.ArbiterLost as exc:
-                        raise _fresh(self._lose(exc)) from exc
-                self._take()
+                if timeout <= 0:
+                    self._file()
+                    return
+                self._tell_forgotten()
+                try:
+                    self._book.wait(self._region, ticket_id, int(timeout * 1e9))
+                except errors.ArbiterLost as exc:
+                    raise _fresh(self._lose(exc)) from exc
+                except errors.RingCorrupted as exc:
+                    self._lost = self._lost or exc
+                    raise
+                self._after_filing()
             finally:
                 self._cq_lock.release()
         finally:
@@ -800,20 +850,21 @@ class Session:
         (but to reattach after an arbiter restart, which settles the ticket or resends it)."""
         if isinstance(self._lost, errors.ArbiterRestarted) and not self.closed:
             self._reattach()
-        if self._lost is None:
+        if self._lost is None and not self._fetch(ticket):
             with self._inside() as inside:
                 try:
                     if inside and self._cq_lock.acquire(blocking=False):  # else the reader watches the arbiter
                         try:
-                            self._take()
-                            if ticket._status is None:
-                                self._probe()
+                            self._file()
+                            if not self._fetch(ticket):
+                                self._probe(ticket)
                         finally:
                             self._cq_lock.release()
                     if inside and self._lost is None:
                         self._lost = self._closed_by_arbiter()
                 except errors.LibshareError:
                     pass  # recorded as the loss: settled below
+        self._fetch(ticket)
         self._settle(ticket)
 
     async def _completion_bell(self) -> None:
@@ -843,13 +894,11 @@ class Session:
         finally:
             os.close(bell)
 
-    def _probe(self) -> None:
-        """A zero-length ring wait: reads nothing new, but notices a dead or closed arbiter."""
+    def _probe(self, ticket: Ticket) -> None:
+        """A zero-length wait for ``ticket``: reads what is ready, and notices a dead or closed arbiter."""
         try:
-            if self._region.wait_completions(1, timeout=0, spin=0):
-                self._take()
-        except errors.Timeout:
-            pass
+            self._book.wait(self._region, ticket.id, 0, spin_ns=0)
+            self._after_filing()
         except errors.ArbiterLost as exc:
             self._lose(exc)
 
@@ -867,7 +916,9 @@ class Session:
         while True:
             if isinstance(self._lost, errors.ArbiterRestarted) and not self.closed:
                 self._reattach()  # settles the ticket, or sends it to the new arbiter
-            if self._lost is not None or self.closed or ticket._settled():
+            if self._fetch(ticket):
+                return
+            if self._lost is not None or self.closed:
                 self._settle(ticket)
                 if ticket._settled() or not isinstance(self._lost, errors.ArbiterRestarted):
                     return
@@ -876,8 +927,8 @@ class Session:
                 continue
             try:
                 self._collect(_WAIT_SLICE if deadline is None
-                              else min(_WAIT_SLICE, max(deadline - time.monotonic(), 0)))
-                if not ticket._settled():
+                              else min(_WAIT_SLICE, max(deadline - time.monotonic(), 0)), ticket.id)
+                if not self._fetch(ticket):
                     self._check_usable()  # a reason the arbiter left in the ring
             except errors.LibshareError:
                 if self._lost is None and not self.closed:
@@ -905,9 +956,9 @@ class Session:
         like every call on the session), SessionClosed or Timeout."""
         deadline = None if timeout is None else time.monotonic() + timeout
         self._check_usable()
-        while self._pending:
+        while pending := self._book.pending():
             if deadline is not None and time.monotonic() >= deadline:
-                raise errors.Timeout(f"{len(self._pending)} tickets still running after the timeout")
+                raise errors.Timeout(f"{pending} tickets still running after the timeout")
             try:
                 self._collect(_WAIT_SLICE)
             except errors.ArbiterRestarted:
@@ -939,7 +990,6 @@ class Session:
             self._tear_down()
 
     def _tear_down(self) -> None:
-        self._pending.clear()
         for item in self._objects.values():
             if isinstance(item, Buffer):
                 item.close_memfd()

@@ -77,7 +77,7 @@ def ffibuilder() -> FFI:
     ffi.set_source(
         MODULE,
         '#include "capi.c"',
-        sources=[str(RING / "ring.c")],
+        sources=[str(RING / "ring.c"), str(RING / "tickets.c")],
         include_dirs=[str(HERE), str(RING)],
         extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
         extra_link_args=[f"-Wl,-rpath,{libdir}", "-pthread"] if libdir else ["-pthread"],

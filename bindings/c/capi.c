@@ -16,15 +16,16 @@
  * written into the lane by the ring's ls_push_op, the one descriptor encoder
  * (the Python session calls it too), which also checks its fields.
  *
- * Tickets are numbered here. Each one has a record in a small hash table
- * (pending, then done with its status and device time) until ls_wait takes
- * the result; a ticket's record is made in the same hold of `lock` as its
- * push, so its completion (filed under `lock` too) always finds it. Two locks:
- * `lock` guards the producer, the ticket counter and the table (held for
+ * Tickets are numbered here and kept in the ring's ticket book (ls_tickets_*
+ * in libshare/ring/tickets.c, the one the Python session keeps too): a
+ * ticket's record is made in the same call as its push (ls_tickets_push), so
+ * its completion always finds it, and it stays until ls_wait takes the result.
+ * Two locks: `lock` guards the producer and the ticket counter (held for
  * microseconds, never across a sleep, but for a reattach); `cq_lock` makes one
  * thread at a time the completion ring's consumer, the only one that may sleep
  * on it. Order: cq_lock before lock. The ring itself (region, producer, peer
- * pidfd) is used under either lock and replaced only under both.
+ * pidfd) is used under either lock and replaced only under both; the book
+ * locks itself.
  *
  * Every way of asking notices a dead arbiter: waits sleep on the ring in slices
  * and the ring checks the arbiter's pidfd (or state word) between them, and
@@ -73,25 +74,7 @@
 #define LSX_SPIN_NS 20000LL             /* poll before sleeping: as the Python client does */
 #define LSX_SLICE_NS 50000000LL         /* longest sleep between checks of a waiter's deadline */
 #define LSX_FULL_WAIT_NS 1000000LL      /* a full lane waits this long for completions */
-#define LSX_CQE_BATCH 64
 #define LSX_REATTACH_TRIES 3            /* a push reattaches at most this often before the loss is sticky */
-
-enum { SLOT_EMPTY, SLOT_PENDING, SLOT_DONE };
-
-struct lsx_record {
-    uint64_t ticket;
-    uint64_t device_ns;
-    int32_t status;                     /* once done; while pending, -LS_EMOVED: the arbiter handed it over */
-    uint32_t state;                     /* SLOT_* */
-};
-
-/* Open addressing, linear probing on the ticket number, backward-shift deletion. */
-struct lsx_table {
-    struct lsx_record *slots;
-    uint32_t cap;                       /* power of two */
-    uint32_t used;
-    uint32_t pending;
-};
 
 struct ls_session {
     int32_t handle;
@@ -102,7 +85,7 @@ struct ls_session {
     pthread_mutex_t lock;
     pthread_mutex_t cq_lock;
     uint64_t next_ticket;
-    struct lsx_table table;
+    ls_tickets *book;                   /* the tickets in flight and their outcomes */
     uint32_t *lost_ids;                 /* buffers a reattach could not carry over (device buffers), */
     uint32_t nlost;                     /* refused with -LS_EBUFFERLOST until freed: under lock */
     int lost;                           /* sticky -LS_ELOST / -LS_ECORRUPT once the ring is dead for good */
@@ -168,94 +151,6 @@ const char *ls_strerror(int code)
     }
 }
 
-/* ------------------------------------------------------------------ ticket table */
-
-static int table_init(struct lsx_table *t, uint32_t cap)
-{
-    t->slots = calloc(cap, sizeof *t->slots);
-    t->cap = cap;
-    t->used = t->pending = 0;
-    return t->slots ? 0 : -ENOMEM;
-}
-
-static struct lsx_record *table_find(struct lsx_table *t, uint64_t ticket)
-{
-    uint32_t mask = t->cap - 1;
-    for (uint32_t i = (uint32_t)ticket & mask;; i = (i + 1) & mask) {
-        if (t->slots[i].state == SLOT_EMPTY)
-            return NULL;
-        if (t->slots[i].ticket == ticket)
-            return &t->slots[i];
-    }
-}
-
-static void table_place(struct lsx_table *t, struct lsx_record record)
-{
-    uint32_t mask = t->cap - 1;
-    uint32_t i = (uint32_t)record.ticket & mask;
-    while (t->slots[i].state != SLOT_EMPTY)
-        i = (i + 1) & mask;
-    t->slots[i] = record;
-}
-
-static int table_grow(struct lsx_table *t)
-{
-    struct lsx_table bigger;
-    if (table_init(&bigger, t->cap * 2) < 0)
-        return -ENOMEM;
-    for (uint32_t i = 0; i < t->cap; i++)
-        if (t->slots[i].state != SLOT_EMPTY)
-            table_place(&bigger, t->slots[i]);
-    free(t->slots);
-    t->slots = bigger.slots;
-    t->cap = bigger.cap;
-    return 0;
-}
-
-static int table_add_pending(struct lsx_table *t, uint64_t ticket)
-{
-    if ((t->used + 1) * 2 > t->cap && table_grow(t) < 0)
-        return -ENOMEM;
-    table_place(t, (struct lsx_record){.ticket = ticket, .state = SLOT_PENDING});
-    t->used++;
-    t->pending++;
-    return 0;
-}
-
-static void table_remove(struct lsx_table *t, struct lsx_record *record)
-{
-    uint32_t mask = t->cap - 1;
-    uint32_t hole = (uint32_t)(record - t->slots);
-    if (record->state == SLOT_PENDING)
-        t->pending--;
-    t->used--;
-    for (uint32_t j = (hole + 1) & mask; t->slots[j].state != SLOT_EMPTY; j = (j + 1) & mask) {
-        uint32_t home = (uint32_t)t->slots[j].ticket & mask;
-        /* The entry at j may fill the hole unless its home lies cyclically in (hole, j]. */
-        int stays = hole <= j ? (home > hole && home <= j) : (home > hole || home <= j);
-        if (!stays) {
-            t->slots[hole] = t->slots[j];
-            hole = j;
-        }
-    }
-    t->slots[hole].state = SLOT_EMPTY;
-}
-
-static void table_complete(struct lsx_table *t, const struct ls_cqe *cqe)
-{
-    struct lsx_record *record = table_find(t, cqe->ticket);
-    if (record == NULL || record->state != SLOT_PENDING)
-        return;                         /* not ours: the arbiter is untrusted, ignore it */
-    if (cqe->status == -LS_EMOVED) {    /* not run: handed over, the reattach sends it to the new arbiter */
-        record->status = -LS_EMOVED;
-        return;
-    }
-    record->state = SLOT_DONE;
-    record->status = cqe->status;
-    record->device_ns = cqe->device_ns;
-    t->pending--;
-}
-
 /* ------------------------------------------------------------------ completions */
 
 static int64_t now_ns(void)
@@ -287,35 +182,10 @@ static int lost_error(ls_session *s)
                : fail(-LS_ELOST, "the arbiter exited or closed this session; connect again");
 }
 
-/* Pop every ready completion into the table; the ring's error as is. Caller holds cq_lock. */
+/* Pop every ready completion into the book; the ring's error as is. Caller holds cq_lock. */
 static int collect_ready(ls_session *s)
 {
-    struct ls_cqe cqes[LSX_CQE_BATCH];
-    int total = 0, n;
-    if (is_lost(s))
-        return is_lost(s);              /* (the ring may be gone) */
-    do {
-        n = ls_cq_pop(s->region, (char *)cqes, LSX_CQE_BATCH);
-        if (n < 0)
-            return n;
-        pthread_mutex_lock(&s->lock);
-        for (int i = 0; i < n; i++)
-            table_complete(&s->table, &cqes[i]);
-        pthread_mutex_unlock(&s->lock);
-        total += n;
-    } while (n == LSX_CQE_BATCH);
-    return total;
-}
-
-/* Sleep up to wait_ns for a completion, then collect; the ring's error as is. Caller holds cq_lock. */
-static int collect_waiting(ls_session *s, int64_t wait_ns)
-{
-    if (is_lost(s))
-        return is_lost(s);
-    int rc = ls_cq_wait(s->region, 1, LSX_SPIN_NS, wait_ns);
-    if (rc < 0 && rc != -ETIMEDOUT)
-        return rc;
-    return collect_ready(s);
+    return is_lost(s) ? is_lost(s) : ls_tickets_collect(s->book, s->region);  /* (a lost ring may be gone) */
 }
 
 static int reattach(ls_session *s);
@@ -338,49 +208,21 @@ static int recover(ls_session *s, int rc, uint64_t generation)
     return rc;
 }
 
-/* The state of a ticket's record (SLOT_EMPTY when it has none), under lock. */
-static uint32_t ticket_state(ls_session *s, uint64_t ticket)
-{
-    pthread_mutex_lock(&s->lock);
-    struct lsx_record *record = table_find(&s->table, ticket);
-    uint32_t state = record ? record->state : SLOT_EMPTY;
-    pthread_mutex_unlock(&s->lock);
-    return state;
-}
-
-static uint32_t pending_count(ls_session *s)
-{
-    pthread_mutex_lock(&s->lock);
-    uint32_t pending = s->table.pending;
-    pthread_mutex_unlock(&s->lock);
-    return pending;
-}
-
 /*
- * One step of a wait: become the completion consumer, collect what is ready,
- * and if done() is still false sleep up to the deadline (at most a slice).
+ * One step of a wait for `ticket` (0: for every ticket): become the completion consumer, collect
+ * what is ready, and while it is pending sleep up to the deadline (at most a slice).
  */
-static int wait_step(ls_session *s, int (*done)(ls_session *, uint64_t), uint64_t arg, int64_t deadline)
+static int wait_step(ls_session *s, uint64_t ticket, int64_t deadline)
 {
     pthread_mutex_lock(&s->cq_lock);
-    int rc = collect_ready(s);
-    if (rc >= 0 && !done(s, arg)) {
-        int64_t left = deadline - now_ns();
-        if (left > 0)
-            rc = collect_waiting(s, left < LSX_SLICE_NS ? left : LSX_SLICE_NS);
-    }
+    int64_t left = deadline - now_ns();
+    int rc = is_lost(s) ? is_lost(s)
+                        : ls_tickets_wait(s->book, s->region, ticket, LSX_SPIN_NS,
+                                          left <= 0 ? 0 : left < LSX_SLICE_NS ? left : LSX_SLICE_NS);
     if (rc < 0)
         rc = recover_locked(s, rc);     /* 0: on a new arbiter's ring, where the wait goes on */
     pthread_mutex_unlock(&s->cq_lock);
     return rc < 0 ? rc : 0;
-}
-
-static int ticket_done(ls_session *s, uint64_t ticket) { return ticket_state(s, ticket) != SLOT_PENDING; }
-
-static int idle(ls_session *s, uint64_t unused)
-{
-    (void)unused;
-    return pending_count(s) == 0;
 }
 
 /* ------------------------------------------------------------------ checks */
@@ -416,8 +258,8 @@ struct lsx_op {
 
 /*
  * Push the operation as ticket `number` on the current ring and, once pushed, record it pending in
- * the same hold of lock (room is made first, so that recording cannot fail after the push).
- * Returns 1 pushed, 0 the lane is full, or a negative code. Caller holds lock.
+ * the book (one call: the book makes room for the record first, so recording cannot fail after the
+ * push). Returns 1 pushed, 0 the lane is full, or a negative code. Caller holds lock.
  */
 static int push_locked(ls_session *s, uint64_t number, const struct lsx_op *op)
 {
@@ -427,14 +269,9 @@ static int push_locked(ls_session *s, uint64_t number, const struct lsx_op *op)
         for (uint32_t b = 0; op->buffers && b < op->nbuffers; b++)
             if (op->buffers[b] == s->lost_ids[i])
                 return -LS_EBUFFERLOST;
-    if ((s->table.used + 1) * 2 > s->table.cap && table_grow(&s->table) < 0)
-        return -ENOMEM;
-    int rc = ls_push_op(s->producer, number, op->opcode, op->program, op->groups[0], op->groups[1],
-                        op->groups[2], op->nbuffers, op->buffers, op->noffsets, op->offsets, op->push,
-                        op->push_size);
-    if (rc == 1)
-        table_add_pending(&s->table, number);
-    return rc;
+    return ls_tickets_push(s->book, s->producer, number, op->opcode, op->program, op->groups[0], op->groups[1],
+                           op->groups[2], op->nbuffers, op->buffers, op->noffsets, op->offsets, op->push,
+                           op->push_size);
 }
 
 /*
@@ -465,15 +302,14 @@ static int submit(ls_session *s, const struct lsx_op *op, uint64_t *ticket)
                         "when its count is not 0", op->what, op->nbuffers, op->push_size, LS_MAX_BUFFERS,
                         LS_MAX_PUSH);
         if (rc == -ENOMEM)
-            return fail(rc, "out of memory for the ticket table");
+            return fail(rc, "out of memory for the ticket book");
         if (rc == -LS_EBUFFERLOST)      /* (before any push: no number spent) */
             return fail(rc, "%s: a device buffer it uses died with the arbiter that held it (a restart keeps "
                         "shared buffers only): free it and allocate it again", op->what);
         if (rc == 0) {                  /* lane full: the arbiter waits for us to read completions */
             pthread_mutex_lock(&s->cq_lock);
-            rc = collect_ready(s);
-            if (rc == 0)
-                rc = collect_waiting(s, LSX_FULL_WAIT_NS);
+            rc = is_lost(s) ? is_lost(s)
+                            : ls_tickets_wait(s->book, s->region, 0, LSX_SPIN_NS, LSX_FULL_WAIT_NS);
             if (rc < 0)
                 rc = recover_locked(s, rc);
             pthread_mutex_unlock(&s->cq_lock);
@@ -539,25 +375,16 @@ int ls_wait(ls_session *s, uint64_t ticket, int64_t timeout_ns, uint64_t *device
         return rc;
     int64_t deadline = deadline_of(timeout_ns);
     for (;;) {
-        pthread_mutex_lock(&s->lock);
-        struct lsx_record *record = table_find(&s->table, ticket);
-        if (record == NULL || record->state == SLOT_DONE) {
-            int status = record ? record->status : 0;
-            if (record && device_ns)
-                *device_ns = record->device_ns;
-            if (record)
-                table_remove(&s->table, record);
-            pthread_mutex_unlock(&s->lock);
+        int32_t status = 0;             /* (no record: taken already, 0) */
+        if (ls_tickets_take(s->book, ticket, &status, device_ns) != LS_TICKET_PENDING)
             return status ? fail(status, "ticket %llu: %s", (unsigned long long)ticket, ls_strerror(status))
                           : 0;
-        }
-        pthread_mutex_unlock(&s->lock);
         if (is_lost(s))
             return lost_error(s);
         if (now_ns() >= deadline)
             return fail(-LS_ETIMEOUT, "ticket %llu not done after %lld ns", (unsigned long long)ticket,
                         (long long)timeout_ns);
-        if ((rc = wait_step(s, ticket_done, ticket, deadline)) < 0)
+        if ((rc = wait_step(s, ticket, deadline)) < 0)
             return lost_error(s);
     }
 }
@@ -567,19 +394,17 @@ int ls_poll(ls_session *s, uint64_t ticket)
     int rc = check_ticket(s, ticket);
     if (rc < 0)
         return rc;
-    if (ticket_state(s, ticket) == SLOT_PENDING && pthread_mutex_trylock(&s->cq_lock) == 0) {
-        rc = collect_ready(s);          /* a busy cq_lock: another thread is collecting already */
-        if (rc == 0 && ticket_state(s, ticket) == SLOT_PENDING) {
-            rc = ls_cq_wait(s->region, 1, 0, 0); /* no spin, no sleep: notices a dead or closed arbiter */
-            rc = rc == -ETIMEDOUT ? 0 : rc < 0 ? rc : collect_ready(s);
-        }
+    if (ls_tickets_state(s->book, ticket) == LS_TICKET_PENDING && pthread_mutex_trylock(&s->cq_lock) == 0) {
+        /* (a busy cq_lock: another thread is collecting already) No spin, no sleep: collects, and
+         * notices a dead or closed arbiter. */
+        rc = is_lost(s) ? is_lost(s) : ls_tickets_wait(s->book, s->region, ticket, 0, 0);
         if (rc < 0)
             rc = recover_locked(s, rc); /* (a reattach blocks: milliseconds, the session's timeout at most) */
         pthread_mutex_unlock(&s->cq_lock);
         if (rc < 0)
             return lost_error(s);
     }
-    return ticket_state(s, ticket) != SLOT_PENDING;
+    return ls_tickets_state(s->book, ticket) != LS_TICKET_PENDING;
 }
 
 int ls_wait_idle(ls_session *s, int64_t timeout_ns)
@@ -589,10 +414,10 @@ int ls_wait_idle(ls_session *s, int64_t timeout_ns)
         return rc;
     int64_t deadline = deadline_of(timeout_ns);
     uint32_t pending;
-    while ((pending = pending_count(s)) != 0) {
+    while ((pending = ls_tickets_pending(s->book)) != 0) {
         if (now_ns() >= deadline)
             return fail(-LS_ETIMEOUT, "%u tickets still running after %lld ns", pending, (long long)timeout_ns);
-        if ((rc = wait_step(s, idle, 0, deadline)) < 0)
+        if ((rc = wait_step(s, 0, deadline)) < 0)
             return lost_error(s);
     }
     return 0;
@@ -656,7 +481,7 @@ static void free_session(ls_session *s)
         close(s->peer_pidfd);
     pthread_mutex_destroy(&s->lock);
     pthread_mutex_destroy(&s->cq_lock);
-    free(s->table.slots);
+    ls_tickets_free(s->book);
     free(s->lost_ids);
     free(s);
 }
@@ -716,14 +541,20 @@ static int reattach(ls_session *s)
     if (rc < 0 && rc != -LS_EPEERDEAD)
         return mark_lost(s, rc);
     pthread_mutex_lock(&s->lock);
-    struct lsx_flight *flights = calloc(s->table.pending + 1, sizeof *flights);
-    uint32_t count = 0;
-    for (uint32_t i = 0; flights && i < s->table.cap; i++) {
-        struct lsx_record *record = &s->table.slots[i];
-        if (record->state == SLOT_PENDING)
-            flights[count++] = (struct lsx_flight){.ticket = record->ticket,
-                                                   .moved = record->status == -LS_EMOVED};
+    uint32_t count = ls_tickets_pending(s->book);  /* (nothing adds to the book while we hold lock) */
+    struct lsx_flight *flights = calloc(count + 1, sizeof *flights);
+    uint64_t *tickets = calloc(count + 1, sizeof *tickets);
+    uint8_t *marks = calloc(count + 1, 1);
+    if (flights && tickets && marks) {
+        count = (uint32_t)ls_tickets_list(s->book, tickets, marks, count);
+        for (uint32_t i = 0; i < count; i++)
+            flights[i] = (struct lsx_flight){.ticket = tickets[i], .moved = (marks[i] & LS_TICKET_MOVED) != 0};
+    } else {
+        free(flights);
+        flights = NULL;                 /* (-ENOMEM below) */
     }
+    free(tickets);
+    free(marks);
     /* Let go of the old ring while it is mapped: Python unmaps it during the move. */
     ls_producer_close(s->producer);
     ls_region_close(s->region);
@@ -735,16 +566,10 @@ static int reattach(ls_session *s)
     struct lsx_conn conn = {.peer_pidfd = -1};
     rc = flights ? hooked(PYTHON(lsx_py_reattach(s->handle, flights, count, &conn))) : -ENOMEM;
     if (rc == 0) {
-        for (uint32_t i = 0; i < count; i++) {
-            struct lsx_record *record = table_find(&s->table, flights[i].ticket);
-            if (record == NULL || record->state != SLOT_PENDING)
-                continue;
-            record->status = 0;         /* (no longer -LS_EMOVED: sent to the new arbiter) */
+        ls_tickets_resent(s->book);     /* (no longer moved: sent to the new arbiter) */
+        for (uint32_t i = 0; i < count; i++)
             if (flights[i].done)
-                table_complete(&s->table, &(struct ls_cqe){.ticket = flights[i].ticket,
-                                                          .status = flights[i].status,
-                                                          .device_ns = flights[i].device_ns});
-        }
+                ls_tickets_settle(s->book, flights[i].ticket, flights[i].status, flights[i].device_ns);
         s->peer_pidfd = conn.peer_pidfd;
         s->info.client_id = conn.client_id;
         rc = open_ring(s, &conn);
@@ -787,7 +612,7 @@ int ls_connect(const struct ls_options *options, ls_session **out)
     if (conn.handle <= 0)
         return python_failed();
     ls_session *s = calloc(1, sizeof *s);
-    if (s == NULL || table_init(&s->table, 64) < 0) {
+    if (s == NULL || ls_tickets_new(&s->book) < 0) {
         free(s);
         (void)PYTHON(lsx_py_close(conn.handle));
         return fail(-ENOMEM, "out of memory for a session");

@@ -4,7 +4,9 @@ A :class:`Region` holds a many-producer submission ring (one lane per
 producing thread) and a single-producer completion ring, in one anonymous
 memfd. Descriptors are :data:`DESC_DTYPE` records (256 bytes), completions
 :data:`CQE_DTYPE` records (32 bytes). The atomics live in the C core
-(ring.c); see its opening comment for the design.
+(ring.c); see its opening comment for the design. A client's :class:`TicketBook`
+(tickets.c) records its tickets in flight and files their completions, for the
+Python session and the C API alike.
 """
 
 from ._binding import C as C
@@ -12,5 +14,6 @@ from ._binding import CQE_DTYPE as CQE_DTYPE
 from ._binding import DESC_DTYPE as DESC_DTYPE
 from ._region import Producer as Producer
 from ._region import Region as Region
+from ._tickets import TicketBook as TicketBook
 
-__all__ = ["C", "CQE_DTYPE", "DESC_DTYPE", "Producer", "Region"]
+__all__ = ["C", "CQE_DTYPE", "DESC_DTYPE", "Producer", "Region", "TicketBook"]

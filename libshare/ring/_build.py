@@ -33,7 +33,7 @@ ffibuilder.cdef(cdef_source())
 ffibuilder.set_source(
     "libshare.ring._ring_cffi",
     '#include "ring.h"',
-    sources=[relative(HERE / "ring.c")],
+    sources=[relative(HERE / "ring.c"), relative(HERE / "tickets.c")],
     include_dirs=[relative(HERE)],
     extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra"],
 )

@@ -174,7 +174,6 @@ class Region:
         self._local = threading.local()
         self._cqe_out = np.empty(self.cq_entries, CQE_DTYPE)
         self._cqe_ptr = ffi.from_buffer("char[]", self._cqe_out)
-        self._cqe_structs = ffi.cast("struct ls_cqe *", self._cqe_ptr)
         self._pidfd = -1
 
     @classmethod
@@ -350,15 +349,6 @@ class Region:
         limit = self.cq_entries if max_count is None else min(max_count, self.cq_entries)
         n = check(lib.ls_cq_pop(self._handle, self._cqe_ptr, limit), self._handle, "completions")
         return self._cqe_out[:n].copy()
-
-    def take_completions(self) -> list[tuple[int, int, int]]:
-        """Take the completions that are ready, without waiting: (ticket, status, device_ns) each.
-
-        The lean form of :meth:`completions` for a client's wait (no array is built)."""
-        self._require_open()
-        n = check(lib.ls_cq_pop(self._handle, self._cqe_ptr, self.cq_entries), self._handle, "completions")
-        cqes = self._cqe_structs
-        return [(cqes[i].ticket, cqes[i].status, cqes[i].device_ns) for i in range(n)]
 
     def completions_into(self, out: np.ndarray, out_ptr=None) -> int:
         """Take ready completions into ``out`` (a CQE_DTYPE array); return how many, without waiting."""

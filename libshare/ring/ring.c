@@ -50,6 +50,10 @@
  * Every sleep is cut into slices of at most LS_SLICE_NS; between slices the
  * sleeper checks that its peer is alive (a pidfd, or the peer's state word),
  * so a dead peer is noticed within one slice.
+ *
+ * A client does not read this ring's completions itself: its ticket book
+ * (tickets.c) pushes through ls_push_op, files what ls_cq_pop returns and
+ * sleeps in ls_cq_wait, for the C API and the Python session alike.
  */
 #define _GNU_SOURCE
 #include "ring.h"

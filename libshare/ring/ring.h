@@ -208,6 +208,53 @@ int ls_cq_wait(ls_region *r, uint32_t min_ready, int64_t spin_ns, int64_t timeou
  * with the next completion (LS_NEED_WAKEUP_FD), then look; how many completions are ready. */
 int ls_cq_arm(ls_region *r);
 
+/* The ticket book (tickets.c): a client's tickets in flight and what each came to, one per
+ * session, shared by the C API and the Python session. The caller is the completion ring's one
+ * consumer while it collects or waits; the book locks only itself. */
+typedef struct ls_tickets ls_tickets;
+#define LS_TICKET_NONE 0                /* no record: never pushed, taken already, forgotten or dropped */
+#define LS_TICKET_PENDING 1
+#define LS_TICKET_DONE 2
+int ls_tickets_new(ls_tickets **out);
+void ls_tickets_free(ls_tickets *t);
+/* ls_push_op, and once it pushed (1), the ticket recorded pending in the same hold of the book's
+ * lock; ls_push_op's result, -ENOMEM (no room for the record: nothing pushed) or -EEXIST. */
+int ls_tickets_push(ls_tickets *t, ls_producer *p, uint64_t ticket, uint32_t opcode, uint32_t program,
+                    uint32_t groups_x, uint32_t groups_y, uint32_t groups_z, uint32_t nbuffers,
+                    const uint32_t *buffers, uint32_t noffsets, const uint64_t *offsets, const void *push,
+                    uint32_t push_size);
+/* Record a ticket pending without pushing (its descriptor went another way): 0, -ENOMEM, -EEXIST. */
+int ls_tickets_add(ls_tickets *t, uint64_t ticket);
+/* Pop every ready completion of r and file it; how many were popped, or the ring's error. */
+int ls_tickets_collect(ls_tickets *t, ls_region *r);
+/* One wait step: collect; if `ticket` (0: any ticket) is still pending, wait for the next completion
+ * (spin_ns, then sleep) up to timeout_ns and collect. The ticket's LS_TICKET_* state (pending after a
+ * timeout), or the ring's error (-LS_EPEERDEAD: the arbiter is gone). */
+int ls_tickets_wait(ls_tickets *t, ls_region *r, uint64_t ticket, int64_t spin_ns, int64_t timeout_ns);
+/* The ticket's state (0: LS_TICKET_PENDING while any is pending); no change. */
+int ls_tickets_state(ls_tickets *t, uint64_t ticket);
+/* The ticket's state; when done, its status and device time, and its record goes. */
+int ls_tickets_take(ls_tickets *t, uint64_t ticket, int32_t *status, uint64_t *device_ns);
+/* Nobody will ask for these: a done record goes, a pending one's completion is dropped when read. */
+void ls_tickets_forget(ls_tickets *t, const uint64_t *tickets, uint32_t count);
+/* File a completion read elsewhere for a pending ticket (-LS_EMOVED marks it moved, as a completion
+ * would): 1, or 0 when it is not pending. */
+int ls_tickets_settle(ls_tickets *t, uint64_t ticket, int32_t status, uint64_t device_ns);
+/* Every pending ticket done with `status` (forgotten ones go); how many were pending. */
+uint32_t ls_tickets_fail_pending(ls_tickets *t, int32_t status);
+/* The record goes, whatever its state. */
+void ls_tickets_drop(ls_tickets *t, uint64_t ticket);
+/* The pending tickets (up to max of them, each with its LS_TICKET_MOVED and LS_TICKET_ORPHAN marks in
+ * marks[], which may be NULL); how many are pending in all. */
+#define LS_TICKET_MOVED 1               /* the arbiter answered -LS_EMOVED: handed over, not run */
+#define LS_TICKET_ORPHAN 2              /* forgotten: its completion is dropped when read */
+int ls_tickets_list(ls_tickets *t, uint64_t *tickets, uint8_t *marks, uint32_t max);
+/* Clear every -LS_EMOVED mark: those tickets were sent to a new arbiter. */
+void ls_tickets_resent(ls_tickets *t);
+uint32_t ls_tickets_pending(ls_tickets *t);
+/* Completions filed with -LS_ECANCELED so far (the arbiter ended the session): a counter to compare. */
+uint64_t ls_tickets_cancelled(ls_tickets *t);
+
 /* Futex helpers, exposed for tests and for callers with their own words. */
 int ls_futex_wait(uint32_t *word, uint32_t expected, int64_t timeout_ns);
 int ls_futex_wake(uint32_t *word, int32_t count);

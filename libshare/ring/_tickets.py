@@ -1,0 +1,104 @@
+"""Python face of the ticket book (tickets.c): a session's tickets in flight and their outcomes.
+
+The Python session and the C API keep their tickets in the same C structure, so one design
+files completions and answers waits for both: a dispatch records its ticket in the same C call
+that pushes it (:meth:`TicketBook.pusher`), a wait sleeps and files in C with the GIL released
+(:meth:`TicketBook.wait`), and a waiter takes its outcome out (:meth:`TicketBook.take`).
+"""
+
+from __future__ import annotations
+
+import functools
+
+from ._binding import check, ffi, lib
+from ._region import _SPIN_NS, Producer, Region
+
+__all__ = ["TicketBook"]
+
+_LIST_ROOM = 1024  # tickets read per look at the pending ones (more: the look is made again, larger)
+
+
+class TicketBook:
+    """One session's ticket book. Its memory lives as long as this object: a Ticket that is
+    waited after its session closed still finds it (empty)."""
+
+    NONE, PENDING, DONE = lib.LS_TICKET_NONE, lib.LS_TICKET_PENDING, lib.LS_TICKET_DONE
+    """A ticket's states: no record (never pushed, taken, forgotten or dropped), in flight, done."""
+    MOVED, ORPHAN = lib.LS_TICKET_MOVED, lib.LS_TICKET_ORPHAN
+    """The marks of a pending ticket: the arbiter handed over without running it; forgotten."""
+
+    def __init__(self):
+        handle = ffi.new("ls_tickets **")
+        check(lib.ls_tickets_new(handle), None, "ticket book")
+        self._handle = handle[0]
+        self._status = ffi.new("int32_t *")
+        self._device_ns = ffi.new("uint64_t *")
+
+    def pusher(self, producer: Producer):
+        """``ls_tickets_push`` on ``producer``'s lane: called as ``push(ticket, opcode, program, gx, gy,
+        gz, nbuffers, ids, noffsets, offsets, push, push_size)``, it encodes the operation (ring.h's
+        ``ls_push_op``) and records the ticket pending once pushed; 1, 0 when the lane is full, or a
+        negative code (``-ENOMEM``: no room for the record). The caller keeps the producer alive."""
+        return functools.partial(lib.ls_tickets_push, self._handle, producer._handle)
+
+    def add(self, ticket: int) -> None:
+        """Record ``ticket`` pending (its descriptor was sent another way)."""
+        check(lib.ls_tickets_add(self._handle, ticket), None, "record a ticket")
+
+    def collect(self, region: Region) -> int:
+        """File every completion ready in ``region``; how many were read. The caller is its one reader."""
+        return check(lib.ls_tickets_collect(self._handle, region._c()), region._c(), "completions")
+
+    def wait(self, region: Region, ticket: int, timeout_ns: int, spin_ns: int = _SPIN_NS) -> int:
+        """One wait step for ``ticket`` (0: any pending ticket), GIL released: collect, then wait up to
+        ``timeout_ns`` for the next completion and collect. Its state (PENDING after the timeout);
+        raises ArbiterLost or RingCorrupted. The caller is the region's one reader."""
+        handle = region._c()
+        return check(lib.ls_tickets_wait(self._handle, handle, ticket, spin_ns, timeout_ns), handle,
+                     "wait for completions")
+
+    def take(self, ticket: int) -> tuple[int, int, int]:
+        """``(state, status, device_ns)`` of ``ticket``; once DONE its record goes (take it once)."""
+        state = lib.ls_tickets_take(self._handle, ticket, self._status, self._device_ns)
+        if state == self.DONE:
+            return state, self._status[0], self._device_ns[0]
+        return state, 0, 0
+
+    def forget(self, tickets: list[int]) -> None:
+        """Nobody will ask for these tickets: their outcomes are dropped (now, or when they come)."""
+        lib.ls_tickets_forget(self._handle, tickets, len(tickets))
+
+    def settle(self, ticket: int, status: int, device_ns: int = 0) -> bool:
+        """File a completion read elsewhere for ``ticket``; False when it was not pending."""
+        return bool(lib.ls_tickets_settle(self._handle, ticket, status, device_ns))
+
+    def drop(self, ticket: int) -> None:
+        """Remove ``ticket``'s record, whatever its state."""
+        lib.ls_tickets_drop(self._handle, ticket)
+
+    def in_flight(self) -> dict[int, int]:
+        """Every pending ticket, with its marks (MOVED, ORPHAN)."""
+        room = _LIST_ROOM
+        while True:
+            tickets, marks = ffi.new("uint64_t[]", room), ffi.new("uint8_t[]", room)
+            count = lib.ls_tickets_list(self._handle, tickets, marks, room)
+            if count <= room:
+                return {tickets[i]: marks[i] for i in range(count)}
+            room = count * 2
+
+    def resent(self) -> None:
+        """Clear the MOVED marks: those tickets went to a new arbiter."""
+        lib.ls_tickets_resent(self._handle)
+
+    def pending(self) -> int:
+        """How many tickets are pending (forgotten ones included: their completions are still due)."""
+        return lib.ls_tickets_pending(self._handle)
+
+    def cancelled(self) -> int:
+        """How many completions came with ``-LS_ECANCELED`` so far."""
+        return lib.ls_tickets_cancelled(self._handle)
+
+    def __del__(self):
+        handle, self._handle = getattr(self, "_handle", None), None
+        if handle is not None:
+            lib.ls_tickets_free(handle)
