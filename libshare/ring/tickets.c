@@ -9,9 +9,11 @@
  * and a waiter takes its ticket's outcome out (ls_tickets_take). Nothing here
  * needs Python: a Python waiter sleeps in ls_tickets_wait with the GIL released.
  *
- * Records live in an open-addressing table (linear probing on the ticket
- * number, backward-shift deletion) under the book's own mutex, held for
- * microseconds and never across a sleep. A record is pending, or done with its
+ * Records live in an open-addressing table (linear probing, backward-shift
+ * deletion) under the book's own mutex, held for microseconds and never
+ * across a sleep. Tickets are consecutive numbers, so a record's home slot is a
+ * multiplicative hash of its number, not the number itself: consecutive homes
+ * would make one long cluster, and a deletion walks to the end of its cluster. A record is pending, or done with its
  * status and device time. A pending record may carry two marks:
  *  - moved: the arbiter answered it -LS_EMOVED (it handed over and did not run
  *    it); the reattach sends it to the new arbiter and clears the mark;
@@ -36,6 +38,7 @@
 #include "ring.h"
 
 #define CQE_BATCH 64
+#define GOLDEN 0x9e3779b97f4a7c15ull    /* 2^64 / the golden ratio: Fibonacci hashing */
 
 enum { SLOT_EMPTY, SLOT_PENDING, SLOT_DONE };
 enum { MARK_MOVED = LS_TICKET_MOVED, MARK_ORPHAN = LS_TICKET_ORPHAN };
@@ -52,6 +55,7 @@ struct ls_tickets {
     pthread_mutex_t lock;               /* guards everything below */
     struct record *slots;
     uint32_t cap;                       /* power of two; at most half used */
+    uint32_t shift;                     /* 64 - log2(cap): a home slot is the hash's top bits */
     uint32_t used;
     uint32_t pending;                   /* orphans included: their completions are still due */
     uint64_t cancelled;                 /* completions filed with -LS_ECANCELED, ever */
@@ -59,10 +63,12 @@ struct ls_tickets {
 
 /* ------------------------------------------------------------------ the table (caller holds lock) */
 
+static uint32_t home(uint64_t ticket, uint32_t shift) { return (uint32_t)((ticket * GOLDEN) >> shift); }
+
 static struct record *find(struct ls_tickets *t, uint64_t ticket)
 {
     uint32_t mask = t->cap - 1;
-    for (uint32_t i = (uint32_t)ticket & mask;; i = (i + 1) & mask) {
+    for (uint32_t i = home(ticket, t->shift);; i = (i + 1) & mask) {
         if (t->slots[i].state == SLOT_EMPTY)
             return NULL;
         if (t->slots[i].ticket == ticket)
@@ -70,10 +76,10 @@ static struct record *find(struct ls_tickets *t, uint64_t ticket)
     }
 }
 
-static void place(struct record *slots, uint32_t cap, struct record record)
+static void place(struct record *slots, uint32_t cap, uint32_t shift, struct record record)
 {
     uint32_t mask = cap - 1;
-    uint32_t i = (uint32_t)record.ticket & mask;
+    uint32_t i = home(record.ticket, shift);
     while (slots[i].state != SLOT_EMPTY)
         i = (i + 1) & mask;
     slots[i] = record;
@@ -91,16 +97,17 @@ static int make_room(struct ls_tickets *t)
         return -ENOMEM;
     for (uint32_t i = 0; i < t->cap; i++)
         if (t->slots[i].state != SLOT_EMPTY)
-            place(bigger, t->cap * 2, t->slots[i]);
+            place(bigger, t->cap * 2, t->shift - 1, t->slots[i]);
     free(t->slots);
     t->slots = bigger;
     t->cap *= 2;
+    t->shift--;
     return 0;
 }
 
 static void add_pending(struct ls_tickets *t, uint64_t ticket)
 {
-    place(t->slots, t->cap, (struct record){.ticket = ticket, .state = SLOT_PENDING});
+    place(t->slots, t->cap, t->shift, (struct record){.ticket = ticket, .state = SLOT_PENDING});
     t->used++;
     t->pending++;
 }
@@ -113,9 +120,9 @@ static void remove_record(struct ls_tickets *t, struct record *record)
         t->pending--;
     t->used--;
     for (uint32_t j = (hole + 1) & mask; t->slots[j].state != SLOT_EMPTY; j = (j + 1) & mask) {
-        uint32_t home = (uint32_t)t->slots[j].ticket & mask;
+        uint32_t at = home(t->slots[j].ticket, t->shift);
         /* The entry at j may fill the hole unless its home lies cyclically in (hole, j]. */
-        int stays = hole <= j ? (home > hole && home <= j) : (home > hole || home <= j);
+        int stays = hole <= j ? (at > hole && at <= j) : (at > hole || at <= j);
         if (!stays) {
             t->slots[hole] = t->slots[j];
             hole = j;
@@ -159,6 +166,7 @@ int ls_tickets_new(ls_tickets **out)
     if (t == NULL)
         return -ENOMEM;
     t->cap = 64;
+    t->shift = 64 - 6;
     t->slots = calloc(t->cap, sizeof *t->slots);
     if (t->slots == NULL) {
         free(t);
