@@ -71,7 +71,6 @@
 #define LSX_HOOK static
 #include "hooks.h"
 
-#define LSX_SPIN_NS 20000LL             /* poll before sleeping: as the Python client does */
 #define LSX_SLICE_NS 50000000LL         /* longest sleep between checks of a waiter's deadline */
 #define LSX_FULL_WAIT_NS 1000000LL      /* a full lane waits this long for completions */
 #define LSX_REATTACH_TRIES 3            /* a push reattaches at most this often before the loss is sticky */
@@ -217,7 +216,7 @@ static int wait_step(ls_session *s, uint64_t ticket, int64_t deadline)
     pthread_mutex_lock(&s->cq_lock);
     int64_t left = deadline - now_ns();
     int rc = is_lost(s) ? is_lost(s)
-                        : ls_tickets_wait(s->book, s->region, ticket, LSX_SPIN_NS,
+                        : ls_tickets_wait(s->book, s->region, ticket, LS_SPIN_NS,
                                           left <= 0 ? 0 : left < LSX_SLICE_NS ? left : LSX_SLICE_NS);
     if (rc < 0)
         rc = recover_locked(s, rc);     /* 0: on a new arbiter's ring, where the wait goes on */
@@ -309,7 +308,7 @@ static int submit(ls_session *s, const struct lsx_op *op, uint64_t *ticket)
         if (rc == 0) {                  /* lane full: the arbiter waits for us to read completions */
             pthread_mutex_lock(&s->cq_lock);
             rc = is_lost(s) ? is_lost(s)
-                            : ls_tickets_wait(s->book, s->region, 0, LSX_SPIN_NS, LSX_FULL_WAIT_NS);
+                            : ls_tickets_wait(s->book, s->region, 0, LS_SPIN_NS, LSX_FULL_WAIT_NS);
             if (rc < 0)
                 rc = recover_locked(s, rc);
             pthread_mutex_unlock(&s->cq_lock);

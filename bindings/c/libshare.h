@@ -29,6 +29,8 @@ extern "C" {
 #define LS_OP_MAX 2
 #define LS_OP_BAD 0xffff               /* set by the consumer on a slot that failed ls_desc_check */
 
+#define LS_SPIN_NS 50000                /* a waiter polls this long before it sleeps (not while its waits
+                                           take longer: see wait_for in ring.c) */
 #define LS_NEED_WAKEUP 1                /* in sq_flags / cq_flags: the sleeper wants a wake */
 #define LS_NEED_WAKEUP_FD 2             /* in cq_flags: an async waiter wants a byte on its doorbell socket */
 

@@ -44,7 +44,7 @@ from ._binding import C, CQE_DTYPE, DESC_DTYPE, check, ffi, lib
 
 __all__ = ["Region", "Producer", "SharedMapping", "sealed_memfd", "check_sealed_memfd"]
 
-_SPIN_NS = 50_000  # polling before sleeping on a futex (skipped while waits take longer: see ring.c)
+_SPIN_NS = lib.LS_SPIN_NS  # polling before sleeping on a futex (skipped while waits take longer: see ring.c)
 _SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 
 
