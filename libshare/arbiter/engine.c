@@ -12,21 +12,50 @@
  *   drain    pop each waiting client's descriptors (at most what its completion
  *            ring can still answer), check each against the client's object table
  *            (ls_desc_check ran on the private copy in ls_sq_pop; this is the rest
- *            of the one validator), record the valid ones straight into a pooled
- *            primary command buffer (bind, push descriptors, push constants,
- *            dispatch or copy, one barrier) and submit it with one fence;
+ *            of the one validator), look each valid one up in the client's
+ *            recordings (below) and submit the pass's recordings in one pooled
+ *            primary command buffer (vkCmdExecuteCommands) with one fence;
  *   wait     with work in flight, poll the oldest fence (and the rings, while
- *            another submission may go) for spin_ns, then sleep on the fence for a
- *            short slice; with none, watch the rings for spin_ns after work (a
- *            client that waits for each completion pushes its next descriptor
- *            microseconds later), then arm every ring (NEED_WAKEUP) and sleep in
- *            poll() on the engine's eventfd and every heard doorbell. Measured on
- *            lavapipe with 8 clients, most of the arbiter's time went to futex
- *            sleeps and wake-ups (61% in the kernel), so the steady state polls.
+ *            another submission may go) if it holds a command or two, else sleep
+ *            on it (in naps while another submission may go: polling through a
+ *            longer one cost as much CPU as lavapipe spent running it); with none,
+ *            watch the rings for spin_ns after work (a client that waits for each
+ *            completion pushes its next descriptor microseconds later), then arm
+ *            every ring (NEED_WAKEUP) and sleep in ppoll() on the engine's eventfd
+ *            and every heard doorbell. Measured on lavapipe with 8 clients, most of
+ *            the arbiter's time went to futex sleeps and wake-ups (61% in the
+ *            kernel), so the steady state polls where a wait is short.
  *
- * Recording per submission instead of caching recordings keyed by content (what
- * the Python device layer does) costs well under a microsecond per command in C
- * and keeps no cache to invalidate when objects are freed.
+ * Recordings. Each client's descriptors are recorded once per distinct content
+ * (everything but the ticket): bind, push descriptors, push constants, dispatch
+ * or copy and one barrier, into a secondary command buffer with
+ * SIMULTANEOUS_USE (so several submissions may run it at once), cached by a hash
+ * of the content in the client's table of at most CACHE_MAX, least recently used
+ * first out (never one still in flight: past CACHE_MAX with all in flight, a
+ * recording is made for the one use). check_desc runs on every descriptor all the
+ * same; a hit only saves the recording. Lavapipe copies every recorded command
+ * into allocations of its own, freed at the next reset (10 or so mallocs and
+ * frees per dispatch): popping, checking, recording and submitting took 0.8 us
+ * of the engine's time per tiny dispatch, 0.2 us with hits. A recording names
+ * its client's objects by the ids of its key, and ls_engine_drop (and removing
+ * the client) forgets every recording that names the object, before its handle
+ * can be destroyed; one still in flight is reused only once it retires.
+ *
+ * Lingering. On lavapipe the costs of a submission (vkQueueSubmit waking the
+ * queue thread, its sleep after, the engine's sleep on the fence and its wake-up:
+ * a timed futex sleep costs 10 to 20 us of CPU in this VM) are paid per
+ * submission, and a client that pushes tiny dispatches one by one from Python
+ * (one per 2.5 us) is slower than the device: each pass took the few that had
+ * arrived, and the engine spent 1 to 2 us per dispatch submitting and waiting.
+ * So when nothing runs and every command popped comes from a streaming client
+ * (one with completions it has not read: it pushes without waiting for answers),
+ * the open submission lingers up to LINGER_NS (200 us), while it holds fewer
+ * than LINGER_BATCH commands, taking what arrives meanwhile: the engine sleeps
+ * on the bells of every other client (their pushes end the wait, and their work
+ * makes the submission urgent) and on its eventfd. A client that waits for each
+ * answer (its completion ring read) is never delayed, nor is planned work (the
+ * scheduler decides there), nor work while a fault is being handled; a
+ * streaming client's work waits at most LINGER_NS more, when the device is idle.
  *
  * Policy. With policy.planned == 0 every waiting client gets all it has, in turn
  * (round robin start), in one submission. With planned == 1 the engine calls
@@ -43,7 +72,7 @@
  * Cores. Lavapipe (Mesa 22.3 with LLVM 15 here) exposes one queue and runs a
  * whole dispatch on its queue thread: a 64-workgroup dispatch kept 0.99 of a
  * core busy with LP_NUM_THREADS at 2 or 4. So the engine does not run shaders
- * itself: its thread pops, checks, records, submits and answers while
+ * itself: its thread pops, checks, looks up, submits and answers while
  * lavapipe's queue thread runs the previous submission (two may be in flight),
  * which puts the arbiter on both cores of this machine, and the clients' own
  * work runs wherever the scheduler puts it. Shaders on both cores at once
@@ -102,14 +131,20 @@
 #include <unistd.h>
 
 #define NFLIGHT 8                       /* submission slots */
-#define IDLE_MS 2000                    /* poll() timeout when idle */
-#define MUTED_MS 20                     /* ... while a doorbell is muted */
+#define IDLE_NS 2000000000LL            /* sleep on the bells this long when idle */
+#define MUTED_NS 20000000LL             /* ... while a doorbell is muted */
+#define LINGER_NS 200000LL              /* hold a small submission of streaming clients this long */
+#define LINGER_BATCH 128                /* ... while it has fewer commands than this */
 #define FENCE_SLICE_NS 500000LL         /* wait on the oldest fence this long, then look again */
+#define FENCE_NAP_NS 25000LL            /* ... this long while another submission may go */
+#define FENCE_SPIN_COMMANDS 2           /* poll the fence of a submission of at most this many commands */
 #define BELL_CREDIT 32.0
 #define BELL_REFILL 32.0                /* credits per second */
 #define BELL_PENALTY_NS 1000000000LL
 #define BELL_READS 256
 #define NO_FENCE (-1)
+#define CACHE_MAX 64                    /* recordings a client keeps */
+#define CACHE_BUCKETS 128
 
 static int64_t now_ns(void)
 {
@@ -175,11 +210,28 @@ static int table_put(struct table *t, struct object *o)
 /* A removed slot holds the table's own address (a tombstone), so probes go on past it. */
 static void table_remove(struct table *t, struct object **slot) { *slot = (struct object *)t; }
 
+/* ------------------------------------------------------------------ recordings */
+
+/* A descriptor's command and barrier, recorded once into a secondary command buffer and
+ * run by every later descriptor of its client with the same content (see "Recordings"). */
+struct recording {
+    struct recording *next;             /* in its client's bucket, or in the engine's spare list */
+    VkCommandBuffer cb;                 /* secondary, SIMULTANEOUS_USE: several flights may run it */
+    uint64_t hash;
+    uint64_t last;                      /* the engine's count of lookups at its last use (LRU) */
+    uint32_t uses;                      /* flight entries that run it, not yet retired */
+    uint32_t cached;                    /* in its client's table; else spare once unused */
+    struct object *objects[LS_MAX_BUFFERS + 1];
+    uint32_t nobjects;
+    struct ls_desc key;                 /* the descriptor it records, ticket 0 */
+};
+
 /* ------------------------------------------------------------------ clients and flights */
 
 struct entry {
     uint32_t client;
     uint64_t ticket;
+    struct recording *recording;
     struct object *users[LS_MAX_BUFFERS + 1];
     uint32_t nusers;
     int32_t fences;                     /* first fence node answered after it, or NO_FENCE */
@@ -199,6 +251,9 @@ struct client {
     uint32_t outstanding;
     struct entry *last;                 /* its last command not yet answered (a fence waits on it) */
     struct table objects;
+    struct recording **buckets;         /* CACHE_BUCKETS chains, allocated at its first recording */
+    uint32_t nrecordings;
+    uint32_t cq_size;                   /* the most completion slots seen free: all of them, once read */
     struct ls_engine_stats stats;
     /* doorbell budget */
     double credit;
@@ -209,17 +264,19 @@ struct client {
 };
 
 struct flight {
-    VkCommandBuffer cb;
+    VkCommandBuffer cb;                 /* primary: runs the entries' recordings, at submit */
     VkFence fence;
     VkQueryPool queries;
     VkBuffer results;
     VkDeviceMemory results_memory;
     uint64_t *stamps;                   /* mapped results: count + 1 timestamps */
     struct entry entries[LS_ENGINE_MAX_BATCH];
+    VkCommandBuffer secondaries[LS_ENGINE_MAX_BATCH];  /* the entries' recordings, in order */
     uint32_t count;
     int timed;
-    int recording;                      /* begun, not yet submitted */
-    uint64_t bound_pipeline;
+    int open;                           /* taking entries, not yet submitted */
+    int urgent;                         /* holds work of a client that waits for it: no lingering */
+    int64_t opened;
     int64_t head_since;
     int reported;                       /* the watchdog has fired for it */
 };
@@ -242,6 +299,7 @@ struct vk {
     PFN_vkCmdDispatch CmdDispatch;
     PFN_vkCmdCopyBuffer CmdCopyBuffer;
     PFN_vkCmdPipelineBarrier CmdPipelineBarrier;
+    PFN_vkCmdExecuteCommands CmdExecuteCommands;
     PFN_vkCreateQueryPool CreateQueryPool;
     PFN_vkDestroyQueryPool DestroyQueryPool;
     PFN_vkCmdResetQueryPool CmdResetQueryPool;
@@ -276,6 +334,8 @@ struct ls_engine {
     uint32_t nactive, rotate;
     struct flight flights[NFLIGHT];
     uint32_t head, nflights;            /* submitted flights: head .. head + nflights - 1 */
+    struct recording *spare;            /* recordings out of every table and unused: re-recorded next */
+    uint64_t lookups;
     struct fence_node *fence_nodes;
     uint32_t fence_cap;
     int32_t fence_free;
@@ -399,9 +459,13 @@ static void finish_entry(ls_engine *e, struct entry *en, int32_t status, uint64_
         c->stats.charged_since++;
         c->stats.charged_ns_since += ns;
     }
-    if (!keep)
-        for (uint32_t k = 0; k < en->nusers; k++)
-            release(e, en->users[k]);
+    if (keep)
+        return;
+    for (uint32_t k = 0; k < en->nusers; k++)
+        release(e, en->users[k]);
+    struct recording *r = en->recording;
+    if (--r->uses == 0 && !r->cached)
+        r->next = e->spare, e->spare = r;
 }
 
 static int add_fence(ls_engine *e, struct entry *en, uint64_t ticket)
@@ -431,27 +495,20 @@ static int add_fence(ls_engine *e, struct entry *en, uint64_t ticket)
 
 static struct flight *flight_at(ls_engine *e, uint32_t k) { return &e->flights[(e->head + k) % NFLIGHT]; }
 
-/* The flight being recorded (begun on first use), or NULL when every slot is in flight. */
+/* The flight taking entries (opened on first use), or NULL when every slot is in flight. */
 static struct flight *open_flight(ls_engine *e)
 {
     if (e->nflights >= NFLIGHT)
         return NULL;
     struct flight *f = flight_at(e, e->nflights);
-    if (!f->recording) {
-        VkCommandBufferBeginInfo begin = {VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO, NULL,
-                                          VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT, NULL};
-        if (e->vk.BeginCommandBuffer(f->cb, &begin) != VK_SUCCESS)
-            return NULL;
-        f->recording = 1;
+    if (!f->open) {
+        f->open = 1;
+        f->urgent = 0;
+        f->opened = now_ns();
         f->count = 0;
-        f->bound_pipeline = 0;
         f->reported = 0;
         f->head_since = 0;
         f->timed = e->policy.timed && e->cfg.timestamp_mask && f->queries;
-        if (f->timed) {
-            e->vk.CmdResetQueryPool(f->cb, f->queries, 0, LS_ENGINE_MAX_BATCH + 1);
-            e->vk.CmdWriteTimestamp(f->cb, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, f->queries, 0);
-        }
     }
     return f;
 }
@@ -466,14 +523,10 @@ static void record_barrier(ls_engine *e, VkCommandBuffer cb)
     e->vk.CmdPipelineBarrier(cb, work, work | VK_PIPELINE_STAGE_HOST_BIT, 0, 1, &barrier, 0, NULL, 0, NULL);
 }
 
-static void record_dispatch(ls_engine *e, struct flight *f, const struct ls_desc *d, struct object *program,
+static void record_dispatch(ls_engine *e, VkCommandBuffer cb, const struct ls_desc *d, struct object *program,
                             struct object **buffers)
 {
-    VkCommandBuffer cb = f->cb;
-    if (f->bound_pipeline != program->handle) {
-        e->vk.CmdBindPipeline(cb, VK_PIPELINE_BIND_POINT_COMPUTE, (VkPipeline)program->handle);
-        f->bound_pipeline = program->handle;
-    }
+    e->vk.CmdBindPipeline(cb, VK_PIPELINE_BIND_POINT_COMPUTE, (VkPipeline)program->handle);
     if (d->nbuffers) {
         VkDescriptorBufferInfo infos[LS_MAX_BUFFERS];
         VkWriteDescriptorSet writes[LS_MAX_BUFFERS];
@@ -493,10 +546,130 @@ static void record_dispatch(ls_engine *e, struct flight *f, const struct ls_desc
     e->vk.CmdDispatch(cb, d->groups[0], d->groups[1], d->groups[2]);
 }
 
-static void record_copy(ls_engine *e, struct flight *f, const struct ls_desc *d, struct object **buffers)
+static void record_copy(ls_engine *e, VkCommandBuffer cb, const struct ls_desc *d, struct object **buffers)
 {
     VkBufferCopy region = {d->offset[0], d->offset[1], d->offset[2]};
-    e->vk.CmdCopyBuffer(f->cb, (VkBuffer)buffers[0]->handle, (VkBuffer)buffers[1]->handle, 1, &region);
+    e->vk.CmdCopyBuffer(cb, (VkBuffer)buffers[0]->handle, (VkBuffer)buffers[1]->handle, 1, &region);
+}
+
+/* The descriptor's content past its ticket, hashed a word at a time. */
+static uint64_t hash_desc(const struct ls_desc *d)
+{
+    const unsigned char *p = (const unsigned char *)d + sizeof d->ticket;
+    uint64_t h = 0x9e3779b97f4a7c15ull, w;
+    for (size_t k = 0; k + 8 <= sizeof *d - sizeof d->ticket; k += 8) {
+        memcpy(&w, p + k, 8);
+        h = (h ^ w) * 0xff51afd7ed558ccdull;
+    }
+    return h ^ (h >> 32);
+}
+
+static void unlink_recording(ls_engine *e, struct client *c, struct recording *r)
+{
+    struct recording **at = &c->buckets[r->hash % CACHE_BUCKETS];
+    while (*at != r)
+        at = &(*at)->next;
+    *at = r->next;
+    c->nrecordings--;
+    r->cached = 0;
+    if (!r->uses)
+        r->next = e->spare, e->spare = r;
+}
+
+/* Forget every recording of client c that names object o (every one, with o NULL): its
+ * handles are about to be destroyed. One still run by a flight is spare once it retires. */
+static void forget_recordings(ls_engine *e, struct client *c, const struct object *o)
+{
+    for (uint32_t b = 0; c->buckets && b < CACHE_BUCKETS; b++)
+        for (struct recording *r = c->buckets[b], *next; r; r = next) {
+            next = r->next;
+            int names = !o;
+            for (uint32_t k = 0; k < r->nobjects && !names; k++)
+                names = r->objects[k] == o;
+            if (names)
+                unlink_recording(e, c, r);
+        }
+}
+
+/* A recording to reuse: spare, new, or (the client's cache full) its least recently used idle one. */
+static struct recording *free_recording(ls_engine *e, struct client *c)
+{
+    if (c->nrecordings >= CACHE_MAX) {
+        struct recording *oldest = NULL;
+        for (uint32_t b = 0; b < CACHE_BUCKETS; b++)
+            for (struct recording *r = c->buckets[b]; r; r = r->next)
+                if (!r->uses && (!oldest || r->last < oldest->last))
+                    oldest = r;
+        if (oldest)
+            unlink_recording(e, c, oldest);   /* idle: onto the spare list, taken below */
+    }
+    struct recording *r = e->spare;
+    if (r) {
+        e->spare = r->next;
+        return r;
+    }
+    r = calloc(1, sizeof *r);
+    VkCommandBufferAllocateInfo info = {VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO, NULL, e->pool,
+                                        VK_COMMAND_BUFFER_LEVEL_SECONDARY, 1};
+    if (r && e->vk.AllocateCommandBuffers(e->device, &info, &r->cb) != VK_SUCCESS) {
+        free(r);
+        r = NULL;
+    }
+    return r;
+}
+
+/*
+ * The recording of a checked descriptor d of client c, whose objects check_desc put in users[]:
+ * the cached one with the same content, or a new one (cached unless every recording the client
+ * has is in flight). NULL when Vulkan cannot record it. Lookups are by content within the
+ * client, whose ids name the same objects for as long as a recording lives (forget_recordings).
+ */
+static struct recording *recording_for(ls_engine *e, struct client *c, const struct ls_desc *d,
+                                       struct object **users, uint32_t nusers)
+{
+    struct ls_desc key = *d;
+    key.ticket = 0;
+    uint64_t hash = hash_desc(&key);
+    e->lookups++;
+    if (!c->buckets && !(c->buckets = calloc(CACHE_BUCKETS, sizeof *c->buckets)))
+        return NULL;
+    for (struct recording *r = c->buckets[hash % CACHE_BUCKETS]; r; r = r->next)
+        if (r->hash == hash && !memcmp(&r->key, &key, sizeof key)) {
+            r->last = e->lookups;
+            return r;
+        }
+    struct recording *r = free_recording(e, c);
+    if (!r)
+        return NULL;
+    VkCommandBufferInheritanceInfo inherit = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_INHERITANCE_INFO};
+    VkCommandBufferBeginInfo begin = {VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO, NULL,
+                                      VK_COMMAND_BUFFER_USAGE_SIMULTANEOUS_USE_BIT, &inherit};
+    if (e->vk.BeginCommandBuffer(r->cb, &begin) != VK_SUCCESS) {   /* resets it (the pool allows) */
+        r->next = e->spare, e->spare = r;
+        return NULL;
+    }
+    if (d->opcode == LS_OP_DISPATCH)
+        record_dispatch(e, r->cb, d, users[nusers - 1], users);
+    else
+        record_copy(e, r->cb, d, users);
+    record_barrier(e, r->cb);
+    if (e->vk.EndCommandBuffer(r->cb) != VK_SUCCESS) {
+        r->next = e->spare, e->spare = r;
+        return NULL;
+    }
+    r->key = key;
+    r->hash = hash;
+    r->last = e->lookups;
+    r->uses = 0;
+    r->nobjects = nusers;
+    memcpy(r->objects, users, nusers * sizeof *users);
+    r->cached = c->nrecordings < CACHE_MAX;
+    if (r->cached) {
+        struct recording **bucket = &c->buckets[hash % CACHE_BUCKETS];
+        r->next = *bucket, *bucket = r;
+        c->nrecordings++;
+    }
+    return r;
 }
 
 /* ------------------------------------------------------------------ the validator */
@@ -555,18 +728,32 @@ static int submit(ls_engine *e)
     if (e->nflights >= NFLIGHT)
         return 0;
     struct flight *f = flight_at(e, e->nflights);
-    if (!f->recording)
+    if (!f->open)
         return 0;
-    f->recording = 0;
-    if (f->timed) {
+    f->open = 0;
+    if (!f->count)
+        return 0;
+    VkCommandBufferBeginInfo begin = {VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO, NULL,
+                                      VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT, NULL};
+    VkResult result = e->vk.BeginCommandBuffer(f->cb, &begin);
+    if (result == VK_SUCCESS && f->timed) {  /* a timestamp before the first recording and after each */
+        e->vk.CmdResetQueryPool(f->cb, f->queries, 0, LS_ENGINE_MAX_BATCH + 1);
+        e->vk.CmdWriteTimestamp(f->cb, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, f->queries, 0);
+        for (uint32_t k = 0; k < f->count; k++) {
+            e->vk.CmdExecuteCommands(f->cb, 1, &f->secondaries[k]);
+            e->vk.CmdWriteTimestamp(f->cb, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, f->queries, k + 1);
+        }
         e->vk.CmdCopyQueryPoolResults(f->cb, f->queries, 0, f->count + 1, f->results, 0, 8,
                                       VK_QUERY_RESULT_64_BIT | VK_QUERY_RESULT_WAIT_BIT);
         VkMemoryBarrier barrier = {VK_STRUCTURE_TYPE_MEMORY_BARRIER, NULL, VK_ACCESS_TRANSFER_WRITE_BIT,
                                    VK_ACCESS_HOST_READ_BIT};
         e->vk.CmdPipelineBarrier(f->cb, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_PIPELINE_STAGE_HOST_BIT, 0, 1, &barrier, 0,
                                  NULL, 0, NULL);
+    } else if (result == VK_SUCCESS) {
+        e->vk.CmdExecuteCommands(f->cb, f->count, f->secondaries);
     }
-    VkResult result = e->vk.EndCommandBuffer(f->cb);
+    if (result == VK_SUCCESS)
+        result = e->vk.EndCommandBuffer(f->cb);
     if (result == VK_SUCCESS) {
         VkSubmitInfo info = {VK_STRUCTURE_TYPE_SUBMIT_INFO, NULL, 0, NULL, NULL, 1, &f->cb, 0, NULL};
         pthread_mutex_lock(&e->queue_lock);
@@ -588,13 +775,33 @@ static int submit(ls_engine *e)
     return 1;
 }
 
+/* Whether client c has completions it has not read yet (space: its free completion slots): it
+ * pushes work without waiting for the answers to what it pushed before. */
+static int streams(struct client *c, int space)
+{
+    if ((uint32_t)space > c->cq_size)
+        c->cq_size = (uint32_t)space;
+    return (uint32_t)space < c->cq_size;
+}
+
+/* Whether the open submission lingers (see "Lingering"): nothing runs, the policy is unplanned,
+ * no fault, and it holds fewer than LINGER_BATCH commands, all of streaming clients, opened less
+ * than LINGER_NS ago. run() submits it once this no longer holds; shutdown_engine at once. */
+static int hold(ls_engine *e)
+{
+    if (e->nflights || e->policy.planned || e->faulted || e->device_lost)
+        return 0;
+    struct flight *f = flight_at(e, 0);
+    return f->open && f->count && !f->urgent && f->count < LINGER_BATCH && now_ns() - f->opened < LINGER_NS;
+}
+
 /* Commands the free flight slots can still take: popping more would leave some without one. */
 static int64_t room(ls_engine *e)
 {
     if (e->nflights >= NFLIGHT)
         return 0;
     struct flight *f = flight_at(e, e->nflights);
-    int64_t open = f->recording ? LS_ENGINE_MAX_BATCH - f->count : LS_ENGINE_MAX_BATCH;
+    int64_t open = f->open ? LS_ENGINE_MAX_BATCH - f->count : LS_ENGINE_MAX_BATCH;
     return open + (int64_t)LS_ENGINE_MAX_BATCH * (NFLIGHT - 1 - e->nflights);
 }
 
@@ -619,6 +826,7 @@ static int take(ls_engine *e, uint32_t slot, uint32_t limit)
         budget = room(e);
     if (budget <= 0)
         return 0;
+    int streaming = streams(c, space);
     int n = ls_sq_pop(c->region, (char *)e->descs, (uint32_t)budget);
     if (n < 0) {
         drop_client(e, slot, n);
@@ -648,20 +856,18 @@ static int take(ls_engine *e, uint32_t slot, uint32_t limit)
             submit(e);
             f = open_flight(e);
         }
-        if (!f) {
+        struct recording *r = f ? recording_for(e, c, d, users, nusers) : NULL;
+        if (!r) {
             answer(e, slot, d->ticket, status ? status : -LS_EFAULT, 0);
             continue;
         }
-        if (d->opcode == LS_OP_DISPATCH)
-            record_dispatch(e, f, d, users[nusers - 1], users);
-        else
-            record_copy(e, f, d, users);
-        record_barrier(e, f->cb);
-        if (f->timed)
-            e->vk.CmdWriteTimestamp(f->cb, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, f->queries, f->count + 1);
+        r->uses++;
+        f->urgent |= !streaming;
+        f->secondaries[f->count] = r->cb;
         struct entry *en = &f->entries[f->count++];
         en->client = slot;
         en->ticket = d->ticket;
+        en->recording = r;
         en->nusers = nusers;
         en->fences = NO_FENCE;
         for (uint32_t k = 0; k < nusers; k++) {
@@ -724,7 +930,8 @@ static int drain(ls_engine *e)
                 popped |= take(e, slot, LS_ENGINE_POP) > 0;
         }
     }
-    submit(e);
+    if (!hold(e))
+        submit(e);
     return popped;
 }
 
@@ -866,7 +1073,10 @@ static int spin(ls_engine *e)
     return 0;
 }
 
-static void sleep_on_bells(ls_engine *e)
+/* Arm every ring and sleep on the engine's eventfd and the heard doorbells (IDLE_NS, MUTED_NS
+ * while one is muted). With linger_ns, for at most that long, and the rings of streaming
+ * clients stay unarmed: their pushes are what the lingering submission waits to take. */
+static void sleep_on_bells(ls_engine *e, int64_t linger_ns)
 {
     pthread_mutex_lock(&e->lock);
     int64_t now = now_ns();
@@ -877,6 +1087,11 @@ static void sleep_on_bells(ls_engine *e)
         struct client *c = &e->clients[slot];
         if (c->closing)
             continue;
+        if (linger_ns) {                /* the streaming clients it lingers for ring no bell */
+            int space = ls_cq_space(c->region);
+            if (space < 0 || streams(c, space))
+                continue;
+        }
         int pending = ls_sq_arm(c->region);
         if (pending < 0) {
             drop_client(e, slot, pending);
@@ -896,7 +1111,11 @@ static void sleep_on_bells(ls_engine *e)
     }
     int stop = e->stopping;
     pthread_mutex_unlock(&e->lock);
-    if (!work && !stop && poll(e->pollfds, nfds, muted ? MUTED_MS : IDLE_MS) > 0) {
+    int64_t timeout = muted ? MUTED_NS : IDLE_NS;
+    if (linger_ns && linger_ns < timeout)
+        timeout = linger_ns;
+    struct timespec ts = {timeout / 1000000000LL, timeout % 1000000000LL};
+    if (!work && !stop && ppoll(e->pollfds, nfds, &ts, NULL) > 0) {
         uint64_t count;
         if (e->pollfds[0].revents && read(e->wake_fd, &count, sizeof count) < 0)
             count = 0;                  /* nothing to read: someone read it first */
@@ -919,22 +1138,30 @@ static void sleep_on_bells(ls_engine *e)
     pthread_mutex_unlock(&e->lock);
 }
 
-/* Poll the oldest fence (and, while another submission fits, the rings) for spin_ns before
- * sleeping in vkWaitForFences: a tiny batch ends within microseconds, and a futex sleep and
- * wake-up of this thread would cost more than it. */
+/* Poll the oldest fence (and, while another submission fits, the rings) before sleeping in
+ * vkWaitForFences: a submission of a command or two ends within microseconds, and a futex sleep
+ * and wake-up of this thread would cost more than it, so its fence is polled for up to spin_ns.
+ * A longer one is looked at once and slept on: polling it cost as much CPU as it ran. While
+ * another submission may go, the sleep is a FENCE_NAP_NS nap, after which the loop pops what
+ * came meanwhile; else a FENCE_SLICE_NS slice. */
 static void wait_for_fence(ls_engine *e)
 {
-    VkFence fence = flight_at(e, 0)->fence;
-    int64_t deadline = now_ns() + (int64_t)e->policy.spin_ns;
+    pthread_mutex_lock(&e->lock);
+    struct flight *f = flight_at(e, 0);
+    VkFence fence = f->fence;
+    int more = e->nflights < e->policy.max_in_flight;
+    int64_t spin = f->count > FENCE_SPIN_COMMANDS ? 0 : (int64_t)e->policy.spin_ns;  /* 0: one look, then sleep */
+    pthread_mutex_unlock(&e->lock);
+    int64_t deadline = now_ns() + spin;
     do {
         if (e->vk.GetFenceStatus(e->device, fence) != VK_NOT_READY)
             return;
-        if (e->nflights < e->policy.max_in_flight && work_waiting(e, 0))
+        if (more && work_waiting(e, 0))
             return;
         for (int k = 0; k < 64; k++)
             ls_cpu_relax();
     } while (now_ns() < deadline);
-    e->vk.WaitForFences(e->device, 1, &fence, VK_TRUE, FENCE_SLICE_NS);
+    e->vk.WaitForFences(e->device, 1, &fence, VK_TRUE, more ? FENCE_NAP_NS : FENCE_SLICE_NS);
 }
 
 static void wait_for_work(ls_engine *e)
@@ -944,7 +1171,7 @@ static void wait_for_work(ls_engine *e)
         return;
     }
     if (!spin(e))
-        sleep_on_bells(e);
+        sleep_on_bells(e, 0);
 }
 
 /* ------------------------------------------------------------------ the loop */
@@ -971,6 +1198,7 @@ static void cancel_queued(ls_engine *e, uint32_t slot, int32_t status)
 static void shutdown_engine(ls_engine *e)
 {
     pthread_mutex_lock(&e->lock);
+    submit(e);                          /* a lingering submission: answered below like the rest */
     for (uint32_t i = 0; i < e->nactive; i++)
         if (!e->clients[e->active[i]].closing)
             cancel_queued(e, e->active[i], -LS_ECANCELED);
@@ -1024,13 +1252,16 @@ static void *run(void *arg)
             e->planned_at = now_ns();
             pthread_mutex_unlock(&e->lock);
         }
-        if (waiting) {
-            pthread_mutex_lock(&e->lock);
-            if (e->policy.planned == (uint32_t)planned && !e->faulted)
-                busy |= drain(e);
-            pthread_mutex_unlock(&e->lock);
-        }
-        if (!busy)
+        pthread_mutex_lock(&e->lock);
+        if (waiting && e->policy.planned == (uint32_t)planned && !e->faulted)
+            busy |= drain(e);
+        int64_t linger = hold(e) ? LINGER_NS - (now_ns() - flight_at(e, 0)->opened) : 0;
+        if (linger <= 0)
+            submit(e);                  /* a lingering submission's time is up (or none is open) */
+        pthread_mutex_unlock(&e->lock);
+        if (linger > 0)
+            sleep_on_bells(e, linger);
+        else if (!busy)
             wait_for_work(e);
     }
     shutdown_engine(e);
@@ -1055,7 +1286,8 @@ static int load_vulkan(ls_engine *e)
     LOAD(QueueSubmit) LOAD(GetFenceStatus) LOAD(WaitForFences) LOAD(ResetFences) LOAD(CreateFence)
     LOAD(DestroyFence) LOAD(CreateCommandPool) LOAD(DestroyCommandPool) LOAD(AllocateCommandBuffers)
     LOAD(BeginCommandBuffer) LOAD(EndCommandBuffer) LOAD(CmdBindPipeline) LOAD(CmdPushDescriptorSetKHR)
-    LOAD(CmdPushConstants) LOAD(CmdDispatch) LOAD(CmdCopyBuffer) LOAD(CmdPipelineBarrier) LOAD(CreateQueryPool)
+    LOAD(CmdPushConstants) LOAD(CmdDispatch) LOAD(CmdCopyBuffer) LOAD(CmdPipelineBarrier) LOAD(CmdExecuteCommands)
+    LOAD(CreateQueryPool)
     LOAD(DestroyQueryPool) LOAD(CmdResetQueryPool) LOAD(CmdWriteTimestamp) LOAD(CmdCopyQueryPoolResults)
     LOAD(CreateBuffer) LOAD(DestroyBuffer) LOAD(GetBufferMemoryRequirements) LOAD(AllocateMemory) LOAD(FreeMemory)
     LOAD(BindBufferMemory) LOAD(MapMemory)
@@ -1196,6 +1428,10 @@ int ls_engine_destroy(ls_engine *e)
     for (uint32_t i = 0; e->clients && i < e->cfg.max_clients; i++)
         if (e->clients[i].region)
             ls_engine_remove_client(e, i);
+    for (struct recording *r = e->spare, *next; r; r = next) {  /* their command buffers go with the pool */
+        next = r->next;
+        free(r);
+    }
     if (e->wake_fd >= 0)
         close(e->wake_fd);
     free(e->clients), free(e->active), free(e->pollfds), free(e->poll_clients);
@@ -1278,6 +1514,8 @@ int ls_engine_remove_client(ls_engine *e, uint32_t slot)
     struct client *c = client_at(e, slot);
     int rc = c ? 0 : -ENOENT;
     if (c) {
+        forget_recordings(e, c, NULL);
+        free(c->buckets);
         for (uint32_t i = 0; i < c->objects.cap; i++) {
             struct object *o = c->objects.slots[i];
             if (o && o != (struct object *)&c->objects) {
@@ -1388,6 +1626,7 @@ int ls_engine_drop(ls_engine *e, uint32_t slot, uint32_t kind, uint32_t id)
     if (found) {
         struct object *o = *found;
         table_remove(&c->objects, found);
+        forget_recordings(e, c, o);
         if (o->in_flight) {
             o->freed = 1;
             rc = 1;

@@ -2,8 +2,9 @@
  * libshare engine: the arbiter's data path in C, on its own thread, without the GIL.
  *
  * The engine pops descriptors from the clients' rings, checks each against the
- * client's object table (the one validator), records the valid ones into a
- * command buffer, submits, polls fences, reads timestamps and posts completions.
+ * client's object table (the one validator), records the valid ones (once per
+ * distinct content) and runs them from one command buffer per submission,
+ * submits, polls fences, reads timestamps and posts completions.
  * Python keeps the control plane and talks to the engine through this header
  * only: object tables and policy in, counters and events out. Every call is
  * thread-safe (one mutex, held by the engine for one pass at most) and returns
