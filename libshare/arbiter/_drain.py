@@ -10,10 +10,12 @@ and the doorbell budget). This module is everything around it, on one Python thr
 the *control thread*:
 
 * **Tasks** (``_tasks.py``). Control requests (register a program or buffer, free,
-  disconnect, commands) come from connection threads as tasks, which the control thread
-  runs one at a time (:meth:`Drainer.call`, :meth:`Drainer.post`). Device-touching work (allocation, zero
-  fills, pipeline destruction) and the clients' records change only here. The device
-  layer's own queue submissions (zero fills) go through the engine's queue lock.
+  disconnect, commands) come from connection threads as tasks, which run one at a time, in
+  order, under the control lock (:meth:`Drainer.call`, :meth:`Drainer.post`): on the control
+  thread, or on the caller's own thread when a call finds the control thread asleep (see
+  ``_tasks.py``). Device-touching work (allocation, zero fills, pipeline destruction) and the
+  clients' records change only under that lock. The device layer's own queue submissions
+  (zero fills) go through the engine's queue lock.
 * **Object tables.** A buffer or program a client may name is put into the engine's table
   for that client (:meth:`adopt`); a free drops it there first. The engine counts the
   commands that use each object, so a freed object still in use is destroyed only when the
@@ -38,13 +40,14 @@ its buffers, programs, engine slot and region are released.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import queue
 import select
 import threading
 
-from ..errors import RingCorrupted, ServerFault, ServerNotReady
+from ..errors import RingCorrupted, ServerNotReady
 from ..ring._binding import check as ring_check
 from ._clients import BufferRecord, Client, Counters, ProgramRecord
 from ._containment import Containment
@@ -98,6 +101,9 @@ class Drainer(Tasks, Containment):
         self._reclaiming: set[int] = set()  # ids of the clients being reclaimed (see _maybe_reclaim)
         self._released: dict[tuple[int, int, int], tuple[Client, BufferRecord | ProgramRecord]] = {}  # by (slot, kind, id)
         self.tasks: queue.SimpleQueue = queue.SimpleQueue()
+        self.control = threading.Lock()
+        """Held by whoever runs tasks (or handles the engine's events): the control thread while it is
+        awake, or a caller of :meth:`call` that found it asleep (see _tasks.py)."""
         self.stopping = False
         self.abandoned = False
         """True once stop() left work running on the device (the device must then be left too)."""
@@ -157,16 +163,25 @@ class Drainer(Tasks, Containment):
 
     def _run(self) -> None:
         while not self.stopping:
-            try:
-                busy = self._run_tasks()
-                busy |= self._handle_events()
-                if not busy:
+            with self._holding_control():  # a caller may run tasks meanwhile (see _tasks.py): wait for it
+                busy = self._control_pass(events=True)
+            if not busy:
+                try:
                     self._sleep()
-            except ServerFault as exc:
-                self.enter_fault(str(exc))
-            except Exception:  # never die: log and keep answering
-                log.exception("control loop error")
-        self._shutdown()
+                except Exception:  # never die: log and keep answering
+                    log.exception("control loop error")
+        with self._holding_control():
+            self._shutdown()
+
+    @contextlib.contextmanager
+    def _holding_control(self):
+        """Hold ``control`` as the control thread: tasks and events are this thread's for the block."""
+        with self.control:
+            self._runner = threading.get_ident()
+            try:
+                yield
+            finally:
+                self._runner = 0
 
     def _sleep(self) -> None:
         poller = select.poll()
@@ -424,7 +439,8 @@ class Drainer(Tasks, Containment):
         if self.thread.is_alive():
             self.thread.join(timeout + _STOP_SLACK)
         elif self.thread.ident is None:  # never started: stop the engine here
-            self._shutdown()
+            with self._holding_control():
+                self._shutdown()
         return not self.thread.is_alive()
 
 

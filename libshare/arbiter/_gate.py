@@ -34,9 +34,10 @@ Bounds, each enforced here:
 
 A first frame goes to the arbiter's ``route``, which checks it against its schema
 (a bad one is answered and the connection stays, within its deadline), refuses it
-(AccessDenied, TooManyClients: answered, then closed) or takes it: a hello becomes a
-session with its own thread, a control command runs on one of a few worker threads
-and its connection then comes back here. Nothing the gate does waits on a peer.
+(AccessDenied, TooManyClients: answered, then closed) or takes it: a hello is welcomed
+here (``on_session``) and becomes a session with its own thread, a control command runs
+on one of a few worker threads and its connection then comes back here. Nothing the gate
+does waits on a peer.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ A client's ``load_program`` runs on its connection thread, in three steps:
    ``_compiler.py``: a crash or a compile past the time limit refuses the module and
    remembers the refusal), then by the arbiter itself, on the connection thread, never
    on the control thread: a slow compile delays only the client that asked for it.
-3. **Registration**, on the control thread: the quota check that counts, and the client's
+3. **Registration**, as a control task: the quota check that counts, and the client's
    ProgramRecord. Each client gets its own record and program id, so freeing a program,
    or losing a client, never touches another client's. A shared pipeline is destroyed
    when the last record using it is destroyed, that is once the last command that

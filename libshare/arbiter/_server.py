@@ -1,17 +1,19 @@
 """The arbiter: the control server in front of the drain loop.
 
-Requests that touch the device (program load, alloc, free) run on the drain
-thread as tasks. The same class runs as a daemon (``serve``) and embedded
-inside a client process (``attach`` on one end of a socketpair).
+Requests that touch the device (program load, alloc, free) run as control tasks
+(_tasks.py: under the control lock, on the control thread or on the request's own). The
+same class runs as a daemon (``serve``) and embedded inside a client process (``attach``
+on one end of a socketpair).
 
 Connections. A connection costs a thread only once it is a client. Until it has
 said hello, and between an operator's control commands, it waits in the gate
 (_gate.py): one selector thread that accepts, reads first frames in steps, and
 holds a bounded number of connections, each for a bounded time (10 s to say
 hello, 30 s to finish a frame once begun). A hello that passes its schema and the
-admission checks (uid, server state, --max-clients) takes a client slot there and
-gets a thread of its own (one that a departed client left idle, or a new one), which
-makes the client and answers its requests; a control command runs on one of the
+admission checks (uid, server state, --max-clients) takes a client slot there, and
+the gate's thread makes the client and sends its welcome (nothing in that waits on the
+peer); the connection then gets a thread of its own (one that a departed client left
+idle, or a new one), which answers its requests; a control command runs on one of the
 gate's few worker threads, and its connection then goes back to the gate. The peer's pid and uid come from SO_PEERCRED, never
 from a message. An embedded session's hello goes through the gate as well.
 
@@ -64,6 +66,7 @@ the device fits (_limits.py), before any memory exists.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import mmap
@@ -366,25 +369,33 @@ class Arbiter:
 
     def _start_session(self, conn: socket.socket, hello: protocol.Frame, pid: int, uid: int,
                        client_id: int) -> None:
-        """Give an admitted connection a thread of its own (from the gate): an idle session thread
-        when one waits, else a new one (starting a thread costs the gate and the hello a few
-        wake-ups, which a burst of clients can afford but a lone attach notices)."""
-        job = (conn, hello, pid, uid, client_id)
+        """Welcome an admitted connection on the gate's thread (:meth:`_welcome`), then give it a
+        thread of its own for its requests: an idle session thread when one waits, else a new one.
+        Handed over while the client maps its ring (after :meth:`_joined`), that thread is awake
+        before the first request comes; handed over before the welcome, its wake-up (and a new
+        thread's start, which a burst of clients can afford but a lone attach notices) delayed the
+        welcome."""
         with self._lock:
             self._connections.add(conn)
-            idle = self._idle_sessions > 0
-            if idle:  # claimed and queued under one lock: an idle thread that gives up checks both
-                self._idle_sessions -= 1  # that thread's: each job handed over had one counted idle
-                self._sessions.put(job)
-        if idle:
+        client = self._welcome(conn, hello.fields, pid, uid, client_id)
+        if client is None:
             return
         try:
-            threading.Thread(target=self._session_thread, args=(job,), name="libshare-client", daemon=True).start()
-        except BaseException:
+            self._joined(client)  # while the client maps its ring
+            job = (conn, client)
             with self._lock:
-                self._connections.discard(conn)
-                self._attached.discard(client_id)
+                idle = self._idle_sessions > 0
+                if idle:  # claimed and queued under one lock: an idle thread that gives up checks both
+                    self._idle_sessions -= 1  # that thread's: each job handed over had one counted idle
+                    self._sessions.put(job)
+            if not idle:
+                threading.Thread(target=self._session_thread, args=(job,), name="libshare-client",
+                                 daemon=True).start()
+        except BaseException:
+            self._end_connection(conn, client, client.id)
             raise
+        self._spares_wanted.set()  # a head start for the next hello, made on the spares thread once
+        self._start_spares()  # the session thread has its wake-up under way (made before, it held that up)
 
     def _session_thread(self, job: tuple) -> None:
         """Serve one connection after another; wait for the next one while fewer than
@@ -417,49 +428,69 @@ class Arbiter:
 
     # ---------------------------------------------------------------- one connection
 
-    def _serve_connection(self, conn: socket.socket, hello: protocol.Frame, pid: int, uid: int,
-                          client_id: int) -> None:
-        client = None
-        try:
-            conn.setblocking(True)
-            conn.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", _SEND_TIMEOUT, 0))
+    def _welcome(self, conn: socket.socket, fields: dict, pid: int, uid: int, client_id: int) -> Client | None:
+        """Make and welcome the client the gate admitted (:meth:`_hello`), on the gate's thread: the
+        socket is still non-blocking there, and the empty send buffer of a new connection takes the
+        welcome whole. None when that failed: the peer was told why if it could be, and it is closed."""
+        with self._handler_end(conn):
             try:
-                client = self._hello(conn, hello.fields, pid, uid, client_id)
+                return self._hello(conn, fields, pid, uid, client_id)
             except OSError as exc:  # making its ring, pidfd or doorbell: the peer is told, not dropped
                 if exc.errno not in _SCARCE:
                     raise
                 raise TooManyClients(f"the arbiter could not make this client ({exc.strerror}): it is out of "
                                      "file descriptors or memory; try again later") from exc
-            timeout = self._gate.request_timeout
-            while True:
-                try:
-                    frame = protocol.recv(conn, max_fds=1, timeout=timeout)
-                except protocol.MalformedFrame as exc:  # whole, and bad: answered; the next one is read
-                    self._reply_error(conn, exc)
-                    continue
-                client.counters.control_bytes += len(frame.payload) + 64
-                self._answer(conn, client, frame)
+        self._end_connection(conn, None, client_id)
+        return None
+
+    def _serve_connection(self, conn: socket.socket, client: Client) -> None:
+        """Serve a welcomed client's requests until its connection ends (on its session thread)."""
+        try:
+            with self._handler_end(conn):
+                conn.setblocking(True)
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", _SEND_TIMEOUT, 0))
+                timeout = self._gate.request_timeout
+                while True:
+                    try:
+                        frame = protocol.recv(conn, max_fds=1, timeout=timeout)
+                    except protocol.MalformedFrame as exc:  # whole, and bad: answered; the next one is read
+                        self._reply_error(conn, exc)
+                        continue
+                    client.counters.control_bytes += len(frame.payload) + 64
+                    self._answer(conn, client, frame)
+        finally:
+            self._end_connection(conn, client, client.id)
+
+    @contextlib.contextmanager
+    def _handler_end(self, conn: socket.socket):
+        """How a connection's handling ends: a LibshareError is answered, the peer's departure ends it
+        quietly, anything else is logged (the caller closes the connection)."""
+        try:
+            yield
         except LibshareError as exc:  # before OSError: some libshare errors are OSErrors too
             self._reply_error(conn, exc)
         except (EOFError, OSError):
             pass  # the client went away
         except Exception:
             log.exception("connection handler error")
-        finally:
-            if client is None:  # the hello failed: its place goes back (it may have done so already)
-                with self._lock:
-                    self._attached.discard(client_id)
-            else:
-                log.info("%s disconnected", client.describe())
-                with self._lock:
-                    self._attached.discard(client.id)
-                try:  # not waited for: this thread may serve the next client meanwhile
-                    self.drainer.post(self.drainer.connection_closed, client)
-                except LibshareError:
-                    pass  # the arbiter is shutting down, and its shutdown reclaims every client
+
+    def _end_connection(self, conn: socket.socket, client: Client | None, client_id: int) -> None:
+        """Close a connection; its client slot goes back, and the control thread reclaims its client
+        (``client`` None: the hello failed, and no client was made, or it was reclaimed already)."""
+        if client is None:  # the hello failed: its place goes back (it may have done so already)
             with self._lock:
-                self._connections.discard(conn)
-            conn.close()
+                self._attached.discard(client_id)
+        else:
+            log.info("%s disconnected", client.describe())
+            with self._lock:
+                self._attached.discard(client.id)
+            try:  # not waited for: this thread may serve the next client meanwhile
+                self.drainer.post(self.drainer.connection_closed, client)
+            except LibshareError:
+                pass  # the arbiter is shutting down, and its shutdown reclaims every client
+        with self._lock:
+            self._connections.discard(conn)
+        conn.close()
 
     def _reply_error(self, conn: socket.socket, exc: Exception) -> None:
         try:
@@ -553,11 +584,8 @@ class Arbiter:
         except BaseException:  # its doorbell takes descriptors too
             region.close()
             raise
-        if self.client_oom_score_adj is not None and pid != os.getpid():
-            _raise_oom_score_adj(pid, self.client_oom_score_adj)
-        try:  # queued ahead of every later task (ps, once the client has its welcome, lists it), but the
-            # control thread is woken only below: it makes the engine slot while the client maps its
-            # ring, instead of taking the GIL from this thread before the welcome is out
+        try:  # queued ahead of every later task (ps, once the client has its welcome, lists it), but run
+            # only once the welcome is out (_joined flushes it), while the client maps its ring
             self.drainer.post(self.drainer.add_client, client, policy=False, wake=False)  # it sets the policy
         except BaseException:  # shutting down: the control thread never knew it
             region.close()
@@ -575,12 +603,18 @@ class Arbiter:
             with self._lock:
                 self._attached.discard(client_id)
             raise
-        self.drainer.ring_doorbell()  # add_client
+        return client
+
+    def _joined(self, client: Client) -> None:
+        """The rest of a hello, on the gate's thread once the welcome is out, before the connection
+        has a thread of its own (so before any request of the client is served): the client maps
+        its ring meanwhile, and its session thread, woken after this, is ready for its first request
+        (run on that thread, this held up the first request)."""
+        self.drainer.flush()  # add_client: here, unless the control thread is awake anyway
+        if self.client_oom_score_adj is not None and client.pid != os.getpid():
+            _raise_oom_score_adj(client.pid, self.client_oom_score_adj)
         if self._fd_budget is not None:
             self._fd_budget.client_joined()
-        self._spares_wanted.set()  # a head start for the next hello, made on the spares thread
-        self._start_spares()
-        return client
 
     def _start_spares(self) -> None:
         """Start the thread that makes spare regions, once (should it fail, hellos make their own)."""
@@ -694,7 +728,7 @@ class Arbiter:
     def _register_buffer(self, client: Client, kind: str, rounded: int, memory: SharedMemory | None,
                          wanted_id: int | None) -> int:
         """Make the device buffer over ``memory`` (or a device-local one) and the client's record of
-        it (id ``wanted_id`` if given), on the control thread; the memory is released if that fails."""
+        it (id ``wanted_id`` if given), as a control task; the memory is released if that fails."""
         def create():
             _require_attached(client)
             self.limits.check(client, self.drainer.clients.values(), rounded,  # again, one alloc at a time
@@ -820,7 +854,7 @@ class Arbiter:
 
 
 def _require_attached(client: Client) -> None:
-    """On the control thread, before a request adds to what a client holds: refuse once the client
+    """In a control task, before a request adds to what a client holds: refuse once the client
     was dropped, terminated or reclaimed meanwhile (its reclaim would never see the new object)."""
     if client.closing:
         raise client.sticky or ServerNotReady("this session was closed by the arbiter; reconnect")
@@ -915,11 +949,13 @@ def _client_row(client: Client, limits: MemoryLimits) -> dict:
 
 def _raise_oom_score_adj(pid: int, floor: int) -> None:
     """Raise process ``pid``'s oom_score_adj to ``floor`` if it is lower (never lower it)."""
-    try:
-        with open(f"/proc/{pid}/oom_score_adj", "r+") as f:
-            if int(f.read()) < floor:
-                f.seek(0)
-                f.write(str(floor))
+    try:  # four system calls (a buffered open() in "r+" makes nine): this is on the way to a client's requests
+        fd = os.open(f"/proc/{pid}/oom_score_adj", os.O_RDWR | os.O_CLOEXEC)
+        try:
+            if int(os.read(fd, 32)) < floor:
+                os.pwrite(fd, str(floor).encode(), 0)
+        finally:
+            os.close(fd)
     except (OSError, ValueError) as exc:
         log.info("cannot raise the oom_score_adj of pid %d to %d: %s", pid, floor, exc)
 

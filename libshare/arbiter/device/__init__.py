@@ -24,7 +24,8 @@ Its modules each hold one concept, and the part of the design about it:
 Rules for the caller (the arbiter)
 ----------------------------------
 * A :class:`Device` is not thread-safe: call ``submit``, ``release`` and every
-  create/destroy method from one thread. Two exceptions: :meth:`Submission.wait` and
+  create/destroy method from one thread at a time (the arbiter: under its control lock,
+  ``arbiter/_tasks.py``). Two exceptions: :meth:`Submission.wait` and
   :meth:`Submission.done` may run in another thread (cffi drops the GIL while waiting),
   and so may :meth:`create_pipeline`, so that a long compile never holds up the thread
   that submits (Vulkan lets pipeline creation run beside anything but the destruction of
