@@ -819,10 +819,10 @@ class Session:
         return self._record_loss(self._closed_by_arbiter() or errors.ArbiterLost(
             f"the arbiter exited or closed this session: {exc}"))
 
-    def _collect(self, timeout: float, ticket_id: int = 0) -> None:
-        """Read every ready completion, waiting up to ``timeout`` for the next one while ticket
-        ``ticket_id`` (0: any ticket) is pending; raise the loss or the close. The wait is one C
-        call (the ticket book's), in which other threads run."""
+    def _collect(self, timeout: float) -> None:
+        """Read every ready completion, waiting up to ``timeout`` for the next one while any ticket is
+        pending; raise the loss or the close. The wait is one C call (the ticket book's), in which
+        other threads run. (A wait for one ticket takes :meth:`_wait_step`.)"""
         self._enter()
         try:
             if not self._cq_lock.acquire(timeout=max(timeout, 0.001)):
@@ -833,7 +833,7 @@ class Session:
                     return
                 self._tell_forgotten()
                 try:
-                    self._book.wait(self._region, ticket_id, int(timeout * 1e9))
+                    self._book.wait(self._region, 0, int(timeout * 1e9))
                 except errors.ArbiterLost as exc:
                     raise _fresh(self._lose(exc)) from exc
                 except errors.RingCorrupted as exc:
@@ -904,9 +904,10 @@ class Session:
 
     def _settle(self, ticket: Ticket) -> None:
         """Give an unfinished ticket its sticky failure once its outcome can no longer come."""
-        if ticket._settled() or isinstance(self._lost, errors.ArbiterRestarted):
+        restarting = isinstance(self._lost, errors.ArbiterRestarted) and not self.closed
+        if ticket._settled() or restarting:
             return  # (a reattach settles the tickets in flight, or sends them again)
-        if self._lost is not None:
+        if self._lost is not None and not isinstance(self._lost, errors.ArbiterRestarted):
             ticket._error = self._lost
         elif self.closed:
             ticket._error = _closed_error(f"ticket {ticket.id}: the session was closed before its completion "
@@ -914,30 +915,59 @@ class Session:
 
     def _wait_ticket(self, ticket: Ticket, deadline: float | None) -> None:
         while True:
+            if self._lost is None and not self.closed:  # the common case: wait steps on the ring
+                try:
+                    self._wait_step(ticket, _WAIT_SLICE if deadline is None
+                                    else min(_WAIT_SLICE, max(deadline - time.monotonic(), 0)))
+                    if not self._fetch(ticket):
+                        self._check_usable()  # a reason the arbiter left in the ring
+                except errors.LibshareError:
+                    if self._lost is None and not self.closed:
+                        raise
+                    continue  # settled below
+                if ticket._settled():
+                    return
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise errors.Timeout(f"ticket {ticket.id} not done after the timeout")
+                continue
             if isinstance(self._lost, errors.ArbiterRestarted) and not self.closed:
                 self._reattach()  # settles the ticket, or sends it to the new arbiter
-            if self._fetch(ticket):
-                return
-            if self._lost is not None or self.closed:
-                self._settle(ticket)
-                if ticket._settled() or not isinstance(self._lost, errors.ArbiterRestarted):
+                if self._fetch(ticket):
                     return
                 if deadline is not None and time.monotonic() >= deadline:
                     raise errors.Timeout(f"ticket {ticket.id} not done after the timeout (reattaching)")
                 continue
+            self._fetch(ticket)
+            self._settle(ticket)
+            return
+
+    def _wait_step(self, ticket: Ticket, timeout: float) -> None:
+        """One wait for ``ticket``, the lean path of a round trip: read what is ready and, while the
+        ticket is pending, wait up to ``timeout`` for the next completion; a done ticket's outcome
+        goes onto it in the same C call. Raises the loss or the close."""
+        self._enter()
+        try:
+            lock = self._cq_lock
+            if not (lock.acquire(False) or lock.acquire(timeout=max(timeout, 0.001))):
+                return  # another thread is reading (and watching the arbiter) already
             try:
-                self._collect(_WAIT_SLICE if deadline is None
-                              else min(_WAIT_SLICE, max(deadline - time.monotonic(), 0)), ticket.id)
-                if not self._fetch(ticket):
-                    self._check_usable()  # a reason the arbiter left in the ring
-            except errors.LibshareError:
-                if self._lost is None and not self.closed:
+                if self._forgotten:
+                    self._tell_forgotten()
+                try:
+                    state, status, device_ns = self._book.wait_take(self._region, ticket.id, int(timeout * 1e9))
+                except errors.ArbiterLost as exc:
+                    raise _fresh(self._lose(exc)) from exc
+                except errors.RingCorrupted as exc:
+                    self._lost = self._lost or exc
                     raise
-                continue  # settled above
-            if ticket._settled():
-                return
-            if deadline is not None and time.monotonic() >= deadline:
-                raise errors.Timeout(f"ticket {ticket.id} not done after the timeout")
+                if state == _DONE:
+                    ticket._status, ticket.device_ns = status, device_ns
+                if self._book.cancelled() != self._cancelled:
+                    self._after_filing()
+            finally:
+                lock.release()
+        finally:
+            self._leave()
 
     def _status_error(self, ticket: Ticket) -> errors.LibshareError:
         """The error a failed ticket's status stands for (the session's sticky one for a fault or cancel)."""

@@ -217,7 +217,7 @@ static int wait_step(ls_session *s, uint64_t ticket, int64_t deadline)
     int64_t left = deadline - now_ns();
     int rc = is_lost(s) ? is_lost(s)
                         : ls_tickets_wait(s->book, s->region, ticket, LS_SPIN_NS,
-                                          left <= 0 ? 0 : left < LSX_SLICE_NS ? left : LSX_SLICE_NS);
+                                          left <= 0 ? 0 : left < LSX_SLICE_NS ? left : LSX_SLICE_NS, NULL, NULL);
     if (rc < 0)
         rc = recover_locked(s, rc);     /* 0: on a new arbiter's ring, where the wait goes on */
     pthread_mutex_unlock(&s->cq_lock);
@@ -308,7 +308,7 @@ static int submit(ls_session *s, const struct lsx_op *op, uint64_t *ticket)
         if (rc == 0) {                  /* lane full: the arbiter waits for us to read completions */
             pthread_mutex_lock(&s->cq_lock);
             rc = is_lost(s) ? is_lost(s)
-                            : ls_tickets_wait(s->book, s->region, 0, LS_SPIN_NS, LSX_FULL_WAIT_NS);
+                            : ls_tickets_wait(s->book, s->region, 0, LS_SPIN_NS, LSX_FULL_WAIT_NS, NULL, NULL);
             if (rc < 0)
                 rc = recover_locked(s, rc);
             pthread_mutex_unlock(&s->cq_lock);
@@ -396,7 +396,7 @@ int ls_poll(ls_session *s, uint64_t ticket)
     if (ls_tickets_state(s->book, ticket) == LS_TICKET_PENDING && pthread_mutex_trylock(&s->cq_lock) == 0) {
         /* (a busy cq_lock: another thread is collecting already) No spin, no sleep: collects, and
          * notices a dead or closed arbiter. */
-        rc = is_lost(s) ? is_lost(s) : ls_tickets_wait(s->book, s->region, ticket, 0, 0);
+        rc = is_lost(s) ? is_lost(s) : ls_tickets_wait(s->book, s->region, ticket, 0, 0, NULL, NULL);
         if (rc < 0)
             rc = recover_locked(s, rc); /* (a reattach blocks: milliseconds, the session's timeout at most) */
         pthread_mutex_unlock(&s->cq_lock);

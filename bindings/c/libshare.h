@@ -221,8 +221,10 @@ int ls_tickets_add(ls_tickets *t, uint64_t ticket);
 int ls_tickets_collect(ls_tickets *t, ls_region *r);
 /* One wait step: collect; if `ticket` (0: any ticket) is still pending, wait for the next completion
  * (spin_ns, then sleep) up to timeout_ns and collect. The ticket's LS_TICKET_* state (pending after a
- * timeout), or the ring's error (-LS_EPEERDEAD: the arbiter is gone). */
-int ls_tickets_wait(ls_tickets *t, ls_region *r, uint64_t ticket, int64_t spin_ns, int64_t timeout_ns);
+ * timeout), or the ring's error (-LS_EPEERDEAD: the arbiter is gone). With `status` not NULL, a done
+ * ticket's outcome is taken as by ls_tickets_take. */
+int ls_tickets_wait(ls_tickets *t, ls_region *r, uint64_t ticket, int64_t spin_ns, int64_t timeout_ns,
+                    int32_t *status, uint64_t *device_ns);
 /* The ticket's state (0: LS_TICKET_PENDING while any is pending); no change. */
 int ls_tickets_state(ls_tickets *t, uint64_t ticket);
 /* The ticket's state; when done, its status and device time, and its record goes. */
@@ -244,8 +246,9 @@ int ls_tickets_list(ls_tickets *t, uint64_t *tickets, uint8_t *marks, uint32_t m
 /* Clear every -LS_EMOVED mark: those tickets were sent to a new arbiter. */
 void ls_tickets_resent(ls_tickets *t);
 uint32_t ls_tickets_pending(ls_tickets *t);
-/* Completions filed with -LS_ECANCELED so far (the arbiter ended the session): a counter to compare. */
-uint64_t ls_tickets_cancelled(ls_tickets *t);
+/* The count of completions filed with -LS_ECANCELED so far (the arbiter ended the session), to
+ * compare: the word itself, read by the completion ring's reader after its own collect. */
+const uint64_t *ls_tickets_cancelled(ls_tickets *t);
 
 /* Futex helpers, exposed for tests and for callers with their own words. */
 int ls_futex_wait(uint32_t *word, uint32_t expected, int64_t timeout_ns);

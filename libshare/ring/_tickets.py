@@ -31,8 +31,9 @@ class TicketBook:
         handle = ffi.new("ls_tickets **")
         check(lib.ls_tickets_new(handle), None, "ticket book")
         self._handle = handle[0]
-        self._status = ffi.new("int32_t *")
-        self._device_ns = ffi.new("uint64_t *")
+        self._cancelled = lib.ls_tickets_cancelled(self._handle)
+        self._reader_status = ffi.new("int32_t *")  # wait_take's: only the ring's one reader calls it
+        self._reader_device_ns = ffi.new("uint64_t *")
 
     def pusher(self, producer: Producer):
         """``ls_tickets_push`` on ``producer``'s lane: called as ``push(ticket, opcode, program, gx, gy,
@@ -54,14 +55,25 @@ class TicketBook:
         ``timeout_ns`` for the next completion and collect. Its state (PENDING after the timeout);
         raises ArbiterLost or RingCorrupted. The caller is the region's one reader."""
         handle = region._c()
-        return check(lib.ls_tickets_wait(self._handle, handle, ticket, spin_ns, timeout_ns), handle,
-                     "wait for completions")
+        return check(lib.ls_tickets_wait(self._handle, handle, ticket, spin_ns, timeout_ns, ffi.NULL, ffi.NULL),
+                     handle, "wait for completions")
+
+    def wait_take(self, region: Region, ticket: int, timeout_ns: int) -> tuple[int, int, int]:
+        """:meth:`wait` for ``ticket``, then :meth:`take` it if it is done, in one C call: ``(state,
+        status, device_ns)``. The caller is the region's one reader (which this relies on too)."""
+        handle = region._c()
+        state = lib.ls_tickets_wait(self._handle, handle, ticket, _SPIN_NS, timeout_ns, self._reader_status,
+                                    self._reader_device_ns)
+        if state == self.DONE:
+            return state, self._reader_status[0], self._reader_device_ns[0]
+        return check(state, handle, "wait for completions"), 0, 0
 
     def take(self, ticket: int) -> tuple[int, int, int]:
         """``(state, status, device_ns)`` of ``ticket``; once DONE its record goes (take it once)."""
-        state = lib.ls_tickets_take(self._handle, ticket, self._status, self._device_ns)
+        status, device_ns = ffi.new("int32_t *"), ffi.new("uint64_t *")  # (any thread may take)
+        state = lib.ls_tickets_take(self._handle, ticket, status, device_ns)
         if state == self.DONE:
-            return state, self._status[0], self._device_ns[0]
+            return state, status[0], device_ns[0]
         return state, 0, 0
 
     def forget(self, tickets: list[int]) -> None:
@@ -95,8 +107,9 @@ class TicketBook:
         return lib.ls_tickets_pending(self._handle)
 
     def cancelled(self) -> int:
-        """How many completions came with ``-LS_ECANCELED`` so far."""
-        return lib.ls_tickets_cancelled(self._handle)
+        """How many completions came with ``-LS_ECANCELED`` so far (exact for the thread that just
+        collected: the ring's one reader)."""
+        return self._cancelled[0]
 
     def __del__(self):
         handle, self._handle = getattr(self, "_handle", None), None

@@ -246,18 +246,18 @@ int ls_tickets_state(ls_tickets *t, uint64_t ticket)
     return state;
 }
 
-int ls_tickets_wait(ls_tickets *t, ls_region *r, uint64_t ticket, int64_t spin_ns, int64_t timeout_ns)
+int ls_tickets_wait(ls_tickets *t, ls_region *r, uint64_t ticket, int64_t spin_ns, int64_t timeout_ns,
+                    int32_t *status, uint64_t *device_ns)
 {
     int rc = ls_tickets_collect(t, r);
+    if (rc >= 0 && ls_tickets_state(t, ticket) == LS_TICKET_PENDING) {
+        rc = ls_cq_wait(r, 1, spin_ns, timeout_ns);
+        if (rc >= 0 || rc == -ETIMEDOUT)
+            rc = ls_tickets_collect(t, r);
+    }
     if (rc < 0)
         return rc;
-    if (ls_tickets_state(t, ticket) != LS_TICKET_PENDING)
-        return ls_tickets_state(t, ticket);
-    rc = ls_cq_wait(r, 1, spin_ns, timeout_ns);
-    if (rc < 0 && rc != -ETIMEDOUT)
-        return rc;
-    rc = ls_tickets_collect(t, r);
-    return rc < 0 ? rc : ls_tickets_state(t, ticket);
+    return status && ticket ? ls_tickets_take(t, ticket, status, device_ns) : ls_tickets_state(t, ticket);
 }
 
 int ls_tickets_take(ls_tickets *t, uint64_t ticket, int32_t *status, uint64_t *device_ns)
@@ -362,10 +362,4 @@ uint32_t ls_tickets_pending(ls_tickets *t)
     return pending;
 }
 
-uint64_t ls_tickets_cancelled(ls_tickets *t)
-{
-    pthread_mutex_lock(&t->lock);
-    uint64_t cancelled = t->cancelled;
-    pthread_mutex_unlock(&t->lock);
-    return cancelled;
-}
+const uint64_t *ls_tickets_cancelled(ls_tickets *t) { return &t->cancelled; }

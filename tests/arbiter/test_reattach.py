@@ -208,6 +208,26 @@ def test_a_ticket_in_flight_at_the_kill_raises_arbiter_restarted_every_time(supe
             ticket.wait(0)
 
 
+def test_a_ticket_waited_after_close_during_a_restart_fails_with_session_closed(supervised):
+    """The session saw the arbiter's death (a restart is due) and was then closed: its ticket's
+    outcome can no longer come, and a wait says so at once (it used to loop until its timeout,
+    for ever without one)."""
+    session = libshare.connect(mode="daemon", pipe_directory=supervised.pipe, timeout=30)
+    program = session.load_program(libshare.shaders.path("busy"))
+    data = session.array(1 << 16, np.uint32)
+    ticket = session.dispatch(program, 1024, [data], struct.pack("II", 1 << 16, 1_000_000))  # seconds of work
+    wait_until(lambda: session.stats()["submitted"] >= 1, 60, "the arbiter to take the dispatch")
+    before = supervised.arbiter()
+    os.kill(before, signal.SIGKILL)
+    # done() looks until it sees the death (a reattach is then due, and not made yet: the next look would make it)
+    wait_until(lambda: session._lost is not None or ticket.done(), 60, "the session to see the arbiter's death")
+    assert isinstance(session._lost, libshare.ArbiterRestarted) and not ticket._settled()
+    session.close()
+    with pytest.raises(libshare.SessionClosed):
+        ticket.wait(30)
+    assert ticket.done()
+
+
 def test_work_the_dead_arbiter_never_took_runs_on_the_new_one(supervised):
     """A dispatch pushed after the kill, before the session noticed it, sits in the dead ring
     untaken: the reattach sends it to the new arbiter under the same ticket, and it succeeds."""
