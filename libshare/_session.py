@@ -914,6 +914,8 @@ class Session:
                                           "was read (the work itself still completes at the arbiter)")
 
     def _wait_ticket(self, ticket: Ticket, deadline: float | None) -> None:
+        if self._fetch(ticket):  # done already (read by another wait): no wait step
+            return
         while True:
             if self._lost is None and not self.closed:  # the common case: wait steps on the ring
                 try:

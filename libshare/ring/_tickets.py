@@ -9,6 +9,7 @@ that pushes it (:meth:`TicketBook.pusher`), a wait sleeps and files in C with th
 from __future__ import annotations
 
 import functools
+import threading
 
 from ._binding import check, ffi, lib
 from ._region import _SPIN_NS, Producer, Region
@@ -34,6 +35,7 @@ class TicketBook:
         self._cancelled = lib.ls_tickets_cancelled(self._handle)
         self._reader_status = ffi.new("int32_t *")  # wait_take's: only the ring's one reader calls it
         self._reader_device_ns = ffi.new("uint64_t *")
+        self._local = threading.local()  # .out: take's status and device time, per thread
 
     def pusher(self, producer: Producer):
         """``ls_tickets_push`` on ``producer``'s lane: called as ``push(ticket, opcode, program, gx, gy,
@@ -70,7 +72,10 @@ class TicketBook:
 
     def take(self, ticket: int) -> tuple[int, int, int]:
         """``(state, status, device_ns)`` of ``ticket``; once DONE its record goes (take it once)."""
-        status, device_ns = ffi.new("int32_t *"), ffi.new("uint64_t *")  # (any thread may take)
+        try:  # any thread may take: each has its own
+            status, device_ns = self._local.out
+        except AttributeError:
+            status, device_ns = self._local.out = ffi.new("int32_t *"), ffi.new("uint64_t *")
         state = lib.ls_tickets_take(self._handle, ticket, status, device_ns)
         if state == self.DONE:
             return state, status[0], device_ns[0]
