@@ -339,28 +339,33 @@ class _Stop:
 
 
 def _install_signals(stop: _Stop, hangup: int) -> None:
-    """SIGINT and SIGTERM stop; SIGHUP writes a byte to the pipe ``hangup`` (see :func:`_watch_hangup`)."""
+    """SIGINT and SIGTERM stop; SIGHUP reloads. Each signal's number is also written to the pipe
+    ``hangup`` by Python's own C-level handler (``signal.set_wakeup_fd``), at once and on whichever
+    thread the kernel chose, and :func:`_watch_signals` acts on it: a Python-level handler runs only
+    on the main thread, which sleeps in a lock while the arbiter serves, and a signal delivered to
+    another thread was seen there only at the next signal (a SIGHUP reload waited for the SIGTERM)."""
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda number, _frame: stop.set(signal.Signals(number).name))
-    signal.signal(signal.SIGHUP, lambda _number, _frame: _note_hangup(hangup))
+    signal.signal(signal.SIGHUP, lambda _number, _frame: None)  # (a handler, so that the number is written)
+    signal.set_wakeup_fd(hangup, warn_on_full_buffer=False)  # full: a byte of each is pending already
 
 
-def _note_hangup(fd: int) -> None:
-    try:
-        os.write(fd, b"h")
-    except BlockingIOError:  # a reload is pending already
-        pass
+def _watch_signals(arbiter, hangup: int, stop: _Stop) -> None:
+    """Read the configuration file again on each SIGHUP, and stop on SIGINT and SIGTERM (see
+    :func:`_install_signals`; a reload runs control commands, which must not run inside a signal
+    handler)."""
+    stops = {signal.SIGINT.value, signal.SIGTERM.value}
 
-
-def _watch_hangup(arbiter, hangup: int) -> None:
-    """Read the configuration file again on each SIGHUP (the handler only writes to a pipe: a
-    reload runs control commands, which must not run inside a signal handler)."""
     def watch():
-        while os.read(hangup, 64):
-            _reload(arbiter, "SIGHUP")
+        while numbers := os.read(hangup, 64):
+            for number in numbers:
+                if number in stops:
+                    stop.set(signal.Signals(number).name)
+            if signal.SIGHUP.value in numbers:
+                _reload(arbiter, "SIGHUP")
 
-    threading.Thread(target=watch, name="libshare-sighup", daemon=True).start()
+    threading.Thread(target=watch, name="libshare-signals", daemon=True).start()
 
 
 def _reload(arbiter, why: str) -> None:
@@ -474,7 +479,7 @@ def _serve_locked(options: Options, path: Path, stop: _Stop, arbiter, link: Supe
             arbiter.config.start(options.config, settings)
             if standby:  # it read the file when it started, maybe long ago
                 _reload(arbiter, "taking over")
-        _watch_hangup(arbiter, hangup)
+        _watch_signals(arbiter, hangup, stop)
         if options.metrics_port:  # before the socket: whoever sees the arbiter answer can scrape it
             from ._metrics import start_metrics
 
