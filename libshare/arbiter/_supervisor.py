@@ -216,6 +216,9 @@ class Supervisor:
         child.buffer = child.buffer[-256:]  # a child says short words
 
     def _heard(self, child: Child, word: str) -> None:
+        if child.state == "dismissed":
+            return  # told to leave (SIGTERM): what it said before it heard is moot (a "standby" said just
+            # before a restart dismissed it made it the restart's arbiter, which then left at the SIGTERM)
         if word == "standby":
             child.state = "standby"
             if self.stopping:
