@@ -781,11 +781,11 @@ class Session:
         except errors.RingCorrupted as exc:
             self._lost = self._lost or exc
             raise
-        if read:
-            self._after_filing()
+        self._after_filing()
         return read
 
     def _after_filing(self) -> None:
+        """A cancelled completion filed since the last look means the arbiter ended this session."""
         cancelled = self._book.cancelled()
         if cancelled != self._cancelled:
             self._cancelled = cancelled
@@ -819,21 +819,26 @@ class Session:
         return self._record_loss(self._closed_by_arbiter() or errors.ArbiterLost(
             f"the arbiter exited or closed this session: {exc}"))
 
-    def _collect(self, timeout: float) -> None:
-        """Read every ready completion, waiting up to ``timeout`` for the next one while any ticket is
-        pending; raise the loss or the close. The wait is one C call (the ticket book's), in which
-        other threads run. (A wait for one ticket takes :meth:`_wait_step`.)"""
+    def _collect(self, timeout: float, ticket: Ticket | None = None) -> None:
+        """One wait step on the ring: read every ready completion and, while ``ticket`` (None: any
+        ticket) is pending, wait up to ``timeout`` for the next one; a done ticket's outcome goes onto
+        it in the same C call (the ticket book's, in which other threads run). Raises the loss or the
+        close."""
         self._enter()
         try:
-            if not self._cq_lock.acquire(timeout=max(timeout, 0.001)):
+            lock = self._cq_lock
+            if not (lock.acquire(False) or lock.acquire(timeout=max(timeout, 0.001))):
                 return  # another thread is reading (and watching the arbiter) already
             try:
-                if timeout <= 0:
-                    self._file()
-                    return
                 self._tell_forgotten()
+                timeout_ns = int(max(timeout, 0) * 1e9)
                 try:
-                    self._book.wait(self._region, 0, int(timeout * 1e9))
+                    if ticket is None:
+                        self._book.wait(self._region, 0, timeout_ns)
+                    else:
+                        state, status, device_ns = self._book.wait_take(self._region, ticket.id, timeout_ns)
+                        if state == _DONE:
+                            ticket._status, ticket.device_ns = status, device_ns
                 except errors.ArbiterLost as exc:
                     raise _fresh(self._lose(exc)) from exc
                 except errors.RingCorrupted as exc:
@@ -841,7 +846,7 @@ class Session:
                     raise
                 self._after_filing()
             finally:
-                self._cq_lock.release()
+                lock.release()
         finally:
             self._leave()
 
@@ -919,8 +924,8 @@ class Session:
         while True:
             if self._lost is None and not self.closed:  # the common case: wait steps on the ring
                 try:
-                    self._wait_step(ticket, _WAIT_SLICE if deadline is None
-                                    else min(_WAIT_SLICE, max(deadline - time.monotonic(), 0)))
+                    self._collect(_WAIT_SLICE if deadline is None
+                                  else min(_WAIT_SLICE, max(deadline - time.monotonic(), 0)), ticket)
                     if not self._fetch(ticket):
                         self._check_usable()  # a reason the arbiter left in the ring
                 except errors.LibshareError:
@@ -942,34 +947,6 @@ class Session:
             self._fetch(ticket)
             self._settle(ticket)
             return
-
-    def _wait_step(self, ticket: Ticket, timeout: float) -> None:
-        """One wait for ``ticket``, the lean path of a round trip: read what is ready and, while the
-        ticket is pending, wait up to ``timeout`` for the next completion; a done ticket's outcome
-        goes onto it in the same C call. Raises the loss or the close."""
-        self._enter()
-        try:
-            lock = self._cq_lock
-            if not (lock.acquire(False) or lock.acquire(timeout=max(timeout, 0.001))):
-                return  # another thread is reading (and watching the arbiter) already
-            try:
-                if self._forgotten:
-                    self._tell_forgotten()
-                try:
-                    state, status, device_ns = self._book.wait_take(self._region, ticket.id, int(timeout * 1e9))
-                except errors.ArbiterLost as exc:
-                    raise _fresh(self._lose(exc)) from exc
-                except errors.RingCorrupted as exc:
-                    self._lost = self._lost or exc
-                    raise
-                if state == _DONE:
-                    ticket._status, ticket.device_ns = status, device_ns
-                if self._book.cancelled() != self._cancelled:
-                    self._after_filing()
-            finally:
-                lock.release()
-        finally:
-            self._leave()
 
     def _status_error(self, ticket: Ticket) -> errors.LibshareError:
         """The error a failed ticket's status stands for (the session's sticky one for a fault or cancel)."""
