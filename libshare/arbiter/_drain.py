@@ -192,6 +192,11 @@ class Drainer(Tasks, Containment):
             except BlockingIOError:
                 pass
 
+    def handle_events(self) -> None:
+        """Handle the engine's waiting events now (a task): a request of a client that the engine
+        dropped a moment ago is answered as the drop says, not as if its ring were open."""
+        self._handle_events()
+
     def _handle_events(self) -> bool:
         events = self.engine.events()
         for event in events:

@@ -175,6 +175,11 @@ class Engine:
             return None
         return Stats(*(getattr(self._stats, name) for name in _STATS_FIELDS))
 
+    def dropped(self, slot: int) -> bool:
+        """True once the engine closed ``slot``'s ring as corrupt (its DROPPED event may still wait);
+        False for a client not added yet (slot -1)."""
+        return slot >= 0 and lib.ls_engine_dropped(self._e, slot) == 1
+
     def take_usage(self, slot: int) -> Stats | None:
         """``slot``'s counters; the *_since ones start again from 0."""
         if lib.ls_engine_take_usage(self._e, slot, self._stats) < 0:

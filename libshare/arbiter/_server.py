@@ -507,6 +507,8 @@ class Arbiter:
     def _answer_request(self, conn: socket.socket, client: Client, frame: protocol.Frame) -> None:
         op = frame.fields.get("op")
         try:
+            if client.sticky is None and self.drainer.engine.dropped(client.slot):
+                self._call(self.drainer.handle_events)  # its DROPPED: the sticky error, the log line
             if client.sticky is not None:
                 raise client.sticky
             handler = self._handler(frame)

@@ -14,8 +14,9 @@ queue itself, its own task last, instead of waking the control thread and sleepi
 answers (two thread wake-ups: measured on a 2-core machine, a call to a sleeping control
 thread took some 70 us, run here some 13; an attach makes three). Queued tasks still run one
 at a time and in order, and a task run on a connection thread sees exactly what it would have
-seen on the control thread; the engine's events are the control thread's alone (it handles
-them when the engine wakes it). A task that calls :meth:`Tasks.call` itself runs that call at
+seen on the control thread; the control thread handles the engine's events when the engine
+wakes it, and a task handles them only when it must see them at once (a reclaim; a request of a
+client that the engine has just dropped, see ``_server``). A task that calls :meth:`Tasks.call` itself runs that call at
 once, wherever it runs. :meth:`Tasks.flush` runs what was posted without waking anyone, the
 same way, when the control thread sleeps.
 

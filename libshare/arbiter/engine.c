@@ -1565,6 +1565,15 @@ int ls_engine_stats(ls_engine *e, uint32_t slot, struct ls_engine_stats *out)
     return c ? 0 : -ENOENT;
 }
 
+int ls_engine_dropped(ls_engine *e, uint32_t slot)
+{
+    pthread_mutex_lock(&e->lock);
+    struct client *c = client_at(e, slot);
+    int dropped = c ? (int)c->dropped : -ENOENT;
+    pthread_mutex_unlock(&e->lock);
+    return dropped;
+}
+
 int ls_engine_take_usage(ls_engine *e, uint32_t slot, struct ls_engine_stats *out)
 {
     pthread_mutex_lock(&e->lock);

@@ -118,6 +118,9 @@ int ls_engine_remove_client(ls_engine *e, uint32_t client);
 /* Pop and submit what the client's ring holds now, past the plan and the in-flight cap. */
 int ls_engine_drain_client(ls_engine *e, uint32_t client);
 int ls_engine_stats(ls_engine *e, uint32_t client, struct ls_engine_stats *out);
+/* 1 when the engine closed the client's ring as corrupt (its LS_EV_DROPPED may still wait in the
+ * event queue), 0 when it did not, -ENOENT for an unknown client. */
+int ls_engine_dropped(ls_engine *e, uint32_t client);
 int ls_engine_take_usage(ls_engine *e, uint32_t client, struct ls_engine_stats *out);
 
 /* Object tables. A program's handles come from Pipeline.native, a buffer's from Buffer.native. */

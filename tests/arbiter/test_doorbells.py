@@ -277,6 +277,39 @@ def test_a_corrupted_lane_tail_found_by_the_drain_pass_drops_its_client(daemon):
     assert_no_traceback(pipe_dir)  # a drop during the drain pass's look at every ring raised there
 
 
+def test_a_request_right_after_the_drop_is_refused_before_the_control_thread_heard_of_it(tmp_path):
+    """The engine closes a corrupt ring at once, and the control thread hears of it later. A
+    request in between (here: the control thread held busy by a task) is still refused as the
+    drop says, never granted to the dropped client."""
+    from libshare.arbiter import Arbiter
+
+    tmp_path.chmod(0o700)
+    arbiter = Arbiter()
+    arbiter.serve(tmp_path / "control")
+    started, release = threading.Event(), threading.Event()
+    try:
+        with libshare.connect(name="corrupt", mode="daemon", pipe_directory=tmp_path) as session:
+            own = session.load_program(SAXPY)
+            a, b = session.array(64), session.array(64)
+            session.dispatch(own, 1, [a, b], PUSH).wait(10)
+            arbiter.drainer.post(lambda: (started.set(), release.wait(60)))
+            assert started.wait(30), "the control thread did not take the blocking task"
+            corrupt_completion_head(session)
+            session.dispatch(own, 1, [a, b], PUSH)  # rings the doorbell: the engine drops the ring
+            wait_until(lambda: session._region.close_reason() == C.ECORRUPT, 30, "the engine to drop the client")
+            replies = []
+            sender = threading.Thread(target=lambda: replies.append(raw_alloc(session)))
+            sender.start()
+            wait_until(lambda: arbiter.drainer.tasks.qsize() > 0, 30, "the request to wait for the control thread")
+            release.set()
+            sender.join(30)
+            assert replies and not replies[0]["ok"] and replies[0]["error"] == "RingCorrupted", replies
+            assert "completion ring" in replies[0]["message"], replies[0]["message"]
+    finally:
+        release.set()
+        arbiter.close()
+
+
 # ---------------------------------------------------------------- roles (separate processes)
 
 
