@@ -134,8 +134,13 @@ int ls_region_format(void *base, uint64_t size, uint32_t lane_count, uint32_t la
         return (int)need;
     if (size < (uint64_t)need)
         return -ENOSPC;
-    memset(base, 0, (size_t)need);
+    /* Only the indexes are zeroed: the header, the bells, each lane's and the completion ring's
+     * (ten pages of a 548 KiB region). A slot is written before its index publishes it, so its old
+     * bytes are never read; and the memfd a region is made on reads as zeros anyway. Zeroing all
+     * of it faulted in every page (Region.create: 690 us of CPU on a 2-core VM, now 96 us), where
+     * a client that pushes from one thread touches one lane's. */
     struct ls_region_header *h = base;
+    memset(base, 0, LS_HEADER_SIZE + LS_BELLS_SIZE);
     h->version = LS_RING_VERSION;
     h->region_size = (uint64_t)need;
     h->lane_count = lane_count;
@@ -147,6 +152,9 @@ int ls_region_format(void *base, uint64_t size, uint32_t lane_count, uint32_t la
     h->lanes_offset = LS_HEADER_SIZE + LS_BELLS_SIZE;
     h->lane_stride = sizeof(struct ls_lane) + (uint64_t)lane_entries * LS_DESC_SIZE;
     h->cq_offset = h->lanes_offset + lane_count * h->lane_stride;
+    for (uint32_t i = 0; i < lane_count; i++)
+        memset((char *)base + h->lanes_offset + i * h->lane_stride, 0, sizeof(struct ls_lane));
+    memset((char *)base + h->cq_offset, 0, sizeof(struct ls_cq));
     /* Pairs with the load-acquire of magic in ls_region_open: a peer that sees the
      * magic sees a complete header. */
     ls_store_release(&h->magic, LS_RING_MAGIC);

@@ -152,6 +152,7 @@ typedef struct ls_producer ls_producer; /* one thread's claim on one lane */
 
 /* Geometry. */
 int64_t ls_region_size(uint32_t lane_count, uint32_t lane_entries, uint32_t cq_entries);
+/* Write a new region's header and zero its indexes (not its slots: see ring.c). */
 int ls_region_format(void *base, uint64_t size, uint32_t lane_count,
                      uint32_t lane_entries, uint32_t cq_entries, uint32_t creator_pid);
 
