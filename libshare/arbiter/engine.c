@@ -391,7 +391,8 @@ static void drop_client(ls_engine *e, uint32_t slot, int code)
     struct client *c = &e->clients[slot];
     if (c->closing)
         return;
-    c->closing = c->dropped = 1;
+    c->closing = 1;
+    __atomic_store_n(&c->dropped, 1, __ATOMIC_RELEASE);  /* read by ls_engine_dropped, unlocked */
     ls_close_consumer(c->region, LS_ECORRUPT);
     emit(e, LS_EV_DROPPED, slot, code, 0, 0, 0);
     if (c->outstanding == 0)
@@ -1565,13 +1566,14 @@ int ls_engine_stats(ls_engine *e, uint32_t slot, struct ls_engine_stats *out)
     return c ? 0 : -ENOENT;
 }
 
+/* Without the lock: asked before each control request, which must not wait for a drain pass.
+ * The slot is the asking client's own, added before its first request and removed after its
+ * last; drop_client stores the flag before it closes the ring. */
 int ls_engine_dropped(ls_engine *e, uint32_t slot)
 {
-    pthread_mutex_lock(&e->lock);
-    struct client *c = client_at(e, slot);
-    int dropped = c ? (int)c->dropped : -ENOENT;
-    pthread_mutex_unlock(&e->lock);
-    return dropped;
+    if (slot >= e->cfg.max_clients)
+        return -ENOENT;
+    return (int)__atomic_load_n(&e->clients[slot].dropped, __ATOMIC_ACQUIRE);
 }
 
 int ls_engine_take_usage(ls_engine *e, uint32_t slot, struct ls_engine_stats *out)

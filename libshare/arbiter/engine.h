@@ -119,7 +119,7 @@ int ls_engine_remove_client(ls_engine *e, uint32_t client);
 int ls_engine_drain_client(ls_engine *e, uint32_t client);
 int ls_engine_stats(ls_engine *e, uint32_t client, struct ls_engine_stats *out);
 /* 1 when the engine closed the client's ring as corrupt (its LS_EV_DROPPED may still wait in the
- * event queue), 0 when it did not, -ENOENT for an unknown client. */
+ * event queue), 0 when it did not, -ENOENT for a slot past max_clients. Takes no lock. */
 int ls_engine_dropped(ls_engine *e, uint32_t client);
 int ls_engine_take_usage(ls_engine *e, uint32_t client, struct ls_engine_stats *out);
 
