@@ -6,7 +6,8 @@
    dispatch (``Device()``, create_pipeline, two imported host buffers, submit, wait). Target
    <= 1 ms through the arbiter; median and p90 of each, their ratio, and the arbiter's median
    per step. Both sides wait for their one dispatch and check its result; closing (session,
-   device) is not timed.
+   device) is not timed. Beside it, the CPU time that the client process and the arbiter spend
+   per attach-and-close cycle: on this 2-core machine half their sum is a floor for the cycle.
    Also a burst: 256 sessions connecting at once, 4 worker processes x 64 threads, each thread
    calling ``connect()`` once (threads, so that all 256 are in ``connect()`` together, as when
    256 processes start at once). The workers have imported libshare and started their threads
@@ -76,7 +77,7 @@ def warm(tmp_path_factory):
             program = keeper.load_program(SAXPY)
             x, y = keeper.array(64), keeper.array(64)
             keeper.dispatch(program, 1, [x, y], PUSH).wait(10)
-            yield pipe_dir, keeper
+            yield pipe_dir, keeper, process.pid
     finally:
         stop_process(process)
 
@@ -133,7 +134,7 @@ def close_private(held: dict) -> None:
 
 def test_attach_arbiter(benchmark, warm, report_ratio):
     """connect() to the first completed dispatch through the warm daemon, per step."""
-    pipe_dir, keeper = warm
+    pipe_dir, keeper, arbiter_pid = warm
     rounds: list[dict] = []
 
     def setup():
@@ -157,9 +158,11 @@ def test_attach_arbiter(benchmark, warm, report_ratio):
         assert np.all(held.pop("y") == 3.0), "the dispatch through the arbiter computed a wrong saxpy"
         held.pop("session").close()
 
+    client_cpu, arbiter_cpu = time.process_time(), cpu_seconds(arbiter_pid)
     try:
         benchmark.pedantic(first_dispatch, setup=setup, teardown=teardown, rounds=ATTACH_ROUNDS,
                            warmup_rounds=WARMUP)
+        client_cpu, arbiter_cpu = time.process_time() - client_cpu, cpu_seconds(arbiter_pid) - arbiter_cpu
     finally:
         for held in rounds:
             if "session" in held:
@@ -172,6 +175,10 @@ def test_attach_arbiter(benchmark, warm, report_ratio):
         report_ratio(f"4. attach, connect() to first completed dispatch: arbiter {arbiter[0] * 1e3:.2f} ms "
                      f"(p90 {arbiter[1] * 1e3:.2f}, target <= 1 ms) vs private device {private[0] * 1e3:.2f} ms "
                      f"(p90 {private[1] * 1e3:.2f}) = {arbiter[0] / private[0]:.3f}x")
+    cycles = ATTACH_ROUNDS + WARMUP
+    report_ratio(f"4. attach CPU per attach and close: client {client_cpu / cycles * 1e3:.2f} ms, arbiter "
+                 f"{arbiter_cpu / cycles * 1e3:.2f} ms (its 10 ms ticks over {cycles} cycles); on 2 cores a cycle "
+                 f"cannot take less than half their sum, {(client_cpu + arbiter_cpu) / cycles / 2 * 1e3:.2f} ms")
     report_ratio("4. attach steps through the arbiter (medians): " + ", ".join(
         f"{name} {s * 1e3:.2f} ms" for name, s in zip(("connect", "load_program", "2x array", "dispatch+wait"),
                                                        steps)))
@@ -288,7 +295,7 @@ def burst_figures(result: dict) -> str:
 
 
 def test_attach_burst(benchmark, warm, report_ratio):
-    pipe_dir, keeper = warm
+    pipe_dir, keeper, _ = warm
     n = BURST_WORKERS * BURST_SESSIONS
     sequential = burst(pipe_dir, keeper, "sequential")
     threads = burst(pipe_dir, keeper, "threads", benchmark)
