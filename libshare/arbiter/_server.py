@@ -633,8 +633,9 @@ class Arbiter:
 
     def _make_spares(self) -> None:
         """The spares thread: keep _SPARE_REGIONS ring regions made ahead of the hellos, off their
-        path (a region took some 0.3 ms to format, 0.1 ms since the format leaves the slots alone:
-        made by the connection thread after the welcome, it held up the new client's first request). It sleeps until a hello takes one.
+        path (a region took some 0.3 ms to format, 0.1 ms since the format leaves the slots
+        alone: made by the connection thread after the welcome, it held up the new client's first
+        request). It sleeps until a hello takes one.
 
         It makes one at once: waiting for a quiet moment (no request for a millisecond) spared a
         lone client's next requests, which share the CPU and the GIL with it, but cost clients

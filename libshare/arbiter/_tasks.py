@@ -16,9 +16,9 @@ thread took some 70 us, run here some 13; an attach makes three). Queued tasks s
 at a time and in order, and a task run on a connection thread sees exactly what it would have
 seen on the control thread; the control thread handles the engine's events when the engine
 wakes it, and a task handles them only when it must see them at once (a reclaim; a request of a
-client that the engine has just dropped, see ``_server``). A task that calls :meth:`Tasks.call` itself runs that call at
-once, wherever it runs. :meth:`Tasks.flush` runs what was posted without waking anyone, the
-same way, when the control thread sleeps.
+client that the engine has just dropped, see ``_server``). A task that calls
+:meth:`Tasks.call` itself runs that call at once, wherever it runs. :meth:`Tasks.flush` runs
+what was posted without waking anyone, the same way, when the control thread sleeps.
 
 After a batch of tasks the control thread works the engine's policy out again
 (``_after_tasks``: the scheduler looks at every client). A task that can change only a
