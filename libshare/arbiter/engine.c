@@ -353,6 +353,13 @@ struct ls_engine {
     uint32_t *poll_clients;
 };
 
+/* Put an unused recording (out of every table, in no flight) on the spare list: re-recorded next. */
+static void spare_recording(ls_engine *e, struct recording *r)
+{
+    r->next = e->spare;
+    e->spare = r;
+}
+
 /* ------------------------------------------------------------------ events */
 
 static void emit(ls_engine *e, uint32_t type, uint32_t client, int32_t code, uint32_t kind, uint64_t a, uint64_t b)
@@ -466,7 +473,7 @@ static void finish_entry(ls_engine *e, struct entry *en, int32_t status, uint64_
         release(e, en->users[k]);
     struct recording *r = en->recording;
     if (--r->uses == 0 && !r->cached)
-        r->next = e->spare, e->spare = r;
+        spare_recording(e, r);
 }
 
 static int add_fence(ls_engine *e, struct entry *en, uint64_t ticket)
@@ -574,7 +581,7 @@ static void unlink_recording(ls_engine *e, struct client *c, struct recording *r
     c->nrecordings--;
     r->cached = 0;
     if (!r->uses)
-        r->next = e->spare, e->spare = r;
+        spare_recording(e, r);
 }
 
 /* Forget every recording of client c that names object o (every one, with o NULL): its
@@ -646,7 +653,7 @@ static struct recording *recording_for(ls_engine *e, struct client *c, const str
     VkCommandBufferBeginInfo begin = {VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO, NULL,
                                       VK_COMMAND_BUFFER_USAGE_SIMULTANEOUS_USE_BIT, &inherit};
     if (e->vk.BeginCommandBuffer(r->cb, &begin) != VK_SUCCESS) {   /* resets it (the pool allows) */
-        r->next = e->spare, e->spare = r;
+        spare_recording(e, r);
         return NULL;
     }
     if (d->opcode == LS_OP_DISPATCH)
@@ -655,7 +662,7 @@ static struct recording *recording_for(ls_engine *e, struct client *c, const str
         record_copy(e, r->cb, d, users);
     record_barrier(e, r->cb);
     if (e->vk.EndCommandBuffer(r->cb) != VK_SUCCESS) {
-        r->next = e->spare, e->spare = r;
+        spare_recording(e, r);
         return NULL;
     }
     r->key = key;
