@@ -176,12 +176,8 @@ class Drainer(Tasks, Containment):
     @contextlib.contextmanager
     def _holding_control(self):
         """Hold ``control`` as the control thread: tasks and events are this thread's for the block."""
-        with self.control:
-            self._runner = threading.get_ident()
-            try:
-                yield
-            finally:
-                self._runner = 0
+        with self.control, self._running():
+            yield
 
     def _sleep(self) -> None:
         poller = select.poll()

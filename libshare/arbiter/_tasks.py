@@ -35,6 +35,7 @@ object and an event per call (and ``wait`` with a list), which an attach paid th
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import queue
@@ -147,14 +148,20 @@ class Tasks:
         try:
             if self.stopping:
                 return False
-            self._runner = threading.get_ident()
-            try:
+            with self._running():
                 self._control_pass(events=False)
-            finally:
-                self._runner = 0
             return True
         finally:
             self.control.release()
+
+    @contextlib.contextmanager
+    def _running(self):
+        """Mark this thread, which holds ``control``, as the one that runs tasks for the block."""
+        self._runner = threading.get_ident()
+        try:
+            yield
+        finally:
+            self._runner = 0
 
     def ring_doorbell(self) -> None:
         """Wake the control thread if it sleeps."""
