@@ -5,6 +5,10 @@
    and a prerecorded command buffer (libshare's own device layer, which records once and
    resubmits). Targets <= 1.15x (daemon) and <= 1.10x (embedded). Every side waits for each
    dispatch before the next, and none takes timestamps.
+   1b. The round trip through the daemon with a pure-Python busy process pinned to the core
+   where the daemon placed its engine (whose polls yield that core: engine.c, "Cores"), against
+   the same process stopped, in alternating blocks; median and p99 ratios. No target: it shows
+   what a busy neighbour on that core costs, which the engine's pause of its yields bounds.
 2. one client pipelining 10,000 tiny dispatches vs direct serial submission. Target >= 5x.
 3. 8 client processes through one arbiter vs 8 processes that each open their own device,
    aggregate dispatches/s. Target >= 1.0x on lavapipe. Beside it, the CPU time per round trip
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import signal
 import struct
 import subprocess
 import sys
@@ -115,6 +120,49 @@ def test_round_trip_embedded(benchmark, embedded, report_ratio):
     RESULTS["embedded round trip"] = benchmark.stats.stats.median
     ratio_line("1. tiny round trip, embedded / direct", "embedded round trip", "direct round trip",
                "target <= 1.10", report_ratio)
+
+
+BUSY_BLOCKS, BUSY_PER_BLOCK = 4, 2000
+
+
+def device_core(pid: int) -> int | None:
+    """The one core of ``pid``'s engine thread (libshare-engine), or None when it was not placed."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        if (task / "comm").read_text().strip() == "libshare-engine":
+            cores = os.sched_getaffinity(int(task.name))
+            return next(iter(cores)) if len(cores) == 1 else None
+    return None
+
+
+def test_round_trip_beside_a_busy_process(benchmark, remote, report_ratio):
+    """1b. The tiny round trip through the daemon with a pure-Python busy loop pinned to the
+    arbiter's device core (where its engine yields between looks: engine.c, "Cores"), against
+    the same loop stopped, in alternating blocks."""
+    session, dispatch = remote
+    core = device_core(session.arbiter_pid)
+    if core is None:
+        pytest.skip("the arbiter was not placed (one core, or not a CPU device)")
+    busy = subprocess.Popen([sys.executable, "-c", "x = 0\nwhile True:\n    x += 1\n"])
+    times: dict[str, list[float]] = {"busy": [], "idle": []}
+    try:
+        os.sched_setaffinity(busy.pid, {core})
+
+        def blocks():
+            for block in range(BUSY_BLOCKS):
+                for name in ("busy", "idle") if block % 2 else ("idle", "busy"):
+                    busy.send_signal(signal.SIGCONT if name == "busy" else signal.SIGSTOP)
+                    for _ in range(BUSY_PER_BLOCK):
+                        begun = time.perf_counter()
+                        dispatch().wait(10)
+                        times[name].append(time.perf_counter() - begun)
+
+        benchmark.pedantic(blocks, rounds=1)
+    finally:
+        busy.kill()
+        busy.wait()
+    (b50, b99), (i50, i99) = (np.percentile(times[name], [50, 99]) * 1e6 for name in ("busy", "idle"))
+    report_ratio(f"1b. tiny round trip with a busy process on the arbiter's device core / without: median "
+                 f"{b50 / i50:.2f}x ({b50:.1f} vs {i50:.1f} us), p99 {b99 / i99:.2f}x ({b99:.0f} vs {i99:.0f} us)")
 
 
 # ---------------------------------------------------------------- 2. pipelining

@@ -100,6 +100,11 @@ __all__ = ["Session", "Ticket", "connect"]
 
 _SEEN_ARRAYS = 1024  # arrays whose binding a session remembers
 _WAIT_SLICE = 0.05  # seconds per completion wait, between liveness checks
+# How a session's waits spin before they sleep, by its priority (see wait_for in ring.c): a
+# realtime one keeps its core (a yield could give it to a busy thread for a whole time slice) and
+# spins only while its waits end within the spin; a low one sleeps at once (background work does
+# not poll for the cores others need); the others spin longer, yielding the core at each look.
+_SPIN_MODES = {"realtime": C.SPIN_KEEP, "low": C.SPIN_NONE}
 _CLOSE_WAIT = 2.0  # seconds close() waits for threads inside the ring before leaving the unmap to them
 _REQUEST_TIMEOUT = 60.0  # a control request the arbiter does not answer in this long fails
 _REDIAL_PAUSE = 0.01  # seconds between looks for the arbiter that replaces a lost one
@@ -246,6 +251,8 @@ class Session:
         """The name of the arbiter's device."""
         self.arbiter_pid: int = welcome.fields["arbiter_pid"]
         """The pid of the arbiter this session is attached to."""
+        self.priority: str = welcome.fields.get("priority", "normal")
+        """The priority the arbiter gave this session when it connected (asked for, or its default)."""
         region_fd, wake_fd = welcome.fds
         try:
             self._region = Region.attach(region_fd)
@@ -254,6 +261,7 @@ class Session:
         self._wake_fd = wake_fd
         os.set_blocking(wake_fd, False)  # a ring never waits; nor does reading the arbiter's bytes
         self._region.set_wake_fd(wake_fd)
+        self._region.set_spin_mode(_SPIN_MODES.get(self.priority, C.SPIN_YIELD))
         if self.arbiter_pid != os.getpid():
             self._region.watch_peer(self.arbiter_pid)
         self._region.announce_client()

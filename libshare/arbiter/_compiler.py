@@ -73,14 +73,16 @@ _START_TIMEOUT = 60.0
 _RECYCLE_AFTER = 256
 _MAX_CHILDREN = 2
 _TRIAL_BUFFER = 4096  # bytes of each buffer bound for the trial dispatch
+_CORES = "LIBSHARE_COMPILER_CORES"  # the cores a child runs on, from its arbiter (see _take_arbiters_cores)
 
 
 class _Child:
     """One vetting process, used by one thread at a time."""
 
-    def __init__(self, selector: str):
+    def __init__(self, selector: str, cores: frozenset[int]):
         env = {**os.environ, "LIBSHARE_DEVICE": selector,  # and this process's modules, wherever it runs
-               "PYTHONPATH": os.pathsep.join(path for path in sys.path if path)}
+               "PYTHONPATH": os.pathsep.join(path for path in sys.path if path),
+               _CORES: ",".join(map(str, sorted(cores)))}
         self.process = subprocess.Popen([_python(), "-m", "libshare.arbiter._compiler"],
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                         env=env, start_new_session=True)
@@ -160,8 +162,10 @@ class _TimedOut(Exception):
 class Compilers:
     """A few warm vetting children, shared by the connection threads (thread-safe)."""
 
-    def __init__(self, selector: str, timeout: float):
+    def __init__(self, selector: str, timeout: float, cores: frozenset[int] | None = None):
         self.selector = selector
+        self.cores = cores or frozenset(os.sched_getaffinity(0))
+        """The cores the children run on: those the arbiter was given (see _take_arbiters_cores)."""
         self.timeout = timeout
         """Seconds a compile may take in a child before the module is refused."""
         self._idle: list[_Child] = []
@@ -225,7 +229,7 @@ class Compilers:
                     if attempt:
                         raise InvalidSubmission(f"compiling the program crashed the driver's compiler twice (the "
                                                 f"vetting process {exc}); refused") from None
-                    child = _Child(self.selector)
+                    child = _Child(self.selector, self.cores)
         except _TimedOut:
             child.kill()
             child = None
@@ -242,7 +246,7 @@ class Compilers:
         """Start one child now, so that the first new module does not wait for it."""
         with self._lock:
             if not self._closed and not self._idle and not self._running:
-                self._idle.append(_Child(self.selector))
+                self._idle.append(_Child(self.selector, self.cores))
 
     def _take(self) -> _Child:
         with self._lock:
@@ -253,7 +257,7 @@ class Compilers:
             if self._idle:
                 return self._idle.pop()
         try:
-            return _Child(self.selector)
+            return _Child(self.selector, self.cores)
         except BaseException:
             self._give_back(None)
             raise
@@ -287,6 +291,7 @@ def _serve() -> int:
     """The child: open the device, then compile and destroy one module per request."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _die_with_parent()
+    _take_arbiters_cores()
     with open("/proc/self/oom_score_adj", "w") as f:  # expendable: the OOM killer takes a compiler first
         f.write("1000")
     from .device import Device  # here, not at import: the parent must not load Vulkan for this module
@@ -313,6 +318,20 @@ def _serve() -> int:
         answers.flush()
     device.close()
     return 0
+
+
+def _take_arbiters_cores() -> None:
+    """Run on the cores the arbiter was given, before the driver loads: the thread that started
+    this child may run on fewer (_placement.py), and llvmpipe keys its shader cache by the
+    number of cores it may use, so a trial run on one core filled a cache that the arbiter, which
+    loaded the driver on two, never read (the slow-compile test's first dispatch compiled on
+    the arbiter's queue again, for 2.4-4.1 s)."""
+    cores = os.environ.get(_CORES)
+    if cores:
+        try:
+            os.sched_setaffinity(0, {int(core) for core in cores.split(",")})
+        except (OSError, ValueError):
+            pass  # a compile on fewer cores is still a compile; only the cache misses
 
 
 def _trial(device, spirv: bytes, bindings: int, push_size: int, entry: str) -> None:

@@ -191,7 +191,7 @@ class Containment:
         try:
             self.device = self._device_factory()
             self.engine = self._new_engine()
-            self.engine.start()
+            self.start_engine()
         except Exception as exc:
             self.state = "FAULT"
             log.error("recreating the device failed: %s", exc)

@@ -459,7 +459,7 @@ def _make_arbiter(options: Options, settings: _settings.Values):
     oom_score_adj = _protect_from_oom()
     _share_shader_cache(options.pipe_directory)
     max_clients = options.max_clients or settings.get(("", "max_clients"))
-    arbiter = Arbiter(options.device, timed=options.timestamps, multi_user=options.multi_user,
+    arbiter = Arbiter(options.device, timed=options.timestamps, multi_user=options.multi_user, place_threads=True,
                       **({"max_clients": max_clients} if max_clients else {}))
     if oom_score_adj > _OOM_SCORE_ADJ:
         arbiter.client_oom_score_adj = min(oom_score_adj + _CLIENT_OOM_MARGIN, 1000)

@@ -52,6 +52,7 @@ from ..ring._binding import check as ring_check
 from ._clients import BufferRecord, Client, Counters, ProgramRecord
 from ._containment import Containment
 from ._engine import BUFFER, EVENTS, POP, PROGRAM, Engine
+from ._placement import place_device_threads
 from ._programs import SharedPipelines
 from . import _emergency
 from ._quarantine import Quarantine
@@ -73,6 +74,8 @@ class Drainer(Tasks, Containment):
 
     def __init__(self, device_factory, wake_fd: int, timed: bool = True, max_clients: int = 4096):
         self._device_factory = device_factory
+        self.cores: frozenset[int] = frozenset(os.sched_getaffinity(0))
+        """The cores the arbiter was given (placing its threads narrows each thread's: _placement.py)."""
         self.max_slots = max_clients
         self.wake_fd = wake_fd
         self.device: Device = device_factory()
@@ -149,7 +152,7 @@ class Drainer(Tasks, Containment):
             self._planned = self.scheduler.arbitrates([c for c in self.clients.values() if not c.closing])
         policy = dict(planned=self._planned, timed=self._timed, watchdog=self._watchdog, spin=_SPIN,
                       spin_clients=_SPIN_CLIENTS, max_in_flight=self.scheduler.max_in_flight,
-                      plan_for=self.scheduler.plan_for)
+                      plan_for=self.scheduler.plan_for, yield_polls=self._placed)
         if fresh or policy != self._policy:
             engine.set_policy(**policy)
             self._policy = policy
@@ -415,8 +418,19 @@ class Drainer(Tasks, Containment):
 
     def start(self) -> None:
         """Start the engine and the control thread."""
-        self.engine.start()
+        self.start_engine()
         self.thread.start()
+
+    placement = False
+    """Place the engine's and the driver's threads on a core of their own (a daemon sets it before
+    :meth:`start`; see _placement.py)."""
+    _placed = False  # they are: the engine's polls yield that core
+
+    def start_engine(self) -> None:
+        """Start the engine's thread, placed with the driver's threads when :attr:`placement` says so."""
+        self.engine.start()
+        self._placed = self.placement and place_device_threads(self.device, self.engine.thread_id, self.cores)
+        self._apply_policy()
 
     shutdown_timeout = 10.0
     recovery_timeout = 10.0

@@ -105,6 +105,11 @@ class Engine:
         """Start the engine's thread."""
         check(lib.ls_engine_start(self._e), "starting the engine")
 
+    @property
+    def thread_id(self) -> int:
+        """The engine thread's id (what ``os.sched_setaffinity`` takes), once started."""
+        return check(lib.ls_engine_thread_id(self._e), "the engine's thread id")
+
     def stop(self, timeout: float) -> int:
         """Cancel queued work, give running work ``timeout`` s, abandon the rest; how many submissions
         were abandoned (their objects are never released)."""
@@ -122,12 +127,13 @@ class Engine:
         return True
 
     def set_policy(self, *, planned: bool, timed: bool, watchdog: float | None, spin: float,
-                   spin_clients: int, max_in_flight: int, plan_for: float) -> None:
+                   spin_clients: int, max_in_flight: int, plan_for: float, yield_polls: bool = False) -> None:
         """The policy the engine enforces from its next pass on (see struct ls_engine_policy)."""
         lib.ls_engine_set_policy(self._e, ffi.new("struct ls_engine_policy *", {
             "planned": int(planned), "timed": int(timed),
             "watchdog_ns": int(watchdog * 1e9) if watchdog else 0, "spin_ns": int(spin * 1e9),
-            "spin_clients": spin_clients, "max_in_flight": max_in_flight, "plan_ns": int(plan_for * 1e9)}))
+            "spin_clients": spin_clients, "max_in_flight": max_in_flight, "plan_ns": int(plan_for * 1e9),
+            "yield_polls": int(yield_polls)}))
 
     # ---------------------------------------------------------------- clients and objects
 

@@ -168,13 +168,16 @@ class Arbiter:
     ``max_programs`` (LIBSHARE_MAX_PROGRAMS) bounds the programs one client may hold;
     ``compile_timeout`` (LIBSHARE_COMPILE_TIMEOUT, seconds) bounds the vetting compile of a
     new module when the arbiter serves other processes (see _programs.py and _compiler.py).
+    ``place_threads`` (a daemon, whose process is the arbiter's alone) puts the engine and the
+    driver's threads on a core of their own (see _placement.py).
     """
 
     def __init__(self, device: str | None = None, *, max_clients: int = 48,
                  lanes: int = 4, lane_entries: int = 256, cq_entries: int = 1024, timed: bool = True,
                  multi_user: bool = False, test_hooks: bool | None = None, scheduling: str | None = None,
                  watchdog: float | None = None, mem_limit: str | None = None, max_programs: int | None = None,
-                 compile_timeout: float | None = None, mem_total: str | None = None):
+                 compile_timeout: float | None = None, mem_total: str | None = None,
+                 place_threads: bool = False):
         if multi_user and os.getuid() != 0:
             raise AccessDenied("multi-user mode needs the arbiter to run as root")
         selector = device if device is not None else os.environ.get("LIBSHARE_DEVICE")
@@ -230,6 +233,7 @@ class Arbiter:
         self._spares_thread: threading.Thread | None = None
         self._sessions: queue.SimpleQueue = queue.SimpleQueue()  # admitted connections for idle session threads
         self._idle_sessions = 0  # session threads waiting for a connection (under _lock)
+        self.drainer.placement = place_threads
         self.drainer.start()
         self.limits.default = device_limit(default_limits, self.device.index, self.device.uuid)
         if not mem_total.strip():
@@ -305,7 +309,7 @@ class Arbiter:
     def _vet_compiles(self) -> None:
         """Other processes will connect: compile each new module in a vetting child first."""
         if self.compilers is None:
-            self.compilers = Compilers(self._selector, self.compile_timeout)
+            self.compilers = Compilers(self._selector, self.compile_timeout, self.drainer.cores)
             self.compilers.prestart()
 
     def attach(self, conn: socket.socket) -> None:
@@ -595,7 +599,7 @@ class Arbiter:
             raise
         try:
             protocol.send(conn, {"ok": True, "client_id": client_id, "arbiter_pid": os.getpid(),
-                                 "device": self.device.name},
+                                 "device": self.device.name, "priority": priority},
                           fds=(region.fd, client.doorbell.writer))
             log.info("%s connected (uid %d%s)", client.describe(), uid, f", group {group}" if group else "")
             region.forget_fd()  # the client has them now: the mappings and the arbiter's own bell stay

@@ -24,7 +24,11 @@
  *            every ring (NEED_WAKEUP) and sleep in ppoll() on the engine's eventfd
  *            and every heard doorbell. Measured on lavapipe with 8 clients, most of
  *            the arbiter's time went to futex sleeps and wake-ups (61% in the
- *            kernel), so the steady state polls where a wait is short.
+ *            kernel), so the steady state polls where a wait is short. Placed
+ *            (policy.yield_polls, set once the daemon has put this thread and the
+ *            driver's on one core: _placement.py), every poll yields that core
+ *            between looks, since what the engine waits for (lavapipe's queue
+ *            thread running the submission) needs it; see "Cores" below.
  *
  * Recordings. Each client's descriptors are recorded once per distinct content
  * (everything but the ticket): bind, push descriptors, push constants, dispatch
@@ -81,6 +85,23 @@
  * device (priorities and shares would hold per device only). A GPU runs a
  * submission's work in parallel itself.
  *
+ * Where the two threads run matters more than how many there are. On this
+ * 2-core VM a wake-up across cores costs more than a tiny dispatch (a socket
+ * ping-pong: 13 us on one core, 33 us across two), and a direct submit-and-wait
+ * takes 19-25 us with lavapipe's thread on the caller's core against 84-112 us
+ * across. So a daemon on a CPU device puts the engine and the driver's threads
+ * on one core and its Python threads on the others (_placement.py), and the
+ * engine's polls then yield that core at each look (poll_step): a poll that
+ * kept it held off the queue thread it waited for. A yield can also hand the
+ * core to an unrelated busy thread for a whole time slice, so one that lost the
+ * core for over YIELD_LOST_NS stops the yields for YIELD_PAUSE_NS (the polls
+ * then keep the core, as unplaced). Measured on the 2-core VM, three rounds
+ * alternating, the clients' waits yielding too (ring.c): eight Python clients
+ * against eight private devices 0.93-1.12x placed and yielding, 0.88-0.98x
+ * unplaced and yielding, 0.58-0.62x unplaced with polls that keep the core;
+ * the tiny round trip 20.8-24.2 us, 18.8-49.0 us and 32-55 us. An embedded
+ * arbiter is not placed (its process's other threads are the application's).
+ *
  * Lifetime. Every command holds a count on the program and buffers it names;
  * ls_engine_drop of an object still counted marks it, and the last retirement
  * queues LS_EV_RELEASED so that the control plane destroys it then. A closing
@@ -123,6 +144,7 @@
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
@@ -138,6 +160,8 @@
 #define FENCE_SLICE_NS 500000LL         /* wait on the oldest fence this long, then look again */
 #define FENCE_NAP_NS 25000LL            /* ... this long while another submission may go */
 #define FENCE_SPIN_COMMANDS 2           /* poll the fence of a submission of at most this many commands */
+#define YIELD_LOST_NS 500000LL          /* a yield that lost the core this long ... */
+#define YIELD_PAUSE_NS 50000000LL       /* ... stops the polls' yields this long */
 #define BELL_CREDIT 32.0
 #define BELL_REFILL 32.0                /* credits per second */
 #define BELL_PENALTY_NS 1000000000LL
@@ -325,6 +349,8 @@ struct ls_engine {
     pthread_mutex_t lock;               /* everything below, but the flights' fences while waited on */
     pthread_mutex_t queue_lock;         /* the VkQueue */
     pthread_t thread;
+    int32_t tid;                        /* the thread's id, once it runs (for _placement.py) */
+    int64_t yields_paused_until;        /* the polls keep the core until then (poll_step) */
     int started, stopping, faulted, device_lost;
     int64_t stop_timeout_ns;
     int abandoned;
@@ -1065,6 +1091,22 @@ static int work_waiting(ls_engine *e, int events_too)
     return found;
 }
 
+/* One step of a poll: yield the core when placed (policy.yield_polls: the thread the engine
+ * waits for shares it), unless a recent yield lost it for long (to an unrelated busy thread: a
+ * whole time slice), else spin in place. */
+static void poll_step(ls_engine *e)
+{
+    int64_t now = now_ns();
+    if (!e->policy.yield_polls || now < e->yields_paused_until) {
+        for (int k = 0; k < 64; k++)
+            ls_cpu_relax();
+        return;
+    }
+    sched_yield();
+    if (now_ns() - now > YIELD_LOST_NS)
+        e->yields_paused_until = now_ns() + YIELD_PAUSE_NS;
+}
+
 /* Watch the rings for spin_ns after popped work; 1 when work (or a task) arrived. */
 static int spin(ls_engine *e)
 {
@@ -1075,8 +1117,7 @@ static int spin(ls_engine *e)
     do {
         if (work_waiting(e, 1))
             return 1;
-        for (int k = 0; k < 64; k++)
-            ls_cpu_relax();
+        poll_step(e);
     } while (now_ns() < deadline);
     return 0;
 }
@@ -1148,7 +1189,9 @@ static void sleep_on_bells(ls_engine *e, int64_t linger_ns)
 
 /* Poll the oldest fence (and, while another submission fits, the rings) before sleeping in
  * vkWaitForFences: a submission of a command or two ends within microseconds, and a futex sleep
- * and wake-up of this thread would cost more than it, so its fence is polled for up to spin_ns.
+ * and wake-up of this thread would cost more than it, so its fence is polled for up to spin_ns
+ * (each look followed by poll_step: placed, lavapipe's queue thread, which runs the submission,
+ * shares this thread's core).
  * A longer one is looked at once and slept on: polling it cost as much CPU as it ran. While
  * another submission may go, the sleep is a FENCE_NAP_NS nap, after which the loop pops what
  * came meanwhile; else a FENCE_SLICE_NS slice. */
@@ -1166,8 +1209,7 @@ static void wait_for_fence(ls_engine *e)
             return;
         if (more && work_waiting(e, 0))
             return;
-        for (int k = 0; k < 64; k++)
-            ls_cpu_relax();
+        poll_step(e);
     } while (now_ns() < deadline);
     e->vk.WaitForFences(e->device, 1, &fence, VK_TRUE, more ? FENCE_NAP_NS : FENCE_SLICE_NS);
 }
@@ -1237,6 +1279,8 @@ static void shutdown_engine(ls_engine *e)
 static void *run(void *arg)
 {
     ls_engine *e = arg;
+    pthread_setname_np(pthread_self(), "libshare-engine");  /* for ps -L, top -H and the tests */
+    __atomic_store_n(&e->tid, (int32_t)gettid(), __ATOMIC_RELEASE);
     for (;;) {
         pthread_mutex_lock(&e->lock);
         if (e->stopping) {
@@ -1388,7 +1432,14 @@ int ls_engine_start(ls_engine *e)
     if (rc)
         return -rc;
     e->started = 1;
+    while (!__atomic_load_n(&e->tid, __ATOMIC_ACQUIRE))  /* set first thing: ls_engine_thread_id */
+        sched_yield();
     return 0;
+}
+
+int32_t ls_engine_thread_id(ls_engine *e)
+{
+    return e->started ? __atomic_load_n(&e->tid, __ATOMIC_ACQUIRE) : -ESRCH;
 }
 
 void ls_engine_wake(ls_engine *e)

@@ -44,6 +44,9 @@ class _Constants:
     EFAULT = lib.LS_EFAULT
     ECANCELED = lib.LS_ECANCELED
     EMOVED = lib.LS_EMOVED
+    SPIN_YIELD = lib.LS_SPIN_YIELD
+    SPIN_KEEP = lib.LS_SPIN_KEEP
+    SPIN_NONE = lib.LS_SPIN_NONE
     PEER_ALIVE = lib.LS_PEER_ALIVE
     PEER_CLOSED = lib.LS_PEER_CLOSED
 

@@ -44,7 +44,7 @@ from ._binding import C, CQE_DTYPE, DESC_DTYPE, check, ffi, lib
 
 __all__ = ["Region", "Producer", "SharedMapping", "sealed_memfd", "check_sealed_memfd"]
 
-_SPIN_NS = lib.LS_SPIN_NS  # polling before sleeping on a futex (skipped while waits take longer: see ring.c)
+_SPIN_NS = lib.LS_SPIN_NS  # polling before sleeping on a futex, yielding the core at each step (see ring.c)
 _SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 
 
@@ -175,6 +175,8 @@ class Region:
         self._cqe_out = np.empty(self.cq_entries, CQE_DTYPE)
         self._cqe_ptr = ffi.from_buffer("char[]", self._cqe_out)
         self._pidfd = -1
+        self.spin_mode: int = C.SPIN_YIELD
+        """How this view's waits spin (:meth:`set_spin_mode`)."""
 
     @classmethod
     def create(cls, lanes: int = 8, lane_entries: int = 256, cq_entries: int = 1024) -> Region:
@@ -266,6 +268,14 @@ class Region:
         """Record this process as the client, alive or closed."""
         self._require_open()
         lib.ls_set_client(self._handle, os.getpid(), C.PEER_ALIVE if alive else C.PEER_CLOSED)
+
+    def set_spin_mode(self, mode: int) -> None:
+        """How this view's waits spin before they sleep: C.SPIN_YIELD (the default: yield the core at
+        each look), C.SPIN_KEEP (keep it: a realtime session's) or C.SPIN_NONE (sleep at once: a
+        low-priority session's); see wait_for in ring.c."""
+        self._require_open()
+        check(lib.ls_set_spin_mode(self._handle, mode), None, "set the spin mode")
+        self.spin_mode = mode
 
     def set_wake_fd(self, doorbell_fd: int) -> None:
         """The doorbell: a client wakes the consumer by writing 8 bytes to ``doorbell_fd`` (the socket

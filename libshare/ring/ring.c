@@ -34,7 +34,11 @@
  * opcode LS_OP_BAD so the caller answers its ticket with an error.
  *
  * Sleep and wake follow io_uring's SQPOLL. A consumer that finds nothing
- * spins for a bounded time, then sets LS_NEED_WAKEUP in sq_flags, issues a
+ * spins for a bounded time (yielding its core at each look: on a machine with
+ * fewer cores than busy threads, a spinner that kept its core held off the
+ * very thread it waited for; measured on a 2-core VM, a tiny round trip with
+ * client, arbiter and lavapipe on one core took 93-98 us, 26 us with yields),
+ * then sets LS_NEED_WAKEUP in sq_flags, issues a
  * full barrier, looks once more, and sleeps on the sq_bell futex word. A
  * producer, after publishing its tail, issues a full barrier and reads
  * sq_flags; only when the flag is set does it take it (exchange to 0), bump
@@ -66,6 +70,7 @@
 #include <string.h>
 #include <sys/socket.h>
 
+#define LS_SPIN_OFF_FACTOR 20           /* no spin while waits average 20 spins (see wait_for) */
 #define LS_SLICE_NS 50000000LL          /* 50 ms: how long a dead peer can go unnoticed */
 #define LS_HEADER_SIZE 128
 #define LS_BELLS_SIZE 128
@@ -97,6 +102,7 @@ struct ls_region {
     uint32_t heads[LS_MAX_LANES];       /* consumer's private lane heads */
     int64_t wait_ns;                    /* how long a wait that ended in work took, on average */
     uint32_t waits;                     /* waits so far: every 16th spins whatever wait_ns says */
+    uint32_t spin_mode;                 /* LS_SPIN_YIELD (0), LS_SPIN_KEEP or LS_SPIN_NONE */
 };
 
 static int is_pow2(uint32_t x) { return x && !(x & (x - 1)); }
@@ -273,6 +279,14 @@ void ls_set_client(ls_region *r, uint32_t pid, uint32_t state)
 void ls_set_peer_pidfd(ls_region *r, int pidfd) { r->peer_pidfd = pidfd; }
 
 void ls_set_wake_fd(ls_region *r, int doorbell_fd) { r->wake_fd = doorbell_fd; }
+
+int ls_set_spin_mode(ls_region *r, uint32_t mode)
+{
+    if (mode > LS_SPIN_NONE)
+        return -EINVAL;
+    r->spin_mode = mode;
+    return 0;
+}
 
 static int pidfd_exited(int pidfd)
 {
@@ -574,8 +588,27 @@ static int peer_gone(ls_region *r, const uint32_t *state_word)
  * The shared sleep: spin on ready() for spin_ns, then sleep on *bell with
  * NEED_WAKEUP set in *flags, in slices, until ready() > 0, the peer is gone,
  * or timeout_ns passes (a negative timeout waits forever, slice by slice).
- * The spin adapts: it is skipped while the waits of this view of the region
- * take longer than the spin on average (see below).
+ * Each step of the spin yields the core (ls_spin_step): a spinner that shares
+ * its core with the thread it waits for lets it run at once. A yield may also
+ * hand the core to an unrelated busy thread for a whole time slice, so each
+ * view has a spin mode (ls_set_spin_mode, from the session's priority):
+ *   LS_SPIN_YIELD  (normal, high) yield at each look, and keep spinning while
+ *                  waits average up to LS_SPIN_OFF_FACTOR spins;
+ *   LS_SPIN_KEEP   (realtime) keep the core, and spin only while waits end
+ *                  within the spin on average: its spin must not hold a core
+ *                  the arbiter needs to answer it;
+ *   LS_SPIN_NONE   (low) sleep at once: background work does not poll.
+ * Past the threshold only every 16th wait spins; one that ends within its spin
+ * turns spinning back on (the average alone would not: waits that sleep are slow
+ * because they sleep). Measured on a 2-core VM with lavapipe (issue 13's benches,
+ * three runs each, the engine's polls yielding too, unplaced): eight Python clients against eight
+ * private devices 0.69-0.86x with the spins of before (keep the core, one spin),
+ * 0.88-1.04x yielding with one spin, 1.12-1.19x with these modes; a realtime
+ * client's p99 under 7 low clients 0.6-1.7 ms before, 2.5-5.3 ms when every
+ * client yielded and spun longer, 0.8-2.1 ms with these modes. With the engine
+ * yielding only where it is placed with lavapipe's thread (engine.c, "Cores"),
+ * the engine's polls decide more than these modes: 0.58-0.62x with the clients'
+ * modes alone, 0.93-1.12x placed.
  */
 static int wait_for(ls_region *r, int (*ready)(ls_region *, uint32_t), uint32_t want,
                     uint32_t *flags, uint32_t *bell, const uint32_t *peer_state,
@@ -584,11 +617,9 @@ static int wait_for(ls_region *r, int (*ready)(ls_region *, uint32_t), uint32_t 
     int64_t start = ls_now_ns();
     int64_t deadline = timeout_ns < 0 ? INT64_MAX : start + timeout_ns;
     int n;
-    /* Spin only while waits tend to end within the spin: when they take longer (the peer is busy,
-     * or many processes share the cores) spinning only takes a core from whoever would answer.
-     * Every 16th wait spins anyway; one that ends within its spin turns spinning back on (the
-     * average alone would not: waits that sleep are slow because they sleep). */
-    int off = r->wait_ns > spin_ns;
+    if (r->spin_mode == LS_SPIN_NONE)
+        spin_ns = 0;
+    int off = r->wait_ns > (r->spin_mode == LS_SPIN_KEEP ? 1 : LS_SPIN_OFF_FACTOR) * spin_ns;
     if (off && (r->waits & 15))
         spin_ns = 0;
     r->waits++;
@@ -598,9 +629,12 @@ static int wait_for(ls_region *r, int (*ready)(ls_region *, uint32_t), uint32_t 
             r->wait_ns = off ? took : r->wait_ns + (took - r->wait_ns) / 8;
             return n;
         }
-        if ((iter & 63) == 0 && ls_now_ns() - start >= spin_ns)
+        if ((iter & 7) == 0 && ls_now_ns() - start >= spin_ns)
             break;
-        ls_cpu_relax();
+        if (r->spin_mode == LS_SPIN_KEEP)
+            ls_cpu_relax();
+        else
+            ls_spin_step();
     }
     for (;;) {
         uint32_t seen = ls_load_acquire(bell);

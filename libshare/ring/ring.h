@@ -39,8 +39,11 @@
 #define LS_OP_MAX 2
 #define LS_OP_BAD 0xffff               /* set by the consumer on a slot that failed ls_desc_check */
 
-#define LS_SPIN_NS 50000                /* a waiter polls this long before it sleeps (not while its waits
-                                           take longer: see wait_for in ring.c) */
+#define LS_SPIN_NS 50000                /* a waiter polls this long, yielding its core at each look,
+                                           before it sleeps (see wait_for in ring.c) */
+#define LS_SPIN_YIELD 0                 /* spin modes (ls_set_spin_mode): yield the core at each look, */
+#define LS_SPIN_KEEP 1                  /* keep it (and spin only while waits end within the spin), */
+#define LS_SPIN_NONE 2                  /* or sleep at once */
 #define LS_NEED_WAKEUP 1                /* in sq_flags / cq_flags: the sleeper wants a wake */
 #define LS_NEED_WAKEUP_FD 2             /* in cq_flags: an async waiter wants a byte on its doorbell socket */
 
@@ -175,6 +178,9 @@ void ls_set_peer_pidfd(ls_region *r, int pidfd);
 /* The doorbell socket: the client rings the consumer there (8 bytes instead of a futex wake), and the
  * consumer, given its own end, sends a byte there to wake an async waiter (LS_NEED_WAKEUP_FD). */
 void ls_set_wake_fd(ls_region *r, int doorbell_fd);
+/* How this view's waits spin before they sleep (see wait_for in ring.c): LS_SPIN_YIELD, the
+ * default, LS_SPIN_KEEP (a realtime session's) or LS_SPIN_NONE (a low-priority one's). */
+int ls_set_spin_mode(ls_region *r, uint32_t mode);
 
 /* Producer side (client threads): claim a lane once, then push through it. */
 int ls_producer_open(ls_region *r, uint32_t tid, uint32_t pid, ls_producer **out);

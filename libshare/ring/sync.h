@@ -16,6 +16,7 @@
 #include <linux/futex.h>
 #include <stdint.h>
 #include <sys/syscall.h>
+#include <sched.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -38,6 +39,13 @@ static inline void ls_cpu_relax(void)
 #elif defined(__aarch64__)
     __asm__ __volatile__("yield");
 #endif
+}
+
+/* One step of a spin that leaves the core to any other runnable thread on it (the peer the
+ * spinner waits for, when the two share a core): sched_yield returns at once when none is. */
+static inline void ls_spin_step(void)
+{
+    sched_yield();
 }
 
 static inline int64_t ls_now_ns(void)

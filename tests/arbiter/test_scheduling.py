@@ -292,3 +292,25 @@ def test_compute_shares_that_add_up_to_the_whole_device_never_hold_everyone_at_o
     plan = scheduler.plan(clients, everyone, everyone, 0, 1024)
     assert len(plan) == 1 and plan[0][1] >= 1, plan
     assert scheduler.plan(clients, everyone, everyone, 1, 1024) == [], "none while work runs: it will rebalance"
+
+
+def test_a_sessions_waits_spin_as_its_priority_says(daemon):
+    """A wait's spin yields the core at each look (the thread it waits for may share it), except a
+    realtime session's, whose latency a yield to an unrelated busy thread would cost a time slice,
+    and a low one's, which does not spin (ring.c, wait_for). The priority comes from the welcome:
+    asked for, or the arbiter's default. Every mode still gets its answers."""
+    _process, pipe_dir = daemon
+    saxpy = libshare.shaders.path("saxpy")
+    with libshare.connect(mode="daemon", pipe_directory=pipe_dir, priority="realtime") as realtime, \
+            libshare.connect(mode="daemon", pipe_directory=pipe_dir) as normal, \
+            libshare.connect(mode="daemon", pipe_directory=pipe_dir, priority="low") as low:
+        assert (realtime.priority, normal.priority, low.priority) == ("realtime", "normal", "low")
+        from libshare.ring import C
+        assert (realtime._region.spin_mode, normal._region.spin_mode, low._region.spin_mode) == (
+            C.SPIN_KEEP, C.SPIN_YIELD, C.SPIN_NONE)
+        for session in (realtime, normal, low):
+            program = session.load_program(saxpy)
+            x, y = session.array(64), session.array(64)
+            x[:], y[:] = 1.0, 2.0
+            session.dispatch(program, 1, [x, y], struct.pack("If", 64, 1.0)).wait(30)
+            assert np.all(y == 3.0)

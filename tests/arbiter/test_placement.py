@@ -1,0 +1,172 @@
+"""Where the arbiter's threads run (libshare/arbiter/_placement.py).
+
+A daemon on a CPU device puts its engine thread (named libshare-engine) and the threads the
+driver started with the device on one core, and every other thread, those started later
+included, on the other cores. An embedded arbiter moves none of its process's threads; nor
+does a daemon allowed one core only. Each thread's cores are read from
+/proc/PID/task/TID/status (Cpus_allowed_list), as the kernel holds them.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import libshare
+from libshare import _control
+from libshare.arbiter import Arbiter
+
+from ..conftest import ROOT
+from .conftest import run_daemon, wait_until
+
+ALL_CORES = frozenset(os.sched_getaffinity(0))
+needs_two_cores = pytest.mark.skipif(len(ALL_CORES) < 2, reason="placement needs at least two cores")
+
+
+def threads(pid: int) -> dict[int, tuple[str, frozenset[int]]]:
+    """Every thread of ``pid``, but Mesa's shader-cache writer: its name and the cores it may run on.
+
+    The cache writer (named like ``python:disk$0``) asks for every core itself when it starts
+    (Mesa's util_queue does so for it), whenever that is."""
+    found = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            name = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
+            status = Path(f"/proc/{pid}/task/{tid}/status").read_text()
+        except OSError:  # it ended meanwhile
+            continue
+        if ":disk$" in name:
+            continue
+        cores = re.search(r"^Cpus_allowed_list:\s*(\S+)", status, re.M).group(1)
+        found[int(tid)] = (name, frozenset(_cores(cores)))
+    return found
+
+
+def _cores(text: str):
+    for part in text.split(","):
+        low, _, high = part.partition("-")
+        yield from range(int(low), int(high or low) + 1)
+
+
+def device_core(pid: int) -> int:
+    """The one core of the engine thread of ``pid``, once it says it was placed there."""
+    (engine,) = [cores for name, cores in threads(pid).values() if name == "libshare-engine"]
+    assert len(engine) == 1, f"the engine thread may run on cores {sorted(engine)}: it was not placed"
+    return next(iter(engine))
+
+
+def check_placed(pid: int) -> int:
+    """Assert that ``pid``'s engine shares one core with the driver's threads alone, and that every
+    other thread runs on every other core; return that core."""
+    core = device_core(pid)
+    placed = threads(pid)
+    on_core = {tid: name for tid, (name, cores) in placed.items() if cores == {core}}
+    elsewhere = {(tid, name): cores for tid, (name, cores) in placed.items() if tid not in on_core}
+    assert len(on_core) >= 2, f"only {on_core} on core {core}: lavapipe's queue thread is not there"
+    assert "libshare-engine" in on_core.values()
+    assert elsewhere and all(cores == ALL_CORES - {core} for cores in elsewhere.values()), (
+        f"threads off core {core} should run on all the others: {elsewhere}")
+    return core
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+        except OSError:  # it ended meanwhile
+            pass
+    return found
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " ")
+    except OSError:
+        return ""
+
+
+def round_trip(pipe_dir) -> None:
+    with libshare.connect(mode="daemon", pipe_directory=pipe_dir) as session:
+        program = session.load_program(libshare.shaders.path("saxpy"))
+        x, y = session.array(64), session.array(64)
+        x[:], y[:] = 1.0, 2.0
+        for _ in range(20):
+            session.dispatch(program, 1, [x, y], struct.pack("If", 64, 1.0)).wait(30)
+        assert np.all(y == 22.0)
+
+
+@needs_two_cores
+def test_a_daemon_puts_its_engine_with_the_drivers_threads_and_the_rest_elsewhere(daemon):
+    process, pipe_dir = daemon
+    core = check_placed(process.pid)
+    with libshare.connect(mode="daemon", pipe_directory=pipe_dir):  # its session thread starts now
+        assert check_placed(process.pid) == core
+    round_trip(pipe_dir)  # its first load of saxpy is vetted in a compiler child
+    assert check_placed(process.pid) == core
+    log = (pipe_dir / "server.log").read_text()
+    assert f"engine and driver threads on core {core}" in log
+    compilers = [pid for pid in children(process.pid) if "libshare.arbiter._compiler" in cmdline(pid)]
+    assert compilers, "no vetting compiler ran"
+    for pid in compilers:  # on the arbiter's cores, not its placed threads': llvmpipe keys its cache by them
+        assert threads(pid)[pid][1] == ALL_CORES, threads(pid)
+
+
+@needs_two_cores
+def test_a_recreated_device_is_placed_again(hooked_daemon):
+    process, pipe_dir = hooked_daemon
+    first_engine = [tid for tid, (name, _) in threads(process.pid).items() if name == "libshare-engine"]
+    holder = subprocess.Popen([sys.executable, "-m", "tests.arbiter._client", "hold", str(pipe_dir), "holder"],
+                              cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        assert _control.run("inject_fault", str(holder.pid), pipe_directory=pipe_dir) == "FAULT"
+    finally:
+        holder.communicate("\n", timeout=60)
+    wait_until(lambda: _control.run("get_server_status", pipe_directory=pipe_dir) == "ACTIVE", what="recovery")
+    engines = [tid for tid, (name, _) in threads(process.pid).items() if name == "libshare-engine"]
+    assert engines and engines != first_engine, "the device was not recreated with an engine of its own"
+    check_placed(process.pid)
+    round_trip(pipe_dir)
+
+
+def test_a_daemon_allowed_one_core_is_not_placed(tmp_path, vulkan_device_name):
+    core = min(ALL_CORES)
+    os.sched_setaffinity(0, {core})  # the daemon inherits it
+    try:
+        running = run_daemon(tmp_path / "pipe")
+        process, pipe_dir = next(running)
+    finally:
+        os.sched_setaffinity(0, ALL_CORES)
+    try:
+        assert all(cores == {core} for _, cores in threads(process.pid).values()), threads(process.pid)
+        round_trip(pipe_dir)
+        assert "engine and driver threads on core" not in (pipe_dir / "server.log").read_text()
+    finally:
+        next(running, None)
+
+
+def test_an_embedded_arbiter_moves_none_of_its_process_threads(tmp_path, vulkan_device_name):
+    before = {tid: cores for tid, (_, cores) in threads(os.getpid()).items()}
+    pipe_dir = tmp_path / "pipe"
+    pipe_dir.mkdir(mode=0o700)
+    arbiter = Arbiter()
+    try:
+        arbiter.serve(pipe_dir / "control")
+        now = threads(os.getpid())
+        assert all(now[tid][1] == cores for tid, cores in before.items() if tid in now), "a thread was moved"
+        engines = [cores for name, cores in now.values() if name == "libshare-engine"]
+        assert engines and all(cores == os.sched_getaffinity(0) for cores in engines), (
+            f"an embedded engine runs on {engines}, not on every core this process may use")
+        round_trip(pipe_dir)
+    finally:
+        arbiter.close()
