@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import re
 import signal
 import struct
 import subprocess
@@ -125,21 +126,18 @@ def test_round_trip_embedded(benchmark, embedded, report_ratio):
 BUSY_BLOCKS, BUSY_PER_BLOCK = 4, 2000
 
 
-def device_core(pid: int) -> int | None:
-    """The one core of ``pid``'s engine thread (libshare-engine), or None when it was not placed."""
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        if (task / "comm").read_text().strip() == "libshare-engine":
-            cores = os.sched_getaffinity(int(task.name))
-            return next(iter(cores)) if len(cores) == 1 else None
-    return None
+def device_core(pipe_dir: Path) -> int | None:
+    """The core where the daemon of ``pipe_dir`` placed its engine (its log says), or None."""
+    named = re.findall(r"engine and driver threads on core (\d+)", (pipe_dir / "server.log").read_text())
+    return int(named[-1]) if named else None
 
 
-def test_round_trip_beside_a_busy_process(benchmark, remote, report_ratio):
+def test_round_trip_beside_a_busy_process(benchmark, arbiter_dir, remote, report_ratio):
     """1b. The tiny round trip through the daemon with a pure-Python busy loop pinned to the
     arbiter's device core (where its engine yields between looks: engine.c, "Cores"), against
     the same loop stopped, in alternating blocks."""
     session, dispatch = remote
-    core = device_core(session.arbiter_pid)
+    core = device_core(arbiter_dir)
     if core is None:
         pytest.skip("the arbiter was not placed (one core, or not a CPU device)")
     busy = subprocess.Popen([sys.executable, "-c", "x = 0\nwhile True:\n    x += 1\n"])

@@ -152,7 +152,7 @@ class Drainer(Tasks, Containment):
             self._planned = self.scheduler.arbitrates([c for c in self.clients.values() if not c.closing])
         policy = dict(planned=self._planned, timed=self._timed, watchdog=self._watchdog, spin=_SPIN,
                       spin_clients=_SPIN_CLIENTS, max_in_flight=self.scheduler.max_in_flight,
-                      plan_for=self.scheduler.plan_for, yield_polls=self._placed)
+                      plan_for=self.scheduler.plan_for)
         if fresh or policy != self._policy:
             engine.set_policy(**policy)
             self._policy = policy
@@ -424,13 +424,12 @@ class Drainer(Tasks, Containment):
     placement = False
     """Place the engine's and the driver's threads on a core of their own (a daemon sets it before
     :meth:`start`; see _placement.py)."""
-    _placed = False  # they are: the engine's polls yield that core
 
     def start_engine(self) -> None:
         """Start the engine's thread, placed with the driver's threads when :attr:`placement` says so."""
         self.engine.start()
-        self._placed = self.placement and place_device_threads(self.device, self.engine.thread_id, self.cores)
-        self._apply_policy()
+        if self.placement:
+            place_device_threads(self.device, self.engine, self.cores)
 
     shutdown_timeout = 10.0
     recovery_timeout = 10.0

@@ -107,8 +107,13 @@ class Engine:
 
     @property
     def thread_id(self) -> int:
-        """The engine thread's id (what ``os.sched_setaffinity`` takes), once started."""
+        """The engine thread's id, once started."""
         return check(lib.ls_engine_thread_id(self._e), "the engine's thread id")
+
+    def place(self, core: int | None) -> None:
+        """Pin the engine thread to ``core``, where its polls yield (None: unplaced, its polls keep
+        their core, and its cores are the caller's to set); see ls_engine_place."""
+        check(lib.ls_engine_place(self._e, -1 if core is None else core), "placing the engine's thread")
 
     def stop(self, timeout: float) -> int:
         """Cancel queued work, give running work ``timeout`` s, abandon the rest; how many submissions
@@ -127,13 +132,12 @@ class Engine:
         return True
 
     def set_policy(self, *, planned: bool, timed: bool, watchdog: float | None, spin: float,
-                   spin_clients: int, max_in_flight: int, plan_for: float, yield_polls: bool = False) -> None:
+                   spin_clients: int, max_in_flight: int, plan_for: float) -> None:
         """The policy the engine enforces from its next pass on (see struct ls_engine_policy)."""
         lib.ls_engine_set_policy(self._e, ffi.new("struct ls_engine_policy *", {
             "planned": int(planned), "timed": int(timed),
             "watchdog_ns": int(watchdog * 1e9) if watchdog else 0, "spin_ns": int(spin * 1e9),
-            "spin_clients": spin_clients, "max_in_flight": max_in_flight, "plan_ns": int(plan_for * 1e9),
-            "yield_polls": int(yield_polls)}))
+            "spin_clients": spin_clients, "max_in_flight": max_in_flight, "plan_ns": int(plan_for * 1e9)}))
 
     # ---------------------------------------------------------------- clients and objects
 

@@ -12,9 +12,9 @@ engine thread and the threads the driver started while it made the device on one
 the *device core* (one of the cores this process may use, picked by its pid, so that
 arbiters side by side spread over the cores), and every other thread of the
 process (the control thread, the gate, the session threads, and those they start later,
-which inherit it) on the remaining cores. The engine's polls then yield the device core
-between looks (engine.c, ``poll_step``): what the engine waits for, the queue thread,
-runs there.
+which inherit it) on the remaining cores. The engine pins its own thread
+(``ls_engine_place``), and its polls then yield the device core between looks (engine.c,
+``poll_step``): what the engine waits for, the queue thread, runs there.
 
 Not placed:
 
@@ -23,10 +23,12 @@ Not placed:
 * a GPU: the device runs the work, and no thread of the driver's waits on our core;
 * a process allowed one core only, where there is nothing to choose.
 
-A yield may still hand the device core to another process's busy thread; the engine then
-stops yielding for a while (engine.c, YIELD_PAUSE_NS). Placement is best effort: a thread
-whose affinity is refused leaves the arbiter unplaced, every thread back on every core, and
-the polls keep their core as before (a thread that ended meanwhile is skipped).
+A yield may still hand the device core to another process's busy thread for a whole time
+slice; the engine then stops yielding for a while, and its polls keep the core meanwhile,
+as unplaced (engine.c, YIELD_PAUSE_NS). Placement is best
+effort: a thread whose affinity is refused leaves the arbiter unplaced, every thread back on
+every core, and the polls keep their core as before (a thread that ended meanwhile is
+skipped).
 """
 
 from __future__ import annotations
@@ -35,30 +37,35 @@ import logging
 import os
 import threading
 
+from ..errors import LibshareError
+
 log = logging.getLogger("libshare.arbiter")
 
 __all__ = ["place_device_threads"]
 
 
-def place_device_threads(device, engine_thread: int, cores: set[int]) -> bool:
-    """Put ``engine_thread`` and ``device``'s driver threads on a device core and every other
+def place_device_threads(device, engine, cores: set[int]) -> bool:
+    """Put ``engine``'s thread and ``device``'s driver threads on a device core and every other
     thread of this process on the other ``cores`` (those the arbiter was given when it started);
-    True when done (then the engine's polls may yield), False when not to be done here or when it
-    failed (every thread left or put back on every one of ``cores``)."""
+    True when done, False when not to be done here or when it failed (every thread left or put
+    back on every one of ``cores``)."""
     cores = sorted(cores)
     if not device.cpu or len(cores) < 2:
         return False
     device_core = cores[os.getpid() % len(cores)]  # arbiters side by side spread over the cores
     other_cores = set(cores) - {device_core}
     python_threads = {thread.native_id for thread in threading.enumerate()}
-    on_device_core = {engine_thread} | (set(device.driver_threads) - python_threads)
+    engine_thread = engine.thread_id
+    driver_threads = set(device.driver_threads) - python_threads - {engine_thread}
     try:
         for thread in _threads():
-            _set_cores(thread, {device_core} if thread in on_device_core else other_cores)
-    except OSError as exc:
+            if thread != engine_thread:
+                _set_cores(thread, {device_core} if thread in driver_threads else other_cores)
+        engine.place(device_core)
+    except (OSError, LibshareError) as exc:
         log.warning("could not place the engine's and the driver's threads on core %d (%s); they run on any "
                     "core", device_core, exc)
-        _unplace(set(cores))
+        _unplace(engine, set(cores))
         return False
     log.info("engine and driver threads on core %d, the arbiter's other threads on %s", device_core,
              ",".join(map(str, sorted(other_cores))))
@@ -76,9 +83,13 @@ def _set_cores(thread: int, cores: set[int]) -> None:
         pass  # it ended meanwhile
 
 
-def _unplace(cores: set[int]) -> None:
+def _unplace(engine, cores: set[int]) -> None:
     for thread in _threads():
         try:
             _set_cores(thread, cores)
         except OSError:
             pass  # refused: as unplaced as it can be
+    try:
+        engine.place(None)  # it stops yielding
+    except LibshareError:
+        pass

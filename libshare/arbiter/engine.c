@@ -25,10 +25,10 @@
  *            and every heard doorbell. Measured on lavapipe with 8 clients, most of
  *            the arbiter's time went to futex sleeps and wake-ups (61% in the
  *            kernel), so the steady state polls where a wait is short. Placed
- *            (policy.yield_polls, set once the daemon has put this thread and the
- *            driver's on one core: _placement.py), every poll yields that core
- *            between looks, since what the engine waits for (lavapipe's queue
- *            thread running the submission) needs it; see "Cores" below.
+ *            (ls_engine_place: the daemon has put this thread and the driver's on
+ *            one core, _placement.py), every poll yields that core between looks,
+ *            since what the engine waits for (lavapipe's queue thread running the
+ *            submission) needs it; see "Cores" below.
  *
  * Recordings. Each client's descriptors are recorded once per distinct content
  * (everything but the ticket): bind, push descriptors, push constants, dispatch
@@ -94,8 +94,12 @@
  * engine's polls then yield that core at each look (poll_step): a poll that
  * kept it held off the queue thread it waited for. A yield can also hand the
  * core to an unrelated busy thread for a whole time slice, so one that lost the
- * core for over YIELD_LOST_NS stops the yields for YIELD_PAUSE_NS (the polls
- * then keep the core, as unplaced). Measured on the 2-core VM, three rounds
+ * core for over YIELD_LOST_NS stops the yields for YIELD_PAUSE_NS: the polls
+ * keep the core meanwhile, as unplaced. Moving the engine off its core for that
+ * time instead (to any of the arbiter's cores) was worse: with two busy
+ * processes on the 2-core VM the round trip's p99 was 3.9-4.0 ms in three runs
+ * of three moving, 0.15-2.8 ms staying (one busy process: 164-218 us against
+ * 99-184 us). Measured on the 2-core VM, three rounds
  * alternating, the clients' waits yielding too (ring.c): eight Python clients
  * against eight private devices 0.93-1.12x placed and yielding, 0.88-0.98x
  * unplaced and yielding, 0.58-0.62x unplaced with polls that keep the core;
@@ -350,7 +354,8 @@ struct ls_engine {
     pthread_mutex_t queue_lock;         /* the VkQueue */
     pthread_t thread;
     int32_t tid;                        /* the thread's id, once it runs (for _placement.py) */
-    int64_t yields_paused_until;        /* the polls keep the core until then (poll_step) */
+    int placed;                         /* ls_engine_place pinned the thread: its polls yield */
+    int64_t yields_paused_until;        /* ... but not before this (poll_step) */
     int started, stopping, faulted, device_lost;
     int64_t stop_timeout_ns;
     int abandoned;
@@ -1091,13 +1096,14 @@ static int work_waiting(ls_engine *e, int events_too)
     return found;
 }
 
-/* One step of a poll: yield the core when placed (policy.yield_polls: the thread the engine
- * waits for shares it), unless a recent yield lost it for long (to an unrelated busy thread: a
- * whole time slice), else spin in place. */
+/* One step of a poll. Placed (ls_engine_place), yield the core: the thread the engine waits for
+ * shares it. A yield that lost the core for long (an unrelated busy thread took a whole time
+ * slice) stops the yields until yields_paused_until. Otherwise spin in place. Runs on the engine
+ * thread only. */
 static void poll_step(ls_engine *e)
 {
     int64_t now = now_ns();
-    if (!e->policy.yield_polls || now < e->yields_paused_until) {
+    if (!__atomic_load_n(&e->placed, __ATOMIC_ACQUIRE) || now < e->yields_paused_until) {
         for (int k = 0; k < 64; k++)
             ls_cpu_relax();
         return;
@@ -1440,6 +1446,24 @@ int ls_engine_start(ls_engine *e)
 int32_t ls_engine_thread_id(ls_engine *e)
 {
     return e->started ? __atomic_load_n(&e->tid, __ATOMIC_ACQUIRE) : -ESRCH;
+}
+
+int ls_engine_place(ls_engine *e, int32_t core)
+{
+    if (!e->started)
+        return -ESRCH;
+    if (core >= CPU_SETSIZE)
+        return -EINVAL;
+    if (core >= 0) {
+        cpu_set_t only;
+        CPU_ZERO(&only);
+        CPU_SET(core, &only);
+        int rc = pthread_setaffinity_np(e->thread, sizeof only, &only);
+        if (rc)
+            return -rc;
+    }
+    __atomic_store_n(&e->placed, core >= 0, __ATOMIC_RELEASE);
+    return 0;
 }
 
 void ls_engine_wake(ls_engine *e)

@@ -59,9 +59,6 @@ struct ls_engine_policy {
     uint32_t spin_clients;              /* ... only with at most this many clients */
     uint32_t max_in_flight;             /* submissions on the device at once */
     uint64_t plan_ns;                   /* a plan is reused this long while the same clients wait */
-    uint32_t yield_polls;               /* 1: polls yield the core between looks (the engine shares it
-                                           with the driver's threads: _placement.py) */
-    uint32_t pad;
 };
 
 /* One turn of a planned pass: pop at most budget descriptors of client; a change of
@@ -103,6 +100,10 @@ int ls_engine_create(const struct ls_engine_config *config, ls_engine **out);
 int ls_engine_start(ls_engine *e);
 /* The engine thread's id (gettid), once started; -ESRCH before. */
 int32_t ls_engine_thread_id(ls_engine *e);
+/* Pin the engine thread to core, which it shares with the driver's threads (_placement.py): its
+ * polls then yield that core (engine.c, "Cores"). core -1: unplaced (its polls keep their core;
+ * its cores are the caller's to set). 0, -EINVAL or -errno. */
+int ls_engine_place(ls_engine *e, int32_t core);
 /* Cancel queued work (LS_ECANCELED), give running work timeout_ns, answer what still runs
  * (LS_EFAULT when faulted, else LS_ECANCELED) and abandon it; join the thread. Returns the
  * number of submissions abandoned. */

@@ -55,22 +55,19 @@ def _cores(text: str):
         yield from range(int(low), int(high or low) + 1)
 
 
-def device_core(pid: int) -> int:
-    """The one core of the engine thread of ``pid``, once it says it was placed there."""
-    (engine,) = [cores for name, cores in threads(pid).values() if name == "libshare-engine"]
-    assert len(engine) == 1, f"the engine thread may run on cores {sorted(engine)}: it was not placed"
-    return next(iter(engine))
-
-
-def check_placed(pid: int) -> int:
-    """Assert that ``pid``'s engine shares one core with the driver's threads alone, and that every
-    other thread runs on every other core; return that core."""
-    core = device_core(pid)
+def check_placed(pid: int, pipe_dir) -> int:
+    """Assert that ``pid``'s engine shares the core its log names with the driver's threads alone,
+    and that every other thread runs on every other core; return that core."""
+    named = re.findall(r"engine and driver threads on core (\d+)", (pipe_dir / "server.log").read_text())
+    assert named, "the arbiter did not say where it placed its engine"
+    core = int(named[-1])
     placed = threads(pid)
-    on_core = {tid: name for tid, (name, cores) in placed.items() if cores == {core}}
-    elsewhere = {(tid, name): cores for tid, (name, cores) in placed.items() if tid not in on_core}
-    assert len(on_core) >= 2, f"only {on_core} on core {core}: lavapipe's queue thread is not there"
-    assert "libshare-engine" in on_core.values()
+    (engine,) = [cores for name, cores in placed.values() if name == "libshare-engine"]
+    assert engine == {core}, f"the engine may run on {sorted(engine)}, not on core {core} alone"
+    drivers = {tid: name for tid, (name, cores) in placed.items() if cores == {core} and name != "libshare-engine"}
+    elsewhere = {(tid, name): cores for tid, (name, cores) in placed.items()
+                 if tid not in drivers and name != "libshare-engine"}
+    assert drivers, f"nothing but the engine on core {core}: lavapipe's queue thread is not there"
     assert elsewhere and all(cores == ALL_CORES - {core} for cores in elsewhere.values()), (
         f"threads off core {core} should run on all the others: {elsewhere}")
     return core
@@ -108,13 +105,11 @@ def round_trip(pipe_dir) -> None:
 @needs_two_cores
 def test_a_daemon_puts_its_engine_with_the_drivers_threads_and_the_rest_elsewhere(daemon):
     process, pipe_dir = daemon
-    core = check_placed(process.pid)
+    core = check_placed(process.pid, pipe_dir)
     with libshare.connect(mode="daemon", pipe_directory=pipe_dir):  # its session thread starts now
-        assert check_placed(process.pid) == core
+        assert check_placed(process.pid, pipe_dir) == core
     round_trip(pipe_dir)  # its first load of saxpy is vetted in a compiler child
-    assert check_placed(process.pid) == core
-    log = (pipe_dir / "server.log").read_text()
-    assert f"engine and driver threads on core {core}" in log
+    assert check_placed(process.pid, pipe_dir) == core
     compilers = [pid for pid in children(process.pid) if "libshare.arbiter._compiler" in cmdline(pid)]
     assert compilers, "no vetting compiler ran"
     for pid in compilers:  # on the arbiter's cores, not its placed threads': llvmpipe keys its cache by them
@@ -135,7 +130,8 @@ def test_a_recreated_device_is_placed_again(hooked_daemon):
     wait_until(lambda: _control.run("get_server_status", pipe_directory=pipe_dir) == "ACTIVE", what="recovery")
     engines = [tid for tid, (name, _) in threads(process.pid).items() if name == "libshare-engine"]
     assert engines and engines != first_engine, "the device was not recreated with an engine of its own"
-    check_placed(process.pid)
+    check_placed(process.pid, pipe_dir)
+    assert (pipe_dir / "server.log").read_text().count("engine and driver threads on core") == 2
     round_trip(pipe_dir)
 
 
