@@ -601,14 +601,14 @@ static int peer_gone(ls_region *r, const uint32_t *state_word)
  * Past the threshold only every 16th wait spins; one that ends within its spin
  * turns spinning back on (the average alone would not: waits that sleep are slow
  * because they sleep). Measured on a 2-core VM with lavapipe (issue 13's benches,
- * three runs each, the engine's polls yielding too, unplaced): eight Python clients against eight
- * private devices 0.69-0.86x with the spins of before (keep the core, one spin),
- * 0.88-1.04x yielding with one spin, 1.12-1.19x with these modes; a realtime
- * client's p99 under 7 low clients 0.6-1.7 ms before, 2.5-5.3 ms when every
- * client yielded and spun longer, 0.8-2.1 ms with these modes. With the engine
- * yielding only where it is placed with lavapipe's thread (engine.c, "Cores"),
- * the engine's polls decide more than these modes: 0.58-0.62x with the clients'
- * modes alone, 0.93-1.12x placed.
+ * three runs each, the engine's polls yielding too, unplaced): eight Python
+ * clients against eight private devices 0.69-0.86x with the spins of before
+ * (keep the core, one spin), 0.88-1.04x yielding with one spin, 1.12-1.19x with
+ * these modes; a realtime client's p99 under 7 low clients 0.6-1.7 ms before,
+ * 2.5-5.3 ms when every client yielded and spun longer, 0.8-2.1 ms with these
+ * modes. With the engine yielding only where it is placed with lavapipe's
+ * thread (engine.c, "Cores"), the engine's polls decide more than these modes:
+ * 0.58-0.62x with the clients' modes alone, 0.93-1.12x placed.
  */
 static int wait_for(ls_region *r, int (*ready)(ls_region *, uint32_t), uint32_t want,
                     uint32_t *flags, uint32_t *bell, const uint32_t *peer_state,
