@@ -25,10 +25,9 @@ Not placed:
 
 A yield may still hand the device core to another process's busy thread for a whole time
 slice; the engine then stops yielding for a while, and its polls keep the core meanwhile,
-as unplaced (engine.c, YIELD_PAUSE_NS). Placement is best
-effort: a thread whose affinity is refused leaves the arbiter unplaced, every thread back on
-every core, and the polls keep their core as before (a thread that ended meanwhile is
-skipped).
+as unplaced (engine.c, YIELD_PAUSE_NS). Placement is best effort: a thread whose affinity
+is refused leaves the arbiter unplaced, every thread back on every core, and the polls
+keep their core as before (a thread that ended meanwhile is skipped).
 """
 
 from __future__ import annotations

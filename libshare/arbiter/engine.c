@@ -1484,6 +1484,7 @@ int ls_engine_stop(ls_engine *e, int64_t timeout_ns)
     ls_engine_wake(e);
     pthread_join(e->thread, NULL);
     e->started = 0;
+    __atomic_store_n(&e->tid, 0, __ATOMIC_RELEASE);  /* a later start publishes its own */
     return e->abandoned;
 }
 
