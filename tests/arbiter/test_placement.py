@@ -23,7 +23,7 @@ import libshare
 from libshare import _control
 from libshare.arbiter import Arbiter
 
-from ..conftest import ROOT
+from ..conftest import ROOT, stop_process
 from .conftest import run_daemon, wait_until
 
 ALL_CORES = frozenset(os.sched_getaffinity(0))
@@ -149,6 +149,22 @@ def test_a_daemon_allowed_one_core_is_not_placed(tmp_path, vulkan_device_name):
         assert "engine and driver threads on core" not in (pipe_dir / "server.log").read_text()
     finally:
         next(running, None)
+
+
+@needs_two_cores
+def test_a_daemon_told_no_placement_leaves_every_thread_on_every_core(tmp_path, vulkan_device_name):
+    pipe_dir = tmp_path / "pipe"
+    with open(tmp_path / "daemon.stderr", "w") as stderr:
+        process = subprocess.Popen([sys.executable, "-m", "libshare.arbiter", "--pipe-directory", str(pipe_dir),
+                                    "--no-placement"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=stderr)
+    try:
+        wait_until(lambda: (pipe_dir / "control").exists() or process.poll() is not None, what="the daemon")
+        assert process.poll() is None, (tmp_path / "daemon.stderr").read_text()[-2000:]
+        round_trip(pipe_dir)
+        assert all(cores == ALL_CORES for _, cores in threads(process.pid).values()), threads(process.pid)
+        assert "engine and driver threads on core" not in (pipe_dir / "server.log").read_text()
+    finally:
+        stop_process(process)
 
 
 def test_an_embedded_arbiter_moves_none_of_its_process_threads(tmp_path, vulkan_device_name):
