@@ -8,7 +8,7 @@
    1b. The round trip through the daemon with a pure-Python busy process pinned to the core
    where the daemon placed its engine (whose polls yield that core: engine.c, "Cores"), against
    the same process stopped, in alternating blocks; median and p99 ratios. No target: it shows
-   what a busy neighbour on that core costs, which the engine's pause of its yields bounds.
+   what a busy neighbour on that core costs (README, How fast; ``--no-placement`` avoids it).
 2. one client pipelining 10,000 tiny dispatches vs direct serial submission. Target >= 5x.
 3. 8 client processes through one arbiter vs 8 processes that each open their own device,
    aggregate dispatches/s. Target >= 1.0x on lavapipe. Beside it, the CPU time per round trip
