@@ -1,9 +1,10 @@
 """Where the arbiter's threads run (libshare/arbiter/_placement.py).
 
-A daemon on a CPU device puts its engine thread (named libshare-engine) and the threads the
+A daemon on a CPU device started with placement (--placement or LIBSHARE_PLACEMENT=1; off by
+default) puts its engine thread (named libshare-engine) and the threads the
 driver started with the device on one core, and every other thread, those started later
 included, on the other cores. An embedded arbiter moves none of its process's threads; nor
-does a daemon allowed one core only. Each thread's cores are read from
+does a daemon allowed one core only, or one without placement. Each thread's cores are read from
 /proc/PID/task/TID/status (Cpus_allowed_list), as the kernel holds them.
 """
 
@@ -102,9 +103,15 @@ def round_trip(pipe_dir) -> None:
         assert np.all(y == 22.0)
 
 
+@pytest.fixture
+def placed(tmp_path, vulkan_device_name):
+    """A daemon started with placement (LIBSHARE_PLACEMENT=1, as --placement) and the test hooks."""
+    yield from run_daemon(tmp_path / "pipe", LIBSHARE_PLACEMENT="1", LIBSHARE_TEST_HOOKS="1")
+
+
 @needs_two_cores
-def test_a_daemon_puts_its_engine_with_the_drivers_threads_and_the_rest_elsewhere(daemon):
-    process, pipe_dir = daemon
+def test_a_daemon_puts_its_engine_with_the_drivers_threads_and_the_rest_elsewhere(placed):
+    process, pipe_dir = placed
     core = check_placed(process.pid, pipe_dir)
     with libshare.connect(mode="daemon", pipe_directory=pipe_dir):  # its session thread starts now
         assert check_placed(process.pid, pipe_dir) == core
@@ -117,8 +124,8 @@ def test_a_daemon_puts_its_engine_with_the_drivers_threads_and_the_rest_elsewher
 
 
 @needs_two_cores
-def test_a_recreated_device_is_placed_again(hooked_daemon):
-    process, pipe_dir = hooked_daemon
+def test_a_recreated_device_is_placed_again(placed):
+    process, pipe_dir = placed
     first_engine = [tid for tid, (name, _) in threads(process.pid).items() if name == "libshare-engine"]
     holder = subprocess.Popen([sys.executable, "-m", "tests.arbiter._client", "hold", str(pipe_dir), "holder"],
                               cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -139,7 +146,7 @@ def test_a_daemon_allowed_one_core_is_not_placed(tmp_path, vulkan_device_name):
     core = min(ALL_CORES)
     os.sched_setaffinity(0, {core})  # the daemon inherits it
     try:
-        running = run_daemon(tmp_path / "pipe")
+        running = run_daemon(tmp_path / "pipe", LIBSHARE_PLACEMENT="1")
         process, pipe_dir = next(running)
     finally:
         os.sched_setaffinity(0, ALL_CORES)
@@ -152,17 +159,25 @@ def test_a_daemon_allowed_one_core_is_not_placed(tmp_path, vulkan_device_name):
 
 
 @needs_two_cores
-def test_a_daemon_told_no_placement_leaves_every_thread_on_every_core(tmp_path, vulkan_device_name):
+def test_a_daemon_without_placement_leaves_every_thread_on_every_core(daemon):
+    process, pipe_dir = daemon  # no --placement, no LIBSHARE_PLACEMENT
+    round_trip(pipe_dir)
+    assert all(cores == ALL_CORES for _, cores in threads(process.pid).values()), threads(process.pid)
+    assert "engine and driver threads on core" not in (pipe_dir / "server.log").read_text()
+
+
+@needs_two_cores
+def test_the_placement_option_places(tmp_path, vulkan_device_name):
     pipe_dir = tmp_path / "pipe"
     with open(tmp_path / "daemon.stderr", "w") as stderr:
         process = subprocess.Popen([sys.executable, "-m", "libshare.arbiter", "--pipe-directory", str(pipe_dir),
-                                    "--no-placement"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=stderr)
+                                    "--placement"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=stderr,
+                                   env={k: v for k, v in os.environ.items() if k != "LIBSHARE_PLACEMENT"})
     try:
         wait_until(lambda: (pipe_dir / "control").exists() or process.poll() is not None, what="the daemon")
         assert process.poll() is None, (tmp_path / "daemon.stderr").read_text()[-2000:]
+        check_placed(process.pid, pipe_dir)
         round_trip(pipe_dir)
-        assert all(cores == ALL_CORES for _, cores in threads(process.pid).values()), threads(process.pid)
-        assert "engine and driver threads on core" not in (pipe_dir / "server.log").read_text()
     finally:
         stop_process(process)
 
