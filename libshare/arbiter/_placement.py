@@ -40,7 +40,7 @@ from ..errors import LibshareError
 
 log = logging.getLogger("libshare.arbiter")
 
-__all__ = ["place_device_threads"]
+__all__ = ["place_device_threads", "thread_ids"]
 
 
 def place_device_threads(device, engine, cores: set[int]) -> bool:
@@ -57,7 +57,7 @@ def place_device_threads(device, engine, cores: set[int]) -> bool:
     engine_thread = engine.thread_id
     driver_threads = set(device.driver_threads) - python_threads - {engine_thread}
     try:
-        for thread in _threads():
+        for thread in thread_ids():
             if thread != engine_thread:
                 _set_cores(thread, {device_core} if thread in driver_threads else other_cores)
         engine.place(device_core)
@@ -71,8 +71,9 @@ def place_device_threads(device, engine, cores: set[int]) -> bool:
     return True
 
 
-def _threads() -> list[int]:
-    return [int(name) for name in os.listdir("/proc/self/task")]
+def thread_ids() -> set[int]:
+    """The kernel ids of this process's threads now."""
+    return {int(name) for name in os.listdir("/proc/self/task")}
 
 
 def _set_cores(thread: int, cores: set[int]) -> None:
@@ -83,7 +84,7 @@ def _set_cores(thread: int, cores: set[int]) -> None:
 
 
 def _unplace(engine, cores: set[int]) -> None:
-    for thread in _threads():
+    for thread in thread_ids():
         try:
             _set_cores(thread, cores)
         except OSError:

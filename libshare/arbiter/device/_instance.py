@@ -13,6 +13,7 @@ import uuid as _uuid
 from typing import Any
 
 from libshare.errors import QuotaExceeded, VulkanUnavailable
+from .._placement import thread_ids
 
 from ._binding import (
     _INSTALL_HINT,
@@ -55,9 +56,9 @@ class _Instance:
         """Bytes in the device's largest device-local memory heap."""
         self._family, valid_bits = info.compute_family()
         self._timestamp_mask = (1 << valid_bits) - 1 if valid_bits else 0
-        before = _task_ids()
+        before = thread_ids()
         self._handle = _create_device(info, self._family)
-        self.driver_threads: frozenset[int] = frozenset(_task_ids() - before)
+        self.driver_threads: frozenset[int] = frozenset(thread_ids() - before)
         """Ids of the threads of this process that appeared while the driver made the device (its
         queue thread, on lavapipe), maybe with a thread some other part of the process started
         meanwhile (see _placement.py, which tells the two apart)."""
@@ -135,11 +136,6 @@ class _Instance:
             _lib.vkDestroyDevice(self._handle, _ffi.NULL)
             self._handle = None
         _lib.vkDestroyInstance(self._instance, _ffi.NULL)
-
-
-def _task_ids() -> set[int]:
-    """The ids of this process's threads now."""
-    return {int(name) for name in os.listdir("/proc/self/task")}
 
 
 def _create_instance() -> Any:
