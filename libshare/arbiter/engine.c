@@ -162,7 +162,7 @@
 #define LINGER_NS 200000LL              /* hold a small submission of streaming clients this long */
 #define LINGER_BATCH 128                /* ... while it has fewer commands than this */
 #define FENCE_SLICE_NS 500000LL         /* wait on the oldest fence this long, then look again */
-#define FENCE_NAP_NS 25000LL            /* ... this long while another submission may go */
+#define FENCE_NAP_NS 25000LL            /* ... at least this long while another submission may go */
 #define FENCE_SPIN_COMMANDS 2           /* poll the fence of a submission of at most this many commands */
 #define YIELD_LOST_NS 500000LL          /* a yield that lost the core this long ... */
 #define YIELD_PAUSE_NS 50000000LL       /* ... stops the polls' yields this long */
@@ -1195,19 +1195,26 @@ static void sleep_on_bells(ls_engine *e, int64_t linger_ns)
 
 /* Poll the oldest fence (and, while another submission fits, the rings) before sleeping in
  * vkWaitForFences: a submission of a command or two ends within microseconds, and a futex sleep
- * and wake-up of this thread would cost more than it, so its fence is polled for up to spin_ns
- * (each look followed by poll_step: placed, lavapipe's queue thread, which runs the submission,
- * shares this thread's core).
- * A longer one is looked at once and slept on: polling it cost as much CPU as it ran. While
- * another submission may go, the sleep is a FENCE_NAP_NS nap, after which the loop pops what
- * came meanwhile; else a FENCE_SLICE_NS slice. */
+ * and wake-up of this thread would cost more than it, so its fence is polled until it has run
+ * for spin_ns (each look followed by poll_step: placed, lavapipe's queue thread, which runs the
+ * submission, shares this thread's core).
+ * A longer one, or one that has run longer, is looked at once and slept on: polling it cost as
+ * much CPU as it ran, and placed, the polls took half the core the submission ran on (one
+ * 4-second dispatch took 5.0 s placed, 2.6 s not). While another submission may go, the sleep
+ * is a nap, after which the loop pops what came meanwhile: a quarter of the time the head has
+ * run, at least FENCE_NAP_NS and at most FENCE_SLICE_NS (the fence ends the nap as soon as it
+ * signals, so the device never waits on a nap; what arrives waits at most the nap to be
+ * popped, behind work that has run four times as long); else a FENCE_SLICE_NS slice. */
 static void wait_for_fence(ls_engine *e)
 {
     pthread_mutex_lock(&e->lock);
     struct flight *f = flight_at(e, 0);
     VkFence fence = f->fence;
     int more = e->nflights < e->policy.max_in_flight;
-    int64_t spin = f->count > FENCE_SPIN_COMMANDS ? 0 : (int64_t)e->policy.spin_ns;  /* 0: one look, then sleep */
+    int64_t ran = now_ns() - f->head_since;
+    int64_t spin = f->count > FENCE_SPIN_COMMANDS || ran >= (int64_t)e->policy.spin_ns
+                       ? 0 : (int64_t)e->policy.spin_ns - ran;  /* 0: one look, then sleep */
+    int64_t nap = ran / 4 < FENCE_NAP_NS ? FENCE_NAP_NS : ran / 4 > FENCE_SLICE_NS ? FENCE_SLICE_NS : ran / 4;
     pthread_mutex_unlock(&e->lock);
     int64_t deadline = now_ns() + spin;
     do {
@@ -1217,7 +1224,7 @@ static void wait_for_fence(ls_engine *e)
             return;
         poll_step(e);
     } while (now_ns() < deadline);
-    e->vk.WaitForFences(e->device, 1, &fence, VK_TRUE, more ? FENCE_NAP_NS : FENCE_SLICE_NS);
+    e->vk.WaitForFences(e->device, 1, &fence, VK_TRUE, more ? (uint64_t)nap : FENCE_SLICE_NS);
 }
 
 static void wait_for_work(ls_engine *e)

@@ -15,6 +15,7 @@ import re
 import struct
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -201,3 +202,31 @@ def test_an_embedded_arbiter_moves_none_of_its_process_threads(tmp_path, vulkan_
         round_trip(pipe_dir)
     finally:
         arbiter.close()
+
+
+def cpu_seconds(pid: int, tid: int) -> float:
+    """The CPU time thread ``tid`` of ``pid`` has used, user and system."""
+    fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@pytest.mark.parametrize("placement", ["1", "0"], ids=["placed", "unplaced"])
+def test_the_engine_sleeps_while_a_long_dispatch_runs(tmp_path, vulkan_device_name, placement):
+    """The engine polls a submission's fence only while it is young: one that has run longer is
+    slept on. Before, it polled every long one in 25 us naps: placed, that took half the core
+    the dispatch ran on (a 4-second dispatch took 5.0 s against 2.6 s), and unplaced it burnt a
+    core of its own."""
+    running = run_daemon(tmp_path / "pipe", LIBSHARE_PLACEMENT=placement)
+    process, pipe_dir = next(running)
+    try:
+        with libshare.connect(mode="daemon", pipe_directory=pipe_dir) as session:
+            program = session.load_program(libshare.shaders.path("busy"))
+            data = session.array(1 << 16, np.uint32)
+            session.dispatch(program, 1024, [data], struct.pack("II", 1 << 16, 16)).wait(30)  # compiled
+            (engine,) = [tid for tid, (name, _) in threads(process.pid).items() if name == "libshare-engine"]
+            used_before, started = cpu_seconds(process.pid, engine), time.monotonic()
+            session.dispatch(program, 1024, [data], struct.pack("II", 1 << 16, 60000)).wait(120)
+            ran, used = time.monotonic() - started, cpu_seconds(process.pid, engine) - used_before
+        assert used < 0.1 * ran, f"the engine used {used:.2f} s of CPU while one dispatch ran {ran:.2f} s"
+    finally:
+        next(running, None)
