@@ -161,7 +161,7 @@
 #define MUTED_NS 20000000LL             /* ... while a doorbell is muted */
 #define LINGER_NS 200000LL              /* hold a small submission of streaming clients this long */
 #define LINGER_BATCH 128                /* ... while it has fewer commands than this */
-#define FENCE_SLICE_NS 500000LL         /* wait on the oldest fence this long, then look again */
+#define FENCE_SLICE_NS 20000000LL       /* wait on the oldest fence this long, then look again */
 #define FENCE_NAP_NS 25000LL            /* ... at least this long while another submission may go */
 #define FENCE_SPIN_COMMANDS 2           /* poll the fence of a submission of at most this many commands */
 #define YIELD_LOST_NS 500000LL          /* a yield that lost the core this long ... */
@@ -1204,7 +1204,20 @@ static void sleep_on_bells(ls_engine *e, int64_t linger_ns)
  * is a nap, after which the loop pops what came meanwhile: a quarter of the time the head has
  * run, at least FENCE_NAP_NS and at most FENCE_SLICE_NS (the fence ends the nap as soon as it
  * signals, so the device never waits on a nap; what arrives waits at most the nap to be
- * popped, behind work that has run four times as long); else a FENCE_SLICE_NS slice. */
+ * popped, behind work that has run four times as long); else a FENCE_SLICE_NS slice.
+ *
+ * The naps grow, and the slice is long (20 ms), for a reason of the kernel's as much as of
+ * CPU. Placed, this thread and lavapipe's queue thread are pinned to one core; a thread that
+ * sleeps and wakes every 25-500 us there, beside a pinned thread that runs, starved a process
+ * of another session (another autogroup) that pinned itself to that core while the machine was
+ * otherwise busy: for the whole of the submission, seconds. Mesa pins every process that loads
+ * lavapipe to each core in turn (it reads each AMD core's APIC id), so a vetting compiler
+ * child, or a client opening a private device, waited for another client's long dispatch to
+ * end (test_clients_raise_soon_when_the_arbiter_is_killed failed so). Reproduced outside
+ * libshare on this VM (kernel 6.18) with two pinned threads of one process, one busy and one
+ * in a nanosleep loop, and two busy processes: a new session's process pinned to that core
+ * waited over 8 s with naps of 25 us to 1 ms, not at all with 2 ms or more, nor with the
+ * napper unpinned. */
 static void wait_for_fence(ls_engine *e)
 {
     pthread_mutex_lock(&e->lock);

@@ -230,3 +230,32 @@ def test_the_engine_sleeps_while_a_long_dispatch_runs(tmp_path, vulkan_device_na
         assert used < 0.1 * ran, f"the engine used {used:.2f} s of CPU while one dispatch ran {ran:.2f} s"
     finally:
         next(running, None)
+
+
+@needs_two_cores
+def test_a_process_that_pins_itself_to_the_device_core_runs_during_a_long_dispatch(placed):
+    """A process of another session that pins itself to the device core is not starved while
+    a long submission runs there, on a machine whose cores are all busy. Mesa pins every process
+    that loads lavapipe to each core in turn (a vetting compiler child, a client opening a
+    private device), and an engine that napped every 25-500 us beside the pinned queue thread
+    kept such a process off the core for the whole submission (engine.c, wait_for_fence). The
+    check is an order, not a time: the pinned process prints before the dispatch has ended."""
+    process, pipe_dir = placed
+    core = check_placed(process.pid, pipe_dir)
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in ALL_CORES]
+    try:
+        with libshare.connect(mode="daemon", pipe_directory=pipe_dir) as session:
+            program = session.load_program(libshare.shaders.path("busy"))
+            data = session.array(1 << 16, np.uint32)
+            session.dispatch(program, 1024, [data], struct.pack("II", 1 << 16, 16)).wait(30)  # compiled
+            ticket = session.dispatch(program, 1024, [data], struct.pack("II", 1 << 16, 120000))  # seconds
+            pinned = subprocess.run([sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{core}}}); "
+                                     "print('ran', flush=True)"], capture_output=True, text=True,
+                                    start_new_session=True, timeout=120)
+            assert pinned.stdout.strip() == "ran", pinned.stderr
+            assert not ticket.done(), "the process pinned to the device core ran only after the dispatch ended"
+            ticket.wait(120)
+    finally:
+        for loop in busy:
+            loop.kill()
+            loop.wait()
