@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 _RATIOS: list[str] = []
-
-os.environ.setdefault("LIBSHARE_PLACEMENT", "1")  # every daemon the benches start places its threads (README, How fast)
 
 
 @pytest.fixture

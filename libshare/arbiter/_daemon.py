@@ -102,7 +102,7 @@ class Options:
     device: str | None = None
     max_clients: int | None = None  # None: the configuration file's, else the arbiter's default (48)
     timestamps: bool = True
-    placement: bool = False  # the engine and the driver's threads on a core of their own (_placement.py)
+    placement: bool = True  # the engine and the driver's threads on a core of their own (_placement.py)
     multi_user: bool = False
     metrics_port: int = 0
     metrics_address: str = "127.0.0.1"
@@ -123,7 +123,7 @@ class Options:
         """Options from a namespace parsed by a parser that :func:`add_arguments` filled."""
         return cls.create(args.pipe_directory, args.log_directory, device=args.device,
                           max_clients=args.max_clients, timestamps=not args.no_timestamps,
-                          placement=args.placement or os.environ.get("LIBSHARE_PLACEMENT") == "1",
+                          placement=not args.no_placement and os.environ.get("LIBSHARE_PLACEMENT") != "0",
                           multi_user=args.multi_user, metrics_port=args.metrics_port,
                           metrics_address=args.metrics_address, shutdown_timeout=args.shutdown_timeout,
                           supervisor_fd=args.supervisor_fd, config=args.config)
@@ -140,8 +140,8 @@ class Options:
             argv += ["--device", str(self.device)]
         if not self.timestamps:
             argv.append("--no-timestamps")
-        if self.placement:
-            argv.append("--placement")
+        if not self.placement:
+            argv.append("--no-placement")
         if self.multi_user:
             argv.append("--multi-user")
         if self.metrics_port:
@@ -180,9 +180,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             "read again on reload and SIGHUP")
     group.add_argument("--no-timestamps", action="store_true",
                        help="skip per-dispatch device timing (no device-time accounting; faster on lavapipe)")
-    group.add_argument("--placement", action="store_true",
-                       help="on a CPU device, put the engine's and the driver's threads on one core and the "
-                            "arbiter's other threads on the rest (default: LIBSHARE_PLACEMENT=1, else off)")
+    group.add_argument("--no-placement", action="store_true",
+                       help="leave the engine's and the driver's threads on every core (by default, on a CPU "
+                            "device, they share one core and the arbiter's other threads get the rest; "
+                            "LIBSHARE_PLACEMENT=0 does the same)")
     group.add_argument("--multi-user", action="store_true",
                        help="serve clients of every user (run as root), not only the arbiter's own user")
     group.add_argument("--metrics-port", type=_port, default=0,

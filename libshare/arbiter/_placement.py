@@ -23,6 +23,12 @@ Not placed:
 * a GPU: the device runs the work, and no thread of the driver's waits on our core;
 * a process allowed one core only, where there is nothing to choose.
 
+Nothing placed there may sleep and wake at a high rate while the queue thread runs: on this
+VM's kernel (6.18) a pinned thread napping every 25 us-1 ms beside a pinned busy one kept a
+process of another session that pinned itself to that core (Mesa does, in every process that
+loads lavapipe, vetting children included) off it for seconds; so the engine sleeps on a long
+submission in naps that grow to 20 ms (engine.c, wait_for_fence).
+
 A yield may still hand the device core to another process's busy thread for a whole time
 slice; the engine then stops yielding for a while, and its polls keep the core meanwhile,
 as unplaced (engine.c, YIELD_PAUSE_NS). Placement is best effort: a thread whose affinity

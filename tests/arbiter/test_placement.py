@@ -1,10 +1,10 @@
 """Where the arbiter's threads run (libshare/arbiter/_placement.py).
 
-A daemon on a CPU device started with placement (--placement or LIBSHARE_PLACEMENT=1; off by
-default) puts its engine thread (named libshare-engine) and the threads the
-driver started with the device on one core, and every other thread, those started later
-included, on the other cores. An embedded arbiter moves none of its process's threads; nor
-does a daemon allowed one core only, or one without placement. Each thread's cores are read from
+A daemon on a CPU device (unless started with --no-placement or LIBSHARE_PLACEMENT=0) puts its
+engine thread (named libshare-engine) and the threads the driver started with the device on one
+core, and every other thread, those started later included, on the other cores. An embedded
+arbiter moves none of its process's threads; nor does a daemon allowed one core only, or one
+with placement turned off. Each thread's cores are read from
 /proc/PID/task/TID/status (Cpus_allowed_list), as the kernel holds them.
 """
 
@@ -109,7 +109,7 @@ def round_trip(pipe_dir) -> None:
 
 @pytest.fixture
 def placed(tmp_path, vulkan_device_name):
-    """A daemon started with placement (LIBSHARE_PLACEMENT=1, as --placement) and the test hooks."""
+    """A daemon placed whatever the environment says (LIBSHARE_PLACEMENT=1), with the test hooks."""
     yield from run_daemon(tmp_path / "pipe", LIBSHARE_PLACEMENT="1", LIBSHARE_TEST_HOOKS="1")
 
 
@@ -164,25 +164,34 @@ def test_a_daemon_allowed_one_core_is_not_placed(tmp_path, vulkan_device_name):
 
 
 @needs_two_cores
-def test_a_daemon_without_placement_leaves_every_thread_on_every_core(daemon):
-    process, pipe_dir = daemon  # no --placement, no LIBSHARE_PLACEMENT
-    round_trip(pipe_dir)
-    assert all(cores == ALL_CORES for _, cores in threads(process.pid).values()), threads(process.pid)
-    assert "engine and driver threads on core" not in (pipe_dir / "server.log").read_text()
+def test_a_daemon_with_placement_off_leaves_every_thread_on_every_core(tmp_path, vulkan_device_name):
+    running = run_daemon(tmp_path / "pipe", LIBSHARE_PLACEMENT="0")
+    process, pipe_dir = next(running)
+    try:
+        round_trip(pipe_dir)
+        assert all(cores == ALL_CORES for _, cores in threads(process.pid).values()), threads(process.pid)
+        assert "engine and driver threads on core" not in (pipe_dir / "server.log").read_text()
+    finally:
+        next(running, None)
 
 
 @needs_two_cores
-def test_the_placement_option_places(tmp_path, vulkan_device_name):
+@pytest.mark.parametrize("option", [[], ["--no-placement"]], ids=["default", "no-placement"])
+def test_a_daemon_places_by_default_and_not_with_no_placement(tmp_path, vulkan_device_name, option):
     pipe_dir = tmp_path / "pipe"
     with open(tmp_path / "daemon.stderr", "w") as stderr:
         process = subprocess.Popen([sys.executable, "-m", "libshare.arbiter", "--pipe-directory", str(pipe_dir),
-                                    "--placement"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=stderr,
+                                    *option], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=stderr,
                                    env={k: v for k, v in os.environ.items() if k != "LIBSHARE_PLACEMENT"})
     try:
         wait_until(lambda: (pipe_dir / "control").exists() or process.poll() is not None, what="the daemon")
         assert process.poll() is None, (tmp_path / "daemon.stderr").read_text()[-2000:]
-        check_placed(process.pid, pipe_dir)
         round_trip(pipe_dir)
+        if option:
+            assert all(cores == ALL_CORES for _, cores in threads(process.pid).values()), threads(process.pid)
+            assert "engine and driver threads on core" not in (pipe_dir / "server.log").read_text()
+        else:
+            check_placed(process.pid, pipe_dir)
     finally:
         stop_process(process)
 
