@@ -1199,8 +1199,8 @@ static void sleep_on_bells(ls_engine *e, int64_t linger_ns)
  * for spin_ns (each look followed by poll_step: placed, lavapipe's queue thread, which runs the
  * submission, shares this thread's core).
  * A longer one, or one that has run longer, is looked at once and slept on: polling it cost as
- * much CPU as it ran, and placed, the polls took half the core the submission ran on (one
- * 4-second dispatch took 5.0 s placed, 2.6 s not). While another submission may go, the sleep
+ * much CPU as it ran, and placed, the polls took half the core the submission ran on (a
+ * dispatch of 2.6 s alone took 5.0 s placed). While another submission may go, the sleep
  * is a nap, after which the loop pops what came meanwhile: a quarter of the time the head has
  * run, at least FENCE_NAP_NS and at most FENCE_SLICE_NS (the fence ends the nap as soon as it
  * signals, so the device never waits on a nap; what arrives waits at most the nap to be
