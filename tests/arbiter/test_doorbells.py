@@ -29,7 +29,7 @@ from libshare.ring import C
 from libshare.ring._binding import ffi, lib
 
 from ..conftest import ROOT, stop_process
-from .conftest import open_fds, wait_until
+from .conftest import cpu_seconds, open_fds, wait_until
 
 pytestmark = pytest.mark.usefixtures("vulkan_device_name")
 
@@ -172,13 +172,6 @@ def assert_rests(pid: int, what: str, max_wakes: int | None = None) -> None:
     assert cpu < 0.5, f"the {what} arbiter used {cpu:.2f} s of CPU in 1 s: it spins"
     if max_wakes is not None:
         assert switches < max_wakes, f"the {what} arbiter woke {switches} times in 1 s"
-
-
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of every thread of ``pid`` so far (/proc/PID/stat)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def voluntary_switches(pid: int) -> int:

@@ -26,7 +26,7 @@ from libshare import _control
 from libshare.arbiter import Arbiter
 
 from ..conftest import ROOT, stop_process
-from .conftest import run_daemon, wait_until
+from .conftest import cpu_seconds, run_daemon, stat_fields, wait_until
 
 ALL_CORES = frozenset(os.sched_getaffinity(0))
 needs_two_cores = pytest.mark.skipif(len(ALL_CORES) < 2, reason="placement needs at least two cores")
@@ -44,7 +44,7 @@ def threads(pid: int) -> dict[int, tuple[str, frozenset[int]]]:
         try:
             name = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
             status = Path(f"/proc/{pid}/task/{tid}/status").read_text()
-            nice = int(Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()[16])
+            nice = int(stat_fields(pid, int(tid))[16])
         except OSError:  # it ended meanwhile
             continue
         if ":disk$" in name or nice == 19:
@@ -83,7 +83,7 @@ def children(pid: int) -> list[int]:
     found = []
     for entry in Path("/proc").iterdir():
         try:
-            if entry.name.isdigit() and int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+            if entry.name.isdigit() and int(stat_fields(int(entry.name))[1]) == pid:
                 found.append(int(entry.name))
         except OSError:  # it ended meanwhile
             pass
@@ -211,12 +211,6 @@ def test_an_embedded_arbiter_moves_none_of_its_process_threads(tmp_path, vulkan_
         round_trip(pipe_dir)
     finally:
         arbiter.close()
-
-
-def cpu_seconds(pid: int, tid: int) -> float:
-    """The CPU time thread ``tid`` of ``pid`` has used, user and system."""
-    fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 @pytest.mark.parametrize("placement", ["1", "0"], ids=["placed", "unplaced"])
