@@ -17,25 +17,37 @@ def vulkan_required() -> bool:
     return os.environ.get("LIBSHARE_REQUIRE_VULKAN") == "1"
 
 
-@pytest.fixture(scope="session")
-def vulkan_device_name() -> str:
-    """Name of the first Vulkan device; skips (or fails under LIBSHARE_REQUIRE_VULKAN=1) without one."""
+def _first_vulkan_device() -> tuple[str, bool]:
+    """The first Vulkan device's name and whether it is a CPU device (lavapipe); skips (or fails
+    under LIBSHARE_REQUIRE_VULKAN=1) without one."""
     try:
         import vulkan as vk
 
         app = vk.VkApplicationInfo(apiVersion=vk.VK_MAKE_VERSION(1, 1, 0))
         instance = vk.vkCreateInstance(vk.VkInstanceCreateInfo(pApplicationInfo=app), None)
         devices = vk.vkEnumeratePhysicalDevices(instance)
-        name = vk.vkGetPhysicalDeviceProperties(devices[0]).deviceName if devices else None
+        properties = vk.vkGetPhysicalDeviceProperties(devices[0]) if devices else None
         vk.vkDestroyInstance(instance, None)
-        if name is None:
+        if properties is None:
             raise RuntimeError("no Vulkan physical device")
-        return name
+        return properties.deviceName, properties.deviceType == vk.VK_PHYSICAL_DEVICE_TYPE_CPU
     except Exception as exc:  # the loader raises OSError, vulkan raises its own classes
         message = f"no usable Vulkan driver: {exc!r} (install libvulkan1 mesa-vulkan-drivers)"
         if vulkan_required():
             pytest.fail(message)
         pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def vulkan_device_name() -> str:
+    """Name of the first Vulkan device; skips (or fails under LIBSHARE_REQUIRE_VULKAN=1) without one."""
+    return _first_vulkan_device()[0]
+
+
+@pytest.fixture(scope="session")
+def vulkan_device_is_cpu() -> bool:
+    """Whether the first Vulkan device runs on the CPU (lavapipe) rather than on a GPU."""
+    return _first_vulkan_device()[1]
 
 
 def spawn_peer(role: str, fd: int, *args: object) -> subprocess.Popen:

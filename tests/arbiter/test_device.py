@@ -255,7 +255,7 @@ def test_invalid_commands_raise(device, saxpy, host):
         Dispatch(saxpy, [(bx, 0), (by, 2)], (1, 1, 1), b"\0" * 8),  # misaligned offset
         Dispatch(saxpy, [(bx, 0), (by, 1 << 20)], (1, 1, 1), b"\0" * 8),  # offset past the end
         Dispatch(saxpy, [(bx, 0), (by, 0)], (1, 1, 1), b"\0" * 12),  # push too long
-        Dispatch(saxpy, [(bx, 0), (by, 0)], (1 << 20, 1, 1), b"\0" * 8),  # too many groups
+        Dispatch(saxpy, [(bx, 0), (by, 0)], (device.max_group_count[0] + 1, 1, 1), b"\0" * 8),  # too many groups
         Copy(bx, 0, by, 0, 1 << 20),  # copy past the end
         Copy(bx, 0, bx, 8, 64),  # overlapping copy
         Dispatch(saxpy, [(bx, 0, 0), (by, 0)], (1, 1, 1), b"\0" * 8),  # not a (buffer, offset) pair
