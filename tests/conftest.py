@@ -1,4 +1,5 @@
-"""Shared fixtures: the Vulkan requirement switch, peer processes, and the /dev/shm leak guard."""
+"""Shared fixtures: the Vulkan requirement switch, the device (its kind, and long dispatches sized for it),
+peer processes, and the /dev/shm leak guard."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from . import _busy
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -17,21 +20,28 @@ def vulkan_required() -> bool:
     return os.environ.get("LIBSHARE_REQUIRE_VULKAN") == "1"
 
 
-def _first_vulkan_device() -> tuple[str, bool]:
-    """The first Vulkan device's name and whether it is a CPU device (lavapipe); skips (or fails
-    under LIBSHARE_REQUIRE_VULKAN=1) without one."""
-    try:
-        import vulkan as vk
+def first_vulkan_device() -> tuple[str, bool]:
+    """The first Vulkan device's name and whether it is a CPU device (lavapipe) rather than a GPU;
+    raises when there is none (the loader raises OSError, vulkan its own classes)."""
+    import vulkan as vk
 
-        app = vk.VkApplicationInfo(apiVersion=vk.VK_MAKE_VERSION(1, 1, 0))
-        instance = vk.vkCreateInstance(vk.VkInstanceCreateInfo(pApplicationInfo=app), None)
+    app = vk.VkApplicationInfo(apiVersion=vk.VK_MAKE_VERSION(1, 1, 0))
+    instance = vk.vkCreateInstance(vk.VkInstanceCreateInfo(pApplicationInfo=app), None)
+    try:
         devices = vk.vkEnumeratePhysicalDevices(instance)
-        properties = vk.vkGetPhysicalDeviceProperties(devices[0]) if devices else None
-        vk.vkDestroyInstance(instance, None)
-        if properties is None:
+        if not devices:
             raise RuntimeError("no Vulkan physical device")
+        properties = vk.vkGetPhysicalDeviceProperties(devices[0])
         return properties.deviceName, properties.deviceType == vk.VK_PHYSICAL_DEVICE_TYPE_CPU
-    except Exception as exc:  # the loader raises OSError, vulkan raises its own classes
+    finally:
+        vk.vkDestroyInstance(instance, None)
+
+
+def _vulkan_device() -> tuple[str, bool]:
+    """first_vulkan_device(), or a skip (a failure under LIBSHARE_REQUIRE_VULKAN=1) without one."""
+    try:
+        return first_vulkan_device()
+    except Exception as exc:  # noqa: BLE001 - whatever the loader or the driver raised
         message = f"no usable Vulkan driver: {exc!r} (install libvulkan1 mesa-vulkan-drivers)"
         if vulkan_required():
             pytest.fail(message)
@@ -41,13 +51,23 @@ def _first_vulkan_device() -> tuple[str, bool]:
 @pytest.fixture(scope="session")
 def vulkan_device_name() -> str:
     """Name of the first Vulkan device; skips (or fails under LIBSHARE_REQUIRE_VULKAN=1) without one."""
-    return _first_vulkan_device()[0]
+    return _vulkan_device()[0]
 
 
 @pytest.fixture(scope="session")
 def vulkan_device_is_cpu() -> bool:
     """Whether the first Vulkan device runs on the CPU (lavapipe) rather than on a GPU."""
-    return _first_vulkan_device()[1]
+    return _vulkan_device()[1]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def long_dispatches_fit_the_device() -> None:
+    """Size busy.comp's long dispatches for this run's device (tests/_busy.py)."""
+    try:
+        _, device_is_cpu = first_vulkan_device()
+    except Exception:  # noqa: BLE001 - no device: the Vulkan tests skip or fail on their own
+        return
+    _busy.publish_scale(device_is_cpu)
 
 
 def spawn_peer(role: str, fd: int, *args: object) -> subprocess.Popen:

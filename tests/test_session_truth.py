@@ -27,6 +27,7 @@ import pytest
 import libshare
 from libshare import _control
 
+from ._busy import busy_iterations
 from .arbiter.conftest import daemon, hooked_daemon, wait_until  # noqa: F401 - fixtures
 from .conftest import ROOT
 from .test_c_bindings import C_DIR, SHADERS, compile_c, counts, daemon_env, library  # noqa: F401 - fixture
@@ -41,10 +42,11 @@ def connect(pipe_dir, name: str = "truth") -> libshare.Session:
 
 
 def long_queue(session: libshare.Session, count: int = 20, iterations: int = 20_000) -> list[libshare.Ticket]:
-    """``count`` busy dispatches (each about 0.5 s on an idle lavapipe at the default iterations)."""
+    """``count`` busy dispatches (each about 0.5 s on an idle lavapipe at the default iterations, at least as
+    long on a GPU: tests/_busy.py)."""
     program = session.load_program(libshare.shaders.path("busy"))
     data = session.array(1 << 16, np.uint32)
-    push = struct.pack("II", 1 << 16, iterations)
+    push = struct.pack("II", 1 << 16, busy_iterations(iterations))
     return [session.dispatch(program, groups=1024, buffers=[data], push=push) for _ in range(count)]
 
 
@@ -168,7 +170,7 @@ def test_cancelled_tickets_stay_failed_and_the_session_stays_lost_after_a_quit(d
         tickets = []
         for _ in range(2):  # two long submissions: the arbiter's most in flight (a few seconds each)
             tickets.append(session.dispatch(program, groups=1024, buffers=[data],
-                                            push=struct.pack("II", 1 << 16, 200_000)))
+                                            push=struct.pack("II", 1 << 16, busy_iterations(200_000))))
             wait_until(lambda: session.stats()["submitted"] == len(tickets), what="the arbiter to take it")
         # These wait in the ring behind them, so the quit cancels them.
         tickets += [session.dispatch(program, groups=1, buffers=[data], push=struct.pack("II", 64, 1))

@@ -10,6 +10,7 @@ import numpy as np
 
 import libshare
 from libshare import workloads
+from tests._busy import busy_iterations
 
 
 def mixed(pipe_dir: str, seed: str, rounds: str) -> None:
@@ -28,7 +29,7 @@ def spin(pipe_dir: str) -> None:
     with libshare.connect(name="victim", mode="daemon", pipe_directory=pipe_dir) as session:
         program = session.load_program(libshare.shaders.path("busy"))
         data = session.array(1 << 16, np.uint32)
-        push = struct.pack("II", 1 << 14, 1000)
+        push = struct.pack("II", 1 << 14, busy_iterations(1000))
         ticket = session.dispatch(program, groups=256, buffers=[data], push=push)
         print("ready", flush=True)
         while True:  # always one dispatch queued behind the one running
@@ -43,7 +44,7 @@ def wait_forever(pipe_dir: str) -> None:
         program = session.load_program(libshare.shaders.path("busy"))
         data = session.array(1 << 16, np.uint32)
         tickets = [session.dispatch(program, groups=1024, buffers=[data],
-                                    push=struct.pack("II", 1 << 16, 4000)) for _ in range(50)]
+                                    push=struct.pack("II", 1 << 16, busy_iterations(4000))) for _ in range(50)]
         print("ready", flush=True)
         started = time.monotonic()
         try:

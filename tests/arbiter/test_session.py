@@ -12,6 +12,8 @@ import pytest
 import libshare
 from libshare import workloads
 
+from .._busy import busy_iterations
+
 pytestmark = pytest.mark.usefixtures("vulkan_device_name")
 
 
@@ -101,7 +103,7 @@ def test_wait_idle_waits_for_everything(session):
 def test_wait_times_out_with_a_libshare_timeout(session):
     program = session.load_program(libshare.shaders.path("busy"))
     data = session.array(1 << 16, np.uint32)
-    ticket = session.dispatch(program, groups=1024, buffers=[data], push=struct.pack("II", 1 << 16, 20_000))
+    ticket = session.dispatch(program, groups=1024, buffers=[data], push=struct.pack("II", 1 << 16, busy_iterations(20_000)))
     with pytest.raises(libshare.Timeout):
         ticket.wait(timeout=0.01)
     ticket.wait(timeout=120)

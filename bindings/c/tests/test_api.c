@@ -57,6 +57,16 @@ static uint32_t busy_value(uint32_t i, uint32_t iterations)
     return x;
 }
 
+/* Rounds of a long busy dispatch: `iterations` on lavapipe, which the test was sized on, times
+ * LIBSHARE_TEST_BUSY_SCALE on a GPU (tests/_busy.py measures it), at most UINT32_MAX. */
+static uint32_t busy_iterations(uint32_t iterations)
+{
+    const char *text = getenv("LIBSHARE_TEST_BUSY_SCALE");
+    unsigned long long scale = text ? strtoull(text, NULL, 10) : 1;
+    unsigned long long rounds = (unsigned long long)iterations * (scale ? scale : 1);
+    return rounds > UINT32_MAX ? UINT32_MAX : (uint32_t)rounds;
+}
+
 /* ------------------------------------------------------------------ connect */
 
 TEST(connect_reports_its_mode_and_device)
@@ -282,7 +292,7 @@ TEST(wait_refuses_tickets_never_issued)
 TEST(wait_times_out_and_poll_does_not_block)
 {
     struct ls_buffer data;
-    uint32_t n = 1024, iterations = 200000;
+    uint32_t n = 1024, iterations = busy_iterations(200000);
     CHECK_RC(ls_alloc(S, n * sizeof(uint32_t), LS_BUFFER_SHARED, &data), 0);
     struct busy_push push = {n, iterations};
     uint64_t ticket;
