@@ -145,6 +145,9 @@ def test_a_client_that_asks_for_every_wake_up_by_socket_and_never_reads_it_costs
 def test_a_hammered_doorbell_is_muted_and_its_client_still_served(daemon):
     process, pipe_dir = daemon
     session, program, x, y = honest(pipe_dir)
+    # What the idle process wakes anyway: a few times a second here; on an H100 the arbiter woke 136
+    # times in this test's last second, libshare's threads being the same there (a driver's?).
+    quiet = rest(process.pid)[1]
     with session:
         hammer = start_attacker("hammer", pipe_dir)
         try:
@@ -160,18 +163,23 @@ def test_a_hammered_doorbell_is_muted_and_its_client_still_served(daemon):
             stop_attacker(hammer)
         wait_until(lambda: re.search(r"\(hammer, pid \d+\) reclaimed", server_log(pipe_dir)), 30,
                    "the hammering client to be reclaimed")
-        assert_rests(process.pid, "idle", max_wakes=25)  # and no slow path is left behind
+        assert_rests(process.pid, "idle", max_wakes=quiet + 25)  # and no slow path is left behind
     assert_no_traceback(pipe_dir)
 
 
 def assert_rests(pid: int, what: str, max_wakes: int | None = None) -> None:
     """The arbiter does not spin (and, given ``max_wakes``, sleeps that long), measured over 1 s."""
-    before_cpu, before_switches = cpu_seconds(pid), voluntary_switches(pid)
-    time.sleep(1.0)  # a measuring window, not a synchronisation
-    cpu, switches = cpu_seconds(pid) - before_cpu, voluntary_switches(pid) - before_switches
+    cpu, switches = rest(pid)
     assert cpu < 0.5, f"the {what} arbiter used {cpu:.2f} s of CPU in 1 s: it spins"
     if max_wakes is not None:
         assert switches < max_wakes, f"the {what} arbiter woke {switches} times in 1 s"
+
+
+def rest(pid: int) -> tuple[float, int]:
+    """The CPU seconds that ``pid`` used and the times its threads slept, over 1 s."""
+    before_cpu, before_switches = cpu_seconds(pid), voluntary_switches(pid)
+    time.sleep(1.0)  # a measuring window, not a synchronisation
+    return cpu_seconds(pid) - before_cpu, voluntary_switches(pid) - before_switches
 
 
 def voluntary_switches(pid: int) -> int:
