@@ -3,6 +3,7 @@ peer processes, and the /dev/shm leak guard."""
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -20,9 +21,11 @@ def vulkan_required() -> bool:
     return os.environ.get("LIBSHARE_REQUIRE_VULKAN") == "1"
 
 
+@functools.cache
 def first_vulkan_device() -> tuple[str, bool]:
     """The first Vulkan device's name and whether it is a CPU device (lavapipe) rather than a GPU;
-    raises when there is none (the loader raises OSError, vulkan its own classes)."""
+    raises when there is none (the loader raises OSError, vulkan its own classes). Asked once per
+    process: the fixtures and the busy scale share the answer."""
     import vulkan as vk
 
     app = vk.VkApplicationInfo(apiVersion=vk.VK_MAKE_VERSION(1, 1, 0))

@@ -162,7 +162,8 @@ def test_watchdog_faults_the_server_and_names_the_offender(tmp_path, vulkan_devi
         with libshare.connect(name="runaway", mode="daemon", pipe_directory=pipe_dir) as session:
             program = session.load_program(libshare.shaders.path("busy"))
             data = session.array(1 << 16, np.uint32)
-            ticket = session.dispatch(program, groups=1024, buffers=[data], push=struct.pack("II", 1 << 16, busy_iterations(20_000)))
+            push = struct.pack("II", 1 << 16, busy_iterations(20_000))
+            ticket = session.dispatch(program, groups=1024, buffers=[data], push=push)
             with pytest.raises(libshare.ServerFault):
                 ticket.wait(timeout=60)
             assert control(pipe_dir, "get_server_status") in ("FAULT", "INITIALIZING")
@@ -244,7 +245,8 @@ def test_a_realtime_dispatch_is_not_held_behind_low_work_popped_with_it(tmp_path
             # The clients differ, so the engine asks the scheduler before each pass; holding the
             # scheduler's lock holds the engine there, and both dispatches below meet in one pass.
             with arbiter.drainer.scheduling:
-                slow = low.dispatch(busy, 16, [data], struct.pack("II", 1024, busy_iterations(200_000)))  # ~0.2 s on lavapipe
+                push = struct.pack("II", 1024, busy_iterations(200_000))  # ~0.2 s on lavapipe
+                slow = low.dispatch(busy, 16, [data], push)
                 quick = tiny()
             quick.wait(10)
             quick_done = time.monotonic()

@@ -103,7 +103,8 @@ def test_wait_idle_waits_for_everything(session):
 def test_wait_times_out_with_a_libshare_timeout(session):
     program = session.load_program(libshare.shaders.path("busy"))
     data = session.array(1 << 16, np.uint32)
-    ticket = session.dispatch(program, groups=1024, buffers=[data], push=struct.pack("II", 1 << 16, busy_iterations(20_000)))
+    push = struct.pack("II", 1 << 16, busy_iterations(20_000))
+    ticket = session.dispatch(program, groups=1024, buffers=[data], push=push)
     with pytest.raises(libshare.Timeout):
         ticket.wait(timeout=0.01)
     ticket.wait(timeout=120)
