@@ -32,6 +32,7 @@ import numpy as np
 import pytest
 
 import libshare
+from libshare._proc import cpu_seconds
 from libshare.arbiter.device import Device, Dispatch
 from tests.arbiter.conftest import daemon as _daemon_fixture  # noqa: F401
 from tests.conftest import ROOT
@@ -225,14 +226,6 @@ print(count / seconds, (time.process_time() - cpu) / count, flush=True)
 """
 
 
-def process_cpu(pid: int) -> float:
-    """utime + stime of every thread of ``pid`` so far (/proc/PID/stat), in seconds; 0 for pid 0."""
-    if not pid:
-        return 0.0
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def run_eight(mode: str, pipe_dir, seconds: float = 3.0) -> tuple[float, float, float]:
     """Eight workers' aggregate round trips per second, and the CPU seconds per round trip of a
     worker process (mean) and of the arbiter ("arbiter" mode; 0 for "own")."""
@@ -244,12 +237,12 @@ def run_eight(mode: str, pipe_dir, seconds: float = 3.0) -> tuple[float, float, 
         assert word == "ready"
         arbiter_pids.add(int(pid))
     (arbiter_pid,) = arbiter_pids
-    arbiter_cpu = process_cpu(arbiter_pid)
+    arbiter_cpu = cpu_seconds(arbiter_pid)
     for w in workers:
         w.stdin.write("go\n")
         w.stdin.flush()
     results = [tuple(map(float, w.communicate(timeout=120)[0].split())) for w in workers]
-    arbiter_cpu = process_cpu(arbiter_pid) - arbiter_cpu
+    arbiter_cpu = cpu_seconds(arbiter_pid) - arbiter_cpu
     rate = sum(r for r, _ in results)
     return rate, sum(c for _, c in results) / len(results), arbiter_cpu / (rate * seconds)
 

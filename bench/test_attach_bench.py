@@ -38,6 +38,7 @@ import numpy as np
 import pytest
 
 import libshare
+from libshare._proc import cpu_seconds
 from libshare.arbiter.device import Device, Dispatch
 from tests.conftest import ROOT, stop_process
 
@@ -309,13 +310,6 @@ def test_attach_burst(benchmark, warm, report_ratio):
 
 
 # ---------------------------------------------------------------- 5. idle CPU
-
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of every thread of ``pid`` so far (/proc/PID/stat), in seconds."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()  # the name may hold spaces and parentheses
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # fields 14 and 15 of proc(5)
-
 
 def run_seconds(pid: int) -> float:
     """On-CPU time of the threads of ``pid`` alive now (/proc/PID/task/*/schedstat, nanoseconds)."""

@@ -27,7 +27,8 @@ import time
 
 import numpy as np
 
-from bench.test_attach_bench import cpu_seconds, start_daemon
+from libshare._proc import cpu_seconds
+from bench.test_attach_bench import start_daemon
 from tests.arbiter.test_doorbells import PUSH, honest, start_attacker, stop_attacker
 from tests.conftest import stop_process
 

@@ -33,7 +33,8 @@ import numpy as np
 import pytest
 
 import libshare
-from bench.test_attach_bench import cpu_seconds, run_seconds, start_daemon
+from libshare._proc import cpu_seconds
+from bench.test_attach_bench import run_seconds, start_daemon
 from libshare.arbiter.device import Device, Dispatch
 from tests.arbiter.test_engine_gil import compare, serving
 from tests.conftest import ROOT, stop_process

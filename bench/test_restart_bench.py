@@ -48,6 +48,7 @@ from pathlib import Path
 import numpy as np
 
 import libshare
+from libshare._proc import running
 from tests.arbiter.conftest import wait_until
 from tests.arbiter.test_reattach import Client, Daemon, exited
 from tests.conftest import ROOT, stop_process, vulkan_device_name  # noqa: F401  (a fixture: skips without Vulkan)
@@ -61,14 +62,6 @@ PUSH = struct.pack("If", 64, 1.0)
 
 
 # ---------------------------------------------------------------- processes
-
-def _running(pid: int) -> bool:
-    """True while ``pid`` exists and is not a zombie."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
-
 
 def _signal(pid: int, signum: int) -> None:
     with contextlib.suppress(ProcessLookupError):
@@ -95,7 +88,7 @@ def control_daemon(pipe: Path):
         log = pipe / "control.log"
         for pid in {int(p) for p in re.findall(r"arbiter pid (\d+)", log.read_text() if log.exists() else "")}:
             with contextlib.suppress(OSError):
-                if _running(pid) and str(pipe).encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                if running(pid) and str(pipe).encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
                     _signal(pid, signal.SIGKILL)
 
 

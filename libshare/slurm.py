@@ -50,6 +50,7 @@ from pathlib import Path
 
 from . import manager
 from ._control import ControlConnection
+from ._proc import running  # a prolog's child is reparented to init, which may never reap it
 from .manager import _server_pid
 from .arbiter import _daemon
 from .errors import ArbiterLost, ArbiterUnavailable, LibshareError
@@ -194,14 +195,6 @@ def _job_request(job_id: str, settings: _Settings, node: str) -> JobRequest:
     return parse_job(out.stdout, node, settings.gres, settings.scontrol)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, IndexError):
-        return False
-    return state not in ("Z", "X")  # a prolog's child is reparented to init, which may never reap it
-
-
 def _quit(pipe_directory: Path, pid: int) -> None:
     try:
         with ControlConnection(pipe_directory, timeout=10.0) as connection:
@@ -209,13 +202,13 @@ def _quit(pipe_directory: Path, pid: int) -> None:
     except (ArbiterUnavailable, ArbiterLost):
         pass
     for sig in (None, signal.SIGTERM, signal.SIGKILL):
-        if sig is not None and _alive(pid):
+        if sig is not None and running(pid):
             log.warning("arbiter pid %d still runs %.0f s after quit: sending %s", pid, _QUIT_WAIT, sig.name)
             os.kill(pid, sig)
         deadline = time.monotonic() + _QUIT_WAIT
-        while _alive(pid) and time.monotonic() < deadline:
+        while running(pid) and time.monotonic() < deadline:
             time.sleep(0.02)
-        if not _alive(pid):
+        if not running(pid):
             return
 
 

@@ -59,6 +59,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import _config
+from .._proc import parent_of
 from . import _settings
 from ..errors import ArbiterUnavailable, LibshareError
 
@@ -673,12 +674,9 @@ def _status(pipe_directory: Path, pid: int) -> str | None:
 def _child_serving(pipe_directory: Path, parent: int) -> int | None:
     """The pid of the arbiter serving ``pipe_directory`` if it is a child of ``parent``."""
     pid = serving_pid(pipe_directory)
-    try:
-        stat_line = Path(f"/proc/{pid}/stat").read_text() if pid and pid.isdigit() else ""
-    except OSError:
+    if not (pid and pid.isdigit()):
         return None
-    fields = stat_line.rsplit(")", 1)[-1].split()
-    return int(pid) if len(fields) > 1 and fields[1] == str(parent) else None
+    return int(pid) if parent_of(int(pid)) == parent else None
 
 
 def start_background(options: Options, timeout: float = 60.0, supervised: bool = False) -> subprocess.Popen:

@@ -42,11 +42,12 @@ import logging
 import os
 import threading
 
+from .._proc import thread_ids
 from ..errors import LibshareError
 
 log = logging.getLogger("libshare.arbiter")
 
-__all__ = ["place_device_threads", "thread_ids"]
+__all__ = ["place_device_threads"]
 
 
 def place_device_threads(device, engine, cores: set[int]) -> bool:
@@ -75,11 +76,6 @@ def place_device_threads(device, engine, cores: set[int]) -> bool:
     log.info("engine and driver threads on core %d, the arbiter's other threads on %s", device_core,
              ",".join(map(str, sorted(other_cores))))
     return True
-
-
-def thread_ids() -> set[int]:
-    """The kernel ids of this process's threads now."""
-    return {int(name) for name in os.listdir("/proc/self/task")}
 
 
 def _set_cores(thread: int, cores: set[int]) -> None:

@@ -80,10 +80,11 @@ import time
 from pathlib import Path
 
 from .._control import printable
+from .._proc import start_time
 from . import _emergency
 from ..errors import InvalidSubmission, Quarantined
 
-__all__ = ["COMPILE", "DESCRIPTOR", "RUNAWAY", "STRIKES", "Quarantine", "start_time"]
+__all__ = ["COMPILE", "DESCRIPTOR", "RUNAWAY", "STRIKES", "Quarantine"]
 
 log = logging.getLogger("libshare.arbiter")
 
@@ -107,19 +108,6 @@ _MAX_PROGRAMS = 1024  # modules kept
 _MAX_REASONS = 4  # the latest reasons kept per entry
 _MAX_TEXT = 200  # characters kept of a name, a command line or a reason
 _MAX_PID = 1 << 22
-
-
-def start_time(pid: int) -> int | None:
-    """When process ``pid`` started (clock ticks after boot, /proc/PID/stat field 22); None if it is gone."""
-    try:
-        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            text = os.read(fd, 4096)
-        finally:
-            os.close(fd)
-        return int(text.rsplit(b")", 1)[1].split()[19])  # fields from the state (field 3) on
-    except (OSError, IndexError, ValueError):
-        return None
 
 
 class Quarantine:

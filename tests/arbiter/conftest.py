@@ -63,20 +63,6 @@ def wait_until(predicate, timeout: float = 30.0, what: str = "condition"):
     return value
 
 
-def stat_fields(pid: int, tid: int | None = None) -> list[str]:
-    """The fields of /proc/PID/stat (or of thread TID's) after the name, from the state on: index
-    0 is field 3 of proc(5). The name may hold spaces and parentheses, so it is cut at the last ')'."""
-    path = f"/proc/{pid}/stat" if tid is None else f"/proc/{pid}/task/{tid}/stat"
-    with open(path) as f:
-        return f.read().rsplit(")", 1)[1].split()
-
-
-def cpu_seconds(pid: int, tid: int | None = None) -> float:
-    """utime + stime so far of every thread of ``pid``, or of its thread ``tid`` alone."""
-    fields = stat_fields(pid, tid)
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def start_client(role: str, pipe_dir, *args) -> subprocess.Popen:
     """Start ``tests/arbiter/_client.py ROLE PIPE_DIR ARGS`` with its stdout piped."""
     return subprocess.Popen([sys.executable, "-m", "tests.arbiter._client", role, str(pipe_dir), *map(str, args)],

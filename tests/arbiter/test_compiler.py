@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import libshare
+from libshare._proc import running
 from libshare.errors import InvalidSubmission
 
 from .conftest import run_daemon, wait_until
@@ -120,15 +121,9 @@ def test_compiler_children_end_with_the_arbiter(daemon):
     process.kill()
     process.wait()
     for pid in kids:
-        wait_until(lambda: not os.path.exists(f"/proc/{pid}") or _zombie(pid), 30, f"compiler {pid} to exit")
+        wait_until(lambda: not running(pid), 30, f"compiler {pid} to exit")  # gone, or a zombie
 
 
-def _zombie(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except FileNotFoundError:
-        return True
 
 
 def test_the_list_of_vetted_modules_is_read_as_hostile(tmp_path):

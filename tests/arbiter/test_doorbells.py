@@ -25,11 +25,12 @@ import pytest
 
 import libshare
 from libshare import _protocol as protocol
+from libshare._proc import cpu_seconds
 from libshare.ring import C
 from libshare.ring._binding import ffi, lib
 
 from ..conftest import ROOT, stop_process
-from .conftest import cpu_seconds, open_fds, wait_until
+from .conftest import open_fds, wait_until
 
 pytestmark = pytest.mark.usefixtures("vulkan_device_name")
 

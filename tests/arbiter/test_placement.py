@@ -23,10 +23,11 @@ import pytest
 
 import libshare
 from libshare import _control
+from libshare._proc import cpu_seconds, parent_of, stat_fields
 from libshare.arbiter import Arbiter
 
 from ..conftest import ROOT, stop_process
-from .conftest import cpu_seconds, run_daemon, stat_fields, wait_until
+from .conftest import run_daemon, wait_until
 
 ALL_CORES = frozenset(os.sched_getaffinity(0))
 needs_two_cores = pytest.mark.skipif(len(ALL_CORES) < 2, reason="placement needs at least two cores")
@@ -44,9 +45,12 @@ def threads(pid: int) -> dict[int, tuple[str, frozenset[int]]]:
         try:
             name = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
             status = Path(f"/proc/{pid}/task/{tid}/status").read_text()
-            nice = int(stat_fields(pid, int(tid))[16])
+            fields = stat_fields(pid, int(tid))
         except OSError:  # it ended meanwhile
             continue
+        if fields is None:  # it ended meanwhile
+            continue
+        nice = int(fields[16])
         if ":disk$" in name or nice == 19:
             continue
         cores = re.search(r"^Cpus_allowed_list:\s*(\S+)", status, re.M).group(1)
@@ -88,11 +92,8 @@ def children(pid: int) -> list[int]:
     """The processes whose parent is ``pid``."""
     found = []
     for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and int(stat_fields(int(entry.name))[1]) == pid:
-                found.append(int(entry.name))
-        except OSError:  # it ended meanwhile
-            pass
+        if entry.name.isdigit() and parent_of(int(entry.name)) == pid:  # None once it ended
+            found.append(int(entry.name))
     return found
 
 

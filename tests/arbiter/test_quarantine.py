@@ -20,7 +20,7 @@ import pytest
 import libshare
 from libshare import _control
 from libshare.arbiter._daemon import EXIT_UNRECOVERABLE
-from libshare.arbiter._quarantine import start_time
+from libshare._proc import start_time
 
 from ..conftest import ROOT, stop_process
 from ._spirv_attacks import compile_glsl, have_tools

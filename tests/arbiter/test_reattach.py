@@ -23,6 +23,7 @@ import pytest
 import libshare
 from libshare import _config
 from libshare._control import ControlConnection
+from libshare._proc import parent_of, running
 
 from ..conftest import ROOT
 from .conftest import open_fds, wait_until
@@ -70,17 +71,11 @@ class Daemon:
 def exited(pid: int, timeout: float) -> bool:
     """True once ``pid`` has exited (gone, or a zombie) within ``timeout`` seconds."""
     try:
-        wait_until(lambda: not Path(f"/proc/{pid}").exists() or "Z" in _state(pid), timeout, f"pid {pid} to exit")
+        wait_until(lambda: not running(pid), timeout, f"pid {pid} to exit")
     except AssertionError:
         return False
     return True
 
-
-def _state(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return "Z"
 
 
 class Client:
@@ -238,7 +233,7 @@ def test_work_the_dead_arbiter_never_took_runs_on_the_new_one(supervised):
         y[:] = 1.0
         before = supervised.arbiter()
         os.kill(before, signal.SIGKILL)
-        wait_until(lambda: _state(before) == "Z" or not Path(f"/proc/{before}").exists(), 60, "the arbiter's death")
+        wait_until(lambda: not running(before), 60, "the arbiter's death")
         tickets = [session.dispatch(program, 16, [x, y], struct.pack("If", 1024, 2.0)) for _ in range(3)]
         for ticket in tickets:
             ticket.wait(60)
@@ -285,16 +280,9 @@ def _standby(daemon: Daemon) -> int | None:
     """A child of the control daemon that is not the serving arbiter, if one runs."""
     active = daemon.arbiter()
     for entry in os.listdir("/proc"):
-        if entry.isdigit() and int(entry) != active and _parent(int(entry)) == daemon.pid and _state(int(entry)) != "Z":
+        if entry.isdigit() and int(entry) != active and parent_of(int(entry)) == daemon.pid and running(int(entry)):
             return int(entry)
     return None
-
-
-def _parent(pid: int) -> int | None:
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-        return None
 
 
 def test_quit_stops_the_control_daemon_and_its_standby(supervised):

@@ -13,18 +13,11 @@ import pytest
 
 from libshare import _config
 from libshare._control import ControlConnection
+from libshare._proc import parent_of  # noqa: F401 - for the tests
+from libshare._proc import running as alive  # a zombie waiting for a parent that never reaps counts as dead
 from libshare.errors import LibshareError
 
 from ..conftest import ROOT, stop_process
-
-
-def alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie waiting for a parent that never reaps counts as dead)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, IndexError):
-        return False
-    return state not in ("Z", "X")
 
 
 def wait_dead(pid: int, timeout: float) -> bool:
@@ -108,11 +101,6 @@ def _pid_in(path: Path) -> int | None:
         return int(path.read_text())
     except (FileNotFoundError, ValueError):
         return None
-
-
-def parent_of(pid: int) -> int:
-    """The parent pid of a live process."""
-    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ import uuid as _uuid
 from typing import Any
 
 from libshare.errors import QuotaExceeded, VulkanUnavailable
-from .._placement import thread_ids
+from ..._proc import thread_ids
 
 from ._binding import (
     _INSTALL_HINT,
