@@ -47,19 +47,20 @@ def scale() -> int:
     return int(os.environ.get(SCALE_ENV, "1"))
 
 
-def publish_scale(device_is_cpu: bool) -> None:
-    """Measure the factor once (1 on a CPU device), unless the environment names it already, and put
-    it in the environment for this process and the clients it starts."""
+def publish_scale(device_is_cpu: bool, selector: str | None) -> None:
+    """Measure the factor once on the tested device (``selector``, as for ``Device``; 1 on a CPU
+    device), unless the environment names it already, and put it in the environment for this
+    process and the clients it starts."""
     if SCALE_ENV not in os.environ:
-        os.environ[SCALE_ENV] = "1" if device_is_cpu else str(_measured_scale())
+        os.environ[SCALE_ENV] = "1" if device_is_cpu else str(_measured_scale(selector))
 
 
-def _measured_scale() -> int:
-    """The default device's speed-up over lavapipe on the reference dispatch, at least 1."""
+def _measured_scale(selector: str | None) -> int:
+    """The GPU's speed-up over lavapipe on the reference dispatch, at least 1."""
     from libshare.arbiter.device import Device
 
-    with Device() as device:
-        return 1 if device.cpu else max(1, round(REFERENCE_LAVAPIPE_S / reference_seconds(device)))
+    with Device(selector) as device:
+        return max(1, round(REFERENCE_LAVAPIPE_S / reference_seconds(device)))
 
 
 def reference_seconds(device, iterations: int = REFERENCE_ITERATIONS, runs: int = 3) -> float:

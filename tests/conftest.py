@@ -21,31 +21,30 @@ def vulkan_required() -> bool:
     return os.environ.get("LIBSHARE_REQUIRE_VULKAN") == "1"
 
 
-@functools.cache
-def first_vulkan_device() -> tuple[str, bool]:
-    """The first Vulkan device's name and whether it is a CPU device (lavapipe) rather than a GPU;
-    raises when there is none (the loader raises OSError, vulkan its own classes). Asked once per
-    process: the fixtures and the busy scale share the answer."""
-    import vulkan as vk
+def device_selector() -> str | None:
+    """The device the tests' arbiters open: LIBSHARE_DEVICE (an index or UUID), else the first."""
+    return os.environ.get("LIBSHARE_DEVICE") or None
 
-    app = vk.VkApplicationInfo(apiVersion=vk.VK_MAKE_VERSION(1, 1, 0))
-    instance = vk.vkCreateInstance(vk.VkInstanceCreateInfo(pApplicationInfo=app), None)
-    try:
-        devices = vk.vkEnumeratePhysicalDevices(instance)
-        if not devices:
-            raise RuntimeError("no Vulkan physical device")
-        properties = vk.vkGetPhysicalDeviceProperties(devices[0])
-        return properties.deviceName, properties.deviceType == vk.VK_PHYSICAL_DEVICE_TYPE_CPU
-    finally:
-        vk.vkDestroyInstance(instance, None)
+
+@functools.cache
+def device_under_test() -> tuple[str, bool]:
+    """The name of the device the tests' arbiters open (:func:`device_selector`, chosen by
+    the device layer as an arbiter chooses it) and whether it is a CPU device (lavapipe) rather
+    than a GPU; raises when there is none. Asked once per process: the fixtures and the busy
+    scale share the answer."""
+    from libshare.arbiter.device import Device
+
+    with Device(device_selector()) as device:
+        return device.name, device.cpu
 
 
 def _vulkan_device() -> tuple[str, bool]:
-    """first_vulkan_device(), or a skip (a failure under LIBSHARE_REQUIRE_VULKAN=1) without one."""
+    """device_under_test(), or a skip (a failure under LIBSHARE_REQUIRE_VULKAN=1) without one."""
     try:
-        return first_vulkan_device()
+        return device_under_test()
     except Exception as exc:  # noqa: BLE001 - whatever the loader or the driver raised
-        message = f"no usable Vulkan driver: {exc!r} (install libvulkan1 mesa-vulkan-drivers)"
+        message = (f"no usable Vulkan device: {exc!r} (install libvulkan1 mesa-vulkan-drivers; LIBSHARE_DEVICE, "
+                   "if set, must name a device that is there)")
         if vulkan_required():
             pytest.fail(message)
         pytest.skip(message)
@@ -53,13 +52,13 @@ def _vulkan_device() -> tuple[str, bool]:
 
 @pytest.fixture(scope="session")
 def vulkan_device_name() -> str:
-    """Name of the first Vulkan device; skips (or fails under LIBSHARE_REQUIRE_VULKAN=1) without one."""
+    """Name of the tested Vulkan device; skips (or fails under LIBSHARE_REQUIRE_VULKAN=1) without one."""
     return _vulkan_device()[0]
 
 
 @pytest.fixture(scope="session")
 def vulkan_device_is_cpu() -> bool:
-    """Whether the first Vulkan device runs on the CPU (lavapipe) rather than on a GPU."""
+    """Whether the tested Vulkan device runs on the CPU (lavapipe) rather than on a GPU."""
     return _vulkan_device()[1]
 
 
@@ -67,10 +66,10 @@ def vulkan_device_is_cpu() -> bool:
 def long_dispatches_fit_the_device() -> None:
     """Size busy.comp's long dispatches for this run's device (tests/_busy.py)."""
     try:
-        _, device_is_cpu = first_vulkan_device()
+        _, device_is_cpu = device_under_test()
     except Exception:  # noqa: BLE001 - no device: the Vulkan tests skip or fail on their own
         return
-    _busy.publish_scale(device_is_cpu)
+    _busy.publish_scale(device_is_cpu, device_selector())
 
 
 def spawn_peer(role: str, fd: int, *args: object) -> subprocess.Popen:
