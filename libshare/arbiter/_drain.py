@@ -85,6 +85,8 @@ class Drainer(Tasks, Containment):
         """Drain order and budgets (priorities, fair share, compute share)."""
         self.scheduling = threading.Lock()
         """Held while the scheduler plans (on the engine's thread) or its client list changes."""
+        self.plans = 0
+        """How many times the engine has asked the scheduler for a plan (each call takes the GIL)."""
         self.pipelines = SharedPipelines()
         """The device's pipelines, one per distinct SPIR-V module, shared by the clients that load it."""
         self.quarantine = Quarantine()
@@ -229,6 +231,7 @@ class Drainer(Tasks, Containment):
 
         Should the scheduler fail, the pass drains every waiting client (logged): a policy bug must
         not starve anyone."""
+        self.plans += 1
         try:
             self._plan_turns()
         except Exception:

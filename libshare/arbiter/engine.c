@@ -66,10 +66,12 @@
  * ls_engine_plan_cb (Python, the scheduler) before a pass; it reads the
  * clients' counters and sets the pass's turns with ls_engine_set_plan, and the
  * engine pops exactly that, one submission per rank. A plan holds for later
- * passes while the same clients wait (and work runs or not, as it did) for at
- * most policy.plan_ns (1 ms): the scheduler's picture (device time decaying
- * over 250 ms, slices of 200 us) changes little within it, and a client that
- * starts waiting, a realtime one say, is planned for at once. The control plane switches
+ * passes while the same clients wait and as many submissions run, for at most
+ * policy.plan_ns (1 ms): the scheduler's picture (device time decaying over
+ * 250 ms, slices of 200 us) changes little within it, and a client that starts
+ * waiting, a realtime one say, is planned for at once. An empty plan holds too:
+ * asked again at every look, the scheduler (and the GIL) was called 50,000
+ * times a second while one low-priority dispatch ran and the next one waited. The control plane switches
  * to planned only when clients differ (priorities, compute shares, fairshare), so
  * the common case never touches the GIL.
  *
@@ -374,8 +376,9 @@ struct ls_engine {
     uint32_t nevents, events_cap;
     struct ls_engine_turn *plan;
     uint32_t nplan, plan_cap;
-    uint64_t waiting_sig, plan_sig;     /* which clients wait (and whether work runs): at the last look, at the plan */
+    uint64_t waiting_sig, plan_sig;     /* which clients wait, and how many submissions run: at the last look, at the plan */
     int64_t planned_at;
+    int plan_stale;                     /* the policy changed since the plan was made: ask again */
     int popped;                         /* popped since the last spin */
     struct ls_desc descs[LS_ENGINE_POP];
     struct ls_cqe post_buf[LS_ENGINE_POP];
@@ -925,7 +928,7 @@ static int take(ls_engine *e, uint32_t slot, uint32_t limit)
 static uint32_t look(ls_engine *e)
 {
     uint32_t waiting = 0;
-    uint64_t sig = e->nflights ? 1 : 0;
+    uint64_t sig = e->nflights;
     for (uint32_t i = 0; i < e->nactive; i++) {
         uint32_t slot = e->active[i];
         struct client *c = &e->clients[slot];
@@ -1319,7 +1322,7 @@ static void *run(void *arg)
         uint32_t waiting = can_pop ? look(e) : 0;
         int planned = e->policy.planned;
         /* The same clients wait as when the plan was made, and it is recent: it still holds. */
-        int replan = planned && waiting && (e->waiting_sig != e->plan_sig || !e->nplan ||
+        int replan = planned && waiting && (e->waiting_sig != e->plan_sig || e->plan_stale ||
                                             now_ns() - e->planned_at > (int64_t)e->policy.plan_ns);
         uint64_t sig = e->waiting_sig;
         pthread_mutex_unlock(&e->lock);
@@ -1328,6 +1331,7 @@ static void *run(void *arg)
             pthread_mutex_lock(&e->lock);
             e->plan_sig = sig;
             e->planned_at = now_ns();
+            e->plan_stale = 0;
             pthread_mutex_unlock(&e->lock);
         }
         pthread_mutex_lock(&e->lock);
@@ -1415,6 +1419,7 @@ int ls_engine_create(const struct ls_engine_config *config, ls_engine **out)
     e->queue = (VkQueue)(uintptr_t)config->queue;
     e->policy = (struct ls_engine_policy){0, 1, 0, 50000, 16, 2, 1000000};
     e->fence_free = NO_FENCE;
+    e->plan_stale = 1;
     e->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     e->clients = calloc(config->max_clients, sizeof *e->clients);
     e->active = calloc(config->max_clients, sizeof *e->active);
@@ -1553,6 +1558,7 @@ void ls_engine_set_policy(ls_engine *e, const struct ls_engine_policy *policy)
     if (e->policy.max_in_flight < 1 || e->policy.max_in_flight > NFLIGHT - 1)
         e->policy.max_in_flight = 2;
     e->nplan = 0;                       /* made under the old policy: ask again */
+    e->plan_stale = 1;
     pthread_mutex_unlock(&e->lock);
     ls_engine_wake(e);
 }

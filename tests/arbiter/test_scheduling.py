@@ -317,3 +317,32 @@ def test_a_sessions_waits_spin_as_its_priority_says(daemon):
             x[:], y[:] = 1.0, 2.0
             session.dispatch(program, 1, [x, y], struct.pack("If", 64, 1.0)).wait(30)
             assert np.all(y == 3.0)
+
+
+def test_the_engine_asks_the_scheduler_again_only_when_something_changed(tmp_path, vulkan_device_name):
+    """While a long low dispatch runs, the low client's next one is held (a realtime client is
+    active) and the plan is empty: the engine, polling the fence, asks again when the waiting
+    clients or the submissions on the device change, or once the plan is older than
+    ``plan_for``, not at every look (it once called the scheduler, taking the GIL, tens of
+    thousands of times a second there)."""
+    pipe_dir = tmp_path / "pipe"
+    pipe_dir.mkdir(mode=0o700)
+    arbiter = Arbiter()
+    try:
+        arbiter.serve(pipe_dir / "control")
+        with libshare.connect(mode="daemon", pipe_directory=pipe_dir, priority="low") as low, \
+                libshare.connect(mode="daemon", pipe_directory=pipe_dir, priority="realtime") as realtime:
+            busy, data = low.load_program(libshare.shaders.path("busy")), low.array(1024, np.uint32)
+            saxpy, x, y = realtime.load_program(libshare.shaders.path("saxpy")), realtime.array(64), realtime.array(64)
+            realtime.dispatch(saxpy, 1, [x, y], struct.pack("If", 64, 1.0)).wait(10)  # active from now on
+            slow = low.dispatch(busy, 16, [data], struct.pack("II", 1024, busy_iterations(300_000)))  # ~0.1 s
+            wait_until(lambda: arbiter.drainer.engine.in_flight() or slow.done(), 10, "the slow dispatch to start")
+            held = low.dispatch(busy, 1, [data], struct.pack("II", 64, 1))  # waits in the ring: one runs
+            plans, started = arbiter.drainer.plans, time.monotonic()
+            slow.wait(60)
+            plans, seconds = arbiter.drainer.plans - plans, time.monotonic() - started
+            held.wait(60)
+        expiries = seconds / arbiter.drainer.scheduler.plan_for
+        assert plans <= 2 * expiries + 50, f"{plans} plans in {seconds:.3f} s ({expiries:.0f} plan lifetimes)"
+    finally:
+        arbiter.close()
