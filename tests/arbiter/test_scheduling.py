@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import struct
 import subprocess
@@ -230,8 +231,11 @@ def test_lower_priority_commands_longer_than_the_slice_get_no_negative_budget():
     assert [budget for _, budget in plan] == [1024, 1], plan
 
 
-def test_a_realtime_dispatch_is_not_held_behind_low_work_popped_with_it(tmp_path, vulkan_device_name):
-    pipe_dir = tmp_path / "pipe"
+@contextlib.contextmanager
+def low_and_realtime(pipe_dir):
+    """An arbiter in this process serving ``pipe_dir``, a low client with busy.comp over 1024 words
+    and a realtime one with a tiny saxpy that has run once: (arbiter, low_busy, tiny), where
+    ``low_busy(groups, n, rounds)`` and ``tiny()`` dispatch."""
     pipe_dir.mkdir(mode=0o700)
     arbiter = Arbiter()
     try:
@@ -242,18 +246,23 @@ def test_a_realtime_dispatch_is_not_held_behind_low_work_popped_with_it(tmp_path
             saxpy, x, y = realtime.load_program(libshare.shaders.path("saxpy")), realtime.array(64), realtime.array(64)
             tiny = lambda: realtime.dispatch(saxpy, 1, [x, y], struct.pack("If", 64, 1.0))  # noqa: E731
             tiny().wait(10)
-            # The clients differ, so the engine asks the scheduler before each pass; holding the
-            # scheduler's lock holds the engine there, and both dispatches below meet in one pass.
-            with arbiter.drainer.scheduling:
-                push = struct.pack("II", 1024, busy_iterations(200_000))  # ~0.2 s on lavapipe
-                slow = low.dispatch(busy, 16, [data], push)
-                quick = tiny()
-            quick.wait(10)
-            quick_done = time.monotonic()
-            slow.wait(60)
-            assert time.monotonic() - quick_done > 0.05, "the realtime dispatch waited for the low one"
+            low_busy = lambda groups, n, rounds: low.dispatch(busy, groups, [data], struct.pack("II", n, rounds))  # noqa: E731
+            yield arbiter, low_busy, tiny
     finally:
         arbiter.close()
+
+
+def test_a_realtime_dispatch_is_not_held_behind_low_work_popped_with_it(tmp_path, vulkan_device_name):
+    with low_and_realtime(tmp_path / "pipe") as (arbiter, low_busy, tiny):
+        # The clients differ, so the engine asks the scheduler before each pass; holding the
+        # scheduler's lock holds the engine there, and both dispatches below meet in one pass.
+        with arbiter.drainer.scheduling:
+            slow = low_busy(16, 1024, busy_iterations(200_000))  # ~0.2 s on lavapipe
+            quick = tiny()
+        quick.wait(10)
+        quick_done = time.monotonic()
+        slow.wait(60)
+        assert time.monotonic() - quick_done > 0.05, "the realtime dispatch waited for the low one"
 
 
 def test_a_client_under_its_share_may_catch_up_in_one_pass():
@@ -325,24 +334,13 @@ def test_the_engine_asks_the_scheduler_again_only_when_something_changed(tmp_pat
     clients or the submissions on the device change, or once the plan is older than
     ``plan_for``, not at every look (it once called the scheduler, taking the GIL, tens of
     thousands of times a second there)."""
-    pipe_dir = tmp_path / "pipe"
-    pipe_dir.mkdir(mode=0o700)
-    arbiter = Arbiter()
-    try:
-        arbiter.serve(pipe_dir / "control")
-        with libshare.connect(mode="daemon", pipe_directory=pipe_dir, priority="low") as low, \
-                libshare.connect(mode="daemon", pipe_directory=pipe_dir, priority="realtime") as realtime:
-            busy, data = low.load_program(libshare.shaders.path("busy")), low.array(1024, np.uint32)
-            saxpy, x, y = realtime.load_program(libshare.shaders.path("saxpy")), realtime.array(64), realtime.array(64)
-            realtime.dispatch(saxpy, 1, [x, y], struct.pack("If", 64, 1.0)).wait(10)  # active from now on
-            slow = low.dispatch(busy, 16, [data], struct.pack("II", 1024, busy_iterations(300_000)))  # ~0.1 s
-            wait_until(lambda: arbiter.drainer.engine.in_flight() or slow.done(), 10, "the slow dispatch to start")
-            held = low.dispatch(busy, 1, [data], struct.pack("II", 64, 1))  # waits in the ring: one runs
-            plans, started = arbiter.drainer.plans, time.monotonic()
-            slow.wait(60)
-            plans, seconds = arbiter.drainer.plans - plans, time.monotonic() - started
-            held.wait(60)
+    with low_and_realtime(tmp_path / "pipe") as (arbiter, low_busy, _tiny):  # the realtime client is active
+        slow = low_busy(16, 1024, busy_iterations(300_000))  # ~0.1 s on lavapipe
+        wait_until(lambda: arbiter.drainer.engine.in_flight() or slow.done(), 10, "the slow dispatch to start")
+        held = low_busy(1, 64, 1)  # waits in the ring while the slow one runs
+        plans, started = arbiter.drainer.plans, time.monotonic()
+        slow.wait(60)
+        plans, seconds = arbiter.drainer.plans - plans, time.monotonic() - started
+        held.wait(60)
         expiries = seconds / arbiter.drainer.scheduler.plan_for
-        assert plans <= 2 * expiries + 50, f"{plans} plans in {seconds:.3f} s ({expiries:.0f} plan lifetimes)"
-    finally:
-        arbiter.close()
+    assert plans <= 2 * expiries + 50, f"{plans} plans in {seconds:.3f} s ({expiries:.0f} plan lifetimes)"
