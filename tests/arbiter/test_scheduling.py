@@ -246,7 +246,10 @@ def low_and_realtime(pipe_dir):
             saxpy, x, y = realtime.load_program(libshare.shaders.path("saxpy")), realtime.array(64), realtime.array(64)
             tiny = lambda: realtime.dispatch(saxpy, 1, [x, y], struct.pack("If", 64, 1.0))  # noqa: E731
             tiny().wait(10)
-            low_busy = lambda groups, n, rounds: low.dispatch(busy, groups, [data], struct.pack("II", n, rounds))  # noqa: E731
+
+            def low_busy(groups: int, n: int, rounds: int):
+                return low.dispatch(busy, groups, [data], struct.pack("II", n, rounds))
+
             yield arbiter, low_busy, tiny
     finally:
         arbiter.close()
