@@ -54,6 +54,26 @@ def open_fds(pid: int) -> int:
     return count
 
 
+def accepted_connections(pid: int) -> int:
+    """How many connections accepted on its listening sockets (sessions and control connections
+    alike) process ``pid`` holds open now: its socket descriptors that /proc/net/unix lists as
+    connected (state 03) under the path one of its listening sockets was bound to (the arbiter
+    binds a temporary name and renames it, so the path is not the socket's name now)."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:  # closed meanwhile
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:["):-1])
+    with open("/proc/net/unix") as table:
+        next(table)  # Num RefCount Protocol Flags Type St Inode Path
+        rows = [fields for fields in map(str.split, table) if len(fields) >= 8 and fields[6] in inodes]
+    listening = {fields[7] for fields in rows if int(fields[3], 16) & 0x10000}  # __SO_ACCEPTCON
+    return sum(fields[5] == "03" and fields[7] in listening for fields in rows)
+
+
 def wait_until(predicate, timeout: float = 30.0, what: str = "condition"):
     """Poll ``predicate`` until it returns something true, and return that; fail after ``timeout`` s."""
     deadline = time.monotonic() + timeout
