@@ -226,6 +226,11 @@ print(count / seconds, (time.process_time() - cpu) / count, flush=True)
 """
 
 
+def _arbiter_cpu(pid: int) -> float:
+    """utime + stime of the arbiter ``pid`` so far; 0 for pid 0 (the "own" workers have none)."""
+    return cpu_seconds(pid) if pid else 0.0
+
+
 def run_eight(mode: str, pipe_dir, seconds: float = 3.0) -> tuple[float, float, float]:
     """Eight workers' aggregate round trips per second, and the CPU seconds per round trip of a
     worker process (mean) and of the arbiter ("arbiter" mode; 0 for "own")."""
@@ -237,12 +242,12 @@ def run_eight(mode: str, pipe_dir, seconds: float = 3.0) -> tuple[float, float, 
         assert word == "ready"
         arbiter_pids.add(int(pid))
     (arbiter_pid,) = arbiter_pids
-    arbiter_cpu = cpu_seconds(arbiter_pid)
+    arbiter_cpu = _arbiter_cpu(arbiter_pid)
     for w in workers:
         w.stdin.write("go\n")
         w.stdin.flush()
     results = [tuple(map(float, w.communicate(timeout=120)[0].split())) for w in workers]
-    arbiter_cpu = cpu_seconds(arbiter_pid) - arbiter_cpu
+    arbiter_cpu = _arbiter_cpu(arbiter_pid) - arbiter_cpu
     rate = sum(r for r, _ in results)
     return rate, sum(c for _, c in results) / len(results), arbiter_cpu / (rate * seconds)
 
