@@ -71,9 +71,9 @@
  * 250 ms, slices of 200 us) changes little within it, and a client that starts
  * waiting, a realtime one say, is planned for at once. An empty plan holds too:
  * asked again at every look, the scheduler (and the GIL) was called 50,000
- * times a second while one low-priority dispatch ran and the next one waited. The control plane switches
- * to planned only when clients differ (priorities, compute shares, fairshare), so
- * the common case never touches the GIL.
+ * times a second while one low-priority dispatch ran and the next one waited.
+ * The control plane switches to planned only when clients differ (priorities,
+ * compute shares, fairshare), so the common case never touches the GIL.
  *
  * Cores. Lavapipe (Mesa 22.3 with LLVM 15 here) exposes one queue and runs a
  * whole dispatch on its queue thread: a 64-workgroup dispatch kept 0.99 of a
@@ -1324,6 +1324,8 @@ static void *run(void *arg)
         /* The same clients wait as when the plan was made, and it is recent: it still holds. */
         int replan = planned && waiting && (e->waiting_sig != e->plan_sig || e->plan_stale ||
                                             now_ns() - e->planned_at > (int64_t)e->policy.plan_ns);
+        if (replan)
+            e->plan_stale = 0;          /* a policy set from here on asks again */
         uint64_t sig = e->waiting_sig;
         pthread_mutex_unlock(&e->lock);
         if (replan) {
@@ -1331,7 +1333,6 @@ static void *run(void *arg)
             pthread_mutex_lock(&e->lock);
             e->plan_sig = sig;
             e->planned_at = now_ns();
-            e->plan_stale = 0;
             pthread_mutex_unlock(&e->lock);
         }
         pthread_mutex_lock(&e->lock);
