@@ -107,6 +107,11 @@ _WAIT_SLICE = 0.05  # seconds per completion wait, between liveness checks
 _SPIN_MODES = {"realtime": C.SPIN_KEEP, "low": C.SPIN_NONE}
 _CLOSE_WAIT = 2.0  # seconds close() waits for threads inside the ring before leaving the unmap to them
 _REQUEST_TIMEOUT = 60.0  # a control request the arbiter does not answer in this long fails
+# load_program's bound instead: a daemon vets a new module in a compiler process first, and may wait
+# for one to start (up to a minute on a machine busy enough) and then for its time limit
+# (LIBSHARE_COMPILE_TIMEOUT), twice if the first process dies; past the request bound, the session
+# was lost while its arbiter lived (two test suites at once: a 60 s wait, then the refusal)
+_LOAD_TIMEOUT = 300.0
 _REDIAL_PAUSE = 0.01  # seconds between looks for the arbiter that replaces a lost one
 _REATTACH_TRIES = 3  # pushes a dispatch tries, reattaching between them
 _MOVE_POLL = 0.001  # seconds between looks at a handed-over ring, for the answers still due
@@ -305,10 +310,16 @@ class Session:
     # ---------------------------------------------------------------- control requests
 
     def _request(self, op: str, payload: bytes = b"", max_fds: int = 0, fds: tuple[int, ...] = (),
-                 **fields) -> protocol.Frame:
+                 reply_timeout: float | None = None, **fields) -> protocol.Frame:
+        """Send one request and read its reply, which may take ``reply_timeout`` seconds (default
+        _REQUEST_TIMEOUT); the reply, or the arbiter's refusal raised (ArbiterLost when it does not
+        answer in time: the session is lost then)."""
         self._check_usable()
+        reply_timeout = reply_timeout or _REQUEST_TIMEOUT
         with self._request_lock:
             try:
+                if self._sock.gettimeout() != reply_timeout:
+                    self._sock.settimeout(reply_timeout)
                 reply = _exchange(self._sock, {"op": op, **fields}, payload, max_fds, fds)
             except (EOFError, OSError) as exc:
                 if self.closed:
@@ -575,7 +586,7 @@ class Session:
     def load_program(self, spirv: bytes | str | os.PathLike) -> Program:
         """Load a compute program from SPIR-V bytes or a .spv path; its interface is reflected."""
         code = bytes(spirv) if isinstance(spirv, (bytes, bytearray)) else Path(spirv).read_bytes()
-        reply = self._request("load_program", code)
+        reply = self._request("load_program", code, reply_timeout=_LOAD_TIMEOUT)
         f = reply.fields
         program = Program(f["program_id"], f["bindings"], f["push_size"], tuple(f["local_size"]), code)
         self._objects[program.id] = program

@@ -103,6 +103,22 @@ def test_a_compile_past_the_time_limit_is_refused(tmp_path, vulkan_device_is_cpu
             assert saxpy_round_trip(session)
 
 
+def test_a_load_that_vets_past_the_request_bound_is_answered_and_the_session_lives(tmp_path, vulkan_device_is_cpu,
+                                                                                    monkeypatch):
+    """A load_program may take longer than other requests (the arbiter vets the module first; two
+    test suites at once once saw a minute go by): the session waits for the answer instead of
+    taking the arbiter for lost at the request bound (here cut to 0.5 s, the vetting limit 2 s)."""
+    module = slow_module(tmp_path, vulkan_device_is_cpu)
+    monkeypatch.setattr(libshare._session, "_REQUEST_TIMEOUT", 0.5)
+    for process, pipe_dir in run_daemon(tmp_path / "pipe", LIBSHARE_COMPILE_TIMEOUT="2"):
+        with libshare.connect(mode="daemon", pipe_directory=pipe_dir) as session:
+            assert saxpy_round_trip(session)
+            with pytest.raises(InvalidSubmission, match="took longer than 2 s"):
+                session.load_program(module)
+            assert session.stats()["client_id"] == session.client_id  # not lost: requests go on
+            assert saxpy_round_trip(session)
+
+
 def test_a_compiler_child_killed_while_idle_is_replaced_without_blaming_the_module(daemon):
     process, pipe_dir = daemon
     with libshare.connect(mode="daemon", pipe_directory=pipe_dir) as session:
