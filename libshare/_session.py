@@ -108,9 +108,9 @@ _SPIN_MODES = {"realtime": C.SPIN_KEEP, "low": C.SPIN_NONE}
 _CLOSE_WAIT = 2.0  # seconds close() waits for threads inside the ring before leaving the unmap to them
 _REQUEST_TIMEOUT = 60.0  # a control request the arbiter does not answer in this long fails
 # load_program's bound instead: a daemon vets a new module in a compiler process first, and may wait
-# for one to start (up to a minute on a machine busy enough) and then for its time limit
-# (LIBSHARE_COMPILE_TIMEOUT), twice if the first process dies; past the request bound, the session
-# was lost while its arbiter lived (two test suites at once: a 60 s wait, then the refusal)
+# for one to start (its start is allowed a minute) and then for its time limit (LIBSHARE_COMPILE_TIMEOUT),
+# twice if the first process dies; at the request bound, a session was lost while its arbiter lived
+# (two test suites at once: the refusal came 60 s after the request, past a 10 s limit)
 _LOAD_TIMEOUT = 300.0
 _REDIAL_PAUSE = 0.01  # seconds between looks for the arbiter that replaces a lost one
 _REATTACH_TRIES = 3  # pushes a dispatch tries, reattaching between them
