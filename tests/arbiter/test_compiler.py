@@ -140,8 +140,6 @@ def test_compiler_children_end_with_the_arbiter(daemon):
         wait_until(lambda: not running(pid), 30, f"compiler {pid} to exit")  # gone, or a zombie
 
 
-
-
 def test_the_list_of_vetted_modules_is_read_as_hostile(tmp_path):
     """The pipe directory's "vetted" list (modules the arbiter before this one vetted) can be
     written by any process of the arbiter's uid: only whole 32-byte digests count, read up to the

@@ -77,7 +77,6 @@ def exited(pid: int, timeout: float) -> bool:
     return True
 
 
-
 class Client:
     """A streaming client process; its JSON events are collected as they come."""
 

@@ -13,7 +13,6 @@ import pytest
 
 from libshare import _config
 from libshare._control import ControlConnection
-from libshare._proc import parent_of  # noqa: F401 - for the tests
 from libshare._proc import running as alive  # a zombie waiting for a parent that never reaps counts as dead
 from libshare.errors import LibshareError
 

@@ -12,9 +12,10 @@ from importlib import metadata
 
 import libshare
 from libshare._control import COMMANDS
+from libshare._proc import parent_of
 
 from ..conftest import ROOT
-from .conftest import alive, control, parent_of, server_status, wait_active, wait_dead
+from .conftest import alive, control, server_status, wait_active, wait_dead
 
 
 def test_console_script_is_declared():
