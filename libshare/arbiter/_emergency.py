@@ -31,9 +31,21 @@ def set_busy(slot_plus_one: int) -> None:
     lib.ls_emergency_set_busy(slot_plus_one)
 
 
+RECORD_BYTES = lib.LS_EMERGENCY_RECORD_BYTES
+"""The most bytes of one client's crash record (:func:`prepare`)."""
+
+
 def journal(directory: str) -> None:
-    """On a crash while the busy word names a slot, turn that client's armed record in
-    ``directory`` (the quarantine's) into a journal record; "" turns it off."""
+    """On a crash while the busy word names a slot that holds a record (:func:`prepare`), write that
+    record into ``directory`` (the quarantine's) as a journal record; "" turns it off."""
     rc = lib.ls_emergency_journal(os.fsencode(directory))
     if rc < 0:
         raise OSError(-rc, f"cannot journal crashes in {directory}: {os.strerror(-rc)}")
+
+
+def prepare(slot: int, record: bytes) -> None:
+    """Hold ``record`` (at most RECORD_BYTES) as client ``slot``'s crash record, written only should
+    the arbiter crash while it handles that client; ``b""`` withdraws it. OSError when it cannot be held."""
+    rc = lib.ls_emergency_prepare(slot, record, len(record))
+    if rc < 0:
+        raise OSError(-rc, f"cannot hold the crash record of client slot {slot}: {os.strerror(-rc)}")

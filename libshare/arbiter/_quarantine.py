@@ -27,15 +27,17 @@ the machine, and a reboot ends every client anyway):
   neighbours. The module is blamed only when that client's dispatches in the submission all
   ran one program (the engine says which: the SUSPECT event).
 
-* one per client, written when it comes (``.armed-ARBITERPID-SLOT``, action "descriptor
-  being processed") and removed when it goes: nothing is written per descriptor. Removing
-  it renames it to its temporary name, where the slot's next client rewrites it: making a
-  file costs some 150 us of CPU on ext4, rewriting one and renaming it some 30 (a client
-  that comes and goes paid both on the control thread, ahead of its first requests). While the
+* one per client whose descriptor was being processed when the arbiter crashed (action
+  "descriptor being processed"), written by the crash handler itself. The record is made
+  when the client comes and handed to _emergency.c (``_emergency.prepare``, held in memory
+  by client slot), and withdrawn when it goes: nothing is written to disk per client or per
+  descriptor (files made on each hello and renamed at each close cost some 80 us of CPU per
+  client on ext4, on the control thread ahead of its first requests). While the
   engine checks and records a client's descriptors it keeps that client's slot in a word that
-  the crash handler of _emergency.c reads (``Engine.set_busy_word``); on a crash signal
-  (SIGSEGV, SIGBUS, SIGABRT, ...) the handler renames that client's armed record to a journal
-  record, the one file operation it can do safely. A crash while the device runs the work
+  the crash handler reads (``Engine.set_busy_word``); on a crash signal (SIGSEGV, SIGBUS,
+  SIGABRT, ...) the handler writes that client's record to a temporary name and renames it to
+  a journal record (``action-ARBITERPID-crashSLOT``), with system calls that are safe in a
+  signal handler (making JSON there is not). A crash while the device runs the work
   (after the descriptors were recorded and submitted) is not attributed: which client's
   dispatch the driver was in cannot be told from the host. An orderly stop (SIGTERM, ``quit``) withdraws the records of compiles
 still running (the compile did not end the arbiter) but not the watchdog's: the arbiter
@@ -99,8 +101,7 @@ _DIRECTORY = "quarantine"  # inside the pipe directory
 _STORE = "strikes.json"
 _RECORD = "action-"  # a journal record: action-ARBITERPID-SERIAL
 _TEMPORARY = ".tmp-"  # a record or store being written
-_ARMED = ".armed-"  # a client's record made in advance: .armed-ARBITERPID-SLOT (the crash handler renames it)
-_MAX_RECORD = 4096  # bytes read of one record
+_MAX_RECORD = _emergency.RECORD_BYTES  # bytes of one record (read; held for the crash handler)
 _MAX_RECORDS = 1024  # records read at start; more are removed unread
 _MAX_STORE = 1 << 20  # bytes read of the store
 _MAX_CLIENTS = 256  # process identities kept
@@ -250,35 +251,34 @@ class Quarantine:
         return None
 
     def _record_of(self, action: str, client, digest: bytes | None) -> bytes:
-        return json.dumps({"arbiter": os.getpid(), "arbiter_start": self._started, "action": action,
-                           "since": time.time(), "program": digest.hex() if digest else None,
-                           "client": {"pid": client.pid, "uid": client.uid, "start": start_time(client.pid) or 0,
-                                      "name": client.name[:_MAX_TEXT], "cmdline": client.cmdline[:_MAX_TEXT]}}).encode()
+        """The JSON record, within _MAX_RECORD bytes (the name and command line cut shorter if need be:
+        escaped, a character of theirs can take 12 bytes)."""
+        fields = {"arbiter": os.getpid(), "arbiter_start": self._started, "action": action, "since": time.time(),
+                  "program": digest.hex() if digest else None}
+        identity = {"pid": client.pid, "uid": client.uid, "start": start_time(client.pid) or 0}
+        text = _MAX_TEXT
+        while True:
+            record = json.dumps({**fields, "client": {**identity, "name": client.name[:text],
+                                                      "cmdline": client.cmdline[:text]}}).encode()
+            if len(record) <= _MAX_RECORD or not text:
+                return record
+            text //= 2
 
     def arm(self, client) -> None:
-        """Write, in advance, the record of a crash while the engine handles ``client``'s descriptors
-        (.armed-PID-SLOT): the crash handler in _emergency.c only renames it, which is safe in a
-        signal handler where writing JSON is not. :meth:`disarm` removes it when the client goes."""
+        """Make, in advance, the record of a crash while the engine handles ``client``'s descriptors,
+        and hand it to the crash handler in _emergency.c, which writes it only on a crash (writing is
+        safe in a signal handler, making JSON is not). :meth:`disarm` withdraws it when the client goes."""
         if self.directory is None or self._closed:
             return
-        try:  # over the record a departed client of this slot left at the temporary name, if any
-            _write_atomically(self._armed_path(client), self._record_of(DESCRIPTOR, client, None), reuse=True)
+        try:
+            _emergency.prepare(client.slot, self._record_of(DESCRIPTOR, client, None))
         except OSError as exc:
             log.warning("quarantine: could not prepare the crash record of %s (%s)", client.describe(), exc)
 
     def disarm(self, client) -> None:
-        """Remove the record :meth:`arm` prepared for ``client``: back to its temporary name, where
-        the slot's next client rewrites it (a file not made anew is cheaper; a next arbiter removes
-        temporary files unread)."""
+        """Withdraw the record :meth:`arm` prepared for ``client`` (its slot's next client has its own)."""
         if self.directory is not None:
-            armed = self._armed_path(client)
-            try:
-                os.rename(armed, armed.with_name(f"{_TEMPORARY}{armed.name}"))
-            except FileNotFoundError:
-                pass
-
-    def _armed_path(self, client) -> Path:
-        return self.directory / f"{_ARMED}{os.getpid()}-{client.slot}"
+            _emergency.prepare(client.slot, b"")
 
     def end(self, record: Path | None) -> None:
         """The action of ``record`` (from :meth:`begin`) ended without ending the arbiter."""
@@ -309,9 +309,6 @@ class Quarantine:
             self.end(path)
         if self.directory is not None:  # what is still processed at an orderly stop did not end the arbiter
             _emergency.journal("")
-            for pattern in (f"{_ARMED}{os.getpid()}-*", f"{_TEMPORARY}{_ARMED}{os.getpid()}-*"):  # and the parked
-                for armed in self.directory.glob(pattern):
-                    armed.unlink(missing_ok=True)
 
     # ---------------------------------------------------------------- refusals
 
@@ -425,18 +422,12 @@ def _own_directory(directory: Path) -> None:
     os.chmod(directory, 0o700)
 
 
-def _write_atomically(path: Path, data: bytes, reuse: bool = False) -> None:
-    """Write ``path`` whole or not at all: a temporary name in its directory, then rename.
-
-    ``reuse``: a file already at the temporary name is overwritten and cut to size instead of
-    truncated first (truncating a file to nothing makes ext4 write it back at its close)."""
+def _write_atomically(path: Path, data: bytes) -> None:
+    """Write ``path`` whole or not at all: a temporary name in its directory, then rename."""
     temporary = path.with_name(f"{_TEMPORARY}{path.name}")
-    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | (0 if reuse else os.O_TRUNC)
-    fd = os.open(temporary, flags, 0o600)
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_TRUNC, 0o600)
     try:
         os.write(fd, data)  # small: one write (a record is some 300 bytes, the store at most a megabyte)
-        if reuse:
-            os.ftruncate(fd, len(data))
     finally:
         os.close(fd)
     os.rename(temporary, path)
@@ -507,9 +498,6 @@ def _sweep(directory: Path) -> list[dict]:
         log.error("quarantine: cannot read %s (%s)", directory, exc)
         return []
     for entry in entries:
-        if entry.name.startswith(_ARMED):
-            _sweep_armed(Path(entry.path))
-            continue
         if not entry.name.startswith((_RECORD, _TEMPORARY)):
             continue
         path = Path(entry.path)
@@ -532,17 +520,6 @@ def _sweep(directory: Path) -> list[dict]:
         except OSError as exc:
             log.warning("quarantine: could not remove %s (%s)", path, exc)
     return records
-
-
-def _sweep_armed(path: Path) -> None:
-    """Remove a crash record prepared by an arbiter that has exited (one that lives keeps its own)."""
-    pid = path.name[len(_ARMED):].split("-", 1)[0]
-    if pid.isdigit() and int(pid) != os.getpid() and start_time(int(pid)) is not None:
-        return
-    try:
-        path.unlink()
-    except OSError as exc:
-        log.warning("quarantine: could not remove %s (%s)", path, exc)
 
 
 def _record(data) -> dict | None:

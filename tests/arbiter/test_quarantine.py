@@ -216,16 +216,19 @@ def test_a_process_whose_descriptor_crashed_two_arbiters_is_refused(tmp_path, vu
         with arbiter(pipe_dir, LIBSHARE_TEST_HOOKS="1") as process:
             with libshare.connect(mode="daemon", pipe_directory=pipe_dir, reattach=False) as session:
                 saxpy_round_trip(session)
-                armed = list((pipe_dir / "quarantine").glob(".armed-*"))
-                assert len(armed) == 1  # this client's record, made in advance
+                written = {p.name for p in (pipe_dir / "quarantine").iterdir()} - {"strikes.json"}
+                assert not written  # the client's record is held in memory, not written ahead
                 with contextlib.suppress(libshare.LibshareError):  # it may answer before the signal lands
                     control(pipe_dir, "inject_crash", str(os.getpid()))
                 assert process.wait(timeout=60) == -11  # SIGSEGV: the handler re-raised it
-                assert [p.name for p in journal(pipe_dir)] == [f"action-{process.pid}-crash{armed[0].name.rsplit('-', 1)[1]}"]
+                records = journal(pipe_dir)
+                assert [p.name.rsplit("-", 1)[0] for p in records] == [f"action-{process.pid}"]
+                assert records[0].name.rsplit("-", 1)[1].startswith("crash")
+                assert json.loads(records[0].read_bytes())["client"]["pid"] == os.getpid()
     with arbiter(pipe_dir) as process:
         with pytest.raises(libshare.Quarantined, match="descriptor being processed"):
             libshare.connect(mode="daemon", pipe_directory=pipe_dir)
-        assert not list((pipe_dir / "quarantine").glob(".armed-*"))  # the dead arbiters' were swept
+        assert not journal(pipe_dir)  # the dead arbiters' records were counted and removed
         with start_client_checked(pipe_dir) as honest:  # another process is served
             assert honest == "ok"
         log = (pipe_dir / "server.log").read_text()
@@ -239,3 +242,69 @@ def start_client_checked(pipe_dir):
         yield client.communicate(timeout=120)[0].strip()
     finally:
         stop_process(client)
+
+
+CRASH_WITH_RECORD = """
+import os, signal, sys
+from libshare.arbiter import _emergency
+directory, slot, busy, record = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4].encode()
+_emergency.install(directory + "/../no-socket", directory + "/../no-lock")
+_emergency.journal(directory)
+_emergency.prepare(slot, b"a record of an earlier client of this slot, longer than the next one")
+_emergency.prepare(slot, record)
+_emergency.set_busy(busy)
+print(os.getpid(), flush=True)
+os.kill(os.getpid(), signal.SIGSEGV)
+"""
+
+
+def crash_with_record(directory, slot: int, busy: int, record: str) -> int:
+    """A process that hands ``record`` to the crash handler for ``slot``, sets the busy word to ``busy``
+    and dies of SIGSEGV; its pid."""
+    process = subprocess.run([sys.executable, "-c", CRASH_WITH_RECORD, str(directory), str(slot), str(busy), record],
+                             cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert process.returncode == -11, process.stderr[-2000:]  # the handler re-raised the signal
+    return int(process.stdout)
+
+
+@pytest.mark.parametrize("slot", [0, 7, 65535])
+def test_the_crash_handler_writes_the_busy_clients_record_whole(tmp_path, slot):
+    record = json.dumps({"slot": slot, "name": "\u00e9" * 100})
+    pid = crash_with_record(tmp_path, slot, slot + 1, record)
+    assert [p.name for p in tmp_path.iterdir()] == [f"action-{pid}-crash{slot}"]
+    assert (tmp_path / f"action-{pid}-crash{slot}").read_text() == record  # the later, shorter one, whole
+
+
+@pytest.mark.parametrize("busy", [0, 4], ids=["nobody busy", "another slot busy"])
+def test_the_crash_handler_writes_nothing_for_a_client_it_was_not_handling(tmp_path, busy):
+    crash_with_record(tmp_path, 2, busy, "{}")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_withdrawn_record_is_not_written(tmp_path):
+    crash_with_record(tmp_path, 2, 3, "")  # prepare(slot, b"") withdraws the earlier record
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("slot, record, error", [(65536, b"{}", "out of range"), (1 << 32, b"{}", "does not fit"),
+                                                 (-1, b"{}", "negative"), (0, b"x" * 4097, "too long")])
+def test_a_record_the_handler_cannot_hold_is_refused(slot, record, error):
+    from libshare.arbiter import _emergency
+
+    with pytest.raises((OSError, OverflowError), match=error):
+        _emergency.prepare(slot, record)
+
+
+def test_a_record_of_a_name_and_command_line_that_escape_long_fits_the_handler(tmp_path):
+    from libshare.arbiter._quarantine import DESCRIPTOR, Quarantine
+    from libshare.arbiter import _emergency
+
+    class Client:
+        pid, uid, slot = os.getpid(), os.getuid(), 5
+        name = cmdline = "\U0001F600" * 400  # 12 bytes each once escaped
+
+    quarantine = Quarantine()
+    quarantine.open(tmp_path)
+    record = quarantine._record_of(DESCRIPTOR, Client, None)
+    assert len(record) <= _emergency.RECORD_BYTES
+    assert json.loads(record)["client"]["pid"] == os.getpid()
