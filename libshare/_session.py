@@ -107,11 +107,14 @@ _WAIT_SLICE = 0.05  # seconds per completion wait, between liveness checks
 _SPIN_MODES = {"realtime": C.SPIN_KEEP, "low": C.SPIN_NONE}
 _CLOSE_WAIT = 2.0  # seconds close() waits for threads inside the ring before leaving the unmap to them
 _REQUEST_TIMEOUT = 60.0  # a control request the arbiter does not answer in this long fails
-# load_program's bound instead: a daemon vets a new module in a compiler process first, and may wait
-# for one to start (its start is allowed a minute) and then for its time limit (LIBSHARE_COMPILE_TIMEOUT),
-# twice if the first process dies; at the request bound, a session was lost while its arbiter lived
-# (two test suites at once: the refusal came 60 s after the request, past a 10 s limit)
+# load_program's bound instead, unless the arbiter's welcome names a longer one (its load_timeout, plus
+# _LOAD_MARGIN): a daemon vets a new module in a compiler process first, and may wait for one to be free
+# and to start, then for its time limit (LIBSHARE_COMPILE_TIMEOUT), twice if the first process dies; at the
+# request bound, a session was lost while its arbiter lived (two test suites at once: the refusal came
+# 60 s after the request, past a 10 s limit)
 _LOAD_TIMEOUT = 300.0
+_LOAD_MARGIN = 30.0
+_MOST_LOAD_TIMEOUT = 1e6  # a welcome's load_timeout past this (or not a number) is not believed
 _REDIAL_PAUSE = 0.01  # seconds between looks for the arbiter that replaces a lost one
 _REATTACH_TRIES = 3  # pushes a dispatch tries, reattaching between them
 _MOVE_POLL = 0.001  # seconds between looks at a handed-over ring, for the answers still due
@@ -258,6 +261,7 @@ class Session:
         """The pid of the arbiter this session is attached to."""
         self.priority: str = welcome.fields.get("priority", "normal")
         """The priority the arbiter gave this session when it connected (asked for, or its default)."""
+        self._load_timeout = _load_timeout(welcome.fields.get("load_timeout"))
         region_fd, wake_fd = welcome.fds
         try:
             self._region = Region.attach(region_fd)
@@ -586,7 +590,7 @@ class Session:
     def load_program(self, spirv: bytes | str | os.PathLike) -> Program:
         """Load a compute program from SPIR-V bytes or a .spv path; its interface is reflected."""
         code = bytes(spirv) if isinstance(spirv, (bytes, bytearray)) else Path(spirv).read_bytes()
-        reply = self._request("load_program", code, reply_timeout=_LOAD_TIMEOUT)
+        reply = self._request("load_program", code, reply_timeout=self._load_timeout)
         f = reply.fields
         program = Program(f["program_id"], f["bindings"], f["push_size"], tuple(f["local_size"]), code)
         self._objects[program.id] = program
@@ -1041,6 +1045,13 @@ def _exchange(sock: socket.socket, fields: dict, payload: bytes = b"", max_fds: 
     """Send one request and read its reply (EOFError or OSError when the arbiter went away)."""
     protocol.send(sock, fields, payload, fds)
     return protocol.recv(sock, max_fds=max_fds)
+
+
+def _load_timeout(bound) -> float:
+    """How long a load_program waits for its answer, given the ``load_timeout`` of a welcome."""
+    if isinstance(bound, (int, float)) and not isinstance(bound, bool) and 0 < bound <= _MOST_LOAD_TIMEOUT:
+        return max(_LOAD_TIMEOUT, bound + _LOAD_MARGIN)
+    return _LOAD_TIMEOUT
 
 
 def _hello(sock: socket.socket, hello: dict, timeout: float) -> protocol.Frame:

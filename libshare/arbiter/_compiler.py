@@ -29,7 +29,11 @@ then the module, answered by ``<status><len>`` and a message. Children are kept 
 ever compiled (measured: 500 create/destroy pairs of one module grow a process by
 54 MiB); a replaced child gives that memory back. At most ``_MAX_CHILDREN`` run at once,
 so a client that keeps one busy for its whole time limit does not hold up another's.
-Only the outcome is used: a pipeline cannot move between processes.
+Only the outcome is used: a pipeline cannot move between processes. A module that finds both
+busy waits ``_QUEUE_WAIT`` at most, then its client is told to load it again later
+(``Timeout``); so a vet answers within ``answer_bound`` seconds, which the arbiter's welcome
+passes on to the client as its bound for ``load_program`` (a wait without one had no bound:
+60 new modules at once, each at its time limit, took the last client past its own wait).
 
 A module that passed is written down (its SHA-256, one line in ``vetted`` in the pipe
 directory, at most ``_MAX_PASSED`` of them), and the arbiter that replaces this one after a
@@ -59,7 +63,7 @@ import sys
 import threading
 import time
 
-from ..errors import InvalidSubmission, ServerFault
+from ..errors import InvalidSubmission, ServerFault, Timeout
 
 log = logging.getLogger("libshare.arbiter")
 
@@ -72,6 +76,7 @@ _READY = b"ready\n"
 _START_TIMEOUT = 60.0
 _RECYCLE_AFTER = 256
 _MAX_CHILDREN = 2
+_QUEUE_WAIT = 60.0  # seconds a new module waits for a free vetting process before its client is told to retry
 _TRIAL_BUFFER = 4096  # bytes of each buffer bound for the trial dispatch
 _CORES = "LIBSHARE_COMPILER_CORES"  # the cores a child runs on, from its arbiter (see _take_arbiters_cores)
 
@@ -248,9 +253,18 @@ class Compilers:
             if not self._closed and not self._idle and not self._running:
                 self._idle.append(_Child(self.selector, self.cores))
 
+    @property
+    def answer_bound(self) -> float:
+        """The most seconds :meth:`vet` takes: the wait for a free process, then the start and time limit
+        of two processes (a second when the first died)."""
+        return _QUEUE_WAIT + 2 * (_START_TIMEOUT + self.timeout)
+
     def _take(self) -> _Child:
         with self._lock:
-            self._lock.wait_for(lambda: self._closed or self._idle or self._running < _MAX_CHILDREN)
+            if not self._lock.wait_for(lambda: self._closed or self._idle or self._running < _MAX_CHILDREN,
+                                       timeout=_QUEUE_WAIT):
+                raise Timeout(f"the arbiter's {_MAX_CHILDREN} vetting processes stayed busy with other new programs "
+                              f"for {_QUEUE_WAIT:g} s; load this program again later")
             if self._closed:
                 raise ServerFault("the arbiter is shutting down")
             self._running += 1

@@ -92,6 +92,7 @@ from ._gate import HELLO_TIMEOUT, MAX_WAITING, MIN_WAITING, FdBudget, Gate, open
 from .._control import printable
 from ._scheduler import UNSCHEDULED, mode_name, percentage, priority_name
 from ._drain import Drainer
+from ._tasks import CALL_TIMEOUT
 from ._settings import Config, max_clients_count, watchdog_seconds
 from ._limits import MemoryLimits, device_limit, fitting_total_limit, parse_device_limits, total_limit
 from ._admission import validator_path
@@ -305,6 +306,13 @@ class Arbiter:
         drainer = self.drainer
         drainer.call(lambda: [drainer.engine.close_client(c.slot, C.EMOVED)
                               for c in list(drainer.clients.values()) if not c.closing])
+
+    def load_bound(self) -> float:
+        """The most seconds a load_program takes to be answered: the vetting compile (its wait for a
+        vetting process included), then the arbiter's own compile, bounded by what the vetting one
+        was allowed, and the control task that registers the program. A client waits this long."""
+        vetting = self.compilers.answer_bound if self.compilers is not None else 0.0
+        return vetting + self.compile_timeout + CALL_TIMEOUT
 
     def _vet_compiles(self) -> None:
         """Other processes will connect: compile each new module in a vetting child first."""
@@ -599,7 +607,8 @@ class Arbiter:
             raise
         try:
             protocol.send(conn, {"ok": True, "client_id": client_id, "arbiter_pid": os.getpid(),
-                                 "device": self.device.name, "priority": priority},
+                                 "device": self.device.name, "priority": priority,
+                                 "load_timeout": self.load_bound()},
                           fds=(region.fd, client.doorbell.writer))
             log.info("%s connected (uid %d%s)", client.describe(), uid, f", group {group}" if group else "")
             region.forget_fd()  # the client has them now: the mappings and the arbiter's own bell stay

@@ -47,6 +47,7 @@ from ..errors import ServerFault, ServerNotReady, Timeout
 log = logging.getLogger("libshare.arbiter")
 
 _CALL_SLICE = 0.1  # seconds between checks that the control thread still runs, while a task waits
+CALL_TIMEOUT = 30.0  # seconds a task waits for the control thread by default
 
 
 class _Task:
@@ -86,7 +87,7 @@ class Tasks:
 
     _runner = 0  # the thread id of whoever holds ``control`` and runs tasks now (0: nobody)
 
-    def call(self, fn, *args, timeout: float = 30.0, policy: bool = True):
+    def call(self, fn, *args, timeout: float = CALL_TIMEOUT, policy: bool = True):
         """Run ``fn(*args)`` under the control lock, after every task queued before it, and return
         its result (or raise its error): here when the control thread sleeps, else on that thread.
 

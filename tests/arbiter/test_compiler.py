@@ -7,6 +7,7 @@ import os
 import signal
 import struct
 import subprocess
+import threading
 import time
 
 import numpy as np
@@ -117,6 +118,72 @@ def test_a_load_that_vets_past_the_request_bound_is_answered_and_the_session_liv
                 session.load_program(module)
             assert session.stats()["client_id"] == session.client_id  # not lost: requests go on
             assert saxpy_round_trip(session)
+
+
+def test_a_new_module_that_waits_past_the_queue_bound_is_told_to_retry_and_not_refused(tmp_path, vulkan_device_is_cpu,
+                                                                                        monkeypatch):
+    """Both vetting processes busy (two slow modules, each until its 2 s limit): a third module waits
+    _QUEUE_WAIT (cut to 0.5 s) and is answered Timeout; it is not refused, and vets once one is free."""
+    from libshare.arbiter import _compiler
+
+    monkeypatch.setattr(_compiler, "_QUEUE_WAIT", 0.5)
+    compilers = _compiler.Compilers("", 2.0)
+    slow = []
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        slow.append(slow_module(tmp_path / name, vulkan_device_is_cpu))
+    assert slow[0] != slow[1]
+    outcomes = []
+
+    def vet(module):
+        try:
+            compilers.vet(module, 1, 0, "main")
+        except Exception as exc:  # the 2 s limit: InvalidSubmission
+            outcomes.append(exc)
+
+    vetting = [threading.Thread(target=vet, args=(module,)) for module in slow]
+    try:
+        for thread in vetting:
+            thread.start()
+        wait_until(lambda: compilers._running == 2, 30, "both vetting processes busy")
+        saxpy = libshare.shaders.path("saxpy").read_bytes()
+        with pytest.raises(libshare.Timeout, match="stayed busy with other new programs for 0.5 s"):
+            compilers.vet(saxpy, 2, 8, "main")
+        for thread in vetting:
+            thread.join(120)
+        assert [type(exc) for exc in outcomes] == [InvalidSubmission, InvalidSubmission]
+        compilers.vet(saxpy, 2, 8, "main")  # not refused: vetted now
+    finally:
+        for thread in vetting:
+            thread.join(120)
+        compilers.close()
+
+
+@pytest.mark.parametrize("limit", [None, "200"], ids=["default limit", "200 s limit"])
+def test_a_session_waits_for_load_program_as_long_as_its_arbiter_may_take(tmp_path, limit):
+    """The welcome carries the arbiter's bound on a load_program answer; the session waits that long and a
+    margin (at least _LOAD_TIMEOUT), so a long vetting limit does not make a live arbiter look lost."""
+    from libshare._session import _LOAD_MARGIN, _LOAD_TIMEOUT
+    from libshare.arbiter._compiler import _QUEUE_WAIT, _START_TIMEOUT
+    from libshare.arbiter._tasks import CALL_TIMEOUT
+
+    env = {"LIBSHARE_COMPILE_TIMEOUT": limit} if limit else {}
+    seconds = float(limit or 10)
+    arbiter_bound = _QUEUE_WAIT + 2 * (_START_TIMEOUT + seconds) + seconds + CALL_TIMEOUT
+    for process, pipe_dir in run_daemon(tmp_path / "pipe", **env):
+        with libshare.connect(mode="daemon", pipe_directory=pipe_dir) as session:
+            assert session._load_timeout == max(_LOAD_TIMEOUT, arbiter_bound + _LOAD_MARGIN)
+            assert saxpy_round_trip(session)
+    assert (limit is None) == (arbiter_bound + _LOAD_MARGIN < _LOAD_TIMEOUT)  # both cases are met here
+
+
+@pytest.mark.parametrize("bound, waited", [(None, 300.0), ("600", 300.0), (True, 300.0), (-5, 300.0), (0, 300.0),
+                                           (float("nan"), 300.0), (float("inf"), 300.0), (1e9, 300.0),
+                                           (100, 300.0), (400, 430.0), (999_000.5, 999_030.5)])
+def test_a_welcomes_load_bound_is_believed_only_when_it_is_a_sane_number(bound, waited):
+    from libshare._session import _load_timeout
+
+    assert _load_timeout(bound) == waited
 
 
 def test_a_compiler_child_killed_while_idle_is_replaced_without_blaming_the_module(daemon):
