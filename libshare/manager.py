@@ -26,7 +26,6 @@ import subprocess
 import threading
 from pathlib import Path
 
-from . import _config
 from ._control import ControlConnection
 from .arbiter import _daemon
 from .errors import ArbiterLost, ArbiterUnavailable
