@@ -23,6 +23,15 @@ from . import _config, _protocol as protocol, errors
 _ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
+def decimal(text: str, most: int) -> int | None:
+    """The value of ``text`` when it is a plain ASCII decimal numeral from 0 to ``most``, else None
+    (``str.isdigit`` also passes "²" and "①", which ``int`` refuses, and ``int`` reads "١٠" and "1_0")."""
+    if not (isinstance(text, str) and text.isascii() and text.isdigit() and len(text) <= len(str(most))):
+        return None
+    value = int(text)
+    return value if value <= most else None
+
+
 def printable(text: str, spaces: bool = True) -> str:
     """``text`` with every character that is not printable escaped (``\\n``, ``\\x1b``, ``\\u2028``),
     and, unless ``spaces``, every space too: what a peer wrote cannot start a line of its own,
@@ -122,8 +131,9 @@ COMMANDS: dict[str, Command] = {c.name: c for c in [
             "Priority of every client of a group, now and later (overrides the clients' own); none: "
             "the members' own priorities again.",
             changes_state=True),
-    Command("set_group_active_thread_percentage", "set_group_active_thread_percentage GROUP PERCENT",
-            "Ceiling on the share of device time a whole group may use while others want the device.",
+    Command("set_group_active_thread_percentage", "set_group_active_thread_percentage GROUP PERCENT|none",
+            "Ceiling on the share of device time a whole group may use while others want the device; none: "
+            "no ceiling for the group.",
             changes_state=True),
     Command("set_scheduling_mode", "set_scheduling_mode MODE",
             "throughput (batch greedily) or fairshare (share device time by measured GPU time); live.",

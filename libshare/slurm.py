@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import manager
-from ._control import ControlConnection
+from ._control import ControlConnection, decimal
 from ._proc import running  # a prolog's child is reparented to init, which may never reap it
 from .manager import _server_pid
 from .arbiter import _daemon
@@ -99,7 +99,7 @@ def parse_job(text: str, node: str, gres: str = "libshare", scontrol: str = "sco
             continue
         found = count.search(fields.get("GRES", ""))
         mem = fields.get("Mem")
-        return JobRequest(int(found.group(1)) if found else 0, int(mem) if mem and mem.isdigit() else None)
+        return JobRequest(int(found.group(1)) if found else 0, decimal(mem or "", 1 << 62))
     per_node = re.search(rf"TresPerNode=\S*?gres[:/]{re.escape(gres)}(?::[^,:\s]+)*?:(\d+)(?:,|\s|$)", text)
     mem = re.search(r"MinMemoryNode=(\d+)([KMGT]?)", text)
     mib = None
@@ -285,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     log.addHandler(handler)
     log.setLevel(logging.INFO)
     job_id = os.environ.get("SLURM_JOB_ID", "")
-    if not job_id.isdigit():
+    if decimal(job_id, 1 << 62) is None:
         log.error("%s: SLURM_JOB_ID is %r, not a job id", argv[0], job_id)
         return 1
     try:

@@ -23,7 +23,7 @@ import signal
 import time
 
 from .. import _protocol as protocol
-from .._control import COMMANDS, printable
+from .._control import COMMANDS, decimal, printable
 from . import _limits
 from ..errors import AccessDenied, InvalidSubmission, LibshareError, ProtocolError, ServerNotReady
 from ._scheduler import mode_name, percentage, priority_name
@@ -49,12 +49,16 @@ class Commands:
         self.arbiter = arbiter
 
     def answer(self, fields: dict, pid: int, uid: int) -> dict:
-        """The reply to one control frame's ``fields`` from the peer (pid, uid)."""
+        """The reply to one control frame's ``fields`` from the peer (pid, uid); a command that fails
+        on a bug of ours is answered too (ProtocolError naming the exception) and logged."""
         try:
             protocol.check_fields(fields, FIELDS, "control")
             output = self.run(fields["command"], fields.get("args", []), pid, uid)
         except LibshareError as exc:
             return protocol.error_reply(exc)
+        except Exception as exc:
+            log.exception("pid %d: control command %s failed", pid, protocol.short(fields.get("command")))
+            return protocol.error_reply(ProtocolError(f"the arbiter failed on this command: {type(exc).__name__}"))
         return {"ok": True, "output": output}
 
     def run(self, name, args, pid: int, uid: int) -> str:
@@ -267,6 +271,7 @@ class Commands:
         if value is None:
             self.arbiter.limits.groups.pop(group, None)
         else:
+            _room_for(self.arbiter.limits.groups, group, "set_group_mem_limit GROUP unlimited")
             self.arbiter.limits.groups[group] = value
         return _limits.format_size(value)
 
@@ -311,12 +316,12 @@ class Commands:
 
     def _set_group_priority(self, args: list[str]) -> str:
         self._expect(args, 2, "set_group_priority")
-        scheduler = self.arbiter.drainer.scheduler
+        scheduler, group = self.arbiter.drainer.scheduler, _group(args[0])
         if args[1].strip().lower() == "none":  # the members' own priorities again
-            self._scheduled(scheduler.group_priority.pop, args[0], None)
+            self._scheduled(scheduler.group_priority.pop, group, None)
             return "none"
-        self._scheduled(lambda: scheduler.group_priority.__setitem__(args[0], priority_name(args[1])))
-        return scheduler.group_priority[args[0]]
+        return self._scheduled(self._set_group_setting, scheduler.group_priority, group, priority_name, args[1],
+                               "set_group_priority GROUP none")
 
     def _set_default_active_thread_percentage(self, args: list[str]) -> str:
         self._expect(args, 1, "set_default_active_thread_percentage")
@@ -351,9 +356,20 @@ class Commands:
 
     def _set_group_active_thread_percentage(self, args: list[str]) -> str:
         self._expect(args, 2, "set_group_active_thread_percentage")
-        scheduler = self.arbiter.drainer.scheduler
-        self._scheduled(lambda: scheduler.group_share.__setitem__(args[0], percentage(args[1])))
-        return str(scheduler.group_share[args[0]])
+        scheduler, group = self.arbiter.drainer.scheduler, _group(args[0])
+        if args[1].strip().lower() == "none":  # no group ceiling: each member's own share again
+            self._scheduled(scheduler.group_share.pop, group, None)
+            return "none"
+        return str(self._scheduled(self._set_group_setting, scheduler.group_share, group, percentage, args[1],
+                                   "set_group_active_thread_percentage GROUP none"))
+
+    @staticmethod
+    def _set_group_setting(table: dict, group: str, parse, text: str, removal: str):
+        """``table[group] = parse(text)`` (on the control thread), when the table has room for ``group``."""
+        value = parse(text)
+        _room_for(table, group, removal)
+        table[group] = value
+        return value
 
     def _set_scheduling_mode(self, args: list[str]) -> str:
         self._expect(args, 1, "set_scheduling_mode")
@@ -374,14 +390,24 @@ _PS_HEADER = ("PID", "ID", "NAME", "DEVICE", "STATE", "PRIORITY", "DISPATCHES", 
 
 def _group(text: str) -> str:
     if not text or len(text) > 64:
-        raise InvalidSubmission(f"a group name has 1 to 64 characters (got {text!r})")
+        raise InvalidSubmission(f"a group name has 1 to 64 characters (got {printable(text[:80])!r})")
     return text
 
 
+_MAX_GROUPS = 1024  # groups with a setting of one kind (a memory limit, a priority, a compute share)
+
+
+def _room_for(table: dict, group: str, removal: str) -> None:
+    """Refuse a new ``group`` in a table of group settings that holds _MAX_GROUPS already."""
+    if group not in table and len(table) >= _MAX_GROUPS:
+        raise InvalidSubmission(f"{_MAX_GROUPS} groups have this setting already; remove one first ({removal})")
+
+
 def _pid(text: str) -> int:
-    if not text.isdigit() or not 0 < int(text) < 1 << 22:
-        raise InvalidSubmission(f"not a pid: {text!r}")
-    return int(text)
+    pid = decimal(text, (1 << 22) - 1)
+    if not pid:
+        raise InvalidSubmission(f"not a pid: {printable(text[:40])!r}")
+    return pid
 
 
 def _seconds(text: str) -> float:

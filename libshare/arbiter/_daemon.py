@@ -59,6 +59,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import _config
+from .._control import decimal
 from .._proc import parent_of
 from . import _settings
 from ..errors import ArbiterUnavailable, LibshareError
@@ -673,10 +674,8 @@ def _status(pipe_directory: Path, pid: int) -> str | None:
 
 def _child_serving(pipe_directory: Path, parent: int) -> int | None:
     """The pid of the arbiter serving ``pipe_directory`` if it is a child of ``parent``."""
-    pid = serving_pid(pipe_directory)
-    if not (pid and pid.isdigit()):
-        return None
-    return int(pid) if parent_of(int(pid)) == parent else None
+    pid = decimal(serving_pid(pipe_directory) or "", (1 << 22) - 1)
+    return pid if pid and parent_of(pid) == parent else None
 
 
 def start_background(options: Options, timeout: float = 60.0, supervised: bool = False) -> subprocess.Popen:

@@ -36,11 +36,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from fractions import Fraction
 
 from ..errors import InvalidSubmission, QuotaExceeded
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?", re.IGNORECASE)
+_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?", re.IGNORECASE | re.ASCII)
 _MAX = 1 << 60
 UNLIMITED = ("unlimited", "none")
 
@@ -54,10 +55,10 @@ def parse_size(text: str) -> int:
         raise InvalidSubmission(f"not a memory size: {text!r}; write bytes or a number with a unit "
                                 "K, M, G or T, like 900M or 2G")
     number, unit = match.groups()
-    value = int(float(number) * _UNITS[unit.upper()])
+    value = Fraction(number) * _UNITS[unit.upper()]  # exact: a float is inf past 309 digits, and rounds
     if value > _MAX:
-        raise InvalidSubmission(f"memory size {text!r} is too large")
-    return value
+        raise InvalidSubmission(f"memory size {text[:80]!r} is too large (at most {format_size(_MAX)})")
+    return int(value)
 
 
 def parse_limit(text: str) -> int | None:

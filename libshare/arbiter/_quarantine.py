@@ -81,7 +81,7 @@ import threading
 import time
 from pathlib import Path
 
-from .._control import printable
+from .._control import decimal, printable
 from .._proc import start_time
 from . import _emergency
 from ..errors import InvalidSubmission, Quarantined
@@ -372,7 +372,7 @@ class Quarantine:
             raise InvalidSubmission("this arbiter keeps no quarantine (it serves no pipe directory)")
         what = what.strip().lower()
         everything = what == "all"
-        pid = int(what) if what.isdigit() and 0 < int(what) < _MAX_PID else None
+        pid = decimal(what, _MAX_PID - 1) or None
         prefix = what if 8 <= len(what) <= 64 and all(c in "0123456789abcdef" for c in what) else None
         if not (everything or pid or prefix):
             raise InvalidSubmission(f"clear_quarantine takes a client pid, a program's SHA-256 (8 to 64 hex "

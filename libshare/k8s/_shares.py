@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 
+from .._control import decimal
 from ..arbiter._limits import format_size, parse_size
 from ..errors import InvalidSubmission
 
@@ -76,8 +77,8 @@ def parse_memory(text: str) -> int:
 def parse_shares(text: str, memory_per_share: int | None = None) -> list[Share]:
     """The shares ``text`` describes (see the module's docstring); ValueError saying what is wrong."""
     text = text.strip()
-    if text.isdigit():
-        count = int(text)
+    count = decimal(text, 1 << 62)
+    if count is not None:
         if not 1 <= count <= MAX_SHARES:
             raise ValueError(f"--shares N takes 1 to {MAX_SHARES} equal shares (each at least 1 %), got {count}")
         return [Share(_device_id(i, count), Fraction(100, count), memory_per_share) for i in range(count)]
@@ -88,10 +89,11 @@ def parse_shares(text: str, memory_per_share: int | None = None) -> list[Share]:
     shares = []
     for i, entry in enumerate(entries):
         size, _, memory = entry.partition(":")
-        if not size.endswith("%") or not size[:-1].strip().isdigit() or not 1 <= int(size[:-1]) <= 100:
+        percent = decimal(size[:-1].strip(), 100) if size.endswith("%") else None
+        if not percent:
             raise ValueError(f"a share is a whole percentage from 1% to 100%, optionally with its memory "
                              f"(like 25% or 25%:4G), got {entry!r}")
-        shares.append(Share(_device_id(i, len(entries)), Fraction(int(size[:-1])),
+        shares.append(Share(_device_id(i, len(entries)), Fraction(percent),
                             parse_memory(memory) if memory else memory_per_share))
     total = sum(share.percent for share in shares)
     if total > 100:

@@ -98,6 +98,62 @@ def test_bad_commands_get_clear_errors(daemon):
     assert control(pipe_dir, "get_server_status") == "ACTIVE"  # none of that hurt it
 
 
+@pytest.mark.parametrize("command", [("terminate_client", "²"), ("get_client_list", "³"), ("ps", "-p", "¹"),
+                                     ("set_client_priority", "①", "high"), ("terminate_client", "١٢٣"),
+                                     ("terminate_client", "1_0"), ("terminate_client", "9" * 400)])
+def test_a_pid_in_digits_that_are_not_ascii_is_refused_as_not_a_pid(daemon, command):
+    """str.isdigit passes "²" (which int() refuses) and int() reads "١٢٣": each is answered, not dropped."""
+    _, pipe_dir = daemon
+    with pytest.raises(InvalidSubmission, match="not a pid"):
+        control(pipe_dir, *command)
+    with pytest.raises(InvalidSubmission, match="client pid"):
+        control(pipe_dir, "clear_quarantine", command[1])
+
+
+@pytest.mark.parametrize("command", [("set_default_device_pinned_mem_limit", "0", "9" * 400),
+                                     ("set_group_mem_limit", "g", "9" * 320 + "G"),
+                                     ("set_device_pinned_mem_limit", "ARBITER", "0", "1" * 320),
+                                     ("set_group_mem_limit", "g", "1152921504606846977")])
+def test_a_memory_size_of_hundreds_of_digits_is_refused_as_too_large(daemon, command):
+    process, pipe_dir = daemon
+    with pytest.raises(InvalidSubmission, match="too large"):
+        control(pipe_dir, *[str(process.pid) if arg == "ARBITER" else arg for arg in command])
+    assert control(pipe_dir, "get_server_status") == "ACTIVE"
+
+
+@pytest.mark.parametrize("command", [("set_group_priority", "high"), ("set_group_active_thread_percentage", "50"),
+                                     ("set_group_mem_limit", "1G")])
+def test_group_settings_are_bounded_in_name_and_number(daemon, command, monkeypatch):
+    """A group name has at most 64 characters, and each kind of group setting holds _MAX_GROUPS groups (a
+    stream of new names grew the arbiter by 13 MB/s): past that a new group is refused until one is removed."""
+    from libshare.arbiter import _commands
+
+    _, pipe_dir = daemon
+    name, value = command
+    with pytest.raises(InvalidSubmission, match="1 to 64 characters"):
+        control(pipe_dir, name, "g" * 4096, value)
+    with _control.ControlConnection(pipe_dir) as connection:  # one connection: 1,024 commands in a second
+        for i in range(_commands._MAX_GROUPS):
+            connection.run(name, f"group-{i}", value)
+        with pytest.raises(InvalidSubmission, match="groups have this setting already; remove one first"):
+            connection.run(name, "one-more", value)
+        connection.run(name, "group-7", value)  # a group that has the setting may change it
+        connection.run(name, "group-7", "unlimited" if name == "set_group_mem_limit" else "none")
+        connection.run(name, "one-more", value)  # room again
+
+
+def test_a_command_that_fails_on_a_bug_is_answered_not_dropped():
+    """Defence in depth: an exception that is not a LibshareError is answered as a ProtocolError naming it."""
+    from libshare.arbiter._commands import Commands
+
+    class Broken(Commands):
+        def run(self, name, args, pid, uid):
+            raise ValueError("a bug")
+
+    reply = Broken(None).answer({"op": "control", "command": "ps", "args": []}, os.getpid(), os.getuid())
+    assert reply["ok"] is False and reply["error"] == "ProtocolError" and "ValueError" in reply["message"]
+
+
 def test_terminate_client_cancels_one_client_and_spares_the_others(daemon):
     process, pipe_dir = daemon
     baseline = open_fds(process.pid)

@@ -40,7 +40,8 @@ def test_listed_shares_with_and_without_memory():
 @pytest.mark.parametrize("text, complaint", [
     ("0", "1 to 100"), ("101", "1 to 100"), ("60%,50%", "add up to 110"), ("50", None), ("25%,,25%", "percentages"),
     ("2.5%", "whole percentage"), ("0%", "whole percentage"), ("50%:0", "more than 0"), ("50%:lots", "not a memory"),
-    ("ten", "whole percentage"), ("", "percentages"),
+    ("ten", "whole percentage"), ("", "percentages"), ("²", "whole percentage"), ("50²%", "whole percentage"),
+    ("١٠", "whole percentage"), ("1_0", "whole percentage"), ("9" * 400, "whole percentage|1 to 100"),
 ])
 def test_bad_shares_are_refused(text, complaint):
     if complaint is None:
