@@ -27,6 +27,15 @@ Of the limits that apply, the lowest wins. A limit is checked when memory is
 allocated: changing it affects the allocations not yet made, and a limit lowered
 below what a client holds frees nothing but refuses its next allocation.
 
+**Buffer counts.** Bytes are not all a buffer costs: the arbiter maps each one (shared and,
+on a CPU device, device buffers alike), and the kernel allows a process ``vm.max_map_count``
+maps (65,530 by default). One client holding 64,977 buffers of 4 KiB, 254 MiB in all,
+took the arbiter to that bound: it could start no thread for a new client, and every
+other client's allocations failed. So a client holds at most ``LIBSHARE_MAX_BUFFERS``
+buffers (4096), and all clients together at most what ``vm.max_map_count`` leaves once
+the arbiter's own maps at start, a few per client slot and a slack are kept, at two maps
+per buffer (one measured on lavapipe; a driver's import may add one).
+
 Values are sizes like ``900M`` or ``2G`` (binary units: 1K = 1024 bytes, an optional
 ``B`` or ``iB`` after the unit), or plain bytes. ``unlimited`` (or ``none``) removes a
 limit. LIBSHARE_DEVICE_MEM_LIMIT also takes the per-device MPS form ``0=1G,UUID=512M``.
@@ -37,12 +46,17 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from fractions import Fraction
+from pathlib import Path
 
 from ..errors import InvalidSubmission, QuotaExceeded
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 _SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?", re.IGNORECASE | re.ASCII)
 _MAX = 1 << 60
+MAX_BUFFERS = 4096  # buffers one client may hold (LIBSHARE_MAX_BUFFERS)
+_MAPS_PER_BUFFER = 2  # maps a buffer may cost the arbiter (see "Buffer counts")
+_MAPS_PER_CLIENT = 4  # a client slot's ring mapping, its connection thread's stack and guard, one to spare
+_MAP_SLACK = 4096  # maps kept for the rest: threads, vetting compilers, the driver, Python
 UNLIMITED = ("unlimited", "none")
 
 
@@ -160,6 +174,10 @@ class MemoryLimits:
     groups: dict[str, int] = field(default_factory=dict)
     total: Limit | None = None
     """The cap on every client's memory together (see the module's opening)."""
+    max_buffers: int = MAX_BUFFERS
+    """The most buffers one client may hold."""
+    buffer_ceiling: int | None = None
+    """The most buffers all clients together may hold (:func:`buffer_ceiling`), or None: no bound."""
 
     def client_limit(self, client) -> Limit | None:
         """The limit that binds ``client`` alone (the lowest that applies), or None."""
@@ -183,12 +201,14 @@ class MemoryLimits:
         return None if value is None else Limit(value, "group", f"set_group_mem_limit {group}")
 
     def check(self, client, clients, size: int, released: int = 0) -> None:
-        """Raise QuotaExceeded if ``size`` more bytes would take ``client`` or its group past a limit.
+        """Raise QuotaExceeded if one more buffer of ``size`` bytes would take ``client`` or its group
+        past a limit, or the buffer counts past theirs.
 
         ``clients`` are all of the arbiter's clients (those still reclaiming count: their
         memory is still held); ``released`` is memory freed by clients that the device
         has not given back yet, which counts towards the total.
         """
+        self._check_count(client, clients)
         limit = self.client_limit(client)
         used = client.counters.memory_bytes
         if limit is not None and used + size > limit.value:
@@ -208,6 +228,31 @@ class MemoryLimits:
                 raise QuotaExceeded(f"allocating {format_size(size)} would take the arbiter's clients past "
                                     f"{self.total.describe()}: together they use {format_size(used)} now; "
                                     "free buffers or ask the operator to raise the limit")
+
+
+    def _check_count(self, client, clients) -> None:
+        held = len(client.buffers)
+        if held >= self.max_buffers:
+            raise QuotaExceeded(f"{client.describe()} holds {held} buffers, the most one client may (the arbiter's "
+                                "LIBSHARE_MAX_BUFFERS); free some, or place several arrays in one bigger buffer")
+        if self.buffer_ceiling is not None:
+            held = sum(len(c.buffers) for c in clients)
+            if held >= self.buffer_ceiling:
+                raise QuotaExceeded(f"the arbiter's clients hold {held} buffers together, the most it can map "
+                                    "(what the kernel's vm.max_map_count leaves it); free buffers, or ask the "
+                                    "operator to raise vm.max_map_count")
+
+
+def buffer_ceiling(client_slots: int) -> int | None:
+    """How many buffers all clients together may hold: what the kernel's ``vm.max_map_count`` leaves
+    once this process's maps now, ``client_slots`` slots' and a slack are kept (None: unreadable)."""
+    try:
+        most = int(Path("/proc/sys/vm/max_map_count").read_text())
+        with open("/proc/self/maps", "rb") as maps:
+            now = sum(1 for _ in maps)
+    except (OSError, ValueError):
+        return None
+    return max(most - now - _MAPS_PER_CLIENT * client_slots - _MAP_SLACK, 0) // _MAPS_PER_BUFFER
 
 
 def group_usage(clients, group: str) -> int:

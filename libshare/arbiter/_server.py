@@ -94,7 +94,8 @@ from ._scheduler import UNSCHEDULED, mode_name, percentage, priority_name
 from ._drain import Drainer
 from ._tasks import CALL_TIMEOUT
 from ._settings import Config, max_clients_count, watchdog_seconds
-from ._limits import MemoryLimits, device_limit, fitting_total_limit, parse_device_limits, total_limit
+from ._limits import (MAX_BUFFERS, MemoryLimits, buffer_ceiling, device_limit, fitting_total_limit,
+                      parse_device_limits, total_limit)
 from ._admission import validator_path
 from ._compiler import Compilers
 from ._programs import MAX_PROGRAMS, MAX_TOTAL_PROGRAMS, Interfaces, check_program_quota
@@ -166,7 +167,8 @@ class Arbiter:
     "2G" or "0=2G,1=1G") is the default device memory limit of each client; ``mem_total`` (or
     LIBSHARE_DEVICE_MEM_TOTAL, a size or "unlimited") caps all clients' memory together, by
     default what the device fits (see _limits.py).
-    ``max_programs`` (LIBSHARE_MAX_PROGRAMS) bounds the programs one client may hold;
+    ``max_programs`` (LIBSHARE_MAX_PROGRAMS) bounds the programs one client may hold, ``max_buffers``
+    (LIBSHARE_MAX_BUFFERS) its buffers;
     ``compile_timeout`` (LIBSHARE_COMPILE_TIMEOUT, seconds) bounds the vetting compile of a
     new module when the arbiter serves other processes (see _programs.py and _compiler.py).
     ``place_threads`` (a daemon, whose process is the arbiter's alone) puts the engine and the
@@ -178,7 +180,7 @@ class Arbiter:
                  multi_user: bool = False, test_hooks: bool | None = None, scheduling: str | None = None,
                  watchdog: float | None = None, mem_limit: str | None = None, max_programs: int | None = None,
                  compile_timeout: float | None = None, mem_total: str | None = None,
-                 place_threads: bool = False):
+                 place_threads: bool = False, max_buffers: int | None = None):
         if multi_user and os.getuid() != 0:
             raise AccessDenied("multi-user mode needs the arbiter to run as root")
         selector = device if device is not None else os.environ.get("LIBSHARE_DEVICE")
@@ -199,7 +201,8 @@ class Arbiter:
         self.started = time.time()
         mem_limit = mem_limit if mem_limit is not None else os.environ.get("LIBSHARE_DEVICE_MEM_LIMIT", "")
         default_limits = parse_device_limits(mem_limit) if mem_limit.strip() else {}
-        self.limits = MemoryLimits()
+        self.limits = MemoryLimits(max_buffers=_setting(max_buffers, "LIBSHARE_MAX_BUFFERS", int, MAX_BUFFERS,
+                                                        most=1 << 20))
         """Device memory limits: default, server, groups, total (the per-client ones are on each Client)."""
         mem_total = mem_total if mem_total is not None else os.environ.get("LIBSHARE_DEVICE_MEM_TOTAL", "")
         if mem_total.strip():
@@ -215,6 +218,7 @@ class Arbiter:
         self._geometry = (lanes, lane_entries, cq_entries)
         self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self.drainer = Drainer(lambda: Device(selector), self._wake_fd, timed, max_clients=2 * max_clients + 64)
+        self.limits.buffer_ceiling = buffer_ceiling(self.drainer.max_slots)
         _configure_scheduling(self.drainer, scheduling, watchdog)
         self.commands = Commands(self)
         self.interfaces = Interfaces()

@@ -317,3 +317,47 @@ def test_an_embedded_arbiter_takes_its_default_from_the_environment(vulkan_devic
     result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120,
                             env={**os.environ, "LIBSHARE_DEVICE_MEM_LIMIT": "4M"})
     assert "past the default limit of 4M" in result.stdout and "it uses 3M now" in result.stdout, result.stderr
+
+
+def test_a_client_holds_at_most_its_buffer_count_and_the_others_are_untouched(tmp_path):
+    """Each buffer costs the arbiter a memory map (vm.max_map_count): one client held 64,977 of 4 KiB
+    and new clients could not connect. LIBSHARE_MAX_BUFFERS (8 here) bounds what one client holds."""
+    for process, pipe_dir in run_daemon(tmp_path / "pipe", LIBSHARE_MAX_BUFFERS="8"):
+        with libshare.connect(mode="daemon", pipe_directory=pipe_dir) as hoarder, \
+                libshare.connect(mode="daemon", pipe_directory=pipe_dir) as other:
+            held = [hoarder.array(16) for _ in range(8)]
+            with pytest.raises(QuotaExceeded, match="holds 8 buffers, the most one client may"):
+                hoarder.array(16)
+            with pytest.raises(QuotaExceeded, match="holds 8 buffers"):
+                hoarder.alloc(4096, kind="device")
+            assert len([other.array(16) for _ in range(8)]) == 8  # the limit is per client
+            hoarder.free(held.pop())
+            held.append(hoarder.array(16))  # room again
+            assert hoarder.stats()["memory_bytes"] == 8 * 4096
+
+
+def test_all_clients_together_hold_at_most_the_buffer_ceiling(monkeypatch):
+    """Past the ceiling that vm.max_map_count leaves (cut here to what is held now plus 6), every
+    client's next buffer is refused with a reason, and a freed one makes room."""
+    from libshare._session import _embedded
+
+    arbiter = _embedded()
+    with libshare.connect(mode="embedded") as first, libshare.connect(mode="embedded") as second:
+        held_now = sum(len(c.buffers) for c in arbiter.drainer.clients.values())
+        monkeypatch.setattr(arbiter.limits, "buffer_ceiling", held_now + 6)
+        arrays = [first.array(16) for _ in range(3)] + [second.array(16) for _ in range(3)]
+        for session in (first, second):
+            with pytest.raises(QuotaExceeded, match=f"hold {held_now + 6} buffers together.*vm.max_map_count"):
+                session.array(16)
+        first.free(arrays[0])
+        second.array(16)
+
+
+def test_the_buffer_ceiling_keeps_maps_for_every_client_slot():
+    from libshare.arbiter._limits import buffer_ceiling
+
+    with open("/proc/sys/vm/max_map_count") as f:
+        most = int(f.read())
+    none, many = buffer_ceiling(0), buffer_ceiling(1000)
+    assert 0 < none < most // 2
+    assert abs((none - many) - 2000) < 50  # 4 maps per slot, 2 per buffer (the process's own maps may move)
