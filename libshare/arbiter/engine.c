@@ -582,9 +582,14 @@ static void record_dispatch(ls_engine *e, VkCommandBuffer cb, const struct ls_de
         e->vk.CmdPushDescriptorSetKHR(cb, VK_PIPELINE_BIND_POINT_COMPUTE, (VkPipelineLayout)program->layout, 0,
                                       d->nbuffers, writes);
     }
-    if (d->push_size)
-        e->vk.CmdPushConstants(cb, (VkPipelineLayout)program->layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, d->push_size,
-                               d->push);
+    if (program->push_size) {
+        /* Every byte the program declares, zeros past the client's own: push constants keep what the last
+         * push left, and a kernel reading bytes its dispatch did not push read another client's. */
+        uint8_t push[LS_MAX_PUSH] = {0};
+        memcpy(push, d->push, d->push_size);
+        e->vk.CmdPushConstants(cb, (VkPipelineLayout)program->layout, VK_SHADER_STAGE_COMPUTE_BIT, 0,
+                               program->push_size, push);
+    }
     e->vk.CmdDispatch(cb, d->groups[0], d->groups[1], d->groups[2]);
 }
 
