@@ -46,6 +46,17 @@ Reflection also sums the bytes of the module's ``Workgroup`` variables and of it
 length), so that the arbiter can refuse a kernel whose shared or per-invocation memory
 would exceed the device's limit or, on lavapipe, the stack of the thread that runs it.
 None of this replaces the SPIR-V validator, which the arbiter runs as well.
+
+Memory a kernel did not write reads as zeros
+--------------------------------------------
+A variable without an initializer holds whatever its memory held: on lavapipe, shared
+(``Workgroup``) memory is a buffer the driver's threads reuse from one workgroup to the next,
+whoever's kernel that was (a hostile-tenant review read another client's words in every one of
+30,560 dispatches), and ``Private`` and ``Function`` variables live on the thread's stack.
+:func:`zero_initialized` gives every such variable an ``OpConstantNull`` initializer before a
+driver sees the module: the device zeroes it as the kernel starts (``Workgroup`` initializers
+need the device's ``shaderZeroInitializeWorkgroupMemory``, VK_KHR_zero_initialize_workgroup_memory,
+core in Vulkan 1.3; a device without it runs no kernel that declares shared memory).
 """
 
 from __future__ import annotations
@@ -56,7 +67,7 @@ from typing import Iterator
 
 from libshare.errors import InvalidSubmission
 
-__all__ = ["ALLOWED_CAPABILITIES", "ALLOWED_EXTENSIONS", "ShaderInterface", "reflect"]
+__all__ = ["ALLOWED_CAPABILITIES", "ALLOWED_EXTENSIONS", "ShaderInterface", "reflect", "zero_initialized"]
 
 _MAGIC = 0x07230203
 _MAGIC_SWAPPED = 0x03022307  # the magic number read in the wrong byte order
@@ -72,6 +83,7 @@ _OP_CONSTANT, _OP_SPEC_CONSTANT = 43, 50
 _OP_CONSTANT_COMPOSITE, _OP_SPEC_CONSTANT_COMPOSITE = 44, 51
 _OP_EXTENSION, _OP_EXT_INST_IMPORT, _OP_MEMORY_MODEL, _OP_CAPABILITY = 10, 11, 14, 17
 _OP_TYPE_BOOL, _OP_TYPE_FORWARD_POINTER = 20, 39
+_OP_CONSTANT_NULL, _OP_FUNCTION = 46, 54
 _MIN_OPERANDS = {
     _OP_ENTRY_POINT: 3, _OP_EXECUTION_MODE: 2, _OP_EXECUTION_MODE_ID: 2,
     _OP_DECORATE: 2, _OP_MEMBER_DECORATE: 3, _OP_VARIABLE: 3,
@@ -172,6 +184,46 @@ def reflect(spirv: bytes) -> ShaderInterface:
         workgroup_bytes=module.variable_bytes((_SC_WORKGROUP,)),
         private_bytes=module.variable_bytes((_SC_PRIVATE, _SC_FUNCTION)),
     )
+
+
+def zero_initialized(spirv: bytes, workgroup: bool = True) -> bytes:
+    """``spirv`` (a module :func:`reflect` admitted) with an ``OpConstantNull`` initializer on every
+    ``Private`` and ``Function`` variable that had none, and, if ``workgroup`` (the device has
+    shaderZeroInitializeWorkgroupMemory), every ``Workgroup`` one; little-endian words (see "Memory a
+    kernel did not write reads as zeros"). A null constant of a global variable's type goes just
+    before that variable, those of function variables' types before the first function (their
+    initializers must be module-scope constants)."""
+    words = _words(bytes(spirv))
+    pointees = {ops[0]: ops[2] for opcode, ops in _instructions(words) if opcode == _OP_TYPE_POINTER}
+    bound, nulls, out = words[3], {}, list(words[:_HEADER_WORDS])
+
+    def null_of(type_id: int) -> int:
+        nonlocal bound
+        if type_id not in nulls:
+            nulls[type_id] = bound
+            out.extend(((3 << 16) | _OP_CONSTANT_NULL, type_id, bound))
+            bound += 1
+        return nulls[type_id]
+
+    zeroed = (_SC_WORKGROUP, _SC_PRIVATE, _SC_FUNCTION) if workgroup else (_SC_PRIVATE, _SC_FUNCTION)
+    in_functions = False
+    function_types = [pointees.get(ops[0]) for opcode, ops in _instructions(words)
+                      if opcode == _OP_VARIABLE and ops[2] == _SC_FUNCTION and len(ops) == 3]
+    for opcode, ops in _instructions(words):
+        if opcode == _OP_FUNCTION and not in_functions:
+            in_functions = True
+            for type_id in function_types:
+                if type_id is None:
+                    raise _invalid("a Function variable's type is not a pointer type")
+                null_of(type_id)
+        if opcode == _OP_VARIABLE and len(ops) == 3 and ops[2] in zeroed:
+            type_id = pointees.get(ops[0])
+            if type_id is None:
+                raise _invalid(f"variable %{ops[1]}'s type is not a pointer type")
+            ops = (*ops, nulls[type_id] if in_functions else null_of(type_id))
+        out.extend(((len(ops) + 1) << 16 | opcode, *ops))
+    out[3] = bound
+    return struct.pack(f"<{len(out)}I", *out)
 
 
 def _invalid(message: str) -> InvalidSubmission:

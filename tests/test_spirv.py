@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from libshare import shaders
-from libshare._spirv import ShaderInterface, reflect
+from libshare._spirv import ShaderInterface, reflect, zero_initialized
 from libshare.errors import InvalidSubmission
 
 MAGIC = 0x07230203
@@ -307,3 +307,59 @@ def test_a_bool_type_without_operands_is_refused_not_a_crash() -> None:
     """Found by the fuzz test above in CI (an IndexError escaped reflect)."""
     with pytest.raises(InvalidSubmission, match="too few operands"):
         reflect(pack(HEADER + [1 << 16 | 20]))  # OpTypeBool with no result id
+
+
+SC_WORKGROUP, SC_FUNCTION, OP_TYPE_POINTER, OP_CONSTANT_NULL = 4, 7, 32, 46
+
+
+def instructions(data: bytes) -> list[tuple[int, list[int]]]:
+    module, pos, out = words(data), 5, []
+    while pos < len(module):
+        count, op = module[pos] >> 16, module[pos] & 0xFFFF
+        out.append((op, module[pos + 1:pos + count]))
+        pos += count
+    return out
+
+
+def variables_and_initializers(data: bytes) -> list[tuple[int, int | None, int | None]]:
+    """(storage class, initializer's null type or None, pointee type) of every variable."""
+    found = instructions(data)
+    pointees = {ops[0]: ops[2] for op, ops in found if op == OP_TYPE_POINTER}
+    nulls = {ops[1]: ops[0] for op, ops in found if op == OP_CONSTANT_NULL}
+    return [(ops[2], nulls.get(ops[3]) if len(ops) > 3 else None, pointees[ops[0]])
+            for op, ops in found if op == OP_VARIABLE]
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_zero_initialized_gives_every_memory_variable_a_null_of_its_type(name: str) -> None:
+    from libshare.arbiter._admission import validate
+
+    out = zero_initialized(spirv(name))
+    validate(out)  # spirv-val, as admission runs it
+    assert reflect(out) == EXPECTED[name]
+    memory = [(sc, null, pointee) for sc, null, pointee in variables_and_initializers(out)
+              if sc in (SC_WORKGROUP, SC_PRIVATE, SC_FUNCTION)]
+    assert memory and all(null == pointee for _, null, pointee in memory), memory
+    assert zero_initialized(out) == out  # initialized variables are left alone
+    assert zero_initialized(pack(words(spirv(name)), ">")) == out  # either byte order in, little-endian out
+
+
+@pytest.mark.parametrize("name", ["sum", "matmul"])
+def test_zero_initialized_leaves_shared_memory_alone_when_the_device_cannot_zero_it(name: str) -> None:
+    out = zero_initialized(spirv(name), workgroup=False)
+    shared = [null for sc, null, _ in variables_and_initializers(out) if sc == SC_WORKGROUP]
+    assert shared and shared == [None] * len(shared)
+
+
+@FUZZ
+@given(st.lists(word_values, max_size=64))
+def test_fuzz_zero_initialized_is_total_on_modules_reflection_admits(tail: list[int]) -> None:
+    data = pack(HEADER + tail)
+    try:
+        reflect(data)
+    except InvalidSubmission:
+        return
+    try:
+        assert reflect(zero_initialized(data)) == reflect(data)
+    except InvalidSubmission:
+        pass

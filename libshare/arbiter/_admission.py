@@ -89,6 +89,10 @@ def check_device_limits(interface: ShaderInterface, device) -> None:
     if invocations > device.max_workgroup_invocations:
         raise InvalidSubmission(f"workgroup of {invocations} invocations exceeds the device's "
                                 f"{device.max_workgroup_invocations}")
+    if interface.workgroup_bytes and not device.zero_workgroup_memory:
+        raise InvalidSubmission("kernel declares shared memory, and this device cannot zero it before a kernel "
+                                "starts (it lacks shaderZeroInitializeWorkgroupMemory): it would read what "
+                                "another client's kernel left there")
     if interface.workgroup_bytes > device.max_shared_memory:
         raise InvalidSubmission(f"kernel declares {interface.workgroup_bytes} bytes of shared memory; the "
                                 f"device allows {device.max_shared_memory}")

@@ -39,9 +39,11 @@ the machine, and a reboot ends every client anyway):
   a journal record (``action-ARBITERPID-crashSLOT``), with system calls that are safe in a
   signal handler (making JSON there is not). A crash while the device runs the work
   (after the descriptors were recorded and submitted) is not attributed: which client's
-  dispatch the driver was in cannot be told from the host. An orderly stop (SIGTERM, ``quit``) withdraws the records of compiles
-still running (the compile did not end the arbiter) but not the watchdog's: the arbiter
-stops with that dispatch still running.
+  dispatch the driver was in cannot be told from the host.
+
+An orderly stop (SIGTERM, ``quit``) withdraws the records of compiles still running (the
+compile did not end the arbiter) but not the watchdog's: the arbiter stops with that
+dispatch still running.
 
 **Strikes.** At start, before it listens, an arbiter reads the records a dead one left (a
 record names its arbiter by pid and start time: those of an arbiter still alive, one handing

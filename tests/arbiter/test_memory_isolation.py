@@ -350,3 +350,51 @@ def test_push_constants_a_dispatch_did_not_push_read_as_zeros_not_another_client
             victims[-1].wait(10)
         assert np.all(victims_out[:32] == np.frombuffer(secret, np.uint32))  # the victim's own pushes arrive
         assert seen == {0}, f"a dispatch that pushed nothing read {sorted(seen)[:4]}"
+
+
+SHARED_READ = """#version 450
+layout(local_size_x = 64) in;
+layout(std430, binding = 0) buffer O { uint o[]; };
+shared uint sh[4096];
+void main() {
+  for (uint i = gl_LocalInvocationID.x; i < 4096; i += 64) o[gl_WorkGroupID.x * 4096 + i] = sh[i];
+}
+"""
+
+SHARED_WRITE = """#version 450
+layout(local_size_x = 64) in;
+layout(std430, binding = 0) buffer O { uint o[]; };
+shared uint sh[4096];
+void main() {
+  for (uint i = gl_LocalInvocationID.x; i < 4096; i += 64) sh[i] = 0xC0FFEE00u + (i & 255u);
+  barrier();
+  if (gl_LocalInvocationID.x == 0) o[gl_WorkGroupID.x] = sh[5];
+}
+"""
+
+
+def test_shared_memory_a_kernel_did_not_write_reads_as_zeros_not_another_clients(daemon, tmp_path):
+    """Workgroup memory that a kernel reads before writing held what the last workgroup on that
+    thread left: another client's words in every one of 30,560 dispatches (hostile-tenant review).
+    Every module is now compiled with its shared memory zero-initialized."""
+    from ._spirv_attacks import compile_glsl, have_tools
+
+    if have_tools() is not None:
+        pytest.skip(have_tools())
+    _, pipe_dir = daemon
+    reader_module = compile_glsl(SHARED_READ, tmp_path, "shared_read")
+    writer_module = compile_glsl(SHARED_WRITE, tmp_path, "shared_write")
+    with libshare.connect(mode="daemon", pipe_directory=pipe_dir, name="victim") as victim, \
+            libshare.connect(mode="daemon", pipe_directory=pipe_dir, name="reader") as reader:
+        writer, written = victim.load_program(writer_module), victim.array(64, np.uint32)
+        program, out = reader.load_program(reader_module), reader.array(16 * 4096, np.uint32)
+        nonzero = 0
+        for _ in range(30):
+            victim.dispatch(writer, 16, [written]).wait(10)  # shared memory full of the victim's words
+            victims = [victim.dispatch(writer, 16, [written]) for _ in range(8)]
+            out[:] = 0xFFFFFFFF
+            reader.dispatch(program, 16, [out]).wait(10)
+            nonzero += int(np.count_nonzero(out))
+            victims[-1].wait(10)
+        assert np.all(written[:16] == 0xC0FFEE05)  # the victim's kernel used its shared memory
+        assert nonzero == 0, f"{nonzero} words of shared memory the reader never wrote were not zero"

@@ -83,3 +83,14 @@ def test_validator_refuses_what_reflection_passes(vulkan_device_name):
     words[store + 1] = words[3] - 1  # store to an id nothing defines
     with pytest.raises(InvalidSubmission, match="spirv-val"):
         _admission.validate(struct.pack(f"<{len(words)}I", *words))
+
+
+def test_a_device_that_cannot_zero_shared_memory_runs_no_kernel_that_declares_it(vulkan_device_name):
+    """Without shaderZeroInitializeWorkgroupMemory a kernel's shared memory would start as what another
+    client's kernel left there (see libshare/_spirv.py): such kernels are refused, the others admitted."""
+    with Device() as device:
+        assert device.zero_workgroup_memory  # lavapipe and Vulkan 1.3 devices have it
+        device.zero_workgroup_memory = False  # as a device without the feature reports
+        with pytest.raises(InvalidSubmission, match="cannot zero it"):
+            _admission.admit(libshare.shaders.path("sum").read_bytes(), device)  # shared float[64]
+        assert _admission.admit(libshare.shaders.path("saxpy").read_bytes(), device).bindings == (0, 1)

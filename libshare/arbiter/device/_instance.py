@@ -57,7 +57,10 @@ class _Instance:
         self._family, valid_bits = info.compute_family()
         self._timestamp_mask = (1 << valid_bits) - 1 if valid_bits else 0
         before = thread_ids()
-        self._handle = _create_device(info, self._family)
+        self._handle, zeroing = _create_device(info, self._family)
+        self.zero_workgroup_memory: bool = zeroing
+        """True when the device zeroes shared memory that a kernel's initializers say to
+        (shaderZeroInitializeWorkgroupMemory; see libshare/_spirv.py)."""
         self.driver_threads: frozenset[int] = frozenset(thread_ids() - before)
         """Ids of the threads of this process that appeared while the driver made the device (its
         queue thread, on lavapipe), maybe with a thread some other part of the process started
@@ -269,13 +272,15 @@ def _match(devices: list[_PhysicalInfo], selector: str) -> _PhysicalInfo | None:
     return None
 
 
-def _create_device(info: _PhysicalInfo, family: int) -> Any:
-    """A VkDevice with one queue of ``family``, the extensions libshare uses and bounds checking.
+def _create_device(info: _PhysicalInfo, family: int) -> tuple[Any, bool]:
+    """A VkDevice with one queue of ``family``, the extensions libshare uses and bounds checking,
+    and whether it zeroes initialized shared memory.
 
     ``robustBufferAccess`` (and ``robustBufferAccess2`` where the device has
     VK_EXT_robustness2) is enabled so that a client's kernel cannot read or write past the
-    buffers bound to it; no other feature is, ``bufferDeviceAddress`` above all: with it a
-    kernel could turn any integer into a pointer.
+    buffers bound to it, and ``shaderZeroInitializeWorkgroupMemory`` where the device has it,
+    so that shared memory can start as zeros, not as another client's data; no other feature
+    is, ``bufferDeviceAddress`` above all: with it a kernel could turn any integer into a pointer.
     """
     names = ["VK_KHR_push_descriptor"]
     for optional in ("VK_EXT_external_memory_host", "VK_KHR_portability_subset"):
@@ -286,6 +291,11 @@ def _create_device(info: _PhysicalInfo, family: int) -> Any:
     robustness2 = _robustness2(info)
     if robustness2 != _ffi.NULL:
         names.append("VK_EXT_robustness2")
+    zeroing = _zero_workgroup_memory(info)
+    if zeroing != _ffi.NULL:
+        names.append("VK_KHR_zero_initialize_workgroup_memory")
+        if robustness2 != _ffi.NULL:
+            robustness2.pNext = zeroing
     c_names = [_ffi.new("char[]", n.encode()) for n in names]
     name_array = _ffi.new("char*[]", c_names)
     priority = _ffi.new("float[1]", [1.0])
@@ -296,9 +306,24 @@ def _create_device(info: _PhysicalInfo, family: int) -> Any:
     create = _struct(
         "VkDeviceCreateInfo", "DEVICE_CREATE_INFO", queueCreateInfoCount=1, pQueueCreateInfos=queue,
         enabledExtensionCount=len(names), ppEnabledExtensionNames=name_array, pEnabledFeatures=features,
-        pNext=robustness2,
+        pNext=robustness2 if robustness2 != _ffi.NULL else zeroing,
     )
-    return _create(_lib.vkCreateDevice, "VkDevice", "vkCreateDevice", info.handle, create, _ffi.NULL)
+    device = _create(_lib.vkCreateDevice, "VkDevice", "vkCreateDevice", info.handle, create, _ffi.NULL)
+    return device, zeroing != _ffi.NULL
+
+
+def _zero_workgroup_memory(info: _PhysicalInfo) -> Any:
+    """A feature struct enabling shaderZeroInitializeWorkgroupMemory when the device has it, else NULL."""
+    if "VK_KHR_zero_initialize_workgroup_memory" not in info.extensions:
+        return _ffi.NULL
+    kind = "VkPhysicalDeviceZeroInitializeWorkgroupMemoryFeatures"
+    stype = "PHYSICAL_DEVICE_ZERO_INITIALIZE_WORKGROUP_MEMORY_FEATURES"
+    wanted = _struct(kind, stype)
+    query = _struct("VkPhysicalDeviceFeatures2", "PHYSICAL_DEVICE_FEATURES_2", pNext=wanted)
+    _lib.vkGetPhysicalDeviceFeatures2(info.handle, query)
+    if not wanted.shaderZeroInitializeWorkgroupMemory:
+        return _ffi.NULL
+    return _struct(kind, stype, shaderZeroInitializeWorkgroupMemory=1)
 
 
 def _robustness2(info: _PhysicalInfo) -> Any:

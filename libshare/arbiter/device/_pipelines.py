@@ -1,5 +1,9 @@
 """Pipelines: compute pipelines whose storage buffers are pushed per dispatch.
 
+Every module is compiled with its shared, private and function variables zero-initialized
+(``libshare._spirv.zero_initialized``): what a kernel did not write reads as zeros, never as
+what another client's kernel left in that memory.
+
 :meth:`~libshare.arbiter.device.Device.create_pipeline` may run on any thread, so that a long
 compile never holds up the thread that submits: the compile guard counts the compiles under
 way, and :meth:`~libshare.arbiter.device.Device.close` waits for them and refuses new ones.
@@ -10,6 +14,7 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, Any
 
+from libshare._spirv import zero_initialized
 from libshare.errors import InvalidSubmission
 
 from ._binding import _address, _check, _create, _struct, _uses_binding
@@ -62,6 +67,7 @@ class _Pipelines:
         and whose push-constant block is ``push_size`` bytes.
         """
         self._check_pipeline_args(spirv, binding_count, push_size)
+        spirv = zero_initialized(spirv, self.zero_workgroup_memory)  # no kernel reads memory it did not write
         with self._compile_guard:
             self._require_open()
             self._compiles += 1
