@@ -22,21 +22,21 @@ the process's exit. Terminating one client is the same containment for one clien
 its queued descriptors are cancelled (LS_ECANCELED), its running ones end, and its
 ring is closed with the reason the client reads as ClientTerminated.
 
-The watchdog (the engine measures, this thread decides) is there for each dispatch: a batch of tiny dispatches must not lend its
-length to a runaway one in it (a limit of the watchdog times the batch's length let
-one run 30 times the watchdog beside 29 tiny ones). But one fence completes a whole
-``vkQueueSubmit``, and nothing tells how far into a batch the device is (timestamps
-neither: lavapipe's vkGetQueryPoolResults waits for the queue to go idle first). So
-the limit applies to a submission, counted from when it reaches
-the head of the device's queue (the time it spent queued behind another submission
-does not count), and does not grow with its
-length: the watchdog for a single command, where it is exact, and twice the watchdog
-for a batch. A runaway dispatch faults within twice the watchdog, whatever shares its
-submission; the price is that an honest batch whose dispatches together run longer
-than that faults too, which takes many long dispatches pipelined at once (with the
-default 120 s, over four minutes of work in one submission). Exact per-dispatch
-progress would need a marker written after each command of a batch for the host to
-read; a limit that grew with a client's history could be trained by that client. The
+The watchdog (the engine measures, this thread decides) is there for each dispatch: a batch
+of tiny dispatches must not lend its length to a runaway one in it (a limit of the watchdog
+times the batch's length let one run 30 times the watchdog beside 29 tiny ones), and a
+batch of honest long dispatches must not fault the server. One fence completes a whole
+``vkQueueSubmit``, and timestamps do not tell how far into a batch the device is
+(lavapipe's vkGetQueryPoolResults waits for the queue to go idle first). So the engine
+has the device write a progress marker after each command of a batch (vkCmdFillBuffer into
+a mapped word, ``mark_progress`` in engine.c), and a submission's clock starts when it
+reaches the head of the device's queue (the time it spent queued behind another does not
+count) and starts again each time the marker moves. A single command faults at the
+watchdog, exactly; a command in a batch within twice the watchdog (it may have started up
+to one watchdog before the marker was last seen to move); a batch of legal commands runs as
+long as they take. Before the markers a batch had twice the watchdog in all, and 256 queued
+dispatches of a second each (a hostile-tenant review) faulted the server for every client
+at the default 120 s; a batch whose marker could not be made still has that limit. The
 client that tripped the watchdog is named in server.log and shown RUNAWAY in ``ps``
 (SUSPECT for each of several clients that shared the submission: which of their
 dispatches ran cannot be told) until its work ends or the arbiter exits. A RUNAWAY client is
@@ -113,18 +113,20 @@ class Containment:
         self._maybe_recover()
 
     def _watchdog_fired(self, event, suspects: list[tuple[Client, int]]) -> None:
-        """The engine's head submission ran past its limit: the watchdog for a single command, twice
-        the watchdog for a batch (see "States" in the module's essay). ``suspects``: each client of
-        the submission, with the one program its dispatches there ran (0: none, or several)."""
+        """The engine's head submission ran past its limit: the watchdog for a single command, for a
+        command of a marked batch since the marker last moved, twice the watchdog for an unmarked
+        batch (see the module's essay). ``suspects``: each client of the submission, with the one
+        program its dispatches there ran (0: none, or several)."""
         if self.state != "ACTIVE":
             return  # faulted already: _maybe_recover gives the running work its time to end
         programs = [program for _, program in suspects]
         suspects = [client for client, _ in suspects]
-        count, running = event.a, event.b / 1e9
-        limit = self._watchdog if count == 1 else 2 * self._watchdog
-        log.error("a submission of %d command(s) has run %.1f s at the head of the device's queue, past its "
-                  "%.1f s limit (the %g s watchdog%s); its clients: %s", count, running, limit,
-                  self._watchdog, "" if count == 1 else ", twice over for a batch",
+        count, running, marked = event.a, event.b / 1e9, bool(event.kind)
+        limit = self._watchdog if count == 1 or marked else 2 * self._watchdog
+        log.error("a submission of %d command(s) has run %.1f s %s, past its %.1f s limit (the %g s watchdog%s); "
+                  "its clients: %s", count, running,
+                  "since its last command ended" if marked else "at the head of the device's queue", limit,
+                  self._watchdog, "" if count == 1 or marked else ", twice over for an unmarked batch",
                   ", ".join(c.describe() for c in suspects))
         if len(suspects) == 1:  # journaled until that work ends (several: which one ran cannot be told)
             digest = self._program_digest(suspects[0], programs[0])

@@ -159,6 +159,7 @@
 #include <unistd.h>
 
 #define NFLIGHT 8                       /* submission slots */
+#define PROGRESS_OFFSET (8 * (LS_ENGINE_MAX_BATCH + 1))  /* the progress word, past the timestamps */
 #define IDLE_NS 2000000000LL            /* sleep on the bells this long when idle */
 #define MUTED_NS 20000000LL             /* ... while a doorbell is muted */
 #define LINGER_NS 200000LL              /* hold a small submission of streaming clients this long */
@@ -299,7 +300,10 @@ struct flight {
     VkQueryPool queries;
     VkBuffer results;
     VkDeviceMemory results_memory;
-    uint64_t *stamps;                   /* mapped results: count + 1 timestamps */
+    uint64_t *stamps;                   /* mapped results: count + 1 timestamps, then the progress word */
+    volatile uint32_t *progress;        /* mapped: the commands of the batch the device has ended (markers) */
+    uint32_t progress_seen;             /* its value at the watchdog's last look */
+    int64_t progress_at;                /* when the watchdog last saw it move */
     struct entry entries[LS_ENGINE_MAX_BATCH];
     VkCommandBuffer secondaries[LS_ENGINE_MAX_BATCH];  /* the entries' recordings, in order */
     uint32_t count;
@@ -335,6 +339,7 @@ struct vk {
     PFN_vkCmdResetQueryPool CmdResetQueryPool;
     PFN_vkCmdWriteTimestamp CmdWriteTimestamp;
     PFN_vkCmdCopyQueryPoolResults CmdCopyQueryPoolResults;
+    PFN_vkCmdFillBuffer CmdFillBuffer;
     PFN_vkCreateBuffer CreateBuffer;
     PFN_vkDestroyBuffer DestroyBuffer;
     PFN_vkGetBufferMemoryRequirements GetBufferMemoryRequirements;
@@ -550,6 +555,8 @@ static struct flight *open_flight(ls_engine *e)
         f->count = 0;
         f->reported = 0;
         f->head_since = 0;
+        f->progress_seen = 0;
+        f->progress_at = 0;
         f->timed = e->policy.timed && e->cfg.timestamp_mask && f->queries;
     }
     return f;
@@ -770,6 +777,14 @@ static int check_desc(ls_engine *e, struct client *c, const struct ls_desc *d, s
 
 /* ------------------------------------------------------------------ drain */
 
+/* Have the device write ``ended`` into flight f's progress word, after the command before it (each
+ * recording ends with a barrier whose second scope holds transfers, and the next one's makes the
+ * write visible to the host): the watchdog's measure of a batch, see check_watchdog. */
+static void mark_progress(ls_engine *e, struct flight *f, uint32_t ended)
+{
+    e->vk.CmdFillBuffer(f->cb, f->results, PROGRESS_OFFSET, sizeof(uint32_t), ended);
+}
+
 static int submit(ls_engine *e)
 {
     if (e->nflights >= NFLIGHT)
@@ -783,12 +798,17 @@ static int submit(ls_engine *e)
     VkCommandBufferBeginInfo begin = {VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO, NULL,
                                       VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT, NULL};
     VkResult result = e->vk.BeginCommandBuffer(f->cb, &begin);
+    int marked = f->progress && f->count > 1;  /* a batch: a progress marker after each command */
+    if (marked)
+        *f->progress = 0;
     if (result == VK_SUCCESS && f->timed) {  /* a timestamp before the first recording and after each */
         e->vk.CmdResetQueryPool(f->cb, f->queries, 0, LS_ENGINE_MAX_BATCH + 1);
         e->vk.CmdWriteTimestamp(f->cb, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, f->queries, 0);
         for (uint32_t k = 0; k < f->count; k++) {
             e->vk.CmdExecuteCommands(f->cb, 1, &f->secondaries[k]);
             e->vk.CmdWriteTimestamp(f->cb, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, f->queries, k + 1);
+            if (marked)
+                mark_progress(e, f, k + 1);
         }
         e->vk.CmdCopyQueryPoolResults(f->cb, f->queries, 0, f->count + 1, f->results, 0, 8,
                                       VK_QUERY_RESULT_64_BIT | VK_QUERY_RESULT_WAIT_BIT);
@@ -796,6 +816,11 @@ static int submit(ls_engine *e)
                                    VK_ACCESS_HOST_READ_BIT};
         e->vk.CmdPipelineBarrier(f->cb, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_PIPELINE_STAGE_HOST_BIT, 0, 1, &barrier, 0,
                                  NULL, 0, NULL);
+    } else if (result == VK_SUCCESS && marked) {
+        for (uint32_t k = 0; k < f->count; k++) {
+            e->vk.CmdExecuteCommands(f->cb, 1, &f->secondaries[k]);
+            mark_progress(e, f, k + 1);
+        }
     } else if (result == VK_SUCCESS) {
         e->vk.CmdExecuteCommands(f->cb, f->count, f->secondaries);
     }
@@ -1042,17 +1067,36 @@ static uint64_t flight_program(const struct flight *f, uint32_t slot)
     return program;
 }
 
+/* The watchdog: the head submission's current command has run past the limit. A single command is
+ * timed from when its submission reached the head of the queue. A batch carries a progress marker
+ * after each command (mark_progress), so its clock restarts whenever the marker moves: a command is
+ * caught within twice the watchdog (it may have started up to one watchdog before the marker was
+ * last seen to move), and a batch of legal commands runs as long as they take (timed from the head
+ * alone, 256 dispatches of a second each faulted the server for everyone). A batch without the
+ * marker (no mapped buffer could be made) has twice the watchdog in all. */
 static void check_watchdog(ls_engine *e)
 {
     if (!e->nflights || !e->policy.watchdog_ns || e->faulted)
         return;
     struct flight *f = flight_at(e, 0);
-    uint64_t limit = f->count == 1 ? e->policy.watchdog_ns : 2 * e->policy.watchdog_ns;
-    int64_t running = now_ns() - f->head_since;
-    if (f->reported || running <= (int64_t)limit)
+    int64_t now = now_ns(), limit = (int64_t)e->policy.watchdog_ns, since = f->head_since;
+    int marked = f->progress && f->count > 1;
+    if (marked) {
+        uint32_t ended = *f->progress;
+        if (ended != f->progress_seen) {
+            f->progress_seen = ended;
+            f->progress_at = now;
+        }
+        if (f->progress_at > since)
+            since = f->progress_at;
+    } else if (f->count > 1) {
+        limit *= 2;
+    }
+    int64_t running = now - since;
+    if (f->reported || running <= limit)
         return;
     f->reported = 1;
-    emit(e, LS_EV_WATCHDOG, 0, 0, 0, f->count, (uint64_t)running);
+    emit(e, LS_EV_WATCHDOG, 0, 0, marked, f->count, (uint64_t)running);
     for (uint32_t k = 0; k < f->count; k++) {
         uint32_t slot = f->entries[k].client, seen = 0;
         for (uint32_t j = 0; j < k && !seen; j++)
@@ -1377,6 +1421,7 @@ static int load_vulkan(ls_engine *e)
     LOAD(CmdPushConstants) LOAD(CmdDispatch) LOAD(CmdCopyBuffer) LOAD(CmdPipelineBarrier) LOAD(CmdExecuteCommands)
     LOAD(CreateQueryPool)
     LOAD(DestroyQueryPool) LOAD(CmdResetQueryPool) LOAD(CmdWriteTimestamp) LOAD(CmdCopyQueryPoolResults)
+    LOAD(CmdFillBuffer)
     LOAD(CreateBuffer) LOAD(DestroyBuffer) LOAD(GetBufferMemoryRequirements) LOAD(AllocateMemory) LOAD(FreeMemory)
     LOAD(BindBufferMemory) LOAD(MapMemory)
 #undef LOAD
@@ -1389,7 +1434,7 @@ static void create_timing(ls_engine *e, struct flight *f)
     uint32_t count = LS_ENGINE_MAX_BATCH + 1;
     VkQueryPoolCreateInfo qinfo = {VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO, NULL, 0, VK_QUERY_TYPE_TIMESTAMP, count,
                                    0};
-    VkBufferCreateInfo binfo = {VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO, NULL, 0, 8 * count,
+    VkBufferCreateInfo binfo = {VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO, NULL, 0, PROGRESS_OFFSET + 8,
                                 VK_BUFFER_USAGE_TRANSFER_DST_BIT, VK_SHARING_MODE_EXCLUSIVE, 0, NULL};
     if (e->vk.CreateQueryPool(e->device, &qinfo, NULL, &f->queries) != VK_SUCCESS) {
         f->queries = VK_NULL_HANDLE;
@@ -1406,6 +1451,7 @@ static void create_timing(ls_engine *e, struct flight *f)
             e->vk.BindBufferMemory(e->device, f->results, f->results_memory, 0) == VK_SUCCESS &&
             e->vk.MapMemory(e->device, f->results_memory, 0, VK_WHOLE_SIZE, 0, &mapped) == VK_SUCCESS) {
             f->stamps = mapped;
+            f->progress = (volatile uint32_t *)((char *)mapped + PROGRESS_OFFSET);
             return;
         }
     }
