@@ -128,7 +128,7 @@ _STATUS_TEXT = {
     C.ENOBUFFER: "unknown or freed buffer id",
     C.EBINDINGS: "number of buffers differs from the program's bindings",
     C.ERANGE: "offset or size outside the buffer, or misaligned",
-    C.EGROUPS: "group count is 0 or beyond the device limit",
+    C.EGROUPS: "group count is 0 or beyond the device limit, or the three multiply past 2^32 - 1",
     C.EPUSH: "more push-constant bytes than the program declares (or not a multiple of 4)",
     C.EFAULT: "the device faulted while running it",
     C.ECANCELED: "cancelled",

@@ -74,3 +74,17 @@ def test_dispatch_after_the_arbiter_closed_the_ring_raises_at_once(daemon):
                 session.dispatch(program, 1, [x, y], struct.pack("If", 64, 1.0))
         with pytest.raises(libshare.ArbiterLost):
             session.copy(x, y)
+
+
+@pytest.mark.parametrize("groups", [(65535, 65535, 65535), (65535, 65535, 2), (2, 65535, 65535)])
+def test_group_counts_that_multiply_past_32_bits_are_refused_not_run_in_part(daemon, groups):
+    """Each count within the device's limit, their product past 2^32 - 1: lavapipe counted the
+    workgroups in 32 bits and ran the remainder (196,607 of 65535^3), and the ticket said success."""
+    with connect(daemon[1]) as session:
+        program = session.load_program(libshare.shaders.path("saxpy"))
+        x, y = session.array(64), session.array(64)
+        with pytest.raises(libshare.InvalidSubmission, match="multiply past 2"):
+            session.dispatch(program, groups, [x, y], struct.pack("If", 64, 1.0)).wait(30)
+        x[:], y[:] = 1.0, 2.0
+        session.dispatch(program, 1, [x, y], struct.pack("If", 64, 1.0)).wait(30)  # the session goes on
+        assert np.all(y == 3.0)

@@ -123,7 +123,7 @@ const char *ls_strerror(int code)
     case LS_ENOBUFFER: return "unknown or freed buffer id";
     case LS_EBINDINGS: return "number of buffers differs from the program's bindings";
     case LS_ERANGE: return "offset or size outside the buffer, or misaligned";
-    case LS_EGROUPS: return "group count is 0 or beyond the device limit";
+    case LS_EGROUPS: return "group count is 0 or beyond the device limit, or the three multiply past 2^32 - 1";
     case LS_EPUSH: return "more push-constant bytes than the program declares";
     case LS_EFAULT: return "the device faulted while running it";
     case LS_ECANCELED: return "cancelled";

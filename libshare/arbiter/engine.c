@@ -771,6 +771,10 @@ static int check_desc(ls_engine *e, struct client *c, const struct ls_desc *d, s
     for (int k = 0; k < 3; k++)
         if (d->groups[k] < 1 || d->groups[k] > e->cfg.max_groups[k])
             return -LS_EGROUPS;
+    /* lavapipe counts the workgroups of a dispatch in 32 bits: past that it ran the product's remainder
+     * and reported success (65535^3 ran 196,607 of 2.8e14) */
+    if ((uint64_t)d->groups[0] * d->groups[1] * d->groups[2] > UINT32_MAX)
+        return -LS_EGROUPS;
     users[(*nusers)++] = program;
     return 0;
 }

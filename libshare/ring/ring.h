@@ -59,7 +59,8 @@
 #define LS_ENOBUFFER 1005               /* buffer id unknown to this client */
 #define LS_EBINDINGS 1006               /* buffer count differs from the program's bindings */
 #define LS_ERANGE 1007                  /* offset or size outside the buffer, or misaligned */
-#define LS_EGROUPS 1008                 /* a group count is 0 or beyond the device limit */
+#define LS_EGROUPS 1008                 /* a group count is 0 or beyond the device limit, or their product
+                                           is past 2^32 - 1 */
 #define LS_EPUSH 1009                   /* more push-constant bytes than the program declares */
 #define LS_EFAULT 1010                  /* the device faulted while running it */
 #define LS_ECANCELED 1011               /* cancelled: the client was terminated or closed */
