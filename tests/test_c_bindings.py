@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+import libshare
+
 from .arbiter.conftest import daemon, wait_until  # noqa: F401 - the daemon fixture
 from .conftest import ROOT, vulkan_required
 
@@ -334,3 +336,32 @@ def test_c_session_after_one_kill(reattach_program, supervised, mode):
     assert counts(out) == (1, 0), out + err
     assert supervised.arbiter() != arbiter
 
+
+
+SERVE_ONCE = r"""
+#include <errno.h>
+#include <stdio.h>
+#include <libshare.h>
+int main(int argc, char **argv)
+{
+    (void)argc;
+    int rc = ls_serve(argv[1]);
+    printf("%d %s\n", rc, rc ? ls_error_message() : "");
+    ls_serve_stop();
+    return rc == -EBUSY ? 0 : 1;
+}
+"""
+
+
+def test_ls_serve_leaves_a_directory_another_arbiter_serves_alone(library, daemon, tmp_path):
+    """ls_serve on a live daemon's pipe directory renamed its own socket over the daemon's; once that
+    process exited no new client could reach the daemon, and no new arbiter could start there. It now
+    takes the directory's lock as a daemon does, and answers -EBUSY."""
+    process, pipe_dir = daemon
+    source = tmp_path / "serve_once.c"
+    source.write_text(SERVE_ONCE)
+    done = run_c(compile_c(library, source, tmp_path), dict(os.environ), str(pipe_dir), timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr[-2000:]
+    assert f"another arbiter (pid {process.pid}) serves" in done.stdout
+    with libshare.connect(mode="daemon", pipe_directory=pipe_dir) as session:  # still the daemon's socket
+        assert session.arbiter_pid == process.pid

@@ -228,7 +228,8 @@ int ls_stats(ls_session *session, struct ls_stats *out);
  * Serve an arbiter inside this process at pipe_directory (created mode 0700
  * if missing), so that other processes can connect to it in mode "daemon"
  * (a C program hosting its workers, as examples/multi_process.c does).
- * Returns 0, -EBUSY (this process already serves one), -LS_EVULKAN, -errno.
+ * Returns 0, -EBUSY (this process already serves one, or another arbiter
+ * serves pipe_directory: it is left alone), -LS_EVULKAN, -errno.
  */
 int ls_serve(const char *pipe_directory);
 

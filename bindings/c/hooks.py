@@ -240,22 +240,36 @@ def lsx_py_stats(handle, out):
 
 @_answer
 def lsx_py_serve(pipe_directory):
-    """Serve an arbiter in this process at a pipe directory (the daemon's layout)."""
+    """Serve an arbiter in this process at a pipe directory (the daemon's layout), taking the
+    directory's lock as a daemon does: an arbiter that serves it already is left alone (before,
+    ls_serve renamed its own socket over a live arbiter's, which no new client could reach again)."""
     global _served
     from libshare.arbiter import Arbiter
+    from libshare.arbiter._daemon import AlreadyServing, PidLock, remove_stale_socket
 
     with _lock:
         if _served is not None:
             raise OSError(errno.EBUSY, "this process already serves an arbiter (ls_serve_stop first)")
         directory = Path(_text(pipe_directory))
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-        arbiter = Arbiter()
         try:
+            lock = PidLock(_config.lock_path(directory), directory)
+        except AlreadyServing as exc:
+            raise OSError(errno.EBUSY, str(exc)) from None
+        arbiter = None
+        try:
+            try:
+                remove_stale_socket(_config.socket_path(directory), directory)
+            except AlreadyServing as exc:  # a live socket without the lock: an older arbiter's, left alone
+                raise OSError(errno.EBUSY, str(exc)) from None
+            arbiter = Arbiter()
             arbiter.serve(_config.socket_path(directory))
         except BaseException:
-            arbiter.close()
+            if arbiter is not None:
+                arbiter.close()
+            lock.release()
             raise
-        _served = arbiter
+        _served = (arbiter, lock)
 
 
 @_answer
@@ -263,9 +277,13 @@ def lsx_py_serve_stop():
     """Stop the arbiter ls_serve started."""
     global _served
     with _lock:
-        arbiter, _served = _served, None
-    if arbiter is not None:
-        arbiter.close()
+        served, _served = _served, None
+    if served is not None:
+        arbiter, lock = served
+        try:
+            arbiter.close()
+        finally:
+            lock.release()
 
 
 @_answer
