@@ -589,7 +589,7 @@ class Session:
 
     def load_program(self, spirv: bytes | str | os.PathLike) -> Program:
         """Load a compute program from SPIR-V bytes or a .spv path; its interface is reflected."""
-        code = bytes(spirv) if isinstance(spirv, (bytes, bytearray)) else Path(spirv).read_bytes()
+        code = bytes(spirv) if isinstance(spirv, (bytes, bytearray)) else _read_module(Path(spirv))
         reply = self._request("load_program", code, reply_timeout=self._load_timeout)
         f = reply.fields
         program = Program(f["program_id"], f["bindings"], f["push_size"], tuple(f["local_size"]), code)
@@ -1045,6 +1045,17 @@ def _exchange(sock: socket.socket, fields: dict, payload: bytes = b"", max_fds: 
     """Send one request and read its reply (EOFError or OSError when the arbiter went away)."""
     protocol.send(sock, fields, payload, fds)
     return protocol.recv(sock, max_fds=max_fds)
+
+
+def _read_module(path: Path) -> bytes:
+    """The bytes of a .spv file; InvalidSubmission past the most a frame carries (a path such as
+    /dev/zero would otherwise be read until this process ran out of memory)."""
+    with open(path, "rb") as file:
+        code = file.read(protocol.MAX_FRAME + 1)
+    if len(code) > protocol.MAX_FRAME:
+        raise errors.InvalidSubmission(f"{path} holds more than {protocol.MAX_FRAME} bytes, more than any "
+                                       "SPIR-V module the arbiter takes")
+    return code
 
 
 def _load_timeout(bound) -> float:

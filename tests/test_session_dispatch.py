@@ -88,3 +88,17 @@ def test_group_counts_that_multiply_past_32_bits_are_refused_not_run_in_part(dae
         x[:], y[:] = 1.0, 2.0
         session.dispatch(program, 1, [x, y], struct.pack("If", 64, 1.0)).wait(30)  # the session goes on
         assert np.all(y == 3.0)
+
+
+def test_load_program_from_an_endless_or_huge_file_is_refused_without_reading_it_all(daemon, tmp_path):
+    """A path such as /dev/zero was read until the client ran out of memory (ls_load_program_file too)."""
+    from libshare._protocol import MAX_FRAME
+
+    huge = tmp_path / "huge.spv"
+    with open(huge, "wb") as file:
+        file.truncate(MAX_FRAME + 1)
+    with connect(daemon[1]) as session:
+        for path in ("/dev/zero", huge):
+            with pytest.raises(libshare.InvalidSubmission, match=f"more than {MAX_FRAME} bytes"):
+                session.load_program(path)
+        assert session.load_program(libshare.shaders.path("saxpy")).bindings == 2  # a real file still loads
