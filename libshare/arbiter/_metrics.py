@@ -5,11 +5,24 @@ snapshot into metric families on each scrape, so the endpoint costs nothing betw
 scrapes. Per-client series carry only ``client_id``, ``pid``, ``name`` (cut to 32
 characters) and ``group``, and exist only while the client is connected, so the
 number of series is bounded by the arbiter's ``max_clients``.
+
+The endpoint listens on TCP, where any local user (not only the arbiter's uid) can reach
+it, so what a connection can cost is bounded: at most ``_MAX_SCRAPES`` are served at once
+(more are closed at once; a scraper retries), and each socket operation of one waits
+``_SCRAPE_TIMEOUT`` at most. prometheus_client's own server starts a thread per connection
+and waits on it for ever, so connections that never finish a request held a thread each.
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, ProcessCollector, start_http_server
+import logging
+import socket
+import sys
+import threading
+from socketserver import ThreadingMixIn
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from prometheus_client import CollectorRegistry, ProcessCollector, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 from prometheus_client.registry import Collector
 
@@ -17,7 +30,11 @@ __all__ = ["ArbiterCollector", "MetricsServer", "start_metrics", "SERVER_STATES"
 
 SERVER_STATES = ("INITIALIZING", "ACTIVE", "FAULT")
 _CLIENT_LABELS = ["client_id", "pid", "name", "group"]
+log = logging.getLogger("libshare.arbiter")
+
 _NAME_CHARS = 32
+_MAX_SCRAPES = 8  # connections served at once
+_SCRAPE_TIMEOUT = 5.0  # seconds one socket operation of a connection may wait
 
 # (snapshot key, metric name, help); counters get their _total suffix from prometheus_client
 _COUNTERS = [
@@ -91,6 +108,48 @@ def _families(prefix: str, label_names: list[str], rows: list[tuple[list[str], d
         yield family
 
 
+class _Handler(WSGIRequestHandler):
+    """One scrape: its socket times out (StreamRequestHandler applies ``timeout``), nothing is logged."""
+
+    timeout = _SCRAPE_TIMEOUT
+
+    def log_message(self, format, *args):
+        """Log nothing."""
+
+
+class _BoundedServer(ThreadingMixIn, WSGIServer):
+    """A thread per connection, at most _MAX_SCRAPES at once: one more is closed unserved."""
+
+    daemon_threads = True
+
+    def __init__(self, *args, **kwargs):
+        self._slots = threading.BoundedSemaphore(_MAX_SCRAPES)
+        super().__init__(*args, **kwargs)
+
+    def process_request(self, request, client_address):
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)  # starts the thread that serves it
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request, client_address):
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def handle_error(self, request, client_address):
+        """A connection that timed out or went away is closed quietly (socketserver would print a
+        traceback per connection to stderr); anything else is logged."""
+        error = sys.exc_info()[1]
+        if not isinstance(error, OSError):
+            log.exception("metrics request from %s failed", client_address)
+
+
 class MetricsServer:
     """A running metrics endpoint: ``http://address:port/metrics``."""
 
@@ -98,7 +157,11 @@ class MetricsServer:
         registry = CollectorRegistry()
         registry.register(ArbiterCollector(arbiter))
         ProcessCollector(registry=registry)
-        self._server, self._thread = start_http_server(port, address, registry)
+        server_class = type("_Server", (_BoundedServer,), {
+            "address_family": socket.getaddrinfo(address, port, type=socket.SOCK_STREAM)[0][0]})
+        self._server = make_server(address, port, make_wsgi_app(registry), server_class, handler_class=_Handler)
+        self._thread = threading.Thread(target=self._server.serve_forever, name="libshare-metrics", daemon=True)
+        self._thread.start()
         self.address = address
         """The address it listens on."""
         self.port = self._server.server_port

@@ -13,6 +13,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import libshare
 
+from ..arbiter.conftest import wait_until
+
 
 def _free_port() -> int:
     with socket.socket() as probe:
@@ -66,3 +68,38 @@ def test_metrics_follow_the_server_and_each_client(dirs, foreground):
         time.sleep(0.05)
     assert after["libshare_client_dispatches_completed"] == [] and _value(after["libshare_clients"]) == 0
     assert _value(after["libshare_dispatches_completed"]) == 5
+
+
+def test_connections_that_never_send_a_request_hold_a_bounded_number_of_threads(dirs, foreground):
+    """prometheus_client's server started a thread per connection and waited on it for ever: 200
+    silent TCP connections (any local user can open them) held 200 of the arbiter's threads. At most
+    _MAX_SCRAPES are served at once now; the rest are closed, and a scrape works once they are gone."""
+    from libshare.arbiter._metrics import _MAX_SCRAPES
+
+    port = _free_port()
+    process = foreground("--metrics-port", str(port))
+    _scrape(port)
+    threads = lambda: len(os.listdir(f"/proc/{process.pid}/task"))  # noqa: E731
+    before = threads()
+    silent = [socket.create_connection(("127.0.0.1", port)) for _ in range(200)]
+    try:
+        for connection in silent:  # each one accepted: served (a thread) or closed at once
+            connection.settimeout(0.05)
+            try:
+                connection.recv(1)
+            except TimeoutError:
+                pass
+        assert threads() <= before + _MAX_SCRAPES, f"{threads() - before} threads more with 200 silent connections"
+    finally:
+        for connection in silent:
+            connection.close()
+    with libshare.connect(mode="daemon", pipe_directory=dirs.pipe) as session:
+        assert session.stats()["client_id"] == session.client_id  # the arbiter serves on
+
+    def scraped():  # the served ones give their slots back as their peers' close reaches them
+        try:
+            return _scrape(port)
+        except OSError:
+            return None
+
+    assert _value(wait_until(scraped, 30, "a scrape")["libshare_server_state"], state="ACTIVE") == 1
