@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["cpu_seconds", "parent_of", "running", "start_time", "stat_fields", "thread_ids"]
+__all__ = ["MAX_PID", "cpu_seconds", "parent_of", "running", "start_time", "stat_fields", "thread_ids"]
+
+MAX_PID = (1 << 22) - 1
+"""The largest pid Linux gives (``kernel.pid_max`` cannot pass 2^22): a bound on every pid read from text."""
 
 _STATE, _PARENT, _UTIME, _STIME, _START = 0, 1, 11, 12, 19  # indexes into stat_fields (fields 3, 4, 14, 15, 22)
 

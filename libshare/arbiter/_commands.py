@@ -24,6 +24,7 @@ import time
 
 from .. import _protocol as protocol
 from .._control import COMMANDS, decimal, printable
+from .._proc import MAX_PID
 from . import _limits
 from ..errors import AccessDenied, InvalidSubmission, LibshareError, ProtocolError, ServerNotReady
 from ._scheduler import mode_name, percentage, priority_name
@@ -404,7 +405,7 @@ def _room_for(table: dict, group: str, removal: str) -> None:
 
 
 def _pid(text: str) -> int:
-    pid = decimal(text, (1 << 22) - 1)
+    pid = decimal(text, MAX_PID)
     if not pid:
         raise InvalidSubmission(f"not a pid: {printable(text[:40])!r}")
     return pid

@@ -60,7 +60,7 @@ from pathlib import Path
 
 from .. import _config
 from .._control import decimal
-from .._proc import parent_of
+from .._proc import MAX_PID, parent_of
 from . import _settings
 from ..errors import ArbiterUnavailable, LibshareError
 
@@ -674,7 +674,7 @@ def _status(pipe_directory: Path, pid: int) -> str | None:
 
 def _child_serving(pipe_directory: Path, parent: int) -> int | None:
     """The pid of the arbiter serving ``pipe_directory`` if it is a child of ``parent``."""
-    pid = decimal(serving_pid(pipe_directory) or "", (1 << 22) - 1)
+    pid = decimal(serving_pid(pipe_directory) or "", MAX_PID)
     return pid if pid and parent_of(pid) == parent else None
 
 

@@ -84,7 +84,7 @@ import time
 from pathlib import Path
 
 from .._control import decimal, printable
-from .._proc import start_time
+from .._proc import MAX_PID, start_time
 from . import _emergency
 from ..errors import InvalidSubmission, Quarantined
 
@@ -110,7 +110,6 @@ _MAX_CLIENTS = 256  # process identities kept
 _MAX_PROGRAMS = 1024  # modules kept
 _MAX_REASONS = 4  # the latest reasons kept per entry
 _MAX_TEXT = 200  # characters kept of a name, a command line or a reason
-_MAX_PID = 1 << 22
 
 
 class Quarantine:
@@ -374,7 +373,7 @@ class Quarantine:
             raise InvalidSubmission("this arbiter keeps no quarantine (it serves no pipe directory)")
         what = what.strip().lower()
         everything = what == "all"
-        pid = decimal(what, _MAX_PID - 1) or None
+        pid = decimal(what, MAX_PID) or None
         prefix = what if 8 <= len(what) <= 64 and all(c in "0123456789abcdef" for c in what) else None
         if not (everything or pid or prefix):
             raise InvalidSubmission(f"clear_quarantine takes a client pid, a program's SHA-256 (8 to 64 hex "
@@ -527,7 +526,7 @@ def _sweep(directory: Path) -> list[dict]:
 def _record(data) -> dict | None:
     """A journal record, checked; None if anything is off."""
     if not isinstance(data, dict) or data.get("action") not in _ACTIONS or \
-            not _int(data.get("arbiter"), 1, _MAX_PID) or not _int(data.get("arbiter_start"), 0, 1 << 63):
+            not _int(data.get("arbiter"), 1, MAX_PID + 1) or not _int(data.get("arbiter_start"), 0, 1 << 63):
         return None
     client, program, since = _identity(data.get("client")), data.get("program"), data.get("since")
     if client is None or (program is not None and not _digest(program)) or not _number(since):
@@ -537,7 +536,7 @@ def _record(data) -> dict | None:
 
 
 def _identity(data) -> dict | None:
-    if not isinstance(data, dict) or not _int(data.get("pid"), 1, _MAX_PID) or \
+    if not isinstance(data, dict) or not _int(data.get("pid"), 1, MAX_PID + 1) or \
             not _int(data.get("uid"), 0, 1 << 32) or not _int(data.get("start"), 0, 1 << 63):
         return None
     name, cmdline = data.get("name"), data.get("cmdline")

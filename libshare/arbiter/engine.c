@@ -784,6 +784,9 @@ static int check_desc(ls_engine *e, struct client *c, const struct ls_desc *d, s
 /* Have the device write ``ended`` into flight f's progress word, after the command before it (each
  * recording ends with a barrier whose second scope holds transfers, and the next one's makes the
  * write visible to the host): the watchdog's measure of a batch, see check_watchdog. */
+/* Whether flight f carries progress marks: a batch, with the mapped word to mark. */
+static int marked_batch(const struct flight *f) { return f->progress && f->count > 1; }
+
 static void mark_progress(ls_engine *e, struct flight *f, uint32_t ended)
 {
     e->vk.CmdFillBuffer(f->cb, f->results, PROGRESS_OFFSET, sizeof(uint32_t), ended);
@@ -802,31 +805,31 @@ static int submit(ls_engine *e)
     VkCommandBufferBeginInfo begin = {VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO, NULL,
                                       VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT, NULL};
     VkResult result = e->vk.BeginCommandBuffer(f->cb, &begin);
-    int marked = f->progress && f->count > 1;  /* a batch: a progress marker after each command */
+    int marked = marked_batch(f);
     if (marked)
         *f->progress = 0;
-    if (result == VK_SUCCESS && f->timed) {  /* a timestamp before the first recording and after each */
-        e->vk.CmdResetQueryPool(f->cb, f->queries, 0, LS_ENGINE_MAX_BATCH + 1);
-        e->vk.CmdWriteTimestamp(f->cb, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, f->queries, 0);
+    if (result == VK_SUCCESS && !f->timed && !marked) {
+        e->vk.CmdExecuteCommands(f->cb, f->count, f->secondaries);  /* nothing goes between them */
+    } else if (result == VK_SUCCESS) {  /* one recording at a time, each followed by its marks */
+        if (f->timed) {  /* a timestamp before the first recording and after each */
+            e->vk.CmdResetQueryPool(f->cb, f->queries, 0, LS_ENGINE_MAX_BATCH + 1);
+            e->vk.CmdWriteTimestamp(f->cb, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, f->queries, 0);
+        }
         for (uint32_t k = 0; k < f->count; k++) {
             e->vk.CmdExecuteCommands(f->cb, 1, &f->secondaries[k]);
-            e->vk.CmdWriteTimestamp(f->cb, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, f->queries, k + 1);
+            if (f->timed)
+                e->vk.CmdWriteTimestamp(f->cb, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, f->queries, k + 1);
             if (marked)
                 mark_progress(e, f, k + 1);
         }
-        e->vk.CmdCopyQueryPoolResults(f->cb, f->queries, 0, f->count + 1, f->results, 0, 8,
-                                      VK_QUERY_RESULT_64_BIT | VK_QUERY_RESULT_WAIT_BIT);
-        VkMemoryBarrier barrier = {VK_STRUCTURE_TYPE_MEMORY_BARRIER, NULL, VK_ACCESS_TRANSFER_WRITE_BIT,
-                                   VK_ACCESS_HOST_READ_BIT};
-        e->vk.CmdPipelineBarrier(f->cb, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_PIPELINE_STAGE_HOST_BIT, 0, 1, &barrier, 0,
-                                 NULL, 0, NULL);
-    } else if (result == VK_SUCCESS && marked) {
-        for (uint32_t k = 0; k < f->count; k++) {
-            e->vk.CmdExecuteCommands(f->cb, 1, &f->secondaries[k]);
-            mark_progress(e, f, k + 1);
+        if (f->timed) {
+            e->vk.CmdCopyQueryPoolResults(f->cb, f->queries, 0, f->count + 1, f->results, 0, 8,
+                                          VK_QUERY_RESULT_64_BIT | VK_QUERY_RESULT_WAIT_BIT);
+            VkMemoryBarrier barrier = {VK_STRUCTURE_TYPE_MEMORY_BARRIER, NULL, VK_ACCESS_TRANSFER_WRITE_BIT,
+                                       VK_ACCESS_HOST_READ_BIT};
+            e->vk.CmdPipelineBarrier(f->cb, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_PIPELINE_STAGE_HOST_BIT, 0, 1, &barrier,
+                                     0, NULL, 0, NULL);
         }
-    } else if (result == VK_SUCCESS) {
-        e->vk.CmdExecuteCommands(f->cb, f->count, f->secondaries);
     }
     if (result == VK_SUCCESS)
         result = e->vk.EndCommandBuffer(f->cb);
@@ -1084,7 +1087,7 @@ static void check_watchdog(ls_engine *e)
         return;
     struct flight *f = flight_at(e, 0);
     int64_t now = now_ns(), limit = (int64_t)e->policy.watchdog_ns, since = f->head_since;
-    int marked = f->progress && f->count > 1;
+    int marked = marked_batch(f);
     if (marked) {
         uint32_t ended = *f->progress;
         if (ended != f->progress_seen) {
