@@ -62,6 +62,8 @@ class Stats:
     pending: int
     closing: int
     muted: int
+    table_slots: int
+    table_probes: int
 
 
 _STATS_FIELDS = [f for f in Stats.__dataclass_fields__]

@@ -195,13 +195,27 @@ struct object {
     uint32_t client;
 };
 
-/* Open addressing, keyed by (kind, id); never more than half full. */
+/* Open addressing, keyed by (kind, id), with linear probes. A removed slot holds the table's
+ * own address (a tombstone), so probes go on past it. Live entries and tombstones together
+ * never fill more than half the slots, so every probe ends at an empty one. When they would,
+ * the table is rebuilt without its tombstones at the size its live entries need: a client that
+ * allocates and frees for ever keeps a table of constant size. The ids are the client's
+ * (reattach names them), so the hash mixes every bit of them into the low bits a probe uses. */
 struct table {
     struct object **slots;
-    uint32_t cap, used;
+    uint32_t cap, used, live;           /* used: live entries and tombstones */
+    uint32_t longest;                   /* the most slots a put has probed (ls_engine_stats) */
 };
 
-static uint32_t hash_key(uint32_t kind, uint32_t id) { return (id * 2654435761u) ^ (kind * 40503u); }
+static uint32_t hash_key(uint32_t kind, uint32_t id)
+{
+    uint32_t h = id ^ (kind * 0x9e3779b9u);     /* murmur3's finaliser: each input bit moves each output bit */
+    h ^= h >> 16, h *= 0x85ebca6bu;
+    h ^= h >> 13, h *= 0xc2b2ae35u;
+    return h ^ (h >> 16);
+}
+
+static int is_taken(const struct table *t, const struct object *o) { return o && o != (const struct object *)t; }
 
 static struct object **table_find(struct table *t, uint32_t kind, uint32_t id)
 {
@@ -211,35 +225,58 @@ static struct object **table_find(struct table *t, uint32_t kind, uint32_t id)
         struct object *o = t->slots[i];
         if (!o)
             return NULL;
-        if (o != (struct object *)t && o->id == id && o->kind == kind)
+        if (is_taken(t, o) && o->id == id && o->kind == kind)
             return &t->slots[i];
     }
 }
 
+/* Rebuild with room for live entries to double before the next rebuild, tombstones gone. */
+static int table_rebuild(struct table *t, uint32_t live)
+{
+    uint32_t cap = 16;
+    while (cap < 4 * live)
+        cap *= 2;
+    struct object **old = t->slots, **slots = calloc(cap, sizeof *slots);
+    if (!slots)
+        return -ENOMEM;
+    uint32_t old_cap = t->cap;
+    t->slots = slots, t->cap = cap, t->used = t->live = 0;
+    for (uint32_t k = 0; k < old_cap; k++) {
+        if (!is_taken(t, old[k]))
+            continue;
+        uint32_t i = hash_key(old[k]->kind, old[k]->id) & (cap - 1);
+        while (slots[i])
+            i = (i + 1) & (cap - 1);
+        slots[i] = old[k];
+        t->used++, t->live++;
+    }
+    free(old);
+    return 0;
+}
+
+/* Add o, whose (kind, id) the table does not hold. */
 static int table_put(struct table *t, struct object *o)
 {
     if (2 * (t->used + 1) > t->cap) {
-        uint32_t cap = t->cap ? 2 * t->cap : 16;
-        struct object **old = t->slots, **slots = calloc(cap, sizeof *slots);
-        if (!slots)
-            return -ENOMEM;
-        uint32_t old_cap = t->cap;
-        t->slots = slots, t->cap = cap, t->used = 0;
-        for (uint32_t i = 0; i < old_cap; i++)
-            if (old[i] && old[i] != (struct object *)t)
-                table_put(t, old[i]);
-        free(old);
+        int rc = table_rebuild(t, t->live + 1);
+        if (rc < 0)
+            return rc;
     }
-    for (uint32_t i = hash_key(o->kind, o->id) & (t->cap - 1);; i = (i + 1) & (t->cap - 1))
-        if (!t->slots[i] || t->slots[i] == (struct object *)t) {
-            t->slots[i] = o;
-            t->used++;
-            return 0;
-        }
+    uint32_t i = hash_key(o->kind, o->id) & (t->cap - 1), probes = 1;
+    for (; is_taken(t, t->slots[i]); probes++)
+        i = (i + 1) & (t->cap - 1);
+    t->longest = probes > t->longest ? probes : t->longest;
+    t->used += !t->slots[i];            /* a tombstone reused was counted already */
+    t->live++;
+    t->slots[i] = o;
+    return 0;
 }
 
-/* A removed slot holds the table's own address (a tombstone), so probes go on past it. */
-static void table_remove(struct table *t, struct object **slot) { *slot = (struct object *)t; }
+static void table_remove(struct table *t, struct object **slot)
+{
+    *slot = (struct object *)t;
+    t->live--;
+}
 
 /* ------------------------------------------------------------------ recordings */
 
@@ -1687,7 +1724,7 @@ int ls_engine_remove_client(ls_engine *e, uint32_t slot)
         free(c->buckets);
         for (uint32_t i = 0; i < c->objects.cap; i++) {
             struct object *o = c->objects.slots[i];
-            if (o && o != (struct object *)&c->objects) {
+            if (is_taken(&c->objects, o)) {
                 if (o->in_flight)
                     o->freed = 1, o->client = slot;  /* abandoned work still names it: leak, never free */
                 else
@@ -1729,6 +1766,8 @@ int ls_engine_stats(ls_engine *e, uint32_t slot, struct ls_engine_stats *out)
         out->outstanding = c->outstanding;
         out->closing = c->closing;
         out->muted = now_ns() < c->muted_until;
+        out->table_slots = c->objects.cap;
+        out->table_probes = c->objects.longest;
     }
     pthread_mutex_unlock(&e->lock);
     return c ? 0 : -ENOENT;
@@ -1753,6 +1792,8 @@ int ls_engine_take_usage(ls_engine *e, uint32_t slot, struct ls_engine_stats *ou
         c->stats.pending = pending > 0 ? (uint32_t)pending : 0;   /* a corrupt ring: the next look drops it */
         *out = c->stats;
         out->outstanding = c->outstanding;
+        out->table_slots = c->objects.cap;
+        out->table_probes = c->objects.longest;
         c->stats.popped_since = c->stats.charged_since = c->stats.charged_ns_since = 0;
     }
     pthread_mutex_unlock(&e->lock);

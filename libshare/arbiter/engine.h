@@ -92,6 +92,8 @@ struct ls_engine_stats {
     uint32_t pending;                   /* waiting in the ring at the last look (take_usage: now) */
     uint32_t closing;
     uint32_t muted;
+    uint32_t table_slots;               /* the size of the client's object table */
+    uint32_t table_probes;              /* the most slots one insertion into it has probed */
 };
 
 typedef struct ls_engine ls_engine;

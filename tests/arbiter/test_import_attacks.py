@@ -10,6 +10,7 @@ error to that client alone, the arbiter keeps no descriptor of it, and it stays 
 from __future__ import annotations
 
 import array
+import contextlib
 import fcntl
 import mmap
 import os
@@ -18,6 +19,7 @@ import struct
 
 import numpy as np
 import libshare
+from libshare.arbiter import Arbiter
 from libshare._buffers import Buffer
 from libshare._control import ControlConnection
 from libshare.ring._region import sealed_memfd
@@ -125,3 +127,28 @@ def test_an_imported_memfd_is_the_same_memory(daemon):
 def reply_to(sock: socket.socket, fields: dict) -> dict:
     sock.sendall(frame(fields))
     return reply(sock)
+
+
+def test_ids_a_session_picks_cannot_crowd_the_engines_table(tmp_path):
+    """A reattaching session picks its ids. The engine's hash kept the low bits of id times a
+    constant, so ids that are multiples of 2**16 all started probing at one slot: the n-th such
+    buffer took n probes to add, and the engine walked that run for each of its lookups."""
+    pipe_dir = tmp_path / "pipe"
+    pipe_dir.mkdir(mode=0o700)
+    arbiter = Arbiter()
+    try:
+        arbiter.serve(pipe_dir / "control")
+        attacker = session_raw(pipe_dir)
+        with contextlib.closing(attacker):
+            for k in range(1, 301):
+                fd = sealed_memfd("crowd", PAGE)
+                try:
+                    answer = _import(attacker, fd, PAGE, id=k << 16)
+                finally:
+                    os.close(fd)
+                assert answer.get("ok"), answer
+            (client,) = arbiter.drainer.clients.values()
+            probes = arbiter.drainer.engine.stats(client.slot).table_probes
+    finally:
+        arbiter.close()
+    assert 1 <= probes <= 32, f"adding one of 300 buffers took {probes} probes"
