@@ -65,7 +65,7 @@ _WRITE_SEALS = fcntl.F_SEAL_WRITE | getattr(fcntl, "F_SEAL_FUTURE_WRITE", 0x10)
 
 def check_sealed_memfd(fd: int, size: int) -> None:
     """Check that a descriptor a peer sent is what :func:`sealed_memfd` makes: a memfd of exactly
-    ``size`` bytes, open for reading and writing, whose size no process can change and which no
+    ``size`` bytes, of ordinary pages, open for reading and writing, whose size no process can change and which no
     process can make read-only (so that mapping it can never fault); InvalidSubmission if not.
 
     ``F_SEAL_SEAL`` makes the seals final, so what is checked here stays true afterwards."""
@@ -80,6 +80,9 @@ def check_sealed_memfd(fd: int, size: int) -> None:
                                        "shrinking and growing (and sealing), and not against writing")
     if status.st_size != size:
         raise errors.InvalidSubmission(f"the memfd holds {status.st_size} bytes, not the {size} declared")
+    if status.st_blksize != mmap.PAGESIZE:  # hugetlbfs: its pages are reserved apart, and mapping may fail
+        raise errors.InvalidSubmission(f"the memfd has {status.st_blksize}-byte pages (MFD_HUGETLB?): a buffer's "
+                                       f"memfd is a plain one, of {mmap.PAGESIZE}-byte pages")
     if mode != os.O_RDWR:
         raise errors.InvalidSubmission("the memfd is not open for reading and writing")
 

@@ -47,6 +47,17 @@ def _memfd(size: int, seals: int) -> int:
 _SHRINK_GROW_SEAL = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 
 
+def _hugetlb_memfd(size: int) -> int | None:
+    """A sealed MFD_HUGETLB memfd of ``size`` bytes, or None where the kernel makes none."""
+    try:
+        fd = os.memfd_create("attack", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING | os.MFD_HUGETLB)
+    except OSError:
+        return None
+    os.ftruncate(fd, size)
+    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SHRINK_GROW_SEAL)
+    return fd
+
+
 def _attacks(tmp_path):
     """(what, a descriptor the attack sends, the size it declares, the words the refusal must say)."""
     plain = tmp_path / "plain"
@@ -58,6 +69,9 @@ def _attacks(tmp_path):
     yield "a memfd sealed but not against shrinking", _memfd(PAGE, fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL), PAGE, "seals"
     yield "a write-sealed memfd", _memfd(PAGE, _SHRINK_GROW_SEAL | fcntl.F_SEAL_WRITE), PAGE, "seals"
     yield "a memfd smaller than declared", sealed_memfd("attack", PAGE), 4 * PAGE, "holds 4096 bytes"
+    huge = _hugetlb_memfd(2 << 20)
+    if huge is not None:  # every check but its pages passes
+        yield "a hugetlb memfd", huge, 2 << 20, "2097152-byte pages"
     yield "a memfd opened read-only", os.open(f"/proc/self/fd/{read_only}", os.O_RDONLY), PAGE, "reading and writing"
     os.close(read_only)
 
@@ -69,7 +83,7 @@ def test_hostile_imports_are_refused_and_leave_nothing(daemon, tmp_path):
         attacker = session_raw(pipe_dir)
         try:
             before = open_fds(process.pid)
-            for _ in range(20):  # 140 descriptors sent: none may stay
+            for _ in range(20):  # 160 descriptors sent: none may stay
                 for what, fd, size, words in _attacks(tmp_path):
                     try:
                         answer = _import(attacker, fd, size)
