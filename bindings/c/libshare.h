@@ -36,6 +36,7 @@ extern "C" {
 #define LS_SPIN_NONE 2                  /* or sleep at once */
 #define LS_NEED_WAKEUP 1                /* in sq_flags / cq_flags: the sleeper wants a wake */
 #define LS_NEED_WAKEUP_FD 2             /* in cq_flags: an async waiter wants a byte on its doorbell socket */
+#define LS_NEED_ROOM 4                  /* in sq_flags: the consumer waits for the client to read completions */
 
 #define LS_PEER_ALIVE 1                 /* in *_state */
 #define LS_PEER_CLOSED 2
@@ -195,6 +196,10 @@ int ls_sq_pop(ls_region *r, char *out, uint32_t max);
 int ls_sq_pending(ls_region *r);
 int ls_sq_wait(ls_region *r, int64_t spin_ns, int64_t timeout_ns);
 int ls_sq_arm(ls_region *r);
+/* Ask to be woken when the client reads a completion (LS_NEED_ROOM, beside LS_NEED_WAKEUP), then
+ * look: the completion ring's free slots (ls_cq_space). For a consumer whose client has work
+ * waiting but no free completion slot for its answer. */
+int ls_sq_arm_room(ls_region *r);
 void ls_sq_disarm(ls_region *r);
 int ls_desc_check(const struct ls_desc *d);
 

@@ -24,8 +24,14 @@ them without asking (the common case never takes the GIL). The policy, in order:
    that add up to 100% all meet it together) and nothing runs, the one least
    over its ceiling gets a slice.
 3. **Fair share** (mode ``fairshare``). Within a priority, the client with the
-   least device time per unit of weight drains first and gets one slice; in
-   ``throughput`` mode every client gets all it has, in turn.
+   least device time per unit of weight drains first and gets one slice; a client
+   ahead of it by more than two slices waits while anything runs on the device
+   (it goes after it on an idle device: a client whose work takes no device time,
+   fences or refused descriptors, is always the least served and must not hold
+   the device idle), and no waiting client trails the most served of its
+   priority by more than ``_LAG_NS`` (a newcomer does not catch up the whole
+   history of the others). In ``throughput`` mode every client gets all it has,
+   in turn.
 
 "Recent" device time decays with a time constant of ``_DECAY_NS``.
 """
@@ -43,6 +49,7 @@ _RANK = {name: rank for rank, name in enumerate(PRIORITIES)}
 _ACTIVE_NS = 200_000_000  # a client that submitted this recently still counts as wanting the device
 _SLICE_NS = 200_000  # device time a slice of lower-priority (or fairshare) work may take
 _DECAY_NS = 250_000_000  # time constant of "recent" device time
+_LAG_NS = 50_000_000  # fairshare: the most device time a waiting client may trail the most served by
 _DECAY_STEP_NS = 2_000_000  # decay at most this often
 _UNTIMED_NS = 50_000  # cost booked for a command when the arbiter runs without timestamps
 
@@ -194,7 +201,7 @@ class Scheduler:
         if self.mode == "throughput" and all(ranks[c.id] == top for c in waiting) and not self._any_share():
             return [(c, max_budget) for c in waiting]  # the waiting clients are alike
         total_recent = sum(self.usage(c).recent_ns + self.usage(c).queued_ns for c in clients) or 1.0
-        least_served = min(self.usage(c).total_ns for c in waiting)
+        least_served = self._least_served([c for c in waiting if ranks[c.id] == top]) if self.mode == "fairshare" else 0
         plan, held = [], []
         lower_ns = 0 if in_flight else _SLICE_NS  # lower-priority work this pass may still take
         for client in sorted(waiting, key=self._order_key):
@@ -209,8 +216,9 @@ class Scheduler:
                     continue
                 lower_ns -= budget * per_command
             elif self.mode == "fairshare":
-                if in_flight >= self.max_in_flight or self.usage(client).total_ns > least_served + 2 * _SLICE_NS:
-                    continue  # ahead of the least-served waiting client: let it catch up
+                ahead = self.usage(client).total_ns > least_served + 2 * _SLICE_NS
+                if in_flight >= self.max_in_flight or (ahead and in_flight):
+                    continue  # ahead of the least-served waiting client: let it catch up (on an idle device, after it)
                 budget = self._slice(client)
             else:
                 budget = max_budget if headroom is None else self._slice(client, headroom)
@@ -219,6 +227,20 @@ class Scheduler:
             client = max(held, key=lambda item: item[0])[1]  # (every waiting client at its ceiling: shares
             plan.append((client, self._slice(client)))      # that add up to 100% all meet it at once)
         return plan
+
+    def _least_served(self, rivals: list) -> float:
+        """The least device time (per weight) among ``rivals``, the waiting clients of the top
+        priority, once none of them trails the most served by more than ``_LAG_NS``: a client
+        that was idle, or new, catches up that much at most, not the whole history of the
+        others (a newcomer would otherwise hold back, for as long as they had run, every client
+        that had run long)."""
+        if not rivals:
+            return 0.0
+        most = max(self.usage(c).total_ns for c in rivals)
+        for client in rivals:
+            usage = self.usage(client)
+            usage.total_ns = max(usage.total_ns, most - _LAG_NS)
+        return min(self.usage(c).total_ns for c in rivals)
 
     def arbitrates(self, clients: list) -> bool:
         """False when every pass would give every waiting client all it has (no plan is needed):

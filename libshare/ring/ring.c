@@ -51,6 +51,13 @@
  * an event loop, which cannot block in a futex, asks for a byte on its end of
  * the doorbell instead (ls_cq_arm sets LS_NEED_WAKEUP_FD) and polls it; the
  * poster takes both flags at once and wakes each kind of waiter it finds.
+ * A consumer may also wait for the completion ring to drain: a client whose
+ * ring holds work while every completion slot is taken cannot be given more
+ * (its answers would have nowhere to go), and polling it would keep the
+ * consumer's core busy for as long as the client chose not to read. So the
+ * consumer sets LS_NEED_ROOM as well (ls_sq_arm_room), and ls_cq_pop, after
+ * releasing slots, rings the consumer the same way a push does when it finds
+ * that flag.
  * Every sleep is cut into slices of at most LS_SLICE_NS; between slices the
  * sleeper checks that its peer is alive (a pidfd, or the peer's state word),
  * so a dead peer is noticed within one slice.
@@ -387,15 +394,17 @@ static int lane_free(ls_region *r, struct ls_lane *l, uint32_t *tail_out)
     return (int)(r->lane_entries - used);
 }
 
-static void notify_consumer(ls_region *r)
+/* Wake the consumer if it asked for it with flag (LS_NEED_WAKEUP after a push, LS_NEED_ROOM after a
+ * completion pop); the first waker takes every flag, and the consumer arms again. */
+static void notify_consumer(ls_region *r, uint32_t flag)
 {
     struct ls_bells *b = r->bells;
-    /* Pairs with the ls_smp_mb in ls_sq_wait after it sets NEED_WAKEUP: either it
-     * sees our tail, or we see its flag. */
+    /* Pairs with the ls_smp_mb in ls_sq_wait (ls_sq_arm, ls_sq_arm_room) after it sets its flags:
+     * either it sees our tail (or head), or we see its flag. */
     ls_smp_mb();
-    if (!(ls_load_relaxed(&b->sq_flags) & LS_NEED_WAKEUP))
+    if (!(ls_load_relaxed(&b->sq_flags) & flag))
         return;
-    if (!(ls_exchange(&b->sq_flags, 0) & LS_NEED_WAKEUP))
+    if (!(ls_exchange(&b->sq_flags, 0) & flag))
         return;                         /* another producer took the wake */
     ls_fetch_add(&b->sq_bell, 1);
     if (r->wake_fd >= 0) {
@@ -433,7 +442,7 @@ int ls_push(ls_producer *p, const char *descs, uint32_t count)
     memcpy(lane_slots(l), descs + (size_t)part * LS_DESC_SIZE, (size_t)(n - part) * LS_DESC_SIZE);
     /* Pairs with the consumer's load-acquire of tail in ls_sq_pop: it sees the slots. */
     ls_store_release(&l->tail, tail + n);
-    notify_consumer(r);
+    notify_consumer(r, LS_NEED_WAKEUP);
     return (int)n;
 }
 
@@ -463,7 +472,7 @@ int ls_commit(ls_producer *p, uint32_t count)
     if (ls_load_relaxed(&l->reserved_tail) - tail < count)
         return -EINVAL;                 /* committing more than was reserved */
     ls_store_release(&l->tail, tail + count);   /* pairs with ls_sq_pop's load-acquire */
-    notify_consumer(p->r);
+    notify_consumer(p->r, LS_NEED_WAKEUP);
     return 0;
 }
 
@@ -684,6 +693,14 @@ int ls_sq_arm(ls_region *r)
     return ls_sq_pending(r);
 }
 
+int ls_sq_arm_room(ls_region *r)
+{
+    ls_store_relaxed(&r->bells->sq_flags, LS_NEED_WAKEUP | LS_NEED_ROOM);
+    /* Pairs with the ls_smp_mb in notify_consumer after ls_cq_pop releases slots. */
+    ls_smp_mb();
+    return ls_cq_space(r);
+}
+
 void ls_sq_disarm(ls_region *r) { ls_store_relaxed(&r->bells->sq_flags, 0); }
 
 /* ------------------------------------------------------------------ completions */
@@ -750,6 +767,8 @@ int ls_cq_pop(ls_region *r, char *out, uint32_t max)
     r->cq_head += n;
     /* Pairs with the arbiter's load-acquire of head in ls_cq_space. */
     ls_store_release(&r->cq->head, r->cq_head);
+    if (n)
+        notify_consumer(r, LS_NEED_ROOM);  /* a consumer waiting for room to answer in */
     return (int)n;
 }
 

@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 
 import libshare
+from libshare import _control
 from libshare import _protocol as protocol
 from libshare._proc import cpu_seconds
 from libshare.ring import C
@@ -358,6 +359,36 @@ def hammer(pipe_dir: str) -> None:
     os._exit(0)  # the ringing thread never ends
 
 
+def fill_completions(pipe_dir: str) -> None:
+    """Push NOPs until the completion ring is full and a few more wait behind it in the lanes,
+    reading no completion; at the stdin line 'read', read them all (every ticket must be
+    answered, the ones that waited too) and print 'ok N'. Exits at EOF."""
+    session = libshare.connect(name="filler", mode="daemon", pipe_directory=pipe_dir)
+    region = session._region
+    producers = []
+    for lane in range(region.lane_count):  # every lane, under made-up thread ids
+        out = ffi.new("ls_producer **")
+        if lib.ls_producer_open(region._c(), 1 << 22 | lane, os.getpid(), out) == 0:
+            producers.append(out[0])
+    wanted, pushed, capacity = region.cq_entries + 8, 0, sum(lib.ls_space(p) for p in producers)
+    while pushed < wanted:
+        if not any(lib.ls_push_op(p, pushed + 1, C.OP_NOP, 0, 0, 0, 0, 0, ffi.NULL, 0, ffi.NULL, ffi.NULL, 0) == 1
+                   for p in producers):  # every lane full: wait until the engine has popped (answered) one
+            region.wait_completions(pushed - capacity + 1, timeout=30)
+            continue
+        pushed += 1
+    region.wait_completions(region.cq_entries, timeout=30)  # answered as far as its slots go: full
+    print("ready", flush=True)
+    for line in sys.stdin:
+        if line.strip() == "read":
+            answered = set()
+            while len(answered) < wanted:
+                region.wait_completions(1, timeout=30)
+                answered.update(int(t) for t in region.completions()["ticket"])
+            print("ok", len(answered), flush=True)
+    os._exit(0)
+
+
 if __name__ == "__main__":
     globals()[sys.argv[1]](*sys.argv[2:])
 
@@ -388,4 +419,30 @@ def test_descriptors_rung_through_a_doorbell_are_not_kept(daemon):
             bell.close()
             for fd in spare:
                 os.close(fd)
+    assert_no_traceback(pipe_dir)
+
+
+@pytest.mark.parametrize("mode", ["throughput", "fairshare"])
+def test_a_client_that_never_reads_its_completions_stalls_no_one(daemon, mode):
+    """A client whose completion ring is full, with work waiting behind it in its lanes, can be
+    given nothing more until it reads. The engine counted it as waiting all the same: it polled
+    that ring with a core flat out for as long as the client stayed, and fairshare, finding it the
+    least served, held every other client back (an honest round trip took 25.7 s, until the
+    filler exited). Now it is not waiting, the engine sleeps, and its read wakes the engine."""
+    process, pipe_dir = daemon
+    assert _control.run("set_scheduling_mode", mode, pipe_directory=pipe_dir) == mode
+    session, program, x, y = honest(pipe_dir)
+    with session:
+        assert len(round_trips(session, program, x, y)) == ROUNDS  # device time: ahead of the filler
+        filler = start_attacker("fill_completions", pipe_dir)
+        try:
+            times = round_trips(session, program, x, y)
+            assert len(times) == ROUNDS and max(times) < SLOW, f"a round trip took {max(times):.2f} s"
+            assert np.all(y == 2.0 * ROUNDS)
+            assert_rests(process.pid, "stalled")
+            filler.stdin.write("read\n")
+            filler.stdin.flush()
+            assert filler.stdout.readline().split() == ["ok", "1032"]  # the 8 that waited were answered
+        finally:
+            stop_attacker(filler)
     assert_no_traceback(pipe_dir)

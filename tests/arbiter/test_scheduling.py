@@ -191,6 +191,48 @@ def test_scheduler_orders_by_priority_then_least_served():
     assert [c.id for c, _ in plan if c.priority == "normal"] == [4]  # a is far ahead: b catches up
 
 
+class _Fake:
+    """What the scheduler reads of a client."""
+
+    def __init__(self, id, priority="normal"):
+        self.id, self.priority, self.group, self.requested_share = id, priority, "", 100
+
+
+def test_fairshare_holds_a_client_ahead_only_while_the_device_is_busy():
+    """The least-served client may be one whose work takes no device time (fences, refused
+    descriptors): it stays least served for ever, and a client ahead of it was never planned while
+    it kept work waiting. Ahead, a client now waits only while something runs, and goes after the
+    least served on an idle device."""
+    scheduler = Scheduler(mode="fairshare")
+    honest, fencer = _Fake(1), _Fake(2)
+    scheduler.charge(honest, 10_000_000)
+    everyone = {1: True, 2: True}
+    assert [c for c, _ in scheduler.plan([honest, fencer], everyone, everyone, 0, 1024)] == [fencer, honest]
+    assert [c for c, _ in scheduler.plan([honest, fencer], everyone, everyone, 1, 1024)] == [fencer]
+
+
+def test_fairshare_compares_device_time_within_the_top_priority_only():
+    """A low client with no device time made every realtime client that had some wait as
+    "ahead" of it (13.8 s in a review's run): fairshare is within a priority."""
+    scheduler = Scheduler(mode="fairshare")
+    realtime, low = _Fake(1, "realtime"), _Fake(2, "low")
+    scheduler.charge(realtime, 10_000_000)
+    everyone = {1: True, 2: True}
+    assert [c for c, _ in scheduler.plan([realtime, low], everyone, everyone, 1, 1024)] == [realtime]
+
+
+def test_fairshare_lets_a_newcomer_catch_up_a_bounded_lag_not_the_whole_history():
+    scheduler = Scheduler(mode="fairshare")
+    old, new = _Fake(1), _Fake(2)
+    for _ in range(100):
+        scheduler.charge(old, 10_000_000)  # 1 s of device time before the newcomer came
+    everyone = {1: True, 2: True}
+    assert [c for c, _ in scheduler.plan([old, new], everyone, everyone, 1, 1024)] == [new]  # it catches up
+    for _ in range(5):
+        scheduler.charge(new, 10_000_000)  # 50 ms: the lag it was allowed
+    assert {c.id for c, _ in scheduler.plan([old, new], everyone, everyone, 1, 1024)} == {1, 2}
+
+
 def test_lower_priorities_share_one_slice_and_take_turns():
     class Fake:
         def __init__(self, id, priority):
