@@ -126,14 +126,19 @@ class Frame:
         self.fds = []
 
 
+def encode(fields: dict, payload: bytes = b"") -> bytes:
+    """One frame's bytes: its header, ``fields`` as JSON, then ``payload``."""
+    body = _ENCODE(fields).encode()
+    if len(body) + len(payload) > MAX_FRAME:
+        raise ProtocolError(f"message of {len(body) + len(payload)} bytes exceeds {MAX_FRAME}")
+    return _HEADER.pack(MAGIC, VERSION, 0, len(body), len(payload)) + body + payload
+
+
 def send(sock: socket.socket, fields: dict, payload: bytes = b"", fds: tuple[int, ...] = ()) -> None:
     """Send one frame (and ``fds`` with it)."""
     if len(fds) > MAX_FDS:
         raise ProtocolError(f"a frame carries at most {MAX_FDS} file descriptors (got {len(fds)})")
-    body = _ENCODE(fields).encode()
-    if len(body) + len(payload) > MAX_FRAME:
-        raise ProtocolError(f"message of {len(body) + len(payload)} bytes exceeds {MAX_FRAME}")
-    frame = _HEADER.pack(MAGIC, VERSION, 0, len(body), len(payload)) + body + payload
+    frame = encode(fields, payload)
     try:
         if fds:
             sent = sock.sendmsg([frame], [(_SOL_SOCKET, _SCM_RIGHTS, array.array("i", fds))])

@@ -23,9 +23,16 @@ Bounds, each enforced here:
   control connection closed this way is closed without a word, as at its deadline: a
   command its client sent meanwhile was never read, and the client sends it again on a
   new connection (``ControlConnection.run``). A uid other
-  than root and the arbiter's own may hold at most a quarter of the places.
+  than root and the arbiter's own may hold at most a quarter of the places, counting
+  its connections out with a control worker (those cannot be closed to make room: one
+  uid that kept 520 cheap commands running once held all 512 places).
 * **Replies** from the gate are sent without blocking; a peer whose socket cannot take
-  a small error reply at once does not read its replies, and is closed.
+  a small error reply at once does not read its replies, and is closed. A control
+  command's reply is sent by its worker as far as the socket takes it at once, and the
+  rest by the gate when the socket is writable; meanwhile the connection's next command
+  is not read, and a reply not taken within ``request_timeout`` closes it. (Sent
+  blocking, a peer that pipelined commands and read no reply held a worker 30 s per
+  command, and four such peers held all of them: the operator waited 27-30 s.)
 * **Accept never dies.** ``accept`` failing for want of descriptors or memory (EMFILE,
   ENFILE, ENOBUFS, ENOMEM) stops accepting for a while (50 ms, doubling to 1 s) and
   logs it once per episode; any other failure is logged and retried the same way. The
@@ -92,6 +99,7 @@ class Waiting:
     begun: bool = False  # its deadline already counts the frame under way
     fd: int = -1
     expires: float = 0.0  # when it must have said hello, or may idle until: its deadline between frames
+    outbox: bytes = b""  # the rest of a control reply its socket could not take at once
 
     def __post_init__(self):
         self.fd = self.conn.fileno()
@@ -131,6 +139,7 @@ class Gate:
         self._waiting: dict[int, Waiting] = {}  # by fd, oldest first
         self._by_uid: dict[int, int] = {}
         self._busy = 0  # control connections out with a worker
+        self._busy_by_uid: dict[int, int] = {}
         self._idle = 0  # control workers waiting for a job
         self._deadlines: list[tuple[float, int, Waiting]] = []
         self._sequence = 0
@@ -231,7 +240,7 @@ class Gate:
             wait = min(wait, self._resume_at - now)
         if self._closed_counts:
             wait = min(wait, self._last_summary + _LOG_EVERY - now)
-        for key, _mask in self._selector.select(max(wait, 0.0)):
+        for key, mask in self._selector.select(max(wait, 0.0)):
             if key.data is None:
                 try:
                     while os.read(self._wake_read, 4096):
@@ -240,6 +249,8 @@ class Gate:
                     pass
             elif key.data == "listener":
                 self._accept()
+            elif mask & selectors.EVENT_WRITE:
+                self._writable(key.data)
             else:
                 self._readable(key.data)
         self._expire(time.monotonic())
@@ -312,8 +323,9 @@ class Gate:
                 f"the arbiter holds {self.max_waiting} connections that have not said hello yet or "
                 "have a control command running; try again"), "refused: the gate was full")
             return
-        try:
-            self._selector.register(waiting.fd, selectors.EVENT_READ, waiting)
+        try:  # a connection whose reply is not all sent is not read: it sends its next command after
+            self._selector.register(waiting.fd, selectors.EVENT_WRITE if waiting.outbox else selectors.EVENT_READ,
+                                    waiting)
         except (OSError, ValueError, KeyError):
             waiting.conn.close()
             return
@@ -322,8 +334,12 @@ class Gate:
         self._schedule(waiting)
 
     def _make_room(self, uid: int) -> bool:
-        """Close the longest-waiting connection(s) until ``uid`` may add one; False when none can go."""
-        if uid not in (0, os.getuid()) and self._by_uid.get(uid, 0) >= self._per_uid:
+        """Close the longest-waiting connection(s) until ``uid`` may add one; False when none can go.
+        A uid's connections out with a control worker count towards its places too (they cannot be
+        closed to make room: a uid that kept all of them busy once held every place)."""
+        with self._lock:
+            busy = self._busy_by_uid.get(uid, 0)
+        if uid not in (0, os.getuid()) and self._by_uid.get(uid, 0) + busy >= self._per_uid:
             oldest = next((w for w in self._waiting.values() if w.uid == uid), None)
             if oldest is None:
                 return False
@@ -393,12 +409,28 @@ class Gate:
         except (LibshareError, OSError):
             return False
 
+    def _writable(self, waiting: Waiting) -> None:
+        """Send more of a control reply; once it is all sent, read the connection's next command."""
+        if self._waiting.get(waiting.fd) is not waiting:
+            return
+        try:
+            waiting.outbox = waiting.outbox[_send_some(waiting.conn, waiting.outbox):]
+        except OSError:  # the peer left
+            self._drop(waiting, None)
+            return
+        if not waiting.outbox:
+            self._selector.modify(waiting.fd, selectors.EVENT_READ, waiting)
+            waiting.between_frames(time.monotonic() + self.control_idle)
+            self._schedule(waiting)
+
     def _expire(self, now: float) -> None:
         while self._deadlines and self._deadlines[0][0] <= now:
             deadline, _, waiting = heapq.heappop(self._deadlines)
             if self._waiting.get(waiting.fd) is not waiting or waiting.deadline != deadline:
                 continue  # gone, or its deadline moved
-            if waiting.begun and deadline < waiting.expires:
+            if waiting.outbox:
+                self._drop(waiting, f"a control reply not read within {self.request_timeout:g} s")
+            elif waiting.begun and deadline < waiting.expires:
                 self._drop(waiting, f"a frame not finished within {self.request_timeout:g} s",
                            ProtocolError(f"a frame was begun and not finished within {self.request_timeout:g} s"))
             elif waiting.control:  # the operator's tool dials again when it needs to
@@ -482,6 +514,7 @@ class Gate:
             return
         with self._lock:
             self._busy += 1
+            self._busy_by_uid[waiting.uid] = self._busy_by_uid.get(waiting.uid, 0) + 1
         self._start_worker()
         self._jobs.put((waiting, frame))
 
@@ -510,13 +543,14 @@ class Gate:
                 self._idle += 1
 
     def _serve_control(self, waiting: Waiting, frame: protocol.Frame) -> None:
+        """Run one command and send what its reply's socket takes at once: the gate sends the rest
+        (a peer that does not read its replies once held a worker for 30 s per command, and four
+        such peers held every worker)."""
         conn = waiting.conn
         keep = False
         try:
-            reply = self._run_control(frame.fields, waiting.pid, waiting.uid)
-            conn.settimeout(self.request_timeout)  # a peer that does not read its reply is dropped
-            protocol.send(conn, reply)
-            conn.setblocking(False)
+            reply = protocol.encode(self._run_control(frame.fields, waiting.pid, waiting.uid))
+            waiting.outbox = reply[_send_some(conn, reply):]
             keep = True
         except (LibshareError, OSError):
             pass
@@ -524,9 +558,15 @@ class Gate:
             log.exception("control command")
         with self._lock:
             self._busy -= 1
+            self._busy_by_uid[waiting.uid] -= 1
+            if not self._busy_by_uid[waiting.uid]:
+                del self._busy_by_uid[waiting.uid]
             if keep and not self.closed:
                 waiting.control = True
-                waiting.between_frames(time.monotonic() + self.control_idle)
+                now = time.monotonic()
+                waiting.between_frames(now + self.control_idle)
+                if waiting.outbox:  # it must read the reply within the request bound
+                    waiting.deadline = now + self.request_timeout
                 self._incoming.append(waiting)
                 keep = "handed"
         if keep == "handed":
@@ -576,6 +616,14 @@ class FdBudget:
         """A client took a slot: its descriptors are open now."""
         with self._lock:
             self._bound += self.per_client
+
+
+def _send_some(conn: socket.socket, data: bytes) -> int:
+    """Send what a non-blocking socket takes of ``data`` now; how many bytes (OSError: the peer left)."""
+    try:
+        return conn.send(data)
+    except (BlockingIOError, InterruptedError):
+        return 0
 
 
 def open_fds() -> int:

@@ -10,17 +10,21 @@ from __future__ import annotations
 
 import array
 import contextlib
+import fcntl
 import json
 import math
 import os
 import random
 import resource
+import select
 import shutil
 import socket
 import struct
 import subprocess
 import sys
 import tempfile
+import threading
+import termios
 from pathlib import Path
 
 import numpy as np
@@ -594,6 +598,138 @@ def test_multi_user_mode_serves_other_users_and_hides_the_details_of_clients(ope
             assert process.poll() is None
         finally:
             secret.communicate("", timeout=60)
+
+
+def _pipeline_unread(pipe_dir: Path, commands: int) -> socket.socket:
+    """A control connection that sends ``commands`` commands (as many as its socket takes) and
+    reads no reply: an unknown command, whose reply (the list of commands) is 700 bytes."""
+    sock = connect_raw(pipe_dir)
+    sock.setblocking(False)
+    request = frame({"op": "control", "command": "no_such_command"})
+    with contextlib.suppress(BlockingIOError):
+        for _ in range(commands):
+            sock.send(request)
+    return sock
+
+
+def _closed_by_peer(sock: socket.socket) -> bool:
+    """True once the arbiter has closed ``sock`` (reset, with replies unread, or at EOF after them)."""
+    sock.settimeout(30)
+    try:
+        while sock.recv(1 << 16):
+            pass
+    except ConnectionResetError:
+        pass
+    return True
+
+
+def _unread(sock: socket.socket) -> int:
+    """Bytes waiting in ``sock`` to be read (FIONREAD)."""
+    return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0" * 4))[0]
+
+
+def test_control_peers_that_read_no_reply_hold_no_worker(tmp_path, vulkan_device_name):
+    """Eight connections pipeline commands and read none of the replies. Sent blocking, each reply
+    held one of the four control workers until the request bound (20 s here): the operator's
+    command waited that long. Now the gate sends what the socket does not take, reads no more of
+    that connection meanwhile, and closes it once the bound passes."""
+    for process, pipe_dir in run_daemon(tmp_path / "pipe", LIBSHARE_REQUEST_TIMEOUT="20"):
+        jammers = [_pipeline_unread(pipe_dir, 3000) for _ in range(8)]
+        try:
+            wait_until(lambda: any(_unread(sock) > 10_000 for sock in jammers), what="a jammer's replies to pile up")
+            for _ in range(5):
+                assert _control.run("get_server_status", pipe_directory=pipe_dir, timeout=10) == "ACTIVE"
+            with libshare.connect(mode="daemon", pipe_directory=pipe_dir, timeout=10) as session:
+                saxpy_checked(session)
+            wait_until(lambda: "a control reply not read within 20 s" in server_log(pipe_dir), 60,
+                       "the jammers to be closed")
+            assert all(_closed_by_peer(sock) for sock in jammers)
+        finally:
+            for sock in jammers:
+                sock.close()
+        assert process.poll() is None
+
+
+def _flood_as(uid: int, pipe_dir: Path, connections: int) -> tuple[int, int]:
+    """Fork a process of ``uid`` that keeps ``connections`` control connections busy (each sends
+    a cheap command again as soon as its reply comes, and one closed is dialled again); (its pid,
+    the write end of a pipe whose closing stops it), once every connection has sent a command."""
+    ready_read, ready_write = os.pipe()
+    stop_read, stop_write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: no pytest machinery from here on
+        try:
+            os.close(ready_read), os.close(stop_write)
+            os.setgroups([]), os.setgid(uid), os.setuid(uid)
+            request = frame({"op": "control", "command": "get_server_list"})
+
+            def busy() -> socket.socket:
+                while True:
+                    sock = protocol.dial(pipe_dir / "control", 30.0)
+                    try:
+                        sock.sendall(request)
+                        return sock
+                    except OSError:
+                        sock.close()
+
+            socks = [busy() for _ in range(connections)]
+            os.write(ready_write, b"ready")  # every connection has sent its command
+            os.close(ready_write)
+            ready_write = -1
+            while True:
+                readable, _, _ = select.select(socks + [stop_read], [], [], 30)
+                if stop_read in readable:
+                    break
+                for sock in readable:
+                    try:
+                        if sock.recv(65536):
+                            sock.sendall(request)
+                            continue
+                    except OSError:
+                        pass
+                    sock.close()  # closed to make room: dial again
+                    socks[socks.index(sock)] = busy()
+        except BaseException as exc:
+            if ready_write >= 0:
+                os.write(ready_write, repr(exc).encode())
+        finally:
+            os._exit(0)
+    os.close(ready_write), os.close(stop_read)
+    with os.fdopen(ready_read, "rb") as ready:
+        said = ready.read()
+        assert said == b"ready", f"the flood did not start: {said}"
+    return pid, stop_write
+
+
+@needs_root
+def test_another_uids_control_commands_cannot_take_every_place_in_the_gate(open_base):
+    """A connection out with a control worker cannot be closed to make room, and was not counted
+    against its uid's quarter of the gate's places: a user whose 520 connections each had a command
+    queued behind busy workers held all 512 places, and root's sessions and commands were refused
+    (0 of 10). The other uid's commands are held here until the end, as slow workers would be."""
+    from libshare.arbiter import Arbiter
+
+    pipe_dir = open_base / "pipe"
+    pipe_dir.mkdir(mode=0o711)
+    arbiter, release = Arbiter(multi_user=True), threading.Event()
+    try:
+        arbiter.serve(pipe_dir / "control")
+        gate = arbiter._gate
+        run_control = gate._run_control
+        gate._run_control = lambda fields, pid, uid: (release.wait(60) if uid == NOBODY else None,
+                                                      run_control(fields, pid, uid))[1]
+        pid, stop = _flood_as(NOBODY, pipe_dir, 520)
+        try:
+            wait_until(lambda: gate.population >= 128, what="the other uid's commands to wait for workers")
+            with libshare.connect(mode="daemon", pipe_directory=pipe_dir, timeout=30) as session:
+                saxpy_checked(session)
+        finally:
+            release.set()
+            os.close(stop)
+            os.waitpid(pid, 0)
+    finally:
+        release.set()
+        arbiter.close()
 
 
 def test_a_hello_asking_for_no_compute_share_is_refused_not_unlimited(daemon):
