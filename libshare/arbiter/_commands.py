@@ -89,8 +89,11 @@ class Commands:
         if args and _pid(args[0]) != os.getpid():
             raise InvalidSubmission(f"no arbiter with pid {args[0]} here (this one is pid {os.getpid()})")
 
-    def _clients_of(self, pid: int) -> list:
-        clients = [c for c in list(self.arbiter.drainer.clients.values()) if c.pid == pid and not c.closing]
+    def _clients_of(self, pid: int, viewer: int | None = None) -> list:
+        """The connected clients of process ``pid``; with ``viewer`` (a uid other than root and the
+        arbiter's), only that uid's: another user's client is not there for it, as in ``ps``."""
+        clients = [c for c in list(self.arbiter.drainer.clients.values()) if c.pid == pid and not c.closing
+                   and (viewer in (None, 0, os.getuid()) or c.uid == viewer)]
         if not clients:
             raise InvalidSubmission(f"no client with pid {pid} is connected")
         return clients
@@ -254,7 +257,7 @@ class Commands:
             client.mem_limit = value  # checked by the next alloc (on the control thread)
         return _limits.format_size(value)
 
-    def _get_device_pinned_mem_limit(self, args: list[str]) -> str:
+    def _get_device_pinned_mem_limit(self, args: list[str], uid: int) -> str:
         """The server's limit, or a client's limit followed by the level it comes from."""
         self._usage(args, 2, "get_device_pinned_mem_limit")
         pid = _pid(args[0])
@@ -262,7 +265,7 @@ class Commands:
         limits = self.arbiter.limits
         if pid == os.getpid():
             return _limits.format_size(limits.server if limits.server is not None else limits.default)
-        limit = limits.client_limit(self._clients_of(pid)[0])
+        limit = limits.client_limit(self._clients_of(pid, viewer=uid)[0])
         return "unlimited" if limit is None else f"{_limits.format_size(limit.value)} ({limit.level})"
 
     def _set_group_mem_limit(self, args: list[str]) -> str:
@@ -348,11 +351,11 @@ class Commands:
             return scheduler.share_of(clients[0])
         return str(self._scheduled(apply))
 
-    def _get_active_thread_percentage(self, args: list[str]) -> str:
+    def _get_active_thread_percentage(self, args: list[str], uid: int) -> str:
         self._expect(args, 1, "get_active_thread_percentage")
         if _pid(args[0]) == os.getpid():
             return str(self.arbiter.drainer.scheduler.default_share)
-        client = self._clients_of(_pid(args[0]))[0]
+        client = self._clients_of(_pid(args[0]), viewer=uid)[0]
         return str(self._scheduled(self.arbiter.drainer.scheduler.share_of, client))
 
     def _set_group_active_thread_percentage(self, args: list[str]) -> str:
@@ -383,7 +386,9 @@ class Commands:
         return self.arbiter.drainer.scheduler.mode
 
 
-_BY_VIEWER = ("ps", "get_quarantine")  # what they show depends on the peer's uid
+# What they show depends on the peer's uid: another user's client is hidden from a peer that is
+# neither root nor the arbiter's uid, as MPS hides it.
+_BY_VIEWER = ("ps", "get_quarantine", "get_device_pinned_mem_limit", "get_active_thread_percentage")
 
 _PS_HEADER = ("PID", "ID", "NAME", "DEVICE", "STATE", "PRIORITY", "DISPATCHES", "DEVICE_TIME", "MEMORY",
               "MEM_LIMIT", "COMMAND")

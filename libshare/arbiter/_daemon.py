@@ -199,7 +199,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 # -------------------------------------------------------------------- logs
 
 def log_handler(path: Path) -> logging.Handler:
-    """A handler appending timestamped lines (``[date time.ms pid] LEVEL message``) to ``path``."""
+    """A handler appending timestamped lines (``[date time.ms pid] LEVEL message``) to ``path``,
+    which is made readable by its owner and group only: the logs name every client, its group and
+    the operator's commands, and in multi-user mode other users could open them by name."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o640)
+    try:
+        os.fchmod(fd, 0o640)  # one made before, by an older arbiter, as well
+    finally:
+        os.close(fd)
     handler = logging.FileHandler(path, mode="a", encoding="utf-8")
     handler.setFormatter(logging.Formatter(_LOG_FORMAT, _DATE_FORMAT))
     return handler

@@ -595,6 +595,14 @@ def test_multi_user_mode_serves_other_users_and_hides_the_details_of_clients(ope
             assert "(another user's client)" in rows[str(secret.pid)], table
             assert "nobody's" in table  # its own client it sees in full
             assert as_uid(NOBODY, lambda: control(pipe_dir, "quit")).startswith("AccessDenied")
+            for query in (("get_active_thread_percentage", str(secret.pid)),  # they answered 100 and 3G (client)
+                          ("get_device_pinned_mem_limit", str(secret.pid), "0")):
+                assert control(pipe_dir, *query)  # root may ask
+                answer = as_uid(NOBODY, lambda: control(pipe_dir, *query))
+                assert answer.startswith("InvalidSubmission") and "no client with pid" in answer, (query, answer)
+            for log in ("server.log", "control.log"):  # they name every client and its group
+                assert (pipe_dir / log).stat().st_mode & 0o007 == 0, log
+                assert as_uid(NOBODY, lambda: (pipe_dir / log).read_text()).startswith("PermissionError"), log
             assert process.poll() is None
         finally:
             secret.communicate("", timeout=60)
