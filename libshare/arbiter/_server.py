@@ -90,7 +90,7 @@ from ._commands import FIELDS as _CONTROL
 from ._commands import Commands
 from ._gate import HELLO_TIMEOUT, MAX_WAITING, MIN_WAITING, FdBudget, Gate, open_fds
 from .._control import printable
-from ._scheduler import UNSCHEDULED, mode_name, percentage, priority_name
+from ._scheduler import PRIORITIES, UNSCHEDULED, mode_name, percentage, priority_name
 from ._drain import Drainer
 from ._tasks import CALL_TIMEOUT
 from ._settings import Config, max_clients_count, watchdog_seconds
@@ -359,7 +359,8 @@ class Arbiter:
         if control:
             raise ProtocolError("a control connection carries only control commands")
         protocol.check_fields(frame.fields, _HELLO, "hello")
-        _requested_priority_and_share(frame.fields, self.drainer.scheduler.default_priority)
+        priority, _ = _requested_priority_and_share(frame.fields, self.drainer.scheduler.default_priority)
+        _check_priority_allowed(priority, self.drainer.scheduler.default_priority, uid)
         return "session", self._admit(pid, uid)
 
     def _admit(self, pid: int, uid: int) -> int:
@@ -955,6 +956,15 @@ def _requested_priority_and_share(fields: dict, default_priority: str) -> tuple[
     except ValueError as exc:
         raise InvalidSubmission(str(exc)) from None
     return priority, share
+
+
+def _check_priority_allowed(priority: str, default_priority: str, uid: int) -> None:
+    """AccessDenied when a peer of another uid than root and the arbiter's asks for a priority above
+    the default: in multi-user mode a tenant could otherwise make itself realtime, and hold every
+    other client to one short slice per pass (MPS's clients may only lower theirs)."""
+    if uid not in (0, os.getuid()) and PRIORITIES.index(priority) > PRIORITIES.index(default_priority):
+        raise AccessDenied(f"priority {priority} is above the default ({default_priority}): only uid {os.getuid()} "
+                           "or root may ask for it; the operator may set it (set_client_priority PID PRIORITY)")
 
 
 def _client_row(client: Client, limits: MemoryLimits) -> dict:

@@ -595,6 +595,13 @@ def test_multi_user_mode_serves_other_users_and_hides_the_details_of_clients(ope
             assert "(another user's client)" in rows[str(secret.pid)], table
             assert "nobody's" in table  # its own client it sees in full
             assert as_uid(NOBODY, lambda: control(pipe_dir, "quit")).startswith("AccessDenied")
+            for priority in ("high", "realtime"):  # it would hold everyone else to a slice per pass
+                asked = as_uid(NOBODY, lambda: libshare.connect(mode="daemon", pipe_directory=pipe_dir,
+                                                                priority=priority))
+                assert asked.startswith("AccessDenied") and "above the default" in asked, asked
+            with_low = as_uid(NOBODY, lambda: libshare.connect(mode="daemon", pipe_directory=pipe_dir,
+                                                               priority="low").close())
+            assert with_low == "None", with_low  # lowering its own priority is its right
             for query in (("get_active_thread_percentage", str(secret.pid)),  # they answered 100 and 3G (client)
                           ("get_device_pinned_mem_limit", str(secret.pid), "0")):
                 assert control(pipe_dir, *query)  # root may ask
