@@ -196,7 +196,7 @@ int ls_sq_pop(ls_region *r, char *out, uint32_t max);
 int ls_sq_pending(ls_region *r);
 int ls_sq_wait(ls_region *r, int64_t spin_ns, int64_t timeout_ns);
 int ls_sq_arm(ls_region *r);
-/* Ask to be woken when the client reads a completion (LS_NEED_ROOM, beside LS_NEED_WAKEUP), then
+/* Ask to be woken when the client reads a completion (LS_NEED_ROOM instead of LS_NEED_WAKEUP), then
  * look: the completion ring's free slots (ls_cq_space). For a consumer whose client has work
  * waiting but no free completion slot for its answer. */
 int ls_sq_arm_room(ls_region *r);

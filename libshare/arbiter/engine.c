@@ -1202,7 +1202,7 @@ static void rang(ls_engine *e, uint32_t slot, int64_t now)
     char sink[8];
     for (int k = 0; k < BELL_READS && recv(c->doorbell_fd, sink, sizeof sink, MSG_DONTWAIT) >= 0; k++)
         ;
-    int pending = ls_sq_pending(c->region);
+    int pending = takeable(c);          /* work it cannot be given yet makes the ring an empty one */
     if (pending < 0) {
         drop_client(e, slot, pending);
         return;

@@ -55,7 +55,8 @@
  * ring holds work while every completion slot is taken cannot be given more
  * (its answers would have nowhere to go), and polling it would keep the
  * consumer's core busy for as long as the client chose not to read. So the
- * consumer sets LS_NEED_ROOM as well (ls_sq_arm_room), and ls_cq_pop, after
+ * consumer sets LS_NEED_ROOM instead of LS_NEED_WAKEUP (ls_sq_arm_room: a
+ * push could not be taken either, so it rings nothing), and ls_cq_pop, after
  * releasing slots, rings the consumer the same way a push does when it finds
  * that flag.
  * Every sleep is cut into slices of at most LS_SLICE_NS; between slices the
@@ -695,7 +696,7 @@ int ls_sq_arm(ls_region *r)
 
 int ls_sq_arm_room(ls_region *r)
 {
-    ls_store_relaxed(&r->bells->sq_flags, LS_NEED_WAKEUP | LS_NEED_ROOM);
+    ls_store_relaxed(&r->bells->sq_flags, LS_NEED_ROOM);  /* a push could not be taken: it rings nothing */
     /* Pairs with the ls_smp_mb in notify_consumer after ls_cq_pop releases slots. */
     ls_smp_mb();
     return ls_cq_space(r);

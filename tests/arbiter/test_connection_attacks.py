@@ -648,7 +648,7 @@ def test_control_peers_that_read_no_reply_hold_no_worker(tmp_path, vulkan_device
     held one of the four control workers until the request bound (20 s here): the operator's
     command waited that long. Now the gate sends what the socket does not take, reads no more of
     that connection meanwhile, and closes it once the bound passes."""
-    for process, pipe_dir in run_daemon(tmp_path / "pipe", LIBSHARE_REQUEST_TIMEOUT="20"):
+    with start_arbiter(tmp_path / "pipe", LIBSHARE_REQUEST_TIMEOUT="20") as (process, pipe_dir):
         jammers = [_pipeline_unread(pipe_dir, 3000) for _ in range(8)]
         try:
             wait_until(lambda: any(_unread(sock) > 10_000 for sock in jammers), what="a jammer's replies to pile up")

@@ -359,10 +359,19 @@ def hammer(pipe_dir: str) -> None:
     os._exit(0)  # the ringing thread never ends
 
 
+def _ring_for_ever(bell: int) -> None:
+    while True:
+        try:
+            os.eventfd_write(bell, 1)
+        except OSError:
+            pass  # full: rings pile up
+
+
 def fill_completions(pipe_dir: str) -> None:
     """Push NOPs until the completion ring is full and a few more wait behind it in the lanes,
-    reading no completion; at the stdin line 'read', read them all (every ticket must be
-    answered, the ones that waited too) and print 'ok N'. Exits at EOF."""
+    reading no completion; at the stdin line 'ring', write its doorbell in a loop from then on; at
+    'read', read them all (every ticket must be answered, the ones that waited too) and print
+    'ok N'. Exits at EOF."""
     session = libshare.connect(name="filler", mode="daemon", pipe_directory=pipe_dir)
     region = session._region
     producers = []
@@ -380,6 +389,9 @@ def fill_completions(pipe_dir: str) -> None:
     region.wait_completions(region.cq_entries, timeout=30)  # answered as far as its slots go: full
     print("ready", flush=True)
     for line in sys.stdin:
+        if line.strip() == "ring":  # write its doorbell in a loop, as if its pushes rang
+            threading.Thread(target=_ring_for_ever, args=(session._wake_fd,), daemon=True).start()
+            print("ringing", flush=True)
         if line.strip() == "read":
             answered = set()
             while len(answered) < wanted:
@@ -440,6 +452,11 @@ def test_a_client_that_never_reads_its_completions_stalls_no_one(daemon, mode):
             assert len(times) == ROUNDS and max(times) < SLOW, f"a round trip took {max(times):.2f} s"
             assert np.all(y == 2.0 * ROUNDS)
             assert_rests(process.pid, "stalled")
+            filler.stdin.write("ring\n")  # its rings were never charged: a core, and others' p99 x25
+            filler.stdin.flush()
+            assert filler.stdout.readline().strip() == "ringing"
+            wait_until(lambda: MUTED in server_log(pipe_dir), 30, "the arbiter to mute the stalled client's doorbell")
+            assert_rests(process.pid, "rung")
             filler.stdin.write("read\n")
             filler.stdin.flush()
             assert filler.stdout.readline().split() == ["ok", "1032"]  # the 8 that waited were answered
