@@ -131,6 +131,11 @@ COMMANDS: dict[str, Command] = {c.name: c for c in [
             "Priority of every client of a group, now and later (overrides the clients' own); none: "
             "the members' own priorities again.",
             changes_state=True),
+    Command("set_group_owner", "set_group_owner GROUP UID|none",
+            "In multi-user mode, only clients of UID (and root and the arbiter's uid) may join GROUP, and a "
+            "client of UID must name one of UID's groups; none: anyone may join it again.",
+            changes_state=True),
+    Command("get_group_owner", "get_group_owner GROUP", "Print the uid that owns GROUP, or none."),
     Command("set_group_active_thread_percentage", "set_group_active_thread_percentage GROUP PERCENT|none",
             "Ceiling on the share of device time a whole group may use while others want the device; none: "
             "no ceiling for the group.",

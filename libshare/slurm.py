@@ -11,6 +11,8 @@ job's first task) runs ``python -m libshare.slurm prolog``, which
 * makes the libshare group ``slurm-JOBID``: compute share N% of the device
   (``set_group_active_thread_percentage``, scaled when the node offers another count than
   100) and a memory limit of the job's memory on the node (``set_group_mem_limit``),
+  owned by the job's user (``set_group_owner``: in multi-user mode no other user's client
+  may join it, and the job user's clients must name one of its groups),
 * writes the job's ``export NAME=value`` lines (LIBSHARE_PIPE_DIRECTORY, LIBSHARE_MODE,
   LIBSHARE_LOG_DIRECTORY, LIBSHARE_DEVICE, LIBSHARE_GROUP) to STATE/JOBID.env, which the
   ``TaskProlog`` prints so that Slurm adds them to every task's environment.
@@ -75,11 +77,18 @@ class JobRequest:
     mem_mib: int | None
 
 
+_HOSTLIST = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9_.\-\[\],]*")
+
+
 def _hostnames(expression: str, scontrol: str) -> list[str]:
+    """The hosts of a Slurm host list (``n[01-02]``); none for text that is not one (it may come
+    from a line the job's own name or paths made: see :func:`parse_job`)."""
+    if not _HOSTLIST.fullmatch(expression):
+        return []
     if not re.search(r"[\[,]", expression):
         return [expression]
     out = subprocess.run([scontrol, "show", "hostnames", expression], capture_output=True, text=True,
-                         timeout=30, check=True).stdout
+                         timeout=30, check=False).stdout
     return out.split()
 
 
@@ -89,8 +98,15 @@ def parse_job(text: str, node: str, gres: str = "libshare", scontrol: str = "sco
     The per-node lines (``Nodes=n[1-2] CPU_IDs=0 Mem=300 GRES=libshare(CNT:30)``) say what the
     node was given; without one for ``node``, ``TresPerNode`` (``gres:libshare:30`` or
     ``gres/libshare:30``) and ``MinMemoryNode`` say what was asked per node.
+
+    The text holds what the job's user wrote too (its name, paths, comment), which can look like
+    any of those fields, even on lines of their own: a job named ``n Nodes=vm GRES=libshare(CNT:100)``
+    was given the whole device and no memory limit. So every candidate counts and the least of
+    them is taken (a forged one can only lower the job's own grant), and a host list is read only
+    when it looks like one (``Nodes=--bogus,`` made the prolog fail, which drains the node).
     """
     count = re.compile(rf"(?:^|,){re.escape(gres)}(?::[^,(:]+)*\(CNT:(\d+)\)")
+    given = []
     for line in text.splitlines():
         fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
         if "Nodes" not in fields or "GRES" not in fields and "Mem" not in fields:
@@ -98,15 +114,20 @@ def parse_job(text: str, node: str, gres: str = "libshare", scontrol: str = "sco
         if node not in _hostnames(fields["Nodes"], scontrol):
             continue
         found = count.search(fields.get("GRES", ""))
-        mem = fields.get("Mem")
-        return JobRequest(int(found.group(1)) if found else 0, decimal(mem or "", 1 << 62))
-    per_node = re.search(rf"TresPerNode=\S*?gres[:/]{re.escape(gres)}(?::[^,:\s]+)*?:(\d+)(?:,|\s|$)", text)
-    mem = re.search(r"MinMemoryNode=(\d+)([KMGT]?)", text)
-    mib = None
-    if mem:
-        scale = {"K": 1 / 1024, "": 1, "M": 1, "G": 1024, "T": 1024 * 1024}[mem.group(2)]
-        mib = int(int(mem.group(1)) * scale) or None
-    return JobRequest(int(per_node.group(1)) if per_node else 0, mib)
+        given.append(JobRequest(int(found.group(1)) if found else 0, decimal(fields.get("Mem") or "", 1 << 62)))
+    if given:
+        return _least(given)
+    per_node = [int(m.group(1)) for m in
+                re.finditer(rf"TresPerNode=\S*?gres[:/]{re.escape(gres)}(?::[^,:\s]+)*?:(\d+)(?:,|\s|$)", text)]
+    scale = {"K": 1 / 1024, "": 1, "M": 1, "G": 1024, "T": 1024 * 1024}
+    mems = [int(int(m.group(1)) * scale[m.group(2)]) or None for m in re.finditer(r"MinMemoryNode=(\d+)([KMGT]?)", text)]
+    return _least([JobRequest(min(per_node, default=0), mem) for mem in mems or [None]])
+
+
+def _least(requests: list[JobRequest]) -> JobRequest:
+    """The fewest shares and the least memory among ``requests`` (unknown memory: the least known)."""
+    known = [r.mem_mib for r in requests if r.mem_mib is not None]
+    return JobRequest(min(r.shares for r in requests), min(known) if known else None)
 
 
 @dataclass(frozen=True)
@@ -236,6 +257,8 @@ def prolog(job_id: str, node: str, env=os.environ) -> dict[str, str] | None:
                 share = connection.run("set_group_active_thread_percentage", group, str(percent)).strip()
                 limit = (connection.run("set_group_mem_limit", group, f"{request.mem_mib}M").strip()
                          if request.mem_mib else "unlimited")
+                if env.get("SLURM_JOB_UID", "").isdigit():  # only the job's user joins it (multi-user mode)
+                    connection.run("set_group_owner", group, env["SLURM_JOB_UID"])
             environment = {**lease.environment, "LIBSHARE_GROUP": group}
             state.add(job_id, {"group": group, "shares": request.shares, "share": share, "mem_limit": limit,
                                "arbiter": lease.pid}, environment)
@@ -258,6 +281,7 @@ def epilog(job_id: str, env=os.environ) -> None:
         try:
             with ControlConnection(settings.pipe_directory, timeout=30.0) as connection:
                 connection.run("set_group_mem_limit", record["group"], "unlimited")
+                connection.run("set_group_owner", record["group"], "none")
         except LibshareError as exc:
             log.info("job %s: could not lift the memory limit of %s: %s", job_id, record["group"], exc)
         log.info("job %s: ended; %d job(s) left with shares", job_id, len(state.jobs()))

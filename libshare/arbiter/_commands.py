@@ -327,6 +327,23 @@ class Commands:
         return self._scheduled(self._set_group_setting, scheduler.group_priority, group, priority_name, args[1],
                                "set_group_priority GROUP none")
 
+    def _set_group_owner(self, args: list[str]) -> str:
+        self._expect(args, 2, "set_group_owner")
+        owners, group = self.arbiter.group_owners, _group(args[0])
+        if args[1].strip().lower() == "none":
+            owners.pop(group, None)
+            return "none"
+        uid = decimal(args[1].strip(), (1 << 32) - 2)  # -1 (4294967295) is no uid
+        if uid is None:
+            raise InvalidSubmission(f"a uid is a number from 0 to 4294967294 (got {printable(args[1][:40])!r})")
+        _room_for(owners, group, "set_group_owner GROUP none")
+        owners[group] = uid
+        return str(uid)
+
+    def _get_group_owner(self, args: list[str]) -> str:
+        self._expect(args, 1, "get_group_owner")
+        return str(self.arbiter.group_owners.get(_group(args[0]), "none"))
+
     def _set_default_active_thread_percentage(self, args: list[str]) -> str:
         self._expect(args, 1, "set_default_active_thread_percentage")
         scheduler = self.arbiter.drainer.scheduler

@@ -197,6 +197,8 @@ class Arbiter:
         """The vetting compilers (set by :meth:`serve`: embedded arbiters compile unvetted)."""
         _raise_fd_limit(max_clients)
         self.multi_user = multi_user
+        self.group_owners: dict[str, int] = {}
+        """The uid that owns each group (set_group_owner): see _check_group_allowed."""
         self.test_hooks = test_hooks if test_hooks is not None else os.environ.get("LIBSHARE_TEST_HOOKS") == "1"
         self.started = time.time()
         mem_limit = mem_limit if mem_limit is not None else os.environ.get("LIBSHARE_DEVICE_MEM_LIMIT", "")
@@ -359,8 +361,10 @@ class Arbiter:
         if control:
             raise ProtocolError("a control connection carries only control commands")
         protocol.check_fields(frame.fields, _HELLO, "hello")
-        priority, _ = _requested_priority_and_share(frame.fields, self.drainer.scheduler.default_priority)
-        _check_priority_allowed(priority, self.drainer.scheduler.default_priority, uid)
+        scheduler = self.drainer.scheduler
+        priority, _ = _requested_priority_and_share(frame.fields, scheduler.default_priority)
+        _check_priority_allowed(priority, scheduler.default_priority, uid)
+        _check_group_allowed((frame.fields.get("group") or "")[:64], uid, self.group_owners, scheduler)
         return "session", self._admit(pid, uid)
 
     def _admit(self, pid: int, uid: int) -> int:
@@ -965,6 +969,27 @@ def _check_priority_allowed(priority: str, default_priority: str, uid: int) -> N
     if uid not in (0, os.getuid()) and PRIORITIES.index(priority) > PRIORITIES.index(default_priority):
         raise AccessDenied(f"priority {priority} is above the default ({default_priority}): only uid {os.getuid()} "
                            "or root may ask for it; the operator may set it (set_client_priority PID PRIORITY)")
+
+
+def _check_group_allowed(group: str, uid: int, owners: dict[str, int], scheduler) -> None:
+    """AccessDenied when a peer of another uid than root and the arbiter's names a group that
+    another uid owns (set_group_owner), or an unowned group whose priority is above the default,
+    or, owning groups, names none of them. A group is a name: without owners, a tenant could join
+    another job's group to spend its memory limit and compute share, or a group the operator made
+    realtime, or leave its own group to escape its limits."""
+    if uid in (0, os.getuid()):
+        return
+    if group and owners.get(group, uid) != uid:
+        raise AccessDenied(f"group {printable(group)!r} belongs to uid {owners[group]}")
+    if group and group not in owners and group in scheduler.group_priority \
+            and PRIORITIES.index(scheduler.group_priority[group]) > PRIORITIES.index(scheduler.default_priority):
+        raise AccessDenied(f"group {printable(group)!r} has priority {scheduler.group_priority[group]}, above the "
+                           f"default: only uid {os.getuid()} or root may join it unless the operator gives it an "
+                           "owner (set_group_owner GROUP UID)")
+    mine = sorted(g for g, owner in list(owners.items()) if owner == uid)  # a control worker may write meanwhile
+    if mine and group not in mine:
+        raise AccessDenied(f"uid {uid} owns groups ({', '.join(map(printable, mine[:4]))}): name one of them "
+                           "(LIBSHARE_GROUP)")
 
 
 def _client_row(client: Client, limits: MemoryLimits) -> dict:

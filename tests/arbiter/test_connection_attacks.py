@@ -747,6 +747,41 @@ def test_another_uids_control_commands_cannot_take_every_place_in_the_gate(open_
         arbiter.close()
 
 
+@needs_root
+def test_in_multi_user_mode_a_group_is_joined_by_its_owner_only(open_base):
+    """A group was a name any client could give. A reviewer as nobody joined a Slurm job's group
+    and spent its memory limit (the job's own 32M allocation failed), joined a group the operator
+    had made realtime (the honest client's p99 went from 6.5 to 148 ms), or left its own group
+    out to escape its limits. Now a group may have an owner (the Slurm prolog gives a job's group
+    to the job's user), and a client of another uid than root and the arbiter's may join only its
+    own groups or unowned ones of no raised priority, and must name one of its own."""
+    def join(group=None):
+        return as_uid(NOBODY, lambda: libshare.connect(mode="daemon", pipe_directory=pipe_dir, group=group).close())
+
+    with start_arbiter(open_base / "pipe", "--multi-user") as (process, pipe_dir):
+        for command in (("set_group_mem_limit", "job1", "64M"), ("set_group_owner", "job1", "0"),
+                        ("set_group_priority", "ops", "realtime")):
+            control(pipe_dir, *command)
+        assert join() == join("anything") == "None"  # no groups of its own: as before
+        assert join("job1").startswith("AccessDenied") and "belongs to uid 0" in join("job1")
+        assert join("ops").startswith("AccessDenied") and "priority realtime" in join("ops")
+        assert control(pipe_dir, "set_group_owner", "mine", str(NOBODY)) == str(NOBODY)
+        assert join("mine") == "None"
+        assert join().startswith("AccessDenied") and "name one of them" in join()  # it cannot leave it out
+        assert join("anything").startswith("AccessDenied")
+        with libshare.connect(mode="daemon", pipe_directory=pipe_dir, group="mine") as root_session:  # root may
+            saxpy_checked(root_session)
+        assert control(pipe_dir, "get_group_owner", "mine") == str(NOBODY)
+        assert control(pipe_dir, "set_group_owner", "mine", "none") == "none"
+        assert join() == "None" and control(pipe_dir, "get_group_owner", "mine") == "none"
+        for bad in ("-1", "4294967295", "x", "١"):
+            with pytest.raises(libshare.LibshareError, match="a uid is a number"):
+                control(pipe_dir, "set_group_owner", "g", bad)
+        assert as_uid(NOBODY, lambda: control(pipe_dir, "set_group_owner", "job1", str(NOBODY))).startswith(
+            "AccessDenied")
+        assert process.poll() is None
+
+
 def test_a_hello_asking_for_no_compute_share_is_refused_not_unlimited(daemon):
     _, pipe_dir = daemon
     for share in (0, "0", -5, 101, "12.5"):

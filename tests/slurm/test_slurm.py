@@ -74,6 +74,8 @@ def test_jobs_get_their_group_share_and_memory_and_the_arbiter_quits_after_the_l
         assert f"slurm-{report['job']}-task{report['task']}" in ps, ps
     for job, (shares, mem, _) in jobs.items():
         assert _ctl(slurm, "get_group_mem_limit", f"slurm-{job}").strip() == format_size(mem << 20)
+        owner = slurm.job_field(job, "UserId")  # "name(uid)": only that user's clients may join the group
+        assert _ctl(slurm, "get_group_owner", f"slurm-{job}").strip() == owner[owner.index("(") + 1:-1], owner
     server_log = (slurm.libshare_log / "server.log").read_text()
     for report in reports:
         assert f"pid {report['pid']}" in server_log and f"group slurm-{report['job']}" in server_log
@@ -96,6 +98,7 @@ def test_jobs_get_their_group_share_and_memory_and_the_arbiter_quits_after_the_l
         if index < len(order) - 1:
             assert alive(arbiter), slurm.diagnose()
             assert _ctl(slurm, "get_group_mem_limit", f"slurm-{job}").strip() == "unlimited"
+            assert _ctl(slurm, "get_group_owner", f"slurm-{job}").strip() == "none"
             assert _ctl(slurm, "get_server_list").split() == [str(arbiter)]
     slurm.until("the arbiter did not quit after the last job", lambda: not alive(arbiter), 60)
     assert not (slurm.pipe / "control").exists() and not (slurm.state / "arbiter").exists()
@@ -136,6 +139,11 @@ JobId=9 JobName=x
     (SLURM_23_11_TWO_NODES, "n02", (30, 2048)),
     (SUMMARY_ONLY, "n01", (25, 1024)),
     ("JobId=10 JobName=y\n     Nodes=vm CPU_IDs=0 Mem=100 GRES=\n   MinMemoryNode=100M\n", "vm", (0, 100)),
+    # what the job's user wrote cannot raise its grant: a name, a path with a line break in it
+    (SLURM_22_05.replace("JobName=wrap", "JobName=n Nodes=vm GRES=libshare(CNT:100)"), "vm", (50, 400)),
+    (SLURM_22_05 + "   WorkDir=/tmp/a\n     Nodes=vm CPU_IDs=0 Mem=9000 GRES=libshare(CNT:100)\n", "vm", (50, 400)),
+    (SUMMARY_ONLY.replace("JobName=x", "JobName=TresPerNode=gres:libshare:100 MinMemoryNode=9G"), "n01", (25, 1024)),
+    (SLURM_22_05.replace("JobName=wrap", "JobName=d Nodes=--bogus, GRES=x"), "vm", (50, 400)),  # drained the node
 ])
 def test_a_jobs_shares_and_memory_are_read_from_scontrol(text, node, expected):
     request = libshare_slurm.parse_job(text, node)
