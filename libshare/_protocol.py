@@ -68,6 +68,25 @@ class MalformedFrame(ProtocolError):
 _RESTART_PAUSE = 0.01  # seconds between looks for the arbiter a control daemon is starting
 
 
+def peer_credentials(conn: socket.socket) -> tuple[int, int]:
+    """The (pid, uid) of the process at the other end of a Unix socket (SO_PEERCRED)."""
+    pid, uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+    return pid, uid
+
+
+def _check_server_uid(sock: socket.socket, path: Path) -> None:
+    """AccessDenied (the socket closed) unless the process listening at ``path`` runs as root or
+    as this user. The default pipe directory lies in /tmp under a name anyone can guess: another
+    user who made it first, and listened there, got this user's buffers and programs. (An arbiter
+    of another user than root would refuse this one anyway: only root's serves other users.)"""
+    uid = peer_credentials(sock)[1]
+    if uid not in (0, os.getuid()):
+        sock.close()
+        raise AccessDenied(f"the process listening at {path} runs as uid {uid}, neither this user's "
+                           f"({os.getuid()}) nor root's: it is not an arbiter this user may trust with its data "
+                           "(set LIBSHARE_PIPE_DIRECTORY to your arbiter's directory)")
+
+
 def dial(path: Path, timeout: float) -> socket.socket | None:
     """A stream connected to the arbiter's socket at ``path``, or None when no arbiter listens there.
 
@@ -75,7 +94,8 @@ def dial(path: Path, timeout: float) -> socket.socket | None:
     Unix socket; that is retried until ``timeout`` seconds have passed, then ArbiterUnavailable.
     While a control daemon supervises the directory, no arbiter listening means that a new
     one is on its way (a crash, a restart): that is waited for too, within ``timeout``.
-    A socket (or directory) this user may not open is :class:`AccessDenied`.
+    A socket (or directory) this user may not open is :class:`AccessDenied`, and so is a listener
+    of another uid than this user's and root's (:func:`_check_server_uid`).
     """
     deadline = time.monotonic() + timeout
     pause = 0.001
@@ -84,7 +104,6 @@ def dial(path: Path, timeout: float) -> socket.socket | None:
         sock.settimeout(timeout)
         try:
             sock.connect(str(path))
-            return sock
         except (FileNotFoundError, ConnectionRefusedError, NotADirectoryError):
             sock.close()
             if time.monotonic() + _RESTART_PAUSE > deadline or not _config.supervised(Path(path).parent):
@@ -105,6 +124,9 @@ def dial(path: Path, timeout: float) -> socket.socket | None:
         except BaseException:
             sock.close()
             raise
+        else:
+            _check_server_uid(sock, path)
+            return sock
 
 
 class Frame:

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import socket
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
-from libshare import ArbiterUnavailable
+from libshare import AccessDenied, ArbiterUnavailable
 from libshare._protocol import dial
 
 
@@ -65,3 +69,38 @@ def test_a_full_queue_that_drains_connects(full_listener):
         drain.join()
         for conn, _ in accepted:
             conn.close()
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to listen as another uid")
+def test_a_listener_of_another_user_is_not_trusted():
+    """The default pipe directory is /tmp/libshare-UID: another user who made it first and listened
+    there received a client's hello, its programs and its buffers (a reviewer read a secret out of
+    one). The client now asks the kernel who listens before it sends anything."""
+    base = Path(tempfile.mkdtemp(prefix="libshare-squat-"))  # pytest's own directories are 0700
+    base.chmod(0o777)
+    path, said = base / "control", base / "said"
+    ready_read, ready_write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the squatter, as nobody: records whether anything was sent to it
+        try:
+            os.close(ready_read)
+            os.setgid(65534), os.setuid(65534)
+            listener = socket.socket(socket.AF_UNIX)
+            listener.bind(str(path))
+            listener.listen(1)
+            os.write(ready_write, b"1")
+            conn, _ = listener.accept()
+            conn.settimeout(10)
+            said.write_bytes(conn.recv(64))
+        finally:
+            os._exit(0)
+    os.close(ready_write)
+    try:
+        assert os.read(ready_read, 1) == b"1"
+        with pytest.raises(AccessDenied, match="runs as uid 65534"):
+            dial(path, 5.0)
+        os.waitpid(pid, 0)
+        assert said.read_bytes() == b"", "the client sent something to the squatter"
+    finally:
+        os.close(ready_read)
+        shutil.rmtree(base, ignore_errors=True)

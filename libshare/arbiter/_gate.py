@@ -57,7 +57,6 @@ import queue
 import resource
 import selectors
 import socket
-import struct
 import threading
 import time
 from dataclasses import dataclass, field
@@ -78,12 +77,6 @@ _LOG_EVERY = 10.0  # seconds between summaries of connections the gate closed
 _ACCEPT_BATCH = 64  # accepts per wake-up, so that reading first frames keeps its turn
 _STEPS_PER_TURN = 64  # reads from one connection per wake-up, so that one peer cannot keep the gate
 _OUT_OF_FDS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
-
-
-def peer_credentials(conn: socket.socket) -> tuple[int, int]:
-    """The (pid, uid) of the process at the other end of a Unix socket (SO_PEERCRED)."""
-    pid, uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
-    return pid, uid
 
 
 @dataclass(eq=False)
@@ -172,7 +165,7 @@ class Gate:
 
     def add(self, conn: socket.socket) -> None:
         """Take a connected socket (a socketpair end in embedded mode) as if it had been accepted."""
-        pid, uid = peer_credentials(conn)
+        pid, uid = protocol.peer_credentials(conn)
         conn.setblocking(False)
         with self._lock:
             closed = self.closed
@@ -293,7 +286,7 @@ class Gate:
                 log.warning("accepting connections again after %d failed attempts", self._failures)
                 self._failures = 0
             try:
-                pid, uid = peer_credentials(conn)
+                pid, uid = protocol.peer_credentials(conn)
                 conn.setblocking(False)
             except OSError:
                 conn.close()
