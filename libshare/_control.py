@@ -80,6 +80,8 @@ COMMANDS: dict[str, Command] = {c.name: c for c in [
             "Cancel the client's queued work, let its running work end, reclaim its buffers and "
             "programs; the client sees a sticky ClientTerminated error. Other clients are not affected.",
             changes_state=True),
+    Command("terminate_group", "terminate_group GROUP",
+            "terminate_client for every client of GROUP (none: it has none).", changes_state=True),
     Command("restart", "restart",
             "Replace the running arbiter with a fresh one (after an upgrade of libshare or of the driver): "
             "it stops taking work, lets running work end and hands over; every client moves to the new "

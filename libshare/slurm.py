@@ -17,8 +17,9 @@ job's first task) runs ``python -m libshare.slurm prolog``, which
   LIBSHARE_LOG_DIRECTORY, LIBSHARE_DEVICE, LIBSHARE_GROUP) to STATE/JOBID.env, which the
   ``TaskProlog`` prints so that Slurm adds them to every task's environment.
 
-The ``Epilog`` runs ``python -m libshare.slurm epilog``: it forgets the job, lifts its group's
-memory limit, and when no job of the node holds shares any more, quits the arbiter, if a
+The ``Epilog`` runs ``python -m libshare.slurm epilog``: it forgets the job, terminates its
+group's clients (a process that outlived the job, under ``proctrack/linuxproc``, would keep the
+group, limits lifted), lifts its group's memory limit, and when no job of the node holds shares any more, quits the arbiter, if a
 prolog started it (one an operator started, such as a ``--multi-user`` arbiter under
 systemd, is used and never quit, as the manager does). Prologs and epilogs are separate
 processes, so the count of jobs lives in the state directory (one file per job, under an
@@ -280,6 +281,7 @@ def epilog(job_id: str, env=os.environ) -> None:
             return
         try:
             with ControlConnection(settings.pipe_directory, timeout=30.0) as connection:
+                connection.run("terminate_group", record["group"])  # a process that outlived its job
                 connection.run("set_group_mem_limit", record["group"], "unlimited")
                 connection.run("set_group_owner", record["group"], "none")
         except LibshareError as exc:

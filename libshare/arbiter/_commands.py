@@ -162,14 +162,24 @@ class Commands:
         if len(args) not in (1, 2):
             raise InvalidSubmission(f"usage: {COMMANDS['terminate_client'].usage}")
         self._check_server_pid(args[:-1], COMMANDS["terminate_client"].usage)
-        clients = self._clients_of(_pid(args[-1]))
+        return self._terminate(self._clients_of(_pid(args[-1])), f"client pid {args[-1]}")
+
+    def _terminate_group(self, args: list[str]) -> str:
+        """Terminate every client of a group (the Slurm epilog: a process that outlives its job)."""
+        self._expect(args, 1, "terminate_group")
+        group = _group(args[0])
+        clients = [c for c in list(self.arbiter.drainer.clients.values()) if c.group == group and not c.closing]
+        return self._terminate(clients, f"group {printable(group)}") if clients else "none"
+
+    def _terminate(self, clients: list, what: str) -> str:
+        """Terminate ``clients`` and wait until each is gone; what was done, line by line."""
         drainer = self.arbiter.drainer
         for client in clients:
             drainer.call(drainer.terminate, client)
         deadline = time.monotonic() + _TERMINATE_WAIT
         while any(c.id in drainer.clients for c in clients):
             if time.monotonic() > deadline:
-                raise LibshareError(f"client pid {args[-1]} still has work running after {_TERMINATE_WAIT:.0f} s")
+                raise LibshareError(f"{what} still has work running after {_TERMINATE_WAIT:.0f} s")
             time.sleep(0.01)
         return "\n".join(f"terminated {c.describe()}" for c in clients)
 

@@ -173,6 +173,26 @@ def test_terminate_client_cancels_one_client_and_spares_the_others(daemon):
         assert np.array_equal(x, y)
 
 
+def test_terminate_group_ends_every_client_of_the_group_and_no_other(daemon):
+    """The Slurm epilog's: a process that outlived its job (proctrack/linuxproc) stayed in the job's
+    group after the epilog lifted its memory limit, and allocated 450M against a 100M grant."""
+    _, pipe_dir = daemon
+    sessions = [libshare.connect(mode="daemon", pipe_directory=pipe_dir, group=group)
+                for group in ("slurm-9", "slurm-9", "slurm-10")]
+    try:
+        output = control(pipe_dir, "terminate_group", "slurm-9")
+        assert output.count("terminated client") == 2, output
+        for session in sessions[:2]:
+            with pytest.raises(libshare.ClientTerminated):
+                session.array(16)
+        x = sessions[2].array(64)
+        sessions[2].copy(x, sessions[2].array(64)).wait(10)  # the other group's client is served
+        assert control(pipe_dir, "terminate_group", "slurm-9") == "none"
+    finally:
+        for session in sessions:
+            session.close()
+
+
 def test_terminate_client_two_pid_form_checks_the_server_pid(daemon):
     process, pipe_dir = daemon
     victim = start_holder(pipe_dir, "victim")
