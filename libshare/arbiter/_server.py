@@ -46,7 +46,11 @@ another uid is refused with AccessDenied (by the file system at connect, or here
 at hello if the modes were opened). With it (root only) the directory is 0711 and
 the socket 0666 (_daemon.py): any user may connect and the arbiter checks uids
 itself. State-changing control commands are taken from root and the arbiter's uid
-only, and ``ps`` shows another uid's clients as MPS would (_commands.py).
+only, and ``ps`` shows another uid's clients as MPS would (_commands.py). A client of
+another uid may ask only for the default priority or lower (_check_priority_allowed), and
+may join only the groups it owns (set_group_owner) or unowned ones of no raised priority,
+naming one of its own when it owns any (_check_group_allowed). A client, for its part,
+talks only to a listener of its own uid or root's (_protocol.dial).
 
 Reattaching. A session whose arbiter died hands the new one what it kept: ``import`` (one
 descriptor: a shared buffer's memfd, checked by check_sealed_memfd to be a memfd of the
