@@ -145,6 +145,7 @@ class Client:
     connected: float = field(default_factory=time.time)
     requested_share: int = 100  # compute share from the client's environment (may only lower)
     own_priority: bool = False  # it asked for its priority (hello, set_client_priority): defaults pass it by
+    operator_priority: bool = False  # the operator set it (set_client_priority): a lowered default passes it by too
     state: str = "ACTIVE"  # INACTIVE once terminated or faulted, as in Volta MPS
     sticky: Exception | None = None  # raised for every later request (ClientTerminated, ServerFault)
     buffers: dict[int, BufferRecord] = field(default_factory=dict)

@@ -325,7 +325,7 @@ class Commands:
         priority = self._scheduled(priority_name, args[1])
         for client in clients:
             client.priority = priority  # read by the next drain pass
-            client.own_priority = True
+            client.own_priority = client.operator_priority = True
         return priority
 
     def _set_group_priority(self, args: list[str]) -> str:

@@ -39,6 +39,7 @@ them without asking (the common case never takes the GIL). The policy, in order:
 from __future__ import annotations
 
 import math
+import os
 import time
 from dataclasses import dataclass, field
 
@@ -122,9 +123,14 @@ class Scheduler:
 
     def follow_defaults(self, clients) -> None:
         """Give the running clients that took the default priority or share the defaults now in
-        force (a reload of the configuration file; the commands alone change them for new clients)."""
+        force (a reload of the configuration file; the commands alone change them for new clients).
+        A client of another uid than root and the arbiter's that asked for a priority above the new
+        default is lowered to it too: it may ask only for the default or lower (_server.py), and
+        one that asked for the old default kept it above every client that followed the new one."""
         for client in clients:
-            if not client.own_priority:
+            asked_above = (not client.operator_priority and client.uid not in (0, os.getuid())
+                           and _RANK[client.priority] > _RANK[self.default_priority])
+            if not client.own_priority or asked_above:
                 client.priority = self.default_priority
             usage = self._usage.get(client.id)
             if usage is not None and not usage.own_share:

@@ -196,6 +196,7 @@ class _Fake:
 
     def __init__(self, id, priority="normal"):
         self.id, self.priority, self.group, self.requested_share = id, priority, "", 100
+        self.uid, self.own_priority, self.operator_priority = 0, False, False
 
 
 def test_fairshare_holds_a_client_ahead_only_while_the_device_is_busy():
@@ -231,6 +232,22 @@ def test_fairshare_lets_a_newcomer_catch_up_a_bounded_lag_not_the_whole_history(
     for _ in range(5):
         scheduler.charge(new, 10_000_000)  # 50 ms: the lag it was allowed
     assert {c.id for c, _ in scheduler.plan([old, new], everyone, everyone, 1, 1024)} == {1, 2}
+
+
+def test_a_lowered_default_lowers_a_priority_another_uid_asked_for():
+    """A tenant of another uid asked for "high" while it was the default (allowed: the default or
+    lower); the operator lowered the default to normal, and the tenant stayed high, above every
+    client that followed the new default. It follows now; the operator's and root's own choices
+    stay."""
+    scheduler = Scheduler(mode="throughput", default_priority="high")
+    tenant, root, chosen, plain = (_Fake(i, "high") for i in range(4))
+    tenant.uid, root.uid, chosen.uid, plain.uid = 65534, 0, 65534, 65534
+    tenant.own_priority = root.own_priority = chosen.own_priority = True
+    chosen.operator_priority = True  # set_client_priority PID high
+    plain.own_priority = False
+    scheduler.default_priority = "normal"
+    scheduler.follow_defaults([tenant, root, chosen, plain])
+    assert [c.priority for c in (tenant, root, chosen, plain)] == ["normal", "high", "high", "normal"]
 
 
 def test_lower_priorities_share_one_slice_and_take_turns():
