@@ -372,8 +372,8 @@ def test_a_client_that_allocates_and_frees_for_ever_keeps_a_small_object_table()
     arbiter = _embedded()
     before = set(arbiter.drainer.clients)
     with libshare.connect(mode="embedded") as session:
-        (client,) = [c for key, c in arbiter.drainer.clients.items() if key not in before]
-        kept = [session.array(16) for _ in range(10)]
+        kept = [session.array(16) for _ in range(10)]  # its requests wait for it to be added to the engine
+        (client,) = [c for key, c in list(arbiter.drainer.clients.items()) if key not in before and not c.closing]
         for _ in range(3000):
             session.free(session.array(16))
         slots = arbiter.drainer.engine.stats(client.slot).table_slots
