@@ -74,13 +74,19 @@ def peer_credentials(conn: socket.socket) -> tuple[int, int]:
     return pid, uid
 
 
+def trusted_uid(uid: int) -> bool:
+    """Root or this process's own uid: in the arbiter, its operator (state-changing commands,
+    every client's details, any priority or group); in a client, an arbiter it may trust."""
+    return uid == 0 or uid == os.getuid()
+
+
 def _check_server_uid(sock: socket.socket, path: Path) -> None:
     """AccessDenied (the socket closed) unless the process listening at ``path`` runs as root or
     as this user. The default pipe directory lies in /tmp under a name anyone can guess: another
     user who made it first, and listened there, got this user's buffers and programs. (An arbiter
     of another user than root would refuse this one anyway: only root's serves other users.)"""
     uid = peer_credentials(sock)[1]
-    if uid not in (0, os.getuid()):
+    if not trusted_uid(uid):
         sock.close()
         raise AccessDenied(f"the process listening at {path} runs as uid {uid}, neither this user's "
                            f"({os.getuid()}) nor root's: it is not an arbiter this user may trust with its data "

@@ -70,7 +70,7 @@ class Commands:
         handler = getattr(self, f"_{name}", None) if command or name in _TEST_HOOKS else None
         if handler is None:
             raise ProtocolError(f"unknown command {protocol.short(name)}; the commands are: {', '.join(COMMANDS)}")
-        if (command is None or command.changes_state) and uid not in (os.getuid(), 0):
+        if (command is None or command.changes_state) and not protocol.trusted_uid(uid):
             raise AccessDenied(f"{name} changes the arbiter's state: only uid {os.getuid()} or root may")
         line = printable(" ".join([name, *args]))
         try:
@@ -93,7 +93,7 @@ class Commands:
         """The connected clients of process ``pid``; with ``viewer`` (a uid other than root and the
         arbiter's), only that uid's: another user's client is not there for it, as in ``ps``."""
         clients = [c for c in list(self.arbiter.drainer.clients.values()) if c.pid == pid and not c.closing
-                   and (viewer in (None, 0, os.getuid()) or c.uid == viewer)]
+                   and (viewer is None or protocol.trusted_uid(viewer) or c.uid == viewer)]
         if not clients:
             raise InvalidSubmission(f"no client with pid {pid} is connected")
         return clients
@@ -123,7 +123,7 @@ class Commands:
             raise InvalidSubmission(f"usage: {COMMANDS['ps'].usage}")
         only = _pid(args[1]) if args else None
         snapshot = self.arbiter.snapshot()
-        owners = None if uid in (0, os.getuid()) else self._owners()
+        owners = None if protocol.trusted_uid(uid) else self._owners()
         device = snapshot["server"]["device"]
         where = f"{device['index']}:{device['uuid'][:8]}"
         rows = [_PS_HEADER]

@@ -332,7 +332,7 @@ class Gate:
         closed to make room: a uid that kept all of them busy once held every place)."""
         with self._lock:
             busy = self._busy_by_uid.get(uid, 0)
-        if uid not in (0, os.getuid()) and self._by_uid.get(uid, 0) + busy >= self._per_uid:
+        if not protocol.trusted_uid(uid) and self._by_uid.get(uid, 0) + busy >= self._per_uid:
             oldest = next((w for w in self._waiting.values() if w.uid == uid), None)
             if oldest is None:
                 return False

@@ -85,6 +85,7 @@ from pathlib import Path
 
 from .._control import decimal, printable
 from .._proc import MAX_PID, start_time
+from .._protocol import trusted_uid
 from . import _emergency
 from ..errors import InvalidSubmission, Quarantined
 
@@ -355,7 +356,7 @@ class Quarantine:
             if refused_only and entry["strikes"] < STRIKES:
                 continue
             head = f"client pid {entry['pid']}: {_strikes(entry)}"
-            if viewer_uid not in (None, 0, os.getuid()) and viewer_uid != entry["uid"]:
+            if viewer_uid is not None and not trusted_uid(viewer_uid) and viewer_uid != entry["uid"]:
                 lines.append(f"{head} (another user's process)")
                 continue
             lines.append(f"{head}; name {printable(entry['name'])}, uid {entry['uid']}, command "

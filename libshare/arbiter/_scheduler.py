@@ -39,9 +39,10 @@ them without asking (the common case never takes the GIL). The policy, in order:
 from __future__ import annotations
 
 import math
-import os
 import time
 from dataclasses import dataclass, field
+
+from .._protocol import trusted_uid
 
 PRIORITIES = ("low", "normal", "high", "realtime")
 MODES = ("throughput", "fairshare")
@@ -61,6 +62,11 @@ def priority_name(value: str) -> str:
     if value not in _RANK:
         raise ValueError(f"priority must be one of {', '.join(PRIORITIES)} (or MPS 0/1), got {value!r}")
     return value
+
+
+def outranks(priority: str | None, other: str) -> bool:
+    """True when ``priority`` (a name, or None for none) drains before ``other``."""
+    return priority is not None and _RANK[priority] > _RANK[other]
 
 
 def mode_name(value) -> str:
@@ -128,8 +134,8 @@ class Scheduler:
         default is lowered to it too: it may ask only for the default or lower (_server.py), and
         one that asked for the old default kept it above every client that followed the new one."""
         for client in clients:
-            asked_above = (not client.operator_priority and client.uid not in (0, os.getuid())
-                           and _RANK[client.priority] > _RANK[self.default_priority])
+            asked_above = (not client.operator_priority and not trusted_uid(client.uid)
+                           and outranks(client.priority, self.default_priority))
             if not client.own_priority or asked_above:
                 client.priority = self.default_priority
             usage = self._usage.get(client.id)

@@ -94,7 +94,7 @@ from ._commands import FIELDS as _CONTROL
 from ._commands import Commands
 from ._gate import HELLO_TIMEOUT, MAX_WAITING, MIN_WAITING, FdBudget, Gate, open_fds
 from .._control import printable
-from ._scheduler import PRIORITIES, UNSCHEDULED, mode_name, percentage, priority_name
+from ._scheduler import UNSCHEDULED, mode_name, outranks, percentage, priority_name
 from ._drain import Drainer
 from ._tasks import CALL_TIMEOUT
 from ._settings import Config, max_clients_count, watchdog_seconds
@@ -368,7 +368,7 @@ class Arbiter:
         scheduler = self.drainer.scheduler
         priority, _ = _requested_priority_and_share(frame.fields, scheduler.default_priority)
         _check_priority_allowed(priority, scheduler.default_priority, uid)
-        _check_group_allowed((frame.fields.get("group") or "")[:64], uid, self.group_owners, scheduler)
+        _check_group_allowed(_requested_group(frame.fields), uid, self.group_owners, scheduler)
         return "session", self._admit(pid, uid)
 
     def _admit(self, pid: int, uid: int) -> int:
@@ -586,7 +586,7 @@ class Arbiter:
         end of its connection reclaims it."""
         priority, share = _requested_priority_and_share(fields, self.drainer.scheduler.default_priority)
         name = printable(fields.get("name") or f"pid{pid}")[:64]  # it goes into logs and ps
-        group = (fields.get("group") or "")[:64]
+        group = _requested_group(fields)
         env_limit = fields.get("mem_limit")
         if env_limit is not None:
             env_limit = device_limit(env_limit, self.device.index, self.device.uuid)
@@ -966,11 +966,16 @@ def _requested_priority_and_share(fields: dict, default_priority: str) -> tuple[
     return priority, share
 
 
+def _requested_group(fields: dict) -> str:
+    """The group a hello names ("" for none), cut to 64 characters as it is kept."""
+    return (fields.get("group") or "")[:64]
+
+
 def _check_priority_allowed(priority: str, default_priority: str, uid: int) -> None:
     """AccessDenied when a peer of another uid than root and the arbiter's asks for a priority above
     the default: in multi-user mode a tenant could otherwise make itself realtime, and hold every
     other client to one short slice per pass (MPS's clients may only lower theirs)."""
-    if uid not in (0, os.getuid()) and PRIORITIES.index(priority) > PRIORITIES.index(default_priority):
+    if not protocol.trusted_uid(uid) and outranks(priority, default_priority):
         raise AccessDenied(f"priority {priority} is above the default ({default_priority}): only uid {os.getuid()} "
                            "or root may ask for it; the operator may set it (set_client_priority PID PRIORITY)")
 
@@ -981,12 +986,11 @@ def _check_group_allowed(group: str, uid: int, owners: dict[str, int], scheduler
     or, owning groups, names none of them. A group is a name: without owners, a tenant could join
     another job's group to spend its memory limit and compute share, or a group the operator made
     realtime, or leave its own group to escape its limits."""
-    if uid in (0, os.getuid()):
+    if protocol.trusted_uid(uid):
         return
     if group and owners.get(group, uid) != uid:
         raise AccessDenied(f"group {printable(group)!r} belongs to uid {owners[group]}")
-    if group and group not in owners and group in scheduler.group_priority \
-            and PRIORITIES.index(scheduler.group_priority[group]) > PRIORITIES.index(scheduler.default_priority):
+    if group and group not in owners and outranks(scheduler.group_priority.get(group), scheduler.default_priority):
         raise AccessDenied(f"group {printable(group)!r} has priority {scheduler.group_priority[group]}, above the "
                            f"default: only uid {os.getuid()} or root may join it unless the operator gives it an "
                            "owner (set_group_owner GROUP UID)")
