@@ -122,7 +122,7 @@ def test_a_memory_size_of_hundreds_of_digits_is_refused_as_too_large(daemon, com
 
 
 @pytest.mark.parametrize("command", [("set_group_priority", "high"), ("set_group_active_thread_percentage", "50"),
-                                     ("set_group_mem_limit", "1G")])
+                                     ("set_group_mem_limit", "1G"), ("set_group_owner", "1000")])
 def test_group_settings_are_bounded_in_name_and_number(daemon, command, monkeypatch):
     """A group name has at most 64 characters, and each kind of group setting holds _MAX_GROUPS groups (a
     stream of new names grew the arbiter by 13 MB/s): past that a new group is refused until one is removed."""
