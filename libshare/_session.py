@@ -277,24 +277,36 @@ class Session:
 
     # ---------------------------------------------------------------- the region's users
 
+    # _enter and _leave run on every wait step: the gate is taken with acquire and release, not
+    # with ``with`` (whose two method lookups and calls cost 170 ns of a step's 2 us).
+
     def _enter(self) -> None:
         """Count this thread in as a user of the mapped region; SessionClosed once closed."""
-        with self._gate:
+        gate = self._gate
+        gate.acquire()
+        try:
             while self._moving and not self.closed:
                 self._gone.wait()
             if self.closed:
                 raise _closed_error()
             self._users += 1
+        finally:
+            gate.release()
 
     def _leave(self) -> None:
         """Count this thread out; the last one out of a closed session unmaps the region."""
-        with self._gate:
+        gate = self._gate
+        gate.acquire()
+        try:
             self._users -= 1
+            if not (self.closed or self._moving):
+                return  # the common case
             last = self.closed and not self._users and not self._torn_down
             if last:
                 self._torn_down = True
-            if self.closed or self._moving:
-                self._gone.notify_all()
+            self._gone.notify_all()
+        finally:
+            gate.release()
         if last:
             self._tear_down()
 
@@ -850,8 +862,11 @@ class Session:
         self._enter()
         try:
             lock = self._cq_lock
-            if not (lock.acquire(False) or lock.acquire(timeout=max(timeout, 0.001))):
-                return  # another thread is reading (and watching the arbiter) already
+            if not lock.acquire(False):  # another thread is reading (and watching the arbiter) already
+                if ticket is not None and self._fetch(ticket):
+                    return  # it read this ticket's completion: no need to wait for its step to end
+                if not lock.acquire(timeout=max(timeout, 0.001)):
+                    return
             try:
                 self._tell_forgotten()
                 timeout_ns = int(max(timeout, 0) * 1e9)
@@ -942,14 +957,12 @@ class Session:
                                           "was read (the work itself still completes at the arbiter)")
 
     def _wait_ticket(self, ticket: Ticket, deadline: float | None) -> None:
-        if self._fetch(ticket):  # done already (read by another wait): no wait step
-            return
         while True:
             if self._lost is None and not self.closed:  # the common case: wait steps on the ring
-                try:
+                try:  # (a ticket read by another thread's wait is taken from the book by this step)
                     self._collect(_WAIT_SLICE if deadline is None
                                   else min(_WAIT_SLICE, max(deadline - time.monotonic(), 0)), ticket)
-                    if not self._fetch(ticket):
+                    if ticket._status is None and not self._fetch(ticket):
                         self._check_usable()  # a reason the arbiter left in the ring
                 except errors.LibshareError:
                     if self._lost is None and not self.closed:

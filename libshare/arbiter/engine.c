@@ -101,7 +101,8 @@
  * kept it held off the queue thread it waited for. A yield can also hand the
  * core to an unrelated busy thread for a whole time slice, so one that lost the
  * core for over YIELD_LOST_NS stops the yields for YIELD_PAUSE_NS: the polls
- * keep the core meanwhile, as unplaced. Moving the engine off its core for that
+ * keep the core meanwhile, as unplaced (a fence poll's loss stops every poll's
+ * yields, a spin's only the spins': poll_step says why). Moving the engine off its core for that
  * time instead (to any of the arbiter's cores) was worse: with two busy
  * processes on the 2-core VM the round trip's p99 was 3.9-4.0 ms in three runs
  * of three moving, 0.15-2.8 ms staying (one busy process: 164-218 us against
@@ -426,7 +427,8 @@ struct ls_engine {
     pthread_t thread;
     int32_t tid;                        /* the thread's id, once it runs (for _placement.py) */
     int placed;                         /* ls_engine_place pinned the thread: its polls yield */
-    int64_t yields_paused_until;        /* ... but not before this (poll_step) */
+    int64_t fence_yields_paused_until;  /* ... but not before this (poll_step) */
+    int64_t spin_yields_paused_until;   /* ... nor, for a spin's polls, this */
     int started, stopping, faulted, device_lost;
     int64_t stop_timeout_ns;
     int abandoned;
@@ -1235,20 +1237,31 @@ static int work_waiting(ls_engine *e, int events_too)
 }
 
 /* One step of a poll. Placed (ls_engine_place), yield the core: the thread the engine waits for
- * shares it. A yield that lost the core for long (an unrelated busy thread took a whole time
- * slice) stops the yields until yields_paused_until. Otherwise spin in place. Runs on the engine
- * thread only. */
-static void poll_step(ls_engine *e)
+ * shares it. Otherwise spin in place. Runs on the engine thread only.
+ *
+ * A yield that lost the core for long (another busy thread took a whole time slice) stops the
+ * yields of such polls for YIELD_PAUSE_NS, and they keep the core meanwhile. Two kinds of poll
+ * pause apart. A fence poll waits for a submission, which the driver's thread on this core runs;
+ * a loss there stops the yields of both kinds (a busy process beside the engine would take a
+ * slice at every yield: 4 ms round trips). A spin waits for a client's next descriptor, nothing
+ * on this core; a loss there stops the spins' yields only. It stopped both before: another
+ * arbiter's engine and queue thread, busy on the same core, took the yield of this one's spin
+ * after each of its blocks of round trips, and the pause kept this engine's fence polls from
+ * yielding to its own queue thread through its next block (R3 of bench/test_restart_bench.py:
+ * 17% of round trips over 60 us, 0.2-0.5% once the arbiters had not run for 0.3 s). */
+static void poll_step(ls_engine *e, int fence)
 {
     int64_t now = now_ns();
-    if (!__atomic_load_n(&e->placed, __ATOMIC_ACQUIRE) || now < e->yields_paused_until) {
+    int paused = now < e->fence_yields_paused_until || (!fence && now < e->spin_yields_paused_until);
+    if (!__atomic_load_n(&e->placed, __ATOMIC_ACQUIRE) || paused) {
         for (int k = 0; k < 64; k++)
             ls_cpu_relax();
         return;
     }
     sched_yield();
-    if (now_ns() - now > YIELD_LOST_NS)
-        e->yields_paused_until = now_ns() + YIELD_PAUSE_NS;
+    int64_t after = now_ns();
+    if (after - now > YIELD_LOST_NS)
+        *(fence ? &e->fence_yields_paused_until : &e->spin_yields_paused_until) = after + YIELD_PAUSE_NS;
 }
 
 /* Watch the rings for spin_ns after popped work; 1 when work (or a task) arrived. */
@@ -1261,7 +1274,7 @@ static int spin(ls_engine *e)
     do {
         if (work_waiting(e, 1))
             return 1;
-        poll_step(e);
+        poll_step(e, 0);
     } while (now_ns() < deadline);
     return 0;
 }
@@ -1377,7 +1390,7 @@ static void wait_for_fence(ls_engine *e)
             return;
         if (more && work_waiting(e, 0))
             return;
-        poll_step(e);
+        poll_step(e, 1);
     } while (now_ns() < deadline);
     e->vk.WaitForFences(e->device, 1, &fence, VK_TRUE, more ? (uint64_t)nap : FENCE_SLICE_NS);
 }
