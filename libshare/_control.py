@@ -138,6 +138,15 @@ COMMANDS: dict[str, Command] = {c.name: c for c in [
             "client of UID must name one of UID's groups; none: anyone may join it again.",
             changes_state=True),
     Command("get_group_owner", "get_group_owner GROUP", "Print the uid that owns GROUP, or none."),
+    Command("open_share", "open_share GROUP",
+            "Open GROUP's share socket, PIPE/shares/GROUP/control, and print its directory: every client that "
+            "connects through it joins GROUP whatever it asks, may ask for no priority above the default, and "
+            "may send no control command (a container's pipe directory; see the Kubernetes plugin). It is "
+            "opened again by the next arbiter on this pipe directory, until close_share.",
+            changes_state=True),
+    Command("close_share", "close_share GROUP",
+            "Close GROUP's share socket and remove it; its clients stay connected.", changes_state=True),
+    Command("get_share_list", "get_share_list", "Print the groups whose share socket is open, one per line."),
     Command("set_group_active_thread_percentage", "set_group_active_thread_percentage GROUP PERCENT|none",
             "Ceiling on the share of device time a whole group may use while others want the device; none: "
             "no ceiling for the group.",

@@ -28,6 +28,7 @@ from .._proc import MAX_PID
 from . import _limits
 from ..errors import AccessDenied, InvalidSubmission, LibshareError, ProtocolError, ServerNotReady
 from ._scheduler import mode_name, percentage, priority_name
+from ._share_sockets import share_name
 
 log = logging.getLogger("libshare.control")
 
@@ -353,6 +354,23 @@ class Commands:
     def _get_group_owner(self, args: list[str]) -> str:
         self._expect(args, 1, "get_group_owner")
         return str(self.arbiter.group_owners.get(_group(args[0]), "none"))
+
+    def _open_share(self, args: list[str]) -> str:
+        self._expect(args, 1, "open_share")
+        return str(self._shares().open(share_name(args[0])))
+
+    def _close_share(self, args: list[str]) -> str:
+        self._expect(args, 1, "close_share")
+        return "closed" if self._shares().close(share_name(args[0])) else "not open"
+
+    def _get_share_list(self, args: list[str]) -> str:
+        self._expect(args, 0, "get_share_list")
+        return "\n".join(self._shares().names())
+
+    def _shares(self):
+        if self.arbiter.shares is None:
+            raise ServerNotReady("share sockets belong to an arbiter that serves a pipe directory (a daemon)")
+        return self.arbiter.shares
 
     def _set_default_active_thread_percentage(self, args: list[str]) -> str:
         self._expect(args, 1, "set_default_active_thread_percentage")

@@ -39,6 +39,10 @@ Bounds, each enforced here:
   connections meanwhile wait in the kernel's listen queue and are served once
   descriptors are free again.
 
+The gate accepts on the arbiter's socket and on every share socket (``Gate.listen`` with a
+group; see _share_sockets.py); each connection remembers which one it came through, and ``route``
+is told.
+
 A first frame goes to the arbiter's ``route``, which checks it against its schema
 (a bad one is answered and the connection stays, within its deadline), refuses it
 (AccessDenied, TooManyClients: answered, then closed) or takes it: a hello is welcomed
@@ -91,6 +95,7 @@ class Waiting:
     reader: protocol.FrameReader = field(default_factory=lambda: protocol.FrameReader(0, protocol.FIRST_FRAME))
     begun: bool = False  # its deadline already counts the frame under way
     fd: int = -1
+    share: str | None = None  # the group whose share socket it came through (None: the arbiter's own socket)
     expires: float = 0.0  # when it must have said hello, or may idle until: its deadline between frames
     outbox: bytes = b""  # the rest of a control reply its socket could not take at once
 
@@ -107,10 +112,20 @@ class Waiting:
         return moved
 
 
+@dataclass(eq=False)
+class _Listener:
+    """A listening socket the gate accepts on: the arbiter's own (``share`` None) or a group's share
+    socket (``Arbiter.open_share``), whose connections the arbiter routes as that group's."""
+
+    sock: socket.socket
+    share: str | None
+    registered: bool = False  # with the selector (not while accepting is paused)
+
+
 class Gate:
     """The selector thread in front of the arbiter (see the module's docstring).
 
-    ``route(frame, pid, uid, control)`` returns ("session", token) or ("control", None),
+    ``route(frame, pid, uid, control, share)`` returns ("session", token) or ("control", None),
     or raises a LibshareError to answer; ``on_session(conn, frame, pid, uid, token)`` takes
     a connection for good; ``run_control(fields, pid, uid)`` returns the reply to a control
     command.
@@ -136,7 +151,8 @@ class Gate:
         self._idle = 0  # control workers waiting for a job
         self._deadlines: list[tuple[float, int, Waiting]] = []
         self._sequence = 0
-        self._listener: socket.socket | None = None
+        self._listeners: list[_Listener] = []  # changed under the lock; registered by the gate's thread
+        self._unlistened: list[_Listener] = []  # taken out by another thread: the gate's closes them
         self._accepting = False
         self._resume_at = 0.0
         self._failures = 0  # accept failures in the current episode
@@ -156,12 +172,27 @@ class Gate:
         with self._lock:
             return len(self._waiting) + len(self._incoming) + self._busy
 
-    def listen(self, listener: socket.socket) -> None:
-        """Accept on ``listener`` (a bound, listening socket) from now on; the gate closes it."""
+    def listen(self, listener: socket.socket, share: str | None = None) -> None:
+        """Accept on ``listener`` (a bound, listening socket) from now on; the gate closes it. A
+        ``share`` listener is that group's share socket: ``route`` is told so for each first frame."""
         listener.setblocking(False)
         with self._lock:
-            self._listener = listener
+            closed = self.closed
+            if not closed:
+                self._listeners.append(_Listener(listener, share))
+        if closed:
+            listener.close()
+            return
         self._wake()
+
+    def unlisten(self, share: str) -> bool:
+        """Stop accepting on ``share``'s listener and close it (on the gate's thread); False if none."""
+        with self._lock:
+            found = [listener for listener in self._listeners if listener.share == share]
+            self._listeners = [listener for listener in self._listeners if listener.share != share]
+            self._unlistened.extend(found)
+        self._wake()
+        return bool(found)
 
     def add(self, conn: socket.socket) -> None:
         """Take a connected socket (a socketpair end in embedded mode) as if it had been accepted."""
@@ -192,12 +223,13 @@ class Gate:
             held = list(self._waiting.values()) + self._incoming
             self._waiting.clear()
             self._incoming.clear()
-            listener, self._listener = self._listener, None
+            listeners = self._listeners + self._unlistened
+            self._listeners, self._unlistened = [], []
         for waiting in held:
             waiting.reader.close()
             waiting.conn.close()
-        if listener is not None:
-            listener.close()
+        for listener in listeners:
+            listener.sock.close()
         self._selector.close()
         self._flush_summary(force=True)
         with self._lock:  # a worker that finishes later must not write to a reused descriptor number
@@ -229,7 +261,7 @@ class Gate:
         self._toggle_accepting()
         now = time.monotonic()
         wait = self._deadlines[0][0] - now if self._deadlines else _LOG_EVERY
-        if not self._accepting and self._listener is not None:
+        if not self._accepting and self._listeners:
             wait = min(wait, self._resume_at - now)
         if self._closed_counts:
             wait = min(wait, self._last_summary + _LOG_EVERY - now)
@@ -240,8 +272,8 @@ class Gate:
                         pass
                 except BlockingIOError:
                     pass
-            elif key.data == "listener":
-                self._accept()
+            elif isinstance(key.data, _Listener):
+                self._accept(key.data)
             elif mask & selectors.EVENT_WRITE:
                 self._writable(key.data)
             else:
@@ -256,23 +288,40 @@ class Gate:
             self._hold(waiting)
 
     def _toggle_accepting(self) -> None:
-        listener = self._listener
-        if listener is None or self.closed:
+        """Close the listeners taken out, and register new ones (all of them, once a pause is over)."""
+        with self._lock:
+            listeners, gone = list(self._listeners), self._unlistened
+            self._unlistened = []
+        for listener in gone:
+            self._unregister(listener)
+            listener.sock.close()
+        if self.closed or not listeners:
             return
         if not self._accepting and time.monotonic() >= self._resume_at:
-            self._selector.register(listener, selectors.EVENT_READ, "listener")
             self._accepting = True
+        if self._accepting:
+            for listener in listeners:
+                if not listener.registered:
+                    self._selector.register(listener.sock, selectors.EVENT_READ, listener)
+                    listener.registered = True
+
+    def _unregister(self, listener: _Listener) -> None:
+        if listener.registered:
+            self._selector.unregister(listener.sock)
+            listener.registered = False
 
     def _pause_accepting(self, delay: float) -> None:
-        if self._accepting:
-            self._selector.unregister(self._listener)
-            self._accepting = False
+        with self._lock:
+            listeners = list(self._listeners)
+        for listener in listeners:
+            self._unregister(listener)
+        self._accepting = False
         self._resume_at = time.monotonic() + delay
 
-    def _accept(self) -> None:
+    def _accept(self, listener: _Listener) -> None:
         for _ in range(_ACCEPT_BATCH):
             try:
-                conn, _ = self._listener.accept()
+                conn, _ = listener.sock.accept()
             except BlockingIOError:
                 return
             except InterruptedError:
@@ -291,7 +340,7 @@ class Gate:
             except OSError:
                 conn.close()
                 continue
-            waiting = Waiting(conn, pid, uid, time.monotonic() + self.hello_timeout)
+            waiting = Waiting(conn, pid, uid, time.monotonic() + self.hello_timeout, share=listener.share)
             self._hold(waiting)
             self._readable(waiting)  # a client sends its hello as it connects: often it is here already
 
@@ -480,7 +529,7 @@ class Gate:
 
     def _first_frame(self, waiting: Waiting, frame: protocol.Frame) -> None:
         try:
-            action, token = self._route(frame, waiting.pid, waiting.uid, waiting.control)
+            action, token = self._route(frame, waiting.pid, waiting.uid, waiting.control, waiting.share)
         except (ProtocolError, InvalidSubmission) as exc:  # a bad request: answered, the connection stays
             frame.close_fds()
             if not self._send(waiting.conn, protocol.error_reply(exc)):

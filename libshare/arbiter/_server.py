@@ -49,8 +49,10 @@ itself. State-changing control commands are taken from root and the arbiter's ui
 only, and ``ps`` shows another uid's clients as MPS would (_commands.py). A client of
 another uid may ask only for the default priority or lower (_check_priority_allowed), and
 may join only the groups it owns (set_group_owner) or unowned ones of no raised priority,
-naming one of its own when it owns any (_check_group_allowed). A client, for its part,
-talks only to a listener of its own uid or root's (_protocol.dial).
+naming one of its own when it owns any (_check_group_allowed). A hello through a group's share
+socket (_share_sockets.py, a container's pipe directory) joins that group whatever it names,
+gets no priority above the default whatever its uid, and no control command is taken there. A
+client, for its part, talks only to a listener of its own uid or root's (_protocol.dial).
 
 Reattaching. A session whose arbiter died hands the new one what it kept: ``import`` (one
 descriptor: a shared buffer's memfd, checked by check_sealed_memfd to be a memfd of the
@@ -93,6 +95,7 @@ from ._clients import BufferRecord, Client, Counters, ProgramRecord, SharedMemor
 from ._commands import FIELDS as _CONTROL
 from ._commands import Commands
 from ._gate import HELLO_TIMEOUT, MAX_WAITING, MIN_WAITING, FdBudget, Gate, open_fds
+from ._share_sockets import ShareSockets, bind_listener, check_share_hello
 from .._control import printable
 from ._scheduler import UNSCHEDULED, mode_name, outranks, percentage, priority_name
 from ._drain import Drainer
@@ -234,6 +237,7 @@ class Arbiter:
         self._connections: set[socket.socket] = set()
         self._attached: set[int] = set()  # ids of the clients whose connection is open (the client limit)
         self._gate: Gate | None = None  # made by the first serve or attach
+        self.shares: ShareSockets | None = None  # a daemon's share sockets (serve makes it)
         self._fd_budget: FdBudget | None = None
         self.socket_path: Path | None = None
         self.closed = False
@@ -275,25 +279,14 @@ class Arbiter:
         self._vet_compiles()
         self.compilers.remember_passed(path.parent / "vetted")
         _raise_fd_limit(self.max_clients, to_hard=True)
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-        unready = path.with_name(f".{path.name}.{os.getpid()}")  # the socket appears only once it listens
-        unready.unlink(missing_ok=True)
-        old_umask = os.umask(0o177)
-        try:
-            listener.bind(str(unready))
-        finally:
-            os.umask(old_umask)
-        try:
-            if self.multi_user:  # opened only now: nobody could connect to it before it was ours
-                os.chmod(unready, 0o666)
-            listener.listen(socket.SOMAXCONN)  # the kernel caps it (net.core.somaxconn)
-            os.rename(unready, path)  # atomic: whoever sees the path can connect
-            self.socket_path = path
-            self._start_gate().listen(listener)
-        except BaseException:
-            listener.close()
-            unready.unlink(missing_ok=True)
-            raise
+        gate = self._start_gate()
+        listener = bind_listener(path, self.multi_user)
+        self.socket_path = path
+        gate.listen(listener)
+        self.shares = ShareSockets(path.parent, self.multi_user, gate.listen, gate.unlisten)
+        reopened = self.shares.reopen_left()
+        if reopened:
+            log.info("share sockets opened again: %s", ", ".join(reopened))
 
     def prepare_to_serve(self) -> None:
         """Start what :meth:`serve` needs before it listens (the vetting compilers): a standby does
@@ -349,13 +342,17 @@ class Arbiter:
                                   request_timeout=_setting(None, "LIBSHARE_REQUEST_TIMEOUT", float, _REQUEST_TIMEOUT))
             return self._gate
 
-    def _route(self, frame: protocol.Frame, pid: int, uid: int, control: bool):
+    def _route(self, frame: protocol.Frame, pid: int, uid: int, control: bool, share: str | None = None):
         """What the gate does with a connection's first frame: ("session", client id) for an admitted
         hello, ("control", None) for a control command. A bad frame raises ProtocolError or
-        InvalidSubmission (answered; the connection stays), a refusal another LibshareError."""
+        InvalidSubmission (answered; the connection stays), a refusal another LibshareError. ``share``:
+        the group whose share socket the connection came through (_share_sockets.py)."""
         op = frame.fields.get("op")
         if frame.payload:
             raise ProtocolError("a hello or a control command carries no payload")
+        if op == "control" and share is not None:
+            raise AccessDenied(f"this socket is the share of group {share}: it takes sessions only, and control "
+                               "commands go to the arbiter's own socket")
         if op == "control":
             protocol.check_fields(frame.fields, _CONTROL, "control")
             return "control", None
@@ -367,8 +364,11 @@ class Arbiter:
         protocol.check_fields(frame.fields, _HELLO, "hello")
         scheduler = self.drainer.scheduler
         priority, _ = _requested_priority_and_share(frame.fields, scheduler.default_priority)
-        _check_priority_allowed(priority, scheduler.default_priority, uid)
-        _check_group_allowed(_requested_group(frame.fields), uid, self.group_owners, scheduler)
+        _check_priority_allowed(priority, scheduler.default_priority, protocol.trusted_uid(uid) and share is None)
+        if share is not None:
+            check_share_hello(frame.fields, share)  # the socket is the group's grant: no owner to ask
+        else:
+            _check_group_allowed(_requested_group(frame.fields), uid, self.group_owners, scheduler)
         return "session", self._admit(pid, uid)
 
     def _admit(self, pid: int, uid: int) -> int:
@@ -971,11 +971,12 @@ def _requested_group(fields: dict) -> str:
     return (fields.get("group") or "")[:64]
 
 
-def _check_priority_allowed(priority: str, default_priority: str, uid: int) -> None:
-    """AccessDenied when a peer of another uid than root and the arbiter's asks for a priority above
-    the default: in multi-user mode a tenant could otherwise make itself realtime, and hold every
-    other client to one short slice per pass (MPS's clients may only lower theirs)."""
-    if not protocol.trusted_uid(uid) and outranks(priority, default_priority):
+def _check_priority_allowed(priority: str, default_priority: str, trusted: bool) -> None:
+    """AccessDenied when a peer that is not ``trusted`` (root or the arbiter's uid, on the arbiter's
+    own socket) asks for a priority above the default: in multi-user mode a tenant could otherwise
+    make itself realtime, and hold every other client to one short slice per pass (MPS's clients may
+    only lower theirs)."""
+    if not trusted and outranks(priority, default_priority):
         raise AccessDenied(f"priority {priority} is above the default ({default_priority}): only uid {os.getuid()} "
                            "or root may ask for it; the operator may set it (set_client_priority PID PRIORITY)")
 

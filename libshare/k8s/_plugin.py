@@ -14,12 +14,17 @@ upkeep thread then, every ``period`` seconds:
   every other socket in the directory, this plugin's too) or this plugin's socket is gone, the
   plugin serves on a fresh socket and registers again. Until the kubelet answers, it retries.
 
-Allocate answers each container request with the pipe directory's mount (read-only: a client
-only connects to the socket) and the LIBSHARE_* environment of :class:`~._shares.Allocation`,
-and sets the allocation's group limits on the arbiter at once
-(``set_group_active_thread_percentage``, ``set_group_mem_limit``): the environment alone limits
-each process, the group limits all of a container's processes together. The limits of a group
-whose devices have since been allocated to another container are lifted.
+Allocate answers each container request with a mount and the LIBSHARE_* environment of
+:class:`~._shares.Allocation`, sets the allocation's group limits on the arbiter at once
+(``set_group_active_thread_percentage``, ``set_group_mem_limit``) and opens the group's share
+socket (``open_share``). The mount puts the group's share directory, ``PIPE/shares/GROUP``
+(read-only: a client only connects to the socket), at the container's pipe directory: the
+container reaches the arbiter only through its share socket, which holds every process that
+connects to the group, its limits and the default priority whatever the environment says, and
+takes no control command (arbiter/_share_sockets.py; the environment is the container's own,
+and a container that dropped LIBSHARE_GROUP once left its group's limits). The limits of a
+group whose devices have since been allocated to another container are lifted, and its share
+socket closed.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ import grpc
 from .. import _config
 from .._control import ControlConnection
 from ..arbiter._limits import format_size
+from ..arbiter._share_sockets import share_directory
 from ..errors import LibshareError
 from ._shares import DEFAULT_RESOURCE, Allocation, Share, allocate
 from ._stubs import api_pb2, api_pb2_grpc
@@ -185,9 +191,12 @@ class _Arbiter:
                 self._served_pid = None  # the upkeep thread sends them all to the next ACTIVE arbiter
 
     def _send(self, allocations) -> bool:
-        """Lift superseded groups' limits and set those of ``allocations``; False when the arbiter did not take it."""
+        """Lift superseded groups' limits and close their share sockets; set the limits of ``allocations``
+        and open their share sockets (after the limits: a process may connect at once). False when
+        the arbiter did not take it."""
         try:
             for group in sorted(self._lifted):
+                self._run("close_share", group)
                 self._run("set_group_mem_limit", group, "unlimited")
                 self._run("set_group_active_thread_percentage", group, "100")
             self._lifted.clear()
@@ -195,6 +204,7 @@ class _Arbiter:
                 self._run("set_group_active_thread_percentage", allocation.group, str(allocation.percent))
                 self._run("set_group_mem_limit", allocation.group,
                           "unlimited" if allocation.memory is None else format_size(allocation.memory))
+                self._run("open_share", allocation.group)
             return True
         except (LibshareError, OSError, EOFError) as exc:
             log.warning("group limits not set on the arbiter at %s: %s", self.pipe_directory, exc)
@@ -262,15 +272,24 @@ class _Servicer(api_pb2_grpc.DevicePluginServicer):
                               f"container request {number}: a device is requested by two containers")
             seen.update(allocation.devices)
             allocations.append(allocation)
+        for allocation in allocations:  # what the mount names exists before the arbiter opens the socket
+            directory = share_directory(self._options.pipe_directory, allocation.group)
+            try:  # (in the arbiter's pipe directory once there is one: it must be the arbiter's to make)
+                if directory.parent.parent.is_dir():
+                    directory.parent.mkdir(mode=0o755, exist_ok=True)
+                    directory.mkdir(mode=0o755, exist_ok=True)
+            except OSError as exc:
+                context.abort(grpc.StatusCode.UNAVAILABLE, f"cannot make the share directory {directory}: {exc}")
         self._arbiter.add(allocations)
-        pipe = str(self._options.host_pipe_directory)  # mounted at the same path in the container
+        pipe = self._options.host_pipe_directory  # the container sees its share directory at this path
         responses = []
         for allocation in allocations:
             log.info("allocated %s: group %s, %d %% of compute, memory %s", ",".join(allocation.devices),
                      allocation.group, allocation.percent, format_size(allocation.memory))
             responses.append(api_pb2.ContainerAllocateResponse(
                 envs=allocation.environment(pipe),
-                mounts=[api_pb2.Mount(container_path=pipe, host_path=pipe, read_only=True)]))
+                mounts=[api_pb2.Mount(container_path=str(pipe),
+                                      host_path=str(share_directory(pipe, allocation.group)), read_only=True)]))
         return api_pb2.AllocateResponse(container_responses=responses)
 
     def PreStartContainer(self, request, context):

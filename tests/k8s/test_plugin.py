@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import subprocess
 import sys
 
@@ -98,7 +99,8 @@ def test_allocate_gives_the_shares_environment_mount_and_group_limits(kubelet, t
         plugin = kubelet.plugin(kubelet.registration())
         stream = plugin.ListAndWatch(EMPTY, timeout=DEADLINE)
         _healthy(stream)
-        mount = api_pb2.Mount(container_path=str(pipe), host_path=str(pipe), read_only=True)
+        def mount(group: str) -> api_pb2.Mount:  # the group's share directory, where the container looks
+            return api_pb2.Mount(container_path=str(pipe), host_path=str(pipe / "shares" / group), read_only=True)
 
         one, three = _allocate(plugin, ["share-7"], ["share-2", "share-0", "share-5"]).container_responses
         assert dict(one.envs) == {"LIBSHARE_PIPE_DIRECTORY": str(pipe), "LIBSHARE_MODE": "daemon",
@@ -107,7 +109,8 @@ def test_allocate_gives_the_shares_environment_mount_and_group_limits(kubelet, t
         assert dict(three.envs) == {**one.envs, "LIBSHARE_ACTIVE_THREAD_PERCENTAGE": "37",
                                     "LIBSHARE_DEVICE_MEM_LIMIT": str(768 << 20),
                                     "LIBSHARE_GROUP": group_name(["share-0", "share-2", "share-5"])}
-        assert list(one.mounts) == list(three.mounts) == [mount]
+        assert list(one.mounts) == [mount(one.envs["LIBSHARE_GROUP"])]
+        assert list(three.mounts) == [mount(three.envs["LIBSHARE_GROUP"])]
         assert not one.devices and not one.cdi_devices
         everything = _allocate(plugin, [f"share-{i}" for i in range(8)]).container_responses[0]
         assert everything.envs["LIBSHARE_ACTIVE_THREAD_PERCENTAGE"] == "100"
@@ -117,16 +120,19 @@ def test_allocate_gives_the_shares_environment_mount_and_group_limits(kubelet, t
             # All eight shares went to one container since: the two groups before it were lifted.
             assert control.run("get_group_mem_limit", everything.envs["LIBSHARE_GROUP"]) == "2G"
             assert control.run("get_group_mem_limit", three.envs["LIBSHARE_GROUP"]) == "unlimited"
+            assert control.run("get_share_list") == everything.envs["LIBSHARE_GROUP"]  # the others' closed
             again = _allocate(plugin, ["share-5", "share-2", "share-0"]).container_responses[0]
             assert dict(again.envs) == dict(three.envs)  # the same devices, in any order: the same group
             assert control.run("get_group_mem_limit", again.envs["LIBSHARE_GROUP"]) == "768M"
             assert control.run("get_group_mem_limit", everything.envs["LIBSHARE_GROUP"]) == "unlimited"
 
-            # A process of the container: the arbiter takes the environment as the client's own limits.
+            # A process of the container, which finds its share directory at the pipe directory (no
+            # mount here: it is given the host's path): the environment is the client's own limits.
             client = subprocess.Popen(
                 [sys.executable, "-c", "import sys, libshare\nwith libshare.connect(name='pod'):\n"
                  "    print('ready', flush=True); sys.stdin.read()"],
-                cwd=ROOT, env={"PATH": "/usr/bin:/bin", **dict(again.envs)}, stdin=subprocess.PIPE,
+                cwd=ROOT, env={"PATH": "/usr/bin:/bin", **dict(again.envs),
+                               "LIBSHARE_PIPE_DIRECTORY": again.mounts[0].host_path}, stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE, text=True)
             try:
                 assert client.stdout.readline() == "ready\n"
@@ -138,6 +144,56 @@ def test_allocate_gives_the_shares_environment_mount_and_group_limits(kubelet, t
                 client.stdin.close()
                 stop_process(client)
                 client.stdout.close()
+
+
+CONTAINED = """
+import json, sys, numpy as np, libshare
+from libshare._control import ControlConnection
+out = {}
+with libshare.connect(name="rogue") as s:  # LIBSHARE_GROUP dropped, a whole device and no memory limit asked for
+    try:
+        s.array(96 << 20, np.uint8)  # past the allocation's 64M group limit
+        out["big"] = "allocated"
+    except libshare.LibshareError as exc:
+        out["big"] = type(exc).__name__
+    print(json.dumps(out), flush=True)
+    sys.stdin.read()
+lift = lambda: ControlConnection(sys.argv[1]).run("set_group_mem_limit", sys.argv[2], "unlimited")
+for name, attempt in (("group", lambda: libshare.connect(group="someone-else")),
+                      ("priority", lambda: libshare.connect(priority="realtime")), ("control", lift)):
+    try:
+        attempt()
+        out[name] = "taken"
+    except libshare.LibshareError as exc:
+        out[name] = type(exc).__name__
+print(json.dumps(out), flush=True)
+"""
+
+
+def test_a_container_cannot_leave_its_allocation_through_its_environment(kubelet, tmp_path, vulkan_device_name):
+    """Reviewed as a hostile container: it dropped LIBSHARE_GROUP and its limits from its environment,
+    and got 73% of the device against a 20% grant and 300M against 100M; as root it was the arbiter's
+    operator. Its mount is now its group's share socket, which holds it to the group whatever it asks."""
+    pipe = tmp_path / "pipe"
+    with arbiter(pipe), run_plugin(kubelet.socket, pipe, "--shares", "4", "--memory-per-share", "64M"):
+        plugin = kubelet.plugin(kubelet.registration())
+        _healthy(plugin.ListAndWatch(EMPTY, timeout=DEADLINE))
+        response = _allocate(plugin, ["share-1"]).container_responses[0]
+        group, share_dir = response.envs["LIBSHARE_GROUP"], response.mounts[0].host_path
+        env = {"PATH": "/usr/bin:/bin", "LIBSHARE_MODE": "daemon", "LIBSHARE_PIPE_DIRECTORY": share_dir,
+               "LIBSHARE_ACTIVE_THREAD_PERCENTAGE": "100"}
+        rogue = subprocess.Popen([sys.executable, "-c", CONTAINED, share_dir, group], cwd=ROOT, env=env,
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        try:
+            assert json.loads(rogue.stdout.readline()) == {"big": "QuotaExceeded"}
+            rogue.stdin.close()
+            assert json.loads(rogue.stdout.readline()) == {"big": "QuotaExceeded", "group": "AccessDenied",
+                                                           "priority": "AccessDenied", "control": "AccessDenied"}
+        finally:
+            stop_process(rogue)
+            rogue.stdout.close()
+        with _control.ControlConnection(pipe) as control:
+            assert control.run("get_group_mem_limit", group) == "64M"
 
 
 def test_uneven_and_single_shares(kubelet, tmp_path):
