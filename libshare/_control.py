@@ -141,8 +141,8 @@ COMMANDS: dict[str, Command] = {c.name: c for c in [
     Command("open_share", "open_share GROUP",
             "Open GROUP's share socket, PIPE/shares/GROUP/control, and print its directory: every client that "
             "connects through it joins GROUP whatever it asks, may ask for no priority above the default, and "
-            "may send no control command (a container's pipe directory; see the Kubernetes plugin). It is "
-            "opened again by the next arbiter on this pipe directory, until close_share.",
+            "may send no control command (a container's pipe directory; see the Kubernetes plugin). Like group "
+            "limits, it belongs to this arbiter: open it again on the next one (the plugin does).",
             changes_state=True),
     Command("close_share", "close_share GROUP",
             "Close GROUP's share socket and remove it; its clients stay connected.", changes_state=True),

@@ -33,6 +33,7 @@ The receiver trusts nothing it reads, and bounds everything before it allocates:
 from __future__ import annotations
 
 import array
+import contextlib
 import json
 import os
 import reprlib
@@ -93,6 +94,25 @@ def _check_server_uid(sock: socket.socket, path: Path) -> None:
                            "(set LIBSHARE_PIPE_DIRECTORY to your arbiter's directory)")
 
 
+_SUN_PATH = 100  # bytes of a Unix socket's path that every kernel takes (sun_path holds 108 with its NUL)
+
+
+@contextlib.contextmanager
+def unix_address(path: Path):
+    """The address to bind or connect ``path`` by: the path itself, or, when it is too long for a
+    Unix socket's address (a share socket under a deep directory), the same file reached through
+    a descriptor of its directory (``/proc/self/fd/N/NAME``), open for the block."""
+    path = Path(path)
+    if len(os.fsencode(str(path))) <= _SUN_PATH:
+        yield str(path)
+        return
+    directory = os.open(path.parent, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        yield f"/proc/self/fd/{directory}/{path.name}"
+    finally:
+        os.close(directory)
+
+
 def dial(path: Path, timeout: float) -> socket.socket | None:
     """A stream connected to the arbiter's socket at ``path``, or None when no arbiter listens there.
 
@@ -109,7 +129,8 @@ def dial(path: Path, timeout: float) -> socket.socket | None:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         sock.settimeout(timeout)
         try:
-            sock.connect(str(path))
+            with unix_address(path) as address:
+                sock.connect(address)
         except (FileNotFoundError, ConnectionRefusedError, NotADirectoryError):
             sock.close()
             if time.monotonic() + _RESTART_PAUSE > deadline or not _config.supervised(Path(path).parent):

@@ -262,6 +262,10 @@ class Session:
         self.priority: str = welcome.fields.get("priority", "normal")
         """The priority the arbiter gave this session when it connected (asked for, or its default)."""
         self._load_timeout = _load_timeout(welcome.fields.get("load_timeout"))
+        # Through a share socket (a container's pipe directory) the control daemon's lock is out of
+        # sight: whether a new arbiter will come is what the welcome said.
+        self._contained = isinstance(welcome.fields.get("share"), str)
+        self._welcome_supervised = welcome.fields.get("supervised") is True
         region_fd, wake_fd = welcome.fds
         try:
             self._region = Region.attach(region_fd)
@@ -428,8 +432,11 @@ class Session:
         return self._region.descriptors_of(not_run)
 
     def _may_reattach(self) -> bool:
-        return (not self.embedded and self._socket_path is not None and not self.closed
-                and _config.supervised(self._socket_path.parent))
+        return not self.embedded and self._socket_path is not None and not self.closed and self._supervised()
+
+    def _supervised(self) -> bool:
+        """Whether a control daemon starts a new arbiter on this session's socket (see _adopt)."""
+        return self._welcome_supervised if self._contained else _config.supervised(self._socket_path.parent)
 
     def _reattach(self, outside: bool = False) -> None:
         """Attach this session to the arbiter that replaced a lost one: a new ring, then every
@@ -557,7 +564,7 @@ class Session:
                 sock.close()
             if time.monotonic() >= deadline:
                 raise errors.ArbiterUnavailable(f"none answered at {self._socket_path} within {self._timeout:g} s")
-            if not _config.supervised(self._socket_path.parent):
+            if not self._supervised():
                 raise errors.ArbiterUnavailable("the control daemon stopped (quit)")
             time.sleep(_REDIAL_PAUSE)
 

@@ -12,6 +12,7 @@ import socket
 import time
 from dataclasses import dataclass, field, fields
 
+from .._protocol import trusted_uid
 from ..errors import InvalidSubmission
 from ..ring import Region
 from ..ring._region import SharedMapping
@@ -157,6 +158,13 @@ class Client:
     next_id: int = 1
     mem_limit: int | None = None  # the operator's limit for this client (set_device_pinned_mem_limit PID)
     env_mem_limit: int | None = None  # the client's own LIBSHARE_DEVICE_MEM_LIMIT: may only lower its limit
+    share: str | None = None  # the group whose share socket it came through (_share_sockets.py)
+
+    @property
+    def trusted(self) -> bool:
+        """Root's or the arbiter's uid's, through the arbiter's own socket (through a share socket a
+        client is a tenant, whatever its uid): its own choices stand (_server.py, _scheduler.py)."""
+        return trusted_uid(self.uid) and self.share is None
 
     def describe(self) -> str:
         """"client 3 (name, pid 1234)" for logs and errors."""

@@ -505,6 +505,7 @@ def _serve_locked(options: Options, path: Path, stop: _Stop, arbiter, link: Supe
             log.info("metrics at http://%s:%d/metrics", options.metrics_address, metrics.port)
         arbiter.drainer.recovery_timeout = options.shutdown_timeout
         _watch_quit(arbiter, stop)  # before the socket: a fault needs clients
+        arbiter.supervised = link is not None  # the welcome tells the sessions (a container sees no lock)
         arbiter.serve(path)
         log.info("arbiter pid %d serving %s at %s", os.getpid(), arbiter.device.name, path)
         control_log.info("arbiter pid %d serving %s at %s", os.getpid(), arbiter.device.name, path)

@@ -42,7 +42,6 @@ import math
 import time
 from dataclasses import dataclass, field
 
-from .._protocol import trusted_uid
 
 PRIORITIES = ("low", "normal", "high", "realtime")
 MODES = ("throughput", "fairshare")
@@ -130,11 +129,12 @@ class Scheduler:
     def follow_defaults(self, clients) -> None:
         """Give the running clients that took the default priority or share the defaults now in
         force (a reload of the configuration file; the commands alone change them for new clients).
-        A client of another uid than root and the arbiter's that asked for a priority above the new
-        default is lowered to it too: it may ask only for the default or lower (_server.py), and
-        one that asked for the old default kept it above every client that followed the new one."""
+        A client that is not trusted (another uid than root and the arbiter's, or any client of a
+        share socket) and asked for a priority above the new default is lowered to it too: it may
+        ask only for the default or lower (_server.py), and one that asked for the old default
+        kept it above every client that followed the new one."""
         for client in clients:
-            asked_above = (not client.operator_priority and not trusted_uid(client.uid)
+            asked_above = (not client.operator_priority and not client.trusted
                            and outranks(client.priority, self.default_priority))
             if not client.own_priority or asked_above:
                 client.priority = self.default_priority

@@ -235,7 +235,8 @@ class Arbiter:
         self._lock = threading.Lock()
         self._next_client = 1
         self._connections: set[socket.socket] = set()
-        self._attached: set[int] = set()  # ids of the clients whose connection is open (the client limit)
+        self._attached: dict[int, str | None] = {}  # client id -> its share socket's group, for the clients
+        # whose connection is open (the client limit, and a share's)
         self._gate: Gate | None = None  # made by the first serve or attach
         self.shares: ShareSockets | None = None  # a daemon's share sockets (serve makes it)
         self._fd_budget: FdBudget | None = None
@@ -284,9 +285,15 @@ class Arbiter:
         self.socket_path = path
         gate.listen(listener)
         self.shares = ShareSockets(path.parent, self.multi_user, gate.listen, gate.unlisten)
-        reopened = self.shares.reopen_left()
-        if reopened:
-            log.info("share sockets opened again: %s", ", ".join(reopened))
+
+    supervised = False
+    """A control daemon supervises this arbiter (the daemon sets it): a session may wait for the next
+    one when it dies, which the welcome says (a container cannot see the control daemon's lock)."""
+
+    @property
+    def share_clients(self) -> int:
+        """The most clients one share socket may serve at once: a quarter of ``max_clients``."""
+        return max(1, self.max_clients // 4)
 
     def prepare_to_serve(self) -> None:
         """Start what :meth:`serve` needs before it listens (the vetting compilers): a standby does
@@ -366,14 +373,13 @@ class Arbiter:
         priority, _ = _requested_priority_and_share(frame.fields, scheduler.default_priority)
         _check_priority_allowed(priority, scheduler.default_priority, protocol.trusted_uid(uid) and share is None)
         if share is not None:
-            check_share_hello(frame.fields, share)  # the socket is the group's grant: no owner to ask
-        else:
-            _check_group_allowed(_requested_group(frame.fields), uid, self.group_owners, scheduler)
-        return "session", self._admit(pid, uid)
+            check_share_hello(frame.fields, share)  # its group is the share's, and the owner rules apply
+        _check_group_allowed(_requested_group(frame.fields), uid, self.group_owners, scheduler)
+        return "session", self._admit(pid, uid, share)
 
-    def _admit(self, pid: int, uid: int) -> int:
+    def _admit(self, pid: int, uid: int, share: str | None = None) -> int:
         """A client slot for the peer (pid, uid), by its id; refuses with AccessDenied, ServerNotReady
-        or TooManyClients."""
+        or TooManyClients (also past :attr:`share_clients` of one share socket)."""
         if uid != os.getuid() and not self.multi_user:
             log.warning("refused pid %d: uid %d is not the arbiter's uid %d", pid, uid, os.getuid())
             raise AccessDenied(f"uid {uid} may not use this arbiter: it runs as uid {os.getuid()} "
@@ -384,12 +390,15 @@ class Arbiter:
                 raise ServerNotReady("the arbiter is shutting down")
             if self.state != "ACTIVE":
                 raise ServerNotReady(f"server not ready: its state is {self.state}; retry once it is ACTIVE")
+            if share is not None and sum(s == share for s in self._attached.values()) >= self.share_clients:
+                raise TooManyClients(f"the share socket of group {share} serves {self.share_clients} clients "
+                                     "already, its limit (a quarter of --max-clients)")
             if len(self._attached) >= self.max_clients:
                 raise TooManyClients(f"the arbiter already serves {len(self._attached)} clients (its limit is "
                                      f"{self.max_clients}); wait for one to leave or raise --max-clients")
             client_id = self._next_client
             self._next_client += 1
-            self._attached.add(client_id)
+            self._attached[client_id] = share
         return client_id
 
     def _start_session(self, conn: socket.socket, hello: protocol.Frame, pid: int, uid: int,
@@ -504,11 +513,11 @@ class Arbiter:
         (``client`` None: the hello failed, and no client was made, or it was reclaimed already)."""
         if client is None:  # the hello failed: its place goes back (it may have done so already)
             with self._lock:
-                self._attached.discard(client_id)
+                self._attached.pop(client_id, None)
         else:
             log.info("%s disconnected", client.describe())
             with self._lock:
-                self._attached.discard(client.id)
+                self._attached.pop(client.id, None)
             try:  # not waited for: this thread may serve the next client meanwhile
                 self.drainer.post(self.drainer.connection_closed, client)
             except LibshareError:
@@ -584,7 +593,7 @@ class Arbiter:
         """Make and welcome the client that the gate admitted as ``client_id`` (its hello passed
         _HELLO there). A failure gives its slot back; once the control thread knows the client, the
         end of its connection reclaims it."""
-        priority, share = _requested_priority_and_share(fields, self.drainer.scheduler.default_priority)
+        priority, requested_share = _requested_priority_and_share(fields, self.drainer.scheduler.default_priority)
         name = printable(fields.get("name") or f"pid{pid}")[:64]  # it goes into logs and ps
         group = _requested_group(fields)
         env_limit = fields.get("mem_limit")
@@ -594,6 +603,7 @@ class Arbiter:
             if self.closed:
                 raise ServerNotReady("the arbiter is shutting down")
             region = self._spare_regions.pop() if self._spare_regions else None
+            share = self._attached.get(client_id)
         try:
             region = region or Region.create(*self._geometry)
             region.announce_consumer()
@@ -603,11 +613,12 @@ class Arbiter:
             if region is not None:
                 region.close()
             with self._lock:
-                self._attached.discard(client_id)
+                self._attached.pop(client_id, None)
             raise
         try:
             client = Client(client_id, pid, uid, name, priority, region, group=group, cmdline=_cmdline(pid),
-                            requested_share=share, env_mem_limit=env_limit, own_priority=bool(fields.get("priority")))
+                            requested_share=requested_share, env_mem_limit=env_limit,
+                            own_priority=bool(fields.get("priority")), share=share)
         except BaseException:  # its doorbell takes descriptors too
             region.close()
             raise
@@ -621,7 +632,8 @@ class Arbiter:
         try:
             protocol.send(conn, {"ok": True, "client_id": client_id, "arbiter_pid": os.getpid(),
                                  "device": self.device.name, "priority": priority,
-                                 "load_timeout": self.load_bound()},
+                                 "load_timeout": self.load_bound(), "supervised": self.supervised,
+                                 "share": share},
                           fds=(region.fd, client.doorbell.writer))
             log.info("%s connected (uid %d%s)", client.describe(), uid, f", group {group}" if group else "")
             region.forget_fd()  # the client has them now: the mappings and the arbiter's own bell stay
@@ -629,7 +641,7 @@ class Arbiter:
         except BaseException:  # gone before (or failed right after) the welcome: reclaim what was made for it
             self.drainer.post(self.drainer.connection_closed, client)
             with self._lock:
-                self._attached.discard(client_id)
+                self._attached.pop(client_id, None)
             raise
         return client
 

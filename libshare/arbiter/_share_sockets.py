@@ -23,16 +23,20 @@ through it is held to the group whatever it asks for (:func:`check_share_hello`)
 The group's limits are the operator's (``set_group_active_thread_percentage``,
 ``set_group_mem_limit``); the environment can only lower a client's own.
 
-A share socket outlives its arbiter: the directory holds it, and an arbiter that starts on
-the pipe directory opens again every share whose directory holds a ``control`` entry (one
-that crashed, or handed over, left its sockets there; ``close_share`` removes the socket and,
-when it can, the directory). The sessions of a container that reattach after a restart dial that socket
-again: a session reattaches when the control daemon supervises its pipe directory, which it
-tells by the daemon's lock (_config.supervised), and a container sees only its share
-directory, so the arbiter puts a hard link to that lock file there (the same file: the lock
-is the daemon's). Only the arbiter's uid and root can write the pipe directory, and whoever can could
-stop the arbiter anyway; the names found there are checked all the same (:func:`share_name`)
-and at most :data:`MAX_SHARES` are opened.
+A share socket belongs to one arbiter, as the group's limits do: the next one (after a crash
+or ``restart``) starts without either, and the plugin, which sees the new arbiter, sets the
+limits and then opens the socket again. Meanwhile a contained session that lost its arbiter
+dials the socket until it answers (the welcome told it whether a control daemon supervises
+the arbiter: the container cannot see the daemon's lock), so it never meets the group
+without its limits. (Opened again by the next arbiter from what it found on disk, the sockets
+came back 0.4 s before the limits, and a share whose group had been given to another
+container while the arbiter was down stayed open for good; and a hard link to the daemon's
+lock in the share directory let a contained root process hold the lock and keep a new
+control daemon from starting.)
+
+Through a share socket the group's owner rules still apply (_server._check_group_allowed:
+in multi-user mode the socket is reachable by every local user, not only by the container),
+and one share serves at most a quarter of ``--max-clients`` at once.
 """
 
 from __future__ import annotations
@@ -44,8 +48,8 @@ import socket
 import threading
 from pathlib import Path
 
-from .._config import supervisor_lock_path
 from .._control import printable
+from .._protocol import unix_address
 from ..errors import AccessDenied, InvalidSubmission
 
 log = logging.getLogger("libshare.arbiter")
@@ -82,7 +86,8 @@ def bind_listener(path: Path, multi_user: bool) -> socket.socket:
     unready.unlink(missing_ok=True)
     old_umask = os.umask(0o177)
     try:
-        listener.bind(str(unready))
+        with unix_address(unready) as address:
+            listener.bind(address)
     except BaseException:
         listener.close()
         raise
@@ -140,7 +145,6 @@ class ShareSockets:
             directory.mkdir(mode=0o755, exist_ok=True)
             self._listen(bind_listener(directory / SOCKET, self._multi_user), group)
             self._open.add(group)
-            self._link_supervisor_lock(directory)
         log.info("share socket of group %s open at %s", group, directory / SOCKET)
         return directory
 
@@ -154,43 +158,9 @@ class ShareSockets:
             self._open.discard(group)
             self._unlisten(group)
             (directory / SOCKET).unlink(missing_ok=True)
-            supervisor_lock_path(directory).unlink(missing_ok=True)
-        try:
-            directory.rmdir()
-        except OSError as exc:  # a container's mount, say: the socket is gone, so it is not opened again
-            log.info("share directory %s kept: %s", directory, exc.strerror)
+            try:
+                directory.rmdir()
+            except OSError as exc:  # a container's mount, say
+                log.info("share directory %s kept: %s", directory, exc.strerror)
         log.info("share socket of group %s closed", group)
         return True
-
-    def _link_supervisor_lock(self, directory: Path) -> None:
-        """Put the control daemon's lock file in ``directory`` too (a hard link, put in place at once),
-        or take away a link left from a daemon before when none supervises now."""
-        lock, link = supervisor_lock_path(self.root.parent), supervisor_lock_path(directory)
-        staged = link.with_name(f".{link.name}.{os.getpid()}")
-        try:
-            staged.unlink(missing_ok=True)
-            os.link(lock, staged)
-            os.rename(staged, link)
-        except FileNotFoundError:  # not supervised
-            link.unlink(missing_ok=True)
-        except OSError as exc:
-            log.warning("the control daemon's lock is not in %s (its sessions will not wait for a restart): %s",
-                        directory, exc)
-
-    def reopen_left(self) -> list[str]:
-        """Open every share whose directory still holds its socket (an arbiter before this one opened
-        it); the groups opened. A name that is not a share name, or past MAX_SHARES, is skipped."""
-        try:
-            entries = sorted(os.listdir(self.root))
-        except FileNotFoundError:
-            return []
-        opened = []
-        for name in entries:
-            if not _NAME.fullmatch(name) or not (self.root / name / SOCKET).exists():
-                continue
-            try:
-                self.open(name)
-                opened.append(name)
-            except (InvalidSubmission, OSError) as exc:
-                log.warning("share socket of group %s not opened again: %s", printable(name), exc)
-        return opened

@@ -15,6 +15,7 @@ import pytest
 import libshare
 from libshare import _control
 from libshare.arbiter import Arbiter
+from libshare.arbiter._clients import Client
 from libshare.arbiter._scheduler import Scheduler, percentage, priority_name
 from libshare.errors import InvalidSubmission
 
@@ -194,9 +195,11 @@ def test_scheduler_orders_by_priority_then_least_served():
 class _Fake:
     """What the scheduler reads of a client."""
 
+    trusted = Client.trusted
+
     def __init__(self, id, priority="normal"):
         self.id, self.priority, self.group, self.requested_share = id, priority, "", 100
-        self.uid, self.own_priority, self.operator_priority = 0, False, False
+        self.uid, self.own_priority, self.operator_priority, self.share = 0, False, False, None
 
 
 def test_fairshare_holds_a_client_ahead_only_while_the_device_is_busy():
@@ -240,14 +243,16 @@ def test_a_lowered_default_lowers_a_priority_another_uid_asked_for():
     client that followed the new default. It follows now; the operator's and root's own choices
     stay."""
     scheduler = Scheduler(mode="throughput", default_priority="high")
-    tenant, root, chosen, plain = (_Fake(i, "high") for i in range(4))
-    tenant.uid, root.uid, chosen.uid, plain.uid = 65534, 0, 65534, 65534
-    tenant.own_priority = root.own_priority = chosen.own_priority = True
+    tenant, root, chosen, plain, contained = (_Fake(i, "high") for i in range(5))
+    tenant.uid, root.uid, chosen.uid, plain.uid, contained.uid = 65534, 0, 65534, 65534, 0
+    tenant.own_priority = root.own_priority = chosen.own_priority = contained.own_priority = True
     chosen.operator_priority = True  # set_client_priority PID high
     plain.own_priority = False
+    contained.share = "k8s-1"  # root, but through a share socket: a tenant (it stayed high before)
     scheduler.default_priority = "normal"
-    scheduler.follow_defaults([tenant, root, chosen, plain])
-    assert [c.priority for c in (tenant, root, chosen, plain)] == ["normal", "high", "high", "normal"]
+    scheduler.follow_defaults([tenant, root, chosen, plain, contained])
+    assert [c.priority for c in (tenant, root, chosen, plain, contained)] == ["normal", "high", "high", "normal",
+                                                                            "normal"]
 
 
 def test_lower_priorities_share_one_slice_and_take_turns():
