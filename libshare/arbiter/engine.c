@@ -1248,7 +1248,11 @@ static int work_waiting(ls_engine *e, int events_too)
  * arbiter's engine and queue thread, busy on the same core, took the yield of this one's spin
  * after each of its blocks of round trips, and the pause kept this engine's fence polls from
  * yielding to its own queue thread through its next block (R3 of bench/test_restart_bench.py:
- * 17% of round trips over 60 us, 0.2-0.5% once the arbiters had not run for 0.3 s). */
+ * 17% of round trips over 60 us, 0.2-0.5% once the arbiters had not run for 0.3 s). A fence
+ * poll's yield that comes back at once ends a spins' pause: nothing busy shares the core. (The
+ * spins' pause alone left the arbiter that lost the yields with a median round trip of 19-21 us
+ * against the other's 16-17 us: a spin that keeps the core holds off the queue thread's own
+ * work after a submission.) */
 static void poll_step(ls_engine *e, int fence)
 {
     int64_t now = now_ns();
@@ -1262,6 +1266,8 @@ static void poll_step(ls_engine *e, int fence)
     int64_t after = now_ns();
     if (after - now > YIELD_LOST_NS)
         *(fence ? &e->fence_yields_paused_until : &e->spin_yields_paused_until) = after + YIELD_PAUSE_NS;
+    else if (fence)
+        e->spin_yields_paused_until = 0;
 }
 
 /* Watch the rings for spin_ns after popped work; 1 when work (or a task) arrived. */
