@@ -236,28 +236,24 @@ class Commands:
 
     # ---------------------------------------------------------------- memory limits (see _limits.py)
 
-    def _usage(self, args: list[str], count: int, name: str) -> None:
-        if len(args) != count:
-            raise InvalidSubmission(f"usage: {COMMANDS[name].usage}")
-
     def _device(self, text: str) -> None:
         device = self.arbiter.device
         _limits.same_device(text, device.index, device.uuid)
 
     def _set_default_device_pinned_mem_limit(self, args: list[str]) -> str:
-        self._usage(args, 2, "set_default_device_pinned_mem_limit")
+        self._expect(args, 2, "set_default_device_pinned_mem_limit")
         self._device(args[0])
         self.arbiter.limits.default = _limits.parse_limit(args[1])
         return _limits.format_size(self.arbiter.limits.default)
 
     def _get_default_device_pinned_mem_limit(self, args: list[str]) -> str:
-        self._usage(args, 1, "get_default_device_pinned_mem_limit")
+        self._expect(args, 1, "get_default_device_pinned_mem_limit")
         self._device(args[0])
         return _limits.format_size(self.arbiter.limits.default)
 
     def _set_device_pinned_mem_limit(self, args: list[str]) -> str:
         """With the arbiter's pid: the server limit (MPS); with a client's: that client's, live."""
-        self._usage(args, 3, "set_device_pinned_mem_limit")
+        self._expect(args, 3, "set_device_pinned_mem_limit")
         pid = _pid(args[0])
         clients = self._clients_of(pid) if pid != os.getpid() else []
         self._device(args[1])
@@ -270,7 +266,7 @@ class Commands:
 
     def _get_device_pinned_mem_limit(self, args: list[str], uid: int) -> str:
         """The server's limit, or a client's limit followed by the level it comes from."""
-        self._usage(args, 2, "get_device_pinned_mem_limit")
+        self._expect(args, 2, "get_device_pinned_mem_limit")
         pid = _pid(args[0])
         self._device(args[1])
         limits = self.arbiter.limits
@@ -280,7 +276,7 @@ class Commands:
         return "unlimited" if limit is None else f"{_limits.format_size(limit.value)} ({limit.level})"
 
     def _set_group_mem_limit(self, args: list[str]) -> str:
-        self._usage(args, 2, "set_group_mem_limit")
+        self._expect(args, 2, "set_group_mem_limit")
         group = _group(args[0])
         value = _limits.parse_limit(args[1])
         if value is None:
@@ -291,7 +287,7 @@ class Commands:
         return _limits.format_size(value)
 
     def _get_group_mem_limit(self, args: list[str]) -> str:
-        self._usage(args, 1, "get_group_mem_limit")
+        self._expect(args, 1, "get_group_mem_limit")
         return _limits.format_size(self.arbiter.limits.groups.get(_group(args[0])))
 
 
