@@ -37,8 +37,10 @@ def run_daemon(pipe_dir, **env):
             process.wait()
             pytest.fail(f"arbiter did not start: {stderr_path.read_text()[-2000:]}")
         time.sleep(0.05)
-    yield process, pipe_dir
-    stop_process(process)
+    try:  # (a failure inside ``with contextmanager(run_daemon)(...)`` is thrown in here: stop the arbiter all the same)
+        yield process, pipe_dir
+    finally:
+        stop_process(process)
 
 
 def open_fds(pid: int) -> int:
