@@ -10,6 +10,7 @@ import contextlib
 import os
 import signal
 import struct
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -110,6 +111,13 @@ def test_a_closed_share_keeps_its_clients_and_the_next_arbiter_starts_without_sh
 def test_a_share_serves_a_quarter_of_the_client_slots_and_its_owner_rules_hold(tmp_path, vulkan_device_name):
     """One share took all 48 client slots in 0.03 s (the operator's own client was then refused)."""
     pipe_dir = tmp_path / "pipe"
+
+    def admitted():
+        try:
+            return libshare.connect(mode="daemon", pipe_directory=share)
+        except libshare.TooManyClients:
+            return None
+
     with start_arbiter(pipe_dir, "--max-clients", "8"):
         share = Path(control(pipe_dir, "open_share", "busy"))
         with contextlib.ExitStack() as stack:
@@ -119,8 +127,23 @@ def test_a_share_serves_a_quarter_of_the_client_slots_and_its_owner_rules_hold(t
                 libshare.connect(mode="daemon", pipe_directory=share)
             with libshare.connect(mode="daemon", pipe_directory=pipe_dir) as operator_client:
                 assert operator_client.stats()["submitted"] == 0
-        with libshare.connect(mode="daemon", pipe_directory=share) as again:  # the slots came back
-            assert again.stats()["submitted"] == 0
+        with libshare.connect(mode="daemon", pipe_directory=pipe_dir) as watcher:
+            wait_until(lambda: watcher.stats()["clients"] == 1, 30, "the share's clients to leave")  # slots back
+            start, sessions = threading.Barrier(12), []  # twelve hellos at once: two are admitted, not more
+
+            def hello_at_once():
+                start.wait()
+                sessions.append(admitted())
+
+            threads = [threading.Thread(target=hello_at_once) for _ in range(12)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(60)
+            assert sum(s is not None for s in sessions) == 2 and len(sessions) == 12
+            for session in sessions:
+                if session is not None:
+                    session.close()
 
 
 @needs_root
