@@ -162,9 +162,9 @@ class Client:
 
     @property
     def trusted(self) -> bool:
-        """Root's or the arbiter's uid's, through the arbiter's own socket (through a share socket a
-        client is a tenant, whatever its uid): its own choices stand (_server.py, _scheduler.py)."""
-        return trusted_uid(self.uid) and self.share is None
+        """See :func:`trusted_peer`."""
+        return trusted_peer(self.uid, self.share)
+
 
     def describe(self) -> str:
         """"client 3 (name, pid 1234)" for logs and errors."""
@@ -179,3 +179,9 @@ class Client:
             raise InvalidSubmission(f"id {wanted} was given out already; a kept id must be above {self.next_id - 1}")
         self.next_id = wanted + 1
         return wanted
+
+
+def trusted_peer(uid: int, share: str | None) -> bool:
+    """Root's or the arbiter's uid's, through the arbiter's own socket (through a share socket a
+    client is a tenant, whatever its uid): its own choices stand (_server.py, _scheduler.py)."""
+    return trusted_uid(uid) and share is None

@@ -91,7 +91,7 @@ from ..errors import (AccessDenied, InvalidSubmission, LibshareError, ProtocolEr
                       ServerNotReady, TooManyClients)
 from ..ring import C, Region
 from ..ring._region import SharedMapping, check_sealed_memfd, sealed_memfd
-from ._clients import BufferRecord, Client, Counters, ProgramRecord, SharedMemory
+from ._clients import BufferRecord, Client, Counters, ProgramRecord, SharedMemory, trusted_peer
 from ._commands import FIELDS as _CONTROL
 from ._commands import Commands
 from ._gate import HELLO_TIMEOUT, MAX_WAITING, MIN_WAITING, FdBudget, Gate, open_fds
@@ -371,7 +371,7 @@ class Arbiter:
         protocol.check_fields(frame.fields, _HELLO, "hello")
         scheduler = self.drainer.scheduler
         priority, _ = _requested_priority_and_share(frame.fields, scheduler.default_priority)
-        _check_priority_allowed(priority, scheduler.default_priority, protocol.trusted_uid(uid) and share is None)
+        _check_priority_allowed(priority, scheduler.default_priority, trusted_peer(uid, share))
         if share is not None:
             check_share_hello(frame.fields, share)  # its group is the share's, and the owner rules apply
         _check_group_allowed(_requested_group(frame.fields), uid, self.group_owners, scheduler)
