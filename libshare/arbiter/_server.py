@@ -50,8 +50,9 @@ only, and ``ps`` shows another uid's clients as MPS would (_commands.py). A clie
 another uid may ask only for the default priority or lower (_check_priority_allowed), and
 may join only the groups it owns (set_group_owner) or unowned ones of no raised priority,
 naming one of its own when it owns any (_check_group_allowed). A hello through a group's share
-socket (_share_sockets.py, a container's pipe directory) joins that group whatever it names,
-gets no priority above the default whatever its uid, and no control command is taken there. A
+socket (_share_sockets.py, a container's pipe directory) joins that group whatever it names;
+whatever its uid, it gets no priority above the default and is held to the group's owner rules,
+and no control command is taken there. A
 client, for its part, talks only to a listener of its own uid or root's (_protocol.dial).
 
 Reattaching. A session whose arbiter died hands the new one what it kept: ``import`` (one
@@ -374,7 +375,8 @@ class Arbiter:
         _check_priority_allowed(priority, scheduler.default_priority, trusted_peer(uid, share))
         if share is not None:
             check_share_hello(frame.fields, share)  # its group is the share's, and the owner rules apply
-        _check_group_allowed(_requested_group(frame.fields), uid, self.group_owners, scheduler)
+        _check_group_allowed(_requested_group(frame.fields), uid, self.group_owners, scheduler,
+                             trusted_peer(uid, share))
         return "session", self._admit(pid, uid, share)
 
     def _admit(self, pid: int, uid: int, share: str | None = None) -> int:
@@ -993,13 +995,15 @@ def _check_priority_allowed(priority: str, default_priority: str, trusted: bool)
                            "or root may ask for it; the operator may set it (set_client_priority PID PRIORITY)")
 
 
-def _check_group_allowed(group: str, uid: int, owners: dict[str, int], scheduler) -> None:
-    """AccessDenied when a peer of another uid than root and the arbiter's names a group that
-    another uid owns (set_group_owner), or an unowned group whose priority is above the default,
-    or, owning groups, names none of them. A group is a name: without owners, a tenant could join
-    another job's group to spend its memory limit and compute share, or a group the operator made
-    realtime, or leave its own group to escape its limits."""
-    if protocol.trusted_uid(uid):
+def _check_group_allowed(group: str, uid: int, owners: dict[str, int], scheduler, trusted: bool) -> None:
+    """AccessDenied when a peer that is not ``trusted`` (clients.trusted_peer: root or the arbiter's
+    uid, through the arbiter's own socket) names a group that another uid owns (set_group_owner),
+    or an unowned group whose priority is above the default, or, owning groups, names none of them.
+    A group is a name: without owners, a tenant could join another job's group to spend its memory
+    limit and compute share, or a group the operator made realtime, or leave its own group to escape
+    its limits. Through a share socket root is a tenant too: the operator lets a root container into
+    a raised-priority share group by making uid 0 its owner."""
+    if trusted:
         return
     if group and owners.get(group, uid) != uid:
         raise AccessDenied(f"group {printable(group)!r} belongs to uid {owners[group]}")

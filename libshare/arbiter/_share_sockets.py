@@ -34,7 +34,7 @@ container while the arbiter was down stayed open for good; and a hard link to th
 lock in the share directory let a contained root process hold the lock and keep a new
 control daemon from starting.)
 
-Through a share socket the group's owner rules still apply (_server._check_group_allowed:
+Through a share socket the group's owner rules still apply, to root as well (_server._check_group_allowed:
 in multi-user mode the socket is reachable by every local user, not only by the container),
 and one share serves at most a quarter of ``--max-clients`` at once.
 """

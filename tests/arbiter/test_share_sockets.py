@@ -150,7 +150,8 @@ def test_a_share_serves_a_quarter_of_the_client_slots_and_its_owner_rules_hold(t
 def test_through_a_share_socket_the_group_owner_rules_still_hold(open_base):
     """In multi-user mode a share socket is reachable by every local user, not only by the container
     that mounts it: a reviewer as nobody joined a group owned by uid 1000 (3M of its 4M) and a group
-    the operator had made realtime, both refused on the arbiter's own socket."""
+    the operator had made realtime, both refused on the arbiter's own socket. Root came through
+    them past both rules."""
     with start_arbiter(open_base / "pipe", "--multi-user") as (process, pipe_dir):
         owned, fast, free = (Path(control(pipe_dir, "open_share", g)) for g in ("owned", "fast", "free"))
         control(pipe_dir, "set_group_owner", "owned", "1000")
@@ -162,6 +163,11 @@ def test_through_a_share_socket_the_group_owner_rules_still_hold(open_base):
         assert join(owned).startswith("AccessDenied") and "belongs to uid 1000" in join(owned)
         assert join(fast).startswith("AccessDenied") and "priority realtime" in join(fast)
         assert join(free) == "None"
+        for share, refusal in ((owned, "belongs to uid 1000"), (fast, "priority realtime")):
+            with pytest.raises(libshare.AccessDenied, match=refusal):  # root (this process): a tenant there too
+                libshare.connect(mode="daemon", pipe_directory=share).close()
+        with libshare.connect(mode="daemon", pipe_directory=pipe_dir, group="owned") as operator_client:
+            assert operator_client.stats()["submitted"] == 0  # admitted: through its own socket root is trusted
         control(pipe_dir, "set_group_owner", "mine", str(NOBODY))
         assert join(free).startswith("AccessDenied")  # it owns a group now: it cannot leave it this way
         assert process.poll() is None
