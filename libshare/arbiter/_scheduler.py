@@ -15,8 +15,9 @@ them without asking (the common case never takes the GIL). The policy, in order:
    pass (at most ``_SLICE_NS`` of estimated device time, at least one command,
    and only when nothing else is in flight), taking turns, so a realtime dispatch
    waits behind at most one short slice on a single-queue device such as
-   lavapipe. The control thread submits each priority of a pass separately, so a
-   higher priority's completion never waits for the lower work popped with it.
+   lavapipe. The engine submits each priority of a pass separately, and the lower
+   work popped with a higher priority's only once that has ended (engine.c, "Policy"),
+   so a higher priority's completion never waits for lower work.
 2. **Compute share** (the active-thread-percentage analogue). A client, or a
    group, whose recent share of device time exceeds its ceiling is not drained
    while any other client wants the device. The device never idles while work

@@ -8,6 +8,7 @@ import struct
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,6 +18,7 @@ from libshare import _control
 from libshare.arbiter import Arbiter
 from libshare.arbiter._clients import Client
 from libshare.arbiter._scheduler import Scheduler, percentage, priority_name
+from libshare._proc import thread_ids
 from libshare.errors import InvalidSubmission
 
 from .._busy import busy_iterations
@@ -298,8 +300,9 @@ def test_lower_priority_commands_longer_than_the_slice_get_no_negative_budget():
 @contextlib.contextmanager
 def low_and_realtime(pipe_dir):
     """An arbiter in this process serving ``pipe_dir``, a low client with busy.comp over 1024 words
-    and a realtime one with a tiny saxpy that has run once: (arbiter, low_busy, tiny), where
-    ``low_busy(groups, n, rounds)`` and ``tiny()`` dispatch."""
+    and a realtime one with a tiny saxpy that has run once and busy.comp: (arbiter, low_busy, tiny,
+    realtime_busy), where ``low_busy(groups, n, rounds)``, ``tiny()`` and ``realtime_busy(groups,
+    n, rounds)`` dispatch."""
     pipe_dir.mkdir(mode=0o700)
     arbiter = Arbiter()
     try:
@@ -310,17 +313,21 @@ def low_and_realtime(pipe_dir):
             saxpy, x, y = realtime.load_program(libshare.shaders.path("saxpy")), realtime.array(64), realtime.array(64)
             tiny = lambda: realtime.dispatch(saxpy, 1, [x, y], struct.pack("If", 64, 1.0))  # noqa: E731
             tiny().wait(10)
+            realtime_program, realtime_data = realtime.load_program(libshare.shaders.path("busy")), realtime.array(1024)
 
             def low_busy(groups: int, n: int, rounds: int):
                 return low.dispatch(busy, groups, [data], struct.pack("II", n, rounds))
 
-            yield arbiter, low_busy, tiny
+            def realtime_busy(groups: int, n: int, rounds: int):
+                return realtime.dispatch(realtime_program, groups, [realtime_data], struct.pack("II", n, rounds))
+
+            yield arbiter, low_busy, tiny, realtime_busy
     finally:
         arbiter.close()
 
 
 def test_a_realtime_dispatch_is_not_held_behind_low_work_popped_with_it(tmp_path, vulkan_device_name):
-    with low_and_realtime(tmp_path / "pipe") as (arbiter, low_busy, tiny):
+    with low_and_realtime(tmp_path / "pipe") as (arbiter, low_busy, tiny, realtime_busy):
         # The clients differ, so the engine asks the scheduler before each pass; holding the
         # scheduler's lock holds the engine there, and both dispatches below meet in one pass.
         with arbiter.drainer.scheduling:
@@ -330,6 +337,44 @@ def test_a_realtime_dispatch_is_not_held_behind_low_work_popped_with_it(tmp_path
         quick_done = time.monotonic()
         slow.wait(60)
         assert time.monotonic() - quick_done > 0.05, "the realtime dispatch waited for the low one"
+
+
+def engine_cpu_seconds() -> float:
+    """CPU time so far of this process's engine thread (schedstat: nanoseconds on a CPU)."""
+    for tid in thread_ids():
+        if Path(f"/proc/self/task/{tid}/comm").read_text().strip() == "libshare-engine":
+            return int(Path(f"/proc/self/task/{tid}/schedstat").read_text().split()[0]) / 1e9
+    raise AssertionError("no libshare-engine thread in this process")
+
+
+def test_the_engine_sleeps_while_the_plan_keeps_the_waiting_work_waiting(tmp_path, vulkan_device_name):
+    """Low work waits while a realtime dispatch runs (it is withheld, not popped). The engine took
+    that waiting work for work to do and looked again at once: it used a whole core (half of the
+    core lavapipe's queue thread runs on, placed) for as long as the realtime dispatch ran."""
+    with low_and_realtime(tmp_path / "pipe") as (arbiter, low_busy, tiny, realtime_busy):
+        long_run = realtime_busy(16, 1024, busy_iterations(500_000))  # ~0.5 s on lavapipe
+        wait_until(lambda: arbiter.drainer.engine.in_flight() == 1, 30, "the realtime dispatch to be submitted")
+        before, started = engine_cpu_seconds(), time.monotonic()
+        waiting = low_busy(1, 64, 1)  # withheld: a higher priority runs
+        long_run.wait(120)
+        elapsed, used = time.monotonic() - started, engine_cpu_seconds() - before
+        waiting.wait(30)
+        assert used < 0.1 * elapsed, f"the engine used {used:.3f} s of CPU in {elapsed:.3f} s while work waited"
+
+
+def test_lower_work_popped_with_a_realtime_dispatch_waits_until_that_has_ended(tmp_path, vulkan_device_name):
+    """Submitted behind the realtime dispatch, the low work ran as soon as the realtime one ended,
+    on the core the engine shares with lavapipe's queue thread, and the realtime client's answer
+    waited for it (180 us for a 2 us dispatch behind 75 us ones)."""
+    with low_and_realtime(tmp_path / "pipe") as (arbiter, low_busy, tiny, realtime_busy):
+        engine = arbiter.drainer.engine
+        with arbiter.drainer.scheduling:  # both meet in one pass (see the test above)
+            long_run = realtime_busy(16, 1024, busy_iterations(500_000))
+            low = low_busy(1, 64, 1)
+        wait_until(lambda: engine.in_flight() >= 1, 30, "the pass to submit")
+        assert (engine.in_flight(), long_run.done(), low.done()) == (1, False, False), "the low work went in behind"
+        long_run.wait(120)
+        low.wait(30)
 
 
 def test_a_client_under_its_share_may_catch_up_in_one_pass():
@@ -401,7 +446,7 @@ def test_the_engine_asks_the_scheduler_again_only_when_something_changed(tmp_pat
     clients or the submissions on the device change, or once the plan is older than
     ``plan_for``, not at every look (it once called the scheduler, taking the GIL, tens of
     thousands of times a second there)."""
-    with low_and_realtime(tmp_path / "pipe") as (arbiter, low_busy, _tiny):  # the realtime client is active
+    with low_and_realtime(tmp_path / "pipe") as (arbiter, low_busy, _tiny, _realtime_busy):  # the realtime client is active
         slow = low_busy(16, 1024, busy_iterations(300_000))  # ~0.1 s on lavapipe
         wait_until(lambda: arbiter.drainer.engine.in_flight() or slow.done(), 10, "the slow dispatch to start")
         held = low_busy(1, 64, 1)  # waits in the ring while the slow one runs
