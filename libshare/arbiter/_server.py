@@ -49,7 +49,9 @@ itself. State-changing control commands are taken from root and the arbiter's ui
 only, and ``ps`` shows another uid's clients as MPS would (_commands.py). A client of
 another uid may ask only for the default priority or lower (_check_priority_allowed), and
 may join only the groups it owns (set_group_owner) or unowned ones of no raised priority,
-naming one of its own when it owns any (_check_group_allowed). A hello through a group's share
+naming one of its own when it owns any (_check_group_allowed), and one uid other than root's
+and the arbiter's leaves a quarter of the client slots to the others (user_clients: one user
+that opened every slot locked the others out). A hello through a group's share
 socket (_share_sockets.py, a container's pipe directory) joins that group whatever it names;
 whatever its uid, it gets no priority above the default and is held to the group's owner rules,
 and no control command is taken there. A
@@ -236,8 +238,8 @@ class Arbiter:
         self._lock = threading.Lock()
         self._next_client = 1
         self._connections: set[socket.socket] = set()
-        self._attached: dict[int, str | None] = {}  # client id -> its share socket's group, for the clients
-        # whose connection is open (the client limit, and a share's)
+        self._attached: dict[int, tuple[str | None, int]] = {}  # client id -> (its share socket's group, its
+        # uid), for the clients whose connection is open (the client limit, and a tenant's)
         self._gate: Gate | None = None  # made by the first serve or attach
         self.shares: ShareSockets | None = None  # a daemon's share sockets (serve makes it)
         self._fd_budget: FdBudget | None = None
@@ -295,6 +297,13 @@ class Arbiter:
     def share_clients(self) -> int:
         """The most clients one share socket may serve at once: a quarter of ``max_clients``."""
         return max(1, self.max_clients // 4)
+
+    @property
+    def user_clients(self) -> int:
+        """The most clients one uid other than root's and the arbiter's may have at once: all but a
+        quarter of ``max_clients``, which stays for the other users (one user that opened every
+        slot locked every other user out). A job of many ranks on one device keeps most slots."""
+        return max(1, self.max_clients - self.share_clients)
 
     def prepare_to_serve(self) -> None:
         """Start what :meth:`serve` needs before it listens (the vetting compilers): a standby does
@@ -381,7 +390,8 @@ class Arbiter:
 
     def _admit(self, pid: int, uid: int, share: str | None = None) -> int:
         """A client slot for the peer (pid, uid), by its id; refuses with AccessDenied, ServerNotReady
-        or TooManyClients (also past :attr:`share_clients` of one share socket)."""
+        or TooManyClients (also past :attr:`share_clients` of one share socket, and :attr:`user_clients`
+        of one uid that is not trusted)."""
         if uid != os.getuid() and not self.multi_user:
             log.warning("refused pid %d: uid %d is not the arbiter's uid %d", pid, uid, os.getuid())
             raise AccessDenied(f"uid {uid} may not use this arbiter: it runs as uid {os.getuid()} "
@@ -392,15 +402,20 @@ class Arbiter:
                 raise ServerNotReady("the arbiter is shutting down")
             if self.state != "ACTIVE":
                 raise ServerNotReady(f"server not ready: its state is {self.state}; retry once it is ACTIVE")
-            if share is not None and sum(s == share for s in self._attached.values()) >= self.share_clients:
+            if share is not None and sum(s == share for s, _ in self._attached.values()) >= self.share_clients:
                 raise TooManyClients(f"the share socket of group {share} serves {self.share_clients} clients "
                                      "already, its limit (a quarter of --max-clients)")
+            if not protocol.trusted_uid(uid) and sum(u == uid for _, u in self._attached.values()) >= \
+                    self.user_clients:
+                raise TooManyClients(f"uid {uid} has {self.user_clients} clients already, the most one user other "
+                                     "than root and the arbiter's may have (a quarter of --max-clients stays for "
+                                     "the others)")
             if len(self._attached) >= self.max_clients:
                 raise TooManyClients(f"the arbiter already serves {len(self._attached)} clients (its limit is "
                                      f"{self.max_clients}); wait for one to leave or raise --max-clients")
             client_id = self._next_client
             self._next_client += 1
-            self._attached[client_id] = share
+            self._attached[client_id] = (share, uid)
         return client_id
 
     def _start_session(self, conn: socket.socket, hello: protocol.Frame, pid: int, uid: int,
@@ -605,7 +620,7 @@ class Arbiter:
             if self.closed:
                 raise ServerNotReady("the arbiter is shutting down")
             region = self._spare_regions.pop() if self._spare_regions else None
-            share = self._attached.get(client_id)
+            share, _ = self._attached.get(client_id, (None, uid))
         try:
             region = region or Region.create(*self._geometry)
             region.announce_consumer()

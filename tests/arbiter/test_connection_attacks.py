@@ -780,6 +780,34 @@ def test_in_multi_user_mode_a_group_is_joined_by_its_owner_only(open_base):
         assert process.poll() is None
 
 
+@needs_root
+def test_in_multi_user_mode_one_user_leaves_a_quarter_of_the_client_slots(open_base):
+    """One user opened every client slot (48 by default) and every other user's hello was refused
+    with TooManyClients until it let go. Now a uid other than root's and the arbiter's leaves a
+    quarter of them to the others; root's own clients are not counted against anyone."""
+    def fill_slots():
+        sessions, refusal = [], ""
+        try:
+            for _ in range(8):
+                sessions.append(libshare.connect(mode="daemon", pipe_directory=pipe_dir))
+        except libshare.TooManyClients as exc:
+            refusal = str(exc)
+        finally:
+            for session in sessions:
+                session.close()
+        return f"{len(sessions)} {refusal}"
+
+    with start_arbiter(open_base / "pipe", "--multi-user", "--max-clients", "8") as (process, pipe_dir):
+        admitted, refusal = as_uid(NOBODY, fill_slots).split(" ", 1)
+        assert admitted == "6" and f"uid {NOBODY} has 6 clients" in refusal, (admitted, refusal)
+        with contextlib.ExitStack() as roots:
+            for _ in range(4):  # root's: counted against the arbiter's limit only
+                roots.enter_context(libshare.connect(mode="daemon", pipe_directory=pipe_dir))
+            admitted, refusal = as_uid(NOBODY, fill_slots).split(" ", 1)
+            assert admitted == "4" and "already serves 8 clients" in refusal, (admitted, refusal)
+        assert process.poll() is None
+
+
 def test_a_hello_asking_for_no_compute_share_is_refused_not_unlimited(daemon):
     _, pipe_dir = daemon
     for share in (0, "0", -5, 101, "12.5"):
