@@ -291,12 +291,6 @@ class Drainer(Tasks, Containment):
             counters.errors, counters.device_ns = stats.errors, stats.device_ns
         return client.counters
 
-    def drain_client(self, client: Client) -> None:
-        """Pop and submit what ``client``'s ring holds now (a free request orders itself after the
-        descriptors pushed before it this way)."""
-        if not client.closing:
-            self.engine.drain_client(client.slot)
-
     def disconnect(self, client: Client) -> None:
         """Stop draining a client; reclaim everything once its outstanding work is answered."""
         if client.closing:
@@ -358,7 +352,8 @@ class Drainer(Tasks, Containment):
         self.peak_memory_bytes = max(self.peak_memory_bytes, in_use)
 
     def free(self, client: Client, record: BufferRecord | ProgramRecord) -> None:
-        """Forget a buffer or program; destroy it now or when its last command retires."""
+        """Forget a buffer or program; destroy it now, or once the descriptors the client pushed before
+        the free are popped and the last command that uses it retires (LS_EV_RELEASED)."""
         record.freed = True
         buffer = isinstance(record, BufferRecord)
         (client.buffers if buffer else client.programs).pop(record.id, None)

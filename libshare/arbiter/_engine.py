@@ -162,10 +162,6 @@ class Engine:
         """Forget ``slot`` (before its region is unmapped)."""
         lib.ls_engine_remove_client(self._e, slot)
 
-    def drain_client(self, slot: int) -> None:
-        """Pop and submit what ``slot``'s ring holds now."""
-        lib.ls_engine_drain_client(self._e, slot)
-
     def put_program(self, slot: int, program_id: int, pipeline, bindings: int, push_size: int) -> None:
         """Let ``slot``'s descriptors name ``pipeline`` (a device Pipeline) as ``program_id``."""
         handle, layout = pipeline.native

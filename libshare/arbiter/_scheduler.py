@@ -12,7 +12,8 @@ them without asking (the common case never takes the GIL). The policy, in order:
 1. **Priority.** Clients drain in priority order (realtime, high, normal, low).
    While a client of a higher priority is active (it submitted within the last
    ``_ACTIVE_NS``), all lower-priority clients together get one short slice per
-   pass (at most ``_SLICE_NS`` of estimated device time, at least one command,
+   pass (at most ``_SLICE_NS`` of estimated device time and ``_SLICE_COMMANDS``
+   commands, since a client chooses what its estimate is made of; at least one command,
    and only when nothing else is in flight), taking turns, so a realtime dispatch
    waits behind at most one short slice on a single-queue device such as
    lavapipe. The engine submits each priority of a pass separately, and the lower
@@ -50,6 +51,7 @@ UNSCHEDULED = "off"  # every client, all it has, in id order: only to measure th
 _RANK = {name: rank for rank, name in enumerate(PRIORITIES)}
 _ACTIVE_NS = 200_000_000  # a client that submitted this recently still counts as wanting the device
 _SLICE_NS = 200_000  # device time a slice of lower-priority (or fairshare) work may take
+_SLICE_COMMANDS = 8  # ... in at most this many commands: see _slice
 _DECAY_NS = 250_000_000  # time constant of "recent" device time
 _LAG_NS = 50_000_000  # fairshare: the most device time a waiting client may trail the most served by
 _DECAY_STEP_NS = 2_000_000  # decay at most this often
@@ -217,6 +219,7 @@ class Scheduler:
         least_served = self._least_served([c for c in waiting if ranks[c.id] == top]) if self.mode == "fairshare" else 0
         plan, held = [], []
         lower_ns = 0 if in_flight else _SLICE_NS  # lower-priority work this pass may still take
+        lower_commands = _SLICE_COMMANDS
         for client in sorted(waiting, key=self._order_key):
             headroom = self._headroom(client, clients, busy, total_recent)
             if headroom is not None and headroom <= 0:
@@ -225,9 +228,11 @@ class Scheduler:
             if ranks[client.id] < top:  # a higher priority is active: one short slice in all
                 per_command = max(self.usage(client).per_command_ns, 1.0)
                 budget = int(lower_ns // per_command) or (1 if lower_ns == _SLICE_NS else 0)  # the first: one at least
+                budget = min(budget, lower_commands)  # (see _slice)
                 if budget <= 0:  # the slice is spent (the first command may overrun it)
                     continue
                 lower_ns -= budget * per_command
+                lower_commands -= budget
             elif self.mode == "fairshare":
                 ahead = self.usage(client).total_ns > least_served + 2 * _SLICE_NS
                 if in_flight >= self.max_in_flight or (ahead and in_flight):
@@ -269,8 +274,11 @@ class Scheduler:
         return any(u.share < 100 for u in self._usage.values()) or any(v < 100 for v in self.group_share.values())
 
     def _slice(self, client, ns: float = _SLICE_NS) -> int:
-        """How many of ``client``'s commands fit in ``ns`` of device time (at least one)."""
-        return max(1, int(ns // max(self.usage(client).per_command_ns, 1.0)))
+        """How many of ``client``'s commands fit in ``ns`` of device time: at least one, and at most
+        _SLICE_COMMANDS. The estimate comes from the client's own past commands, which it chooses:
+        300 tiny dispatches made 65 heavy ones fit in one slice, and a realtime client waited
+        520 ms behind them (fairshare clients 385 ms)."""
+        return min(_SLICE_COMMANDS, max(1, int(ns // max(self.usage(client).per_command_ns, 1.0))))
 
     def submitted(self, client, count: int) -> None:
         """Note that ``count`` descriptors of ``client`` were popped now (it is active)."""

@@ -812,8 +812,7 @@ class Arbiter:
             raise
 
     def _free(self, client: Client, frame: protocol.Frame):
-        def free():
-            self.drainer.drain_client(client)  # descriptors pushed before this request still see the buffer
+        def free():  # descriptors pushed before this request still find it (ls_engine_drop waits for them)
             record = (client.buffers.get(frame.fields.get("buffer_id"))
                       if "buffer_id" in frame.fields else client.programs.get(frame.fields.get("program_id")))
             if record is None:

@@ -131,7 +131,10 @@
  *
  * Lifetime. Every command holds a count on the program and buffers it names;
  * ls_engine_drop of an object still counted marks it, and the last retirement
- * queues LS_EV_RELEASED so that the control plane destroys it then. A closing
+ * queues LS_EV_RELEASED so that the control plane destroys it then. A drop
+ * while descriptors that the client published before it still wait in its ring
+ * waits for them to be popped (defer_drop), as the plan pops them, so that they
+ * find the object. A closing
  * client is drained of nothing more, and LS_EV_IDLE says when its last
  * descriptor has been answered.
  *
@@ -373,6 +376,14 @@ struct client {
     uint64_t empty, mutes;
     int popped;                         /* popped since its bell last woke us */
     uint32_t active_index;
+    struct pending_drop *drops;         /* objects freed while descriptors before the free still wait */
+};
+
+/* A free that waits for the descriptors its client published before it (ls_engine_drop). */
+struct pending_drop {
+    struct pending_drop *next;
+    uint32_t kind, id, nmarks;
+    uint32_t marks[];                   /* the lanes' tails at the free (ls_sq_marks) */
 };
 
 struct flight {
@@ -985,6 +996,45 @@ static int64_t room(ls_engine *e)
     return open + (int64_t)LS_ENGINE_MAX_BATCH * (NFLIGHT - 1 - e->nflights);
 }
 
+/* Forget object (kind, id) of client slot: destroyed now (0) or by its last command's
+ * retirement (1: LS_EV_RELEASED then); with emit_idle, one that is idle is announced by
+ * LS_EV_RELEASED too (a deferred drop, whose caller was told 1 long ago). -ENOENT if unknown. */
+static int drop_now(ls_engine *e, uint32_t slot, uint32_t kind, uint32_t id, int emit_idle)
+{
+    struct client *c = &e->clients[slot];
+    struct object **found = table_find(&c->objects, kind, id);
+    if (!found)
+        return -ENOENT;
+    struct object *o = *found;
+    table_remove(&c->objects, found);
+    forget_recordings(e, c, o);
+    if (o->in_flight) {
+        o->freed = 1;
+        return 1;
+    }
+    if (emit_idle)
+        emit(e, LS_EV_RELEASED, slot, 0, kind, id, 0);
+    free(o);
+    return 0;
+}
+
+/* Carry out the drops of client slot whose descriptors published before the free are all
+ * popped now (all of them, once it closes: nothing more is popped then). */
+static void settle_drops(ls_engine *e, uint32_t slot)
+{
+    struct client *c = &e->clients[slot];
+    for (struct pending_drop **p = &c->drops; *p;) {
+        struct pending_drop *d = *p;
+        if (!c->closing && c->region && !ls_sq_passed(c->region, d->marks, d->nmarks)) {
+            p = &d->next;
+            continue;
+        }
+        *p = d->next;
+        drop_now(e, slot, d->kind, d->id, 1);
+        free(d);
+    }
+}
+
 /* Pop up to limit of a client's descriptors; record the good ones, answer the rest. Returns how
  * many were popped. May submit (a full batch) and open a new flight on the way. */
 static int take(ls_engine *e, uint32_t slot, uint32_t limit)
@@ -1059,6 +1109,7 @@ static int take(ls_engine *e, uint32_t slot, uint32_t limit)
     if (busy)
         *busy = 0;
     flush_posts(e);
+    settle_drops(e, slot);
     return n;
 }
 
@@ -1823,6 +1874,7 @@ int ls_engine_close_client(ls_engine *e, uint32_t slot, uint32_t reason)
             c->handed_over = reason == LS_EMOVED;  /* its session waits for what runs, then moves it */
         }
         c->closing = 1;
+        settle_drops(e, slot);
         rc = (int)c->outstanding;
     }
     pthread_mutex_unlock(&e->lock);
@@ -1837,6 +1889,8 @@ int ls_engine_remove_client(ls_engine *e, uint32_t slot)
     struct client *c = client_at(e, slot);
     int rc = c ? 0 : -ENOENT;
     if (c) {
+        c->closing = 1;
+        settle_drops(e, slot);
         forget_recordings(e, c, NULL);
         free(c->buckets);
         for (uint32_t i = 0; i < c->objects.cap; i++) {
@@ -1858,19 +1912,6 @@ int ls_engine_remove_client(ls_engine *e, uint32_t slot)
         pthread_mutex_unlock(&e->lock);
     if (locked)
         ls_engine_wake(e);
-    return rc;
-}
-
-int ls_engine_drain_client(ls_engine *e, uint32_t slot)
-{
-    pthread_mutex_lock(&e->lock);
-    int rc = -ENOENT;
-    if (client_at(e, slot)) {
-        rc = e->faulted || e->device_lost ? 0 : take(e, slot, LS_ENGINE_POP);
-        submit(e);
-    }
-    pthread_mutex_unlock(&e->lock);
-    ls_engine_wake(e);
     return rc;
 }
 
@@ -1954,24 +1995,33 @@ int ls_engine_put_buffer(ls_engine *e, uint32_t slot, uint32_t id, uint64_t buff
     return put_object(e, slot, o);
 }
 
+/* A drop waits, the object still in the table, while descriptors that the client published
+ * before it wait in its ring: they were pushed before the free and must still find the object.
+ * (The control plane popped and submitted them at once instead, whatever the plan said: a low
+ * client that sent a free, even a refused one, after queueing heavy work made a realtime
+ * client's round trip take 660-740 ms, 90 times one of its own dispatches.) */
+static int defer_drop(ls_engine *e, uint32_t slot, uint32_t kind, uint32_t id)
+{
+    struct client *c = &e->clients[slot];
+    if (c->closing || !c->region || ls_sq_pending(c->region) <= 0)  /* (a corrupt ring: dropped at the next look) */
+        return drop_now(e, slot, kind, id, 0);
+    struct pending_drop *d = malloc(sizeof *d + LS_MAX_LANES * sizeof(uint32_t));
+    int lanes = d ? ls_sq_marks(c->region, d->marks, LS_MAX_LANES) : -ENOMEM;
+    if (lanes < 0) {
+        free(d);
+        return drop_now(e, slot, kind, id, 0);
+    }
+    d->kind = kind, d->id = id, d->nmarks = (uint32_t)lanes;
+    d->next = c->drops;
+    c->drops = d;
+    return 1;
+}
+
 int ls_engine_drop(ls_engine *e, uint32_t slot, uint32_t kind, uint32_t id)
 {
     pthread_mutex_lock(&e->lock);
     struct client *c = client_at(e, slot);
-    struct object **found = c ? table_find(&c->objects, kind, id) : NULL;
-    int rc = -ENOENT;
-    if (found) {
-        struct object *o = *found;
-        table_remove(&c->objects, found);
-        forget_recordings(e, c, o);
-        if (o->in_flight) {
-            o->freed = 1;
-            rc = 1;
-        } else {
-            free(o);
-            rc = 0;
-        }
-    }
+    int rc = c && table_find(&c->objects, kind, id) ? defer_drop(e, slot, kind, id) : -ENOENT;
     pthread_mutex_unlock(&e->lock);
     return rc;
 }

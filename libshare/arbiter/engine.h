@@ -123,8 +123,6 @@ int ls_engine_add_client(ls_engine *e, uint32_t client, uint64_t region, int32_t
  * hand-over: the session waits for it). Returns the client's outstanding count (0: reclaim it now). */
 int ls_engine_close_client(ls_engine *e, uint32_t client, uint32_t reason);
 int ls_engine_remove_client(ls_engine *e, uint32_t client);
-/* Pop and submit what the client's ring holds now, past the plan and the in-flight cap. */
-int ls_engine_drain_client(ls_engine *e, uint32_t client);
 int ls_engine_stats(ls_engine *e, uint32_t client, struct ls_engine_stats *out);
 /* 1 when the engine closed the client's ring as corrupt (its LS_EV_DROPPED may still wait in the
  * event queue), 0 when it did not, -ENOENT for a slot past max_clients. Takes no lock. */
@@ -135,8 +133,9 @@ int ls_engine_take_usage(ls_engine *e, uint32_t client, struct ls_engine_stats *
 int ls_engine_put_program(ls_engine *e, uint32_t client, uint32_t id, uint64_t pipeline,
                           uint64_t layout, uint32_t bindings, uint32_t push_size);
 int ls_engine_put_buffer(ls_engine *e, uint32_t client, uint32_t id, uint64_t buffer, uint64_t size);
-/* Forget an object: 0 when idle (destroy it now), 1 when commands still use it (an LS_EV_RELEASED
- * follows once the last retires), -ENOENT when unknown. */
+/* Forget an object: 0 when idle (destroy it now), 1 when commands still use it or descriptors
+ * the client published before this call still wait in its ring (an LS_EV_RELEASED follows once
+ * they are popped and the last command retires), -ENOENT when unknown. */
 int ls_engine_drop(ls_engine *e, uint32_t client, uint32_t kind, uint32_t id);
 
 /* Faults: stop popping, answer finished work LS_EFAULT; work still running stays in flight. */

@@ -553,6 +553,28 @@ int ls_sq_pending(ls_region *r)
     return total;
 }
 
+int ls_sq_marks(ls_region *r, uint32_t *marks, uint32_t max)
+{
+    if (r->err.code)
+        return r->err.code;
+    if (max < r->lane_count)
+        return -EINVAL;
+    for (uint32_t i = 0; i < r->lane_count; i++) {
+        int ready = lane_ready(r, i, &marks[i]);
+        if (ready < 0)
+            return ready;
+    }
+    return (int)r->lane_count;
+}
+
+int ls_sq_passed(ls_region *r, const uint32_t *marks, uint32_t n)
+{
+    for (uint32_t i = 0; i < n && i < r->lane_count; i++)
+        if ((int32_t)(r->heads[i] - marks[i]) < 0)
+            return 0;
+    return 1;
+}
+
 static void copy_out(ls_region *r, uint32_t lane, uint32_t from, uint32_t n, char *out)
 {
     struct ls_desc *slots = lane_slots(lane_at(r, lane));

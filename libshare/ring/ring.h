@@ -204,6 +204,12 @@ int ls_space(ls_producer *p);
 /* Consumer side (arbiter). */
 int ls_sq_pop(ls_region *r, char *out, uint32_t max);
 int ls_sq_pending(ls_region *r);
+/* The lanes' published tails now, into marks[max]: once the consumer has popped up to them
+ * (ls_sq_passed), it has popped every descriptor published before this call. Returns the number
+ * of lanes, -EINVAL when max is too small, or -LS_ECORRUPT. */
+int ls_sq_marks(ls_region *r, uint32_t *marks, uint32_t max);
+/* 1 once this consumer's heads have reached marks[n] (from ls_sq_marks) in every lane, else 0. */
+int ls_sq_passed(ls_region *r, const uint32_t *marks, uint32_t n);
 int ls_sq_wait(ls_region *r, int64_t spin_ns, int64_t timeout_ns);
 int ls_sq_arm(ls_region *r);
 /* Ask to be woken when the client reads a completion (LS_NEED_ROOM instead of LS_NEED_WAKEUP), then

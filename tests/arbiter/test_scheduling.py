@@ -8,6 +8,7 @@ import struct
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 import numpy as np
@@ -297,12 +298,36 @@ def test_lower_priority_commands_longer_than_the_slice_get_no_negative_budget():
     assert [budget for _, budget in plan] == [1024, 1], plan
 
 
+def test_a_slice_holds_a_few_commands_whatever_their_estimate_says():
+    """The estimate of a command's device time comes from the client's own past commands, which
+    it chooses: after 300 tiny dispatches, 65 heavy ones fit in one slice, and a realtime client
+    waited 520 ms behind them (a fairshare neighbour 385 ms). A slice now holds 8 commands at
+    most, for all lower-priority clients together, and for a fairshare client."""
+    class Fake:
+        def __init__(self, id, priority):
+            self.id, self.priority, self.group, self.requested_share = id, priority, "", 100
+
+    scheduler = Scheduler(mode="throughput")
+    realtime, lows = Fake(0, "realtime"), [Fake(i, "low") for i in range(1, 4)]
+    for low in lows:
+        scheduler.charge_many(low, 300 * 1_000, 300)  # 300 tiny commands: 1 us each, by their own account
+    everyone = {c.id: True for c in [realtime, *lows]}
+    plan = scheduler.plan([realtime, *lows], everyone, everyone, 0, 1024)
+    assert plan[0] == (realtime, 1024) and sum(budget for _, budget in plan[1:]) == 8, plan
+    fair = Scheduler(mode="fairshare")
+    gamer, other = Fake(1, "normal"), Fake(2, "normal")
+    fair.charge_many(gamer, 300 * 1_000, 300)
+    assert fair.plan([gamer], {1: True}, {1: True}, 0, 1024) == [(gamer, 8)]
+    assert max(budget for _, budget in fair.plan([gamer, other], {1: True, 2: True}, {1: True, 2: True}, 0,
+                                                 1024)) <= 8
+
+
 @contextlib.contextmanager
 def low_and_realtime(pipe_dir):
     """An arbiter in this process serving ``pipe_dir``, a low client with busy.comp over 1024 words
-    and a realtime one with a tiny saxpy that has run once and busy.comp: (arbiter, low_busy, tiny,
-    realtime_busy), where ``low_busy(groups, n, rounds)``, ``tiny()`` and ``realtime_busy(groups,
-    n, rounds)`` dispatch."""
+    and a realtime one with a tiny saxpy that has run once and busy.comp, as a namespace: arbiter,
+    low and realtime (the sessions), low_data (the low client's words), and the dispatches
+    ``low_busy(groups, n, rounds)``, ``tiny()`` and ``realtime_busy(groups, n, rounds)``."""
     pipe_dir.mkdir(mode=0o700)
     arbiter = Arbiter()
     try:
@@ -321,13 +346,15 @@ def low_and_realtime(pipe_dir):
             def realtime_busy(groups: int, n: int, rounds: int):
                 return realtime.dispatch(realtime_program, groups, [realtime_data], struct.pack("II", n, rounds))
 
-            yield arbiter, low_busy, tiny, realtime_busy
+            yield types.SimpleNamespace(arbiter=arbiter, low=low, realtime=realtime, low_data=data, low_busy=low_busy,
+                                        tiny=tiny, realtime_busy=realtime_busy)
     finally:
         arbiter.close()
 
 
 def test_a_realtime_dispatch_is_not_held_behind_low_work_popped_with_it(tmp_path, vulkan_device_name):
-    with low_and_realtime(tmp_path / "pipe") as (arbiter, low_busy, tiny, realtime_busy):
+    with low_and_realtime(tmp_path / "pipe") as pair:
+        arbiter, low_busy, tiny, realtime_busy = pair.arbiter, pair.low_busy, pair.tiny, pair.realtime_busy
         # The clients differ, so the engine asks the scheduler before each pass; holding the
         # scheduler's lock holds the engine there, and both dispatches below meet in one pass.
         with arbiter.drainer.scheduling:
@@ -351,7 +378,8 @@ def test_the_engine_sleeps_while_the_plan_keeps_the_waiting_work_waiting(tmp_pat
     """Low work waits while a realtime dispatch runs (it is withheld, not popped). The engine took
     that waiting work for work to do and looked again at once: it used a whole core (half of the
     core lavapipe's queue thread runs on, placed) for as long as the realtime dispatch ran."""
-    with low_and_realtime(tmp_path / "pipe") as (arbiter, low_busy, tiny, realtime_busy):
+    with low_and_realtime(tmp_path / "pipe") as pair:
+        arbiter, low_busy, tiny, realtime_busy = pair.arbiter, pair.low_busy, pair.tiny, pair.realtime_busy
         long_run = realtime_busy(16, 1024, busy_iterations(500_000))  # ~0.5 s on lavapipe
         wait_until(lambda: arbiter.drainer.engine.in_flight() == 1, 30, "the realtime dispatch to be submitted")
         before, started = engine_cpu_seconds(), time.monotonic()
@@ -366,7 +394,8 @@ def test_lower_work_popped_with_a_realtime_dispatch_waits_until_that_has_ended(t
     """Submitted behind the realtime dispatch, the low work ran as soon as the realtime one ended,
     on the core the engine shares with lavapipe's queue thread, and the realtime client's answer
     waited for it (180 us for a 2 us dispatch behind 75 us ones)."""
-    with low_and_realtime(tmp_path / "pipe") as (arbiter, low_busy, tiny, realtime_busy):
+    with low_and_realtime(tmp_path / "pipe") as pair:
+        arbiter, low_busy, tiny, realtime_busy = pair.arbiter, pair.low_busy, pair.tiny, pair.realtime_busy
         engine = arbiter.drainer.engine
         with arbiter.drainer.scheduling:  # both meet in one pass (see the test above)
             long_run = realtime_busy(16, 1024, busy_iterations(500_000))
@@ -375,6 +404,29 @@ def test_lower_work_popped_with_a_realtime_dispatch_waits_until_that_has_ended(t
         assert (engine.in_flight(), long_run.done(), low.done()) == (1, False, False), "the low work went in behind"
         long_run.wait(120)
         low.wait(30)
+
+
+def test_a_free_waits_behind_its_clients_queue_not_ahead_of_everyone(tmp_path, vulkan_device_name):
+    """A free had the control plane pop and submit the client's whole ring at once (so that the
+    descriptors pushed before it found the buffer), past the plan: a low client that queued heavy
+    work and sent a free, even a refused one, made a realtime client's round trip take 660-740 ms.
+    Now the drop waits for the engine to pop those descriptors as the plan says."""
+    with low_and_realtime(tmp_path / "pipe") as pair:
+        engine, low = pair.arbiter.drainer.engine, pair.low
+        long_run = pair.realtime_busy(16, 1024, busy_iterations(1_000_000))  # ~1 s on lavapipe
+        wait_until(lambda: engine.in_flight() == 1, 30, "the realtime dispatch to be submitted")
+        doomed = low.array(1024, np.uint32)
+        queued = [low.dispatch(low.load_program(libshare.shaders.path("busy")), 16, [doomed],
+                               struct.pack("II", 1024, 1)) for _ in range(20)]
+        memory = low.stats()["memory_bytes"]
+        with pytest.raises(InvalidSubmission, match="no such buffer"):
+            low._request("free", buffer_id=999_999)
+        low.free(doomed)  # the queued dispatches still find it
+        assert (low.stats()["submitted"], long_run.done()) == (0, False), "the free popped the low work"
+        long_run.wait(120)
+        for ticket in queued:
+            ticket.wait(60)  # completed, with the buffer freed after they were pushed
+        wait_until(lambda: low.stats()["memory_bytes"] < memory, 30, "the freed buffer to be destroyed")
 
 
 def test_a_client_under_its_share_may_catch_up_in_one_pass():
@@ -446,7 +498,8 @@ def test_the_engine_asks_the_scheduler_again_only_when_something_changed(tmp_pat
     clients or the submissions on the device change, or once the plan is older than
     ``plan_for``, not at every look (it once called the scheduler, taking the GIL, tens of
     thousands of times a second there)."""
-    with low_and_realtime(tmp_path / "pipe") as (arbiter, low_busy, _tiny, _realtime_busy):  # the realtime client is active
+    with low_and_realtime(tmp_path / "pipe") as pair:  # the realtime client is active
+        arbiter, low_busy = pair.arbiter, pair.low_busy
         slow = low_busy(16, 1024, busy_iterations(300_000))  # ~0.1 s on lavapipe
         wait_until(lambda: arbiter.drainer.engine.in_flight() or slow.done(), 10, "the slow dispatch to start")
         held = low_busy(1, 64, 1)  # waits in the ring while the slow one runs
