@@ -259,12 +259,8 @@ def test_a_lowered_default_lowers_a_priority_another_uid_asked_for():
 
 
 def test_lower_priorities_share_one_slice_and_take_turns():
-    class Fake:
-        def __init__(self, id, priority):
-            self.id, self.priority, self.group, self.requested_share = id, priority, "", 100
-
     scheduler = Scheduler(mode="throughput")
-    realtime, lows = Fake(0, "realtime"), [Fake(i, "low") for i in range(1, 8)]
+    realtime, lows = _Fake(0, "realtime"), [_Fake(i, "low") for i in range(1, 8)]
     clients = [realtime, *lows]
     for low in lows:
         for _ in range(30):
@@ -284,12 +280,8 @@ def test_lower_priorities_share_one_slice_and_take_turns():
 def test_lower_priority_commands_longer_than_the_slice_get_no_negative_budget():
     """A low command that overruns the whole slice leaves the others none, never a negative budget
     (the engine takes a plan's budgets as unsigned counts)."""
-    class Fake:
-        def __init__(self, id, priority):
-            self.id, self.priority, self.group, self.requested_share = id, priority, "", 100
-
     scheduler = Scheduler(mode="throughput")
-    realtime, lows = Fake(0, "realtime"), [Fake(i, "low") for i in range(1, 4)]
+    realtime, lows = _Fake(0, "realtime"), [_Fake(i, "low") for i in range(1, 4)]
     for low in lows:
         for _ in range(30):
             scheduler.charge(low, 3_000_000)  # fifteen slices each
@@ -303,19 +295,15 @@ def test_a_slice_holds_a_few_commands_whatever_their_estimate_says():
     it chooses: after 300 tiny dispatches, 65 heavy ones fit in one slice, and a realtime client
     waited 520 ms behind them (a fairshare neighbour 385 ms). A slice now holds 8 commands at
     most, for all lower-priority clients together, and for a fairshare client."""
-    class Fake:
-        def __init__(self, id, priority):
-            self.id, self.priority, self.group, self.requested_share = id, priority, "", 100
-
     scheduler = Scheduler(mode="throughput")
-    realtime, lows = Fake(0, "realtime"), [Fake(i, "low") for i in range(1, 4)]
+    realtime, lows = _Fake(0, "realtime"), [_Fake(i, "low") for i in range(1, 4)]
     for low in lows:
         scheduler.charge_many(low, 300 * 1_000, 300)  # 300 tiny commands: 1 us each, by their own account
     everyone = {c.id: True for c in [realtime, *lows]}
     plan = scheduler.plan([realtime, *lows], everyone, everyone, 0, 1024)
     assert plan[0] == (realtime, 1024) and sum(budget for _, budget in plan[1:]) == 8, plan
     fair = Scheduler(mode="fairshare")
-    gamer, other = Fake(1, "normal"), Fake(2, "normal")
+    gamer, other = _Fake(1, "normal"), _Fake(2, "normal")
     fair.charge_many(gamer, 300 * 1_000, 300)
     assert fair.plan([gamer], {1: True}, {1: True}, 0, 1024) == [(gamer, 8)]
     assert max(budget for _, budget in fair.plan([gamer, other], {1: True, 2: True}, {1: True, 2: True}, 0,
