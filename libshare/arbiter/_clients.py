@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+from collections import Counter
 from dataclasses import dataclass, field, fields
 
 from .._protocol import trusted_uid
@@ -151,6 +152,8 @@ class Client:
     sticky: Exception | None = None  # raised for every later request (ClientTerminated, ServerFault)
     buffers: dict[int, BufferRecord] = field(default_factory=dict)
     programs: dict[int, ProgramRecord] = field(default_factory=dict)
+    releasing: Counter = field(default_factory=Counter)  # freed and not yet destroyed, by record type:
+    # they wait for their last use (LS_EV_RELEASED), and the client's limits count them (held)
     counters: Counters = field(default_factory=Counters)
     slot: int = -1  # its slot in the native engine, from add_client to reclaim
     closing: bool = False  # disconnected: drain nothing more, reclaim once nothing is outstanding
@@ -165,6 +168,12 @@ class Client:
         """See :func:`trusted_peer`."""
         return trusted_peer(self.uid, self.share)
 
+
+    def held(self, kind: type) -> int:
+        """The buffers (kind BufferRecord) or programs (ProgramRecord) it holds, freed ones still in
+        use included: a client whose descriptors waited in its ring could free and make more for ever
+        (a free waits for them), past its count limits, where its memory was counted all along."""
+        return len(self.buffers if kind is BufferRecord else self.programs) + self.releasing[kind]
 
     def describe(self) -> str:
         """"client 3 (name, pid 1234)" for logs and errors."""

@@ -205,6 +205,7 @@ class Drainer(Tasks, Containment):
             if event.type == EVENTS["RELEASED"]:  # its owner may be reclaimed, its slot reused, already
                 owner, record = self._released.pop((event.client, event.kind, event.a), (None, None))
                 if record is not None:
+                    owner.releasing[type(record)] -= 1
                     self._destroy(owner, record)
             elif event.type == EVENTS["IDLE"]:
                 if client is not None:
@@ -360,6 +361,7 @@ class Drainer(Tasks, Containment):
         kind = BUFFER if buffer else PROGRAM
         if self.engine.drop(client.slot, kind, record.id):
             self._released[(client.slot, kind, record.id)] = (client, record)
+            client.releasing[type(record)] += 1
         else:
             self._destroy(client, record)
 

@@ -34,7 +34,9 @@ took the arbiter to that bound: it could start no thread for a new client, and e
 other client's allocations failed. So a client holds at most ``LIBSHARE_MAX_BUFFERS``
 buffers (4096), and all clients together at most what ``vm.max_map_count`` leaves once
 the arbiter's own maps at start, a few per client slot and a slack are kept, at two maps
-per buffer (one measured on lavapipe; a driver's import may add one).
+per buffer (one measured on lavapipe; a driver's import may add one). A buffer freed while
+work still uses it, or while descriptors pushed before the free still wait, counts until it
+is destroyed (Client.held), as its bytes do.
 
 Values are sizes like ``900M`` or ``2G`` (binary units: 1K = 1024 bytes, an optional
 ``B`` or ``iB`` after the unit), or plain bytes. ``unlimited`` (or ``none``) removes a
@@ -49,6 +51,7 @@ from fractions import Fraction
 from pathlib import Path
 
 from ..errors import InvalidSubmission, QuotaExceeded
+from ._clients import BufferRecord
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 _SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?", re.IGNORECASE | re.ASCII)
@@ -231,12 +234,12 @@ class MemoryLimits:
 
 
     def _check_count(self, client, clients) -> None:
-        held = len(client.buffers)
+        held = client.held(BufferRecord)
         if held >= self.max_buffers:
             raise QuotaExceeded(f"{client.describe()} holds {held} buffers, the most one client may (the arbiter's "
                                 "LIBSHARE_MAX_BUFFERS); free some, or place several arrays in one bigger buffer")
         if self.buffer_ceiling is not None:
-            held = sum(len(c.buffers) for c in clients)
+            held = sum(c.held(BufferRecord) for c in clients)
             if held >= self.buffer_ceiling:
                 raise QuotaExceeded(f"the arbiter's clients hold {held} buffers together, the most it can map "
                                     "(what the kernel's vm.max_map_count leaves it); free buffers, or ask the "

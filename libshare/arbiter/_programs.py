@@ -36,6 +36,7 @@ from collections import OrderedDict
 from .._spirv import ShaderInterface
 from ..errors import InvalidSubmission, QuotaExceeded, ServerNotReady
 from ._admission import admit
+from ._clients import ProgramRecord
 from .device import Device, Pipeline
 
 __all__ = ["Interfaces", "MAX_PROGRAMS", "MAX_TOTAL_PROGRAMS", "SharedPipelines", "check_program_quota"]
@@ -170,10 +171,11 @@ class SharedPipelines:
 
 def check_program_quota(client, clients, per_client: int) -> None:
     """Raise QuotaExceeded when ``client`` may not hold one more program."""
-    if len(client.programs) >= per_client:
-        raise QuotaExceeded(f"{client.describe()} holds {len(client.programs)} programs, its limit "
-                            f"(LIBSHARE_MAX_PROGRAMS={per_client}); free some first")
-    total = sum(len(other.programs) for other in clients)
+    held = client.held(ProgramRecord)
+    if held >= per_client:
+        raise QuotaExceeded(f"{client.describe()} holds {held} programs (freed ones still in use count), its "
+                            f"limit (LIBSHARE_MAX_PROGRAMS={per_client}); free some first")
+    total = sum(other.held(ProgramRecord) for other in clients)
     if total >= MAX_TOTAL_PROGRAMS:
         raise QuotaExceeded(f"the arbiter holds {total} programs for all clients, its limit "
                             f"({MAX_TOTAL_PROGRAMS}); retry once others have freed theirs")

@@ -290,6 +290,37 @@ def test_lower_priority_commands_longer_than_the_slice_get_no_negative_budget():
     assert [budget for _, budget in plan] == [1024, 1], plan
 
 
+def test_freed_objects_that_wait_for_their_clients_queue_count_against_its_limits(tmp_path, vulkan_device_name):
+    """A free waits while descriptors pushed before it wait in the client's ring. A client whose
+    work waited (behind a realtime client's here) could free and make buffers and programs for
+    ever, past LIBSHARE_MAX_BUFFERS and LIBSHARE_MAX_PROGRAMS (a mapping and an import each)."""
+    with low_and_realtime(tmp_path / "pipe", max_buffers=6, max_programs=6) as pair:
+        low = pair.low
+        long_run = pair.realtime_busy(16, 1024, busy_iterations(1_000_000))
+        wait_until(lambda: pair.arbiter.drainer.engine.in_flight() == 1, 30, "the realtime dispatch to be submitted")
+        waiting = pair.low_busy(1, 64, 1)  # every free below waits for it
+        made = []
+        with pytest.raises(libshare.QuotaExceeded, match="holds 6 buffers"):
+            for _ in range(20):
+                buffer = low.array(64)
+                made.append(buffer)
+                low.free(buffer)
+        with pytest.raises(libshare.QuotaExceeded, match="holds 6 programs"):
+            for k in range(20):
+                low.free(low.load_program(libshare.shaders.path("saxpy")))
+        assert len(made) == 5 and not long_run.done()  # its busy words and 5 freed ones
+        long_run.wait(120)
+        waiting.wait(60)
+
+        def allocates() -> bool:
+            try:
+                return low.array(64) is not None
+            except libshare.QuotaExceeded:
+                return False
+
+        wait_until(allocates, 30, "the freed ones to be destroyed")
+
+
 def test_a_slice_holds_a_few_commands_whatever_their_estimate_says():
     """The estimate of a command's device time comes from the client's own past commands, which
     it chooses: after 300 tiny dispatches, 65 heavy ones fit in one slice, and a realtime client
@@ -311,13 +342,14 @@ def test_a_slice_holds_a_few_commands_whatever_their_estimate_says():
 
 
 @contextlib.contextmanager
-def low_and_realtime(pipe_dir):
+def low_and_realtime(pipe_dir, **arbiter_options):
     """An arbiter in this process serving ``pipe_dir``, a low client with busy.comp over 1024 words
     and a realtime one with a tiny saxpy that has run once and busy.comp, as a namespace: arbiter,
     low and realtime (the sessions), low_data (the low client's words), and the dispatches
-    ``low_busy(groups, n, rounds)``, ``tiny()`` and ``realtime_busy(groups, n, rounds)``."""
+    ``low_busy(groups, n, rounds)``, ``tiny()`` and ``realtime_busy(groups, n, rounds)``. The arbiter
+    is made with ``arbiter_options``."""
     pipe_dir.mkdir(mode=0o700)
-    arbiter = Arbiter()
+    arbiter = Arbiter(**arbiter_options)
     try:
         arbiter.serve(pipe_dir / "control")
         with libshare.connect(mode="daemon", pipe_directory=pipe_dir, priority="low") as low, \
