@@ -11,12 +11,13 @@ them without asking (the common case never takes the GIL). The policy, in order:
 
 1. **Priority.** Clients drain in priority order (realtime, high, normal, low).
    While a client of a higher priority is active (it submitted within the last
-   ``_ACTIVE_NS``), all lower-priority clients together get one short slice per
-   pass (at most ``_SLICE_NS`` of estimated device time and ``_SLICE_COMMANDS``
-   commands, since a client chooses what its estimate is made of; at least one command,
-   and only when nothing else is in flight), taking turns, so a realtime dispatch
-   waits behind at most one short slice on a single-queue device such as
-   lavapipe. The engine submits each priority of a pass separately, and the lower
+   ``_ACTIVE_NS``), all lower-priority clients together get one command per pass,
+   and only when nothing else is in flight, taking turns, so a realtime dispatch
+   waits behind at most one lower command on a single-queue device such as
+   lavapipe. (A slice of estimated device time was gamed: the estimate comes from
+   the client's own past commands, and after 300 tiny ones 65 heavy ones fit in one
+   slice, a realtime client waiting 520 ms; capped at 8 commands, 8 heavy ones of
+   7.6 s each made it wait 53.8 s.) The engine submits each priority of a pass separately, and the lower
    work popped with a higher priority's only once that has ended (engine.c, "Policy"),
    so a higher priority's completion never waits for lower work.
 2. **Compute share** (the active-thread-percentage analogue). A client, or a
@@ -50,7 +51,7 @@ MODES = ("throughput", "fairshare")
 UNSCHEDULED = "off"  # every client, all it has, in id order: only to measure the scheduler's own cost
 _RANK = {name: rank for rank, name in enumerate(PRIORITIES)}
 _ACTIVE_NS = 200_000_000  # a client that submitted this recently still counts as wanting the device
-_SLICE_NS = 200_000  # device time a slice of lower-priority (or fairshare) work may take
+_SLICE_NS = 200_000  # device time a slice of fairshare (or compute-share) work may take
 _SLICE_COMMANDS = 8  # ... in at most this many commands: see _slice
 _DECAY_NS = 250_000_000  # time constant of "recent" device time
 _LAG_NS = 50_000_000  # fairshare: the most device time a waiting client may trail the most served by
@@ -218,21 +219,16 @@ class Scheduler:
         total_recent = sum(self.usage(c).recent_ns + self.usage(c).queued_ns for c in clients) or 1.0
         least_served = self._least_served([c for c in waiting if ranks[c.id] == top]) if self.mode == "fairshare" else 0
         plan, held = [], []
-        lower_ns = 0 if in_flight else _SLICE_NS  # lower-priority work this pass may still take
-        lower_commands = _SLICE_COMMANDS
+        lower_left = 0 if in_flight else 1  # lower-priority commands this pass may still take
         for client in sorted(waiting, key=self._order_key):
             headroom = self._headroom(client, clients, busy, total_recent)
             if headroom is not None and headroom <= 0:
                 held.append((headroom, client))
                 continue  # at its compute share while others want the device
-            if ranks[client.id] < top:  # a higher priority is active: one short slice in all
-                per_command = max(self.usage(client).per_command_ns, 1.0)
-                budget = int(lower_ns // per_command) or (1 if lower_ns == _SLICE_NS else 0)  # the first: one at least
-                budget = min(budget, lower_commands)  # (see _slice)
-                if budget <= 0:  # the slice is spent (the first command may overrun it)
+            if ranks[client.id] < top:  # a higher priority is active: one command in all
+                if not lower_left:
                     continue
-                lower_ns -= budget * per_command
-                lower_commands -= budget
+                budget, lower_left = 1, 0
             elif self.mode == "fairshare":
                 ahead = self.usage(client).total_ns > least_served + 2 * _SLICE_NS
                 if in_flight >= self.max_in_flight or (ahead and in_flight):

@@ -1999,7 +1999,9 @@ int ls_engine_put_buffer(ls_engine *e, uint32_t slot, uint32_t id, uint64_t buff
  * before it wait in its ring: they were pushed before the free and must still find the object.
  * (The control plane popped and submitted them at once instead, whatever the plan said: a low
  * client that sent a free, even a refused one, after queueing heavy work made a realtime
- * client's round trip take 660-740 ms, 90 times one of its own dispatches.) */
+ * client's round trip take 660-740 ms, 90 times one of its own dispatches.) Descriptors it
+ * publishes after the free may find the object too, until the drop is carried out: the client's
+ * own object, which still counts against its limits (Client.held). */
 static int defer_drop(ls_engine *e, uint32_t slot, uint32_t kind, uint32_t id)
 {
     struct client *c = &e->clients[slot];

@@ -1,7 +1,7 @@
 """Marks: what the consumer must pop before everything published so far is taken (ls_sq_marks).
 
 A free waits on them in the arbiter (engine.c, defer_drop): the descriptors a client pushed
-before it, and only those, must still find the buffer."""
+before it must still find the buffer."""
 
 from __future__ import annotations
 
