@@ -342,6 +342,20 @@ def test_a_slice_holds_few_commands_whatever_their_estimate_says():
                                                  1024)) <= 8
 
 
+def test_a_lower_client_takes_a_slice_while_a_higher_one_is_connected_but_idle():
+    """A realtime client that had not submitted for over 200 ms no longer counted, and a low client
+    got all it had in one submission: a realtime client that came every 0.3 s waited 416 ms (p50)
+    behind a low client's batch. Now a lower client's pass is one slice while a higher priority
+    is connected; with no higher client, it gets all it has."""
+    scheduler = Scheduler(mode="throughput")
+    realtime, low, other = _Fake(0, "realtime"), _Fake(1, "low"), _Fake(2, "low")
+    for client in (low, other):
+        scheduler.charge(client, 20_000_000)  # 20 ms commands
+    waiting = {1: True, 2: False}
+    assert scheduler.plan([realtime, low, other], waiting, waiting, 0, 1024) == [(low, 1)]  # idle, but there
+    assert scheduler.plan([low, other], waiting, waiting, 0, 1024) == [(low, 1024)]
+
+
 @contextlib.contextmanager
 def low_and_realtime(pipe_dir, **arbiter_options):
     """An arbiter in this process serving ``pipe_dir``, a low client with busy.comp over 1024 words
