@@ -168,7 +168,6 @@ class Client:
         """See :func:`trusted_peer`."""
         return trusted_peer(self.uid, self.share)
 
-
     def held(self, kind: type) -> int:
         """The buffers (kind BufferRecord) or programs (ProgramRecord) it holds, freed ones still in
         use included: a client whose descriptors waited in its ring could free and make more for ever

@@ -20,9 +20,10 @@ them without asking (the common case never takes the GIL). The policy, in order:
    7.6 s each made it wait 53.8 s.) While the higher priority is connected but not
    active, a lower client's pass is one slice (below), so that what runs when the
    higher one comes back ends soon: with all it had in one submission, a realtime
-   client that came every 0.3 s waited 416 ms (p50) behind a low client's batch. The engine submits each priority of a pass separately, and the lower
-   work popped with a higher priority's only once that has ended (engine.c, "Policy"),
-   so a higher priority's completion never waits for lower work.
+   client that came every 0.3 s waited 382-416 ms (p50) behind a low client's batch.
+   The engine submits each priority of a pass separately, and the lower work popped
+   with a higher priority's only once that has ended (engine.c, "Policy"), so a
+   higher priority's completion never waits for lower work.
 2. **Compute share** (the active-thread-percentage analogue). A client, or a
    group, whose recent share of device time exceeds its ceiling is not drained
    while any other client wants the device. The device never idles while work
