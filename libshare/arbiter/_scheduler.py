@@ -18,9 +18,12 @@ them without asking (the common case never takes the GIL). The policy, in order:
    the client's own past commands, and after 300 tiny ones 65 heavy ones fit in one
    slice, a realtime client waiting 520 ms; capped at 8 commands, 8 heavy ones of
    7.6 s each made it wait 53.8 s.) While the higher priority is connected but not
-   active, a lower client's pass is one slice (below), so that what runs when the
-   higher one comes back ends soon: with all it had in one submission, a realtime
-   client that came every 0.3 s waited 382-416 ms (p50) behind a low client's batch.
+   active, a lower client's pass holds at most ``_IDLE_SLICE_NS`` of estimated device
+   time and ``_IDLE_SLICE_COMMANDS`` commands, so that what runs when the higher one
+   comes back ends soon: with all it had in one submission, a realtime client that
+   came every 0.3 s waited 382-416 ms (p50) behind a low client's batch, 9.9 ms now.
+   (At most 8 commands, a pipelining low client went from 450k to 160k dispatches a
+   second beside an idle realtime one; at 64, 330k-610k.)
    The engine submits each priority of a pass separately, and the lower work popped
    with a higher priority's only once that has ended (engine.c, "Policy"), so a
    higher priority's completion never waits for lower work.
@@ -57,6 +60,7 @@ _RANK = {name: rank for rank, name in enumerate(PRIORITIES)}
 _ACTIVE_NS = 200_000_000  # a client that submitted this recently still counts as wanting the device
 _SLICE_NS = 200_000  # device time a slice of fairshare (or compute-share) work may take
 _SLICE_COMMANDS = 8  # ... in at most this many commands: see _slice
+_IDLE_SLICE_NS, _IDLE_SLICE_COMMANDS = 1_000_000, 64  # a lower client's pass while a higher one is idle
 _DECAY_NS = 250_000_000  # time constant of "recent" device time
 _LAG_NS = 50_000_000  # fairshare: the most device time a waiting client may trail the most served by
 _DECAY_STEP_NS = 2_000_000  # decay at most this often
@@ -242,7 +246,7 @@ class Scheduler:
             else:
                 budget = max_budget if headroom is None else self._slice(client, headroom)
                 if ranks[client.id] < highest:  # a higher priority is connected, idle: what it comes back
-                    budget = min(budget, self._slice(client))  # to must end soon (see "Priority")
+                    budget = min(budget, self._slice(client, _IDLE_SLICE_NS, _IDLE_SLICE_COMMANDS))  # to ends soon
             plan.append((client, min(budget, max_budget)))
         if not plan and held and not in_flight:  # work-conserving: the device never idles while work waits
             client = max(held, key=lambda item: item[0])[1]  # (every waiting client at its ceiling: shares
@@ -276,12 +280,12 @@ class Scheduler:
     def _any_share(self) -> bool:
         return any(u.share < 100 for u in self._usage.values()) or any(v < 100 for v in self.group_share.values())
 
-    def _slice(self, client, ns: float = _SLICE_NS) -> int:
+    def _slice(self, client, ns: float = _SLICE_NS, most: int = _SLICE_COMMANDS) -> int:
         """How many of ``client``'s commands fit in ``ns`` of device time: at least one, and at most
-        _SLICE_COMMANDS. The estimate comes from the client's own past commands, which it chooses:
-        300 tiny dispatches made 65 heavy ones fit in one slice, and a realtime client waited
-        520 ms behind them (fairshare clients 385 ms)."""
-        return min(_SLICE_COMMANDS, max(1, int(ns // max(self.usage(client).per_command_ns, 1.0))))
+        ``most``. The estimate comes from the client's own past commands, which it chooses: 300 tiny
+        dispatches made 65 heavy ones fit in one slice, and a realtime client waited 520 ms behind
+        them (fairshare clients 385 ms)."""
+        return min(most, max(1, int(ns // max(self.usage(client).per_command_ns, 1.0))))
 
     def submitted(self, client, count: int) -> None:
         """Note that ``count`` descriptors of ``client`` were popped now (it is active)."""

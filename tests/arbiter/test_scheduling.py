@@ -345,8 +345,8 @@ def test_a_slice_holds_few_commands_whatever_their_estimate_says():
 def test_a_lower_client_takes_a_slice_while_a_higher_one_is_connected_but_idle():
     """A realtime client that had not submitted for over 200 ms no longer counted, and a low client
     got all it had in one submission: a realtime client that came every 0.3 s waited 416 ms (p50)
-    behind a low client's batch. Now a lower client's pass is one slice while a higher priority
-    is connected; with no higher client, it gets all it has."""
+    behind a low client's batch. Now a lower client's pass holds 1 ms of its estimated device time,
+    64 commands at most, while a higher priority is connected; with no higher client, all it has."""
     scheduler = Scheduler(mode="throughput")
     realtime, low, other = _Fake(0, "realtime"), _Fake(1, "low"), _Fake(2, "low")
     for client in (low, other):
@@ -354,6 +354,9 @@ def test_a_lower_client_takes_a_slice_while_a_higher_one_is_connected_but_idle()
     waiting = {1: True, 2: False}
     assert scheduler.plan([realtime, low, other], waiting, waiting, 0, 1024) == [(low, 1)]  # idle, but there
     assert scheduler.plan([low, other], waiting, waiting, 0, 1024) == [(low, 1024)]
+    quick = _Fake(3, "low")
+    scheduler.charge_many(quick, 2_000 * 100, 100)  # 2 us commands: a pass of 64 (a pipelining client's
+    assert scheduler.plan([realtime, quick], {3: True}, {3: True}, 0, 1024) == [(quick, 64)]  # rate)
 
 
 @contextlib.contextmanager
