@@ -54,8 +54,8 @@ and the arbiter's leaves a quarter of the client slots to the others (user_clien
 that opened every slot locked the others out). A hello through a group's share
 socket (_share_sockets.py, a container's pipe directory) joins that group whatever it names;
 whatever its uid, it gets no priority above the default and is held to the group's owner rules,
-and no control command is taken there. A
-client, for its part, talks only to a listener of its own uid or root's (_protocol.dial).
+and no control command is taken there. A client, for its part, talks only to a listener of its
+own uid or root's (_protocol.dial).
 
 Reattaching. A session whose arbiter died hands the new one what it kept: ``import`` (one
 descriptor: a shared buffer's memfd, checked by check_sealed_memfd to be a memfd of the
@@ -381,11 +381,11 @@ class Arbiter:
         protocol.check_fields(frame.fields, _HELLO, "hello")
         scheduler = self.drainer.scheduler
         priority, _ = _requested_priority_and_share(frame.fields, scheduler.default_priority)
-        _check_priority_allowed(priority, scheduler.default_priority, trusted_peer(uid, share))
+        trusted = trusted_peer(uid, share)
+        _check_priority_allowed(priority, scheduler.default_priority, trusted)
         if share is not None:
             check_share_hello(frame.fields, share)  # its group is the share's, and the owner rules apply
-        _check_group_allowed(_requested_group(frame.fields), uid, self.group_owners, scheduler,
-                             trusted_peer(uid, share))
+        _check_group_allowed(_requested_group(frame.fields), uid, self.group_owners, scheduler, trusted)
         return "session", self._admit(pid, uid, share)
 
     def _admit(self, pid: int, uid: int, share: str | None = None) -> int:
