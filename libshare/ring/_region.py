@@ -146,14 +146,14 @@ class Region:
     another process. ``close()`` unmaps this process's view and is idempotent.
     """
 
-    def __init__(self, fd: int, *, owns_fd: bool = True):
+    def __init__(self, fd: int, *, owns_fd: bool = True, mapping: SharedMapping | None = None):
         self._lock = threading.Lock()
         self._fd = fd if owns_fd else os.dup(fd)
         try:
-            size = os.fstat(self._fd).st_size
+            size = mapping.size if mapping is not None else os.fstat(self._fd).st_size
             if size <= 0:
                 raise ValueError("the region is empty")
-            self._mapping = SharedMapping(self._fd, size)
+            self._mapping = mapping if mapping is not None else SharedMapping(self._fd, size)
         except (OSError, ValueError) as exc:
             os.close(self._fd)
             raise errors.RingCorrupted(f"cannot map ring region from fd {fd}: {exc}") from exc
@@ -191,15 +191,17 @@ class Region:
                 f"cq_entries={cq_entries} (powers of two up to {C.MAX_ENTRIES})"
             )
         fd = sealed_memfd("libshare-ring", size)
-        try:
-            with mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE) as view:
-                base = ffi.from_buffer("char[]", view)
-                check(lib.ls_region_format(base, size, lanes, lane_entries, cq_entries, os.getpid()))
-                ffi.release(base)
+        mapping = None
+        try:  # formatted through the mapping the region keeps (one mmap, not two)
+            mapping = SharedMapping(fd, size)
+            check(lib.ls_region_format(ffi.cast("char *", mapping.address), size, lanes, lane_entries,
+                                       cq_entries, os.getpid()))
         except BaseException:
+            if mapping is not None:
+                mapping.close()
             os.close(fd)
             raise
-        return cls(fd)
+        return cls(fd, mapping=mapping)
 
     @classmethod
     def attach(cls, fd: int) -> Region:
