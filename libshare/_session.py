@@ -80,6 +80,7 @@ import atexit
 import collections
 import contextlib
 import errno
+import math
 import os
 import socket
 import threading
@@ -631,7 +632,7 @@ class Session:
     def array(self, shape, dtype=np.float32) -> np.ndarray:
         """A zero-copy numpy array on a new shared buffer."""
         shape = (shape,) if isinstance(shape, int) else tuple(shape)
-        nbytes = max(int(np.prod(shape)) * np.dtype(dtype).itemsize, 1)
+        nbytes = max(int(math.prod(shape)) * np.dtype(dtype).itemsize, 1)
         return self.alloc(nbytes).array(shape, dtype)
 
     def free(self, obj: Buffer | np.ndarray | Program) -> None:
@@ -1070,8 +1071,11 @@ def _exchange(sock: socket.socket, fields: dict, payload: bytes = b"", max_fds: 
 def _read_module(path: Path) -> bytes:
     """The bytes of a .spv file; InvalidSubmission past the most a frame carries (a path such as
     /dev/zero would otherwise be read until this process ran out of memory)."""
-    with open(path, "rb") as file:
-        code = file.read(protocol.MAX_FRAME + 1)
+    with open(path, "rb") as file:  # read what its size says: a read of the bound allocates the bound (4 MiB)
+        size = os.fstat(file.fileno()).st_size  # 0 for a device such as /dev/zero
+        code = file.read(min(size, protocol.MAX_FRAME) + 1)
+        if len(code) > size:  # a device, or a file that grew: read on, up to the bound
+            code += file.read(protocol.MAX_FRAME + 1 - len(code))
     if len(code) > protocol.MAX_FRAME:
         raise errors.InvalidSubmission(f"{path} holds more than {protocol.MAX_FRAME} bytes, more than any "
                                        "SPIR-V module the arbiter takes")
@@ -1179,13 +1183,13 @@ def connect(name: str | None = None, priority: str | None = None, mode: str | No
         from .arbiter._limits import parse_device_limits
 
         hello["mem_limit"] = parse_device_limits(os.environ["LIBSHARE_DEVICE_MEM_LIMIT"])
-    sock, embedded = None, False
+    sock, embedded, path = None, False, _config.socket_path(_config.pipe_directory(pipe_directory))
     if mode != "embedded":
-        sock = protocol.dial(_config.socket_path(_config.pipe_directory(pipe_directory)), timeout)
+        sock = protocol.dial(path, timeout)
         if sock is None and mode == "daemon":
             raise errors.ArbiterUnavailable(
-                f"no arbiter answers at {_config.pipe_directory(pipe_directory)}; start one with "
-                "`python -m libshare.arbiter` or use mode='auto'")
+                f"no arbiter answers at {path.parent}; start one with `python -m libshare.arbiter` or use "
+                "mode='auto'")
     if sock is None:
         sock, far_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         _embedded().attach(far_end)
@@ -1196,7 +1200,6 @@ def connect(name: str | None = None, priority: str | None = None, mode: str | No
         sock.close()
         raise
     sock.settimeout(_REQUEST_TIMEOUT)
-    path = None if embedded or not reattach else _config.socket_path(_config.pipe_directory(pipe_directory))
-    return Session(sock, welcome, embedded, hello, path, timeout)
+    return Session(sock, welcome, embedded, hello, None if embedded or not reattach else path, timeout)
 
 
