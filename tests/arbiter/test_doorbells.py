@@ -163,10 +163,20 @@ def test_a_hammered_doorbell_is_muted_and_its_client_still_served(daemon):
             assert hammer.stdout.readline().strip() == "ok"
         finally:
             stop_attacker(hammer)
-        wait_until(lambda: re.search(r"\(hammer, pid \d+\) reclaimed", server_log(pipe_dir)), 30,
+        wait_until(lambda: re.search(r"\(hammer, pid \d+\) (disconnected and )?reclaimed", server_log(pipe_dir)), 30,
                    "the hammering client to be reclaimed")
         assert_rests(process.pid, "idle", max_wakes=quiet + 25)  # and no slow path is left behind
     assert_no_traceback(pipe_dir)
+
+
+def test_a_client_quiet_after_a_burst_of_requests_leaves_the_arbiter_at_rest(daemon):
+    """A session thread polls for its client's next request for a moment (_REQUEST_SPIN in
+    _server.py) before it sleeps: bounded, so a client that went quiet costs no CPU."""
+    process, pipe_dir = daemon
+    with libshare.connect(mode="daemon", pipe_directory=pipe_dir, name="quiet") as session:
+        for _ in range(50):
+            session.stats()
+        assert_rests(process.pid, "quiet")
 
 
 def assert_rests(pid: int, what: str, max_wakes: int | None = None) -> None:

@@ -13,6 +13,8 @@ import time
 
 import pytest
 
+import libshare
+
 from ..conftest import ROOT
 from .conftest import alive, wait_dead
 
@@ -127,6 +129,24 @@ def test_server_log_lines_are_timestamped(dirs, foreground):
     assert f"arbiter pid {process.pid} starting" in control_log
     assert f"arbiter pid {process.pid} stopped (SIGINT)" in control_log
 
+
+
+def test_a_session_leaves_two_lines_in_the_server_log(dirs, foreground):
+    """Its connect, and its end: "disconnected and reclaimed" in one line when nothing of it still
+    ran (a line costs an attach some 25 us of the arbiter; a client reclaimed later gets two)."""
+    foreground()
+    with libshare.connect(mode="daemon", pipe_directory=dirs.pipe, name="logged") as session:
+        session.stats()
+        client = session.client_id
+    me = re.escape(f"client {client} (logged, pid {os.getpid()}) ")
+    log = dirs.log / "server.log"
+    deadline = time.monotonic() + 30
+    while not re.search(me + "disconnected and reclaimed", log.read_text()):
+        assert time.monotonic() < deadline, log.read_text()
+        time.sleep(0.05)
+    lines = [line for line in log.read_text().splitlines() if re.search(me, line)]
+    assert [re.sub(STAMP + "INFO " + me, "", line) for line in lines] == [f"connected (uid {os.getuid()})",
+                                                                         "disconnected and reclaimed"], lines
 
 
 @pytest.mark.parametrize("disarmed", [False, True], ids=["armed", "disarmed"])
