@@ -83,8 +83,7 @@ outlived the watchdog and the recovery timeout): socket and lock are gone, start
 _OOM_SCORE_ADJ = -900  # the daemon arbiter's, where it may lower it
 _CLIENT_OOM_MARGIN = 500  # otherwise clients are kept this far above the arbiter
 _PR_SET_DUMPABLE = 4
-_LOG_FORMAT = "[%(asctime)s.%(msecs)03d %(process)d] %(levelname)s %(message)s"
-_DATE_FORMAT = "%Y-%m-%d %H:%M:%S"
+_DATE_FORMAT = "%Y-%m-%d %H:%M:%S"  # of a log line's date (_LogFile)
 
 
 class AlreadyServing(LibshareError):
@@ -205,11 +204,48 @@ def log_handler(path: Path) -> logging.Handler:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o640)
     try:
         os.fchmod(fd, 0o640)  # one made before, by an older arbiter, as well
-    finally:
+    except BaseException:
         os.close(fd)
-    handler = logging.FileHandler(path, mode="a", encoding="utf-8")
-    handler.setFormatter(logging.Formatter(_LOG_FORMAT, _DATE_FORMAT))
-    return handler
+        raise
+    return _LogFile(fd)
+
+
+class _LogFile(logging.Handler):
+    """Lines of ``[date time.ms pid] LEVEL message`` (a traceback after, if any) appended to the
+    descriptor ``fd``, which it owns, with one ``os.write`` each (O_APPEND: the lines of several
+    processes never interleave), the date formatted once a second.
+
+    A FileHandler's text stream, Formatter and flush made a line cost the arbiter's Python some 40 us,
+    and each attach logs two (attach cycles in a loop: 0.85-0.90 ms with it, 0.83 ms with this)."""
+
+    def __init__(self, fd: int):
+        super().__init__()
+        self.setFormatter(logging.Formatter())  # for tracebacks and stacks
+        self._fd = fd
+        self._second, self._date = -1, ""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            second = int(record.created)
+            if second != self._second:
+                self._second, self._date = second, time.strftime(_DATE_FORMAT, time.localtime(second))
+            line = f"[{self._date}.{int(record.msecs):03d} {record.process}] {record.levelname} {record.getMessage()}"
+            if record.exc_info:
+                line += "\n" + self.formatter.formatException(record.exc_info)
+            if record.stack_info:
+                line += "\n" + self.formatter.formatStack(record.stack_info)
+            if self._fd >= 0:
+                os.write(self._fd, (line + "\n").encode("utf-8", "replace"))
+        except Exception:  # a full disk: what logging does with any handler's failure
+            self.handleError(record)
+
+    def close(self) -> None:
+        """Close the descriptor (idempotent)."""
+        with self.lock:
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
+        super().close()
 
 
 def configure_logging(log_directory: Path, echo: bool) -> None:
@@ -220,9 +256,7 @@ def configure_logging(log_directory: Path, echo: bool) -> None:
         logger.propagate = False
         logger.addHandler(log_handler(log_directory / name))
         if echo:
-            stream = logging.StreamHandler(sys.stderr)
-            stream.setFormatter(logging.Formatter(_LOG_FORMAT, _DATE_FORMAT))
-            logger.addHandler(stream)
+            logger.addHandler(_LogFile(os.dup(sys.stderr.fileno())))
 
 
 def _close_logging() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import signal
@@ -14,6 +15,7 @@ import time
 import pytest
 
 import libshare
+from libshare.arbiter import _daemon
 
 from ..conftest import ROOT
 from .conftest import alive, wait_dead
@@ -147,6 +149,36 @@ def test_a_session_leaves_two_lines_in_the_server_log(dirs, foreground):
     lines = [line for line in log.read_text().splitlines() if re.search(me, line)]
     assert [re.sub(STAMP + "INFO " + me, "", line) for line in lines] == [f"connected (uid {os.getuid()})",
                                                                          "disconnected and reclaimed"], lines
+
+
+def test_a_log_file_takes_whole_lines_tracebacks_included(tmp_path):
+    """The arbiter's log handler (one write per line, owner and group only): the format, a traceback
+    under its line, text that is not ASCII, and nothing written once closed."""
+    path = tmp_path / "server.log"
+    path.write_text("an older arbiter's line\n")
+    os.chmod(path, 0o644)
+    handler = _daemon.log_handler(path)
+    logger = logging.getLogger("libshare.test-log-file")
+    logger.propagate, logger.level = False, logging.INFO
+    logger.addHandler(handler)
+    try:
+        try:
+            raise ZeroDivisionError("the cause")
+        except ZeroDivisionError:
+            logger.exception("request %s failed", "alloc")
+        logger.info("client 3 (n\u00e9, pid %d) connected", 7)
+    finally:
+        logger.removeHandler(handler)
+        handler.close()
+        handler.close()
+    logger.warning("after the close")  # no handler: nothing reaches the file
+    lines = path.read_text().splitlines()
+    assert stat.S_IMODE(path.stat().st_mode) == 0o640
+    assert lines[0] == "an older arbiter's line"
+    assert re.match(STAMP + "ERROR request alloc failed$", lines[1]), lines
+    assert lines[2] == "Traceback (most recent call last):" and lines[-2] == "ZeroDivisionError: the cause", lines
+    assert re.match(STAMP + "INFO client 3 \\(n\u00e9, pid 7\\) connected$", lines[-1]), lines
+    assert int(re.match(STAMP, lines[1]).group(1)) == os.getpid()
 
 
 @pytest.mark.parametrize("disarmed", [False, True], ids=["armed", "disarmed"])
