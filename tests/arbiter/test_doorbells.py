@@ -179,6 +179,22 @@ def test_a_client_quiet_after_a_burst_of_requests_leaves_the_arbiter_at_rest(dae
         assert_rests(process.pid, "quiet")
 
 
+def test_a_client_that_paces_its_requests_cannot_keep_the_arbiter_polling(daemon):
+    """A request 60 us after each reply is always inside the poll's time: without the budget
+    (_RequestPoll) the arbiter polled a whole core for such a client (99%; 34% with it)."""
+    process, pipe_dir = daemon
+    with libshare.connect(mode="daemon", pipe_directory=pipe_dir, name="pacer") as session:
+        session.stats()
+        cpu_before, start = cpu_seconds(process.pid), time.monotonic()
+        while time.monotonic() - start < 2.0:
+            session.stats()
+            paced = time.perf_counter() + 60e-6
+            while time.perf_counter() < paced:  # the attacker's pace (a sleep's timer slack can pass 200 us)
+                pass
+        used = (cpu_seconds(process.pid) - cpu_before) / (time.monotonic() - start)
+    assert used < 0.7, f"the arbiter used {used:.0%} of a core for a client pacing its requests"
+
+
 def assert_rests(pid: int, what: str, max_wakes: int | None = None) -> None:
     """The arbiter does not spin (and, given ``max_wakes``, sleeps that long), measured over 1 s."""
     cpu, switches = rest(pid)
