@@ -37,6 +37,7 @@ import contextlib
 import json
 import os
 import reprlib
+import select
 import socket
 import struct
 import time
@@ -300,6 +301,16 @@ class FrameReader:
         """Close the descriptors of a frame not yet complete, and start over."""
         _close_all(self._fds)
         self._reset()
+
+
+def poll_briefly(poller: select.poll, seconds: float) -> None:
+    """Look at ``poller`` (one socket, registered for reading) until it reports the socket or
+    ``seconds`` pass, yielding the core at each look: a peer about to sleep in ``recv`` keeps its
+    core awake for a moment first. An idle core halts, and waking it again cost a 2-core VM tens of
+    microseconds per message (the arbiter's session threads and the clients' requests do this)."""
+    end = time.perf_counter() + seconds
+    while not poller.poll(0) and time.perf_counter() < end:
+        os.sched_yield()
 
 
 def recv(sock: socket.socket, max_fds: int = 0, timeout: float | None = None,

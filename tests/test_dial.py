@@ -104,3 +104,32 @@ def test_a_listener_of_another_user_is_not_trusted():
     finally:
         os.close(ready_read)
         shutil.rmtree(base, ignore_errors=True)
+
+
+def test_a_request_whose_reply_never_comes_polls_only_briefly():
+    """A client polls for a control reply for _REPLY_SPIN (200 us) before it sleeps: waiting out a
+    0.5 s timeout on a peer that never answers costs its thread next to no CPU."""
+    from libshare._session import _exchange
+
+    ours, theirs = socket.socketpair()
+    ours.settimeout(0.5)
+    outcome = {}
+
+    def ask():
+        started = time.thread_time()
+        try:
+            _exchange(ours, {"op": "stats"})
+        except TimeoutError as exc:
+            outcome["error"] = exc
+        outcome["cpu"] = time.thread_time() - started
+
+    try:
+        asker = threading.Thread(target=ask)
+        asker.start()
+        asker.join(10)
+        assert isinstance(outcome.get("error"), TimeoutError), outcome
+        assert outcome["cpu"] < 0.1, f"waiting 0.5 s for a reply took {outcome['cpu']:.3f} s of CPU"
+        assert theirs.recv(4096)  # the request was sent
+    finally:
+        ours.close()
+        theirs.close()

@@ -23,7 +23,8 @@ and waking it cost this 2-core VM tens of microseconds per request (an attach we
 to 0.87 ms). One thread polls at a time; a client whose request did not come within that time
 is not polled for again until one does; a client's polling is held to a tenth of its time
 connected (a new client's first millisecond of it is there at once, so an attach is polled
-throughout); an embedded arbiter never polls (its client needs the GIL).
+throughout); an embedded arbiter never polls (its client needs the GIL). A client polls for
+its replies the same way (``_session._await_reply``).
 
 Requests. Every frame is checked before anything reads it: its framing by
 _protocol.py, then its fields against the request's schema (_REQUESTS, _HELLO,
@@ -179,8 +180,8 @@ _COMPILE_TIMEOUT = 10.0  # default seconds a vetting compile may take
 
 class _RequestPoll:
     """How a session thread waits for its client's next request (see "Between requests" in the
-    module's essay): it polls the connection for _REQUEST_SPIN, yielding the core at each look,
-    then sleeps in ``recv``.
+    module's essay): it polls the connection for _REQUEST_SPIN (``protocol.poll_briefly``), then
+    sleeps in ``recv``.
 
     It polls only while the client's requests come within that time of each other, only while no
     other session thread polls (``lock``), and within a budget: _POLL_SHARE of the client's time
@@ -204,9 +205,7 @@ class _RequestPoll:
         if self._budget <= 0 or not self._lock.acquire(blocking=False):
             return start
         try:
-            end = start + min(_REQUEST_SPIN, self._budget)
-            while not self._poller.poll(0) and time.perf_counter() < end:
-                os.sched_yield()
+            protocol.poll_briefly(self._poller, min(_REQUEST_SPIN, self._budget))
         finally:
             self._lock.release()
         self._budget -= time.perf_counter() - start
