@@ -387,7 +387,7 @@ class Drainer(Tasks, Containment):
 
     def connection_closed(self, client: Client) -> None:
         """The client's control connection ended: disconnect it (one log line when it is reclaimed at
-        once: a line costs an attach some 25 us of the arbiter's Python); a fault may now recover."""
+        once, where there were two: a line is on every attach's path); a fault may now recover."""
         self._fault_waiting.discard(client.id)
         if client.slot < 0 or not self.disconnect(client, "disconnected and reclaimed"):
             log.info("%s disconnected", client.describe())
