@@ -255,8 +255,17 @@ def configure_logging(log_directory: Path, echo: bool) -> None:
         logger.setLevel(logging.INFO)
         logger.propagate = False
         logger.addHandler(log_handler(log_directory / name))
-        if echo:
-            logger.addHandler(_LogFile(os.dup(sys.stderr.fileno())))
+        if echo and (stderr := _stderr_copy()) >= 0:
+            logger.addHandler(_LogFile(stderr))
+
+
+def _stderr_copy() -> int:
+    """A descriptor of this process's stderr for a log handler to own, or -1 when there is none (a
+    daemon started with its stderr closed logs to its files alone)."""
+    try:
+        return os.dup(sys.stderr.fileno())
+    except (AttributeError, OSError, ValueError):  # sys.stderr None, closed, or not a file
+        return -1
 
 
 def _close_logging() -> None:

@@ -53,7 +53,8 @@ def wait_active(pipe_dir: Path, process: subprocess.Popen | None = None, timeout
     deadline = time.monotonic() + timeout
     while server_status(pipe_dir) != "ACTIVE":
         if process is not None and process.poll() is not None:
-            pytest.fail(f"the arbiter exited with {process.returncode}: {process.communicate()[1][-2000:]}")
+            said = process.communicate()[1] or ""  # (None: its stderr was not piped)
+            pytest.fail(f"the arbiter exited with {process.returncode}: {said[-2000:]}")
         if time.monotonic() > deadline:
             pytest.fail(f"no ACTIVE arbiter at {pipe_dir} after {timeout} s")
         time.sleep(0.05)

@@ -17,8 +17,8 @@ import pytest
 import libshare
 from libshare.arbiter import _daemon
 
-from ..conftest import ROOT
-from .conftest import alive, wait_dead
+from ..conftest import ROOT, stop_process
+from .conftest import alive, wait_active, wait_dead
 
 STAMP = r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} (\d+)\] "
 
@@ -179,6 +179,22 @@ def test_a_log_file_takes_whole_lines_tracebacks_included(tmp_path):
     assert lines[2] == "Traceback (most recent call last):" and lines[-2] == "ZeroDivisionError: the cause", lines
     assert re.match(STAMP + "INFO client 3 \\(n\u00e9, pid 7\\) connected$", lines[-1]), lines
     assert int(re.match(STAMP, lines[1]).group(1)) == os.getpid()
+
+
+def test_an_arbiter_started_with_its_stderr_closed_serves_and_logs(dirs):
+    """Without --quiet the log goes to stderr too; with no stderr at all (fd 2 closed) the arbiter
+    still starts, serves and stops, its log in its files."""
+    process = subprocess.Popen([sys.executable, "-m", "libshare.arbiter", *dirs.args], cwd=ROOT,
+                               stdout=subprocess.DEVNULL, preexec_fn=lambda: os.close(2))
+    try:
+        wait_active(dirs.pipe, process)
+        with libshare.connect(mode="daemon", pipe_directory=dirs.pipe, name="no-stderr") as session:
+            session.stats()
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=20) == 0
+    finally:
+        stop_process(process)
+    assert f"arbiter pid {process.pid} stopped" in (dirs.log / "server.log").read_text()
 
 
 @pytest.mark.parametrize("disarmed", [False, True], ids=["armed", "disarmed"])
