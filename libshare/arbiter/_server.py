@@ -192,28 +192,28 @@ class _RequestPoll:
         self._poller = select.poll()
         self._poller.register(conn, select.POLLIN)
         self._lock, self._enabled, self._armed = lock, enabled, enabled
-        self._budget, self._refilled = _POLL_BURST, time.perf_counter()
+        self._budget = _POLL_BURST
+        self._refilled = self._waited_from = time.perf_counter()
 
-    def wait(self) -> float:
-        """Poll until a request can be read or the poll's time is up (or not at all); when the wait
-        began (for :meth:`arrived`)."""
-        start = time.perf_counter()
+    def wait(self) -> None:
+        """Poll until a request can be read or the poll's time is up (or not at all)."""
+        start = self._waited_from = time.perf_counter()
         if not self._armed:
-            return start
+            return
         self._budget = min(_POLL_BURST, self._budget + (start - self._refilled) * _POLL_SHARE)
         self._refilled = start
         if self._budget <= 0 or not self._lock.acquire(blocking=False):
-            return start
+            return
         try:
             protocol.poll_briefly(self._poller, min(_REQUEST_SPIN, self._budget))
         finally:
             self._lock.release()
         self._budget -= time.perf_counter() - start
-        return start
 
-    def arrived(self, waited_from: float) -> None:
-        """A request came: poll before the next one only if this one came within a poll's time."""
-        self._armed = self._enabled and time.perf_counter() - waited_from < _REQUEST_SPIN
+    def arrived(self) -> None:
+        """A request came: poll before the next one only if this one came within a poll's time of
+        the last :meth:`wait`."""
+        self._armed = self._enabled and time.perf_counter() - self._waited_from < _REQUEST_SPIN
 
 
 class Arbiter:
@@ -555,13 +555,13 @@ class Arbiter:
                 timeout = self._gate.request_timeout
                 poll = _RequestPoll(conn, self._polling, enabled=client.pid != os.getpid())  # embedded: its GIL
                 while True:
-                    waited_from = poll.wait()
+                    poll.wait()
                     try:
                         frame = protocol.recv(conn, max_fds=1, timeout=timeout)
                     except protocol.MalformedFrame as exc:  # whole, and bad: answered; the next one is read
                         self._reply_error(conn, exc)
                         continue
-                    poll.arrived(waited_from)
+                    poll.arrived()
                     client.counters.control_bytes += len(frame.payload) + 64
                     self._answer(conn, client, frame)
         finally:

@@ -77,7 +77,7 @@
  * asked again at every look, the scheduler (and the GIL) was called 50,000
  * times a second while one low-priority dispatch ran and the next one waited.
  * Nor is work that the plan keeps waiting work to wake for: while a submission
- * runs, the engine sleeps on its fence (new_work_waiting) until other clients
+ * runs, the engine sleeps on its fence (work_waiting, new_only) until other clients
  * wait than those the last pass withheld. Looking again at once, the engine
  * polled at half a core while low-priority work waited behind a running one,
  * on the core where lavapipe's queue thread runs that work: in bench 2 of
@@ -1314,22 +1314,14 @@ static void rang(ls_engine *e, uint32_t slot, int64_t now)
         emit(e, LS_EV_MUTED, slot, 0, 0, c->empty, c->mutes);
 }
 
-/* A look at the rings (and at stop, and with events_too at queued events) under the lock. */
-static int work_waiting(ls_engine *e, int events_too)
+/* A look at the rings (and at stop, and with events_too at queued events) under the lock. With
+ * new_only, the very clients that the last pass's plan withheld, waiting still while as many
+ * submissions run, are not work: a pass would pop nothing again (see "Policy"). */
+static int work_waiting(ls_engine *e, int events_too, int new_only)
 {
     pthread_mutex_lock(&e->lock);
-    int found = look(e) > 0 || e->stopping || (events_too && e->nevents);
-    pthread_mutex_unlock(&e->lock);
-    return found;
-}
-
-/* Like work_waiting, but the very clients that the last pass's plan withheld, waiting still
- * while as many submissions run, are not work: a pass would pop nothing again. */
-static int new_work_waiting(ls_engine *e)
-{
-    pthread_mutex_lock(&e->lock);
-    int waiting = look(e) > 0;
-    int found = e->stopping || (waiting && !(e->withheld && e->waiting_sig == e->withheld_sig));
+    int waiting = look(e) > 0 && !(new_only && e->withheld && e->waiting_sig == e->withheld_sig);
+    int found = waiting || e->stopping || (events_too && e->nevents);
     pthread_mutex_unlock(&e->lock);
     return found;
 }
@@ -1376,7 +1368,7 @@ static int spin(ls_engine *e)
     e->popped = 0;
     int64_t deadline = now_ns() + (int64_t)e->policy.spin_ns;
     do {
-        if (work_waiting(e, 1))
+        if (work_waiting(e, 1, 0))
             return 1;
         poll_step(e, 0);
     } while (now_ns() < deadline);
@@ -1492,7 +1484,7 @@ static void wait_for_fence(ls_engine *e)
     do {
         if (e->vk.GetFenceStatus(e->device, fence) != VK_NOT_READY)
             return;
-        if (more && new_work_waiting(e))
+        if (more && work_waiting(e, 0, 1))
             return;
         poll_step(e, 1);
     } while (now_ns() < deadline);
@@ -1596,7 +1588,7 @@ static void *run(void *arg)
         if (waiting && e->policy.planned == (uint32_t)planned && !e->faulted) {
             int popped = drain(e);
             busy |= popped;
-            e->withheld = !popped;      /* the plan keeps them waiting: sleep on the fence (new_work_waiting) */
+            e->withheld = !popped;      /* the plan keeps them waiting: sleep on the fence (work_waiting) */
             e->withheld_sig = sig;
         }
         int64_t linger = hold(e) ? LINGER_NS - (now_ns() - flight_at(e, 0)->opened) : 0;

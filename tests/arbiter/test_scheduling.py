@@ -295,8 +295,7 @@ def test_freed_objects_that_wait_for_their_clients_queue_count_against_its_limit
     ever, past LIBSHARE_MAX_BUFFERS and LIBSHARE_MAX_PROGRAMS (a mapping and an import each)."""
     with low_and_realtime(tmp_path / "pipe", max_buffers=6, max_programs=6) as pair:
         low = pair.low
-        long_run = pair.realtime_busy(16, 1024, busy_iterations(1_000_000))
-        wait_until(lambda: pair.arbiter.drainer.engine.in_flight() == 1, 30, "the realtime dispatch to be submitted")
+        long_run = pair.realtime_running(1_000_000)
         waiting = pair.low_busy(1, 64, 1)  # every free below waits for it
         made = []
         with pytest.raises(libshare.QuotaExceeded, match="holds 6 buffers"):
@@ -363,8 +362,9 @@ def low_and_realtime(pipe_dir, **arbiter_options):
     """An arbiter in this process serving ``pipe_dir``, a low client with busy.comp over 1024 words
     and a realtime one with a tiny saxpy that has run once and busy.comp, as a namespace: arbiter,
     low and realtime (the sessions), low_data (the low client's words), and the dispatches
-    ``low_busy(groups, n, rounds)``, ``tiny()`` and ``realtime_busy(groups, n, rounds)``. The arbiter
-    is made with ``arbiter_options``."""
+    ``low_busy(groups, n, rounds)``, ``tiny()`` and ``realtime_busy(groups, n, rounds)``, and
+    ``realtime_running(iterations)``: a long realtime dispatch (busy.comp sized by busy_iterations),
+    returned once the engine has submitted it. The arbiter is made with ``arbiter_options``."""
     pipe_dir.mkdir(mode=0o700)
     arbiter = Arbiter(**arbiter_options)
     try:
@@ -383,8 +383,13 @@ def low_and_realtime(pipe_dir, **arbiter_options):
             def realtime_busy(groups: int, n: int, rounds: int):
                 return realtime.dispatch(realtime_program, groups, [realtime_data], struct.pack("II", n, rounds))
 
+            def realtime_running(iterations: int):
+                ticket = realtime_busy(16, 1024, busy_iterations(iterations))
+                wait_until(lambda: arbiter.drainer.engine.in_flight() == 1, 30, "the realtime dispatch to be submitted")
+                return ticket
+
             yield types.SimpleNamespace(arbiter=arbiter, low=low, realtime=realtime, low_data=data, low_busy=low_busy,
-                                        tiny=tiny, realtime_busy=realtime_busy)
+                                        tiny=tiny, realtime_busy=realtime_busy, realtime_running=realtime_running)
     finally:
         arbiter.close()
 
@@ -413,13 +418,12 @@ def test_the_engine_sleeps_while_the_plan_keeps_the_waiting_work_waiting(tmp_pat
     that waiting work for work to do and looked again at once: it used a whole core (half of the
     core lavapipe's queue thread runs on, placed) for as long as the realtime dispatch ran."""
     with low_and_realtime(tmp_path / "pipe") as pair:
-        arbiter, low_busy, tiny, realtime_busy = pair.arbiter, pair.low_busy, pair.tiny, pair.realtime_busy
-        long_run = realtime_busy(16, 1024, busy_iterations(500_000))  # ~0.5 s on lavapipe
-        wait_until(lambda: arbiter.drainer.engine.in_flight() == 1, 30, "the realtime dispatch to be submitted")
-        before, started = engine_cpu_seconds(arbiter.drainer.engine), time.monotonic()
-        waiting = low_busy(1, 64, 1)  # withheld: a higher priority runs
+        engine = pair.arbiter.drainer.engine
+        long_run = pair.realtime_running(500_000)  # ~0.5 s on lavapipe
+        before, started = engine_cpu_seconds(engine), time.monotonic()
+        waiting = pair.low_busy(1, 64, 1)  # withheld: a higher priority runs
         long_run.wait(120)
-        elapsed, used = time.monotonic() - started, engine_cpu_seconds(arbiter.drainer.engine) - before
+        elapsed, used = time.monotonic() - started, engine_cpu_seconds(engine) - before
         waiting.wait(30)
         assert used < 0.1 * elapsed, f"the engine used {used:.3f} s of CPU in {elapsed:.3f} s while work waited"
 
@@ -447,8 +451,7 @@ def test_a_free_waits_behind_its_clients_queue_not_ahead_of_everyone(tmp_path, v
     Now the drop waits for the engine to pop those descriptors as the plan says."""
     with low_and_realtime(tmp_path / "pipe") as pair:
         engine, low = pair.arbiter.drainer.engine, pair.low
-        long_run = pair.realtime_busy(16, 1024, busy_iterations(1_000_000))  # ~1 s on lavapipe
-        wait_until(lambda: engine.in_flight() == 1, 30, "the realtime dispatch to be submitted")
+        long_run = pair.realtime_running(1_000_000)  # ~1 s on lavapipe
         doomed = low.array(1024, np.uint32)
         queued = [low.dispatch(low.load_program(libshare.shaders.path("busy")), 16, [doomed],
                                struct.pack("II", 1024, 1)) for _ in range(20)]
