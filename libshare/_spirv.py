@@ -104,7 +104,7 @@ _MODE_LOCAL_SIZE, _MODE_LOCAL_SIZE_ID = 17, 38
 _DEC_BLOCK, _DEC_BUFFER_BLOCK, _DEC_ROW_MAJOR = 2, 3, 4
 _DEC_ARRAY_STRIDE, _DEC_MATRIX_STRIDE, _DEC_BUILTIN = 6, 7, 11
 _DEC_BINDING, _DEC_DESCRIPTOR_SET, _DEC_OFFSET = 33, 34, 35
-_BUILTIN_WORKGROUP_SIZE = 25
+_BUILTIN_NUM_WORKGROUPS, _BUILTIN_WORKGROUP_SIZE = 24, 25
 _SC_UNIFORM_CONSTANT, _SC_UNIFORM, _SC_PUSH_CONSTANT, _SC_STORAGE_BUFFER = 0, 2, 9, 12
 _SC_INPUT, _SC_WORKGROUP, _SC_PRIVATE, _SC_FUNCTION = 1, 4, 6, 7
 
@@ -161,6 +161,9 @@ class ShaderInterface:
     """Bytes of shared (``Workgroup``) memory one workgroup uses."""
     private_bytes: int = 0
     """Bytes of ``Private`` and ``Function`` variables one invocation may hold at once (at most)."""
+    counts_workgroups: bool = False
+    """Whether it reads the ``NumWorkgroups`` built-in: its dispatches then never run in pieces, each of
+    which would see its own count (the arbiter's engine.c, "Pieces")."""
 
 
 def reflect(spirv: bytes) -> ShaderInterface:
@@ -183,6 +186,7 @@ def reflect(spirv: bytes) -> ShaderInterface:
         push_constant_size=module.push_constant_size(),
         workgroup_bytes=module.variable_bytes((_SC_WORKGROUP,)),
         private_bytes=module.variable_bytes((_SC_PRIVATE, _SC_FUNCTION)),
+        counts_workgroups=_BUILTIN_NUM_WORKGROUPS in module.builtins,
     )
 
 
@@ -298,6 +302,7 @@ class _Module:
         self.imports: list[str] = []
         self.models: list[tuple[int, int]] = []  # (addressing, memory)
         self.pointer_classes: list[int] = []  # storage classes of OpTypePointer / OpTypeForwardPointer
+        self.builtins: set[int] = set()  # every BuiltIn decoration's value, on any id or member
         for opcode, ops in _instructions(words):
             self._record(opcode, ops)
 
@@ -320,8 +325,12 @@ class _Module:
             self.modes.append((ops[0], ops[1:]))
         elif opcode == _OP_DECORATE:
             self.decorations.setdefault(ops[0], {})[ops[1]] = ops[2:]
+            if ops[1] == _DEC_BUILTIN and len(ops) > 2:
+                self.builtins.add(ops[2])
         elif opcode == _OP_MEMBER_DECORATE:
             self.member_decorations.setdefault((ops[0], ops[1]), {})[ops[2]] = ops[3:]
+            if ops[2] == _DEC_BUILTIN and len(ops) > 3:
+                self.builtins.add(ops[3])
         elif opcode in _TYPE_OPS:
             self.types[ops[0]] = (opcode, ops)
         elif opcode in _CONSTANT_OPS:

@@ -104,6 +104,18 @@ def test_workgroup_size_builtin_overrides_local_size_mode() -> None:
     assert reflect(drop_workgroup_size_builtin(data)).local_size == (1, 1, 1)
 
 
+def test_a_module_that_reads_num_workgroups_says_so() -> None:
+    """Its dispatches never run in pieces, each of which would see its own count (engine.c, "Pieces"):
+    a BuiltIn NumWorkgroups on any id or struct member says so, a later BuiltIn on the same id too."""
+    num_workgroups, op_member_decorate = 24, 72
+    assert not any(reflect(spirv(name)).counts_workgroups for name in EXPECTED)
+    assert not reflect(pack(PROLOGUE)).counts_workgroups
+    assert reflect(pack(PROLOGUE + inst(OP_DECORATE, 9, DEC_BUILTIN, num_workgroups))).counts_workgroups
+    assert reflect(pack(PROLOGUE + inst(op_member_decorate, 9, 0, DEC_BUILTIN, num_workgroups))).counts_workgroups
+    twice = inst(OP_DECORATE, 9, DEC_BUILTIN, num_workgroups) + inst(OP_DECORATE, 9, DEC_BUILTIN, 26)
+    assert reflect(pack(PROLOGUE + twice)).counts_workgroups
+
+
 def test_local_size_id_reads_constants_and_spec_constant_defaults() -> None:
     module = HEADER + ENTRY_POINT + (
         inst(OP_EXECUTION_MODE_ID, 1, 38, 3, 4, 4)  # LocalSizeId %3 %4 %4

@@ -104,6 +104,7 @@ class ProgramRecord:
     pipeline: Pipeline
     bindings: int
     push_size: int
+    cuttable: bool = False  # its dispatches may run in pieces (it does not read NumWorkgroups)
     in_flight: int = 0
     freed: bool = False
 
@@ -116,6 +117,8 @@ class Counters:
     completed: int = 0
     errors: int = 0
     device_ns: int = 0
+    cut: int = 0  # dispatches run in pieces (engine.c, "Pieces")
+    pieces: int = 0  # ... and the pieces they ran in
     control_bytes: int = 0  # bytes received on the control socket: stays small (zero-copy)
     memory_bytes: int = 0
     peak_memory_bytes: int = 0

@@ -237,7 +237,7 @@ class Drainer(Tasks, Containment):
             self._plan_turns()
         except Exception:
             log.exception("the scheduler failed to plan a pass; this one drains every waiting client")
-            self.engine.set_plan([(c.slot, POP, 0) for c in list(self.clients.values()) if not c.closing])
+            self.engine.set_plan([(c.slot, POP, 0, 0) for c in list(self.clients.values()) if not c.closing])
 
     def _plan_turns(self) -> None:
         with self.scheduling:
@@ -257,7 +257,8 @@ class Drainer(Tasks, Containment):
                 pending[client.id] = usage.pending > 0
                 busy[client.id] = usage.pending > 0 or usage.outstanding > 0
             plan = scheduler.plan(clients, pending, busy, engine.in_flight(), POP)
-            engine.set_plan([(c.slot, budget, scheduler.rank(c)) for c, budget in plan if budget > 0])
+            engine.set_plan([(turn.client.slot, turn.budget, scheduler.rank(turn.client), turn.cut_ns // 1000)
+                             for turn in plan if turn.budget > 0])
 
     # ---------------------------------------------------------------- clients (control thread)
 
@@ -281,7 +282,8 @@ class Drainer(Tasks, Containment):
             self.engine.put_buffer(client.slot, record.id, record.device_buffer, record.size)
         else:
             client.programs[record.id] = record
-            self.engine.put_program(client.slot, record.id, record.pipeline, record.bindings, record.push_size)
+            self.engine.put_program(client.slot, record.id, record.pipeline, record.bindings, record.push_size,
+                                    record.cuttable)
 
     def refresh(self, client: Client) -> Counters:
         """The client's counters, with the engine's counts brought up to date."""
@@ -290,6 +292,7 @@ class Drainer(Tasks, Containment):
             counters = client.counters
             counters.submitted, counters.completed = stats.submitted, stats.completed
             counters.errors, counters.device_ns = stats.errors, stats.device_ns
+            counters.cut, counters.pieces = stats.cut, stats.pieces
         return client.counters
 
     def disconnect(self, client: Client, reclaimed: str = "reclaimed") -> bool:

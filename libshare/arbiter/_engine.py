@@ -55,6 +55,8 @@ class Stats:
     completed: int
     errors: int
     device_ns: int
+    cut: int  # dispatches run in pieces
+    pieces: int  # ... and the pieces they ran in
     popped_since: int
     charged_since: int
     charged_ns_since: int
@@ -162,10 +164,13 @@ class Engine:
         """Forget ``slot`` (before its region is unmapped)."""
         lib.ls_engine_remove_client(self._e, slot)
 
-    def put_program(self, slot: int, program_id: int, pipeline, bindings: int, push_size: int) -> None:
-        """Let ``slot``'s descriptors name ``pipeline`` (a device Pipeline) as ``program_id``."""
+    def put_program(self, slot: int, program_id: int, pipeline, bindings: int, push_size: int,
+                    cuttable: bool = False) -> None:
+        """Let ``slot``'s descriptors name ``pipeline`` (a device Pipeline) as ``program_id``; with
+        ``cuttable``, its dispatches may run in pieces (engine.c, "Pieces")."""
         handle, layout = pipeline.native
-        check(lib.ls_engine_put_program(self._e, slot, program_id, handle, layout, bindings, push_size),
+        flags = lib.LS_ENGINE_CUTTABLE if cuttable else 0
+        check(lib.ls_engine_put_program(self._e, slot, program_id, handle, layout, bindings, push_size, flags),
               "registering a program")
 
     def put_buffer(self, slot: int, buffer_id: int, buffer, size: int) -> None:
@@ -209,13 +214,13 @@ class Engine:
         n = lib.ls_engine_in_flight_clients(self._e, self._clients, len(self._clients))
         return list(self._clients[0:n])
 
-    def set_plan(self, turns: list[tuple[int, int, int]]) -> None:
-        """The next planned pass: (slot, budget, rank) in order."""
+    def set_plan(self, turns: list[tuple[int, int, int, int]]) -> None:
+        """The next planned pass: (slot, budget, rank, cut_us) in order (struct ls_engine_turn)."""
         if len(turns) > len(self._turns):
             self._turns = ffi.new("struct ls_engine_turn[]", 2 * len(turns))
-        for k, (slot, budget, rank) in enumerate(turns):
+        for k, (slot, budget, rank, cut_us) in enumerate(turns):
             turn = self._turns[k]
-            turn.client, turn.budget, turn.rank = slot, budget, rank
+            turn.client, turn.budget, turn.rank, turn.cut_us = slot, budget, rank, cut_us
         check(lib.ls_engine_set_plan(self._e, self._turns, len(turns)), "setting the plan")
 
     def events(self) -> list[Event]:

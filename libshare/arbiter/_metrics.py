@@ -41,6 +41,8 @@ _COUNTERS = [
     ("submitted", "dispatches_submitted", "Dispatch and copy descriptors accepted from the rings."),
     ("completed", "dispatches_completed", "Descriptors whose completion was posted."),
     ("errors", "dispatch_errors", "Descriptors completed with an error status."),
+    ("cut", "dispatches_cut", "Dispatches run in pieces while a higher priority was active."),
+    ("pieces", "dispatch_pieces", "The pieces those dispatches ran in."),
 ]
 _GAUGES = [
     ("memory_bytes", "memory_bytes", "Device and shared buffer memory allocated now."),

@@ -12,10 +12,11 @@ them without asking (the common case never takes the GIL). The policy, in order:
 1. **Priority.** Clients drain in priority order (realtime, high, normal, low).
    While a client of a higher priority is active (it submitted within the last
    ``_ACTIVE_NS``), all lower-priority clients together get one command per pass,
-   and only when nothing else is in flight, taking turns, so a realtime dispatch
-   waits behind at most one lower command on a single-queue device such as
-   lavapipe. (A slice of estimated device time was gamed: the estimate comes from
-   the client's own past commands, and after 300 tiny ones 65 heavy ones fit in one
+   and only when nothing else is in flight, taking turns, and a long dispatch
+   among them runs in pieces of about ``_CUT_NS`` of device time (a :class:`Turn`'s
+   ``cut_ns``; engine.c, "Pieces"), so a realtime dispatch waits behind at most one
+   lower piece on a single-queue device such as lavapipe. (A slice of estimated
+   device time was gamed: the estimate comes from the client's own past commands, and after 300 tiny ones 65 heavy ones fit in one
    slice, a realtime client waiting 520 ms; capped at 8 commands, 8 heavy ones of
    7.6 s each made it wait 53.8 s.) While the higher priority is connected but not
    active, a lower client's pass holds at most ``_IDLE_SLICE_NS`` of estimated device
@@ -51,6 +52,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 
 PRIORITIES = ("low", "normal", "high", "realtime")
@@ -65,6 +67,17 @@ _DECAY_NS = 250_000_000  # time constant of "recent" device time
 _LAG_NS = 50_000_000  # fairshare: the most device time a waiting client may trail the most served by
 _DECAY_STEP_NS = 2_000_000  # decay at most this often
 _UNTIMED_NS = 50_000  # cost booked for a command when the arbiter runs without timestamps
+_CUT_NS = 50_000  # a lower command taken while a higher priority is active runs in pieces of about this much
+
+
+class Turn(NamedTuple):
+    """One client's turn in a drain pass: pop at most ``budget`` of its descriptors. With ``cut_ns``,
+    the turn takes one, and a dispatch that took over 1.5 times ``cut_ns`` at its last run runs in
+    pieces of about ``cut_ns`` of device time each (engine.c, "Pieces")."""
+
+    client: object
+    budget: int
+    cut_ns: int = 0
 
 
 def priority_name(value: str) -> str:
@@ -202,8 +215,8 @@ class Scheduler:
     # ---------------------------------------------------------------- planning
 
     def plan(self, clients: list, pending: dict[int, bool], busy: dict[int, bool], in_flight: int,
-             max_budget: int) -> list[tuple]:
-        """Ordered (client, budget) for one drain pass.
+             max_budget: int) -> list[Turn]:
+        """Ordered turns for one drain pass.
 
         ``pending[id]``: descriptors wait in the client's ring; ``busy[id]``: it has work
         waiting or on the device; ``in_flight``: submissions on the device now;
@@ -211,11 +224,11 @@ class Scheduler:
         """
         waiting = [c for c in clients if pending.get(c.id)]
         if not waiting or self.mode == UNSCHEDULED:
-            return [(c, max_budget) for c in waiting]
+            return [Turn(c, max_budget) for c in waiting]
         if len(clients) == 1:  # a sole client: no one to yield to, but a newcomer waits one slice at most
-            return [(waiting[0], self._slice(waiting[0]) if self.mode == "fairshare" else max_budget)]
+            return [Turn(waiting[0], self._slice(waiting[0]) if self.mode == "fairshare" else max_budget)]
         if self.mode == "throughput" and self._all_alike(clients):
-            return [(c, max_budget) for c in waiting]  # the common case: nothing to arbitrate
+            return [Turn(c, max_budget) for c in waiting]  # the common case: nothing to arbitrate
         now = time.monotonic_ns()
         if now - self._last_decay_ns > _DECAY_STEP_NS:
             self._decay(now)
@@ -224,7 +237,7 @@ class Scheduler:
                   if busy.get(c.id) or now - self.usage(c).last_submit_ns < _ACTIVE_NS)
         highest = max(ranks.values())  # of the clients connected, active or not
         if self.mode == "throughput" and all(ranks[c.id] == top == highest for c in waiting) and not self._any_share():
-            return [(c, max_budget) for c in waiting]  # the waiting clients are alike
+            return [Turn(c, max_budget) for c in waiting]  # the waiting clients are alike
         total_recent = sum(self.usage(c).recent_ns + self.usage(c).queued_ns for c in clients) or 1.0
         least_served = self._least_served([c for c in waiting if ranks[c.id] == top]) if self.mode == "fairshare" else 0
         plan, held = [], []
@@ -234,10 +247,11 @@ class Scheduler:
             if headroom is not None and headroom <= 0:
                 held.append((headroom, client))
                 continue  # at its compute share while others want the device
-            if ranks[client.id] < top:  # a higher priority is active: one command in all
+            cut_ns = 0
+            if ranks[client.id] < top:  # a higher priority is active: one command in all, cut in pieces
                 if not lower_left:
                     continue
-                budget, lower_left = 1, 0
+                budget, lower_left, cut_ns = 1, 0, _CUT_NS
             elif self.mode == "fairshare":
                 ahead = self.usage(client).total_ns > least_served + 2 * _SLICE_NS
                 if in_flight >= self.max_in_flight or (ahead and in_flight):
@@ -247,10 +261,10 @@ class Scheduler:
                 budget = max_budget if headroom is None else self._slice(client, headroom)
                 if ranks[client.id] < highest:  # a higher priority is connected, idle: what it comes back
                     budget = min(budget, self._slice(client, _IDLE_SLICE_NS, _IDLE_SLICE_COMMANDS))  # to ends soon
-            plan.append((client, min(budget, max_budget)))
+            plan.append(Turn(client, min(budget, max_budget), cut_ns))
         if not plan and held and not in_flight:  # work-conserving: the device never idles while work waits
             client = max(held, key=lambda item: item[0])[1]  # (every waiting client at its ceiling: shares
-            plan.append((client, self._slice(client)))      # that add up to 100% all meet it at once)
+            plan.append(Turn(client, self._slice(client)))  # that add up to 100% all meet it at once)
         return plan
 
     def _least_served(self, rivals: list) -> float:

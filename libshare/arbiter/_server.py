@@ -801,7 +801,8 @@ class Arbiter:
             except LibshareError:  # the pipeline was acquired for this record: give it back
                 self.drainer.pipelines.release(self.device, pipeline)
                 raise
-            record = ProgramRecord(program_id, pipeline, len(interface.bindings), push_size)
+            record = ProgramRecord(program_id, pipeline, len(interface.bindings), push_size,
+                                   cuttable=not interface.counts_workgroups)
             self.drainer.adopt(client, record)
             return record.id
 
@@ -879,7 +880,8 @@ class Arbiter:
     def _stats(self, client: Client, frame: protocol.Frame):
         c = self.drainer.refresh(client)
         return {"client_id": client.id, "submitted": c.submitted, "completed": c.completed,
-                "errors": c.errors, "device_ns": c.device_ns, "control_bytes": c.control_bytes,
+                "errors": c.errors, "device_ns": c.device_ns, "cut": c.cut, "pieces": c.pieces,
+                "control_bytes": c.control_bytes,
                 "memory_bytes": c.memory_bytes,
                 "clients": len(self._attached)}, ()  # connections: the control thread may not have added this one yet
 

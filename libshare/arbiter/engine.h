@@ -24,6 +24,9 @@
 #define LS_KIND_BUFFER 1
 #define LS_KIND_PROGRAM 2
 
+#define LS_ENGINE_CUTTABLE 1            /* put_program flag: its dispatches may run in pieces (engine.c, "Pieces") */
+#define LS_ENGINE_MAX_PIECES 64         /* the most pieces one dispatch is cut into */
+
 /* Events the engine queues for the control plane (it writes event_fd when it adds some). */
 #define LS_EV_RELEASED 1                /* an object the client freed is idle: destroy it (kind, id) */
 #define LS_EV_IDLE 2                    /* a closing client has nothing outstanding: reclaim it */
@@ -62,12 +65,14 @@ struct ls_engine_policy {
 };
 
 /* One turn of a planned pass: pop at most budget descriptors of client; a change of
- * rank between turns starts a new submission. */
+ * rank between turns starts a new submission. With cut_us, the turn takes one command, and a
+ * dispatch of a cuttable program whose last run took over 1.5 times cut_us runs in pieces of
+ * about cut_us each, one piece on the device at a time (engine.c, "Pieces"). */
 struct ls_engine_turn {
     uint32_t client;
     uint32_t budget;
     int32_t  rank;
-    uint32_t pad;
+    uint32_t cut_us;
 };
 
 struct ls_engine_event {
@@ -85,6 +90,8 @@ struct ls_engine_stats {
     uint64_t completed;                 /* answered with status 0 */
     uint64_t errors;                    /* answered with a refusal */
     uint64_t device_ns;
+    uint64_t cut;                       /* dispatches run in pieces */
+    uint64_t pieces;                    /* ... and the pieces they ran in */
     uint64_t popped_since;
     uint64_t charged_since;             /* commands retired */
     uint64_t charged_ns_since;          /* their device time (0 for each one untimed) */
@@ -129,9 +136,10 @@ int ls_engine_stats(ls_engine *e, uint32_t client, struct ls_engine_stats *out);
 int ls_engine_dropped(ls_engine *e, uint32_t client);
 int ls_engine_take_usage(ls_engine *e, uint32_t client, struct ls_engine_stats *out);
 
-/* Object tables. A program's handles come from Pipeline.native, a buffer's from Buffer.native. */
+/* Object tables. A program's handles come from Pipeline.native, a buffer's from Buffer.native;
+ * flags: LS_ENGINE_CUTTABLE or 0. */
 int ls_engine_put_program(ls_engine *e, uint32_t client, uint32_t id, uint64_t pipeline,
-                          uint64_t layout, uint32_t bindings, uint32_t push_size);
+                          uint64_t layout, uint32_t bindings, uint32_t push_size, uint32_t flags);
 int ls_engine_put_buffer(ls_engine *e, uint32_t client, uint32_t id, uint64_t buffer, uint64_t size);
 /* Forget an object: 0 when idle (destroy it now), 1 when commands still use it or descriptors
  * the client published before this call still wait in its ring (an LS_EV_RELEASED follows once

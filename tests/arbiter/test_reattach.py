@@ -25,6 +25,7 @@ from libshare import _config
 from libshare._control import ControlConnection
 from libshare._proc import parent_of, running
 
+from .._busy import busy_iterations
 from ..conftest import ROOT
 from .conftest import open_fds, wait_until
 
@@ -220,6 +221,30 @@ def test_a_ticket_waited_after_close_during_a_restart_fails_with_session_closed(
     with pytest.raises(libshare.SessionClosed):
         ticket.wait(30)
     assert ticket.done()
+
+
+def test_a_restart_finishes_a_dispatch_that_runs_in_pieces(supervised):
+    """A hand-over finishes what runs: a low dispatch that runs in pieces (a realtime client was
+    active, engine.c "Pieces") runs the rest of its workgroups at once on the old arbiter, and its
+    ticket is answered done, with every workgroup run."""
+    connect = lambda priority: libshare.connect(mode="daemon", pipe_directory=supervised.pipe,  # noqa: E731
+                                                timeout=30, priority=priority)
+    with connect("realtime") as realtime, connect("low") as low:
+        saxpy, x, y = realtime.load_program(libshare.shaders.path("saxpy")), realtime.array(64), realtime.array(64)
+        busy, data = low.load_program(libshare.shaders.path("busy")), low.array(4096, np.uint32)
+        push = struct.pack("II", 4096, busy_iterations(1_000_000))  # 64 workgroups, ~2 s on lavapipe
+        low.dispatch(busy, 64, [data], push).wait(120)  # whole, and timed: the next one has an estimate
+        whole = np.array(data)
+        data[:] = 0
+        realtime.dispatch(saxpy, 1, [x, y], struct.pack("If", 64, 1.0)).wait(60)  # active: low work is cut
+        ticket = low.dispatch(busy, 64, [data], push)
+        wait_until(lambda: low.stats()["pieces"] >= 2, 60, "the low dispatch to run in pieces")
+        old = supervised.arbiter()
+        assert "hands over" in supervised.run("restart")
+        ticket.wait(120)
+        assert np.array_equal(data, whole), "every workgroup ran"
+        wait_until(lambda: supervised.arbiter() not in (old, None), 120, "the new arbiter")
+        assert exited(old, 60) and low.reattached == 1
 
 
 def test_work_the_dead_arbiter_never_took_runs_on_the_new_one(supervised):

@@ -23,6 +23,9 @@ if TYPE_CHECKING:
     from ._device import Device
 
 _vk, _ffi, _lib = _uses_binding(globals())  # set when the first Device loads the binding
+# VK_PIPELINE_CREATE_DISPATCH_BASE_BIT (core in Vulkan 1.1; the vulkan package's name for it is None): the
+# engine may run a dispatch in pieces, each with vkCmdDispatchBase (engine.c, "Pieces")
+_DISPATCH_BASE = 0x10
 
 
 class Pipeline:
@@ -167,7 +170,8 @@ class _Pipelines:
             "sType": _vk.VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO,
             "stage": _vk.VK_SHADER_STAGE_COMPUTE_BIT, "module": module, "pName": name,
         }
-        info = _struct("VkComputePipelineCreateInfo", "COMPUTE_PIPELINE_CREATE_INFO", stage=stage, layout=layout)
+        info = _struct("VkComputePipelineCreateInfo", "COMPUTE_PIPELINE_CREATE_INFO", stage=stage, layout=layout,
+                       flags=_DISPATCH_BASE)
         out = _ffi.new("VkPipeline*")
         result = _lib.vkCreateComputePipelines(self._handle, _ffi.NULL, 1, info, _ffi.NULL, out)
         _check(result, "vkCreateComputePipelines")
