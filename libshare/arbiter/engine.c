@@ -112,13 +112,20 @@
  * order and may not wait for each other, so the pieces compute what the whole
  * does, but for a shader that reads gl_NumWorkGroups (each piece sees its own
  * count): its program is not cuttable (_spirv.py finds the built-in). Pipelines
- * are made with VK_PIPELINE_CREATE_DISPATCH_BASE_BIT. The estimate is the time
- * per workgroup of the recording's last timed run (untimed: no cut), the
- * client's own: a dispatch whose cost follows its data may run longer than
- * cut_us a piece, never longer than whole. The cut holds the dispatch's objects
- * and recording until its last piece is in a flight; each piece's entry holds
- * them too, and only the last answers, with the device time of all (and the
- * first failure among them). A client closed or dropped mid-cut: the rest never
+ * are made with VK_PIPELINE_CREATE_DISPATCH_BASE_BIT. The estimate is the most
+ * device time per workgroup that a timed dispatch of the program has taken, all
+ * its pieces together (untimed,
+ * nothing is cut), and a program not timed yet runs in as many pieces as may
+ * be. First built on the recording's own last run, it let a client that changed
+ * a push constant at every dispatch go uncut (a hostile-tenant review: a
+ * realtime p99 of 62 ms behind its 60 ms dispatches, 1.1 ms when they were
+ * alike); a client can only raise the worst it has shown, which cuts its own
+ * work finer. No cut splits a workgroup: the pieces of a dispatch whose
+ * workgroups differ in cost are uneven, and one workgroup's run (which the
+ * watchdog bounds) is the least a realtime dispatch may wait. The cut holds the
+ * dispatch's objects until its last piece is in a flight; each piece's entry
+ * holds them too, and only the last answers, with the device time of all (and
+ * the first failure among them). A client closed or dropped mid-cut: the rest never
  * runs, and the ticket is answered (LS_ECANCELED, or the close's reason) as the
  * piece on the device retires; a hand-over (LS_EMOVED) runs the rest at once, in
  * one piece (what runs is finished); a fault answers LS_EFAULT. Bench 2, two
@@ -255,6 +262,7 @@ struct object {
     uint32_t bindings, push_size;
     uint32_t client;
     uint32_t cuttable;                  /* a program whose dispatches may run in pieces (LS_ENGINE_CUTTABLE) */
+    double ns_per_group;                /* a program's most device time per workgroup in a timed run (0: none) */
 };
 
 /* Open addressing, keyed by (kind, id), with linear probes. A removed slot holds the table's
@@ -373,7 +381,6 @@ struct recording {
     uint64_t last;                      /* the engine's count of lookups at its last use (LRU) */
     uint32_t uses;                      /* flight entries that run it, not yet retired */
     uint32_t cached;                    /* in its client's table; else spare once unused */
-    double ns_per_group;                /* device time per workgroup at its last timed run (0: none yet) */
     struct object *objects[LS_MAX_BUFFERS + 1];
     uint32_t nobjects;
     struct ls_desc key;                 /* the descriptor it records, ticket 0 */
@@ -385,8 +392,7 @@ struct entry {
     uint32_t client;
     uint64_t ticket;
     struct recording *recording;
-    struct recording *source;           /* a piece's: the whole dispatch's recording (its estimate), held */
-    uint32_t groups;                    /* workgroups it runs (0: a copy) */
+    uint32_t groups;                    /* its dispatch's workgroups, on the entry that answers (0: a copy) */
     uint32_t piece;                     /* PIECE: answers nothing; LAST_PIECE: answers for every piece */
     struct object *users[LS_MAX_BUFFERS + 1];
     uint32_t nusers;
@@ -407,7 +413,6 @@ struct cut {
     struct ls_desc desc;
     struct object *users[LS_MAX_BUFFERS + 1];
     uint32_t nusers;
-    struct recording *source;
     struct entry *tail;                 /* its piece on the device, or NULL */
 };
 
@@ -676,9 +681,10 @@ static int book_piece(struct client *c, struct entry *en, int32_t *status, uint6
 static void finish_entry(ls_engine *e, struct entry *en, int32_t status, uint64_t ns, int keep)
 {
     struct client *c = &e->clients[en->client];
-    if (!status && ns && en->groups)    /* the estimate a later cut goes by (see "Pieces") */
-        (en->source ? en->source : en->recording)->ns_per_group = (double)ns / en->groups;
     if (!en->piece || book_piece(c, en, &status, &ns)) {
+        struct object *program = en->groups ? en->users[en->nusers - 1] : NULL;
+        if (!status && ns && program && (double)ns / en->groups > program->ns_per_group)
+            program->ns_per_group = (double)ns / en->groups;  /* the estimate cuts go by (see "Pieces") */
         answer(e, en->client, en->ticket, status, ns);
         for (int32_t f = en->fences; f != NO_FENCE;) {
             struct fence_node *node = &e->fence_nodes[f];
@@ -701,8 +707,6 @@ static void finish_entry(ls_engine *e, struct entry *en, int32_t status, uint64_
     for (uint32_t k = 0; k < en->nusers; k++)
         release(e, en->users[k]);
     unuse(e, en->recording);
-    if (en->source)
-        unuse(e, en->source);
 }
 
 static int add_fence(ls_engine *e, struct entry *en, uint64_t ticket)
@@ -893,7 +897,6 @@ static struct recording *record(ls_engine *e, struct client *c, const struct ls_
     }
     r->uses = 0;
     r->cached = 0;
-    r->ns_per_group = 0;
     r->nobjects = nusers;
     memcpy(r->objects, users, nusers * sizeof *users);
     return r;
@@ -1147,42 +1150,43 @@ static void settle_drops(ls_engine *e, uint32_t slot)
 
 /* ------------------------------------------------------------------ pieces */
 
-/* How many pieces dispatch d (of client c, checked, its program last in users[], recorded whole as r) runs
- * in for a turn cut at cut_us, along the dimension put in *dim; 0: it runs whole (see "Pieces"). */
-static uint32_t pieces_for(ls_engine *e, const struct ls_desc *d, const struct recording *r, struct object **users,
-                           uint32_t nusers, uint32_t cut_us, uint32_t *dim)
+/* How many pieces dispatch d (checked, its program last in users[]) runs in for a turn cut at cut_us,
+ * along the dimension put in *dim; 0: it runs whole (see "Pieces"). */
+static uint32_t pieces_for(ls_engine *e, const struct ls_desc *d, struct object **users, uint32_t nusers,
+                           uint32_t cut_us, uint32_t *dim)
 {
-    if (!cut_us || d->opcode != LS_OP_DISPATCH || !users[nusers - 1]->cuttable || !e->vk.CmdDispatchBase ||
-        !r->ns_per_group)
+    struct object *program = users[nusers - 1];
+    if (!cut_us || d->opcode != LS_OP_DISPATCH || !program->cuttable || !e->vk.CmdDispatchBase ||
+        !e->policy.timed || !e->cfg.timestamp_mask)
         return 0;
     double groups = (double)d->groups[0] * d->groups[1] * d->groups[2], piece_ns = cut_us * 1000.0;
-    double estimate = r->ns_per_group * groups;
-    if (estimate <= CUT_OVER * piece_ns)
+    double estimate = program->ns_per_group * groups;  /* none yet: as many pieces as may be */
+    if (program->ns_per_group && estimate <= CUT_OVER * piece_ns)
         return 0;
     *dim = d->groups[1] > d->groups[0] ? 1 : 0;
     if (d->groups[2] > d->groups[*dim])
         *dim = 2;
-    double wanted = estimate / piece_ns + 1;
-    uint32_t pieces = wanted < LS_ENGINE_MAX_PIECES ? (uint32_t)wanted : LS_ENGINE_MAX_PIECES;
+    double wanted = program->ns_per_group ? estimate / piece_ns : LS_ENGINE_MAX_PIECES;
+    uint32_t pieces = wanted < LS_ENGINE_MAX_PIECES ? (uint32_t)wanted + (wanted > (uint32_t)wanted)
+                                                    : LS_ENGINE_MAX_PIECES;  /* wanted, rounded up */
     if (pieces > d->groups[*dim])
         pieces = d->groups[*dim];
     return pieces > 1 ? pieces : 0;
 }
 
-/* Start running client slot's dispatch d in pieces along dim: the cut holds its objects and its whole
- * recording r (whose estimate its pieces keep up to date) until its last piece is in a flight. */
+/* Start running client slot's dispatch d in pieces along dim: the cut holds its objects until its last
+ * piece is in a flight. */
 static void start_cut(ls_engine *e, uint32_t slot, const struct ls_desc *d, struct object **users, uint32_t nusers,
-                      struct recording *r, uint32_t dim, uint32_t pieces)
+                      uint32_t dim, uint32_t pieces)
 {
     struct client *c = &e->clients[slot];
     struct cut *k = &c->cut;
     *k = (struct cut){.active = 1, .dim = dim, .end = d->groups[dim], .step = (d->groups[dim] + pieces - 1) / pieces,
-                      .rank = e->pass_rank, .desc = *d, .nusers = nusers, .source = r};
+                      .rank = e->pass_rank, .desc = *d, .nusers = nusers};
     for (uint32_t i = 0; i < nusers; i++) {
         k->users[i] = users[i];
         users[i]->in_flight++;
     }
-    r->uses++;
     e->cuts++;
     c->stats.cut++;
 }
@@ -1193,7 +1197,6 @@ static void close_cut(ls_engine *e, struct client *c)
     struct cut *k = &c->cut;
     for (uint32_t i = 0; i < k->nusers; i++)
         release(e, k->users[i]);
-    unuse(e, k->source);
     k->active = 0;
     k->tail = NULL;
     e->cuts--;
@@ -1258,13 +1261,13 @@ static int add_piece(ls_engine *e, uint32_t slot, int rest)
     }
     k->next += count[k->dim];
     r->uses++;
-    k->source->uses++;
     f->urgent = 1;
     f->secondaries[f->count] = r->cb;
     struct entry *en = &f->entries[f->count++];
-    *en = (struct entry){.client = slot, .ticket = k->desc.ticket, .recording = r, .source = k->source,
-                         .groups = count[0] * count[1] * count[2], .piece = k->next < k->end ? PIECE : LAST_PIECE,
-                         .nusers = k->nusers, .fences = NO_FENCE};
+    int last = k->next >= k->end;
+    uint32_t groups = k->desc.groups[0] * k->desc.groups[1] * k->desc.groups[2];
+    *en = (struct entry){.client = slot, .ticket = k->desc.ticket, .recording = r, .groups = last ? groups : 0,
+                         .piece = last ? LAST_PIECE : PIECE, .nusers = k->nusers, .fences = NO_FENCE};
     for (uint32_t i = 0; i < k->nusers; i++) {
         en->users[i] = k->users[i];
         k->users[i]->in_flight++;
@@ -1386,15 +1389,15 @@ static int take(ls_engine *e, uint32_t slot, uint32_t limit, uint32_t cut_us)
             submit(e);
             f = open_flight(e);
         }
+        uint32_t dim = 0, pieces = f ? pieces_for(e, d, users, nusers, cut_us, &dim) : 0;
+        if (pieces) {
+            start_cut(e, slot, d, users, nusers, dim, pieces);
+            add_piece(e, slot, 0);
+            continue;
+        }
         struct recording *r = f ? recording_for(e, c, d, users, nusers) : NULL;
         if (!r) {
             answer(e, slot, d->ticket, status ? status : -LS_EFAULT, 0);
-            continue;
-        }
-        uint32_t dim = 0, pieces = pieces_for(e, d, r, users, nusers, cut_us, &dim);
-        if (pieces) {
-            start_cut(e, slot, d, users, nusers, r, dim, pieces);
-            add_piece(e, slot, 0);
             continue;
         }
         r->uses++;
@@ -1404,7 +1407,6 @@ static int take(ls_engine *e, uint32_t slot, uint32_t limit, uint32_t cut_us)
         en->client = slot;
         en->ticket = d->ticket;
         en->recording = r;
-        en->source = NULL;
         en->groups = d->opcode == LS_OP_DISPATCH ? d->groups[0] * d->groups[1] * d->groups[2] : 0;
         en->piece = 0;
         en->nusers = nusers;
