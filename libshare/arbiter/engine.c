@@ -113,14 +113,17 @@
  * does, but for a shader that reads gl_NumWorkGroups (each piece sees its own
  * count): its program is not cuttable (_spirv.py finds the built-in). Pipelines
  * are made with VK_PIPELINE_CREATE_DISPATCH_BASE_BIT. The estimate is the most
- * device time per workgroup that a timed dispatch of the program has taken, all
- * its pieces together (untimed,
- * nothing is cut), and a program not timed yet runs in as many pieces as may
- * be. First built on the recording's own last run, it let a client that changed
- * a push constant at every dispatch go uncut (a hostile-tenant review: a
- * realtime p99 of 62 ms behind its 60 ms dispatches, 1.1 ms when they were
- * alike); a client can only raise the worst it has shown, which cuts its own
- * work finer. No cut splits a workgroup: the pieces of a dispatch whose
+ * device time per workgroup that a timed dispatch of the client has taken, all
+ * its pieces together, whatever its program (untimed, nothing is cut); a client
+ * with none yet has its dispatches run in as many pieces as may be. Each
+ * narrower estimate was lied to by a hostile-tenant review: a recording's own
+ * last run went uncut when a push constant changed at every dispatch (a
+ * realtime p99 of 62 ms behind 60 ms dispatches, 1.1 ms when they were alike),
+ * and a program's worst when each heavy dispatch came from a new program first
+ * run on empty workgroups (every one of 98 ran whole). A client can only raise
+ * the worst it has shown, which cuts its own work finer; a new session starts
+ * over, so one heavy dispatch per session can run whole, as every dispatch did
+ * before pieces. No cut splits a workgroup: the pieces of a dispatch whose
  * workgroups differ in cost are uneven, and one workgroup's run (which the
  * watchdog bounds) is the least a realtime dispatch may wait. The cut holds the
  * dispatch's objects until its last piece is in a flight; each piece's entry
@@ -128,11 +131,17 @@
  * the first failure among them). A client closed or dropped mid-cut: the rest never
  * runs, and the ticket is answered (LS_ECANCELED, or the close's reason) as the
  * piece on the device retires; a hand-over (LS_EMOVED) runs the rest at once, in
- * one piece (what runs is finished); a fault answers LS_EFAULT. Bench 2, two
- * runs: realtime p99 1.33x and 1.49x its p99 alone (2.46x and 2.48x whole, the
- * same day); the low clients got 2.64-2.72 s of device time in 4 s instead of
- * 3.45 s (the device idles between two pieces while the engine retires one and
- * records the next).
+ * one piece (what runs is finished); a fault answers LS_EFAULT. Bench 2, three
+ * runs: realtime p99 1.25x, 1.19x and 1.13x its p99 alone (2.46x and 2.48x
+ * whole, the same day); the low clients got 2.45-2.52 s of device time in 4 s
+ * instead of 3.45 s, for the device idles between two pieces while the engine
+ * retires one and records the next (about 24 us, by the counts), and their
+ * dispatches ran in 7.9-8.9 pieces where about 5 would do (a client's worst
+ * includes this VM's slow moments). A client whose worst is high has even its
+ * cheap dispatches cut, 64 pieces at most: such a command costs the device up to
+ * 64 of those gaps, as a dispatch of that length (about 1.5 ms) would, which
+ * device time does not bill (a review's four such clients took 37% of a fifth
+ * low client's device time; sent whole, their work took none of it).
  *
  * Cores. Lavapipe (Mesa 22.3 with LLVM 15 here) exposes one queue and runs a
  * whole dispatch on its queue thread: a 64-workgroup dispatch kept 0.99 of a
@@ -262,7 +271,6 @@ struct object {
     uint32_t bindings, push_size;
     uint32_t client;
     uint32_t cuttable;                  /* a program whose dispatches may run in pieces (LS_ENGINE_CUTTABLE) */
-    double ns_per_group;                /* a program's most device time per workgroup in a timed run (0: none) */
 };
 
 /* Open addressing, keyed by (kind, id), with linear probes. A removed slot holds the table's
@@ -439,6 +447,7 @@ struct client {
     uint64_t cut_ns;                    /* device time of the pieces retired of its cut dispatch */
     int32_t cut_status;                 /* ... and the first failure among them */
     int32_t rank;                       /* its rank in the last plan that named it (UNRANKED: none yet) */
+    double ns_per_group;                /* its most device time per workgroup in a timed dispatch (0: none) */
 };
 
 /* A free that waits for the descriptors its client published before it (ls_engine_drop). */
@@ -682,9 +691,8 @@ static void finish_entry(ls_engine *e, struct entry *en, int32_t status, uint64_
 {
     struct client *c = &e->clients[en->client];
     if (!en->piece || book_piece(c, en, &status, &ns)) {
-        struct object *program = en->groups ? en->users[en->nusers - 1] : NULL;
-        if (!status && ns && program && (double)ns / en->groups > program->ns_per_group)
-            program->ns_per_group = (double)ns / en->groups;  /* the estimate cuts go by (see "Pieces") */
+        if (!status && ns && en->groups && (double)ns / en->groups > c->ns_per_group)
+            c->ns_per_group = (double)ns / en->groups;  /* the estimate cuts go by (see "Pieces") */
         answer(e, en->client, en->ticket, status, ns);
         for (int32_t f = en->fences; f != NO_FENCE;) {
             struct fence_node *node = &e->fence_nodes[f];
@@ -1150,23 +1158,22 @@ static void settle_drops(ls_engine *e, uint32_t slot)
 
 /* ------------------------------------------------------------------ pieces */
 
-/* How many pieces dispatch d (checked, its program last in users[]) runs in for a turn cut at cut_us,
- * along the dimension put in *dim; 0: it runs whole (see "Pieces"). */
-static uint32_t pieces_for(ls_engine *e, const struct ls_desc *d, struct object **users, uint32_t nusers,
-                           uint32_t cut_us, uint32_t *dim)
+/* How many pieces dispatch d of client c (checked, its program last in users[]) runs in for a turn cut at
+ * cut_us, along the dimension put in *dim; 0: it runs whole (see "Pieces"). */
+static uint32_t pieces_for(ls_engine *e, const struct client *c, const struct ls_desc *d, struct object **users,
+                           uint32_t nusers, uint32_t cut_us, uint32_t *dim)
 {
-    struct object *program = users[nusers - 1];
-    if (!cut_us || d->opcode != LS_OP_DISPATCH || !program->cuttable || !e->vk.CmdDispatchBase ||
+    if (!cut_us || d->opcode != LS_OP_DISPATCH || !users[nusers - 1]->cuttable || !e->vk.CmdDispatchBase ||
         !e->policy.timed || !e->cfg.timestamp_mask)
         return 0;
     double groups = (double)d->groups[0] * d->groups[1] * d->groups[2], piece_ns = cut_us * 1000.0;
-    double estimate = program->ns_per_group * groups;  /* none yet: as many pieces as may be */
-    if (program->ns_per_group && estimate <= CUT_OVER * piece_ns)
+    double estimate = c->ns_per_group * groups;  /* none yet: as many pieces as may be */
+    if (c->ns_per_group && estimate <= CUT_OVER * piece_ns)
         return 0;
     *dim = d->groups[1] > d->groups[0] ? 1 : 0;
     if (d->groups[2] > d->groups[*dim])
         *dim = 2;
-    double wanted = program->ns_per_group ? estimate / piece_ns : LS_ENGINE_MAX_PIECES;
+    double wanted = c->ns_per_group ? estimate / piece_ns : LS_ENGINE_MAX_PIECES;
     uint32_t pieces = wanted < LS_ENGINE_MAX_PIECES ? (uint32_t)wanted + (wanted > (uint32_t)wanted)
                                                     : LS_ENGINE_MAX_PIECES;  /* wanted, rounded up */
     if (pieces > d->groups[*dim])
@@ -1389,7 +1396,7 @@ static int take(ls_engine *e, uint32_t slot, uint32_t limit, uint32_t cut_us)
             submit(e);
             f = open_flight(e);
         }
-        uint32_t dim = 0, pieces = f ? pieces_for(e, d, users, nusers, cut_us, &dim) : 0;
+        uint32_t dim = 0, pieces = f ? pieces_for(e, c, d, users, nusers, cut_us, &dim) : 0;
         if (pieces) {
             start_cut(e, slot, d, users, nusers, dim, pieces);
             add_piece(e, slot, 0);

@@ -492,6 +492,9 @@ def test_a_long_low_dispatch_runs_in_pieces_while_a_realtime_client_is_active(tm
         assert stats.cut == before.cut + 1 and 2 <= stats.pieces - before.pieces <= 16, (before, stats)
         assert np.array_equal(pair.low_data, busy_reference(1024, rounds)), "the pieces ran every workgroup once"
         assert ticket.device_ns > 0 and stats.completed == 2 and stats.outstanding == 0
+        pair.tiny().wait(10)
+        pair.low_busy((1, 16, 1), 1024, rounds).wait(30)  # along y: each row of groups writes words 0..63
+        assert engine.stats(slot).cut == stats.cut + 1, "a dispatch along y is cut along y"
 
 
 def test_a_low_client_that_changes_every_dispatch_still_runs_in_pieces(tmp_path, vulkan_device_name):
@@ -507,6 +510,23 @@ def test_a_low_client_that_changes_every_dispatch_still_runs_in_pieces(tmp_path,
             pair.low_busy(16, 1024, busy_iterations(4_000) + k).wait(30)
         stats = engine.stats(slot)
         assert stats.cut == 3 and stats.pieces >= 3 * 2, stats
+
+
+def test_a_low_client_cannot_lie_its_estimate_down_with_a_new_program(tmp_path, vulkan_device_name):
+    """A second hostile-tenant review: with a program's own worst time as the estimate, a client ran
+    each heavy dispatch from a new program that it had first run on empty workgroups (a tiny time per
+    workgroup), and all 98 heavy ones ran whole. The estimate is the client's worst time now."""
+    with low_and_realtime(tmp_path / "pipe") as pair:
+        engine, slot, low, data = pair.arbiter.drainer.engine, low_slot(pair.arbiter), pair.low, pair.low_data
+        heavy = busy_iterations(4_000)
+        pair.low_busy(16, 1024, heavy).wait(30)  # the client has shown a heavy time per workgroup
+        before = engine.stats(slot)
+        fresh = low.load_program(libshare.shaders.path("busy"))
+        for groups, n in ((1024, 0), (16, 1024)):  # empty workgroups first (n = 0: each returns at once)
+            pair.tiny().wait(10)  # the realtime client is active
+            low.dispatch(fresh, groups, [data], struct.pack("II", n, heavy)).wait(30)
+        assert engine.stats(slot).cut - before.cut == 2, "the heavy dispatch of the new program was cut"
+        assert np.array_equal(data, busy_reference(1024, heavy))
 
 
 def test_a_dispatch_that_reads_its_workgroup_count_never_runs_in_pieces(tmp_path, vulkan_device_name):
