@@ -16,9 +16,10 @@ them without asking (the common case never takes the GIL). The policy, in order:
    among them runs in pieces of about ``_CUT_NS`` of device time (a :class:`Turn`'s
    ``cut_ns``; engine.c, "Pieces"), so a realtime dispatch waits behind at most one
    lower piece on a single-queue device such as lavapipe. (A slice of estimated
-   device time was gamed: the estimate comes from the client's own past commands, and after 300 tiny ones 65 heavy ones fit in one
-   slice, a realtime client waiting 520 ms; capped at 8 commands, 8 heavy ones of
-   7.6 s each made it wait 53.8 s.) While the higher priority is connected but not
+   device time was gamed: the estimate comes from the client's own past commands,
+   and after 300 tiny ones 65 heavy ones fit in one slice, a realtime client
+   waiting 520 ms; capped at 8 commands, 8 heavy ones of 7.6 s each made it wait
+   53.8 s.) While the higher priority is connected but not
    active, a lower client's pass holds at most ``_IDLE_SLICE_NS`` of estimated device
    time and ``_IDLE_SLICE_COMMANDS`` commands, so that what runs when the higher one
    comes back ends soon: with all it had in one submission, a realtime client that
@@ -72,8 +73,8 @@ _CUT_NS = 50_000  # a lower command taken while a higher priority is active runs
 
 class Turn(NamedTuple):
     """One client's turn in a drain pass: pop at most ``budget`` of its descriptors. With ``cut_ns``,
-    the turn takes one, and a dispatch that took over 1.5 times ``cut_ns`` at its last run runs in
-    pieces of about ``cut_ns`` of device time each (engine.c, "Pieces")."""
+    the turn takes one, and a dispatch estimated at over 1.5 times ``cut_ns`` (by the client's worst
+    device time per workgroup so far) runs in pieces of about ``cut_ns`` each (engine.c, "Pieces")."""
 
     client: object
     budget: int

@@ -100,8 +100,8 @@
  * test_scheduler_bench.py (240 us low commands) the realtime p99 was 2.6-3.2x its
  * p99 alone, and that floor alone lay above the 2x target in two runs of three.
  * So while a higher priority is active, the scheduler's turn for lower work
- * carries cut_us (50 us) and takes one command, and a dispatch whose last run
- * says it takes over CUT_OVER times cut_us runs in pieces: each a
+ * carries cut_us (50 us) and takes one command, and a dispatch estimated (below)
+ * at over CUT_OVER times cut_us runs in pieces: each a
  * vkCmdDispatchBase over a slice of its workgroups along its longest dimension,
  * recorded on its own and submitted alone, LS_ENGINE_MAX_PIECES at most. A piece
  * goes on the device only when nothing else is there: at once when no client of
@@ -128,9 +128,9 @@
  * watchdog bounds) is the least a realtime dispatch may wait. The cut holds the
  * dispatch's objects until its last piece is in a flight; each piece's entry
  * holds them too, and only the last answers, with the device time of all (and
- * the first failure among them). A client closed or dropped mid-cut: the rest never
- * runs, and the ticket is answered (LS_ECANCELED, or the close's reason) as the
- * piece on the device retires; a hand-over (LS_EMOVED) runs the rest at once, in
+ * the first failure among them). A client closed or dropped mid-cut: the rest
+ * never runs, and the ticket is answered (LS_ECANCELED, or the close's reason) as
+ * the piece on the device retires; a hand-over (LS_EMOVED) runs the rest at once, in
  * one piece (what runs is finished); a fault answers LS_EFAULT. Bench 2, three
  * runs: realtime p99 1.25x, 1.19x and 1.13x its p99 alone (2.46x and 2.48x
  * whole, the same day); the low clients got 2.45-2.52 s of device time in 4 s

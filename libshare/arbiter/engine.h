@@ -66,8 +66,9 @@ struct ls_engine_policy {
 
 /* One turn of a planned pass: pop at most budget descriptors of client; a change of
  * rank between turns starts a new submission. With cut_us, the turn takes one command, and a
- * dispatch of a cuttable program whose last run took over 1.5 times cut_us runs in pieces of
- * about cut_us each, one piece on the device at a time (engine.c, "Pieces"). */
+ * dispatch of a cuttable program estimated at over 1.5 times cut_us (by the client's worst device
+ * time per workgroup) runs in pieces of about cut_us each, one on the device at a time (engine.c,
+ * "Pieces"). */
 struct ls_engine_turn {
     uint32_t client;
     uint32_t budget;
