@@ -71,6 +71,15 @@ class Stats:
 _STATS_FIELDS = [f for f in Stats.__dataclass_fields__]
 
 
+def _read_stats(read, engine, slot: int) -> Stats | None:
+    """A client's counters through ``read`` (ls_engine_stats or ls_engine_take_usage) into a struct of this
+    call's own; None for an unknown slot."""
+    out = ffi.new("struct ls_engine_stats *")
+    if read(engine, slot, out) < 0:
+        return None
+    return Stats(*(getattr(out, name) for name in _STATS_FIELDS))
+
+
 class Engine:
     """One native engine on ``device``'s queue, with ``max_clients`` client slots.
 
@@ -92,7 +101,6 @@ class Engine:
         self._e = out[0]
         self.max_clients = max_clients
         self.planner = planner
-        self._stats = ffi.new("struct ls_engine_stats *")
         self._events = ffi.new("struct ls_engine_event[]", 256)
         self._turns = ffi.new("struct ls_engine_turn[]", 64)
         self._clients = ffi.new("uint32_t[]", 64)
@@ -183,10 +191,10 @@ class Engine:
         return rc == 1
 
     def stats(self, slot: int) -> Stats | None:
-        """``slot``'s counters, or None for an unknown slot."""
-        if lib.ls_engine_stats(self._e, slot, self._stats) < 0:
-            return None
-        return Stats(*(getattr(self._stats, name) for name in _STATS_FIELDS))
+        """``slot``'s counters, or None for an unknown slot. Any thread: each call reads into its own
+        struct (the C call releases the GIL, and a shared one was overwritten by another thread's
+        call before it was read: a hostile-tenant review saw a client's counters in another's stats)."""
+        return _read_stats(lib.ls_engine_stats, self._e, slot)
 
     def dropped(self, slot: int) -> bool:
         """True once the engine closed ``slot``'s ring as corrupt (its DROPPED event may still wait);
@@ -194,10 +202,8 @@ class Engine:
         return slot >= 0 and lib.ls_engine_dropped(self._e, slot) == 1
 
     def take_usage(self, slot: int) -> Stats | None:
-        """``slot``'s counters; the *_since ones start again from 0."""
-        if lib.ls_engine_take_usage(self._e, slot, self._stats) < 0:
-            return None
-        return Stats(*(getattr(self._stats, name) for name in _STATS_FIELDS))
+        """``slot``'s counters; the *_since ones start again from 0 (the planner's, on the engine thread)."""
+        return _read_stats(lib.ls_engine_take_usage, self._e, slot)
 
     # ---------------------------------------------------------------- faults, plans, events
 

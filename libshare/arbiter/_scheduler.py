@@ -265,7 +265,8 @@ class Scheduler:
             plan.append(Turn(client, min(budget, max_budget), cut_ns))
         if not plan and held and not in_flight:  # work-conserving: the device never idles while work waits
             client = max(held, key=lambda item: item[0])[1]  # (every waiting client at its ceiling: shares
-            plan.append(Turn(client, self._slice(client)))  # that add up to 100% all meet it at once)
+            plan.append(Turn(client, self._slice(client),  # that add up to 100% all meet it at once), cut
+                             _CUT_NS if ranks[client.id] < top else 0))  # while a higher priority is active
         return plan
 
     def _least_served(self, rivals: list) -> float:

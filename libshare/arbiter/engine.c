@@ -108,7 +108,15 @@
  * a higher rank than the cut's waits (piece_now, without asking the scheduler,
  * whose turn holds for every piece of its command: asked between two pieces, it
  * kept the device idle meanwhile), else at the client's next turn. So a realtime
- * dispatch waits for one piece at most. The workgroups of a dispatch run in any
+ * dispatch waits for one piece at most. One lower command in all holds across
+ * the passes of a cut: while one is under way, a cut turn of its rank begins no
+ * new command and goes to that cut instead (cut_under_way). Each realtime
+ * arrival's plan gives the lower clients a turn, and another client's command
+ * went in between two pieces at each (a third review: a cut client got 0.15 s
+ * of device time a second against an uncut neighbour's 0.65, and two cut
+ * clients split 2:1); with the turn merely refused, the plan's one lower turn
+ * kept going to the refused client, never to the cut (7 low clients got no
+ * device time in 4 s). The workgroups of a dispatch run in any
  * order and may not wait for each other, so the pieces compute what the whole
  * does, but for a shader that reads gl_NumWorkGroups (each piece sees its own
  * count): its program is not cuttable (_spirv.py finds the built-in). Pipelines
@@ -139,9 +147,12 @@
  * dispatches ran in 7.9-8.9 pieces where about 5 would do (a client's worst
  * includes this VM's slow moments). A client whose worst is high has even its
  * cheap dispatches cut, 64 pieces at most: such a command costs the device up to
- * 64 of those gaps, as a dispatch of that length (about 1.5 ms) would, which
- * device time does not bill (a review's four such clients took 37% of a fifth
- * low client's device time; sent whole, their work took none of it).
+ * 64 of those gaps, as a dispatch of that length (about 1.5 ms) would. So a cut
+ * command is billed (charged_ns_since) the time each piece's submission held the
+ * device, gaps included, where its ticket says its device time: billed device
+ * time alone, a review's four such clients took 37% of a fifth low client's
+ * device time, and fairshare would take them for the least served. (Throughput
+ * mode gives turns by command, so there they take what 1.5 ms dispatches would.)
  *
  * Cores. Lavapipe (Mesa 22.3 with LLVM 15 here) exposes one queue and runs a
  * whole dispatch on its queue thread: a 64-workgroup dispatch kept 0.99 of a
@@ -418,6 +429,7 @@ struct cut {
     uint32_t active;
     uint32_t dim, next, end, step;      /* pieces run groups next..end-1 along dim, step at a time */
     int32_t rank;                       /* its turn's */
+    int64_t waited_from;                /* when its last piece went in (or it began): piece_now's order */
     struct ls_desc desc;
     struct object *users[LS_MAX_BUFFERS + 1];
     uint32_t nusers;
@@ -445,6 +457,7 @@ struct client {
     struct pending_drop *drops;         /* objects freed while descriptors before the free still wait */
     struct cut cut;
     uint64_t cut_ns;                    /* device time of the pieces retired of its cut dispatch */
+    uint64_t cut_charge;                /* ... the time they held the device, gaps included (see "Pieces") */
     int32_t cut_status;                 /* ... and the first failure among them */
     int32_t rank;                       /* its rank in the last plan that named it (UNRANKED: none yet) */
     double ns_per_group;                /* its most device time per workgroup in a timed dispatch (0: none) */
@@ -670,27 +683,31 @@ static void unuse(ls_engine *e, struct recording *r)
         spare_recording(e, r);
 }
 
-/* Book a retired piece of client c's cut dispatch; 1 when it is the last, which answers for all of them
- * (*status and *ns become theirs: the first failure, the device time of all). */
-static int book_piece(struct client *c, struct entry *en, int32_t *status, uint64_t *ns)
+/* Book a retired piece of client c's cut dispatch, which held the device *charge ns; 1 when it is the
+ * last, which answers for all of them (*status, *ns and *charge become theirs: the first failure, the
+ * device time and the charge of all). */
+static int book_piece(struct client *c, struct entry *en, int32_t *status, uint64_t *ns, uint64_t *charge)
 {
     if (c->cut.tail == en)
         c->cut.tail = NULL;
     if (*status && !c->cut_status)
         c->cut_status = *status;
     c->cut_ns += *status ? 0 : *ns;
+    c->cut_charge += *status ? 0 : *charge;
     if (en->piece != LAST_PIECE)
         return 0;
-    *status = c->cut_status, *ns = c->cut_ns;
-    c->cut_status = 0, c->cut_ns = 0;
+    *status = c->cut_status, *ns = c->cut_ns, *charge = c->cut_charge;
+    c->cut_status = 0, c->cut_ns = 0, c->cut_charge = 0;
     return 1;
 }
 
-/* Answer one entry and the fences after it; with keep, its objects stay counted (abandoned work). */
-static void finish_entry(ls_engine *e, struct entry *en, int32_t status, uint64_t ns, int keep)
+/* Answer one entry and the fences after it; with keep, its objects stay counted (abandoned work).
+ * held_ns: its share of the time its submission held the device (0: not known). */
+static void finish_entry(ls_engine *e, struct entry *en, int32_t status, uint64_t ns, uint64_t held_ns, int keep)
 {
     struct client *c = &e->clients[en->client];
-    if (!en->piece || book_piece(c, en, &status, &ns)) {
+    uint64_t charge = held_ns > ns ? held_ns : ns;  /* a piece's: the gaps between pieces are its own */
+    if (!en->piece || book_piece(c, en, &status, &ns, &charge)) {
         if (!status && ns && en->groups && (double)ns / en->groups > c->ns_per_group)
             c->ns_per_group = (double)ns / en->groups;  /* the estimate cuts go by (see "Pieces") */
         answer(e, en->client, en->ticket, status, ns);
@@ -707,7 +724,7 @@ static void finish_entry(ls_engine *e, struct entry *en, int32_t status, uint64_
         if (status == 0) {
             c->stats.device_ns += ns;
             c->stats.charged_since++;
-            c->stats.charged_ns_since += ns;
+            c->stats.charged_ns_since += en->piece ? charge : ns;
         }
     }
     if (keep)
@@ -1060,7 +1077,7 @@ static int submit(ls_engine *e)
     }
     if (result != VK_SUCCESS) {         /* lost device, or out of memory: fail this work, tell Python */
         for (uint32_t k = 0; k < f->count; k++)
-            finish_entry(e, &f->entries[k], -LS_EFAULT, 0, 0);
+            finish_entry(e, &f->entries[k], -LS_EFAULT, 0, 0, 0);
         flush_posts(e);
         f->count = 0;
         emit(e, LS_EV_DEVICE, 0, result, 0, 0, 0);
@@ -1189,7 +1206,7 @@ static void start_cut(ls_engine *e, uint32_t slot, const struct ls_desc *d, stru
     struct client *c = &e->clients[slot];
     struct cut *k = &c->cut;
     *k = (struct cut){.active = 1, .dim = dim, .end = d->groups[dim], .step = (d->groups[dim] + pieces - 1) / pieces,
-                      .rank = e->pass_rank, .desc = *d, .nusers = nusers};
+                      .rank = e->pass_rank, .waited_from = now_ns(), .desc = *d, .nusers = nusers};
     for (uint32_t i = 0; i < nusers; i++) {
         k->users[i] = users[i];
         users[i]->in_flight++;
@@ -1223,7 +1240,7 @@ static void end_cut(ls_engine *e, uint32_t slot, int32_t status)
         c->last = c->cut.tail;
     } else {
         answer(e, slot, c->cut.desc.ticket, c->cut_status, 0);
-        c->cut_status = 0, c->cut_ns = 0;
+        c->cut_status = 0, c->cut_ns = 0, c->cut_charge = 0;
     }
     close_cut(e, c);
 }
@@ -1267,6 +1284,7 @@ static int add_piece(ls_engine *e, uint32_t slot, int rest)
         return 1;
     }
     k->next += count[k->dim];
+    k->waited_from = now_ns();
     r->uses++;
     f->urgent = 1;
     f->secondaries[f->count] = r->cb;
@@ -1289,6 +1307,20 @@ static int add_piece(ls_engine *e, uint32_t slot, int rest)
     return 1;
 }
 
+/* The slot of a client whose cut of rank or higher is under way, or -1. A cut turn of that rank then
+ * begins no new command, for it would overtake that one at every pass its pieces leave free (one lower
+ * command in all, as the scheduler says: a review's cut client got 0.15 s of device time a second
+ * against an uncut neighbour's 0.65, and two cut clients split 2:1); the turn goes to that cut. */
+static int64_t cut_under_way(ls_engine *e, int32_t rank)
+{
+    for (uint32_t i = 0; i < e->nactive && e->cuts; i++) {
+        const struct cut *k = &e->clients[e->active[i]].cut;
+        if (k->active && k->rank >= rank)
+            return e->active[i];
+    }
+    return -1;
+}
+
 /* The next piece of a cut into a flight now, without asking the scheduler, when nothing runs or waits to
  * be submitted and no client of a higher rank than the cut's waits: the turn that began the cut holds
  * for all its pieces. (Asked between two pieces, the scheduler would keep the device idle meanwhile.) */
@@ -1296,12 +1328,14 @@ static int piece_now(ls_engine *e)
 {
     if (!e->cuts || !e->policy.planned || e->nflights || (flight_at(e, 0)->open && flight_at(e, 0)->count))
         return 0;
-    uint32_t best = UINT32_MAX;
+    uint32_t best = UINT32_MAX;         /* the highest rank's, the longest waiting of them */
     for (uint32_t i = 0; i < e->nactive; i++) {
         uint32_t slot = e->active[i];
         struct client *c = &e->clients[slot];
-        if (c->cut.active && !c->cut.tail && !c->closing &&
-            (best == UINT32_MAX || c->cut.rank > e->clients[best].cut.rank))
+        if (!c->cut.active || c->cut.tail || c->closing)
+            continue;
+        struct cut *b = best == UINT32_MAX ? NULL : &e->clients[best].cut;
+        if (!b || c->cut.rank > b->rank || (c->cut.rank == b->rank && c->cut.waited_from < b->waited_from))
             best = slot;
     }
     if (best == UINT32_MAX || e->clients[best].cut.rank < e->waiting_rank)
@@ -1360,6 +1394,12 @@ static int take(ls_engine *e, uint32_t slot, uint32_t limit, uint32_t cut_us)
         budget = limit;
     if (cut_us && budget > 1)
         budget = 1;                     /* a cut turn takes one command */
+    int64_t owner = cut_us && e->cuts ? cut_under_way(e, e->pass_rank) : -1;
+    if (owner >= 0) {                   /* the turn is the cut's under way (its own turn may never come) */
+        struct client *o = &e->clients[owner];
+        int goes = !o->cut.tail && !o->closing && o->cut.rank == e->pass_rank;
+        return goes ? add_piece(e, (uint32_t)owner, 0) : 0;
+    }
     if (budget > LS_ENGINE_POP)
         budget = LS_ENGINE_POP;
     if (budget > room(e))
@@ -1522,8 +1562,9 @@ static void retire_head(ls_engine *e, int32_t status, int keep)
     struct flight *f = flight_at(e, 0);
     static uint64_t ns[LS_ENGINE_MAX_BATCH];  /* the engine thread's, or a stopped engine's caller */
     read_times(e, f, ns);
+    uint64_t held = f->count && f->head_since ? (uint64_t)(now_ns() - f->head_since) / f->count : 0;
     for (uint32_t k = 0; k < f->count; k++)
-        finish_entry(e, &f->entries[k], status, status ? 0 : ns[k], keep);
+        finish_entry(e, &f->entries[k], status, status ? 0 : ns[k], held, keep);
     flush_posts(e);
     f->count = 0;
     e->vk.ResetFences(e->device, 1, &f->fence);
@@ -1877,7 +1918,7 @@ static void shutdown_engine(ls_engine *e)
     while (e->nflights) {               /* answered, never released: it still runs on the device */
         struct flight *f = flight_at(e, 0);
         for (uint32_t k = 0; k < f->count; k++)
-            finish_entry(e, &f->entries[k], status, 0, 1);
+            finish_entry(e, &f->entries[k], status, 0, 0, 1);
         flush_posts(e);
         f->count = 0;
         e->head = (e->head + 1) % NFLIGHT;

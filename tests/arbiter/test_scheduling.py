@@ -7,6 +7,7 @@ import os
 import struct
 import subprocess
 import sys
+import threading
 import time
 import types
 from pathlib import Path
@@ -529,6 +530,108 @@ def test_a_low_client_cannot_lie_its_estimate_down_with_a_new_program(tmp_path, 
         assert np.array_equal(data, busy_reference(1024, heavy))
 
 
+def test_a_cut_dispatch_is_billed_the_time_its_pieces_held_the_device(tmp_path, vulkan_device_name):
+    """The second review's shredding: a client whose worst time is high has even its cheap dispatches
+    cut in many pieces, and the device idles between them; billed their device time alone, four such
+    clients took 37% of a fifth low client's device time, and fairshare would favour them as the
+    least served. A piece is now billed the time its submission held the device, gaps included."""
+    with low_and_realtime(tmp_path / "pipe") as pair:
+        drainer, slot = pair.arbiter.drainer, low_slot(pair.arbiter)
+        pair.low_busy(16, 1024, busy_iterations(4_000)).wait(30)  # a heavy worst time per workgroup
+        before = drainer.engine.stats(slot)
+        pair.tiny().wait(10)
+        pair.low_busy(16, 1024, 1).wait(30)  # cheap, and cut one piece per workgroup
+        assert drainer.engine.stats(slot).pieces - before.pieces == 16
+        pair.tiny().wait(10)  # its plan books what retired
+        low = next(c for c in drainer.clients.values() if c.priority == "low")
+        wait_until(lambda: drainer.scheduler.usage(low).total_ns > 0, 10, "the low client's charges")
+        assert drainer.scheduler.usage(low).total_ns > drainer.engine.stats(slot).device_ns
+
+
+def test_clients_counters_read_at_once_from_two_threads_stay_their_own(tmp_path, vulkan_device_name):
+    """A third hostile-tenant review: Engine.stats read into one struct shared by every thread, and the
+    C call releases the GIL, so another thread's call overwrote it before it was read (3 of 57,039
+    replies to an idle client carried a busy client's counters, and the planner's take_usage shared
+    it too). Two threads reading two clients' counters at once now each see their own."""
+    with low_and_realtime(tmp_path / "pipe") as pair:
+        engine, low = pair.arbiter.drainer.engine, low_slot(pair.arbiter)
+        realtime = next(c.slot for c in pair.arbiter.drainer.clients.values() if c.priority == "realtime")
+        for _ in range(3):
+            pair.low_busy(1, 64, 1).wait(10)  # 3 for the low client, 1 for the realtime one
+        expected = {slot: engine.stats(slot).submitted for slot in (low, realtime)}
+        assert expected[low] != expected[realtime]
+        wrong = []
+
+        def read(slot: int) -> None:
+            for _ in range(20_000):
+                seen = engine.stats(slot).submitted
+                if seen != expected[slot]:
+                    wrong.append((slot, seen))
+
+        threads = [threading.Thread(target=read, args=(slot,)) for slot in (low, realtime)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert not wrong, wrong[:5]
+
+
+def test_a_lower_command_waits_for_the_cut_under_way(tmp_path, vulkan_device_name):
+    """A third review: each realtime arrival's plan gave the lower clients a turn, and another low
+    client's command went in between two pieces of a cut under way, which so lost a turn at every
+    realtime dispatch (a cut client got 0.15 s of device time a second against an uncut neighbour's
+    0.65, and two cut clients split 2:1). One lower command in all: it waits for the cut's end."""
+    pipe_dir = tmp_path / "pipe"
+    with low_and_realtime(pipe_dir) as pair, \
+            libshare.connect(mode="daemon", pipe_directory=pipe_dir, priority="low") as other:
+        engine, slot, low = pair.arbiter.drainer.engine, low_slot(pair.arbiter), pair.low
+        busy, data = low.load_program(libshare.shaders.path("busy")), low.array(4096, np.uint32)
+        long_busy = lambda: low.dispatch(busy, 64, [data], struct.pack("II", 4096, busy_iterations(200_000)))  # noqa: E731
+        long_busy().wait(60)  # ~0.4 s on lavapipe: the client's worst; the next is cut one piece a workgroup
+        program, words = other.load_program(libshare.shaders.path("busy")), other.array(64, np.uint32)
+        before = engine.stats(slot).pieces
+        pair.tiny().wait(10)
+        cut = long_busy()
+        wait_until(lambda: engine.stats(slot).pieces > before, 30, "the cut to be under way")
+        quick = other.dispatch(program, 1, [words], struct.pack("II", 64, 1))
+        while not quick.done():
+            pair.tiny().wait(10)  # each realtime arrival's plan gives the lower clients a turn
+            overtook = quick.done() and not cut.done()  # (a later answer is posted after the cut's own)
+            assert not overtook, "the other low client's command went in before the cut under way ended"
+        assert engine.stats(slot).pieces - before == 64
+
+
+def test_several_cut_clients_all_go_on_while_a_realtime_client_keeps_coming(tmp_path, vulkan_device_name):
+    """While one low client's cut was under way, another's turn began nothing (one lower command in
+    all), and the plan's one lower turn kept going to that blocked client, never to the cut: in a run
+    of bench 2 the 7 low clients got no device time in 4 s. The turn goes to the cut under way now."""
+    pipe_dir = tmp_path / "pipe"
+    with low_and_realtime(pipe_dir) as pair:
+        sessions = [libshare.connect(mode="daemon", pipe_directory=pipe_dir, priority="low") for _ in range(3)]
+        try:
+            done, failures = [0] * len(sessions), []
+
+            def stream(k: int, session) -> None:
+                try:
+                    busy, data = session.load_program(libshare.shaders.path("busy")), session.array(1024, np.uint32)
+                    for _ in range(10):  # ~2 ms each on lavapipe, cut in pieces
+                        session.dispatch(busy, 16, [data], struct.pack("II", 1024, busy_iterations(4_000))).wait(60)
+                        done[k] += 1
+                except Exception as exc:  # reported below
+                    failures.append(exc)
+
+            threads = [threading.Thread(target=stream, args=(k, s)) for k, s in enumerate(sessions)]
+            for thread in threads:
+                thread.start()
+            while any(thread.is_alive() for thread in threads):
+                pair.tiny().wait(10)  # the realtime client stays active: the low clients' work is cut
+            assert not failures and done == [10] * len(sessions), (done, failures)
+            assert sum(pair.arbiter.drainer.refresh(c).cut for c in pair.arbiter.drainer.clients.values()) > 0
+        finally:
+            for session in sessions:
+                session.close()
+
+
 def test_a_dispatch_that_reads_its_workgroup_count_never_runs_in_pieces(tmp_path, vulkan_device_name):
     """A piece is a dispatch of its own (vkCmdDispatchBase): gl_NumWorkGroups there is the piece's count."""
     source = """#version 450
@@ -616,6 +719,19 @@ def test_compute_shares_that_add_up_to_the_whole_device_never_hold_everyone_at_o
     plan = scheduler.plan(clients, everyone, everyone, 0, 1024)
     assert len(plan) == 1 and plan[0][1] >= 1, plan
     assert scheduler.plan(clients, everyone, everyone, 1, 1024) == [], "none while work runs: it will rebalance"
+
+
+def test_a_held_lower_client_let_run_on_an_idle_device_is_still_cut():
+    """The work-conserving turn (every waiting client at its ceiling, nothing on the device) carried no
+    cut, so a capped low client ran whole while a realtime client was active (a third review: 76 of
+    its 837 dispatches cut). It is cut like any lower turn now."""
+    scheduler = Scheduler(mode="throughput")
+    realtime, low = _Fake(0, "realtime"), _Fake(1, "low")
+    scheduler.usage(low).share = 20
+    scheduler.charge(low, 5_000_000)  # far over a fifth of what ran
+    scheduler.charge(realtime, 100_000)
+    plan = scheduler.plan([realtime, low], {1: True}, {0: True, 1: True}, 0, 1024)
+    assert [(turn.client, turn.cut_ns > 0) for turn in plan] == [(low, True)], plan
 
 
 def test_a_sessions_waits_spin_as_its_priority_says(daemon):
