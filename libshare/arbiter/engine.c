@@ -100,7 +100,8 @@
  * test_scheduler_bench.py (240 us low commands) the realtime p99 was 2.6-3.2x its
  * p99 alone, and that floor alone lay above the 2x target in two runs of three.
  * So while a higher priority is active, the scheduler's turn for lower work
- * carries cut_us (50 us) and takes one command, and a dispatch estimated (below)
+ * carries cut_us (50 us, or the top priority's own command length if longer:
+ * _scheduler.py, _cut_ns) and takes one command, and a dispatch estimated (below)
  * at over CUT_OVER times cut_us runs in pieces: each a
  * vkCmdDispatchBase over a slice of its workgroups along its longest dimension,
  * recorded on its own and submitted alone, LS_ENGINE_MAX_PIECES at most. A piece

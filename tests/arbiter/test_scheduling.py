@@ -721,6 +721,21 @@ def test_compute_shares_that_add_up_to_the_whole_device_never_hold_everyone_at_o
     assert scheduler.plan(clients, everyone, everyone, 1, 1024) == [], "none while work runs: it will rebalance"
 
 
+def test_lower_pieces_are_as_long_as_the_higher_priority_s_own_commands():
+    """A fourth review: behind a normal client's 25 ms commands, low work cut in 50 us pieces went
+    one piece per pass between them, and four low clients did 0.25 dispatches a second each (5.7
+    whole), with gaps of 4-6 s. The pieces are as long as the top priority's commands now, when
+    those are longer: it waits for its own anyway."""
+    scheduler = Scheduler(mode="throughput")
+    high, low = _Fake(0, "normal"), _Fake(1, "low")
+    everyone = {0: True, 1: True}
+    scheduler.charge_many(high, 100 * 2_000, 100)  # 2 us commands: the pieces stay at 50 us
+    assert [t.cut_ns for t in scheduler.plan([high, low], {1: True}, everyone, 0, 1024)] == [50_000]
+    scheduler.charge_many(high, 100 * 25_000_000, 100)  # 25 ms commands
+    (turn,) = scheduler.plan([high, low], {1: True}, everyone, 0, 1024)
+    assert turn.client is low and 20_000_000 < turn.cut_ns < 30_000_000, turn
+
+
 def test_a_held_lower_client_let_run_on_an_idle_device_is_still_cut():
     """The work-conserving turn (every waiting client at its ceiling, nothing on the device) carried no
     cut, so a capped low client ran whole while a realtime client was active (a third review: 76 of
