@@ -670,6 +670,15 @@ static void answer(ls_engine *e, uint32_t client, uint64_t ticket, int32_t statu
         s->errors++;
 }
 
+/* Put n objects in held[], each counted in use until a release() of it (a command or a cut holds them). */
+static void hold_objects(struct object **held, struct object *const *objects, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++) {
+        held[i] = objects[i];
+        objects[i]->in_flight++;
+    }
+}
+
 static void release(ls_engine *e, struct object *o)
 {
     if (--o->in_flight == 0 && o->freed) {
@@ -1091,6 +1100,18 @@ static int submit(ls_engine *e)
     return 1;
 }
 
+/* The flight taking entries, with room for one more (a full one is submitted first); NULL when every
+ * slot is in flight. */
+static struct flight *flight_with_room(ls_engine *e)
+{
+    struct flight *f = open_flight(e);
+    if (f && f->count == LS_ENGINE_MAX_BATCH) {
+        submit(e);
+        f = open_flight(e);
+    }
+    return f;
+}
+
 /* Whether client c has completions it has not read yet (space: its free completion slots): it
  * pushes work without waiting for the answers to what it pushed before. */
 static int streams(struct client *c, int space)
@@ -1208,10 +1229,7 @@ static void start_cut(ls_engine *e, uint32_t slot, const struct ls_desc *d, stru
     struct cut *k = &c->cut;
     *k = (struct cut){.active = 1, .dim = dim, .end = d->groups[dim], .step = (d->groups[dim] + pieces - 1) / pieces,
                       .rank = e->pass_rank, .waited_from = now_ns(), .desc = *d, .nusers = nusers};
-    for (uint32_t i = 0; i < nusers; i++) {
-        k->users[i] = users[i];
-        users[i]->in_flight++;
-    }
+    hold_objects(k->users, users, nusers);
     e->cuts++;
     c->stats.cut++;
 }
@@ -1261,11 +1279,7 @@ static int add_piece(ls_engine *e, uint32_t slot, int rest)
 {
     struct client *c = &e->clients[slot];
     struct cut *k = &c->cut;
-    struct flight *f = open_flight(e);
-    if (f && f->count == LS_ENGINE_MAX_BATCH) {
-        submit(e);
-        f = open_flight(e);
-    }
+    struct flight *f = flight_with_room(e);
     if (!f)
         return 0;
     uint32_t base[3] = {0, 0, 0}, count[3] = {k->desc.groups[0], k->desc.groups[1], k->desc.groups[2]};
@@ -1294,10 +1308,7 @@ static int add_piece(ls_engine *e, uint32_t slot, int rest)
     uint32_t groups = k->desc.groups[0] * k->desc.groups[1] * k->desc.groups[2];
     *en = (struct entry){.client = slot, .ticket = k->desc.ticket, .recording = r, .groups = last ? groups : 0,
                          .piece = last ? LAST_PIECE : PIECE, .nusers = k->nusers, .fences = NO_FENCE};
-    for (uint32_t i = 0; i < k->nusers; i++) {
-        en->users[i] = k->users[i];
-        k->users[i]->in_flight++;
-    }
+    hold_objects(en->users, k->users, k->nusers);
     c->stats.pieces++;
     if (en->piece == LAST_PIECE) {
         c->last = en;                   /* fences popped after it wait for it */
@@ -1432,11 +1443,7 @@ static int take(ls_engine *e, uint32_t slot, uint32_t limit, uint32_t cut_us)
         struct object *users[LS_MAX_BUFFERS + 1];
         uint32_t nusers = 0;
         int status = check_desc(e, c, d, users, &nusers);
-        struct flight *f = status ? NULL : open_flight(e);
-        if (f && f->count == LS_ENGINE_MAX_BATCH) {
-            submit(e);
-            f = open_flight(e);
-        }
+        struct flight *f = status ? NULL : flight_with_room(e);
         uint32_t dim = 0, pieces = f ? pieces_for(e, c, d, users, nusers, cut_us, &dim) : 0;
         if (pieces) {
             start_cut(e, slot, d, users, nusers, dim, pieces);
@@ -1459,10 +1466,7 @@ static int take(ls_engine *e, uint32_t slot, uint32_t limit, uint32_t cut_us)
         en->piece = 0;
         en->nusers = nusers;
         en->fences = NO_FENCE;
-        for (uint32_t k = 0; k < nusers; k++) {
-            en->users[k] = users[k];
-            users[k]->in_flight++;
-        }
+        hold_objects(en->users, users, nusers);
         c->last = en;
     }
     if (busy)

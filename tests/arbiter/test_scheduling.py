@@ -470,9 +470,14 @@ def test_a_free_waits_behind_its_clients_queue_not_ahead_of_everyone(tmp_path, v
         wait_until(lambda: low.stats()["memory_bytes"] < memory, 30, "the freed buffer to be destroyed")
 
 
+def client_of(arbiter, priority: str) -> Client:
+    """The arbiter's (first) client of ``priority``."""
+    return next(c for c in arbiter.drainer.clients.values() if c.priority == priority)
+
+
 def low_slot(arbiter) -> int:
     """The engine slot of the arbiter's (one) low-priority client."""
-    return next(c.slot for c in arbiter.drainer.clients.values() if c.priority == "low")
+    return client_of(arbiter, "low").slot
 
 
 def test_a_long_low_dispatch_runs_in_pieces_while_a_realtime_client_is_active(tmp_path, vulkan_device_name):
@@ -543,7 +548,7 @@ def test_a_cut_dispatch_is_billed_the_time_its_pieces_held_the_device(tmp_path, 
         pair.low_busy(16, 1024, 1).wait(30)  # cheap, and cut one piece per workgroup
         assert drainer.engine.stats(slot).pieces - before.pieces == 16
         pair.tiny().wait(10)  # its plan books what retired
-        low = next(c for c in drainer.clients.values() if c.priority == "low")
+        low = client_of(pair.arbiter, "low")
         wait_until(lambda: drainer.scheduler.usage(low).total_ns > 0, 10, "the low client's charges")
         assert drainer.scheduler.usage(low).total_ns > drainer.engine.stats(slot).device_ns
 
@@ -555,7 +560,7 @@ def test_clients_counters_read_at_once_from_two_threads_stay_their_own(tmp_path,
     it too). Two threads reading two clients' counters at once now each see their own."""
     with low_and_realtime(tmp_path / "pipe") as pair:
         engine, low = pair.arbiter.drainer.engine, low_slot(pair.arbiter)
-        realtime = next(c.slot for c in pair.arbiter.drainer.clients.values() if c.priority == "realtime")
+        realtime = client_of(pair.arbiter, "realtime").slot
         for _ in range(3):
             pair.low_busy(1, 64, 1).wait(10)  # 3 for the low client, 1 for the realtime one
         expected = {slot: engine.stats(slot).submitted for slot in (low, realtime)}
