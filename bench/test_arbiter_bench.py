@@ -81,7 +81,7 @@ def remote(arbiter_dir):
 def embedded():
     """A session of this process's embedded arbiter, untimed like the others."""
     with libshare.connect(mode="embedded") as session:
-        from libshare._session import _embedded
+        from libshare.client.session import _embedded
 
         _embedded().drainer.timed = False  # the direct path takes no timestamps either
         program = session.load_program(libshare.shaders.path("saxpy"))

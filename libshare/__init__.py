@@ -3,32 +3,32 @@
 The public API is re-exported here; everything else is internal.
 """
 
-from ._session import Session as Session
-from ._session import Ticket as Ticket
-from ._session import connect as connect
-from ._buffers import Buffer as Buffer
-from ._buffers import Program as Program
-from . import manager as manager
-from . import shaders as shaders
-from .errors import AccessDenied as AccessDenied
-from .errors import ArbiterLost as ArbiterLost
-from .errors import ArbiterRestarted as ArbiterRestarted
-from .errors import BufferLost as BufferLost
-from .errors import ArbiterUnavailable as ArbiterUnavailable
-from .errors import ClientTerminated as ClientTerminated
-from .errors import InvalidSubmission as InvalidSubmission
-from .errors import LibshareError as LibshareError
-from .errors import ProtocolError as ProtocolError
-from .errors import Quarantined as Quarantined
-from .errors import QuotaExceeded as QuotaExceeded
-from .errors import RingCorrupted as RingCorrupted
-from .errors import RingFull as RingFull
-from .errors import ServerFault as ServerFault
-from .errors import ServerNotReady as ServerNotReady
-from .errors import SessionClosed as SessionClosed
-from .errors import Timeout as Timeout
-from .errors import TooManyClients as TooManyClients
-from .errors import VulkanUnavailable as VulkanUnavailable
+from libshare.client.session import Session
+from libshare.client.session import Ticket
+from libshare.client.session import connect
+from libshare.client.buffers import Buffer
+from libshare.client.buffers import Program
+from libshare import manager
+from libshare import shaders
+from libshare.errors import AccessDenied
+from libshare.errors import ArbiterLost
+from libshare.errors import ArbiterRestarted
+from libshare.errors import BufferLost
+from libshare.errors import ArbiterUnavailable
+from libshare.errors import ClientTerminated
+from libshare.errors import InvalidSubmission
+from libshare.errors import LibshareError
+from libshare.errors import ProtocolError
+from libshare.errors import Quarantined
+from libshare.errors import QuotaExceeded
+from libshare.errors import RingCorrupted
+from libshare.errors import RingFull
+from libshare.errors import ServerFault
+from libshare.errors import ServerNotReady
+from libshare.errors import SessionClosed
+from libshare.errors import Timeout
+from libshare.errors import TooManyClients
+from libshare.errors import VulkanUnavailable
 
 __version__ = "0.1.0"
 

@@ -16,10 +16,10 @@ import textwrap
 import time
 from typing import Iterable
 
-from . import _config
-from ._control import COMMANDS, ControlConnection
-from .arbiter import _daemon
-from .errors import ArbiterLost, ArbiterUnavailable, LibshareError
+from libshare.protocol import paths as _config
+from libshare.protocol.control import COMMANDS, ControlConnection
+from libshare.arbiter import service as _daemon
+from libshare.errors import ArbiterLost, ArbiterUnavailable, LibshareError
 
 __all__ = ["main"]
 
@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.daemon:
         return _start_daemon(options, args.start_timeout)
     if args.foreground:
-        from .arbiter import _supervisor
+        from libshare.daemon import supervisor as _supervisor
 
         return _supervisor.run(options, echo=True)
     return _run_commands(options, args.command)

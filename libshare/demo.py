@@ -22,7 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from . import _config, _protocol as protocol, connect, workloads
+from libshare.protocol import paths as _config, wire as protocol
+from libshare import connect, workloads
 
 
 def client_main(kernel: str, pipe_dir: str, seconds: float, seed: int) -> None:
@@ -96,7 +97,7 @@ def run_demo(clients: int, seconds: float, pipe_directory: str | None = None) ->
     if probe is not None:
         probe.close()
         return _table(_collect(_start_clients(clients, daemon_dir, seconds), seconds), f"daemon at {daemon_dir}")
-    from .arbiter import Arbiter
+    from libshare.arbiter import Arbiter
 
     with tempfile.TemporaryDirectory(prefix="libshare-demo-") as private:
         arbiter = Arbiter(max_clients=max(clients, 48))

@@ -26,9 +26,9 @@ import subprocess
 import threading
 from pathlib import Path
 
-from ._control import ControlConnection
-from .arbiter import _daemon
-from .errors import ArbiterLost, ArbiterUnavailable
+from libshare.protocol.control import ControlConnection
+from libshare.arbiter import service as _daemon
+from libshare.errors import ArbiterLost, ArbiterUnavailable
 
 __all__ = ["Lease", "acquire", "release"]
 
@@ -145,7 +145,7 @@ def acquire(device: str | int | None = None, pipe_directory: str | os.PathLike |
     """A lease on the arbiter of ``pipe_directory`` (default: LIBSHARE_PIPE_DIRECTORY or the per-user one).
 
     Starts the arbiter for ``device`` when none runs there, and waits (at most ``timeout``
-    seconds) until it is ACTIVE; raises :class:`libshare.arbiter._daemon.StartFailed` with
+    seconds) until it is ACTIVE; raises :class:`libshare.arbiter.service.StartFailed` with
     the arbiter's own reason if it does not start, and ValueError when the pipe directory
     is already leased for another device. ``multi_user`` starts it with ``--multi-user`` (root
     only): clients of every uid may connect (an arbiter already running is used as it is).

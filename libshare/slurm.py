@@ -51,12 +51,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import manager
-from ._control import ControlConnection, decimal
-from ._proc import running  # a prolog's child is reparented to init, which may never reap it
-from .manager import _server_pid
-from .arbiter import _daemon
-from .errors import ArbiterLost, ArbiterUnavailable, LibshareError
+from libshare import manager
+from libshare.protocol.control import ControlConnection, decimal
+from libshare._proc import running  # a prolog's child is reparented to init, which may never reap it
+from libshare.manager import _server_pid
+from libshare.arbiter import service as _daemon
+from libshare.errors import ArbiterLost, ArbiterUnavailable, LibshareError
 
 __all__ = ["JobRequest", "group_name", "parse_job", "prolog", "epilog"]
 

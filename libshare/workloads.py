@@ -14,7 +14,7 @@ from typing import Callable
 
 import numpy as np
 
-from . import shaders
+from libshare import shaders
 
 __all__ = ["WORKLOADS", "Job", "WorkloadError", "busy_reference", "prepare", "run"]
 

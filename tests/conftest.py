@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from . import _busy
+from tests import _busy
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from libshare.arbiter.device import Device
 
-from . import _busy
-from .conftest import device_selector
+from tests import _busy
+from tests.conftest import device_selector
 
 
 def test_the_scale_is_one_on_a_cpu_device_and_measured_on_a_gpu(vulkan_device_is_cpu):

@@ -22,8 +22,8 @@ import pytest
 
 import libshare
 
-from .arbiter.conftest import daemon, wait_until  # noqa: F401 - the daemon fixture
-from .conftest import ROOT, vulkan_required
+from tests.arbiter.conftest import daemon, wait_until  # noqa: F401 - the daemon fixture
+from tests.conftest import ROOT, vulkan_required
 
 C_DIR = ROOT / "bindings" / "c"
 SHADERS = ROOT / "shaders"
@@ -217,7 +217,7 @@ def reattach_program(library, tmp_path_factory) -> Path:
 
 @pytest.fixture
 def supervised(tmp_path):
-    from .arbiter.test_reattach import Daemon
+    from tests.arbiter.test_reattach import Daemon
 
     daemon = Daemon(tmp_path / "pipe")
     yield daemon
@@ -274,7 +274,7 @@ def test_c_session_rides_out_sigkilled_arbiters(reattach_program, supervised):
     """Kills while two threads of one C session stream: the session goes on on each new arbiter with the same
     buffer pointers and program ids; no result it reported successful is wrong (the program checks each one);
     tickets in flight fail with -LS_ERESTARTED and none hangs."""
-    from .arbiter.test_reattach import exited
+    from tests.arbiter.test_reattach import exited
 
     streamer = Streamer(reattach_program, supervised.pipe)
     kills = 0
@@ -298,7 +298,7 @@ def test_c_session_rides_out_sigkilled_arbiters(reattach_program, supervised):
 
 
 def test_c_session_restart_is_a_pause_not_an_error(reattach_program, supervised):
-    from .arbiter.test_reattach import exited
+    from tests.arbiter.test_reattach import exited
 
     streamer = Streamer(reattach_program, supervised.pipe)
     try:
@@ -319,7 +319,7 @@ def test_c_session_restart_is_a_pause_not_an_error(reattach_program, supervised)
 def test_c_session_after_one_kill(reattach_program, supervised, mode):
     """inflight: a ticket the dead arbiter took fails with -LS_ERESTARTED (a control call reattaches
     first); unrun: dispatches pushed into the dead arbiter's ring run once each on the new one."""
-    from .arbiter.test_reattach import exited
+    from tests.arbiter.test_reattach import exited
 
     client = subprocess.Popen([str(reattach_program), str(SHADERS), mode], env=daemon_env(supervised.pipe),
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from .arbiter.conftest import daemon  # noqa: F401  (fixture)
-from .conftest import ROOT
+from tests.arbiter.conftest import daemon  # noqa: F401  (fixture)
+from tests.conftest import ROOT
 
 
 def run_demo(pipe_dir) -> str:

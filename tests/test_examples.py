@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from .conftest import ROOT
+from tests.conftest import ROOT
 
 
 @pytest.mark.usefixtures("vulkan_device_name")

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 import libshare
-from libshare import _control
+from libshare.protocol import control as _control
 
-from .arbiter.conftest import daemon  # noqa: F401 - the daemon fixture
+from tests.arbiter.conftest import daemon  # noqa: F401 - the daemon fixture
 
 pytestmark = pytest.mark.usefixtures("vulkan_device_name")
 
@@ -92,7 +92,7 @@ def test_group_counts_that_multiply_past_32_bits_are_refused_not_run_in_part(dae
 
 def test_load_program_from_an_endless_or_huge_file_is_refused_without_reading_it_all(daemon, tmp_path):
     """A path such as /dev/zero was read until the client ran out of memory (ls_load_program_file too)."""
-    from libshare._protocol import MAX_FRAME
+    from libshare.protocol.wire import MAX_FRAME
 
     huge = tmp_path / "huge.spv"
     with open(huge, "wb") as file:

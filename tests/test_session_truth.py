@@ -25,12 +25,12 @@ import numpy as np
 import pytest
 
 import libshare
-from libshare import _control
+from libshare.protocol import control as _control
 
-from ._busy import busy_iterations
-from .arbiter.conftest import daemon, hooked_daemon, wait_until  # noqa: F401 - fixtures
-from .conftest import ROOT
-from .test_c_bindings import C_DIR, SHADERS, compile_c, counts, daemon_env, library  # noqa: F401 - fixture
+from tests._busy import busy_iterations
+from tests.arbiter.conftest import daemon, hooked_daemon, wait_until  # noqa: F401 - fixtures
+from tests.conftest import ROOT
+from tests.test_c_bindings import C_DIR, SHADERS, compile_c, counts, daemon_env, library  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.usefixtures("vulkan_device_name")
 

@@ -11,7 +11,7 @@ import pytest
 from libshare import shaders
 from libshare.shaders import build
 
-from .conftest import vulkan_required
+from tests.conftest import vulkan_required
 
 SHIPPED = ["busy", "matmul", "saxpy", "sum", "vadd"]
 

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from libshare import shaders
-from libshare._spirv import ShaderInterface, reflect, zero_initialized
+from libshare.arbiter.programs.spirv import ShaderInterface, reflect, zero_initialized
 from libshare.errors import InvalidSubmission
 
 MAGIC = 0x07230203
@@ -344,7 +344,7 @@ def variables_and_initializers(data: bytes) -> list[tuple[int, int | None, int |
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_zero_initialized_gives_every_memory_variable_a_null_of_its_type(name: str) -> None:
-    from libshare.arbiter._admission import validate
+    from libshare.arbiter.programs.admission import validate
 
     out = zero_initialized(spirv(name))
     validate(out)  # spirv-val, as admission runs it

@@ -27,7 +27,8 @@ from pathlib import Path
 from _libshare_capi import ffi, lib  # noqa: E402 - the module this code initialises
 
 import libshare  # noqa: E402
-from libshare import _config, errors  # noqa: E402
+from libshare.protocol import paths as _config
+from libshare import errors  # noqa: E402
 
 OK = 1
 # Every libshare error has its own code (subclasses before their bases: the first match wins);
@@ -245,7 +246,7 @@ def lsx_py_serve(pipe_directory):
     ls_serve renamed its own socket over a live arbiter's, which no new client could reach again)."""
     global _served
     from libshare.arbiter import Arbiter
-    from libshare.arbiter._daemon import AlreadyServing, PidLock, remove_stale_socket
+    from libshare.arbiter.service import AlreadyServing, PidLock, remove_stale_socket
 
     with _lock:
         if _served is not None:
@@ -292,7 +293,7 @@ def lsx_py_shutdown():
     for handle in list(_clients):
         lsx_py_close(handle)
     lsx_py_serve_stop()
-    from libshare import _session
+    from libshare.client import session as _session
 
     if _session._embedded_arbiter is not None:
         _session._embedded_arbiter.close()

@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import _daemon
+from libshare.arbiter import service as _daemon
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Parse the arbiter's options and serve (see :func:`libshare.arbiter._daemon.run`)."""
+    """Parse the arbiter's options and serve (see :func:`libshare.arbiter.service.run`)."""
     parser = argparse.ArgumentParser(prog="python -m libshare.arbiter",
                                      description="libshare arbiter in the foreground (libshare-control -f does the same)")
     _daemon.add_arguments(parser)
@@ -19,7 +19,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     options = _daemon.Options.from_args(args)
     if args.supervise:
-        from . import _supervisor
+        from libshare.daemon import supervisor as _supervisor
 
         return _supervisor.run(options, echo=not args.quiet)
     return _daemon.run(options, echo=not args.quiet)

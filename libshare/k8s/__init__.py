@@ -10,9 +10,9 @@ kubelet restarts are in ``_plugin.py``; the gRPC stubs are generated from the Ku
 ``protobuf``: ``pip install 'libshare[k8s]'``. Deployment: ``contrib/kubernetes/``.
 """
 
-from ._plugin import API_VERSION, HEALTHY, KUBELET_SOCKET, UNHEALTHY, DevicePlugin, Options
-from ._shares import DEFAULT_RESOURCE, Allocation, Share, allocate, group_name, parse_shares
-from ._cli import main
+from libshare.k8s._plugin import API_VERSION, HEALTHY, KUBELET_SOCKET, UNHEALTHY, DevicePlugin, Options
+from libshare.k8s._shares import DEFAULT_RESOURCE, Allocation, Share, allocate, group_name, parse_shares
+from libshare.k8s._cli import main
 
 __all__ = ["API_VERSION", "DEFAULT_RESOURCE", "HEALTHY", "KUBELET_SOCKET", "UNHEALTHY", "Allocation",
            "DevicePlugin", "Options", "Share", "allocate", "group_name", "main", "parse_shares"]

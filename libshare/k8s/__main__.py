@@ -2,6 +2,6 @@
 
 import sys
 
-from ._cli import main
+from libshare.k8s._cli import main
 
 sys.exit(main())

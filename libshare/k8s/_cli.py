@@ -8,9 +8,9 @@ import os
 import signal
 import sys
 
-from .. import _config
-from ._plugin import KUBELET_SOCKET, DevicePlugin, Options
-from ._shares import DEFAULT_RESOURCE, parse_memory, parse_shares
+from libshare.protocol import paths as _config
+from libshare.k8s._plugin import KUBELET_SOCKET, DevicePlugin, Options
+from libshare.k8s._shares import DEFAULT_RESOURCE, parse_memory, parse_shares
 
 
 def _parser() -> argparse.ArgumentParser:

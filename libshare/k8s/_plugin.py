@@ -5,7 +5,7 @@ device-plugin directory and registers it with the kubelet's ``Registration`` ser
 upkeep thread then, every ``period`` seconds:
 
 * asks the arbiter ``get_server_status`` (and ``get_server_list``, its pid) through a
-  :class:`~libshare._control.ControlConnection`; every share is ``Healthy`` while the arbiter
+  :class:`~libshare.protocol.control.ControlConnection`; every share is ``Healthy`` while the arbiter
   answers ACTIVE and ``Unhealthy`` otherwise (INITIALIZING, FAULT, or no answer), and each
   change is streamed to every ListAndWatch caller. When an arbiter becomes ACTIVE (a new one
   after a crash or ``restart`` too, told apart by its pid), the group limits of the current
@@ -38,13 +38,13 @@ from pathlib import Path
 
 import grpc
 
-from .. import _config
-from .._control import ControlConnection
-from ..arbiter._limits import format_size
-from ..arbiter._share_sockets import share_directory
-from ..errors import LibshareError
-from ._shares import DEFAULT_RESOURCE, Allocation, Share, allocate
-from ._stubs import api_pb2, api_pb2_grpc
+from libshare.protocol import paths as _config
+from libshare.protocol.control import ControlConnection
+from libshare.arbiter.policy.limits import format_size
+from libshare.arbiter.serve.share_sockets import share_directory
+from libshare.errors import LibshareError
+from libshare.k8s._shares import DEFAULT_RESOURCE, Allocation, Share, allocate
+from libshare.k8s._stubs import api_pb2, api_pb2_grpc
 
 __all__ = ["DevicePlugin", "Options", "HEALTHY", "UNHEALTHY", "API_VERSION", "KUBELET_SOCKET"]
 

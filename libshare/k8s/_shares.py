@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 
-from .._control import decimal
-from ..arbiter._limits import format_size, parse_size
-from ..errors import InvalidSubmission
+from libshare.protocol.control import decimal
+from libshare.arbiter.policy.limits import format_size, parse_size
+from libshare.errors import InvalidSubmission
 
 __all__ = ["DEFAULT_RESOURCE", "Share", "Allocation", "parse_shares", "parse_memory", "allocate", "group_name", "MAX_SHARES"]
 

@@ -9,11 +9,11 @@ memfd. Descriptors are :data:`DESC_DTYPE` records (256 bytes), completions
 Python session and the C API alike.
 """
 
-from ._binding import C as C
-from ._binding import CQE_DTYPE as CQE_DTYPE
-from ._binding import DESC_DTYPE as DESC_DTYPE
-from ._region import Producer as Producer
-from ._region import Region as Region
-from ._tickets import TicketBook as TicketBook
+from libshare.ring._binding import C
+from libshare.ring._binding import CQE_DTYPE
+from libshare.ring._binding import DESC_DTYPE
+from libshare.ring._region import Producer
+from libshare.ring._region import Region
+from libshare.ring._tickets import TicketBook
 
 __all__ = ["C", "CQE_DTYPE", "DESC_DTYPE", "Producer", "Region", "TicketBook"]

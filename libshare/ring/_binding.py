@@ -11,8 +11,8 @@ import os
 
 import numpy as np
 
-from .. import errors
-from ._ring_cffi import ffi, lib
+from libshare import errors
+from libshare.ring._ring_cffi import ffi, lib
 
 __all__ = ["ffi", "lib", "check", "DESC_DTYPE", "DESC_BUFFERS_AT", "DESC_PUSH_AT", "CQE_DTYPE", "C"]
 

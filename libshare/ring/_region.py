@@ -39,8 +39,8 @@ import time
 
 import numpy as np
 
-from .. import errors
-from ._binding import C, CQE_DTYPE, DESC_DTYPE, check, ffi, lib
+from libshare import errors
+from libshare.ring._binding import C, CQE_DTYPE, DESC_DTYPE, check, ffi, lib
 
 __all__ = ["Region", "Producer", "SharedMapping", "sealed_memfd", "check_sealed_memfd"]
 

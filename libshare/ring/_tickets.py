@@ -11,8 +11,8 @@ from __future__ import annotations
 import functools
 import threading
 
-from ._binding import check, ffi, lib
-from ._region import _SPIN_NS, Producer, Region
+from libshare.ring._binding import check, ffi, lib
+from libshare.ring._region import _SPIN_NS, Producer, Region
 
 __all__ = ["TicketBook"]
 

@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 
-from . import CQE_DTYPE, DESC_DTYPE, Region
+from libshare.ring import CQE_DTYPE, DESC_DTYPE, Region
 
 
 def _progress(done: int, total: int, started: float) -> None:

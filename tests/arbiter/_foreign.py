@@ -2,7 +2,7 @@
 
 ``python3 _foreign.py SOCKET OP [ARGS...]``: OP is ``hello`` (a session's first frame) or a
 control command. Prints the reply's error class, or ``ok``. It repeats the 16-byte frame
-header of libshare/_protocol.py because libshare itself cannot be imported there.
+header of libshare/protocol/wire.py because libshare itself cannot be imported there.
 """
 
 import json

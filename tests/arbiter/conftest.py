@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from ..conftest import ROOT, stop_process
+from tests.conftest import ROOT, stop_process
 
 
 @pytest.fixture

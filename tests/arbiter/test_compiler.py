@@ -17,7 +17,7 @@ import libshare
 from libshare._proc import running
 from libshare.errors import InvalidSubmission
 
-from .conftest import run_daemon, wait_until
+from tests.arbiter.conftest import run_daemon, wait_until
 
 
 def saxpy_round_trip(session) -> bool:
@@ -110,7 +110,7 @@ def test_a_load_that_vets_past_the_request_bound_is_answered_and_the_session_liv
     test suites at once once saw a minute go by): the session waits for the answer instead of
     taking the arbiter for lost at the request bound (here cut to 1 s, the vetting limit 2 s)."""
     module = slow_module(tmp_path, vulkan_device_is_cpu)
-    monkeypatch.setattr(libshare._session, "_REQUEST_TIMEOUT", 1.0)
+    monkeypatch.setattr(libshare.client.session, "_REQUEST_TIMEOUT", 1.0)
     for process, pipe_dir in run_daemon(tmp_path / "pipe", LIBSHARE_COMPILE_TIMEOUT="2"):
         with libshare.connect(mode="daemon", pipe_directory=pipe_dir) as session:
             assert saxpy_round_trip(session)
@@ -124,7 +124,7 @@ def test_a_new_module_that_waits_past_the_queue_bound_is_told_to_retry_and_not_r
                                                                                         monkeypatch):
     """Both vetting processes busy (two slow modules, each until its 2 s limit): a third module waits
     _QUEUE_WAIT (cut to 0.5 s) and is answered Timeout; it is not refused, and vets once one is free."""
-    from libshare.arbiter import _compiler
+    from libshare.arbiter.programs import compiler as _compiler
 
     monkeypatch.setattr(_compiler, "_QUEUE_WAIT", 0.5)
     compilers = _compiler.Compilers("", 2.0)
@@ -163,9 +163,9 @@ def test_a_new_module_that_waits_past_the_queue_bound_is_told_to_retry_and_not_r
 def test_a_session_waits_for_load_program_as_long_as_its_arbiter_may_take(tmp_path, limit):
     """The welcome carries the arbiter's bound on a load_program answer; the session waits that long and a
     margin (at least _LOAD_TIMEOUT), so a long vetting limit does not make a live arbiter look lost."""
-    from libshare._session import _LOAD_MARGIN, _LOAD_TIMEOUT
-    from libshare.arbiter._compiler import _QUEUE_WAIT, _START_TIMEOUT
-    from libshare.arbiter._tasks import CALL_TIMEOUT
+    from libshare.client.session import _LOAD_MARGIN, _LOAD_TIMEOUT
+    from libshare.arbiter.programs.compiler import _QUEUE_WAIT, _START_TIMEOUT
+    from libshare.arbiter.drain.tasks import CALL_TIMEOUT
 
     env = {"LIBSHARE_COMPILE_TIMEOUT": limit} if limit else {}
     seconds = float(limit or 10)
@@ -181,7 +181,7 @@ def test_a_session_waits_for_load_program_as_long_as_its_arbiter_may_take(tmp_pa
                                            (float("nan"), 300.0), (float("inf"), 300.0), (1e9, 300.0),
                                            (100, 300.0), (400, 430.0), (999_000.5, 999_030.5)])
 def test_a_welcomes_load_bound_is_believed_only_when_it_is_a_sane_number(bound, waited):
-    from libshare._session import _load_timeout
+    from libshare.client.session import _load_timeout
 
     assert _load_timeout(bound) == waited
 
@@ -211,7 +211,7 @@ def test_the_list_of_vetted_modules_is_read_as_hostile(tmp_path):
     """The pipe directory's "vetted" list (modules the arbiter before this one vetted) can be
     written by any process of the arbiter's uid: only whole 32-byte digests count, read up to the
     bound, and a module it does not name is still vetted."""
-    from libshare.arbiter._compiler import _MAX_PASSED, Compilers
+    from libshare.arbiter.programs.compiler import _MAX_PASSED, Compilers
 
     good = hashlib.sha256(b"vetted module").digest()
     path = tmp_path / "vetted"

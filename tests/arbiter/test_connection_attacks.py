@@ -2,8 +2,8 @@
 
 Idle and half-sent connections, descriptors sent unasked, hostile control messages (a seeded
 fuzz with an honest client alongside), descriptor exhaustion at accept, at hello and by
-shared buffers, and a peer of another uid. See the essays of libshare/arbiter/_server.py,
-_gate.py and libshare/_protocol.py for the defences.
+shared buffers, and a peer of another uid. See the essays of libshare/arbiter/serve/server.py,
+_gate.py and libshare/protocol/wire.py for the defences.
 """
 
 from __future__ import annotations
@@ -31,12 +31,12 @@ import numpy as np
 import pytest
 
 import libshare
-from libshare import _control
-from libshare import _protocol as protocol
+from libshare.protocol import control as _control
+from libshare.protocol import wire as protocol
 from libshare.errors import AccessDenied, QuotaExceeded, TooManyClients
 
-from ..conftest import ROOT, stop_process
-from .conftest import open_fds, run_daemon, start_client, wait_until
+from tests.conftest import ROOT, stop_process
+from tests.arbiter.conftest import open_fds, run_daemon, start_client, wait_until
 
 HEADER = struct.Struct("<IHHII")
 NOBODY = 65534

@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 
 import libshare
-from libshare import _control
+from libshare.protocol import control as _control
 from libshare.errors import AccessDenied, InvalidSubmission, ProtocolError
 
-from ..conftest import ROOT
-from .conftest import open_fds, run_daemon, start_client, wait_until
+from tests.conftest import ROOT
+from tests.arbiter.conftest import open_fds, run_daemon, start_client, wait_until
 
 
 def control(pipe_dir, command: str, *args: str) -> str:
@@ -76,7 +76,7 @@ def test_queries_describe_the_server_and_each_client(daemon):
 
 
 def test_every_command_in_the_table_has_a_server_side():
-    from libshare.arbiter._commands import Commands
+    from libshare.arbiter.serve.commands import Commands
 
     assert [name for name in _control.COMMANDS if not hasattr(Commands, f"_{name}")] == []
 
@@ -126,7 +126,7 @@ def test_a_memory_size_of_hundreds_of_digits_is_refused_as_too_large(daemon, com
 def test_group_settings_are_bounded_in_name_and_number(daemon, command, monkeypatch):
     """A group name has at most 64 characters, and each kind of group setting holds _MAX_GROUPS groups (a
     stream of new names grew the arbiter by 13 MB/s): past that a new group is refused until one is removed."""
-    from libshare.arbiter import _commands
+    from libshare.arbiter.serve import commands as _commands
 
     _, pipe_dir = daemon
     name, value = command
@@ -144,7 +144,7 @@ def test_group_settings_are_bounded_in_name_and_number(daemon, command, monkeypa
 
 def test_a_command_that_fails_on_a_bug_is_answered_not_dropped():
     """Defence in depth: an exception that is not a LibshareError is answered as a ProtocolError naming it."""
-    from libshare.arbiter._commands import Commands
+    from libshare.arbiter.serve.commands import Commands
 
     class Broken(Commands):
         def run(self, name, args, pid, uid):

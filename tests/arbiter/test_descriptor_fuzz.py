@@ -9,8 +9,8 @@ import sys
 
 from libshare.ring import C
 
-from ..conftest import ROOT
-from .conftest import start_client
+from tests.conftest import ROOT
+from tests.arbiter.conftest import start_client
 
 _SEED = int(os.environ.get("LIBSHARE_FUZZ_SEED", "20261122"))
 _COUNT = 100_000

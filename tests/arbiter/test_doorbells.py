@@ -24,14 +24,14 @@ import numpy as np
 import pytest
 
 import libshare
-from libshare import _control
-from libshare import _protocol as protocol
+from libshare.protocol import control as _control
+from libshare.protocol import wire as protocol
 from libshare._proc import cpu_seconds
 from libshare.ring import C
 from libshare.ring._binding import ffi, lib
 
-from ..conftest import ROOT, stop_process
-from .conftest import open_fds, wait_until
+from tests.conftest import ROOT, stop_process
+from tests.arbiter.conftest import open_fds, wait_until
 
 pytestmark = pytest.mark.usefixtures("vulkan_device_name")
 

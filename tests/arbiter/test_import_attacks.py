@@ -20,12 +20,12 @@ import struct
 import numpy as np
 import libshare
 from libshare.arbiter import Arbiter
-from libshare._buffers import Buffer
-from libshare._control import ControlConnection
+from libshare.client.buffers import Buffer
+from libshare.protocol.control import ControlConnection
 from libshare.ring._region import sealed_memfd
 
-from .conftest import open_fds
-from .test_connection_attacks import frame, reply, saxpy_checked, session_raw
+from tests.arbiter.conftest import open_fds
+from tests.arbiter.test_connection_attacks import frame, reply, saxpy_checked, session_raw
 
 PAGE = mmap.PAGESIZE
 

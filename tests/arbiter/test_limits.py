@@ -11,12 +11,12 @@ import threading
 import pytest
 
 import libshare
-from libshare import _control
-from libshare.arbiter._limits import format_size, parse_limit, parse_size
+from libshare.protocol import control as _control
+from libshare.arbiter.policy.limits import format_size, parse_limit, parse_size
 from libshare.errors import InvalidSubmission, ProtocolError, QuotaExceeded
 
-from ..conftest import ROOT
-from .conftest import run_daemon, wait_until
+from tests.conftest import ROOT
+from tests.arbiter.conftest import run_daemon, wait_until
 
 M = 1 << 20
 
@@ -339,7 +339,7 @@ def test_a_client_holds_at_most_its_buffer_count_and_the_others_are_untouched(tm
 def test_all_clients_together_hold_at_most_the_buffer_ceiling(monkeypatch):
     """Past the ceiling that vm.max_map_count leaves (cut here to what is held now plus 6), every
     client's next buffer is refused with a reason, and a freed one makes room."""
-    from libshare._session import _embedded
+    from libshare.client.session import _embedded
 
     arbiter = _embedded()
     with libshare.connect(mode="embedded") as first, libshare.connect(mode="embedded") as second:
@@ -354,7 +354,7 @@ def test_all_clients_together_hold_at_most_the_buffer_ceiling(monkeypatch):
 
 
 def test_the_buffer_ceiling_keeps_maps_for_every_client_slot():
-    from libshare.arbiter._limits import buffer_ceiling
+    from libshare.arbiter.policy.limits import buffer_ceiling
 
     with open("/proc/sys/vm/max_map_count") as f:
         most = int(f.read())
@@ -367,7 +367,7 @@ def test_a_client_that_allocates_and_frees_for_ever_keeps_a_small_object_table()
     """The engine finds a client's buffers and programs in a hash table. A freed entry left a
     tombstone that counted as taken, and every rebuild doubled the table, so it grew by a slot per
     alloc and free for as long as the client stayed connected: 4,096 slots after 3,000 cycles."""
-    from libshare._session import _embedded
+    from libshare.client.session import _embedded
 
     arbiter = _embedded()
     before = set(arbiter.drainer.clients)

@@ -25,13 +25,13 @@ import pytest
 
 import libshare
 from libshare import workloads
-from libshare._buffers import Buffer
-from libshare.arbiter._limits import parse_size
+from libshare.client.buffers import Buffer
+from libshare.arbiter.policy.limits import parse_size
 from libshare.errors import QuotaExceeded
 
-from ..conftest import ROOT, stop_process
-from .conftest import run_daemon, start_client, wait_until
-from .test_limits import Allocator
+from tests.conftest import ROOT, stop_process
+from tests.arbiter.conftest import run_daemon, start_client, wait_until
+from tests.arbiter.test_limits import Allocator
 
 K, M = 1 << 10, 1 << 20
 NOBODY = 65534
@@ -330,7 +330,7 @@ def test_push_constants_a_dispatch_did_not_push_read_as_zeros_not_another_client
     """A kernel that declares 128 bytes of push constants, dispatched with none, read what the last
     push left: another client's secret, in about 40% of dispatches batched beside that client's (found by
     a hostile-tenant review). The engine now pushes every declared byte, zeros past the client's own."""
-    from ._spirv_attacks import compile_glsl, have_tools
+    from tests.arbiter._spirv_attacks import compile_glsl, have_tools
 
     if have_tools() is not None:
         pytest.skip(have_tools())
@@ -377,7 +377,7 @@ def test_shared_memory_a_kernel_did_not_write_reads_as_zeros_not_another_clients
     """Workgroup memory that a kernel reads before writing held what the last workgroup on that
     thread left: another client's words in every one of 30,560 dispatches (hostile-tenant review).
     Every module is now compiled with its shared memory zero-initialized."""
-    from ._spirv_attacks import compile_glsl, have_tools
+    from tests.arbiter._spirv_attacks import compile_glsl, have_tools
 
     if have_tools() is not None:
         pytest.skip(have_tools())

@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 
 import libshare
-from libshare import _control, workloads
+from libshare.protocol import control as _control
+from libshare import workloads
 
-from .conftest import accepted_connections, open_fds, start_client, wait_until
+from tests.arbiter.conftest import accepted_connections, open_fds, start_client, wait_until
 
 
 def test_eight_clients_with_mixed_kernels_all_right(daemon):

@@ -1,4 +1,4 @@
-"""Where the arbiter's threads run (libshare/arbiter/_placement.py).
+"""Where the arbiter's threads run (libshare/arbiter/policy/placement.py).
 
 A daemon on a CPU device (unless started with --no-placement or LIBSHARE_PLACEMENT=0) puts its
 engine thread (named libshare-engine) and the threads the driver started with the device on one
@@ -22,12 +22,12 @@ import numpy as np
 import pytest
 
 import libshare
-from libshare import _control
+from libshare.protocol import control as _control
 from libshare._proc import cpu_seconds, parent_of, stat_fields
 from libshare.arbiter import Arbiter
 
-from ..conftest import ROOT, stop_process
-from .conftest import run_daemon, wait_until
+from tests.conftest import ROOT, stop_process
+from tests.arbiter.conftest import run_daemon, wait_until
 
 ALL_CORES = frozenset(os.sched_getaffinity(0))
 needs_two_cores = pytest.mark.skipif(len(ALL_CORES) < 2, reason="placement needs at least two cores")
@@ -131,7 +131,7 @@ def test_a_daemon_puts_its_engine_with_the_drivers_threads_and_the_rest_elsewher
         assert check_placed(process.pid, pipe_dir) == core
     round_trip(pipe_dir)  # its first load of saxpy is vetted in a compiler child
     assert check_placed(process.pid, pipe_dir) == core
-    compilers = [pid for pid in children(process.pid) if "libshare.arbiter._compiler" in cmdline(pid)]
+    compilers = [pid for pid in children(process.pid) if "libshare.arbiter.programs.compiler" in cmdline(pid)]
     assert compilers, "no vetting compiler ran"
     for pid in compilers:  # on the arbiter's cores, not its placed threads': llvmpipe keys its cache by them
         assert threads(pid)[pid][1] == ALL_CORES, threads(pid)

@@ -25,10 +25,10 @@ import numpy as np
 import pytest
 
 import libshare
-from libshare import _protocol
+from libshare.protocol import wire as _protocol
 
-from . import _spirv_attacks as attacks
-from .conftest import run_daemon, wait_until
+from tests.arbiter import _spirv_attacks as attacks
+from tests.arbiter.conftest import run_daemon, wait_until
 
 pytestmark = pytest.mark.skipif(attacks.have_tools() is not None, reason=str(attacks.have_tools()))
 

@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 
 import libshare
-from libshare.arbiter import Arbiter, _admission, _programs
+from libshare.arbiter import Arbiter
+from libshare.arbiter.programs import admission as _admission, loading as _programs
 from libshare.arbiter.device import Device
 from libshare.errors import InvalidSubmission
 
-from .conftest import wait_until
+from tests.arbiter.conftest import wait_until
 
 
 @pytest.fixture
@@ -87,7 +88,7 @@ def test_validator_refuses_what_reflection_passes(vulkan_device_name):
 
 def test_a_device_that_cannot_zero_shared_memory_runs_no_kernel_that_declares_it(vulkan_device_name):
     """Without shaderZeroInitializeWorkgroupMemory a kernel's shared memory would start as what another
-    client's kernel left there (see libshare/_spirv.py): such kernels are refused, the others admitted."""
+    client's kernel left there (see libshare/arbiter/programs/spirv.py): such kernels are refused, the others admitted."""
     with Device() as device:
         assert device.zero_workgroup_memory  # lavapipe and Vulkan 1.3 devices have it
         device.zero_workgroup_memory = False  # as a device without the feature reports

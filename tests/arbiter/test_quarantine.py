@@ -18,14 +18,14 @@ import sys
 import pytest
 
 import libshare
-from libshare import _control
-from libshare.arbiter._daemon import EXIT_UNRECOVERABLE
+from libshare.protocol import control as _control
+from libshare.arbiter.service import EXIT_UNRECOVERABLE
 from libshare._proc import start_time
 
-from ..conftest import ROOT, stop_process
-from ._spirv_attacks import compile_glsl, have_tools
-from .conftest import start_client, wait_until
-from .test_compiler import saxpy_round_trip
+from tests.conftest import ROOT, stop_process
+from tests.arbiter._spirv_attacks import compile_glsl, have_tools
+from tests.arbiter.conftest import start_client, wait_until
+from tests.arbiter.test_compiler import saxpy_round_trip
 
 
 def control(pipe_dir, command: str, *args: str) -> str:
@@ -289,15 +289,15 @@ def test_a_withdrawn_record_is_not_written(tmp_path):
 @pytest.mark.parametrize("slot, record, error", [(65536, b"{}", "out of range"), (1 << 32, b"{}", "does not fit"),
                                                  (-1, b"{}", "negative"), (0, b"x" * 4097, "too long")])
 def test_a_record_the_handler_cannot_hold_is_refused(slot, record, error):
-    from libshare.arbiter import _emergency
+    from libshare.arbiter.drain import emergency as _emergency
 
     with pytest.raises((OSError, OverflowError), match=error):
         _emergency.prepare(slot, record)
 
 
 def test_a_record_of_a_name_and_command_line_that_escape_long_fits_the_handler(tmp_path):
-    from libshare.arbiter._quarantine import DESCRIPTOR, Quarantine
-    from libshare.arbiter import _emergency
+    from libshare.arbiter.drain.quarantine import DESCRIPTOR, Quarantine
+    from libshare.arbiter.drain import emergency as _emergency
 
     class Client:
         pid, uid, slot = os.getpid(), os.getuid(), 5

@@ -21,13 +21,13 @@ import numpy as np
 import pytest
 
 import libshare
-from libshare import _config
-from libshare._control import ControlConnection
+from libshare.protocol import paths as _config
+from libshare.protocol.control import ControlConnection
 from libshare._proc import parent_of, running
 
-from .._busy import busy_iterations
-from ..conftest import ROOT
-from .conftest import open_fds, wait_until
+from tests._busy import busy_iterations
+from tests.conftest import ROOT
+from tests.arbiter.conftest import open_fds, wait_until
 
 CLIENTS = 4
 

@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 
 import libshare
-from libshare import _config, _control
-from libshare.arbiter._daemon import EXIT_UNRECOVERABLE
+from libshare.protocol import paths as _config, control as _control
+from libshare.arbiter.service import EXIT_UNRECOVERABLE
 
-from .conftest import run_daemon, wait_until
+from tests.arbiter.conftest import run_daemon, wait_until
 
 BUSY = libshare.shaders.path("busy")
 RUNAWAY_N = 65535 * 64  # one invocation per element, 65535 workgroups of 64

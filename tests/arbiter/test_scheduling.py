@@ -16,17 +16,17 @@ import numpy as np
 import pytest
 
 import libshare
-from libshare import _control
+from libshare.protocol import control as _control
 from libshare.arbiter import Arbiter
-from libshare.arbiter._clients import Client
-from libshare.arbiter._scheduler import Scheduler, percentage, priority_name
+from libshare.arbiter.serve.clients import Client
+from libshare.arbiter.policy.scheduler import Scheduler, percentage, priority_name
 from libshare.errors import InvalidSubmission
 from libshare.workloads import busy_reference
 
-from .._busy import busy_iterations
-from ..conftest import ROOT
-from ._spirv_attacks import compile_glsl
-from .conftest import run_daemon, wait_until
+from tests._busy import busy_iterations
+from tests.conftest import ROOT
+from tests.arbiter._spirv_attacks import compile_glsl
+from tests.arbiter.conftest import run_daemon, wait_until
 
 
 def control(pipe_dir, command: str, *args: str) -> str:

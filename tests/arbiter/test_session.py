@@ -12,7 +12,7 @@ import pytest
 import libshare
 from libshare import workloads
 
-from .._busy import busy_iterations
+from tests._busy import busy_iterations
 
 pytestmark = pytest.mark.usefixtures("vulkan_device_name")
 
@@ -298,7 +298,7 @@ def test_a_quiet_arbiter_goes_back_to_its_threads(tmp_path):
     burst of clients, a quiet arbiter has no more threads than before it (none is left behind)."""
     from libshare.arbiter import Arbiter
 
-    from .conftest import wait_until
+    from tests.arbiter.conftest import wait_until
 
     tmp_path.chmod(0o700)
     arbiter = Arbiter()

@@ -17,13 +17,13 @@ import numpy as np
 import pytest
 
 import libshare
-from libshare._control import ControlConnection
-from libshare.arbiter._share_sockets import MAX_SHARES, SHARES
+from libshare.protocol.control import ControlConnection
+from libshare.arbiter.serve.share_sockets import MAX_SHARES, SHARES
 
-from .conftest import wait_until
-from . import test_connection_attacks as attacks
-from .test_connection_attacks import NOBODY, as_uid, needs_root, start_arbiter
-from .test_reattach import Daemon
+from tests.arbiter.conftest import wait_until
+from tests.arbiter import test_connection_attacks as attacks
+from tests.arbiter.test_connection_attacks import NOBODY, as_uid, needs_root, start_arbiter
+from tests.arbiter.test_reattach import Daemon
 
 PUSH = struct.pack("If", 64, 1.0)
 open_base = attacks.open_base  # the fixture: a directory every user may enter

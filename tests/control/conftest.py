@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from libshare import _config
-from libshare._control import ControlConnection
+from libshare.protocol import paths as _config
+from libshare.protocol.control import ControlConnection
 from libshare._proc import running as alive  # a zombie waiting for a parent that never reaps counts as dead
 from libshare.errors import LibshareError
 
-from ..conftest import ROOT, stop_process
+from tests.conftest import ROOT, stop_process
 
 
 def wait_dead(pid: int, timeout: float) -> bool:

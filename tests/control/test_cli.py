@@ -11,11 +11,11 @@ import time
 from importlib import metadata
 
 import libshare
-from libshare._control import COMMANDS
+from libshare.protocol.control import COMMANDS
 from libshare._proc import parent_of
 
-from ..conftest import ROOT
-from .conftest import alive, control, server_status, wait_active, wait_dead
+from tests.conftest import ROOT
+from tests.control.conftest import alive, control, server_status, wait_active, wait_dead
 
 
 def test_console_script_is_declared():

@@ -15,7 +15,7 @@ import pytest
 
 import libshare
 
-from .conftest import control
+from tests.control.conftest import control
 
 START = """\
 # the operator's configuration

@@ -15,10 +15,10 @@ import time
 import pytest
 
 import libshare
-from libshare.arbiter import _daemon
+from libshare.arbiter import service as _daemon
 
-from ..conftest import ROOT, stop_process
-from .conftest import alive, wait_active, wait_dead
+from tests.conftest import ROOT, stop_process
+from tests.control.conftest import alive, wait_active, wait_dead
 
 STAMP = r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} (\d+)\] "
 

@@ -9,8 +9,8 @@ import numpy as np
 
 import libshare
 
-from ..conftest import ROOT
-from .test_metrics import _free_port, _scrape
+from tests.conftest import ROOT
+from tests.control.test_metrics import _free_port, _scrape
 
 DASHBOARD = ROOT / "contrib" / "grafana" / "libshare.json"
 _METRIC = re.compile(r"\b(?:libshare|process)_[a-z_]+\b")

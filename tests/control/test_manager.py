@@ -12,11 +12,12 @@ import time
 
 import pytest
 
-from libshare import _control, manager
-from libshare.arbiter._daemon import StartFailed
+from libshare.protocol import control as _control
+from libshare import manager
+from libshare.arbiter.service import StartFailed
 
-from ..conftest import ROOT
-from .conftest import alive, wait_dead
+from tests.conftest import ROOT
+from tests.control.conftest import alive, wait_dead
 
 
 def _starts(dirs) -> list[str]:

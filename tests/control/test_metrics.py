@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import libshare
 
-from ..arbiter.conftest import wait_until
+from tests.arbiter.conftest import wait_until
 
 
 def _free_port() -> int:
@@ -74,7 +74,7 @@ def test_connections_that_never_send_a_request_hold_a_bounded_number_of_threads(
     """prometheus_client's server started a thread per connection and waited on it for ever: 200
     silent TCP connections (any local user can open them) held 200 of the arbiter's threads. At most
     _MAX_SCRAPES are served at once now; the rest are closed, and a scrape works once they are gone."""
-    from libshare.arbiter._metrics import _MAX_SCRAPES
+    from libshare.arbiter.serve.metrics import _MAX_SCRAPES
 
     port = _free_port()
     process = foreground("--metrics-port", str(port))

@@ -5,8 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from ..conftest import ROOT
-from .conftest import control
+from tests.conftest import ROOT
+from tests.control.conftest import control
 
 FAKE_ROW = "4242  99  root-job  0:00000000  ACTIVE  high  0  0.0ms  0B  unlimited  /usr/bin/fake"
 

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from libshare._control import COMMANDS
+from libshare.protocol.control import COMMANDS
 from libshare.control import _parser
 
-from ..conftest import ROOT
+from tests.conftest import ROOT
 
 UNIT = ROOT / "contrib" / "systemd" / "libshare-arbiter.service"
 

@@ -22,7 +22,7 @@ grpc = pytest.importorskip("grpc")
 
 from libshare.k8s._stubs import api_pb2, api_pb2_grpc  # noqa: E402  (after the skip above)
 
-from ..conftest import ROOT, stop_process  # noqa: E402
+from tests.conftest import ROOT, stop_process  # noqa: E402
 
 DEADLINE = 60.0  # seconds any one expected event may take on a loaded 2-core machine
 

@@ -9,7 +9,7 @@ from libshare.control import _parser as control_parser
 from libshare.k8s import parse_shares
 from libshare.k8s._cli import _parser as plugin_parser
 
-from ..conftest import ROOT
+from tests.conftest import ROOT
 
 CONTRIB = ROOT / "contrib" / "kubernetes"
 

@@ -11,13 +11,13 @@ import pytest
 
 grpc = pytest.importorskip("grpc")
 
-from libshare import _control  # noqa: E402
+from libshare.protocol import control as _control  # noqa: E402
 from libshare.k8s import group_name  # noqa: E402
 from libshare.k8s._stubs import api_pb2  # noqa: E402
 
-from ..arbiter.conftest import run_daemon, wait_until  # noqa: E402
-from ..conftest import ROOT, stop_process  # noqa: E402
-from .conftest import DEADLINE, Kubelet, health, next_listing, run_plugin  # noqa: E402
+from tests.arbiter.conftest import run_daemon, wait_until  # noqa: E402
+from tests.conftest import ROOT, stop_process  # noqa: E402
+from tests.k8s.conftest import DEADLINE, Kubelet, health, next_listing, run_plugin  # noqa: E402
 
 arbiter = contextlib.contextmanager(run_daemon)
 EMPTY = api_pb2.Empty()
@@ -148,7 +148,7 @@ def test_allocate_gives_the_shares_environment_mount_and_group_limits(kubelet, t
 
 CONTAINED = """
 import json, sys, numpy as np, libshare
-from libshare._control import ControlConnection
+from libshare.protocol.control import ControlConnection
 out = {}
 with libshare.connect(name="rogue") as s:  # LIBSHARE_GROUP dropped, a whole device and no memory limit asked for
     try:

@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("grpc_tools")
 
-from ..conftest import ROOT  # noqa: E402
+from tests.conftest import ROOT  # noqa: E402
 
 _IMPORT = ("from libshare.k8s._stubs import api_pb2, api_pb2_grpc\n"
            "print(api_pb2_grpc.__file__)\n"

@@ -12,8 +12,8 @@ from libshare import RingCorrupted
 from libshare.ring import CQE_DTYPE, Region
 from libshare.ring._binding import ffi
 
-from ..conftest import spawn_peer
-from ._peer import descriptors
+from tests.conftest import spawn_peer
+from tests.ring._peer import descriptors
 
 
 def test_producer_killed_mid_push_loses_only_its_half_written_slot():

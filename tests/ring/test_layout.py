@@ -12,7 +12,7 @@ from libshare import RingCorrupted
 from libshare.ring import C, CQE_DTYPE, DESC_DTYPE, Region
 from libshare.ring._binding import ffi, lib
 
-from ..conftest import ROOT
+from tests.conftest import ROOT
 
 
 def test_slot_sizes_match_the_c_structs():

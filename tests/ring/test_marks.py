@@ -10,7 +10,7 @@ import threading
 from libshare.ring import C, Region
 from libshare.ring._binding import ffi, lib
 
-from ._peer import descriptors
+from tests.ring._peer import descriptors
 
 
 def test_marks_are_passed_once_every_lane_is_popped_up_to_them_and_not_before():

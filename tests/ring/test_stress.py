@@ -9,8 +9,8 @@ import numpy as np
 
 from libshare.ring import Region
 
-from ..conftest import spawn_peer
-from ._peer import produce
+from tests.conftest import spawn_peer
+from tests.ring._peer import produce
 
 PER_PRODUCER = 250_000  # 4 producers: 10^6 descriptors
 

@@ -16,8 +16,8 @@ from libshare import ArbiterLost, Timeout
 from libshare.ring import CQE_DTYPE, Region
 from libshare.ring._binding import lib
 
-from ..conftest import spawn_peer
-from ._peer import descriptors
+from tests.conftest import spawn_peer
+from tests.ring._peer import descriptors
 
 
 def test_wait_times_out_within_bounds():

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from ..conftest import ROOT, stop_process
-from ..control.conftest import kill_hard
+from tests.conftest import ROOT, stop_process
+from tests.control.conftest import kill_hard
 
 PACKAGES = ("slurm-wlm", "munge")
 PROGRAMS = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scontrol", "scancel", "sinfo")

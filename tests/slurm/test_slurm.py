@@ -15,10 +15,10 @@ import sys
 import pytest
 
 from libshare import slurm as libshare_slurm
-from libshare.arbiter._limits import format_size
+from libshare.arbiter.policy.limits import format_size
 
-from ..conftest import ROOT
-from ..control.conftest import alive
+from tests.conftest import ROOT
+from tests.control.conftest import alive
 
 JOBS = {20: (200, 1), 30: (300, 1), 50: (400, 2)}  # shares: (--mem in MiB, tasks)
 

@@ -40,10 +40,10 @@ Only this package touches the ``vulkan`` package's ``ffi`` and ``lib`` (``_bindi
 loads them); every public object holds its handles privately.
 """
 
-from ._device import Device
-from ._memory import Buffer
-from ._pipelines import Pipeline
-from ._recordings import Command, Copy, Dispatch
-from ._submission import Submission
+from libshare.arbiter.device._device import Device
+from libshare.arbiter.device._memory import Buffer
+from libshare.arbiter.device._pipelines import Pipeline
+from libshare.arbiter.device._recordings import Command, Copy, Dispatch
+from libshare.arbiter.device._submission import Submission
 
 __all__ = ["Buffer", "Command", "Copy", "Device", "Dispatch", "Pipeline", "Submission"]

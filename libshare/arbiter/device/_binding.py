@@ -10,13 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from libshare.errors import (
-    InvalidSubmission,
-    LibshareError,
-    QuotaExceeded,
-    ServerFault,
-    VulkanUnavailable,
-)
+from libshare.errors import InvalidSubmission, LibshareError, QuotaExceeded, ServerFault, VulkanUnavailable
 
 _INSTALL_HINT = (
     "install a Vulkan loader and driver, e.g. `apt-get install libvulkan1 "

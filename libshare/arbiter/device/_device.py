@@ -14,12 +14,12 @@ from typing import Any
 
 from libshare.errors import InvalidSubmission
 
-from ._binding import _load_binding, _timeout_ns, _uses_binding
-from ._instance import _create_instance, _Instance
-from ._memory import _Memory
-from ._pipelines import _Pipelines
-from ._recordings import _Recordings
-from ._submission import _Submissions
+from libshare.arbiter.device._binding import _load_binding, _timeout_ns, _uses_binding
+from libshare.arbiter.device._instance import _create_instance, _Instance
+from libshare.arbiter.device._memory import _Memory
+from libshare.arbiter.device._pipelines import _Pipelines
+from libshare.arbiter.device._recordings import _Recordings
+from libshare.arbiter.device._submission import _Submissions
 
 _vk, _ffi, _lib = _uses_binding(globals())  # set when the first Device loads the binding
 

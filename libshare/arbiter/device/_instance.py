@@ -13,19 +13,9 @@ import uuid as _uuid
 from typing import Any
 
 from libshare.errors import QuotaExceeded, VulkanUnavailable
-from ..._proc import thread_ids
+from libshare._proc import thread_ids
 
-from ._binding import (
-    _INSTALL_HINT,
-    _address,
-    _check,
-    _create,
-    _enumerate,
-    _result_name,
-    _struct,
-    _text,
-    _uses_binding,
-)
+from libshare.arbiter.device._binding import (_INSTALL_HINT, _address, _check, _create, _enumerate, _result_name, _struct, _text, _uses_binding)
 
 _vk, _ffi, _lib = _uses_binding(globals())  # set when the first Device loads the binding
 
@@ -60,7 +50,7 @@ class _Instance:
         self._handle, zeroing = _create_device(info, self._family)
         self.zero_workgroup_memory: bool = zeroing
         """True when the device zeroes shared memory that a kernel's initializers say to
-        (shaderZeroInitializeWorkgroupMemory; see libshare/_spirv.py)."""
+        (shaderZeroInitializeWorkgroupMemory; see libshare/arbiter/programs/spirv.py)."""
         self.driver_threads: frozenset[int] = frozenset(thread_ids() - before)
         """Ids of the threads of this process that appeared while the driver made the device (its
         queue thread, on lavapipe), maybe with a thread some other part of the process started

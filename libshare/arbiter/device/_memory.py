@@ -22,11 +22,11 @@ import numpy as np
 
 from libshare.errors import InvalidSubmission, VulkanUnavailable
 
-from ._binding import _UINT64_MAX, _address, _check, _create, _error, _struct, _uses_binding
+from libshare.arbiter.device._binding import (_UINT64_MAX, _address, _check, _create, _error, _struct, _uses_binding)
 
 if TYPE_CHECKING:
-    from ._device import Device
-    from ._submission import _Fence
+    from libshare.arbiter.device._device import Device
+    from libshare.arbiter.device._submission import _Fence
 
 _vk, _ffi, _lib = _uses_binding(globals())  # set when the first Device loads the binding
 

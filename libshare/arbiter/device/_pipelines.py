@@ -1,7 +1,7 @@
 """Pipelines: compute pipelines whose storage buffers are pushed per dispatch.
 
 Every module is compiled with its shared, private and function variables zero-initialized
-(``libshare._spirv.zero_initialized``): what a kernel did not write reads as zeros, never as
+(``libshare.arbiter.programs.spirv.zero_initialized``): what a kernel did not write reads as zeros, never as
 what another client's kernel left in that memory.
 
 :meth:`~libshare.arbiter.device.Device.create_pipeline` may run on any thread, so that a long
@@ -14,13 +14,13 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, Any
 
-from libshare._spirv import zero_initialized
+from libshare.arbiter.programs.spirv import zero_initialized
 from libshare.errors import InvalidSubmission
 
-from ._binding import _address, _check, _create, _struct, _uses_binding
+from libshare.arbiter.device._binding import _address, _check, _create, _struct, _uses_binding
 
 if TYPE_CHECKING:
-    from ._device import Device
+    from libshare.arbiter.device._device import Device
 
 _vk, _ffi, _lib = _uses_binding(globals())  # set when the first Device loads the binding
 # VK_PIPELINE_CREATE_DISPATCH_BASE_BIT (core in Vulkan 1.1; the vulkan package's name for it is None): the

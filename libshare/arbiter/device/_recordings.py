@@ -43,12 +43,12 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 from libshare.errors import InvalidSubmission
 
-from ._binding import _check, _memory_barrier, _struct, _uses_binding
-from ._memory import Buffer
-from ._pipelines import Pipeline
+from libshare.arbiter.device._binding import _check, _memory_barrier, _struct, _uses_binding
+from libshare.arbiter.device._memory import Buffer
+from libshare.arbiter.device._pipelines import Pipeline
 
 if TYPE_CHECKING:
-    from ._submission import _QueryPool
+    from libshare.arbiter.device._submission import _QueryPool
 
 _vk, _ffi, _lib = _uses_binding(globals())  # set when the first Device loads the binding
 

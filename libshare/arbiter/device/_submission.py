@@ -26,22 +26,13 @@ import numpy as np
 
 from libshare.errors import InvalidSubmission
 
-from ._binding import (
-    _address,
-    _check,
-    _create,
-    _error,
-    _memory_barrier,
-    _struct,
-    _timeout_ns,
-    _uses_binding,
-)
-from ._recordings import _ANY
+from libshare.arbiter.device._binding import (_address, _check, _create, _error, _memory_barrier, _struct, _timeout_ns, _uses_binding)
+from libshare.arbiter.device._recordings import _ANY
 
 if TYPE_CHECKING:
-    from ._device import Device
-    from ._memory import Buffer
-    from ._recordings import Command, _Recording
+    from libshare.arbiter.device._device import Device
+    from libshare.arbiter.device._memory import Buffer
+    from libshare.arbiter.device._recordings import Command, _Recording
 
 _vk, _ffi, _lib = _uses_binding(globals())  # set when the first Device loads the binding
 

@@ -1,0 +1,1 @@
+"""The control thread beside the engine: events, tasks, containment, quarantine, crash cleanup."""

@@ -1,0 +1,1 @@
+"""The scheduling policy: drain order, budgets, pieces, limits and thread placement."""

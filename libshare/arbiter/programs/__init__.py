@@ -1,0 +1,1 @@
+"""Programs: SPIR-V reflection and admission, vetting compiles, loading and quotas."""

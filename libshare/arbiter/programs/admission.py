@@ -1,0 +1,130 @@
+"""Admission of a client's SPIR-V module: every check it passes before a driver sees it.
+
+A module is untrusted code. Mesa's compiler segfaults on about 1 in 45 byte-flipped
+variants of a valid module, loops for tens of seconds on a tiny module with a huge id
+bound, and on lavapipe the module's code runs inside the arbiter itself. So a module
+reaches ``vkCreateShaderModule`` only after all of these, cheapest first:
+
+1. **Bounds**: at most :data:`MAX_MODULE_BYTES` bytes, and an id bound no larger than
+   the module could use (twice its word count, plus slack). A larger bound is never
+   needed by a real module and is what made Mesa allocate for seconds.
+2. **Reflection and the whitelist** (:func:`libshare.arbiter.programs.spirv.reflect`): one GLCompute
+   entry point, storage buffers in set 0 only, and only the capabilities, extensions,
+   addressing and memory models and storage classes a compute kernel over its bound
+   buffers needs. ``PhysicalStorageBufferAddresses`` (pointers made from integers) is
+   the one that matters most.
+3. **Device limits**: workgroup size and invocations, shared memory, push-constant
+   bytes, and a ceiling on per-invocation private memory (on lavapipe it lives on the
+   stack of the arbiter thread that runs the kernel).
+4. **The SPIR-V validator**: ``spirv-val`` from SPIRV-Tools (Debian's ``spirv-tools``),
+   for the Vulkan 1.1 environment the arbiter's device runs, in a subprocess with a
+   time limit, so that a validator bug costs a child process, not the arbiter; at most
+   one per core at once, so that clients sending modules together cannot take every
+   core from the device. The validator's first message goes back to the client.
+
+Every refusal is an :class:`~libshare.errors.InvalidSubmission` that names what was
+refused. Compiling (in a vetting child first, see ``_compiler.py``) comes after.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import threading
+
+from libshare.arbiter.programs.spirv import ShaderInterface, reflect
+from libshare.errors import InvalidSubmission, VulkanUnavailable
+
+__all__ = ["MAX_MODULE_BYTES", "MAX_PRIVATE_BYTES", "admit", "validator_path"]
+
+MAX_MODULE_BYTES = 1 << 20
+"""Largest module accepted (1 MiB; the shipped kernels are 1-3 kB)."""
+MAX_PRIVATE_BYTES = 64 << 10
+"""Most bytes of Private and Function variables a kernel may declare."""
+_ID_BOUND_SLACK = 1024
+_VALIDATOR_TIMEOUT = 10.0
+_TARGET_ENV = "vulkan1.1"  # the API version the arbiter's instance asks for (the device package)
+_INSTALL_HINT = "install SPIRV-Tools (`apt-get install spirv-tools`)"
+_VALIDATORS = threading.BoundedSemaphore(os.cpu_count() or 2)  # spirv-val processes at once
+
+
+def admit(spirv: bytes, device) -> ShaderInterface:
+    """The module's interface once it has passed every check above for ``device``.
+
+    Raises :class:`InvalidSubmission` naming the first check it failed.
+    """
+    check_bounds(spirv)
+    try:
+        interface = reflect(spirv)
+    except InvalidSubmission:
+        raise
+    except (ArithmeticError, LookupError, RecursionError, TypeError, ValueError) as exc:  # a parser bug: refuse
+        raise InvalidSubmission(f"invalid SPIR-V: reflection could not read it ({type(exc).__name__})") from None
+    check_device_limits(interface, device)
+    validate(spirv)
+    return interface
+
+
+def check_bounds(spirv: bytes) -> None:
+    """Refuse a module that is too large, or whose header claims more ids than it could use."""
+    if len(spirv) > MAX_MODULE_BYTES:
+        raise InvalidSubmission(f"SPIR-V module of {len(spirv)} bytes is too large (the limit is "
+                                f"{MAX_MODULE_BYTES} bytes)")
+    if len(spirv) >= 20:
+        order = "little" if spirv[:4] == b"\x03\x02\x23\x07" else "big"
+        bound = int.from_bytes(spirv[12:16], order)
+        most = 2 * (len(spirv) // 4) + _ID_BOUND_SLACK
+        if bound > most:
+            raise InvalidSubmission(f"SPIR-V id bound {bound} is too large for a {len(spirv)}-byte module "
+                                    f"(at most {most})")
+
+
+def check_device_limits(interface: ShaderInterface, device) -> None:
+    """Refuse a kernel whose workgroup, shared, private or push-constant memory the device cannot give."""
+    size, limit = interface.local_size, device.max_workgroup_size
+    if any(a > b for a, b in zip(size, limit)):
+        raise InvalidSubmission(f"workgroup size {size} exceeds the device's {limit}")
+    invocations = size[0] * size[1] * size[2]
+    if invocations > device.max_workgroup_invocations:
+        raise InvalidSubmission(f"workgroup of {invocations} invocations exceeds the device's "
+                                f"{device.max_workgroup_invocations}")
+    if interface.workgroup_bytes and not device.zero_workgroup_memory:
+        raise InvalidSubmission("kernel declares shared memory, and this device cannot zero it before a kernel "
+                                "starts (it lacks shaderZeroInitializeWorkgroupMemory): it would read what "
+                                "another client's kernel left there")
+    if interface.workgroup_bytes > device.max_shared_memory:
+        raise InvalidSubmission(f"kernel declares {interface.workgroup_bytes} bytes of shared memory; the "
+                                f"device allows {device.max_shared_memory}")
+    if interface.private_bytes > MAX_PRIVATE_BYTES:
+        raise InvalidSubmission(f"kernel declares {interface.private_bytes} bytes of private variables; "
+                                f"libshare allows {MAX_PRIVATE_BYTES}")
+    if interface.push_constant_size > device.max_push_constants_size:
+        raise InvalidSubmission(f"program declares {interface.push_constant_size} bytes of push constants; "
+                                f"the device allows {device.max_push_constants_size}")
+    if interface.bindings != tuple(range(len(interface.bindings))):
+        raise InvalidSubmission(f"program bindings {interface.bindings} must be 0..N-1 in set 0")
+
+
+def validator_path() -> str:
+    """Where ``spirv-val`` is; raises VulkanUnavailable with an install hint when it is missing."""
+    path = shutil.which("spirv-val")
+    if path is None:
+        raise VulkanUnavailable(f"the SPIR-V validator spirv-val is not installed, and no client module may "
+                                f"run unvalidated; {_INSTALL_HINT}")
+    return path
+
+
+def validate(spirv: bytes) -> None:
+    """Run ``spirv-val`` on the module; raise InvalidSubmission with its message when it refuses."""
+    try:
+        with _VALIDATORS:  # clients that send modules at once share the cores, not take one each
+            result = subprocess.run([validator_path(), "--target-env", _TARGET_ENV, "-"], input=bytes(spirv),
+                                    capture_output=True, timeout=_VALIDATOR_TIMEOUT, check=False)
+    except subprocess.TimeoutExpired:
+        raise InvalidSubmission(f"spirv-val took longer than {_VALIDATOR_TIMEOUT:.0f} s on this module; "
+                                "refused") from None
+    if result.returncode != 0:
+        lines = (result.stderr or result.stdout).decode(errors="replace").strip().splitlines()
+        message = lines[0] if lines else f"exit status {result.returncode}"
+        raise InvalidSubmission(f"invalid SPIR-V: spirv-val: {message[:500]}")

@@ -1,0 +1,181 @@
+"""Programs: admission by content, pipelines shared by content, compiled off the control thread.
+
+A client's ``load_program`` runs on its connection thread, in three steps:
+
+1. **Admission** (:class:`Interfaces`): bounds, reflection, whitelist, device limits and
+   the SPIR-V validator (``_admission.py``). The outcome, admitted or refused, is kept for
+   the most recent ``_INTERFACES`` modules by SHA-256, so a module many clients load is
+   checked once, and a refused one is refused again at once, whoever sends it.
+2. **Compilation** (:class:`SharedPipelines`): clients that load the same SPIR-V (the
+   usual case: many processes of one job) share the arbiter's VkPipeline. A module the
+   arbiter has no pipeline for is compiled first in a vetting child (daemon arbiters,
+   ``_compiler.py``: a crash or a compile past the time limit refuses the module and
+   remembers the refusal), then by the arbiter itself, on the connection thread, never
+   on the control thread: a slow compile delays only the client that asked for it.
+3. **Registration**, as a control task: the quota check that counts, and the client's
+   ProgramRecord. Each client gets its own record and program id, so freeing a program,
+   or losing a client, never touches another client's. A shared pipeline is destroyed
+   when the last record using it is destroyed, that is once the last command that
+   names it has retired.
+
+**Quotas.** Every pipeline costs the arbiter memory, and lavapipe never gives back about
+105 KiB of each pipeline it compiles. A client may hold at most ``max_programs`` programs
+(:data:`MAX_PROGRAMS`, ``LIBSHARE_MAX_PROGRAMS``) and all clients together
+:data:`MAX_TOTAL_PROGRAMS`; past either, ``QuotaExceeded``. Loading a module another
+client already loaded costs a record, not a compile, so honest clients that share
+kernels do not feel the cap. What the caps do not bound is churn: a client that loads
+and frees distinct modules for ever still costs lavapipe's 105 KiB per compile.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections import OrderedDict
+
+from libshare.arbiter.programs.spirv import ShaderInterface
+from libshare.errors import InvalidSubmission, QuotaExceeded, ServerNotReady
+from libshare.arbiter.programs.admission import admit
+from libshare.arbiter.serve.clients import ProgramRecord
+from libshare.arbiter.device import Device, Pipeline
+
+__all__ = ["Interfaces", "MAX_PROGRAMS", "MAX_TOTAL_PROGRAMS", "SharedPipelines", "check_program_quota"]
+
+_INTERFACES = 256  # admission outcomes remembered
+MAX_PROGRAMS = 256
+"""Default most programs one client may hold at once."""
+MAX_TOTAL_PROGRAMS = 4096
+"""Most programs all clients together may hold at once."""
+
+
+class Interfaces:
+    """Admission outcomes by content, for the connection threads (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._known: OrderedDict[bytes, ShaderInterface | InvalidSubmission] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def of(self, spirv: bytes, device: Device) -> tuple[bytes, ShaderInterface]:
+        """The module's digest and interface; raises InvalidSubmission when it is refused."""
+        digest = hashlib.sha256(spirv).digest()
+        with self._lock:
+            found = self._known.get(digest)
+            if found is not None:
+                self._known.move_to_end(digest)
+        if found is None:
+            try:  # outside the lock: a large module must not stall other clients
+                found = admit(spirv, device)
+            except InvalidSubmission as exc:
+                found = exc
+            self._remember(digest, found)
+        if isinstance(found, InvalidSubmission):
+            raise InvalidSubmission(str(found))
+        return digest, found
+
+    def refuse(self, digest: bytes, refusal: InvalidSubmission) -> None:
+        """Remember that a module was refused after admission (its compile crashed or ran too long)."""
+        self._remember(digest, refusal)
+
+    def _remember(self, digest: bytes, outcome: ShaderInterface | InvalidSubmission) -> None:
+        with self._lock:
+            self._known[digest] = outcome
+            self._known.move_to_end(digest)
+            if len(self._known) > _INTERFACES:
+                self._known.popitem(last=False)
+
+
+class SharedPipelines:
+    """Pipelines by module digest, counted by the records that use them.
+
+    :meth:`acquire` may run on any thread; :meth:`release`, :meth:`collect` and
+    :meth:`forget` run on the control thread.
+    """
+
+    def __init__(self) -> None:
+        self._by_digest: dict[bytes, Pipeline] = {}
+        self._users: dict[Pipeline, tuple[bytes, int]] = {}
+        self._duplicates: list[Pipeline] = []  # compiled twice by racing loads: destroy on the control thread
+        self._generation = 0  # bumped when the device is recreated
+        self._lock = threading.Lock()
+
+    def acquire(self, device: Device, digest: bytes, spirv: bytes, interface: ShaderInterface,
+                push_size: int) -> Pipeline:
+        """The pipeline of ``spirv``, compiled on the calling thread on first use.
+
+        Call :meth:`release` once per acquire, on the control thread.
+        """
+        bindings = len(interface.bindings)
+        with self._lock:
+            generation = self._generation
+            if (shared := self._add_user(digest)) is not None:
+                return shared
+        pipeline = device.create_pipeline(spirv, bindings, push_size, interface.entry_point)
+        with self._lock:
+            if generation != self._generation:
+                raise ServerNotReady("the device was recreated while the program compiled; load it again")
+            if (shared := self._add_user(digest)) is not None:
+                self._duplicates.append(pipeline)
+                return shared
+            self._by_digest[digest] = pipeline
+            self._users[pipeline] = (digest, 1)
+        return pipeline
+
+    def has(self, digest: bytes) -> bool:
+        """Whether a pipeline of this module exists (its module needs no vetting)."""
+        with self._lock:
+            return digest in self._by_digest
+
+    def digest_of(self, pipeline: Pipeline) -> bytes | None:
+        """The SHA-256 of the module ``pipeline`` was compiled from (None: not one of this device's)."""
+        with self._lock:
+            known = self._users.get(pipeline)
+        return known[0] if known else None
+
+    def _add_user(self, digest: bytes) -> Pipeline | None:
+        pipeline = self._by_digest.get(digest)
+        if pipeline is not None:
+            known, users = self._users[pipeline]
+            self._users[pipeline] = (known, users + 1)
+        return pipeline
+
+    def release(self, device: Device, pipeline: Pipeline) -> None:
+        """One user fewer; the last one destroys the pipeline (control thread)."""
+        with self._lock:
+            if pipeline not in self._users:  # made by a device recreated since: gone with it
+                return
+            digest, users = self._users[pipeline]
+            if users > 1:
+                self._users[pipeline] = (digest, users - 1)
+                return
+            del self._users[pipeline], self._by_digest[digest]
+        device.destroy_pipeline(pipeline)
+
+    def collect(self, device: Device) -> None:
+        """Destroy the pipelines that racing loads compiled twice (control thread)."""
+        with self._lock:
+            duplicates, self._duplicates = self._duplicates, []
+        for pipeline in duplicates:
+            device.destroy_pipeline(pipeline)
+
+    def forget(self) -> None:
+        """Drop every pipeline without destroying it (its device is being closed and recreated)."""
+        with self._lock:
+            self._by_digest.clear()
+            self._users.clear()
+            self._duplicates.clear()
+            self._generation += 1
+
+    def __len__(self) -> int:
+        return len(self._by_digest)
+
+
+def check_program_quota(client, clients, per_client: int) -> None:
+    """Raise QuotaExceeded when ``client`` may not hold one more program."""
+    held = client.held(ProgramRecord)
+    if held >= per_client:
+        raise QuotaExceeded(f"{client.describe()} holds {held} programs (freed ones still in use count), its "
+                            f"limit (LIBSHARE_MAX_PROGRAMS={per_client}); free some first")
+    total = sum(other.held(ProgramRecord) for other in clients)
+    if total >= MAX_TOTAL_PROGRAMS:
+        raise QuotaExceeded(f"the arbiter holds {total} programs for all clients, its limit "
+                            f"({MAX_TOTAL_PROGRAMS}); retry once others have freed theirs")

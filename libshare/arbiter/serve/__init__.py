@@ -1,0 +1,1 @@
+"""Serving clients: the gate, hello and requests, share sockets, control commands, metrics."""

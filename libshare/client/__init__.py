@@ -1,0 +1,1 @@
+"""The client side of a session: connecting, buffers, tickets, completions and reattach."""
