@@ -18,7 +18,10 @@ from typing import Iterable
 
 from libshare.protocol import paths as _config
 from libshare.protocol.control import COMMANDS, ControlConnection
-from libshare.arbiter import service as _daemon
+from libshare.daemon.directory import serving_pid
+from libshare.daemon.logs import log_handler
+from libshare.daemon.options import Options, add_arguments
+from libshare.daemon.start import start_background
 from libshare.errors import ArbiterLost, ArbiterUnavailable, LibshareError
 
 __all__ = ["main"]
@@ -51,7 +54,7 @@ def _parser() -> argparse.ArgumentParser:
                       help="run the arbiter in the foreground (logs also on stderr) until SIGINT, SIGTERM or quit")
     parser.add_argument("--start-timeout", type=float, default=60.0,
                         help="seconds -d waits for the arbiter to become ACTIVE (default 60)")
-    _daemon.add_arguments(parser)
+    add_arguments(parser)
     parser.add_argument("command", nargs=argparse.REMAINDER, help="a command and its arguments (see below)")
     return parser
 
@@ -64,7 +67,7 @@ def _unknown(name: str) -> str:
     return f"unknown command {name!r}; valid commands: {', '.join(COMMANDS)}"
 
 
-def _open_control_log(options: _daemon.Options) -> None:
+def _open_control_log(options: Options) -> None:
     """Append this process's command log to control.log; a log directory we cannot write only warns."""
     if log.handlers:
         return
@@ -72,7 +75,7 @@ def _open_control_log(options: _daemon.Options) -> None:
     log.propagate = False
     try:
         options.log_directory.mkdir(mode=0o755, parents=True, exist_ok=True)
-        log.addHandler(_daemon.log_handler(options.log_directory / "control.log"))
+        log.addHandler(log_handler(options.log_directory / "control.log"))
     except OSError as exc:
         print(f"warning: not logging to {options.log_directory / 'control.log'}: {exc}", file=sys.stderr)
         log.addHandler(logging.NullHandler())
@@ -92,7 +95,7 @@ def _summary(output: str) -> str:
 class _Runner:
     """Sends commands over one control connection, opened on first use; counts failures."""
 
-    def __init__(self, options: _daemon.Options):
+    def __init__(self, options: Options):
         self.options = options
         self.failures = 0
         self._connection: ControlConnection | None = None
@@ -152,7 +155,7 @@ def _stdin_lines() -> Iterable[str]:
         yield line
 
 
-def _run_commands(options: _daemon.Options, command: list[str]) -> int:
+def _run_commands(options: Options, command: list[str]) -> int:
     _open_control_log(options)
     runner = _Runner(options)
     try:
@@ -166,18 +169,18 @@ def _run_commands(options: _daemon.Options, command: list[str]) -> int:
     return 1 if runner.failures else 0
 
 
-def _start_daemon(options: _daemon.Options, timeout: float) -> int:
+def _start_daemon(options: Options, timeout: float) -> int:
     started = time.monotonic()
     _open_control_log(options)
     try:
-        process = _daemon.start_background(options, timeout, supervised=True)
+        process = start_background(options, timeout, supervised=True)
     except (LibshareError, OSError) as exc:
         _error(str(exc))
         log.error("-d: the arbiter did not start: %s", exc)
         return 1
     finally:
         _close_control_log()
-    print(f"libshare arbiter pid {_daemon.serving_pid(options.pipe_directory)} ACTIVE at "
+    print(f"libshare arbiter pid {serving_pid(options.pipe_directory)} ACTIVE at "
           f"{_config.socket_path(options.pipe_directory)} under control daemon pid {process.pid} "
           f"({time.monotonic() - started:.2f} s)", flush=True)
     return 0
@@ -186,7 +189,7 @@ def _start_daemon(options: _daemon.Options, timeout: float) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``libshare-control``; returns the exit status (non-zero if anything failed)."""
     args = _parser().parse_args(argv)
-    options = _daemon.Options.from_args(args)
+    options = Options.from_args(args)
     if (args.daemon or args.foreground) and args.command:
         _error(f"-d and -f take no command (got {shlex.join(args.command)!r}); run commands separately")
         return 2

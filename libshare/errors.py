@@ -115,6 +115,14 @@ class VulkanUnavailable(LibshareError):
     """No usable Vulkan driver or device was found."""
 
 
+class AlreadyServing(LibshareError):
+    """Another arbiter (or control daemon) already serves this pipe directory."""
+
+
+class StartFailed(LibshareError):
+    """A background arbiter exited, or did not become ACTIVE, before it could serve."""
+
+
 def remote_error(fields: dict) -> LibshareError:
     """The exception an arbiter's refusal ``{"error": CLASS, "message": TEXT}`` stands for."""
     cls = globals().get(str(fields.get("error")))

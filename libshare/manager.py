@@ -27,7 +27,8 @@ import threading
 from pathlib import Path
 
 from libshare.protocol.control import ControlConnection
-from libshare.arbiter import service as _daemon
+from libshare.daemon.options import Options
+from libshare.daemon.start import start_background
 from libshare.errors import ArbiterLost, ArbiterUnavailable
 
 __all__ = ["Lease", "acquire", "release"]
@@ -38,7 +39,7 @@ _STOP_TIMEOUT = 30.0
 class _Arbiter:
     """The manager's record of one pipe directory's arbiter: who started it, how many leases hold it."""
 
-    def __init__(self, options: _daemon.Options):
+    def __init__(self, options: Options):
         self.options = options
         self.leases = 0
         self.lock = threading.Lock()  # held while starting or stopping; the registry's lock is not
@@ -55,7 +56,7 @@ class _Arbiter:
         if pid is not None:
             self.process, self.pid = None, pid  # someone else's: use it, never quit it
             return
-        self.process = _daemon.start_background(self.options, timeout)
+        self.process = start_background(self.options, timeout)
         self.pid = self.process.pid
 
     def stop(self) -> None:
@@ -145,12 +146,12 @@ def acquire(device: str | int | None = None, pipe_directory: str | os.PathLike |
     """A lease on the arbiter of ``pipe_directory`` (default: LIBSHARE_PIPE_DIRECTORY or the per-user one).
 
     Starts the arbiter for ``device`` when none runs there, and waits (at most ``timeout``
-    seconds) until it is ACTIVE; raises :class:`libshare.arbiter.service.StartFailed` with
+    seconds) until it is ACTIVE; raises :class:`libshare.errors.StartFailed` with
     the arbiter's own reason if it does not start, and ValueError when the pipe directory
     is already leased for another device. ``multi_user`` starts it with ``--multi-user`` (root
     only): clients of every uid may connect (an arbiter already running is used as it is).
     """
-    options = _daemon.Options.create(pipe_directory, log_directory,
+    options = Options.create(pipe_directory, log_directory,
                                      device=None if device is None else str(device), multi_user=multi_user)
     with _registry_lock:
         arbiter = _registry.setdefault(options.pipe_directory, _Arbiter(options))
@@ -166,7 +167,7 @@ def acquire(device: str | int | None = None, pipe_directory: str | os.PathLike |
         raise
 
 
-def _check_device(arbiter: _Arbiter, options: _daemon.Options) -> None:
+def _check_device(arbiter: _Arbiter, options: Options) -> None:
     held, wanted = arbiter.options.device, options.device
     if arbiter.leases and None not in (held, wanted) and held != wanted:
         raise ValueError(f"{options.pipe_directory} is leased for device {held}; one arbiter serves one device, "

@@ -55,7 +55,7 @@ from libshare import manager
 from libshare.protocol.control import ControlConnection, decimal
 from libshare._proc import running  # a prolog's child is reparented to init, which may never reap it
 from libshare.manager import _server_pid
-from libshare.arbiter import service as _daemon
+from libshare.daemon.logs import log_handler
 from libshare.errors import ArbiterLost, ArbiterUnavailable, LibshareError
 
 __all__ = ["JobRequest", "group_name", "parse_job", "prolog", "epilog"]
@@ -307,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     settings = _Settings.from_environment()
     settings.log_directory.mkdir(mode=0o755, parents=True, exist_ok=True)
-    handler = _daemon.log_handler(settings.log_directory / "slurm.log")
+    handler = log_handler(settings.log_directory / "slurm.log")
     log.addHandler(handler)
     log.setLevel(logging.INFO)
     job_id = os.environ.get("SLURM_JOB_ID", "")

@@ -246,7 +246,8 @@ def lsx_py_serve(pipe_directory):
     ls_serve renamed its own socket over a live arbiter's, which no new client could reach again)."""
     global _served
     from libshare.arbiter import Arbiter
-    from libshare.arbiter.service import AlreadyServing, PidLock, remove_stale_socket
+    from libshare.daemon.directory import PidLock, remove_stale_socket
+    from libshare.errors import AlreadyServing
 
     with _lock:
         if _served is not None:

@@ -1,19 +1,13 @@
-"""Running the arbiter as a service: pipe directory, PID lock, stale socket, logs, signals.
+"""Running the arbiter as a service: the foreground runner, signals, and the control daemon's link.
 
-One arbiter serves a pipe directory. It proves that by holding an ``flock`` on the
-directory's lock file for its whole life (the kernel drops the lock when the process
-dies, however it dies), with its pid written inside for whoever is refused. A socket
-left behind by a dead arbiter is stale: nobody accepts on it, ``connect`` is refused,
-and the new arbiter removes it. A socket that answers belongs to a live arbiter that
-holds no lock (an embedded host, an older version): the newcomer names its pid and
-leaves. SIGINT and SIGTERM stop gracefully through :meth:`Arbiter.close`; a crash
-signal runs the C handler of ``_emergency.c``, which unlinks socket and lock before
-the process dies.
-
-:func:`run` is the foreground runner behind ``python -m libshare.arbiter``;
-:func:`start_background` starts that same runner as a detached process for
-:mod:`libshare.manager`, or the control daemon (_supervisor.py) for
-``libshare-control -d``, which runs ``-f`` in the foreground.
+:func:`run` is the runner behind ``python -m libshare.arbiter`` (``libshare-control -f``
+runs the control daemon, which starts it). It takes the pipe directory's lock
+(:mod:`libshare.daemon.directory`), removes a stale socket, logs to server.log and
+control.log (:mod:`libshare.daemon.logs`), and serves until SIGINT, SIGTERM, ``quit`` or a
+device that cannot be recovered. SIGINT and SIGTERM stop gracefully through
+:meth:`Arbiter.close`; a crash signal runs the C handler of ``drain/emergency.c``, which
+unlinks socket and lock before the process dies. Starting one in the background is
+:mod:`libshare.daemon.start`.
 
 Under the control daemon (``--supervisor-fd``) an arbiter starts as a standby: it makes
 its device and vetting compilers first, says ``standby`` on its link, and takes the lock
@@ -42,344 +36,30 @@ process and leaves that alone):
 
 from __future__ import annotations
 
-import argparse
 import ctypes
-import fcntl
 import logging
 import os
 import signal
 import socket
-import stat
-import struct
-import subprocess
 import sys
 import threading
-import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from libshare.protocol import paths as _config
-from libshare.protocol.control import decimal
-from libshare._proc import MAX_PID, parent_of
 from libshare.arbiter.serve import config as _settings
-from libshare.errors import ArbiterUnavailable, LibshareError
+from libshare.daemon.directory import PidLock, prepare_directory, remove_stale_socket
+from libshare.daemon.logs import close_logging as _close_logging, configure_logging
+from libshare.daemon.options import EXIT_CANNOT_START, EXIT_UNRECOVERABLE, Options
+from libshare.errors import LibshareError
 
-__all__ = ["Options", "AlreadyServing", "StartFailed", "add_arguments", "run", "start_background",
-           "configure_logging", "log_handler", "STDERR_FILE", "EXIT_CANNOT_START", "EXIT_UNRECOVERABLE"]
+__all__ = ["run", "SupervisorLink"]
 
 log = logging.getLogger("libshare.arbiter")
 control_log = logging.getLogger("libshare.control")
 
-STDERR_FILE = "arbiter.stderr"
-"""File in the log directory that receives a background arbiter's standard error."""
-
-EXIT_CANNOT_START = 1
-"""Exit status of an arbiter that could not start (a bad option, no such device, the lock is taken)."""
-
-EXIT_UNRECOVERABLE = 75  # EX_TEMPFAIL
-"""Exit status of an arbiter whose device cannot be recovered in-process (a dispatch that never ends
-outlived the watchdog and the recovery timeout): socket and lock are gone, start a new one."""
-
 _OOM_SCORE_ADJ = -900  # the daemon arbiter's, where it may lower it
 _CLIENT_OOM_MARGIN = 500  # otherwise clients are kept this far above the arbiter
 _PR_SET_DUMPABLE = 4
-_DATE_FORMAT = "%Y-%m-%d %H:%M:%S"  # of a log line's date (_LogFile)
-
-
-class AlreadyServing(LibshareError):
-    """Another arbiter already serves this pipe directory."""
-
-
-class StartFailed(LibshareError):
-    """A background arbiter exited, or did not become ACTIVE, before it could serve."""
-
-
-@dataclass(frozen=True)
-class Options:
-    """How to run an arbiter; the fields mirror the command-line options of :func:`add_arguments`."""
-
-    pipe_directory: Path
-    log_directory: Path
-    device: str | None = None
-    max_clients: int | None = None  # None: the configuration file's, else the arbiter's default (48)
-    timestamps: bool = True
-    placement: bool = True  # the engine and the driver's threads on a core of their own (_placement.py)
-    multi_user: bool = False
-    metrics_port: int = 0
-    metrics_address: str = "127.0.0.1"
-    shutdown_timeout: float = 10.0
-    supervisor_fd: int = -1  # the control daemon's link (_supervisor.py), or -1; not in argv()
-    config: Path | None = None  # the operator's configuration file (_settings.py)
-
-    @classmethod
-    def create(cls, pipe_directory=None, log_directory=None, config=None, **fields) -> Options:
-        """Options with the pipe and log directories resolved from the LIBSHARE_* environment
-        (and the configuration file's path made absolute: a daemon's children run in /)."""
-        pipe = _config.pipe_directory(pipe_directory).absolute()
-        logs = _config.log_directory(log_directory, pipe).absolute()
-        return cls(pipe, logs, config=None if config is None else Path(config).absolute(), **fields)
-
-    @classmethod
-    def from_args(cls, args: argparse.Namespace) -> Options:
-        """Options from a namespace parsed by a parser that :func:`add_arguments` filled."""
-        return cls.create(args.pipe_directory, args.log_directory, device=args.device,
-                          max_clients=args.max_clients, timestamps=not args.no_timestamps,
-                          placement=not args.no_placement and os.environ.get("LIBSHARE_PLACEMENT") != "0",
-                          multi_user=args.multi_user, metrics_port=args.metrics_port,
-                          metrics_address=args.metrics_address, shutdown_timeout=args.shutdown_timeout,
-                          supervisor_fd=args.supervisor_fd, config=args.config)
-
-    def argv(self) -> list[str]:
-        """The command-line options that reproduce these options."""
-        argv = ["--pipe-directory", str(self.pipe_directory), "--log-directory", str(self.log_directory),
-                "--shutdown-timeout", str(self.shutdown_timeout)]
-        if self.max_clients is not None:
-            argv += ["--max-clients", str(self.max_clients)]
-        if self.config is not None:
-            argv += ["--config", str(self.config)]
-        if self.device is not None:
-            argv += ["--device", str(self.device)]
-        if not self.timestamps:
-            argv.append("--no-timestamps")
-        if not self.placement:
-            argv.append("--no-placement")
-        if self.multi_user:
-            argv.append("--multi-user")
-        if self.metrics_port:
-            argv += ["--metrics-port", str(self.metrics_port), "--metrics-address", self.metrics_address]
-        return argv
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1 (got {value})")
-    return value
-
-
-def _port(text: str) -> int:
-    value = int(text)
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"must be a TCP port 0..65535 (got {value})")
-    return value
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add the arbiter's options (shared by ``python -m libshare.arbiter`` and ``libshare-control``)."""
-    group = parser.add_argument_group("arbiter options")
-    group.add_argument("--pipe-directory", default=None,
-                       help="where the control socket and lock file live (default: LIBSHARE_PIPE_DIRECTORY, "
-                            "else $XDG_RUNTIME_DIR/libshare, else /tmp/libshare-$UID)")
-    group.add_argument("--log-directory", default=None,
-                       help="where server.log and control.log go (default: LIBSHARE_LOG_DIRECTORY, "
-                            "else the pipe directory)")
-    group.add_argument("--device", default=None, help="Vulkan device index or UUID (default: LIBSHARE_DEVICE, else 0)")
-    group.add_argument("--max-clients", type=_positive_int, default=None,
-                       help="clients served at once (default: max_clients of --config, else 48)")
-    group.add_argument("--config", default=None, metavar="FILE",
-                       help="the operator's configuration (TOML: [defaults] and [groups.NAME]; see README); "
-                            "read again on reload and SIGHUP")
-    group.add_argument("--no-timestamps", action="store_true",
-                       help="skip per-dispatch device timing (no device-time accounting; faster on lavapipe)")
-    group.add_argument("--no-placement", action="store_true",
-                       help="leave the engine's and the driver's threads on every core (by default, on a CPU "
-                            "device, they share one core and the arbiter's other threads get the rest; "
-                            "LIBSHARE_PLACEMENT=0 does the same)")
-    group.add_argument("--multi-user", action="store_true",
-                       help="serve clients of every user (run as root), not only the arbiter's own user")
-    group.add_argument("--metrics-port", type=_port, default=0,
-                       help="serve Prometheus metrics on this TCP port (default 0: off)")
-    group.add_argument("--metrics-address", default="127.0.0.1", help="address of the metrics endpoint")
-    group.add_argument("--shutdown-timeout", type=float, default=10.0,
-                       help="seconds running work may take to end on SIGINT/SIGTERM (default 10)")
-    group.add_argument("--supervisor-fd", type=int, default=-1, help=argparse.SUPPRESS)  # set by the control daemon
-
-
-# -------------------------------------------------------------------- logs
-
-def log_handler(path: Path) -> logging.Handler:
-    """A handler appending timestamped lines (``[date time.ms pid] LEVEL message``) to ``path``,
-    which is made readable by its owner and group only: the logs name every client, its group and
-    the operator's commands, and in multi-user mode other users could open them by name."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o640)
-    try:
-        os.fchmod(fd, 0o640)  # one made before, by an older arbiter, as well
-    except BaseException:
-        os.close(fd)
-        raise
-    return _LogFile(fd)
-
-
-class _LogFile(logging.Handler):
-    """Lines of ``[date time.ms pid] LEVEL message`` (a traceback after, if any) appended to the
-    descriptor ``fd``, which it owns, with one ``os.write`` each (O_APPEND: the lines of several
-    processes never interleave), the date formatted once a second.
-
-    A FileHandler's text stream, Formatter and flush made a line cost the arbiter's Python some 40 us,
-    and each attach logs two (attach cycles in a loop: 0.85-0.90 ms with it, 0.83 ms with this)."""
-
-    def __init__(self, fd: int):
-        super().__init__()
-        self.setFormatter(logging.Formatter())  # for tracebacks and stacks
-        self._fd = fd
-        self._second, self._date = -1, ""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        try:
-            second = int(record.created)
-            if second != self._second:
-                self._second, self._date = second, time.strftime(_DATE_FORMAT, time.localtime(second))
-            line = f"[{self._date}.{int(record.msecs):03d} {record.process}] {record.levelname} {record.getMessage()}"
-            if record.exc_info:
-                line += "\n" + self.formatter.formatException(record.exc_info)
-            if record.stack_info:
-                line += "\n" + self.formatter.formatStack(record.stack_info)
-            if self._fd >= 0:
-                os.write(self._fd, (line + "\n").encode("utf-8", "replace"))
-        except Exception:  # a full disk: what logging does with any handler's failure
-            self.handleError(record)
-
-    def close(self) -> None:
-        """Close the descriptor (idempotent)."""
-        with self.lock:
-            if self._fd >= 0:
-                os.close(self._fd)
-                self._fd = -1
-        super().close()
-
-
-def configure_logging(log_directory: Path, echo: bool) -> None:
-    """Send libshare.arbiter to server.log and libshare.control to control.log (and stderr when ``echo``)."""
-    log_directory.mkdir(mode=0o755, parents=True, exist_ok=True)
-    for logger, name in ((log, "server.log"), (control_log, "control.log")):
-        logger.setLevel(logging.INFO)
-        logger.propagate = False
-        logger.addHandler(log_handler(log_directory / name))
-        if echo and (stderr := _stderr_copy()) >= 0:
-            logger.addHandler(_LogFile(stderr))
-
-
-def _stderr_copy() -> int:
-    """A descriptor of this process's stderr for a log handler to own, or -1 when there is none (a
-    daemon started with its stderr closed logs to its files alone)."""
-    try:
-        return os.dup(sys.stderr.fileno())
-    except (AttributeError, OSError, ValueError):  # sys.stderr None, closed, or not a file
-        return -1
-
-
-def _close_logging() -> None:
-    for logger in (log, control_log):
-        for handler in list(logger.handlers):
-            logger.removeHandler(handler)
-            handler.close()
-
-
-# -------------------------------------------------------------------- pipe directory and lock
-
-def prepare_directory(directory: Path, multi_user: bool = False) -> None:
-    """Create the pipe directory (or take an existing one) and set its mode: 0700, or in multi-user
-    mode 0711, which lets every user reach the socket (0666, set by the arbiter) but not list or
-    change the directory. It must be a directory of this uid: one that another user owns could
-    have its socket replaced under the arbiter."""
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-    status = os.lstat(directory)
-    if not stat.S_ISDIR(status.st_mode) or status.st_uid != os.getuid():
-        raise LibshareError(f"the pipe directory {directory} is not a directory of uid {os.getuid()} (owner uid "
-                            f"{status.st_uid}); remove it or choose another --pipe-directory")
-    os.chmod(directory, 0o711 if multi_user else 0o700)
-
-
-def holder(path: Path) -> str:
-    """The pid written in a held lock file (it may still be empty a moment after it was taken)."""
-    for _ in range(20):
-        try:
-            text = path.read_text().strip()
-        except OSError:
-            text = ""
-        if text:
-            return text
-        time.sleep(0.01)
-    return "unknown"
-
-
-def serving_pid(directory: Path) -> str | None:
-    """The pid of the arbiter that holds ``directory``'s lock, or None when none does."""
-    path = _config.lock_path(directory)
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return holder(path)
-    finally:
-        os.close(fd)
-    return None
-
-
-class PidLock:
-    """The flock on a pipe directory's lock file, held with this pid written in it."""
-
-    def __init__(self, path: Path, directory: Path):
-        self.path = path
-        """The lock file."""
-        self._fd = self._take(path, directory)
-        os.ftruncate(self._fd, 0)
-        os.write(self._fd, f"{os.getpid()}\n".encode())
-
-    @staticmethod
-    def _take(path: Path, directory: Path) -> int:
-        while True:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
-                raise AlreadyServing(f"another arbiter (pid {holder(path)}) serves {directory}") from None
-            # The previous holder unlinks the file before it lets go: a lock on an inode that
-            # is no longer at ``path`` guards nothing, so take the new file instead.
-            try:
-                same = os.stat(path).st_ino == os.fstat(fd).st_ino
-            except FileNotFoundError:
-                same = False
-            if same:
-                return fd
-            os.close(fd)
-
-    def release(self) -> None:
-        """Remove the lock file, then let go of the lock. Idempotent."""
-        if self._fd < 0:
-            return
-        self.path.unlink(missing_ok=True)
-        os.close(self._fd)
-        self._fd = -1
-
-
-def _peer_pid(sock: socket.socket) -> int:
-    pid, _uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
-    return pid
-
-
-def remove_stale_socket(path: Path, directory: Path) -> None:
-    """Remove a socket nobody accepts on; raise :class:`AlreadyServing` when one answers."""
-    if not os.path.lexists(path):
-        return
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-    try:
-        probe.settimeout(2.0)
-        probe.connect(str(path))
-    except (ConnectionRefusedError, FileNotFoundError):
-        path.unlink(missing_ok=True)
-        log.warning("removed stale socket %s (no arbiter answered on it)", path)
-        return
-    except OSError as exc:
-        raise AlreadyServing(f"cannot tell whether {path} is in use ({exc}); remove it if no arbiter runs") from exc
-    else:
-        raise AlreadyServing(f"another arbiter (pid {_peer_pid(probe)}) serves {directory}")
-    finally:
-        probe.close()
 
 
 # -------------------------------------------------------------------- the foreground runner
@@ -694,83 +374,3 @@ def _protect_from_oom() -> int:
             except OSError:
                 pass  # a privileged parent set it higher on purpose
     return int(path.read_text())
-
-
-# -------------------------------------------------------------------- background start
-
-def _tail(path: Path, offset: int, lines: int = 8) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(offset)
-            text = f.read().decode(errors="replace")
-    except OSError:
-        return ""
-    return "\n".join(text.strip().splitlines()[-lines:])
-
-
-def _status(pipe_directory: Path, pid: int) -> str | None:
-    """The state of the arbiter ``pid`` at ``pipe_directory``; None until it holds the lock and answers."""
-    from libshare.protocol.control import ControlConnection  # light: no Vulkan
-
-    try:
-        if _config.lock_path(pipe_directory).read_text().strip() != str(pid):
-            return None
-        with ControlConnection(pipe_directory, timeout=5.0) as connection:
-            if connection.run("get_server_list").split() != [str(pid)]:
-                return None
-            return connection.run("get_server_status").strip()
-    except (ArbiterUnavailable, FileNotFoundError):
-        return None
-
-
-def _child_serving(pipe_directory: Path, parent: int) -> int | None:
-    """The pid of the arbiter serving ``pipe_directory`` if it is a child of ``parent``."""
-    pid = decimal(serving_pid(pipe_directory) or "", MAX_PID)
-    return pid if pid and parent_of(pid) == parent else None
-
-
-def start_background(options: Options, timeout: float = 60.0, supervised: bool = False) -> subprocess.Popen:
-    """Start a detached arbiter and return once it answers ACTIVE; :class:`StartFailed` with its reason if not.
-
-    The arbiter runs in a new session with stdin and stdout on /dev/null and stderr
-    appended to ``arbiter.stderr`` in the log directory; it logs to server.log. With
-    ``supervised`` the process started is the control daemon (_supervisor.py), whose child
-    arbiter must answer ACTIVE.
-    """
-    options.log_directory.mkdir(mode=0o755, parents=True, exist_ok=True)
-    stderr_path = options.log_directory / STDERR_FILE
-    with open(stderr_path, "ab") as stderr:
-        offset = stderr.tell()
-        process = subprocess.Popen([sys.executable, "-m", "libshare.arbiter", "--quiet",
-                                    *(["--supervise"] if supervised else []), *options.argv()],
-                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr,
-                                   start_new_session=True, close_fds=True, cwd="/")
-    try:
-        _wait_active(process, options.pipe_directory, timeout, lambda: _tail(stderr_path, offset), supervised)
-    except BaseException:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-        raise
-    return process
-
-
-def _wait_active(process: subprocess.Popen, pipe_directory: Path, timeout: float, reason,
-                 supervised: bool = False) -> None:
-    deadline = time.monotonic() + timeout
-    status = None
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise StartFailed(reason() or f"the arbiter exited with status {process.returncode}")
-        try:
-            pid = _child_serving(pipe_directory, process.pid) if supervised else process.pid
-            status = None if pid is None else _status(pipe_directory, pid)
-        except LibshareError as exc:
-            status = f"unanswered ({exc})"
-        if status == "ACTIVE":
-            return
-        if status == "FAULT":
-            raise StartFailed(f"the arbiter (pid {process.pid}) is in FAULT state: {reason()}")
-        time.sleep(0.02)
-    raise StartFailed(f"the arbiter (pid {process.pid}) was not ACTIVE after {timeout:.0f} s "
-                      f"(last status: {status}); {reason()}")

@@ -57,7 +57,10 @@ import time
 from dataclasses import dataclass, field
 
 from libshare.protocol import paths as _config
-from libshare.arbiter import service as _daemon
+from libshare.daemon.directory import holder, prepare_directory, serving_pid
+from libshare.daemon.logs import configure_logging
+from libshare.daemon.options import EXIT_CANNOT_START, EXIT_UNRECOVERABLE, Options, STDERR_FILE
+from libshare.errors import AlreadyServing
 from libshare.arbiter.serve import config as _settings
 
 log = logging.getLogger("libshare.control")
@@ -94,7 +97,7 @@ class Child:
 class Supervisor:
     """The control daemon's loop (see the module's essay); :meth:`run` returns its exit status."""
 
-    def __init__(self, options: _daemon.Options):
+    def __init__(self, options: Options):
         self.options = options
         self.children: list[Child] = []
         self.stopping = ""
@@ -126,17 +129,17 @@ class Supervisor:
 
     def _take_lock(self) -> int:
         directory = self.options.pipe_directory
-        _daemon.prepare_directory(directory, self.options.multi_user)
-        holder = _daemon.serving_pid(directory)
-        if holder is not None:
-            raise _daemon.AlreadyServing(f"another arbiter (pid {holder}) serves {directory}")
+        prepare_directory(directory, self.options.multi_user)
+        serving = serving_pid(directory)
+        if serving is not None:
+            raise AlreadyServing(f"another arbiter (pid {serving}) serves {directory}")
         path = _config.supervisor_lock_path(directory)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise _daemon.AlreadyServing(f"another control daemon (pid {_daemon.holder(path)}) supervises "
+            raise AlreadyServing(f"another control daemon (pid {holder(path)}) supervises "
                                          f"{directory}") from None
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
@@ -183,7 +186,7 @@ class Supervisor:
     def _start(self) -> None:
         """Start an arbiter; it reports ``standby`` once its device is made."""
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        stderr_path = self.options.log_directory / _daemon.STDERR_FILE
+        stderr_path = self.options.log_directory / STDERR_FILE
         try:
             with open(stderr_path, "ab") as stderr:
                 process = subprocess.Popen(
@@ -290,9 +293,9 @@ class Supervisor:
             log.info("arbiter pid %d stopped (%s): the control daemon stops too", child.pid, why)
             self._stop("the arbiter stopped")
             return
-        if status == _daemon.EXIT_CANNOT_START and not self.served:  # a bad option, no device: trying again won't help
+        if status == EXIT_CANNOT_START and not self.served:  # a bad option, no device: trying again won't help
             log.error("arbiter pid %d could not start (see %s): the control daemon stops", child.pid,
-                      self.options.log_directory / _daemon.STDERR_FILE)
+                      self.options.log_directory / STDERR_FILE)
             self.status = 1
             self._stop("the first arbiter could not start")
             return
@@ -359,20 +362,20 @@ def _describe(status: int) -> str:
             return f"was killed by {signal.Signals(-status).name}"
         except ValueError:
             return f"was killed by signal {-status}"
-    if status == _daemon.EXIT_UNRECOVERABLE:
+    if status == EXIT_UNRECOVERABLE:
         return f"exited with status {status} (its device could not be recovered)"
     return f"exited with status {status}"
 
 
-def run(options: _daemon.Options, echo: bool) -> int:
+def run(options: Options, echo: bool) -> int:
     """Run the control daemon in this process (``libshare-control -f``, and the detached ``-d``)."""
-    _daemon.configure_logging(options.log_directory, echo)
+    configure_logging(options.log_directory, echo)
     log.info("control daemon pid %d supervises %s", os.getpid(), options.pipe_directory)
     try:
         if options.config is not None:
             _settings.read(options.config)  # a bad file: no arbiter would start (each child reads it again)
         return Supervisor(options).run()
-    except (_daemon.AlreadyServing, _settings.ConfigError, OSError) as exc:
+    except (AlreadyServing, _settings.ConfigError, OSError) as exc:
         log.error("the control daemon did not start: %s", exc)
         if not echo:
             print(exc, file=sys.stderr, flush=True)

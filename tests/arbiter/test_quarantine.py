@@ -19,7 +19,7 @@ import pytest
 
 import libshare
 from libshare.protocol import control as _control
-from libshare.arbiter.service import EXIT_UNRECOVERABLE
+from libshare.daemon.options import EXIT_UNRECOVERABLE
 from libshare._proc import start_time
 
 from tests.conftest import ROOT, stop_process
@@ -246,7 +246,7 @@ def start_client_checked(pipe_dir):
 
 CRASH_WITH_RECORD = """
 import os, signal, sys
-from libshare.arbiter import _emergency
+from libshare.arbiter.drain import emergency as _emergency
 directory, slot, busy, record = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4].encode()
 _emergency.install(directory + "/../no-socket", directory + "/../no-lock")
 _emergency.journal(directory)

@@ -18,7 +18,7 @@ import pytest
 
 import libshare
 from libshare.protocol import paths as _config, control as _control
-from libshare.arbiter.service import EXIT_UNRECOVERABLE
+from libshare.daemon.options import EXIT_UNRECOVERABLE
 
 from tests.arbiter.conftest import run_daemon, wait_until
 

@@ -15,7 +15,7 @@ import time
 import pytest
 
 import libshare
-from libshare.arbiter import service as _daemon
+from libshare.daemon.logs import log_handler
 
 from tests.conftest import ROOT, stop_process
 from tests.control.conftest import alive, wait_active, wait_dead
@@ -157,7 +157,7 @@ def test_a_log_file_takes_whole_lines_tracebacks_included(tmp_path):
     path = tmp_path / "server.log"
     path.write_text("an older arbiter's line\n")
     os.chmod(path, 0o644)
-    handler = _daemon.log_handler(path)
+    handler = log_handler(path)
     logger = logging.getLogger("libshare.test-log-file")
     logger.propagate, logger.level = False, logging.INFO
     logger.addHandler(handler)
@@ -203,7 +203,7 @@ def test_emergency_handler_alone(tmp_path, disarmed):
     for path in paths:
         path.write_text("")
     script = ("import os, sys\n"
-              "from libshare.arbiter import _emergency\n"
+              "from libshare.arbiter.drain import emergency as _emergency\n"
               "_emergency.install(sys.argv[1], sys.argv[2])\n"
               f"{'_emergency.disarm()' if disarmed else ''}\n"
               "os.abort()\n")

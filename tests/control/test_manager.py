@@ -14,7 +14,7 @@ import pytest
 
 from libshare.protocol import control as _control
 from libshare import manager
-from libshare.arbiter.service import StartFailed
+from libshare.errors import StartFailed
 
 from tests.conftest import ROOT
 from tests.control.conftest import alive, wait_dead
@@ -87,7 +87,7 @@ def test_an_arbiter_already_running_is_used_but_never_quit(dirs, daemon):
 
 def test_environment_attaches_workloads_to_the_arbiter(dirs, vulkan_device_name):
     script = ("import os, libshare\n"
-              "from libshare import _control\n"
+              "from libshare.protocol import control as _control\n"
               "with libshare.connect(name='workload'):  # LIBSHARE_MODE=daemon: no embedded fallback\n"
               "    assert str(os.getpid()) in _control.run('get_client_list').split()\n"
               "print('ok')\n")
