@@ -66,6 +66,7 @@
 #include <unistd.h>
 
 #include "ring.h"
+#include "sync.h"
 #include "api.h"
 
 #define LSX_HOOK static
@@ -164,12 +165,12 @@ static int64_t deadline_of(int64_t timeout_ns)
     return timeout_ns < 0 ? INT64_MAX : now_ns() + timeout_ns;
 }
 
-static int is_lost(ls_session *s) { return __atomic_load_n(&s->lost, __ATOMIC_RELAXED); }
+static int is_lost(ls_session *s) { return ls_load_relaxed(&s->lost); }
 
 static int mark_lost(ls_session *s, int rc)
 {
     int lost = rc == -LS_ECORRUPT ? -LS_ECORRUPT : -LS_ELOST;
-    __atomic_store_n(&s->lost, lost, __ATOMIC_RELAXED);
+    ls_store_relaxed(&s->lost, lost);
     return lost;
 }
 
@@ -202,7 +203,7 @@ static int recover_locked(ls_session *s, int rc)
 static int recover(ls_session *s, int rc, uint64_t generation)
 {
     pthread_mutex_lock(&s->cq_lock);
-    rc = __atomic_load_n(&s->generation, __ATOMIC_RELAXED) != generation ? 0 : recover_locked(s, rc);
+    rc = ls_load_relaxed(&s->generation) != generation ? 0 : recover_locked(s, rc);
     pthread_mutex_unlock(&s->cq_lock);
     return rc;
 }
@@ -238,7 +239,7 @@ static int check_ticket(ls_session *s, uint64_t ticket)
     int rc = check_session(s);
     if (rc < 0)
         return rc;
-    if (ticket == 0 || ticket >= __atomic_load_n(&s->next_ticket, __ATOMIC_RELAXED))
+    if (ticket == 0 || ticket >= ls_load_relaxed(&s->next_ticket))
         return fail(-EINVAL, "ticket %llu was never issued by this session", (unsigned long long)ticket);
     return 0;
 }
@@ -291,7 +292,7 @@ static int submit(ls_session *s, const struct lsx_op *op, uint64_t *ticket)
         rc = push_locked(s, trying, op);
         if (rc >= 0 && number == 0) {
             number = trying;
-            __atomic_store_n(&s->next_ticket, number + 1, __ATOMIC_RELAXED);
+            ls_store_relaxed(&s->next_ticket, number + 1);
         }
         pthread_mutex_unlock(&s->lock);
         if (rc == 1)
@@ -574,7 +575,7 @@ static int reattach(ls_session *s)
         rc = open_ring(s, &conn);
         if (rc == 0)
             rc = note_lost_buffers(s);
-        __atomic_store_n(&s->generation, s->generation + 1, __ATOMIC_RELAXED);
+        ls_store_relaxed(&s->generation, s->generation + 1);
     }
     if (rc < 0)
         mark_lost(s, rc);
@@ -586,7 +587,7 @@ static int reattach(ls_session *s)
 /* A control call (a hook): once more after a reattach when it met an arbiter restart first. */
 #define CONTROL(s, call)                                                                            \
     ({                                                                                              \
-        uint64_t generation_ = __atomic_load_n(&(s)->generation, __ATOMIC_RELAXED);                  \
+        uint64_t generation_ = ls_load_relaxed(&(s)->generation);                                   \
         int control_rc_ = hooked(PYTHON(call));                                                     \
         if (control_rc_ == -LS_ERESTARTED)                                                          \
             control_rc_ = recover((s), -LS_EPEERDEAD, generation_) == 0 ? hooked(PYTHON(call))       \
@@ -630,7 +631,7 @@ int ls_connect(const struct ls_options *options, ls_session **out)
         (void)PYTHON(lsx_py_close(conn.handle));
         return rc;
     }
-    if (!__atomic_exchange_n(&shutdown_registered, 1, __ATOMIC_ACQ_REL))
+    if (!ls_exchange(&shutdown_registered, 1))
         atexit(shutdown_python);        /* the embedded Python never finalizes: close its arbiter */
     *out = s;
     return 0;

@@ -529,7 +529,7 @@ int ls_desc_check(const struct ls_desc *d)
 
 /* The consumer's private heads, read from the lanes at its first look, not at ls_region_open: each
  * lane's head lies on a page of its own, and a client (which opens the region but never consumes)
- * paid a fault for each of them on its way to its welcome (8 lanes: 9 page faults at open, now 2). */
+ * would pay a page fault for each lane on its way to its welcome if they were read at open. */
 static void consumer_heads(ls_region *r)
 {
     if (r->heads_read)

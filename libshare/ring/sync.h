@@ -31,6 +31,9 @@
 #define ls_cas(p, expected_ptr, desired) \
     __atomic_compare_exchange_n((p), (expected_ptr), (desired), 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)
 #define ls_smp_mb() __atomic_thread_fence(__ATOMIC_SEQ_CST)
+/* Fences for a plain word that publishes plain bytes (a signal handler's reader, which takes no lock). */
+#define ls_fence_acquire() __atomic_thread_fence(__ATOMIC_ACQUIRE)
+#define ls_fence_release() __atomic_thread_fence(__ATOMIC_RELEASE)
 
 static inline void ls_cpu_relax(void)
 {

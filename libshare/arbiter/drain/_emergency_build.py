@@ -26,7 +26,7 @@ ffibuilder.set_source(
     "libshare.arbiter.drain._emergency_cffi",
     '#include "emergency.h"',
     sources=[_relative(HERE / "emergency.c")],
-    include_dirs=[_relative(HERE)],
+    include_dirs=[_relative(HERE), _relative(HERE.parents[1] / "ring")],
     extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra"],
 )
 

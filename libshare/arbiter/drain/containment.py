@@ -34,9 +34,7 @@ reaches the head of the device's queue (the time it spent queued behind another 
 count) and starts again each time the marker moves. A single command faults at the
 watchdog, exactly; a command in a batch within twice the watchdog (it may have started up
 to one watchdog before the marker was last seen to move); a batch of legal commands runs as
-long as they take. Before the markers a batch had twice the watchdog in all, and 256 queued
-dispatches of a second each (a hostile-tenant review) faulted the server for every client
-at the default 120 s; a batch whose marker could not be made still has that limit. The
+long as they take (a batch whose marker could not be made has twice the watchdog in all). The
 client that tripped the watchdog is named in server.log and shown RUNAWAY in ``ps``
 (SUSPECT for each of several clients that shared the submission: which of their
 dispatches ran cannot be told) until its work ends or the arbiter exits. A RUNAWAY client is

@@ -33,6 +33,7 @@
 #include <unistd.h>
 
 #include "emergency.h"
+#include "sync.h"
 
 #define LS_PATH_BYTES 4096
 
@@ -101,7 +102,7 @@ static void journal_crash(void)
         return;
     record = &records[slot - 1];
     length = record->length;
-    __atomic_thread_fence(__ATOMIC_ACQUIRE);  /* the bytes stored before the length */
+    ls_fence_acquire();  /* the bytes stored before the length: pairs with the releases in ls_emergency_prepare */
     if (!length || !record->bytes)
         return;
     temporary[0] = to[0] = '\0';
@@ -199,13 +200,13 @@ int ls_emergency_prepare(uint32_t slot, const char *bytes, size_t length)
         return -E2BIG;
     record = &records[slot];
     record->length = 0;
-    __atomic_thread_fence(__ATOMIC_RELEASE);
+    ls_fence_release();  /* the length is 0 before the bytes change: pairs with the acquire in journal_crash */
     if (!length)
         return 0;
     if (!record->bytes && !(record->bytes = malloc(LS_EMERGENCY_RECORD_BYTES)))
         return -ENOMEM;
     memcpy(record->bytes, bytes, length);
-    __atomic_thread_fence(__ATOMIC_RELEASE);  /* the bytes before the length */
+    ls_fence_release();  /* the bytes before the length: pairs with the acquire in journal_crash */
     record->length = length;
     return 0;
 }

@@ -192,8 +192,8 @@ class Engine:
 
     def stats(self, slot: int) -> Stats | None:
         """``slot``'s counters, or None for an unknown slot. Any thread: each call reads into its own
-        struct (the C call releases the GIL, and a shared one was overwritten by another thread's
-        call before it was read: a hostile-tenant review saw a client's counters in another's stats)."""
+        struct (the C call releases the GIL: a shared struct could be overwritten by another thread's
+        call before it is read, giving one client another's counters)."""
         return _read_stats(lib.ls_engine_stats, self._e, slot)
 
     def dropped(self, slot: int) -> bool:

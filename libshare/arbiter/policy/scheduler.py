@@ -273,9 +273,9 @@ class Scheduler:
     def _cut_ns(self, clients: list, ranks: dict[int, int], top: int) -> int:
         """The pieces' length for lower work while rank ``top`` is active: ``_CUT_NS``, or the longest
         of the top rank's own commands (its running estimate), if longer. A higher client waits for
-        its own commands anyway, and cut finer, the lower work went one piece per pass between them:
-        behind a normal client's 25 ms commands four low clients did 0.25 dispatches a second each
-        (5.7 whole), with gaps of 4-6 s (a fourth hostile-tenant review)."""
+        its own commands anyway, and cut finer, the lower work would go one piece per pass between
+        them: behind a higher client's long commands, lower clients would wait seconds between
+        two of their own."""
         longest = max((self.usage(c).per_command_ns for c in clients if ranks[c.id] == top), default=0.0)
         return int(min(max(_CUT_NS, longest), _CUT_MAX_NS))
 

@@ -51,8 +51,8 @@ Memory a kernel did not write reads as zeros
 --------------------------------------------
 A variable without an initializer holds whatever its memory held: on lavapipe, shared
 (``Workgroup``) memory is a buffer the driver's threads reuse from one workgroup to the next,
-whoever's kernel that was (a hostile-tenant review read another client's words in every one of
-30,560 dispatches), and ``Private`` and ``Function`` variables live on the thread's stack.
+whoever's kernel that was (a kernel that reads its shared memory before writing it would read
+another client's words), and ``Private`` and ``Function`` variables live on the thread's stack.
 :func:`zero_initialized` gives every such variable an ``OpConstantNull`` initializer before a
 driver sees the module: the device zeroes it as the kernel starts (``Workgroup`` initializers
 need the device's ``shaderZeroInitializeWorkgroupMemory``, VK_KHR_zero_initialize_workgroup_memory,

@@ -28,11 +28,9 @@ or ``restart``) starts without either, and the plugin, which sees the new arbite
 limits and then opens the socket again. Meanwhile a contained session that lost its arbiter
 dials the socket until it answers (the welcome told it whether a control daemon supervises
 the arbiter: the container cannot see the daemon's lock), so it never meets the group
-without its limits. (Opened again by the next arbiter from what it found on disk, the sockets
-came back 0.4 s before the limits, and a share whose group had been given to another
-container while the arbiter was down stayed open for good; and a hard link to the daemon's
-lock in the share directory let a contained root process hold the lock and keep a new
-control daemon from starting.)
+without its limits. A new arbiter never reopens sockets from what it finds on disk: those
+would answer before the limits are set, and would keep open a share whose group was given to
+another container while the arbiter was down.
 
 Through a share socket the group's owner rules still apply, to root as well (_server._check_group_allowed:
 in multi-user mode the socket is reachable by every local user, not only by the container),
