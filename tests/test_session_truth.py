@@ -259,7 +259,7 @@ def test_every_way_of_asking_sees_a_killed_arbiter(daemon):
 # ---------------------------------------------------------------- records and numbers
 
 def test_tickets_nobody_holds_leave_no_record_in_the_session(daemon):
-    """The README's pipelining: dispatch, never wait the ticket, wait_idle now and then."""
+    """Pipelining: dispatch, never wait the ticket, wait_idle now and then."""
     with connect(daemon[1]) as session:
         x, y = session.array(64), session.array(64)
 
