@@ -246,7 +246,7 @@ def _serve_locked(options: Options, path: Path, stop: _Stop, arbiter, link: Supe
         log.info("stopping (%s), work in flight gets %.1f s", stop.reason or "error", timeout)
         stop.abandoned = not arbiter.close(timeout)
     if unrecoverable is not None:
-        log.error("arbiter pid %d exits with status %d: %s; start a new arbiter (a supervisor does: see README)",
+        log.error("arbiter pid %d exits with status %d: %s; start a new arbiter (a supervisor does: see docs/operating.md)",
                   os.getpid(), EXIT_UNRECOVERABLE, unrecoverable)
         control_log.error("arbiter pid %d stopped (%s): exit status %d", os.getpid(), stop.reason,
                           EXIT_UNRECOVERABLE)

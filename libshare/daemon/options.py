@@ -109,7 +109,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--max-clients", type=_positive_int, default=None,
                        help="clients served at once (default: max_clients of --config, else 48)")
     group.add_argument("--config", default=None, metavar="FILE",
-                       help="the operator's configuration (TOML: [defaults] and [groups.NAME]; see README); "
+                       help="the operator's configuration (TOML: [defaults] and [groups.NAME]; see docs/configuration.md); "
                             "read again on reload and SIGHUP")
     group.add_argument("--no-timestamps", action="store_true",
                        help="skip per-dispatch device timing (no device-time accounting; faster on lavapipe)")
