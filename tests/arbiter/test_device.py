@@ -301,10 +301,10 @@ def test_cache_is_bounded(device, saxpy_spirv):
         by = dev.import_host(data.ctypes.data + half, half)
         for a in range(50):
             _run(dev, [_saxpy(pipeline, bx, by, 64, float(a))], timed=a % 2 == 0)
-            assert dev._recording_count <= 8
+            assert len(dev.recordings) <= 8
         _run(dev, [_saxpy(pipeline, bx, by, 64, 1.0)] * 20)  # in flight at once: may exceed, then shrinks
         _run(dev, [_saxpy(pipeline, bx, by, 64, 2.0)])
-        assert dev._recording_count <= 8
+        assert len(dev.recordings) <= 8
         np.testing.assert_allclose(data[half // 4 : half // 4 + 64], 1.0 + sum(range(50)) + 20.0 + 2.0)
         # A command whose cache entry is evicted while in flight still protects its buffers.
         pending = dev.submit([_saxpy(pipeline, by, bx, 64, 0.0)])
@@ -354,7 +354,7 @@ def test_fresh_device_buffers_read_as_zeros_on_both_paths(device, host, cpu):
     n = 16 << 10
     pattern, source = host(n, 7.0)
     out, sink = host(n)
-    device.cpu = cpu
+    anonymous, device.memory.anonymous = device.memory.anonymous, cpu
     try:
         for _ in range(3):  # freed memory is the next buffer's: it must never show the pattern
             dirty = device.alloc_device(n * 4)
@@ -367,7 +367,7 @@ def test_fresh_device_buffers_read_as_zeros_on_both_paths(device, host, cpu):
         device.wait_idle()
         assert device.clearing_bytes == 0
     finally:
-        device.cpu = True
+        device.memory.anonymous = anonymous
 
 
 def test_importing_the_package_loads_no_vulkan():

@@ -8,24 +8,34 @@ wrappers build fresh cffi structs on every call, so recording a command buffer f
 Python costs tens of microseconds, more than a tiny dispatch takes on a GPU. This package
 therefore records each distinct command once and afterwards only *resubmits* it.
 
-Its modules each hold one concept, and the part of the design about it:
+Each concept is an object that owns its state, in a module of its own with its part of
+the design; a module imports only the modules above it in this list:
 
 * ``_binding.py``: loading the ``vulkan`` package, VkResult errors, small cffi helpers.
-* ``_instance.py``: the instance, physical device information and selection, the VkDevice,
-  its queue and command pool.
-* ``_memory.py``: :class:`Buffer`: imported host memory and device memory, which reads as zeros.
-* ``_pipelines.py``: :class:`Pipeline`: compute pipelines, created on any thread.
-* ``_recordings.py``: the :class:`Command` kinds and the cache of their recordings: keys,
-  the two shapes of a recording, the bound, the barrier that orders commands.
-* ``_submission.py``: :class:`Submission`: one vkQueueSubmit, its fence, batches, timing.
-* ``_device.py``: :class:`Device`, one class made of one part per module above (a mixin
-  each), and its lifetime: construction and :meth:`~Device.close`.
+* ``_instance.py``: :class:`~._instance.Instance`: the instance, physical device information
+  and selection, the VkDevice and its queue; the device's facts (name, UUID, limits) and
+  its lifetime (closed, abandoned).
+* ``_queue.py``: :class:`~._queue.Queue`: submission to the queue (routed through a native
+  engine's lock), the command pool, pooled fences, the barrier every command ends with.
+* ``_memory.py``: :class:`Buffer` and :class:`~._memory.Memory`: imported host memory and
+  device memory, which reads as zeros.
+* ``_pipelines.py``: :class:`Pipeline` and :class:`~._pipelines.Pipelines`: compute
+  pipelines, created on any thread under the compile guard.
+* ``_timestamps.py``: :class:`~._timestamps.Timestamps`: query pools, and timestamps the
+  host reads from mapped memory.
+* ``_recordings.py``: the :class:`Command` kinds and :class:`~._recordings.Recordings`, the
+  cache of their recordings: keys, the two shapes of a recording, the bound.
+* ``_submission.py``: :class:`Submission` and :class:`~._submission.Submissions`: one
+  vkQueueSubmit, its fence, batches, device time.
+* ``_device.py``: :class:`Device`, which builds the parts (``device.instance``, ``.queue``,
+  ``.memory``, ``.pipelines``, ``.timestamps``, ``.recordings``, ``.submissions``), passes
+  its callers' calls to them, and closes them: :meth:`~Device.close`.
 
 Rules for the caller (the arbiter)
 ----------------------------------
 * A :class:`Device` is not thread-safe: call ``submit``, ``release`` and every
   create/destroy method from one thread at a time (the arbiter: under its control lock,
-  ``arbiter/_tasks.py``). Two exceptions: :meth:`Submission.wait` and
+  ``arbiter/drain/tasks.py``). Two exceptions: :meth:`Submission.wait` and
   :meth:`Submission.done` may run in another thread (cffi drops the GIL while waiting),
   and so may :meth:`create_pipeline`, so that a long compile never holds up the thread
   that submits (Vulkan lets pipeline creation run beside anything but the destruction of
@@ -37,7 +47,9 @@ Rules for the caller (the arbiter)
 * Read ``device_ns`` before ``release()``: the query slots are reused afterwards.
 
 Only this package touches the ``vulkan`` package's ``ffi`` and ``lib`` (``_binding.py``
-loads them); every public object holds its handles privately.
+loads them); the objects it exports hold their handles privately. Callers use the
+Device's methods; a part is reached through the Device only for what it does not pass on
+(``device.instance.abandoned``, ``len(device.recordings)``).
 """
 
 from libshare.arbiter.device._device import Device

@@ -1,30 +1,34 @@
-"""The Device: one class made of one part per concept, and its lifetime.
+"""The Device: the parts of one VkDevice, composed, and its lifetime.
 
-Each part is a mixin from the module of its concept (``_instance.py``, ``_memory.py``,
-``_pipelines.py``, ``_recordings.py``, ``_submission.py``). The constructor sets up each
-part's state (its ``_init_*`` method) and then opens the device (``_open``);
-:meth:`Device.close` waits for work and compiles, tears the parts down (their ``_close_*``
-methods) and then destroys the device (``_destroy_device``).
+A :class:`Device` builds one object per concept, each over the ones below it:
+:class:`~._instance.Instance` (the VkDevice and its facts), :class:`~._queue.Queue` (command
+buffers, fences, the barrier), :class:`~._memory.Memory` (buffers),
+:class:`~._pipelines.Pipelines`, :class:`~._timestamps.Timestamps` (query pools),
+:class:`~._recordings.Recordings` (the cache of recorded commands) and
+:class:`~._submission.Submissions`. It is what the rest of the arbiter calls: its methods
+pass each call to the part that does the work, except where two parts take a turn
+(destroying a buffer or pipeline asks the recording cache to let go of it first) and in
+:meth:`Device.close`, which stops compiles, waits for the queue, and tears the parts down
+from the top. Its attributes ``index``, ``name``, ``uuid``, ``cpu`` and the limits are
+copies of the instance's facts (see :class:`~._instance.Instance`), for its callers.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Callable, Sequence
 
-from libshare.errors import InvalidSubmission
-
-from libshare.arbiter.device._binding import _load_binding, _timeout_ns, _uses_binding
-from libshare.arbiter.device._instance import _create_instance, _Instance
-from libshare.arbiter.device._memory import _Memory
-from libshare.arbiter.device._pipelines import _Pipelines
-from libshare.arbiter.device._recordings import _Recordings
-from libshare.arbiter.device._submission import _Submissions
-
-_vk, _ffi, _lib = _uses_binding(globals())  # set when the first Device loads the binding
+from libshare.arbiter.device._binding import _load_binding
+from libshare.arbiter.device._instance import Instance
+from libshare.arbiter.device._memory import Buffer, Memory
+from libshare.arbiter.device._pipelines import Pipeline, Pipelines
+from libshare.arbiter.device._queue import Queue
+from libshare.arbiter.device._recordings import Command, Recordings
+from libshare.arbiter.device._submission import Submission, Submissions
+from libshare.arbiter.device._timestamps import Timestamps
 
 
-class Device(_Instance, _Memory, _Pipelines, _Recordings, _Submissions):
+class Device:
     """Owns the instance, physical device, device, one compute queue, a command pool
     and the timestamp query pools, and runs :class:`Command` lists on them.
 
@@ -35,22 +39,88 @@ class Device(_Instance, _Memory, _Pipelines, _Recordings, _Submissions):
 
     def __init__(self, selector: str | None = None, *, cache_size: int = 1024):
         _load_binding()
-        self._closed = True  # until everything exists, close() has nothing to do
-        self._init_pipelines()
-        self._init_memory()
-        self._init_recordings(cache_size)
-        self._init_submissions()
-        self._handle: Any = None
-        self._command_pool: Any = None
-        self._instance = _create_instance()
+        self.instance = instance = Instance(selector)
+        queue = None
         try:
-            self._open(selector)
+            self.queue = queue = Queue(instance)
+            self.memory = Memory(instance, queue)
+            self.pipelines = Pipelines(instance)
+            self.timestamps = Timestamps(instance, self.memory)
+            self.recordings = Recordings(instance, queue, self.timestamps, cache_size)
+            self.submissions = Submissions(instance, queue, self.recordings, self.timestamps)
         except BaseException:
-            self._destroy_device()
+            if queue is not None:
+                queue.close()
+            instance.destroy()
             raise
-        self._closed = False
+        self.index: int = instance.index
+        self.name: str = instance.name
+        self.uuid: str = instance.uuid
+        self.cpu: bool = instance.cpu
+        self.local_heap_size: int = instance.local_heap_size
+        self.driver_threads: frozenset[int] = instance.driver_threads
+        self.zero_workgroup_memory: bool = instance.zero_workgroup_memory
+        self.max_group_count: tuple[int, int, int] = instance.max_group_count
+        self.max_push_constants_size: int = instance.max_push_constants_size
+        self.host_import_alignment: int = instance.host_import_alignment
+        self.storage_offset_alignment: int = instance.storage_offset_alignment
+        self.max_workgroup_size: tuple[int, int, int] = instance.max_workgroup_size
+        self.max_workgroup_invocations: int = instance.max_workgroup_invocations
+        self.max_shared_memory: int = instance.max_shared_memory
+        self.timestamp_period_ns: float = instance.timestamp_period_ns
 
-    _abandoned = False  # close() gave up on work that did not end (see close)
+    def submit(self, commands: Sequence[Command], *, timed: bool = True) -> Submission:
+        """Run ``commands`` in order with one vkQueueSubmit and one fence (see :meth:`Submissions.submit`)."""
+        return self.submissions.submit(commands, timed=timed)
+
+    def import_host(self, address: int, size: int) -> Buffer:
+        """A storage buffer over ``size`` bytes of host memory at ``address``, zero-copy
+        (see :meth:`Memory.import_host`)."""
+        return self.memory.import_host(address, size)
+
+    def alloc_device(self, size: int) -> Buffer:
+        """A device-local buffer of ``size`` bytes that reads as zeros (see :meth:`Memory.alloc_device`)."""
+        return self.memory.alloc_device(size)
+
+    @property
+    def clearing_bytes(self) -> int:
+        """Bytes of destroyed device buffers whose zero fill has not run yet (see :class:`Memory`)."""
+        return self.memory.clearing_bytes
+
+    def destroy_buffer(self, buf: Buffer) -> None:
+        """Destroy ``buf`` and free its memory (not the host mapping). Idempotent.
+
+        Raises InvalidSubmission while an unreleased submission uses it.
+        """
+        if self.memory.destroyable(buf):
+            self.recordings.drop_users(buf, "buffer")
+            self.memory.destroy(buf)
+
+    def create_pipeline(self, spirv: bytes, binding_count: int, push_size: int, entry: str = "main") -> Pipeline:
+        """A compute pipeline of ``binding_count`` storage buffers and ``push_size`` bytes of push
+        constants; may run on any thread (see :meth:`Pipelines.create`)."""
+        return self.pipelines.create(spirv, binding_count, push_size, entry)
+
+    def destroy_pipeline(self, p: Pipeline) -> None:
+        """Destroy ``p``. Idempotent; raises InvalidSubmission while work using it is unreleased."""
+        if self.pipelines.destroyable(p):
+            self.recordings.drop_users(p, "pipeline")
+            self.pipelines.destroy(p)
+
+    def wait_idle(self) -> None:
+        """Block until the device has finished all submitted work."""
+        self.queue.wait_idle()
+
+    def native_handles(self) -> dict:
+        """The raw handles and limits a native engine records and submits with (see
+        :meth:`Instance.native_handles`)."""
+        return self.instance.native_handles()
+
+    def route_submissions(self, submit: Callable[[int, int], int]) -> None:
+        """Send this device's own queue submissions through ``submit(info_address, fence) -> VkResult``
+        (see :meth:`Queue.route`): a native engine that submits on the queue from its own thread
+        passes its locked submit here."""
+        self.queue.route(submit)
 
     def close(self, timeout: float | None = None) -> bool:
         """Wait for submitted work to end, then destroy everything; True once destroyed. Idempotent.
@@ -58,39 +128,26 @@ class Device(_Instance, _Memory, _Pipelines, _Recordings, _Submissions):
         ``timeout`` bounds the wait, in seconds (None: no bound). Vulkan cannot abort a
         dispatch that never ends, and destroying a device under running work is undefined
         (lavapipe would wait for it for ever), so work that has not ended by then leaves the
-        device *abandoned*: closed to every use, its handles, memory and driver threads left
-        alive for the rest of the process, and close() returns False. The fences say when work
-        ends (a lost device fails them at once), so the final vkDeviceWaitIdle never waits.
+        device *abandoned* (``instance.abandoned``): closed to every use, its handles, memory
+        and driver threads left alive for the rest of the process, and close() returns False.
+        The fences say when work ends (a lost device fails them at once), so the final
+        vkDeviceWaitIdle never waits.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
-        with self._compile_guard:
-            if self._closed:
-                return not self._abandoned
-            self._closed = True  # no compile starts from now on; wait for those under way
-            if not self._compile_guard.wait_for(lambda: self._compiles == 0, timeout):
-                self._abandoned = True
-                return False
-        free = set(map(id, self._fences))  # reset fences: unsignalled, and nothing will signal them
-        pending = [fence.handle for fence in self._all_fences if id(fence) not in free]
-        if pending:
-            left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
-            result = self._wait_for_fences(self._handle, len(pending), _ffi.new("VkFence[]", pending), 1,
-                                           _timeout_ns(left))
-            if result > 0:  # VK_TIMEOUT: something still runs
-                self._abandoned = True
-                return False
-        _lib.vkDeviceWaitIdle(self._handle)  # idle, or lost (a lost device still gets torn down)
-        self._close_memory()
-        self._close_pipelines()
-        self._close_submissions()
-        self._close_recordings()
-        self._destroy_device()  # the command pool takes every command buffer with it
+        stopped = self.pipelines.stop_compiles(timeout)  # marks the device closed
+        if stopped is None:  # closed before
+            return not self.instance.abandoned
+        left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+        if not stopped or not self.queue.finish(left):
+            self.instance.abandoned = True
+            return False
+        self.memory.close()
+        self.pipelines.close()
+        self.timestamps.close()
+        self.recordings.close()
+        self.queue.close()  # the command pool takes every command buffer with it
+        self.instance.destroy()
         return True
-
-    def _require_open(self) -> None:
-        """Raise when the device is closed."""
-        if self._closed:
-            raise InvalidSubmission("the device is closed")
 
     def __enter__(self) -> Device:
         return self
@@ -99,4 +156,4 @@ class Device(_Instance, _Memory, _Pipelines, _Recordings, _Submissions):
         self.close()
 
     def __repr__(self) -> str:
-        return f"<Device {self.name!r} uuid={self.uuid}{' closed' if self._closed else ''}>"
+        return f"<Device {self.name!r} uuid={self.uuid}{' closed' if self.instance.closed else ''}>"

@@ -1,9 +1,12 @@
-"""Instance creation, physical device information and selection, and device creation.
+"""The instance: the Vulkan instance, the physical device it picks, and the VkDevice opened on it.
 
-A :class:`~libshare.arbiter.device.Device` picks its physical device by ``selector``,
-checks that it can run libshare (Vulkan 1.1, VK_KHR_push_descriptor, robustBufferAccess),
-and creates a VkDevice with bounds checking, one compute queue, and the command pool
-every command buffer of the package is allocated from.
+:class:`Instance` picks its physical device by ``selector``, checks that it can run
+libshare (Vulkan 1.1, VK_KHR_push_descriptor, robustBufferAccess), and creates a VkDevice
+with bounds checking and one compute queue. It holds what the device *is* (its facts:
+name, UUID, limits; :class:`~libshare.arbiter.device.Device` copies them for its callers),
+the handles and extension entry points every other part records and submits with, and
+the device's lifetime: :attr:`Instance.closed` once closing began, when nothing new may
+start, and :attr:`Instance.abandoned` when work that never ended kept it alive.
 """
 
 from __future__ import annotations
@@ -12,23 +15,41 @@ import os
 import uuid as _uuid
 from typing import Any
 
-from libshare.errors import QuotaExceeded, VulkanUnavailable
+from libshare.errors import InvalidSubmission, QuotaExceeded, VulkanUnavailable
 from libshare._proc import thread_ids
 
-from libshare.arbiter.device._binding import (_INSTALL_HINT, _address, _check, _create, _enumerate, _result_name, _struct, _text, _uses_binding)
+from libshare.arbiter.device._binding import (_INSTALL_HINT, _address, _create, _enumerate, _result_name, _struct, _text, _uses_binding)
 
 _vk, _ffi, _lib = _uses_binding(globals())  # set when the first Device loads the binding
 
 
-class _Instance:
-    """The physical device, VkDevice, queue, command pool and entry points of a Device (one of its parts)."""
+class Instance:
+    """The VkInstance, the physical device, the VkDevice and its compute queue, with the
+    device's facts and lifetime (a part of a Device, below every other part).
+
+    ``handle`` is the VkDevice, ``queue`` the VkQueue of queue family ``family``.
+    """
+
+    def __init__(self, selector: str | None):
+        self.closed = False
+        """True once the Device began closing: nothing new starts (set under the compile guard,
+        see :meth:`~libshare.arbiter.device._pipelines.Pipelines.stop_compiles`)."""
+        self.abandoned = False
+        """True when closing gave up on work that did not end (see Device.close)."""
+        self.handle: Any = None
+        self._instance = _create_instance()
+        try:
+            self._open(selector)
+        except BaseException:
+            self.destroy()
+            raise
 
     def _open(self, selector: str | None) -> None:
-        """Pick the physical device, read its properties, create device, queue and command pool."""
+        """Pick the physical device, read its facts, create the device and get its queue."""
         handles = _enumerate(_lib.vkEnumeratePhysicalDevices, "VkPhysicalDevice", self._instance)
         devices = [_PhysicalInfo(handle) for handle in handles]
         info = _select(devices, selector)
-        self._physical = info
+        self.physical = info
         self.index: int = devices.index(info)
         self.name: str = info.name
         self.uuid: str = info.uuid
@@ -44,64 +65,37 @@ class _Instance:
         """True for a device that runs on the host's CPU (lavapipe): its memory is the host's."""
         self.local_heap_size: int = info.local_heap_size()
         """Bytes in the device's largest device-local memory heap."""
-        self._family, valid_bits = info.compute_family()
-        self._timestamp_mask = (1 << valid_bits) - 1 if valid_bits else 0
+        self.family, valid_bits = info.compute_family()
+        self.timestamp_mask = (1 << valid_bits) - 1 if valid_bits else 0
+        """The valid bits of the queue's timestamps (0: the queue has none)."""
         before = thread_ids()
-        self._handle, zeroing = _create_device(info, self._family)
+        self.handle, zeroing = _create_device(info, self.family)
         self.zero_workgroup_memory: bool = zeroing
         """True when the device zeroes shared memory that a kernel's initializers say to
         (shaderZeroInitializeWorkgroupMemory; see libshare/arbiter/programs/spirv.py)."""
         self.driver_threads: frozenset[int] = frozenset(thread_ids() - before)
         """Ids of the threads of this process that appeared while the driver made the device (its
         queue thread, on lavapipe), maybe with a thread some other part of the process started
-        meanwhile (see _placement.py, which tells the two apart)."""
+        meanwhile (see policy/placement.py, which tells the two apart)."""
         queue = _ffi.new("VkQueue*")
-        _lib.vkGetDeviceQueue(self._handle, self._family, 0, queue)
-        self._queue = queue[0]
-        self._load_functions()
-        self._create_command_pool()
-
-    def _load_functions(self) -> None:
-        """Bind the hot-path and extension entry points once."""
-        self._queue_submit = _lib.vkQueueSubmit
-        self._wait_for_fences = _lib.vkWaitForFences
-        self._reset_fences = _lib.vkResetFences
-        self._get_fence_status = _lib.vkGetFenceStatus
-        self._push_descriptor_set = self._device_function("vkCmdPushDescriptorSetKHR")
-        self._host_pointer_properties = (
+        _lib.vkGetDeviceQueue(self.handle, self.family, 0, queue)
+        self.queue = queue[0]
+        self.push_descriptor_set = self._device_function("vkCmdPushDescriptorSetKHR")
+        self.host_pointer_properties = (
             self._device_function("vkGetMemoryHostPointerPropertiesEXT") if self.host_import_alignment else None
         )
 
     def _device_function(self, name: str) -> Any:
         """An extension function of this device, cast to its PFN type."""
-        pointer = _lib.vkGetDeviceProcAddr(self._handle, name.encode())
+        pointer = _lib.vkGetDeviceProcAddr(self.handle, name.encode())
         if pointer == _ffi.NULL:
             raise VulkanUnavailable(f"{self.name} does not provide {name}")
         return _ffi.cast("PFN_" + name, pointer)
 
-    def _create_command_pool(self) -> None:
-        """The command pool every command buffer comes from, and how to allocate one."""
-        info = _struct(
-            "VkCommandPoolCreateInfo", "COMMAND_POOL_CREATE_INFO",
-            flags=_vk.VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT, queueFamilyIndex=self._family,
-        )
-        self._command_pool = _create(
-            _lib.vkCreateCommandPool, "VkCommandPool", "vkCreateCommandPool", self._handle, info, _ffi.NULL
-        )
-        self._allocate_infos = {
-            level: _struct(
-                "VkCommandBufferAllocateInfo", "COMMAND_BUFFER_ALLOCATE_INFO", commandPool=self._command_pool,
-                level=level, commandBufferCount=1,
-            )
-            for level in (_vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY, _vk.VK_COMMAND_BUFFER_LEVEL_SECONDARY)
-        }
-
-    def _allocate_command_buffer(self, level: int) -> Any:
-        """A VkCommandBuffer[1] holding one new command buffer of ``level``."""
-        array = _ffi.new("VkCommandBuffer[1]")
-        info = self._allocate_infos[level]
-        _check(_lib.vkAllocateCommandBuffers(self._handle, info, array), "vkAllocateCommandBuffers")
-        return array
+    def require_open(self) -> None:
+        """Raise when the device is closed."""
+        if self.closed:
+            raise InvalidSubmission("the device is closed")
 
     def native_handles(self) -> dict:
         """The raw handles and limits a native engine records and submits with, as integers.
@@ -111,23 +105,21 @@ class _Instance:
         ``offset_alignment``, ``max_group_count`` (three counts), ``host_memory_type`` (the first
         host-visible, coherent memory type: where timestamps are copied for the host to read).
         """
-        self._require_open()
+        self.require_open()
         return {
-            "device": _address(self._handle), "queue": _address(self._queue), "family": self._family,
-            "timestamp_mask": self._timestamp_mask, "timestamp_period_ns": self.timestamp_period_ns,
-            "max_storage_range": self._physical.max_storage_range,
+            "device": _address(self.handle), "queue": _address(self.queue), "family": self.family,
+            "timestamp_mask": self.timestamp_mask, "timestamp_period_ns": self.timestamp_period_ns,
+            "max_storage_range": self.physical.max_storage_range,
             "offset_alignment": self.storage_offset_alignment, "max_group_count": self.max_group_count,
-            "host_memory_type": self._physical.memory_type(
+            "host_memory_type": self.physical.memory_type(
                 (1 << 32) - 1, _vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | _vk.VK_MEMORY_PROPERTY_HOST_COHERENT_BIT),
         }
 
-    def _destroy_device(self) -> None:
-        """Destroy the command pool, device and instance (what the constructor made first)."""
-        if self._handle is not None:
-            if self._command_pool is not None:
-                _lib.vkDestroyCommandPool(self._handle, self._command_pool, _ffi.NULL)
-            _lib.vkDestroyDevice(self._handle, _ffi.NULL)
-            self._handle = None
+    def destroy(self) -> None:
+        """Destroy the device and the instance (every other part has let go of them first)."""
+        if self.handle is not None:
+            _lib.vkDestroyDevice(self.handle, _ffi.NULL)
+            self.handle = None
         _lib.vkDestroyInstance(self._instance, _ffi.NULL)
 
 

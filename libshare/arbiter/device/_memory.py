@@ -1,32 +1,37 @@
 """Memory: buffers over imported host memory or device memory, and how they are freed.
 
+:class:`Memory` makes every :class:`Buffer` of a device and destroys it; it does not know
+which commands name a buffer (the recording cache does: the Device asks it before a
+destroy, see ``Device.destroy_buffer``).
+
 **New device buffers read as zeros.** Device memory is recycled: on lavapipe a freed
 buffer of up to a few hundred KiB comes back, contents and all, in the next allocation
 of a similar size, and across clients that leaks one tenant's data to another (21 of
-24 fresh buffers of 4-256 KiB held the previous client's pattern). :meth:`alloc_device`
-therefore queues a ``vkCmdFillBuffer`` of zeros and its barrier, and waits for nothing:
-every command that can name the buffer is submitted later on the same queue and so
-runs after the fill. The fill's fence and command buffer are taken back by later
-allocations and destroys; a buffer destroyed before its fill has run is destroyed
-once it has, and counts until then (:attr:`clearing_bytes`, which the arbiter's memory
-limits include). A fill touches every page, so an allocation costs what its first use
-would have (on lavapipe about 0.6 s of queue time per fresh GiB), paid at once.
+24 fresh buffers of 4-256 KiB held the previous client's pattern). On a CPU device with
+host import a new "device" buffer is therefore fresh anonymous pages of this process,
+which the kernel hands out zeroed (:attr:`Memory.anonymous`). Elsewhere
+:meth:`Memory.alloc_device` queues a ``vkCmdFillBuffer`` of zeros and the queue's
+barrier, and waits for nothing: every command that can name the buffer is submitted
+later on the same queue and so runs after the fill. The fill's fence and command buffer
+are taken back by later allocations and destroys; a buffer destroyed before its fill has
+run is destroyed once it has, and counts until then (:attr:`Memory.clearing_bytes`, which
+the arbiter's memory limits include). A fill touches every page, so an allocation costs
+what its first use would have (on lavapipe about 0.6 s of queue time per fresh GiB), paid
+at once.
 """
 
 from __future__ import annotations
 
 import mmap
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from libshare.errors import InvalidSubmission, VulkanUnavailable
 
 from libshare.arbiter.device._binding import (_UINT64_MAX, _address, _check, _create, _error, _struct, _uses_binding)
-
-if TYPE_CHECKING:
-    from libshare.arbiter.device._device import Device
-    from libshare.arbiter.device._submission import _Fence
+from libshare.arbiter.device._instance import Instance
+from libshare.arbiter.device._queue import Queue, _Fence
 
 _vk, _ffi, _lib = _uses_binding(globals())  # set when the first Device loads the binding
 
@@ -40,11 +45,11 @@ class Buffer:
 
     __slots__ = ("kind", "size", "address", "_device", "_handle", "_memory", "_backing")
 
-    def __init__(self, device: Device, kind: str, size: int, address: int, handle: Any, memory: Any):
+    def __init__(self, device: Instance, kind: str, size: int, address: int, handle: Any, memory: Any):
         self.kind = kind
         self.size = size
         self.address = address
-        self._device: Device | None = device
+        self._device: Instance | None = device  # the device it lives on; None once destroyed
         self._handle = handle
         self._memory = memory
         self._backing: mmap.mmap | None = None  # anonymous memory a CPU device's "device" buffer lives in
@@ -64,11 +69,16 @@ class Buffer:
         return f"<Buffer {self.kind} size={self.size}{state}>"
 
 
-class _Memory:
-    """Buffers of a Device: import, allocation, zero fills, destruction (one of its parts)."""
+class Memory:
+    """Buffers of a Device: import, allocation, zero fills, destruction (a part of a Device)."""
 
-    def _init_memory(self) -> None:
-        """The live buffers and the zero fills under way."""
+    def __init__(self, instance: Instance, queue: Queue):
+        self._instance = instance
+        self._queue = queue
+        self._device = instance.handle  # the VkDevice
+        self.anonymous: bool = instance.cpu and bool(instance.host_import_alignment)
+        """True when a new device buffer is fresh anonymous pages, imported (a CPU device with
+        host import); False when it is device memory filled with zeros on the queue."""
         self._buffers: set[Buffer] = set()
         self._fills: list[tuple[Buffer, _Fence, Any]] = []  # zero fills queued: (buffer, fence, command buffer)
         self._doomed: set[Buffer] = set()  # destroyed by the caller while their zero fill runs
@@ -76,13 +86,13 @@ class _Memory:
     def import_host(self, address: int, size: int) -> Buffer:
         """Wrap ``size`` bytes of host memory at ``address`` in a storage buffer, zero-copy.
 
-        Both must be multiples of :attr:`host_import_alignment` (an mmap'd region is);
+        Both must be multiples of the device's ``host_import_alignment`` (an mmap'd region is);
         the mapping must stay mapped until the buffer is destroyed.
         """
-        self._require_open()
-        alignment = self.host_import_alignment
+        self._instance.require_open()
+        alignment = self._instance.host_import_alignment
         if not alignment:
-            raise VulkanUnavailable(f"{self.name} lacks VK_EXT_external_memory_host; host buffers cannot be imported")
+            raise VulkanUnavailable(f"{self._instance.name} lacks VK_EXT_external_memory_host; host buffers cannot be imported")
         if size <= 0 or address <= 0 or address % alignment or size % alignment:
             raise InvalidSubmission(
                 f"host import needs a non-empty region whose address and size are multiples of "
@@ -99,46 +109,47 @@ class _Memory:
             )
             memory = self._allocate(size, type_index, imported, buffer)
         except BaseException:
-            _lib.vkDestroyBuffer(self._handle, buffer, _ffi.NULL)
+            _lib.vkDestroyBuffer(self._device, buffer, _ffi.NULL)
             raise
-        return self._track(Buffer(self, "host", size, address, buffer, memory))
+        return self._track(Buffer(self._instance, "host", size, address, buffer, memory))
 
     def alloc_device(self, size: int) -> Buffer:
-        """A device-local buffer of ``size`` bytes, filled and read with :class:`Copy`; it reads as zeros.
+        """A device-local buffer of ``size`` bytes, filled and read with ``Copy``; it reads as zeros.
 
-        On a CPU device (lavapipe) with host import, the buffer is anonymous memory of this
-        process imported like a shared buffer: the kernel hands out zeroed pages as they are
-        first touched, so nothing has to be filled, memory never written costs nothing, and
-        a destroyed buffer's memory goes back to the kernel at once (a driver's allocator
-        would keep it and hand it, data and all, to the next buffer). Elsewhere the buffer is
-        filled with zeros on the queue before any command can read it (:meth:`_fill_zeros`).
+        When :attr:`anonymous` (lavapipe), the buffer is anonymous memory of this process
+        imported like a shared buffer: the kernel hands out zeroed pages as they are first
+        touched, so nothing has to be filled, memory never written costs nothing, and a
+        destroyed buffer's memory goes back to the kernel at once (a driver's allocator would
+        keep it and hand it, data and all, to the next buffer). Otherwise the buffer is filled
+        with zeros on the queue before any command can read it (:meth:`_fill_zeros`).
         """
-        self._require_open()
+        self._instance.require_open()
         if size <= 0:
             raise InvalidSubmission(f"buffer size must be positive (got {size})")
-        if self.cpu and self.host_import_alignment:
+        if self.anonymous:
             return self._alloc_anonymous(size)
         buffer = self._create_buffer(size, 0)
         try:
             requirements = self._requirements(buffer)
             device_local = _vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT
-            type_index = self._physical.memory_type(requirements.memoryTypeBits, device_local)
+            type_index = self._instance.physical.memory_type(requirements.memoryTypeBits, device_local)
             memory = self._allocate(requirements.size, type_index, _ffi.NULL, buffer)
         except BaseException:
-            _lib.vkDestroyBuffer(self._handle, buffer, _ffi.NULL)
+            _lib.vkDestroyBuffer(self._device, buffer, _ffi.NULL)
             raise
         self._finish_fills()
-        tracked = self._track(Buffer(self, "device", size, 0, buffer, memory))
+        tracked = self._track(Buffer(self._instance, "device", size, 0, buffer, memory))
         try:
             self._fill_zeros(tracked)
         except BaseException:
-            self.destroy_buffer(tracked)
+            self.destroy(tracked)
             raise
         return tracked
 
     def _alloc_anonymous(self, size: int) -> Buffer:
         """A "device" buffer of a CPU device: fresh anonymous pages, imported."""
-        rounded = -(-size // self.host_import_alignment) * self.host_import_alignment
+        alignment = self._instance.host_import_alignment
+        rounded = -(-size // alignment) * alignment
         backing = mmap.mmap(-1, rounded, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         address = np.frombuffer(backing, np.uint8, count=1).ctypes.data  # the view goes at once: close() works
         try:
@@ -162,54 +173,60 @@ class _Memory:
         barrier, so none can read what the memory held before. The fill's fence and command
         buffer come back in :meth:`_finish_fills`.
         """
-        array = self._allocate_command_buffer(_vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY)
-        fence = self._fences.pop() if self._fences else self._new_fence()
+        queue = self._queue
+        array = queue.allocate(_vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY)
+        fence = queue.take_fence()
         try:
             cb = array[0]
-            _check(_lib.vkBeginCommandBuffer(cb, self._begin_batch), "vkBeginCommandBuffer")
+            _check(_lib.vkBeginCommandBuffer(cb, queue.begin_once), "vkBeginCommandBuffer")
             _lib.vkCmdFillBuffer(cb, buf._handle, 0, _UINT64_MAX, 0)  # VK_WHOLE_SIZE
-            stages = self._work_stages
-            _lib.vkCmdPipelineBarrier(cb, stages, stages, 0, 1, self._barrier, 0, _ffi.NULL, 0, _ffi.NULL)
+            stages = queue.work_stages
+            _lib.vkCmdPipelineBarrier(cb, stages, stages, 0, 1, queue.barrier, 0, _ffi.NULL, 0, _ffi.NULL)
             _check(_lib.vkEndCommandBuffer(cb), "vkEndCommandBuffer")
             info = _struct("VkSubmitInfo", "SUBMIT_INFO", commandBufferCount=1, pCommandBuffers=array)
-            _check(self._queue_submit(self._queue, 1, info, fence.handle), "vkQueueSubmit")
+            _check(queue.submit(info, fence), "vkQueueSubmit")
         except BaseException:
-            self._fences.append(fence)  # never submitted: still unsignalled
-            _lib.vkFreeCommandBuffers(self._handle, self._command_pool, 1, array)
+            queue.put_back(fence)  # never submitted: still unsignalled
+            queue.free(array)
             raise
         self._fills.append((buf, fence, array))
 
     def _finish_fills(self) -> None:
         """Take back the fence and command buffer of every fill that has run; destroy the buffers
         freed while theirs ran."""
-        running = []
+        running, queue = [], self._queue
         for fill in self._fills:
             buf, fence, array = fill
-            if self._get_fence_status(self._handle, fence.handle) != _vk.VK_SUCCESS:
+            if queue.status(fence) != _vk.VK_SUCCESS:
                 running.append(fill)  # not yet (or the device is lost: close() frees it all)
                 continue
-            self._recycle(fence, None, [])
-            _lib.vkFreeCommandBuffers(self._handle, self._command_pool, 1, array)
+            queue.recycle(fence)
+            queue.free(array)
             if buf in self._doomed:
                 self._doomed.discard(buf)
                 self._buffers.discard(buf)
-                _destroy_buffer_handles(self._handle, buf)
+                _destroy_buffer_handles(self._device, buf)
         self._fills = running
 
-    def destroy_buffer(self, buf: Buffer) -> None:
+    def destroyable(self, buf: Buffer) -> bool:
+        """Whether :meth:`destroy` would destroy ``buf``: it is alive, the device open, and it was
+        not destroyed already while its zero fill runs."""
+        return buf.alive and not self._instance.closed and buf not in self._doomed
+
+    def destroy(self, buf: Buffer) -> None:
         """Destroy ``buf`` and free its memory (not the host mapping). Idempotent.
 
-        Raises InvalidSubmission while an unreleased submission uses it.
+        The caller has made sure that no command names it (``Device.destroy_buffer`` asks the
+        recording cache, which refuses while an unreleased submission uses it).
         """
-        if not buf.alive or self._closed or buf in self._doomed:
+        if not self.destroyable(buf):
             return
-        self._drop_users(buf, "buffer")
         self._finish_fills()
         if any(fill[0] is buf for fill in self._fills):  # its zero fill still runs: destroy it after
             self._doomed.add(buf)
             return
         self._buffers.discard(buf)
-        _destroy_buffer_handles(self._handle, buf)
+        _destroy_buffer_handles(self._device, buf)
 
     def _create_buffer(self, size: int, handle_types: int) -> Any:
         """A storage/transfer VkBuffer, external for ``handle_types`` when non-zero."""
@@ -227,12 +244,12 @@ class _Memory:
             "VkBufferCreateInfo", "BUFFER_CREATE_INFO", pNext=external, size=size, usage=usage,
             sharingMode=_vk.VK_SHARING_MODE_EXCLUSIVE,
         )
-        return _create(_lib.vkCreateBuffer, "VkBuffer", "vkCreateBuffer", self._handle, info, _ffi.NULL)
+        return _create(_lib.vkCreateBuffer, "VkBuffer", "vkCreateBuffer", self._device, info, _ffi.NULL)
 
     def _requirements(self, buffer: Any) -> Any:
         """vkGetBufferMemoryRequirements."""
         out = _ffi.new("VkMemoryRequirements*")
-        _lib.vkGetBufferMemoryRequirements(self._handle, buffer, out)
+        _lib.vkGetBufferMemoryRequirements(self._device, buffer, out)
         return out
 
     def _host_memory_type(self, buffer: Any, size: int, handle_type: int, pointer: Any) -> int:
@@ -241,12 +258,12 @@ class _Memory:
         if requirements.size > size:
             raise InvalidSubmission(f"the driver needs {requirements.size} bytes to back a {size}-byte buffer")
         props = _struct("VkMemoryHostPointerPropertiesEXT", "MEMORY_HOST_POINTER_PROPERTIES_EXT")
-        result = self._host_pointer_properties(self._handle, handle_type, pointer, props)
+        result = self._instance.host_pointer_properties(self._device, handle_type, pointer, props)
         _check(result, "vkGetMemoryHostPointerPropertiesEXT")
         allowed = props.memoryTypeBits & requirements.memoryTypeBits
         if not allowed:
             raise InvalidSubmission("no memory type can import this host pointer for a storage buffer")
-        return self._physical.memory_type(allowed, _vk.VK_MEMORY_PROPERTY_HOST_COHERENT_BIT)
+        return self._instance.physical.memory_type(allowed, _vk.VK_MEMORY_PROPERTY_HOST_COHERENT_BIT)
 
     def _allocate(self, size: int, type_index: int, next_struct: Any, buffer: Any) -> Any:
         """Allocate (or import) memory and bind ``buffer`` to it at offset 0."""
@@ -254,10 +271,10 @@ class _Memory:
             "VkMemoryAllocateInfo", "MEMORY_ALLOCATE_INFO", pNext=next_struct, allocationSize=size,
             memoryTypeIndex=type_index,
         )
-        memory = _create(_lib.vkAllocateMemory, "VkDeviceMemory", "vkAllocateMemory", self._handle, info, _ffi.NULL)
-        result = _lib.vkBindBufferMemory(self._handle, buffer, memory, 0)
+        memory = _create(_lib.vkAllocateMemory, "VkDeviceMemory", "vkAllocateMemory", self._device, info, _ffi.NULL)
+        result = _lib.vkBindBufferMemory(self._device, buffer, memory, 0)
         if result < 0:
-            _lib.vkFreeMemory(self._handle, memory, _ffi.NULL)
+            _lib.vkFreeMemory(self._device, memory, _ffi.NULL)
             raise _error(result, "vkBindBufferMemory")
         return memory
 
@@ -266,30 +283,30 @@ class _Memory:
         self._buffers.add(buf)
         return buf
 
-    def _mapped_buffer(self, size: int) -> tuple[Buffer, np.ndarray]:
+    def mapped(self, size: int) -> tuple[Buffer, np.ndarray]:
         """A host-visible, coherent buffer of ``size`` bytes and its mapping (freeing the memory unmaps it)."""
         buffer = self._create_buffer(size, 0)
         try:
             requirements = self._requirements(buffer)
             wanted = _vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | _vk.VK_MEMORY_PROPERTY_HOST_COHERENT_BIT
-            type_index = self._physical.memory_type(requirements.memoryTypeBits, wanted)
+            type_index = self._instance.physical.memory_type(requirements.memoryTypeBits, wanted)
             memory = self._allocate(requirements.size, type_index, _ffi.NULL, buffer)
         except BaseException:
-            _lib.vkDestroyBuffer(self._handle, buffer, _ffi.NULL)
+            _lib.vkDestroyBuffer(self._device, buffer, _ffi.NULL)
             raise
-        tracked = self._track(Buffer(self, "device", size, 0, buffer, memory))
+        tracked = self._track(Buffer(self._instance, "device", size, 0, buffer, memory))
         pointer = _ffi.new("void**")
         try:
-            _check(_lib.vkMapMemory(self._handle, memory, 0, size, 0, pointer), "vkMapMemory")
+            _check(_lib.vkMapMemory(self._device, memory, 0, size, 0, pointer), "vkMapMemory")
         except BaseException:
-            self.destroy_buffer(tracked)
+            self.destroy(tracked)
             raise
         return tracked, np.frombuffer(_ffi.buffer(pointer[0], size), np.uint8)
 
-    def _close_memory(self) -> None:
-        """Destroy every buffer (close(), on an idle device)."""
+    def close(self) -> None:
+        """Destroy every buffer (Device.close, on an idle device)."""
         for buf in self._buffers:
-            _destroy_buffer_handles(self._handle, buf)
+            _destroy_buffer_handles(self._device, buf)
         self._buffers.clear()
         self._fills.clear()  # their fences and command buffers go with the device
         self._doomed.clear()

@@ -4,27 +4,30 @@ Every module is compiled with its shared, private and function variables zero-in
 (``libshare.arbiter.programs.spirv.zero_initialized``): what a kernel did not write reads as zeros, never as
 what another client's kernel left in that memory.
 
-:meth:`~libshare.arbiter.device.Device.create_pipeline` may run on any thread, so that a long
-compile never holds up the thread that submits: the compile guard counts the compiles under
-way, and :meth:`~libshare.arbiter.device.Device.close` waits for them and refuses new ones.
+Compiles run on any thread (:meth:`Pipelines.create`), so that a long compile never holds up
+the thread that submits: Vulkan lets pipeline creation run beside anything but the destruction
+of the device. The compile guard counts the compiles under way, and the device is marked
+closed under it (:meth:`Pipelines.stop_compiles`, which ``Device.close`` calls first), so a
+compile either starts before closing began, and closing waits for it, or is refused.
+
+:class:`Pipelines` does not know which commands name a pipeline (the recording cache does:
+the Device asks it before a destroy, see ``Device.destroy_pipeline``).
 """
 
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from libshare.arbiter.programs.spirv import zero_initialized
 from libshare.errors import InvalidSubmission
 
 from libshare.arbiter.device._binding import _address, _check, _create, _struct, _uses_binding
-
-if TYPE_CHECKING:
-    from libshare.arbiter.device._device import Device
+from libshare.arbiter.device._instance import Instance
 
 _vk, _ffi, _lib = _uses_binding(globals())  # set when the first Device loads the binding
 # VK_PIPELINE_CREATE_DISPATCH_BASE_BIT (core in Vulkan 1.1; the vulkan package's name for it is None): the
-# engine may run a dispatch in pieces, each with vkCmdDispatchBase (engine.c, "Pieces")
+# engine may run a dispatch in pieces, each with vkCmdDispatchBase (policy/engine_policy.c, "Pieces")
 _DISPATCH_BASE = 0x10
 
 
@@ -33,10 +36,11 @@ class Pipeline:
 
     __slots__ = ("binding_count", "push_size", "_device", "_pipeline", "_layout", "_set_layout")
 
-    def __init__(self, device: Device, binding_count: int, push_size: int, pipeline: Any, layout: Any, set_layout: Any):
+    def __init__(self, device: Instance, binding_count: int, push_size: int, pipeline: Any, layout: Any,
+                 set_layout: Any):
         self.binding_count = binding_count
         self.push_size = push_size
-        self._device: Device | None = device
+        self._device: Instance | None = device  # the device it lives on; None once destroyed
         self._pipeline = pipeline
         self._layout = layout
         self._set_layout = set_layout
@@ -55,30 +59,32 @@ class Pipeline:
         return f"<Pipeline bindings={self.binding_count} push={self.push_size}{'' if self.alive else ', destroyed'}>"
 
 
-class _Pipelines:
-    """Pipelines of a Device: creation on any thread, destruction (one of its parts)."""
+class Pipelines:
+    """Pipelines of a Device: creation on any thread, destruction (a part of a Device)."""
 
-    def _init_pipelines(self) -> None:
-        """The compile guard and the live pipelines."""
-        self._compiles = 0  # create_pipeline calls under way, on any thread
+    def __init__(self, instance: Instance):
+        self._instance = instance
+        self._device = instance.handle  # the VkDevice
+        self._compiles = 0  # create calls under way, on any thread
         self._compile_guard = threading.Condition()
         self._pipelines: set[Pipeline] = set()
 
-    def create_pipeline(self, spirv: bytes, binding_count: int, push_size: int, entry: str = "main") -> Pipeline:
+    def create(self, spirv: bytes, binding_count: int, push_size: int, entry: str = "main") -> Pipeline:
         """A compute pipeline whose bindings 0..binding_count-1 of set 0 are storage
         buffers (pushed per dispatch with VK_KHR_push_descriptor, no descriptor pools)
-        and whose push-constant block is ``push_size`` bytes.
+        and whose push-constant block is ``push_size`` bytes. May run on any thread.
         """
         self._check_pipeline_args(spirv, binding_count, push_size)
-        spirv = zero_initialized(spirv, self.zero_workgroup_memory)  # no kernel reads memory it did not write
+        # no kernel reads memory it did not write
+        spirv = zero_initialized(spirv, self._instance.zero_workgroup_memory)
         with self._compile_guard:
-            self._require_open()
+            self._instance.require_open()
             self._compiles += 1
         result = None
         try:
             result = self._build_pipeline(spirv, binding_count, push_size, entry)
         finally:
-            with self._compile_guard:  # close() waits for this, so it destroys the new pipeline too
+            with self._compile_guard:  # closing waits for this, so it destroys the new pipeline too
                 if result is not None:
                     self._pipelines.add(result)
                 self._compiles -= 1
@@ -95,33 +101,49 @@ class _Pipelines:
             pipeline = self._create_compute(module, layout, entry)
         except BaseException:
             if layout is not None:
-                _lib.vkDestroyPipelineLayout(self._handle, layout, _ffi.NULL)
-            _lib.vkDestroyDescriptorSetLayout(self._handle, set_layout, _ffi.NULL)
+                _lib.vkDestroyPipelineLayout(self._device, layout, _ffi.NULL)
+            _lib.vkDestroyDescriptorSetLayout(self._device, set_layout, _ffi.NULL)
             raise
         finally:
             if module is not None:
-                _lib.vkDestroyShaderModule(self._handle, module, _ffi.NULL)
-        return Pipeline(self, binding_count, push_size, pipeline, layout, set_layout)
+                _lib.vkDestroyShaderModule(self._device, module, _ffi.NULL)
+        return Pipeline(self._instance, binding_count, push_size, pipeline, layout, set_layout)
 
-    def destroy_pipeline(self, p: Pipeline) -> None:
-        """Destroy ``p``. Idempotent; raises InvalidSubmission while work using it is unreleased."""
-        if not p.alive or self._closed:
+    def destroyable(self, p: Pipeline) -> bool:
+        """Whether :meth:`destroy` would destroy ``p``: it is alive and the device open."""
+        return p.alive and not self._instance.closed
+
+    def destroy(self, p: Pipeline) -> None:
+        """Destroy ``p``. Idempotent.
+
+        The caller has made sure that no command names it (``Device.destroy_pipeline`` asks the
+        recording cache, which refuses while an unreleased submission uses it).
+        """
+        if not self.destroyable(p):
             return
-        self._drop_users(p, "pipeline")
         self._pipelines.discard(p)
-        _destroy_pipeline_handles(self._handle, p)
+        _destroy_pipeline_handles(self._device, p)
+
+    def stop_compiles(self, timeout: float | None) -> bool | None:
+        """Mark the device closed, so that no compile starts, and wait up to ``timeout`` seconds
+        (None: no limit) for those under way: True once none runs, False when one still does,
+        None when the device was closed already."""
+        with self._compile_guard:
+            if self._instance.closed:
+                return None
+            self._instance.closed = True
+            return self._compile_guard.wait_for(lambda: self._compiles == 0, timeout)
 
     def _check_pipeline_args(self, spirv: bytes, binding_count: int, push_size: int) -> None:
         """Reject what the driver would otherwise trip over."""
         if len(spirv) < 20 or len(spirv) % 4 or int.from_bytes(spirv[:4], "little") != 0x07230203:
             raise InvalidSubmission("not a SPIR-V module (bad length or magic number)")
-        limit = self._physical.max_push_descriptors
+        limit = self._instance.physical.max_push_descriptors
         if not 0 <= binding_count <= limit:
             raise InvalidSubmission(f"binding_count must be 0..{limit} (got {binding_count})")
-        if push_size < 0 or push_size % 4 or push_size > self.max_push_constants_size:
-            raise InvalidSubmission(
-                f"push_size must be a multiple of 4 up to {self.max_push_constants_size} bytes (got {push_size})"
-            )
+        most = self._instance.max_push_constants_size
+        if push_size < 0 or push_size % 4 or push_size > most:
+            raise InvalidSubmission(f"push_size must be a multiple of 4 up to {most} bytes (got {push_size})")
 
     def _create_set_layout(self, binding_count: int) -> Any:
         """A push-descriptor set layout of ``binding_count`` storage buffers."""
@@ -138,7 +160,7 @@ class _Pipelines:
         )
         return _create(
             _lib.vkCreateDescriptorSetLayout, "VkDescriptorSetLayout", "vkCreateDescriptorSetLayout",
-            self._handle, info, _ffi.NULL,
+            self._device, info, _ffi.NULL,
         )
 
     def _create_layout(self, set_layout: Any, push_size: int) -> Any:
@@ -151,7 +173,7 @@ class _Pipelines:
             pushConstantRangeCount=1 if push_size else 0, pPushConstantRanges=ranges,
         )
         return _create(
-            _lib.vkCreatePipelineLayout, "VkPipelineLayout", "vkCreatePipelineLayout", self._handle, info, _ffi.NULL
+            _lib.vkCreatePipelineLayout, "VkPipelineLayout", "vkCreatePipelineLayout", self._device, info, _ffi.NULL
         )
 
     def _create_module(self, spirv: bytes) -> Any:
@@ -160,7 +182,7 @@ class _Pipelines:
         _ffi.memmove(code, spirv, len(spirv))
         info = _struct("VkShaderModuleCreateInfo", "SHADER_MODULE_CREATE_INFO", codeSize=len(spirv), pCode=code)
         return _create(
-            _lib.vkCreateShaderModule, "VkShaderModule", "vkCreateShaderModule", self._handle, info, _ffi.NULL
+            _lib.vkCreateShaderModule, "VkShaderModule", "vkCreateShaderModule", self._device, info, _ffi.NULL
         )
 
     def _create_compute(self, module: Any, layout: Any, entry: str) -> Any:
@@ -173,14 +195,14 @@ class _Pipelines:
         info = _struct("VkComputePipelineCreateInfo", "COMPUTE_PIPELINE_CREATE_INFO", stage=stage, layout=layout,
                        flags=_DISPATCH_BASE)
         out = _ffi.new("VkPipeline*")
-        result = _lib.vkCreateComputePipelines(self._handle, _ffi.NULL, 1, info, _ffi.NULL, out)
+        result = _lib.vkCreateComputePipelines(self._device, _ffi.NULL, 1, info, _ffi.NULL, out)
         _check(result, "vkCreateComputePipelines")
         return out[0]
 
-    def _close_pipelines(self) -> None:
-        """Destroy every pipeline (close(), once no compile runs)."""
+    def close(self) -> None:
+        """Destroy every pipeline (Device.close, once no compile runs)."""
         for pipeline in self._pipelines:
-            _destroy_pipeline_handles(self._handle, pipeline)
+            _destroy_pipeline_handles(self._device, pipeline)
         self._pipelines.clear()
 
 

@@ -23,17 +23,16 @@
   are freed on release if their key was dropped meanwhile. Commands that differ only
   in push constants or group counts (a step counter, say) miss every time, so a miss
   is kept cheap too: the checks and descriptor writes of each ``(pipeline, buffers)``
-  binding are made once and cached. Destroying a buffer or pipeline scans the cache
-  (destroys are rare, misses are not) and drops every key naming it, so no recording
-  outlives the handles it was recorded with.
-* **Ordering.** Every recording ends with one memory barrier from compute/transfer
-  writes to compute/transfer reads and writes *and* host reads. A barrier covers all
-  earlier work in queue submission order, across command buffers and submissions, and
-  every command on this queue carries one, so each command sees the writes of all
-  commands submitted before it (the "barrier before each command" of the brief, placed
-  after instead so one barrier also serves the host), and the host sees the device's
-  writes once the fence has signalled. Host writes to imported host-coherent memory are
-  visible to the device at ``vkQueueSubmit``.
+  binding are made once and cached. Before a buffer or pipeline is destroyed the Device
+  asks the cache to let go of it (:meth:`Recordings.drop_users`): it scans the cache
+  (destroys are rare, misses are not), refuses while a submission in flight names the
+  object, and drops every key naming it, so no recording outlives the handles it was
+  recorded with.
+* **Ordering.** Every recording ends with the queue's barrier (see "Ordering" in
+  ``_queue.py``), so each command sees the writes of all commands submitted before it.
+
+:class:`Recordings` hands out recordings (:meth:`Recordings.acquire`) and takes them back
+(:meth:`Recordings.give_back`); the submission part puts them on the queue.
 """
 
 from __future__ import annotations
@@ -43,20 +42,23 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 from libshare.errors import InvalidSubmission
 
-from libshare.arbiter.device._binding import _check, _memory_barrier, _struct, _uses_binding
+from libshare.arbiter.device._binding import _check, _struct, _uses_binding
+from libshare.arbiter.device._instance import Instance
 from libshare.arbiter.device._memory import Buffer
 from libshare.arbiter.device._pipelines import Pipeline
+from libshare.arbiter.device._queue import Queue
+from libshare.arbiter.device._timestamps import Timestamps
 
 if TYPE_CHECKING:
-    from libshare.arbiter.device._submission import _QueryPool
+    from libshare.arbiter.device._timestamps import _QueryPool
 
 _vk, _ffi, _lib = _uses_binding(globals())  # set when the first Device loads the binding
 
-_ANY = 2  # _acquire kind: a batch's secondary, which is the same for timed and untimed
+_ANY = 2  # acquire kind: a batch's secondary, which is the same for timed and untimed
 
 
 class Command:
-    """Something :meth:`Device.submit` runs. Immutable once built; ``key`` names it.
+    """Something ``Device.submit`` runs. Immutable once built; ``key`` names it.
 
     Two commands with equal keys are the same work, and share cached recordings.
     """
@@ -160,27 +162,33 @@ class _Recording:
         self.secondary = None
 
 
-class _Recordings:
-    """The recording cache of a Device: entries, recordings, bindings, recording (one of its parts)."""
+class Recordings:
+    """The recording cache of a Device: entries, recordings, bindings, recording (a part of a Device).
 
-    def _init_recordings(self, cache_size: int) -> None:
-        """The cache, and the structs every recording reuses."""
+    ``len()`` is the number of recordings, cached or in flight: at most ``cache_size`` once
+    those in flight are given back.
+    """
+
+    def __init__(self, instance: Instance, queue: Queue, timestamps: Timestamps, cache_size: int):
+        self._instance = instance
+        self._queue = queue
+        self._timestamps = timestamps
+        self._push_descriptor_set = instance.push_descriptor_set
         self._cache: collections.OrderedDict[tuple, _Entry] = collections.OrderedDict()
         self._bindings: dict[tuple, tuple[Any, Any]] = {}  # (pipeline, buffers) -> descriptor writes
         self._retired: set[_Entry] = set()  # dropped entries with recordings still in flight
         self._cache_size = max(int(cache_size), 1)
         self._recording_count = 0
-        write = _vk.VK_ACCESS_SHADER_WRITE_BIT | _vk.VK_ACCESS_TRANSFER_WRITE_BIT
-        access = write | _vk.VK_ACCESS_SHADER_READ_BIT | _vk.VK_ACCESS_TRANSFER_READ_BIT | _vk.VK_ACCESS_HOST_READ_BIT
-        self._work_stages = _vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | _vk.VK_PIPELINE_STAGE_TRANSFER_BIT
-        self._barrier = _memory_barrier(write, access)
         self._inheritance = _struct("VkCommandBufferInheritanceInfo", "COMMAND_BUFFER_INHERITANCE_INFO")
         self._begin_secondary = _struct(
             "VkCommandBufferBeginInfo", "COMMAND_BUFFER_BEGIN_INFO", pInheritanceInfo=self._inheritance
         )
         self._begin_primary = _struct("VkCommandBufferBeginInfo", "COMMAND_BUFFER_BEGIN_INFO")
 
-    def _acquire(self, command: Command, kind: int) -> _Recording:
+    def __len__(self) -> int:
+        return self._recording_count
+
+    def acquire(self, command: Command, kind: int) -> _Recording:
         """An idle recording of ``command``: from the cache, or a new one.
 
         ``kind`` is 0 or 1 for a (timed) primary, ``_ANY`` for a batch's secondary.
@@ -202,21 +210,31 @@ class _Recordings:
             self._shrink()
         return recording
 
-    def _primary_info(self, recording: _Recording) -> Any:
+    def primary_info(self, recording: _Recording) -> Any:
         """Record a recording's primary shape; return its prebuilt VkSubmitInfo."""
         if recording.primary_array is None:
-            recording.primary_array = array = self._allocate_command_buffer(_vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY)
+            recording.primary_array = array = self._queue.allocate(_vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY)
             recording.primary_info = _struct("VkSubmitInfo", "SUBMIT_INFO", commandBufferCount=1, pCommandBuffers=array)
         self._record_body(recording.primary_array[0], recording, self._begin_primary, primary=True)
         recording.submit_info = recording.primary_info
         return recording.submit_info
 
-    def _record_secondary(self, recording: _Recording) -> None:
+    def record_secondary(self, recording: _Recording) -> None:
         """Record a recording's secondary shape, for batches."""
         if recording.secondary_array is None:
-            recording.secondary_array = self._allocate_command_buffer(_vk.VK_COMMAND_BUFFER_LEVEL_SECONDARY)
+            recording.secondary_array = self._queue.allocate(_vk.VK_COMMAND_BUFFER_LEVEL_SECONDARY)
         self._record_body(recording.secondary_array[0], recording, self._begin_secondary, primary=False)
         recording.secondary = recording.secondary_array[0]
+
+    def give_back(self, recordings: list[_Recording]) -> None:
+        """Take back the recordings of a finished (or never submitted) submission: idle again, or
+        freed when their key was dropped meanwhile."""
+        for recording in recordings:
+            entry = recording.entry
+            if entry.alive:
+                entry.free[recording.timed].append(recording)
+            else:
+                self._free_recording(recording)
 
     def _new_recording(self, entry: _Entry, kind: int) -> _Recording:
         """A recording for ``entry``: reclaimed from the LRU end when the cache is full."""
@@ -249,9 +267,9 @@ class _Recordings:
     def _set_timed(self, recording: _Recording, timed: bool) -> None:
         """Give a recording query slots, or take them back."""
         if timed:
-            recording.query_pool, recording.query = self._take_queries()
+            recording.query_pool, recording.query = self._timestamps.take()
         else:
-            self._free_queries.append((recording.query_pool, recording.query))
+            self._timestamps.give_back(recording.query_pool, recording.query)
             recording.query_pool, recording.query = None, 0
         recording.timed = timed
 
@@ -273,12 +291,12 @@ class _Recordings:
                 self._record_dispatch(cb, command)
             else:
                 self._record_copy(cb, command)
-            stages = self._work_stages
+            stages = self._queue.work_stages
             after = stages | _vk.VK_PIPELINE_STAGE_HOST_BIT
-            _lib.vkCmdPipelineBarrier(cb, stages, after, 0, 1, self._barrier, 0, _ffi.NULL, 0, _ffi.NULL)
+            _lib.vkCmdPipelineBarrier(cb, stages, after, 0, 1, self._queue.barrier, 0, _ffi.NULL, 0, _ffi.NULL)
             if timed:
                 _lib.vkCmdWriteTimestamp(cb, _vk.VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, pool, query + 1)
-                self._copy_results(cb, queries, query, 2)
+                self._timestamps.copy_results(cb, queries, query, 2)
             _check(_lib.vkEndCommandBuffer(cb), "vkEndCommandBuffer")
         except BaseException:
             _lib.vkResetCommandBuffer(cb, 0)  # back to the initial state, ready for another try
@@ -304,14 +322,14 @@ class _Recordings:
         the checks and the cffi arrays are made once per binding. The table is cleared
         when it grows past four times the cache size, and purged of a destroyed object.
         """
-        if not isinstance(pipeline, Pipeline) or pipeline._device is not self:
+        if not isinstance(pipeline, Pipeline) or pipeline._device is not self._instance:
             raise InvalidSubmission(f"dispatch names a pipeline that is destroyed or not of this device: {pipeline!r}")
         if len(buffers) != pipeline.binding_count:
             raise InvalidSubmission(f"pipeline takes {pipeline.binding_count} buffers, dispatch binds {len(buffers)}")
         for pair in buffers:
             if len(pair) != 2:
                 raise InvalidSubmission(f"a binding is a (buffer, offset) pair, not {pair!r}")
-            self._check_range(pair[0], pair[1], 1, self.storage_offset_alignment)
+            self._check_range(pair[0], pair[1], 1, self._instance.storage_offset_alignment)
         if len(self._bindings) >= 4 * self._cache_size:
             self._bindings.clear()
         writes = self._bindings[(pipeline, buffers)] = self._descriptor_writes(buffers)
@@ -319,7 +337,7 @@ class _Recordings:
 
     def _descriptor_writes(self, buffers: tuple[tuple[Buffer, int], ...]) -> tuple[Any, Any]:
         """VkWriteDescriptorSet[] for storage buffers at bindings 0..n-1, and their infos."""
-        limit = self._physical.max_storage_range
+        limit = self._instance.physical.max_storage_range
         infos = _ffi.new("VkDescriptorBufferInfo[]", [
             {"buffer": buf._handle, "offset": offset, "range": min(buf.size - offset, limit)} for buf, offset in buffers
         ])
@@ -356,7 +374,7 @@ class _Recordings:
         pipeline = d.pipeline
         if (pipeline, d.buffers) not in self._bindings:
             self._binding(pipeline, d.buffers)
-        groups, limits = d.groups, self.max_group_count
+        groups, limits = d.groups, self._instance.max_group_count
         if len(groups) != 3 or not all(type(g) is int and 0 <= g <= m for g, m in zip(groups, limits)):
             raise InvalidSubmission(f"groups {groups} outside 0..{limits}")
         if len(d.push) % 4 or len(d.push) > pipeline.push_size:
@@ -375,7 +393,7 @@ class _Recordings:
 
     def _check_range(self, buf: Any, offset: Any, size: int, alignment: int) -> None:
         """``buf`` is a live buffer of this device holding ``size`` bytes at an aligned ``offset``."""
-        if not isinstance(buf, Buffer) or buf._device is not self:
+        if not isinstance(buf, Buffer) or buf._device is not self._instance:
             raise InvalidSubmission(f"command names a buffer that is destroyed or not of this device: {buf!r}")
         if not isinstance(offset, int) or offset < 0 or offset % alignment or offset + size > buf.size:
             raise InvalidSubmission(
@@ -413,17 +431,18 @@ class _Recordings:
         """Free a recording's command buffers and give back its query slots."""
         for array in (recording.primary_array, recording.secondary_array):
             if array is not None:
-                _lib.vkFreeCommandBuffers(self._handle, self._command_pool, 1, array)
+                self._queue.free(array)
         if recording.timed:
-            self._free_queries.append((recording.query_pool, recording.query))
+            self._timestamps.give_back(recording.query_pool, recording.query)
         entry = recording.entry
         entry.count -= 1
         self._recording_count -= 1
         if not entry.count:
             self._retired.discard(entry)
 
-    def _drop_users(self, obj: Buffer | Pipeline, what: str) -> None:
-        """Drop every cache entry and binding naming ``obj``, refusing while one is in flight.
+    def drop_users(self, obj: Buffer | Pipeline, what: str) -> None:
+        """Drop every cache entry and binding naming ``obj`` (a ``what``, for the message), refusing
+        while one is in flight: before ``obj`` is destroyed.
 
         Destroying is rare, so this scans the cache instead of keeping an index that
         every cache miss would pay for.
@@ -438,8 +457,8 @@ class _Recordings:
         for key in stale:
             del self._bindings[key]
 
-    def _close_recordings(self) -> None:
-        """Forget every entry (close(): the command pool takes their command buffers)."""
+    def close(self) -> None:
+        """Forget every entry (Device.close: the command pool takes their command buffers)."""
         for entry in self._cache.values():
             entry.alive = False
         self._cache.clear()
