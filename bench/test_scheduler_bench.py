@@ -10,7 +10,7 @@
    alone p50 plus one low command's device time; and for the p99, the p99 of an alone round
    trip plus what is left of the low command running when it comes (uniform over the
    command's mean length, which makes it a lower bound). The arbiter runs a long low dispatch
-   in pieces while a higher priority is active (engine.c, "Pieces"), which is how it gets
+   in pieces while a higher priority is active (policy/engine_policy.c, "Pieces"), which is how it gets
    under those floors; the bench prints how many pieces the low clients' dispatches ran in.
 3. compute share: one client at 25% (LIBSHARE_ACTIVE_THREAD_PERCENTAGE) against 3 unlimited
    ones, all saturating; its fraction of device time. Target 25% +- 5%.

@@ -105,7 +105,7 @@ def test_workgroup_size_builtin_overrides_local_size_mode() -> None:
 
 
 def test_a_module_that_reads_num_workgroups_says_so() -> None:
-    """Its dispatches never run in pieces, each of which would see its own count (engine.c, "Pieces"):
+    """Its dispatches never run in pieces, each of which would see its own count (policy/engine_policy.c, "Pieces"):
     a BuiltIn NumWorkgroups on any id or struct member says so, a later BuiltIn on the same id too."""
     num_workgroups, op_member_decorate = 24, 72
     assert not any(reflect(spirv(name)).counts_workgroups for name in EXPECTED)

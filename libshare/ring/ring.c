@@ -654,7 +654,7 @@ static int peer_gone(ls_region *r, const uint32_t *state_word)
  * these modes; a realtime client's p99 under 7 low clients 0.6-1.7 ms before,
  * 2.5-5.3 ms when every client yielded and spun longer, 0.8-2.1 ms with these
  * modes. With the engine yielding only where it is placed with lavapipe's
- * thread (engine.c, "Cores"), the engine's polls decide more than these modes:
+ * thread (engine/wait.c, "Cores"), the engine's polls decide more than these modes:
  * 0.58-0.62x with the clients' modes alone, 0.93-1.12x placed.
  */
 static int wait_for(ls_region *r, int (*ready)(ls_region *, uint32_t), uint32_t want,

@@ -1,4 +1,4 @@
-"""The engine's recordings (engine.c, "Recordings"): a client's distinct dispatches are recorded once
+"""The engine's recordings (engine/recordings.c, "Recordings"): a client's distinct dispatches are recorded once
 and reused, at most CACHE_MAX (64) of them kept; every dispatch still runs with its own content.
 (Recordings of freed buffers: test_session's test_bindings_remembered_per_array_follow_new_arrays...)"""
 

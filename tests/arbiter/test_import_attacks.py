@@ -144,7 +144,7 @@ def reply_to(sock: socket.socket, fields: dict) -> dict:
 
 
 def _fmix32(h: int) -> int:
-    """murmur3's 32-bit finaliser, as engine.c applies it."""
+    """murmur3's 32-bit finaliser, as engine/objects.c applies it."""
     h ^= h >> 16
     h = h * 0x85EBCA6B & 0xFFFFFFFF
     h ^= h >> 13

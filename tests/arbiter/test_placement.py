@@ -250,7 +250,7 @@ def test_a_process_that_pins_itself_to_the_device_core_runs_during_a_long_dispat
     a long submission runs there, on a machine whose cores are all busy. Mesa pins every process
     that loads lavapipe to each core in turn (a vetting compiler child, a client opening a
     private device), and an engine that napped every 25-500 us beside the pinned queue thread
-    kept such a process off the core for the whole submission (engine.c, wait_for_fence). The
+    kept such a process off the core for the whole submission (engine/wait.c, wait_for_fence). The
     check is an order, not a time: the pinned process prints before the dispatch has ended."""
     process, pipe_dir = placed
     core = check_placed(process.pid, pipe_dir)

@@ -1,6 +1,6 @@
 """Marks: what the consumer must pop before everything published so far is taken (ls_sq_marks).
 
-A free waits on them in the arbiter (engine.c, defer_drop): the descriptors a client pushed
+A free waits on them in the arbiter (engine/objects.c, defer_drop): the descriptors a client pushed
 before it must still find the buffer."""
 
 from __future__ import annotations

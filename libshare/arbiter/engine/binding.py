@@ -1,7 +1,7 @@
 """The native engine's binding (engine.h): the only module that touches its ``ffi`` and ``lib``.
 
 :class:`Engine` wraps one ``ls_engine``: the thread that pops, checks, records, submits,
-retires and answers descriptors in C (see engine.c's essay). Its return codes become
+retires and answers descriptors in C (see loop.c's essay). Its return codes become
 exceptions here, in :func:`check`, and its structs become plain Python values.
 """
 
@@ -175,7 +175,7 @@ class Engine:
     def put_program(self, slot: int, program_id: int, pipeline, bindings: int, push_size: int,
                     cuttable: bool = False) -> None:
         """Let ``slot``'s descriptors name ``pipeline`` (a device Pipeline) as ``program_id``; with
-        ``cuttable``, its dispatches may run in pieces (engine.c, "Pieces")."""
+        ``cuttable``, its dispatches may run in pieces (policy/engine_policy.c, "Pieces")."""
         handle, layout = pipeline.native
         flags = lib.LS_ENGINE_CUTTABLE if cuttable else 0
         check(lib.ls_engine_put_program(self._e, slot, program_id, handle, layout, bindings, push_size, flags),

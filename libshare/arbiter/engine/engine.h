@@ -24,7 +24,7 @@
 #define LS_KIND_BUFFER 1
 #define LS_KIND_PROGRAM 2
 
-#define LS_ENGINE_CUTTABLE 1            /* put_program flag: its dispatches may run in pieces (engine.c, "Pieces") */
+#define LS_ENGINE_CUTTABLE 1            /* put_program flag: its dispatches may run in pieces (engine_policy.c, "Pieces") */
 #define LS_ENGINE_MAX_PIECES 64         /* the most pieces one dispatch is cut into */
 
 /* Events the engine queues for the control plane (it writes event_fd when it adds some). */
@@ -67,8 +67,8 @@ struct ls_engine_policy {
 /* One turn of a planned pass: pop at most budget descriptors of client; a change of
  * rank between turns starts a new submission. With cut_us, the turn takes one command, and a
  * dispatch of a cuttable program estimated at over 1.5 times cut_us (by the client's worst device
- * time per workgroup) runs in pieces of about cut_us each, one on the device at a time (engine.c,
- * "Pieces"). */
+ * time per workgroup) runs in pieces of about cut_us each, one on the device at a time
+ * (policy/engine_policy.c, "Pieces"). */
 struct ls_engine_turn {
     uint32_t client;
     uint32_t budget;
@@ -110,8 +110,8 @@ int ls_engine_create(const struct ls_engine_config *config, ls_engine **out);
 int ls_engine_start(ls_engine *e);
 /* The engine thread's id (gettid), once started; -ESRCH before. */
 int32_t ls_engine_thread_id(ls_engine *e);
-/* Pin the engine thread to core, which it shares with the driver's threads (_placement.py): its
- * polls then yield that core (engine.c, "Cores"). core -1: unplaced (its polls keep their core;
+/* Pin the engine thread to core, which it shares with the driver's threads (policy/placement.py): its
+ * polls then yield that core (wait.c, "Cores"). core -1: unplaced (its polls keep their core;
  * its cores are the caller's to set). 0, -EINVAL or -errno. */
 int ls_engine_place(ls_engine *e, int32_t core);
 /* Cancel queued work (LS_ECANCELED), give running work timeout_ns, answer what still runs
@@ -163,7 +163,7 @@ int ls_engine_set_plan(ls_engine *e, const struct ls_engine_turn *turns, uint32_
 void ls_engine_wake(ls_engine *e);
 /* cdef-end */
 
-/* Implemented in Python (cffi's extern "Python+C", declared in _engine_build.py): called on
+/* Implemented in Python (cffi's extern "Python+C", declared in _build.py): called on
  * the engine thread, without the engine's lock, before each planned pass. */
 void ls_engine_plan_cb(void *engine);
 

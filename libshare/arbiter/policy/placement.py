@@ -13,7 +13,7 @@ the *device core* (one of the cores this process may use, picked by its pid, so 
 arbiters side by side spread over the cores), and every other thread of the
 process (the control thread, the gate, the session threads, and those they start later,
 which inherit it) on the remaining cores. The engine pins its own thread
-(``ls_engine_place``), and its polls then yield the device core between looks (engine.c,
+(``ls_engine_place``), and its polls then yield the device core between looks (engine/wait.c,
 ``poll_step``): what the engine waits for, the queue thread, runs there.
 
 Not placed:
@@ -27,11 +27,11 @@ Nothing placed there may sleep and wake at a high rate while the queue thread ru
 VM's kernel (6.18) a pinned thread napping every 25 us-1 ms beside a pinned busy one kept a
 process of another session that pinned itself to that core (Mesa does, in every process that
 loads lavapipe, vetting children included) off it for seconds; so the engine sleeps on a long
-submission in naps that grow to 20 ms (engine.c, wait_for_fence).
+submission in naps that grow to 20 ms (engine/wait.c, wait_for_fence).
 
 A yield may still hand the device core to another process's busy thread for a whole time
 slice; the engine then stops yielding for a while, and its polls keep the core meanwhile,
-as unplaced (engine.c, YIELD_PAUSE_NS). Placement is best effort: a thread whose affinity
+as unplaced (engine/wait.c, YIELD_PAUSE_NS). Placement is best effort: a thread whose affinity
 is refused leaves the arbiter unplaced, every thread back on every core, and the polls
 keep their core as before (a thread that ended meanwhile is skipped).
 """

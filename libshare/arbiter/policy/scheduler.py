@@ -14,7 +14,7 @@ them without asking (the common case never takes the GIL). The policy, in order:
    ``_ACTIVE_NS``), all lower-priority clients together get one command per pass,
    and only when nothing else is in flight, taking turns, and a long dispatch
    among them runs in pieces of about ``_CUT_NS`` of device time (a :class:`Turn`'s
-   ``cut_ns``; engine.c, "Pieces"), so a realtime dispatch waits behind at most one
+   ``cut_ns``; engine_policy.c, "Pieces"), so a realtime dispatch waits behind at most one
    lower piece on a single-queue device such as lavapipe. (A slice of estimated
    device time was gamed: the estimate comes from the client's own past commands,
    and after 300 tiny ones 65 heavy ones fit in one slice, a realtime client
@@ -27,7 +27,7 @@ them without asking (the common case never takes the GIL). The policy, in order:
    (At most 8 commands, a pipelining low client went from 450k to 160k dispatches a
    second beside an idle realtime one; at 64, 330k-610k.)
    The engine submits each priority of a pass separately, and the lower work popped
-   with a higher priority's only once that has ended (engine.c, "Policy"), so a
+   with a higher priority's only once that has ended (engine_policy.c, "Policy"), so a
    higher priority's completion never waits for lower work.
 2. **Compute share** (the active-thread-percentage analogue). A client, or a
    group, whose recent share of device time exceeds its ceiling is not drained
@@ -75,7 +75,7 @@ _CUT_MAX_NS = 10_000_000_000  # ... or of the top priority's own commands' lengt
 class Turn(NamedTuple):
     """One client's turn in a drain pass: pop at most ``budget`` of its descriptors. With ``cut_ns``,
     the turn takes one, and a dispatch estimated at over 1.5 times ``cut_ns`` (by the client's worst
-    device time per workgroup so far) runs in pieces of about ``cut_ns`` each (engine.c, "Pieces")."""
+    device time per workgroup so far) runs in pieces of about ``cut_ns`` each (engine_policy.c, "Pieces")."""
 
     client: object
     budget: int

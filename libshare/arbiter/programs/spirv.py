@@ -163,7 +163,7 @@ class ShaderInterface:
     """Bytes of ``Private`` and ``Function`` variables one invocation may hold at once (at most)."""
     counts_workgroups: bool = False
     """Whether it reads the ``NumWorkgroups`` built-in: its dispatches then never run in pieces, each of
-    which would see its own count (the arbiter's engine.c, "Pieces")."""
+    which would see its own count (policy/engine_policy.c, "Pieces")."""
 
 
 def reflect(spirv: bytes) -> ShaderInterface:

@@ -54,7 +54,7 @@ class Doorbell:
     holds a few rings (the least send buffer); a full bell rings anyway. The arbiter keeps its
     copy of the client's end until the client is reclaimed, or :meth:`handed_over` once the
     welcome is sent. The engine reads the rings (a datagram read without room for descriptors
-    closes any it carried) and budgets the wake-ups that find no work (engine.c, "Doorbells").
+    closes any it carried) and budgets the wake-ups that find no work (engine/wait.c, "Doorbells").
     """
 
     def __init__(self):
@@ -117,7 +117,7 @@ class Counters:
     completed: int = 0
     errors: int = 0
     device_ns: int = 0
-    cut: int = 0  # dispatches run in pieces (engine.c, "Pieces")
+    cut: int = 0  # dispatches run in pieces (policy/engine_policy.c, "Pieces")
     pieces: int = 0  # ... and the pieces they ran in
     control_bytes: int = 0  # bytes received on the control socket: stays small (zero-copy)
     memory_bytes: int = 0

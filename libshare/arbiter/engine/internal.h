@@ -1,0 +1,335 @@
+/*
+ * The engine's private header: the structs its files share, a few inline helpers, and the
+ * functions one file calls in another. engine.h is the public header (the cdef that cffi
+ * reads); nothing here reaches Python.
+ *
+ * The engine's files, each opening with its part of the design:
+ *   loop.c        run(): retire, drain, wait; take() pops, checks and records a client's work
+ *   wait.c        how the loop waits: fence polls and naps, spins, ppoll on the doorbells
+ *                 and their budget, yielding a shared core ("Cores", "Doorbells")
+ *   validate.c    check_desc, the one descriptor validator
+ *   recordings.c  descriptors recorded into secondary command buffers, each client's cache
+ *   flights.c     submissions: opening, submitting, retiring, timestamps, the watchdog
+ *   answers.c     completions and fences to clients, events to the control plane
+ *   objects.c     each client's object table, objects held by commands, deferred drops
+ *   api.c         the ls_engine_* entry points
+ *   ../policy/engine_policy.c  the scheduling policy's C part: plans, ranks, lingering, pieces
+ *
+ * Every function declared here runs with the engine's mutex held, unless its comment says
+ * otherwise. They have hidden visibility: the engine's module exports only what engine.h
+ * declares.
+ */
+#ifndef LIBSHARE_ENGINE_INTERNAL_H
+#define LIBSHARE_ENGINE_INTERNAL_H
+
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include "engine.h"
+#include "ring.h"
+#include "sync.h"
+
+#define VK_NO_PROTOTYPES
+#include <vulkan/vulkan.h>
+
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define NFLIGHT 8                       /* submission slots */
+#define LINGER_NS 200000LL              /* hold a small submission of streaming clients this long */
+#define NO_FENCE (-1)
+#define PIECE 1                         /* entry.piece */
+#define LAST_PIECE 2
+#define UNRANKED INT32_MAX
+
+/* A client's program or buffer, counted in use by the commands and cuts that hold it (objects.c). */
+struct object {
+    uint32_t id, kind;
+    uint32_t in_flight;                 /* commands submitted and not retired */
+    uint32_t freed;                     /* dropped by the control plane */
+    uint64_t handle, layout, size;      /* VkBuffer + size, or VkPipeline + layout */
+    uint32_t bindings, push_size;
+    uint32_t client;
+    uint32_t cuttable;                  /* a program whose dispatches may run in pieces (LS_ENGINE_CUTTABLE) */
+};
+
+/* A client's objects, by (kind, id): open addressing with linear probes and a keyed hash (objects.c). */
+struct table {
+    struct object **slots;
+    uint32_t cap, used, live;           /* used: live entries and tombstones */
+    uint32_t longest;                   /* the most slots a put has probed (ls_engine_stats) */
+    uint32_t key[2];
+};
+
+/* A descriptor's command and barrier, recorded once into a secondary command buffer and
+ * run by every later descriptor of its client with the same content (recordings.c). */
+struct recording {
+    struct recording *next;             /* in its client's bucket, or in the engine's spare list */
+    VkCommandBuffer cb;                 /* secondary, SIMULTANEOUS_USE: several flights may run it */
+    uint64_t hash;
+    uint64_t last;                      /* the engine's count of lookups at its last use (LRU) */
+    uint32_t uses;                      /* flight entries that run it, not yet retired */
+    uint32_t cached;                    /* in its client's table; else spare once unused */
+    struct object *objects[LS_MAX_BUFFERS + 1];
+    uint32_t nobjects;
+    struct ls_desc key;                 /* the descriptor it records, ticket 0 */
+};
+
+/* A command in a flight: one recording, answered (with the fences after it) when the flight retires. */
+struct entry {
+    uint32_t client;
+    uint64_t ticket;
+    struct recording *recording;
+    uint32_t groups;                    /* its dispatch's workgroups, on the entry that answers (0: a copy) */
+    uint32_t piece;                     /* PIECE: answers nothing; LAST_PIECE: answers for every piece */
+    struct object *users[LS_MAX_BUFFERS + 1];
+    uint32_t nusers;
+    int32_t fences;                     /* first fence node answered after it, or NO_FENCE */
+    int32_t fences_tail;
+};
+
+/* A fence (an LS_OP_NOP) waiting for an entry, in a list of nodes that the engine reuses. */
+struct fence_node {
+    uint64_t ticket;
+    int32_t next;
+};
+
+/* A dispatch running in pieces (engine_policy.c, "Pieces"): its objects are held until its last piece is
+ * in a flight. */
+struct cut {
+    uint32_t active;
+    uint32_t dim, next, end, step;      /* pieces run groups next..end-1 along dim, step at a time */
+    int32_t rank;                       /* its turn's */
+    int64_t waited_from;                /* when its last piece went in (or it began): piece_now's order */
+    struct ls_desc desc;
+    struct object *users[LS_MAX_BUFFERS + 1];
+    uint32_t nusers;
+    struct entry *tail;                 /* its piece on the device, or NULL */
+};
+
+/* A client slot: its ring, doorbell, objects, recordings, counters and cut. */
+struct client {
+    ls_region *region;                  /* NULL: the slot is free */
+    int doorbell_fd;
+    uint32_t closing, dropped;
+    uint32_t handed_over;               /* closed with LS_EMOVED: what runs is still answered */
+    uint32_t outstanding;
+    struct entry *last;                 /* its last command not yet answered (a fence waits on it) */
+    struct table objects;
+    struct recording **buckets;         /* CACHE_BUCKETS chains, allocated at its first recording */
+    uint32_t nrecordings;
+    uint32_t cq_size;                   /* the most completion slots seen free: all of them, once read */
+    struct ls_engine_stats stats;
+    /* doorbell budget */
+    double credit;
+    int64_t refilled, muted_until;
+    uint64_t empty, mutes;
+    int popped;                         /* popped since its bell last woke us */
+    uint32_t active_index;
+    struct pending_drop *drops;         /* objects freed while descriptors before the free still wait */
+    struct cut cut;
+    uint64_t cut_ns;                    /* device time of the pieces retired of its cut dispatch */
+    uint64_t cut_charge;                /* ... the time they held the device, gaps included ("Pieces") */
+    int32_t cut_status;                 /* ... and the first failure among them */
+    int32_t rank;                       /* its rank in the last plan that named it (UNRANKED: none yet) */
+    double ns_per_group;                /* its most device time per workgroup in a timed dispatch (0: none) */
+};
+
+/* A free that waits for the descriptors its client published before it (ls_engine_drop). */
+struct pending_drop {
+    struct pending_drop *next;
+    uint32_t kind, id, nmarks;
+    uint32_t marks[];                   /* the lanes' tails at the free (ls_sq_marks) */
+};
+
+/* A submission: one primary command buffer and fence, with its entries (flights.c). */
+struct flight {
+    VkCommandBuffer cb;                 /* primary: runs the entries' recordings, at submit */
+    VkFence fence;
+    VkQueryPool queries;
+    VkBuffer results;
+    VkDeviceMemory results_memory;
+    uint64_t *stamps;                   /* mapped results: count + 1 timestamps, then the progress word */
+    volatile uint32_t *progress;        /* mapped: the commands of the batch the device has ended (markers) */
+    uint32_t progress_seen;             /* its value at the watchdog's last look */
+    int64_t progress_at;                /* when the watchdog last saw it move */
+    struct entry entries[LS_ENGINE_MAX_BATCH];
+    VkCommandBuffer secondaries[LS_ENGINE_MAX_BATCH];  /* the entries' recordings, in order */
+    uint32_t count;
+    int timed;
+    int open;                           /* taking entries, not yet submitted */
+    int urgent;                         /* holds work of a client that waits for it: no lingering */
+    int64_t opened;
+    int64_t head_since;
+    int reported;                       /* the watchdog has fired for it */
+    int32_t rank;                       /* its plan turn's rank (0 unplanned): see deferred(), engine_policy.c */
+};
+
+/* The Vulkan entry points the engine calls, from the device's own vkGetDeviceProcAddr (api.c). */
+struct vk {
+    PFN_vkQueueSubmit QueueSubmit;
+    PFN_vkGetFenceStatus GetFenceStatus;
+    PFN_vkWaitForFences WaitForFences;
+    PFN_vkResetFences ResetFences;
+    PFN_vkCreateFence CreateFence;
+    PFN_vkDestroyFence DestroyFence;
+    PFN_vkCreateCommandPool CreateCommandPool;
+    PFN_vkDestroyCommandPool DestroyCommandPool;
+    PFN_vkAllocateCommandBuffers AllocateCommandBuffers;
+    PFN_vkBeginCommandBuffer BeginCommandBuffer;
+    PFN_vkEndCommandBuffer EndCommandBuffer;
+    PFN_vkCmdBindPipeline CmdBindPipeline;
+    PFN_vkCmdPushDescriptorSetKHR CmdPushDescriptorSetKHR;
+    PFN_vkCmdPushConstants CmdPushConstants;
+    PFN_vkCmdDispatch CmdDispatch;
+    PFN_vkCmdDispatchBase CmdDispatchBase;
+    PFN_vkCmdCopyBuffer CmdCopyBuffer;
+    PFN_vkCmdPipelineBarrier CmdPipelineBarrier;
+    PFN_vkCmdExecuteCommands CmdExecuteCommands;
+    PFN_vkCreateQueryPool CreateQueryPool;
+    PFN_vkDestroyQueryPool DestroyQueryPool;
+    PFN_vkCmdResetQueryPool CmdResetQueryPool;
+    PFN_vkCmdWriteTimestamp CmdWriteTimestamp;
+    PFN_vkCmdCopyQueryPoolResults CmdCopyQueryPoolResults;
+    PFN_vkCmdFillBuffer CmdFillBuffer;
+    PFN_vkCreateBuffer CreateBuffer;
+    PFN_vkDestroyBuffer DestroyBuffer;
+    PFN_vkGetBufferMemoryRequirements GetBufferMemoryRequirements;
+    PFN_vkAllocateMemory AllocateMemory;
+    PFN_vkFreeMemory FreeMemory;
+    PFN_vkBindBufferMemory BindBufferMemory;
+    PFN_vkMapMemory MapMemory;
+};
+
+struct ls_engine {
+    struct ls_engine_config cfg;
+    struct ls_engine_policy policy;
+    struct vk vk;
+    VkDevice device;
+    VkQueue queue;
+    VkCommandPool pool;
+    volatile uint32_t *busy;            /* slot + 1 while take() handles that client (atomic pointer) */
+    pthread_mutex_t lock;               /* everything below, but the flights' fences while waited on */
+    pthread_mutex_t queue_lock;         /* the VkQueue */
+    pthread_t thread;
+    int32_t tid;                        /* the thread's id, once it runs (for policy/placement.py) */
+    int placed;                         /* ls_engine_place pinned the thread: its polls yield */
+    int64_t fence_yields_paused_until;  /* ... but not before this (poll_step) */
+    int64_t spin_yields_paused_until;   /* ... nor, for a spin's polls, this */
+    int started, stopping, faulted, device_lost;
+    int64_t stop_timeout_ns;
+    int abandoned;
+    int wake_fd;
+    struct client *clients;
+    uint32_t *active;                   /* slots in use, dense */
+    uint32_t nactive, rotate;
+    struct flight flights[NFLIGHT];
+    uint32_t head, nflights;            /* submitted flights: head .. head + nflights - 1 */
+    struct recording *spare;            /* recordings out of every table and unused: re-recorded next */
+    uint64_t lookups;
+    struct fence_node *fence_nodes;
+    uint32_t fence_cap;
+    int32_t fence_free;
+    struct ls_engine_event *events;
+    uint32_t nevents, events_cap;
+    struct ls_engine_turn *plan;
+    uint32_t nplan, plan_cap;
+    uint64_t waiting_sig, plan_sig;     /* which clients wait, and how many submissions run: at the last look, at the plan */
+    uint64_t withheld_sig;              /* ... at a pass whose plan popped none of them (withheld set) */
+    int32_t pass_rank;                  /* the rank of the turn being popped: its flights' */
+    int withheld;
+    int64_t planned_at;
+    int plan_stale;                     /* the policy changed since the plan was made: ask again */
+    int popped;                         /* popped since the last spin */
+    uint32_t cuts;                      /* clients with a cut active */
+    int32_t waiting_rank;               /* the highest rank of the clients waiting at the last look, cuts aside */
+    struct ls_desc descs[LS_ENGINE_POP];
+    struct ls_cqe post_buf[LS_ENGINE_POP];
+    uint32_t post_count, post_client;
+    struct pollfd *pollfds;
+    uint32_t *poll_clients;
+};
+
+/* The flight k places from the head: submitted for k < nflights, the open one at k == nflights. */
+static inline struct flight *flight_at(ls_engine *e, uint32_t k) { return &e->flights[(e->head + k) % NFLIGHT]; }
+
+static inline int is_taken(const struct table *t, const struct object *o)
+{
+    return o && o != (const struct object *)t;
+}
+
+#pragma GCC visibility push(hidden)
+
+/* loop.c */
+void *run(void *arg);
+int takeable(struct client *c);
+int waits(struct client *c);
+uint32_t look(ls_engine *e);
+void cancel_queued(ls_engine *e, uint32_t slot, int32_t status);
+
+/* wait.c */
+void sleep_on_bells(ls_engine *e, int64_t linger_ns);
+void wait_for_work(ls_engine *e);
+
+/* validate.c */
+int check_desc(ls_engine *e, struct client *c, const struct ls_desc *d, struct object **users, uint32_t *nusers);
+
+/* recordings.c */
+struct recording *record(ls_engine *e, struct client *c, const struct ls_desc *d, struct object **users,
+                         uint32_t nusers, const uint32_t *base, const uint32_t *count);
+struct recording *recording_for(ls_engine *e, struct client *c, const struct ls_desc *d, struct object **users,
+                                uint32_t nusers);
+void forget_recordings(ls_engine *e, struct client *c, const struct object *o);
+void unuse(ls_engine *e, struct recording *r);
+
+/* flights.c */
+struct flight *flight_with_room(ls_engine *e);
+int submit(ls_engine *e);
+int retire(ls_engine *e);
+void check_watchdog(ls_engine *e);
+void create_timing(ls_engine *e, struct flight *f);
+
+/* answers.c */
+void emit(ls_engine *e, uint32_t type, uint32_t client, int32_t code, uint32_t kind, uint64_t a, uint64_t b);
+void answer(ls_engine *e, uint32_t client, uint64_t ticket, int32_t status, uint64_t ns);
+void flush_posts(ls_engine *e);
+void drop_client(ls_engine *e, uint32_t slot, int code);
+void finish_entry(ls_engine *e, struct entry *en, int32_t status, uint64_t ns, uint64_t held_ns, int keep);
+int add_fence(ls_engine *e, struct entry *en, uint64_t ticket);
+
+/* objects.c */
+struct object **table_find(struct table *t, uint32_t kind, uint32_t id);
+int table_put(struct table *t, struct object *o);
+void free_objects(struct table *t, uint32_t slot);
+void hold_objects(struct object **held, struct object *const *objects, uint32_t n);
+void release(ls_engine *e, struct object *o);
+int defer_drop(ls_engine *e, uint32_t slot, uint32_t kind, uint32_t id);
+void settle_drops(ls_engine *e, uint32_t slot);
+
+/* ../policy/engine_policy.c */
+int plan_due(ls_engine *e, int piece, uint32_t waiting);
+int streams(struct client *c, int space);
+int hold(ls_engine *e);
+int deferred(ls_engine *e);
+int64_t room(ls_engine *e);
+void at_rank(ls_engine *e, int32_t rank);
+uint32_t pieces_for(ls_engine *e, const struct client *c, const struct ls_desc *d, struct object **users,
+                    uint32_t nusers, uint32_t cut_us, uint32_t *dim);
+void start_cut(ls_engine *e, uint32_t slot, const struct ls_desc *d, struct object **users, uint32_t nusers,
+               uint32_t dim, uint32_t pieces);
+void close_cut(ls_engine *e, struct client *c);
+void end_cut(ls_engine *e, uint32_t slot, int32_t status);
+int add_piece(ls_engine *e, uint32_t slot, int rest);
+int64_t cut_under_way(ls_engine *e, int32_t rank);
+int piece_now(ls_engine *e);
+int finish_cut(ls_engine *e, uint32_t slot);
+int continue_cuts(ls_engine *e);
+int book_piece(struct client *c, struct entry *en, int32_t *status, uint64_t *ns, uint64_t *charge);
+
+#pragma GCC visibility pop
+
+#endif
