@@ -122,7 +122,7 @@ def _watch_quit(arbiter, stop: _Stop) -> None:
         arbiter.quit_requested.wait()
         stop.set("quit command")
 
-    arbiter.drainer.on_unrecoverable = lambda why: stop.set("the device cannot be recovered")
+    arbiter.drainer.containment.on_unrecoverable = lambda why: stop.set("the device cannot be recovered")
     threading.Thread(target=watch, name="libshare-quit-watch", daemon=True).start()
 
 
@@ -226,7 +226,7 @@ def _serve_locked(options: Options, path: Path, stop: _Stop, arbiter, link: Supe
 
             metrics = start_metrics(arbiter, options.metrics_address, options.metrics_port)
             log.info("metrics at http://%s:%d/metrics", options.metrics_address, metrics.port)
-        arbiter.drainer.recovery_timeout = options.shutdown_timeout
+        arbiter.drainer.containment.recovery_timeout = options.shutdown_timeout
         _watch_quit(arbiter, stop)  # before the socket: a fault needs clients
         arbiter.supervised = link is not None  # the welcome tells the sessions (a container sees no lock)
         arbiter.serve(path)
@@ -238,7 +238,7 @@ def _serve_locked(options: Options, path: Path, stop: _Stop, arbiter, link: Supe
     finally:
         if metrics is not None:
             metrics.close()
-        unrecoverable = arbiter.drainer.unrecoverable
+        unrecoverable = arbiter.drainer.containment.unrecoverable
         if unrecoverable is not None:  # what runs has had its time already
             timeout = 0.0
         else:

@@ -329,7 +329,7 @@ def test_a_request_right_after_the_drop_is_refused_before_the_control_thread_hea
             replies = []
             sender = threading.Thread(target=lambda: replies.append(raw_alloc(session)))
             sender.start()
-            wait_until(lambda: arbiter.drainer.tasks.qsize() > 0, 30, "the request to wait for the control thread")
+            wait_until(lambda: arbiter.drainer.tasks.queue.qsize() > 0, 30, "the request to wait for the control thread")
             release.set()
             sender.join(30)
             assert replies and not replies[0]["ok"] and replies[0]["error"] == "RingCorrupted", replies

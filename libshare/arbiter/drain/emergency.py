@@ -1,4 +1,4 @@
-"""Binding of the crash-time cleanup in ``_emergency.c``: the only module that names its ffi and lib."""
+"""Binding of the crash-time cleanup in ``emergency.c``: the only module that names its ffi and lib."""
 
 from __future__ import annotations
 

@@ -1,10 +1,10 @@
 """Quarantine: a client process, or a SPIR-V module, that brought the arbiter down twice is refused.
 
-Containment (_containment.py) keeps a client's faults to that client while the arbiter
+Containment (containment.py) keeps a client's faults to that client while the arbiter
 lives. Some actions can end the arbiter itself: the driver's compiler crashing inside it
-on a module the vetting child compiled fine (_compiler.py: a crash that depends on timing
-or memory), or a dispatch that never ends, which on a driver that cannot abort it leaves
-the arbiter no way out but to exit (EXIT_UNRECOVERABLE). A supervisor restarts it; without
+on a module the vetting child compiled fine (``libshare/arbiter/programs/compiler.py``: a
+crash that depends on timing or memory), or a dispatch that never ends, which on a driver
+that cannot abort it leaves the arbiter no way out but to exit (EXIT_UNRECOVERABLE). A supervisor restarts it; without
 a memory of who did it, the same tenant could bring it down again and again, and every
 other client would lose its work each time. So the arbiter keeps that memory in its pipe
 directory, where the next arbiter on the same directory finds it, whoever starts that one.
@@ -17,9 +17,10 @@ module's SHA-256; it removes the record when the action ends. Records are few an
 file created and renamed, later unlinked; no ``fsync``: they must outlive the process, not
 the machine, and a reboot ends every client anyway):
 
-* one per compile the arbiter runs itself (``_load_program``: pipeline creation, only when no
-  pipeline of that module exists yet). The vetting compile runs in a child process, whose
-  crash refuses the module without harming the arbiter, so it writes none;
+* one per compile the arbiter runs itself (``Arbiter._load_program`` in ``serve/server.py``:
+  pipeline creation, only when no pipeline of that module exists yet). The vetting compile
+  runs in a child process, whose crash refuses the module without harming the arbiter, so
+  it writes none;
 * one when the watchdog finds a dispatch past its limit, removed once that work has ended.
   When it never ends, the arbiter gives the device up and exits with the record in place. A
   submission that several clients shared (SUSPECT in ``ps``) blames nobody: which of their
@@ -29,7 +30,7 @@ the machine, and a reboot ends every client anyway):
 
 * one per client whose descriptor was being processed when the arbiter crashed (action
   "descriptor being processed"), written by the crash handler itself. The record is made
-  when the client comes and handed to _emergency.c (``_emergency.prepare``, held in memory
+  when the client comes and handed to emergency.c (``emergency.prepare``, held in memory
   by client slot), and withdrawn when it goes: nothing is written to disk per client or per
   descriptor (files made on each hello and renamed at each close cost some 80 us of CPU per
   client on ext4, on the control thread ahead of its first requests). While the
@@ -268,7 +269,7 @@ class Quarantine:
 
     def arm(self, client) -> None:
         """Make, in advance, the record of a crash while the engine handles ``client``'s descriptors,
-        and hand it to the crash handler in _emergency.c, which writes it only on a crash (writing is
+        and hand it to the crash handler in emergency.c, which writes it only on a crash (writing is
         safe in a signal handler, making JSON is not). :meth:`disarm` withdraws it when the client goes."""
         if self.directory is None or self._closed:
             return

@@ -11,26 +11,23 @@ That one thread is whoever holds ``control``, the control lock: the control thre
 from the moment it wakes until it goes back to sleep. A :meth:`Tasks.call` that finds the lock
 free (the control thread asleep, the common case for a client's request) takes it and runs the
 queue itself, its own task last, instead of waking the control thread and sleeping until it
-answers (two thread wake-ups: measured on a 2-core machine, a call to a sleeping control
-thread took some 70 us, run here some 13; an attach makes three). Queued tasks still run one
-at a time and in order, and a task run on a connection thread sees exactly what it would have
-seen on the control thread; the control thread handles the engine's events when the engine
-wakes it, and a task handles them only when it must see them at once (a reclaim; a request of a
-client that the engine has just dropped, see ``_server``). A task that calls
-:meth:`Tasks.call` itself runs that call at once, wherever it runs. :meth:`Tasks.flush` runs
-what was posted without waking anyone, the same way, when the control thread sleeps.
+answers (two thread wake-ups per call). Queued tasks still run one at a time and in order, and
+a task run on a connection thread sees exactly what it would have seen on the control thread;
+the control thread handles the engine's events when the engine wakes it, and a task handles
+them only when it must see them at once (a reclaim; a request of a client that the engine has
+just dropped, see ``libshare/arbiter/serve/server.py``). A task that calls :meth:`Tasks.call`
+itself runs that call at once, wherever it runs. :meth:`Tasks.flush` runs what was posted
+without waking anyone, the same way, when the control thread sleeps.
 
-After a batch of tasks the control thread works the engine's policy out again
-(``_after_tasks``: the scheduler looks at every client). A task that can change only a
-client's objects (register a program or buffer, free one) says so with ``policy=False``: a
-batch of only such tasks skips that step, which every load_program, alloc and free paid
-(2 us with two clients, 40 us with 256).
+After a batch of tasks the owner's ``after_batch`` brings the engine's policy up to date (the
+scheduler looks at every client: ``planner.py``). A task that can change only a client's
+objects (register a program or buffer, free one) says so with ``policy=False``: a batch of only
+such tasks skips that step, whose cost grows with the number of clients.
 
 The hand-back is one lock per waited task, held from its creation until the control thread
 has stored the outcome: the caller sleeps in one ``acquire`` (a single futex wait, in slices
 of ``_CALL_SLICE`` so that it notices a control thread that stopped), and the control thread's
-``release`` wakes it. A ``concurrent.futures.Future`` does the same with a condition, a waiter
-object and an event per call (and ``wait`` with a list), which an attach paid three times.
+``release`` wakes it.
 """
 
 from __future__ import annotations
@@ -39,6 +36,7 @@ import contextlib
 import logging
 import os
 import queue
+import select
 import threading
 import time
 
@@ -47,6 +45,7 @@ from libshare.errors import ServerFault, ServerNotReady, Timeout
 log = logging.getLogger("libshare.arbiter")
 
 _CALL_SLICE = 0.1  # seconds between checks that the control thread still runs, while a task waits
+_IDLE_SLICE_MS = 1000  # poll() timeout of the control thread: tasks and events write its eventfd anyway
 CALL_TIMEOUT = 30.0  # seconds a task waits for the control thread by default
 
 
@@ -81,11 +80,25 @@ class _Task:
 
 
 class Tasks:
-    """The task queue of the control thread (a part of Drainer: it sets ``thread``, ``stopping``,
-    ``wake_fd``, ``tasks`` and ``control``, and ``_after_tasks`` runs after each batch of tasks,
-    ``_handle_events`` handles the engine's, ``enter_fault`` takes a ServerFault)."""
+    """The task queue of the control thread, and the control lock (owned by Drainer).
 
-    _runner = 0  # the thread id of whoever holds ``control`` and runs tasks now (0: nobody)
+    The owner passes the eventfd that wakes the control thread (``wake_fd``), the control thread
+    itself (``thread``: a waiting call gives up once it has ended), and what a pass runs besides the
+    tasks: ``events`` (handle the engine's events; True when there were some), ``after_batch`` (after
+    a batch of tasks that may have changed the engine's policy) and ``on_fault`` (a task raised
+    ServerFault: enter FAULT with its message). The owner sets ``stopping`` when the arbiter stops."""
+
+    def __init__(self, wake_fd: int, thread: threading.Thread, *, events, after_batch, on_fault):
+        self.wake_fd = wake_fd
+        self.thread = thread
+        self.queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.control = threading.Lock()
+        """Held by whoever runs tasks (or handles the engine's events): the control thread while it is
+        awake, or a caller of :meth:`call` that found it asleep."""
+        self.stopping = False
+        """Set once the arbiter stops: no task is taken any more."""
+        self._events, self._after_batch, self._on_fault = events, after_batch, on_fault
+        self._runner = 0  # the thread id of whoever holds ``control`` and runs tasks now (0: nobody)
 
     def call(self, fn, *args, timeout: float = CALL_TIMEOUT, policy: bool = True):
         """Run ``fn(*args)`` under the control lock, after every task queued before it, and return
@@ -98,7 +111,7 @@ class Tasks:
         if self.stopping:
             raise ServerNotReady("the arbiter is shutting down")
         task = _Task(fn, args, True, policy)
-        self.tasks.put(task)
+        self.queue.put(task)
         self._run_here()
         if task.done.acquire(blocking=False):  # it ran here (or on the control thread meanwhile)
             return self._outcome(task)
@@ -131,7 +144,7 @@ class Tasks:
         """
         if self.stopping:
             raise ServerNotReady("the arbiter is shutting down")
-        self.tasks.put(_Task(fn, args, False, policy))
+        self.queue.put(_Task(fn, args, False, policy))
         if wake:
             self.ring_doorbell()
 
@@ -150,10 +163,17 @@ class Tasks:
             if self.stopping:
                 return False
             with self._running():
-                self._control_pass(events=False)
+                self.run_pass(events=False)
             return True
         finally:
             self.control.release()
+
+    @contextlib.contextmanager
+    def holding(self):
+        """Hold ``control`` as the control thread: tasks and events are this thread's for the block
+        (a caller that runs tasks meanwhile is waited for)."""
+        with self.control, self._running():
+            yield
 
     @contextlib.contextmanager
     def _running(self):
@@ -171,35 +191,42 @@ class Tasks:
         except BlockingIOError:
             pass  # the counter is saturated: the thread is awake anyway
 
-    def _control_pass(self, events: bool) -> bool:
+    def sleep(self) -> None:
+        """Sleep until the doorbell rings (a task, or the engine's events), at most _IDLE_SLICE_MS."""
+        poller = select.poll()
+        poller.register(self.wake_fd, select.POLLIN)
+        if poller.poll(_IDLE_SLICE_MS):
+            try:
+                os.eventfd_read(self.wake_fd)
+            except BlockingIOError:
+                pass
+
+    def run_pass(self, events: bool) -> bool:
         """Run the queued tasks, then (``events``: on the control thread) the engine's events, with
         ``control`` held; True when there was something to do. Never raises: a fault enters FAULT,
         anything else is logged, and the caller goes on."""
         try:
             busy = self._run_tasks()
             if events:
-                busy |= self._handle_events()
+                busy |= self._events()
             return busy
         except ServerFault as exc:
-            self.enter_fault(str(exc))
+            self._on_fault(str(exc))
         except Exception:  # never die: log and keep answering
             log.exception("control loop error")
         return True
 
     def _run_tasks(self) -> bool:
-        if self.tasks.empty():  # the common case, without raising queue.Empty
+        if self.queue.empty():  # the common case, without raising queue.Empty
             return False
         policy = False
         while True:
             try:
-                task = self.tasks.get_nowait()
+                task = self.queue.get_nowait()
             except queue.Empty:
                 break
             failed = task.run()
             policy = policy or task.policy or failed  # a task that failed half-way may have changed anything
         if policy:
-            self._after_tasks()
+            self._after_batch()
         return True
-
-    def _after_tasks(self) -> None:
-        """Called after each batch of tasks (a task may have changed what the engine must know)."""
