@@ -14,6 +14,12 @@ from cffi import FFI
 HERE = Path(__file__).resolve().parent
 HEADER = HERE / "ring.h"
 
+CORE = [HERE / name for name in ("ring.c", "lanes.c", "completions.c", "wake.c")]
+"""The ring's C core (region.h lists what each file holds): compiled into this module, the
+arbiter's engine (which drains rings in C) and bindings/c's libshare.so."""
+SOURCES = CORE + [HERE / "tickets.c"]
+"""Everything a client's module compiles: the core and the ticket book."""
+
 
 def cdef_source(header: Path = HEADER) -> str:
     """Return the declarations of ``header`` between its cdef markers."""
@@ -33,7 +39,7 @@ ffibuilder.cdef(cdef_source())
 ffibuilder.set_source(
     "libshare.ring._ring_cffi",
     '#include "ring.h"',
-    sources=[relative(HERE / "ring.c"), relative(HERE / "tickets.c")],
+    sources=[relative(path) for path in SOURCES],
     include_dirs=[relative(HERE)],
     extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra"],
 )

@@ -10,31 +10,31 @@ from __future__ import annotations
 
 import functools
 import threading
+from typing import TYPE_CHECKING
 
-from libshare.ring._binding import check, ffi, lib
-from libshare.ring._region import _SPIN_NS, Producer, Region
+from libshare.ring import _binding
+from libshare.ring._binding import C
+
+if TYPE_CHECKING:
+    from libshare.ring._lanes import Producer
+    from libshare.ring._region import Region
 
 __all__ = ["TicketBook"]
-
-_LIST_ROOM = 1024  # tickets read per look at the pending ones (more: the look is made again, larger)
 
 
 class TicketBook:
     """One session's ticket book. Its memory lives as long as this object: a Ticket that is
     waited after its session closed still finds it (empty)."""
 
-    NONE, PENDING, DONE = lib.LS_TICKET_NONE, lib.LS_TICKET_PENDING, lib.LS_TICKET_DONE
+    NONE, PENDING, DONE = C.TICKET_NONE, C.TICKET_PENDING, C.TICKET_DONE
     """A ticket's states: no record (never pushed, taken, forgotten or dropped), in flight, done."""
-    MOVED, ORPHAN = lib.LS_TICKET_MOVED, lib.LS_TICKET_ORPHAN
+    MOVED, ORPHAN = C.TICKET_MOVED, C.TICKET_ORPHAN
     """The marks of a pending ticket: the arbiter handed over without running it; forgotten."""
 
     def __init__(self):
-        handle = ffi.new("ls_tickets **")
-        check(lib.ls_tickets_new(handle), None, "ticket book")
-        self._handle = handle[0]
-        self._cancelled = lib.ls_tickets_cancelled(self._handle)
-        self._reader_status = ffi.new("int32_t *")  # wait_take's: only the ring's one reader calls it
-        self._reader_device_ns = ffi.new("uint64_t *")
+        self._handle = _binding.tickets_new()
+        self._cancelled = _binding.tickets_cancelled(self._handle)
+        self._reader_out = _binding.outcome()  # wait_take's: only the ring's one reader calls it
         self._local = threading.local()  # .out: take's status and device time, per thread
 
     def pusher(self, producer: Producer):
@@ -42,74 +42,59 @@ class TicketBook:
         gz, nbuffers, ids, noffsets, offsets, push, push_size)``, it encodes the operation (ring.h's
         ``ls_push_op``) and records the ticket pending once pushed; 1, 0 when the lane is full, or a
         negative code (``-ENOMEM``: no room for the record). The caller keeps the producer alive."""
-        return functools.partial(lib.ls_tickets_push, self._handle, producer._handle)
+        return functools.partial(_binding.tickets_push, self._handle, producer._handle)
 
     def add(self, ticket: int) -> None:
         """Record ``ticket`` pending (its descriptor was sent another way)."""
-        check(lib.ls_tickets_add(self._handle, ticket), None, "record a ticket")
+        _binding.tickets_add(self._handle, ticket)
 
     def collect(self, region: Region) -> int:
         """File every completion ready in ``region``; how many were read. The caller is its one reader."""
-        return check(lib.ls_tickets_collect(self._handle, region._c()), region._c(), "completions")
+        return _binding.tickets_collect(self._handle, region._c())
 
-    def wait(self, region: Region, ticket: int, timeout_ns: int, spin_ns: int = _SPIN_NS) -> int:
+    def wait(self, region: Region, ticket: int, timeout_ns: int, spin_ns: int = C.SPIN_NS) -> int:
         """One wait step for ``ticket`` (0: any pending ticket), GIL released: collect, then wait up to
         ``timeout_ns`` for the next completion and collect. Its state (PENDING after the timeout);
         raises ArbiterLost or RingCorrupted. The caller is the region's one reader."""
-        handle = region._c()
-        return check(lib.ls_tickets_wait(self._handle, handle, ticket, spin_ns, timeout_ns, ffi.NULL, ffi.NULL),
-                     handle, "wait for completions")
+        return _binding.tickets_wait(self._handle, region._c(), ticket, spin_ns, timeout_ns)
 
     def wait_take(self, region: Region, ticket: int, timeout_ns: int) -> tuple[int, int, int]:
         """:meth:`wait` for ``ticket``, then :meth:`take` it if it is done, in one C call: ``(state,
         status, device_ns)``. The caller is the region's one reader (which this relies on too)."""
-        handle = region._c()
-        state = lib.ls_tickets_wait(self._handle, handle, ticket, _SPIN_NS, timeout_ns, self._reader_status,
-                                    self._reader_device_ns)
-        if state == self.DONE:
-            return state, self._reader_status[0], self._reader_device_ns[0]
-        return check(state, handle, "wait for completions"), 0, 0
+        return _binding.tickets_wait_take(self._handle, region._c(), ticket, C.SPIN_NS, timeout_ns,
+                                          self._reader_out)
 
     def take(self, ticket: int) -> tuple[int, int, int]:
         """``(state, status, device_ns)`` of ``ticket``; once DONE its record goes (take it once)."""
         try:  # any thread may take: each has its own
-            status, device_ns = self._local.out
+            out = self._local.out
         except AttributeError:
-            status, device_ns = self._local.out = ffi.new("int32_t *"), ffi.new("uint64_t *")
-        state = lib.ls_tickets_take(self._handle, ticket, status, device_ns)
-        if state == self.DONE:
-            return state, status[0], device_ns[0]
-        return state, 0, 0
+            out = self._local.out = _binding.outcome()
+        return _binding.tickets_take(self._handle, ticket, out)
 
     def forget(self, tickets: list[int]) -> None:
         """Nobody will ask for these tickets: their outcomes are dropped (now, or when they come)."""
-        lib.ls_tickets_forget(self._handle, tickets, len(tickets))
+        _binding.tickets_forget(self._handle, tickets)
 
     def settle(self, ticket: int, status: int, device_ns: int = 0) -> bool:
         """File a completion read elsewhere for ``ticket``; False when it was not pending."""
-        return bool(lib.ls_tickets_settle(self._handle, ticket, status, device_ns))
+        return _binding.tickets_settle(self._handle, ticket, status, device_ns)
 
     def drop(self, ticket: int) -> None:
         """Remove ``ticket``'s record, whatever its state."""
-        lib.ls_tickets_drop(self._handle, ticket)
+        _binding.tickets_drop(self._handle, ticket)
 
     def in_flight(self) -> dict[int, int]:
         """Every pending ticket, with its marks (MOVED, ORPHAN)."""
-        room = _LIST_ROOM
-        while True:
-            tickets, marks = ffi.new("uint64_t[]", room), ffi.new("uint8_t[]", room)
-            count = lib.ls_tickets_list(self._handle, tickets, marks, room)
-            if count <= room:
-                return {tickets[i]: marks[i] for i in range(count)}
-            room = count * 2
+        return _binding.tickets_list(self._handle)
 
     def resent(self) -> None:
         """Clear the MOVED marks: those tickets went to a new arbiter."""
-        lib.ls_tickets_resent(self._handle)
+        _binding.tickets_resent(self._handle)
 
     def pending(self) -> int:
         """How many tickets are pending (forgotten ones included: their completions are still due)."""
-        return lib.ls_tickets_pending(self._handle)
+        return _binding.tickets_pending(self._handle)
 
     def cancelled(self) -> int:
         """How many completions came with ``-LS_ECANCELED`` so far (exact for the thread that just
@@ -119,4 +104,4 @@ class TicketBook:
     def __del__(self):
         handle, self._handle = getattr(self, "_handle", None), None
         if handle is not None:
-            lib.ls_tickets_free(handle)
+            _binding.tickets_free(handle)

@@ -30,8 +30,8 @@ def _progress(done: int, total: int, started: float) -> None:
 def run_child(fd: int, count: int, batch: int) -> None:
     """Producer side: push ``count`` numbered descriptors, then wait until all are completed."""
     region = Region.attach(fd)
-    region.watch_peer(os.getppid())
-    producer = region.producer()
+    region.peers.watch(os.getppid())
+    producer = region.lanes.producer()
     descs = np.zeros(batch, DESC_DTYPE)
     descs["opcode"] = 1
     cqe = np.empty(region.cq_entries, CQE_DTYPE)
@@ -40,37 +40,37 @@ def run_child(fd: int, count: int, batch: int) -> None:
         n = min(batch, count - start)
         descs["ticket"][:n] = np.arange(start, start + n)
         producer.push(descs[:n], timeout=30)
-        completed += region.completions_into(cqe)
+        completed += region.completions.take_into(cqe)
     while completed < count:
-        region.wait_completions(1, timeout=30)
-        completed += region.completions_into(cqe)
+        region.completions.wait(1, timeout=30)
+        completed += region.completions.take_into(cqe)
     region.close()
 
 
 def run_parent(count: int, batch: int) -> float:
     """Consumer side: drain, check order, post completions; return descriptors per second."""
     with Region.create(lanes=2, lane_entries=1024, cq_entries=4096) as region:
-        region.announce_consumer()
+        region.peers.announce_consumer()
         child = subprocess.Popen(
             [sys.executable, "-m", "libshare.ring.demo", "--child", str(region.fd),
              "--count", str(count), "--batch", str(batch)],
             pass_fds=(region.fd,),
         )
-        region.watch_peer(child.pid)
+        region.peers.watch(child.pid)
         out = np.empty(1024, DESC_DTYPE)
         cqe = np.zeros(1024, CQE_DTYPE)
         received, started, next_report = 0, None, 0
         while received < count:
-            region.wait(timeout=30)
+            region.lanes.wait(timeout=30)
             started = started or time.monotonic()
-            n = region.pop_into(out)
+            n = region.lanes.pop_into(out)
             tickets = out["ticket"][:n]
             if not np.array_equal(tickets, np.arange(received, received + n, dtype=np.uint64)):
                 raise SystemExit(f"order broken after {received} descriptors")
             cqe["ticket"][:n] = tickets
             posted = 0
             while posted < n:
-                posted += region.post(cqe[posted:n])
+                posted += region.completions.post(cqe[posted:n])
             received += n
             if received >= next_report:
                 _progress(received, count, started)

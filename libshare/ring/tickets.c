@@ -2,7 +2,7 @@
  * The ticket book: a client's record of its tickets in flight and of what each came to.
  *
  * One design serves both clients. The C API (bindings/c/capi.c) and the Python
- * session (libshare/client/session.py, through libshare/ring/_tickets.py) each keep
+ * session (libshare/client/completions.py, through libshare/ring/_tickets.py) each keep
  * one book per session: a ticket is recorded pending in the same call that
  * pushes its descriptor (ls_tickets_push), the one completion consumer files
  * every completion it pops into the book (ls_tickets_collect, ls_tickets_wait),

@@ -26,14 +26,14 @@ def descriptors(producer_id: int, start: int, count: int) -> np.ndarray:
 
 def produce(region: Region, producer_id: str, total: str, batch: str = "64") -> None:
     """Push ``total`` numbered descriptors in batches, waiting for space as needed."""
-    producer, total, batch = region.producer(), int(total), int(batch)
+    producer, total, batch = region.lanes.producer(), int(total), int(batch)
     for start in range(0, total, batch):
         producer.push(descriptors(int(producer_id), start, min(batch, total - start)), timeout=60)
 
 
 def half_push_then_die(region: Region, producer_id: str, published: str) -> None:
     """Publish some descriptors, reserve one more slot, write half of it, and SIGKILL ourselves."""
-    producer = region.producer()
+    producer = region.lanes.producer()
     producer.push(descriptors(int(producer_id), 0, int(published)), timeout=10)
     slots = ffi.new("struct ls_desc **")
     assert lib.ls_reserve(producer._handle, 1, slots) == 1
@@ -45,23 +45,23 @@ def echo(region: Region, count: str, spin_seconds: str = "0.00002") -> None:
     """Answer each descriptor with a completion carrying its ticket (the far side of a ping-pong)."""
     from libshare.ring import CQE_DTYPE
 
-    region.announce_consumer()
+    region.peers.announce_consumer()
     out = np.empty(64, DESC_DTYPE)
     ptr = ffi.from_buffer("char[]", out)
     cqe = np.zeros(64, CQE_DTYPE)
     left = int(count)
     while left > 0:
-        region.wait(timeout=10, spin=float(spin_seconds))
-        n = region.pop_into(out, ptr)
+        region.lanes.wait(timeout=10, spin=float(spin_seconds))
+        n = region.lanes.pop_into(out, ptr)
         cqe["ticket"][:n] = out["ticket"][:n]
-        region.post(cqe[:n])
+        region.completions.post(cqe[:n])
         left -= n
 
 
 def main(argv: list[str]) -> None:
     role, fd, *args = argv
     region = Region.attach(int(fd))
-    region.watch_peer(os.getppid())
+    region.peers.watch(os.getppid())
     globals()[role](region, *args)
     region.close()
 

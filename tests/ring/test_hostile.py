@@ -18,12 +18,12 @@ from tests.ring._peer import descriptors
 
 def test_producer_killed_mid_push_loses_only_its_half_written_slot():
     with Region.create(lanes=4, lane_entries=64, cq_entries=16) as region:
-        region.producer().try_push(descriptors(7, 0, 3))
+        region.lanes.producer().try_push(descriptors(7, 0, 3))
         victim = spawn_peer("half_push_then_die", region.fd, 1, 5)
         assert victim.wait(timeout=30) == -signal.SIGKILL
-        region.producer().try_push(descriptors(7, 3, 2))
+        region.lanes.producer().try_push(descriptors(7, 3, 2))
 
-        popped = region.pop(100)
+        popped = region.lanes.pop(100)
         assert sorted(popped["ticket"][popped["program"] == 1]) == [0, 1, 2, 3, 4]
         assert list(popped["ticket"][popped["program"] == 7]) == [0, 1, 2, 3, 4]
         assert 999_999 not in popped["ticket"]
@@ -36,10 +36,10 @@ def test_producer_killed_at_a_random_moment_leaves_a_clean_prefix():
         seen = []
         deadline = time.monotonic() + 30
         while len(seen) < 20_000 and time.monotonic() < deadline:
-            seen.extend(region.pop(256)["ticket"])
+            seen.extend(region.lanes.pop(256)["ticket"])
         victim.send_signal(signal.SIGKILL)
         assert victim.wait(timeout=30) == -signal.SIGKILL
-        seen.extend(region.pop(1024)["ticket"])
+        seen.extend(region.lanes.pop(1024)["ticket"])
         assert seen == list(range(len(seen))), "published descriptors must arrive in order, none lost"
 
 
@@ -55,11 +55,11 @@ def test_corrupted_tail_is_rejected_with_a_clear_and_sticky_error(bad_tail):
     with Region.create(lanes=2, lane_entries=64, cq_entries=16) as region:
         region._map[lane_word(region, 1, "tail")] = bad_tail.to_bytes(4, "little")
         with pytest.raises(RingCorrupted, match="submission lane 1.*capacity 64"):
-            region.pop(10)
+            region.lanes.pop(10)
         with pytest.raises(RingCorrupted):
-            region.pending()
+            region.lanes.pending()
         with pytest.raises(RingCorrupted):
-            region.wait(timeout=0.01)
+            region.lanes.wait(timeout=0.01)
 
 
 def test_corrupted_completion_head_is_rejected_by_the_poster():
@@ -68,7 +68,7 @@ def test_corrupted_completion_head_is_rejected_by_the_poster():
         head = slice(cq_offset + 64, cq_offset + 68)
         region._map[head] = (12345).to_bytes(4, "little")
         with pytest.raises(RingCorrupted, match="completion ring"):
-            region.post(np.zeros(1, CQE_DTYPE))
+            region.completions.post(np.zeros(1, CQE_DTYPE))
 
 
 def test_garbage_everywhere_never_crashes_or_hangs_the_consumer():
@@ -78,9 +78,9 @@ def test_garbage_everywhere_never_crashes_or_hangs_the_consumer():
             body = rng.integers(0, 256, region.size - 256, dtype=np.uint8).tobytes()
             region._map[256:] = body
             try:
-                popped = region.pop(64)
+                popped = region.lanes.pop(64)
                 assert len(popped) <= 16
                 region.reap()
-                region.post(np.zeros(2, CQE_DTYPE))
+                region.completions.post(np.zeros(2, CQE_DTYPE))
             except RingCorrupted:
                 pass

@@ -59,21 +59,21 @@ def numbered(start: int, count: int) -> np.ndarray:
 
 def test_lane_wraps_around_many_times_in_order():
     with Region.create(lanes=1, lane_entries=8, cq_entries=4) as region:
-        producer, seen = region.producer(), []
+        producer, seen = region.lanes.producer(), []
         for start in range(0, 300, 5):
             assert producer.try_push(numbered(start, 5)) == 5
-            seen.extend(region.pop(3)["ticket"])
-            seen.extend(region.pop(8)["ticket"])
+            seen.extend(region.lanes.pop(3)["ticket"])
+            seen.extend(region.lanes.pop(8)["ticket"])
         assert seen == list(range(300))
 
 
 def test_full_lane_takes_only_what_fits():
     with Region.create(lanes=1, lane_entries=8, cq_entries=4) as region:
-        producer = region.producer()
+        producer = region.lanes.producer()
         assert producer.try_push(numbered(0, 20)) == 8
         assert producer.space() == 0
         assert producer.try_push(numbered(8, 1)) == 0
-        assert list(region.pop(100)["ticket"]) == list(range(8))
+        assert list(region.lanes.pop(100)["ticket"]) == list(range(8))
 
 
 def test_completion_ring_wraps_and_refuses_overflow():
@@ -82,11 +82,11 @@ def test_completion_ring_wraps_and_refuses_overflow():
         for start in range(0, 40, 3):
             cqe = np.zeros(3, CQE_DTYPE)
             cqe["ticket"] = np.arange(start, start + 3)
-            assert region.post(cqe) == 3
-            got.extend(region.completions()["ticket"])
+            assert region.completions.post(cqe) == 3
+            got.extend(region.completions.take()["ticket"])
         assert got == list(range(42))
-        assert region.post(np.zeros(9, CQE_DTYPE)) == 4
-        assert region.completion_space() == 0
+        assert region.completions.post(np.zeros(9, CQE_DTYPE)) == 4
+        assert region.completions.space() == 0
 
 
 def test_garbage_slot_arrives_marked_bad_and_neighbours_intact():
@@ -94,15 +94,15 @@ def test_garbage_slot_arrives_marked_bad_and_neighbours_intact():
         d = numbered(0, 4)
         d[1]["nbuffers"] = 200
         d[2]["push_size"] = 255
-        region.producer().try_push(d)
-        popped = region.pop()
+        region.lanes.producer().try_push(d)
+        popped = region.lanes.pop()
         assert list(popped["opcode"]) == [C.OP_DISPATCH, C.OP_BAD, C.OP_BAD, C.OP_DISPATCH]
         assert list(popped["ticket"]) == [0, 1, 2, 3]
 
 
 def test_wrong_dtype_and_non_contiguous_input_are_refused():
     with Region.create(lanes=1, lane_entries=8, cq_entries=4) as region:
-        producer = region.producer()
+        producer = region.lanes.producer()
         with pytest.raises(TypeError):
             producer.try_push(np.zeros(2, np.float32))
         with pytest.raises(BufferError):
@@ -139,19 +139,19 @@ def test_close_is_idempotent_and_later_calls_say_closed():
     region.close()
     assert region.closed
     with pytest.raises(ValueError, match="closed"):
-        region.pending()
+        region.lanes.pending()
 
 
 def test_more_threads_than_lanes_is_a_clear_error():
     import threading
 
     with Region.create(lanes=1, lane_entries=4, cq_entries=4) as region:
-        region.producer()
+        region.lanes.producer()
         failures = []
 
         def second_thread():
             try:
-                region.producer()
+                region.lanes.producer()
             except Exception as exc:
                 failures.append(exc)
 
@@ -165,11 +165,11 @@ def test_lane_of_an_exited_thread_is_reused():
     import threading
 
     with Region.create(lanes=1, lane_entries=4, cq_entries=4) as region:
-        worker = threading.Thread(target=lambda: region.producer().try_push(numbered(0, 1)))
+        worker = threading.Thread(target=lambda: region.lanes.producer().try_push(numbered(0, 1)))
         worker.start()
         worker.join()
-        assert region.producer().try_push(numbered(1, 1)) == 1
-        assert list(region.pop()["ticket"]) == [0, 1]
+        assert region.lanes.producer().try_push(numbered(1, 1)) == 1
+        assert list(region.lanes.pop()["ticket"]) == [0, 1]
 
 
 def test_region_size_function_agrees_with_mapping():
@@ -205,10 +205,10 @@ def test_a_consumer_view_starts_from_the_heads_at_its_first_look():
     """A consumer reads the lanes' heads when it first looks, not when it opens the region: a view
     opened before another consumer popped takes up where that one left off."""
     with Region.create(lanes=2, lane_entries=8, cq_entries=8) as region:
-        region.push(np.zeros(5, DESC_DTYPE))
+        region.lanes.push(np.zeros(5, DESC_DTYPE))
         late = Region.attach(region.fd)
         try:
-            assert len(region.pop(3)) == 3
-            assert len(late.pop(8)) == 2
+            assert len(region.lanes.pop(3)) == 3
+            assert len(late.lanes.pop(8)) == 2
         finally:
             late.close()

@@ -26,7 +26,7 @@ operations = st.lists(
 def test_push_pop_sequences_match_a_model_queue(ops, entries_log2):
     entries = 1 << entries_log2
     with Region.create(lanes=1, lane_entries=entries, cq_entries=entries) as region:
-        producer = region.producer()
+        producer = region.lanes.producer()
         sq_model, cq_model, next_ticket = deque(), deque(), 0
         for op, n in ops:
             if op == "push":
@@ -37,16 +37,16 @@ def test_push_pop_sequences_match_a_model_queue(ops, entries_log2):
                 sq_model.extend(range(next_ticket, next_ticket + pushed))
                 next_ticket += pushed
             elif op == "pop":
-                got = list(region.pop(n)["ticket"])
+                got = list(region.lanes.pop(n)["ticket"])
                 assert got == [sq_model.popleft() for _ in range(min(n, len(sq_model)))]
             elif op == "post":
                 c = np.zeros(n, CQE_DTYPE)
                 c["ticket"] = np.arange(next_ticket, next_ticket + n)
-                posted = region.post(c)
+                posted = region.completions.post(c)
                 assert posted == min(n, entries - len(cq_model))
                 cq_model.extend(range(next_ticket, next_ticket + posted))
                 next_ticket += posted
             else:
-                got = list(region.completions(n)["ticket"])
+                got = list(region.completions.take(n)["ticket"])
                 assert got == [cq_model.popleft() for _ in range(min(n, len(cq_model)))]
-            assert region.pending() == len(sq_model)
+            assert region.lanes.pending() == len(sq_model)

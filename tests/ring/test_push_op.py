@@ -56,12 +56,12 @@ def region():
 
 
 def test_every_field_arrives_as_given_at_its_widest(region):
-    producer = region.producer()
+    producer = region.lanes.producer()
     ids = list(range(U32 - 7, U32 + 1))
     offsets = [0, 1, 256, 4096, 2**32, 2**40, 2**63, U64]
     push = bytes(range(1, 129))
     assert op(producer, U64, C.OP_DISPATCH, U32, (1, U32, 65535), ids, offsets, push) == 1
-    raw = region.pop(4).tobytes()
+    raw = region.lanes.pop(4).tobytes()
     d = decode(raw)
     assert (d.ticket, d.program, d.opcode, d.nbuffers, d.push_size, d.flags) == (U64, U32, C.OP_DISPATCH, 8, 128, 0)
     assert d.groups == (1, U32, 65535) and list(d.buffers) == ids and list(d.offsets) == offsets
@@ -70,30 +70,30 @@ def test_every_field_arrives_as_given_at_its_widest(region):
 
 def test_unused_ids_offsets_and_push_bytes_are_zero_even_in_a_reused_slot():
     with Region.create(lanes=1, lane_entries=1, cq_entries=4) as region:  # one slot: every push reuses it
-        producer = region.producer()
+        producer = region.lanes.producer()
         assert op(producer, 1, ids=[U32] * 8, offsets=[U64] * 8, push=b"\xff" * 128) == 1
-        region.pop(1)
+        region.lanes.pop(1)
         assert op(producer, 2, ids=[5], offsets=[64], push=b"\1\2\3\4") == 1
-        raw = region.pop(1).tobytes()
+        raw = region.lanes.pop(1).tobytes()
         d = decode(raw)
         assert d.buffers == (5,) and d.offsets == (64,) + (0,) * 7
         assert push_of(raw, C.MAX_PUSH) == b"\1\2\3\4" + bytes(C.MAX_PUSH - 4)
         assert op(producer, 3, ids=[5], offsets=[64], push=b"\1\2\3\4") == 1
-        assert region.pop(1).tobytes()[BODY] == raw[BODY]  # equal operations, equal slots (the arbiter's key)
+        assert region.lanes.pop(1).tobytes()[BODY] == raw[BODY]  # equal operations, equal slots (the arbiter's key)
 
 
 def test_a_copy_carries_its_size_in_the_third_offset(region):
-    producer = region.producer()
+    producer = region.lanes.producer()
     assert op(producer, 9, C.OP_COPY, 0, (0, 0, 0), [3, 4], [16, 32, 4096]) == 1
-    d = decode(region.pop(1).tobytes())
+    d = decode(region.lanes.pop(1).tobytes())
     assert (d.opcode, d.buffers, d.offsets[:4]) == (C.OP_COPY, (3, 4), (16, 32, 4096, 0))
 
 
 def test_every_opcode_the_consumer_accepts_is_accepted(region):
-    producer = region.producer()
+    producer = region.lanes.producer()
     for opcode in range(C.OP_NOP, C.OP_COPY + 1):
         assert op(producer, opcode, opcode) == 1
-    popped = region.pop(4)
+    popped = region.lanes.pop(4)
     assert list(popped["opcode"]) == [C.OP_NOP, C.OP_DISPATCH, C.OP_COPY]  # none turned into OP_BAD
 
 
@@ -105,47 +105,47 @@ def test_every_opcode_the_consumer_accepts_is_accepted(region):
 ], ids=lambda fields: ",".join(f"{k}={v if isinstance(v, int) else len(v)}" for k, v in fields.items()))
 def test_a_field_out_of_range_is_refused_before_a_slot_is_touched(region, fields):
     """Counts are checked whole: 258 buffers or 260 push bytes must not wrap into a u8 field."""
-    producer = region.producer()
+    producer = region.lanes.producer()
     before = lane_indexes(region, producer)
     assert op(producer, **fields) == -C.EBADSLOT
-    assert lane_indexes(region, producer) == before and region.pending() == 0
+    assert lane_indexes(region, producer) == before and region.lanes.pending() == 0
     with pytest.raises(InvalidSubmission, match="out of range"):
         producer.raise_for(-C.EBADSLOT)
-    assert op(producer, 5) == 1 and list(region.pop(4)["ticket"]) == [5]  # the lane is intact
+    assert op(producer, 5) == 1 and list(region.lanes.pop(4)["ticket"]) == [5]  # the lane is intact
 
 
 @pytest.mark.parametrize("fields", [
     {"ids": NULL, "nbuffers": 2}, {"offsets": NULL, "noffsets": 1}, {"push": NULL, "push_size": 4},
 ])
 def test_a_null_array_with_a_count_is_refused(region, fields):
-    producer = region.producer()
+    producer = region.lanes.producer()
     before = lane_indexes(region, producer)
     assert op(producer, **fields) == -errno.EINVAL
-    assert lane_indexes(region, producer) == before and region.pending() == 0
+    assert lane_indexes(region, producer) == before and region.lanes.pending() == 0
 
 
 def test_null_arrays_without_a_count_are_fine(region):
-    producer = region.producer()
+    producer = region.lanes.producer()
     assert op(producer, 4, ids=NULL, nbuffers=0, offsets=NULL, noffsets=0, push=NULL, push_size=0) == 1
-    d = decode(region.pop(1).tobytes())
+    d = decode(region.lanes.pop(1).tobytes())
     assert (d.ticket, d.nbuffers, d.push_size, d.offsets) == (4, 0, 0, (0,) * 8)
 
 
 def test_a_full_lane_takes_nothing_and_reserves_nothing(region):
-    producer = region.producer()
+    producer = region.lanes.producer()
     assert [op(producer, t) for t in range(6)] == [1, 1, 1, 1, 0, 0]
     tail, reserved = lane_indexes(region, producer)
     assert tail == reserved == 4
-    assert list(region.pop(8)["ticket"]) == [0, 1, 2, 3]
+    assert list(region.lanes.pop(8)["ticket"]) == [0, 1, 2, 3]
 
 
 def test_a_closed_consumer_is_refused_as_a_dead_peer(region):
-    producer = region.producer()
-    region.announce_consumer()
+    producer = region.lanes.producer()
+    region.peers.announce_consumer()
     assert op(producer, 1) == 1
-    region.close_consumer(C.ECANCELED)
+    region.peers.close_consumer(C.ECANCELED)
     assert op(producer, 2) == -C.EPEERDEAD
-    assert list(region.pop(4)["ticket"]) == [1]  # nothing after the close reached the ring
+    assert list(region.lanes.pop(4)["ticket"]) == [1]  # nothing after the close reached the ring
 
 
 def test_the_encoder_and_the_consumer_share_one_check():
@@ -153,5 +153,5 @@ def test_the_encoder_and_the_consumer_share_one_check():
     for opcode, nbuffers, push_size in [(C.OP_COPY, 8, 128), (C.OP_COPY + 1, 0, 0), (0, 9, 0), (0, 0, 129)]:
         desc = ffi.new("struct ls_desc *", {"opcode": opcode, "nbuffers": nbuffers, "push_size": push_size})
         with Region.create(lanes=1, lane_entries=4, cq_entries=4) as region:
-            pushed = op(region.producer(), ids=[1] * nbuffers, push=bytes(push_size), opcode=opcode)
+            pushed = op(region.lanes.producer(), ids=[1] * nbuffers, push=bytes(push_size), opcode=opcode)
         assert (pushed == 1) == (lib.ls_desc_check(desc) == 0), (opcode, nbuffers, push_size)

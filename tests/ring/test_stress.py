@@ -21,9 +21,9 @@ def drain_and_check(region: Region, producers: int, per_producer: int, timeout: 
     deadline = time.monotonic() + timeout
     while next_expected.sum() < producers * per_producer:
         assert time.monotonic() < deadline, f"stalled at {next_expected} of {per_producer} each"
-        batch = region.pop(512)
+        batch = region.lanes.pop(512)
         if len(batch) == 0:
-            region.wait(timeout=1.0) if region.pending() == 0 else None
+            region.lanes.wait(timeout=1.0) if region.lanes.pending() == 0 else None
             continue
         for pid in np.unique(batch["program"]):
             tickets = batch["ticket"][batch["program"] == pid].astype(np.int64)
@@ -32,7 +32,7 @@ def drain_and_check(region: Region, producers: int, per_producer: int, timeout: 
                 f"producer {pid}: expected from {start}, got {tickets[:5]}..."
             )
             next_expected[pid] += len(tickets)
-    assert region.pending() == 0
+    assert region.lanes.pending() == 0
     return next_expected
 
 

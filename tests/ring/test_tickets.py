@@ -20,7 +20,7 @@ NONE, PENDING, DONE = TicketBook.NONE, TicketBook.PENDING, TicketBook.DONE
 @pytest.fixture
 def ring():
     with Region.create(lanes=2, lane_entries=64, cq_entries=256) as region:
-        yield region, TicketBook(), region.producer()
+        yield region, TicketBook(), region.lanes.producer()
 
 
 def push(book: TicketBook, producer, ticket: int, opcode: int = C.OP_NOP) -> int:
@@ -32,7 +32,7 @@ def answer(region: Region, *completions: tuple[int, int]) -> None:
     cqes = np.zeros(len(completions), CQE_DTYPE)
     for i, (ticket, status) in enumerate(completions):
         cqes[i]["ticket"], cqes[i]["status"], cqes[i]["device_ns"] = ticket, status, (1000 + ticket) % 2**64
-    assert region.post(cqes) == len(completions)
+    assert region.completions.post(cqes) == len(completions)
 
 
 def test_a_push_records_its_ticket_and_the_completion_settles_it_once(ring):
@@ -40,7 +40,7 @@ def test_a_push_records_its_ticket_and_the_completion_settles_it_once(ring):
     assert push(book, producer, 7) == 1
     assert book.take(7) == (PENDING, 0, 0)
     assert book.pending() == 1
-    assert list(region.pop()["ticket"]) == [7]
+    assert list(region.lanes.pop()["ticket"]) == [7]
     answer(region, (7, -C.EPUSH), (7, 0))  # the second answer of one ticket is ignored
     assert book.collect(region) == 2
     assert book.take(7) == (DONE, -C.EPUSH, 1007)
@@ -110,7 +110,7 @@ def test_the_table_grows_and_shrinks_through_many_tickets(ring):
         batch = numbers[first:first + 50]
         for ticket in batch:
             assert push(book, producer, ticket) == 1
-        region.pop()
+        region.lanes.pop()
         answer(region, *[(ticket, -(ticket % 7)) for ticket in reversed(batch)])
         book.collect(region)
     book.forget(numbers[::2])
@@ -138,6 +138,6 @@ def test_a_wait_step_returns_when_the_ticket_is_answered_from_another_thread(rin
 def test_a_wait_notices_a_closed_consumer(ring):
     region, book, producer = ring
     push(book, producer, 1)
-    region.close_consumer(0)
+    region.peers.close_consumer(0)
     with pytest.raises(ArbiterLost):
         book.wait(region, 1, 5_000_000_000)

@@ -198,7 +198,7 @@ class Drainer:
             self.containment.faulted_memory = []
         for client in live:
             if not client.region.closed:
-                client.region.close_consumer(0)
+                client.region.peers.close_consumer(0)
         self._handle_events()
         for client in list(self.clients.values()):
             self.disconnect(client)
@@ -248,7 +248,7 @@ class Drainer:
         with self.scheduling:
             self.clients[client.id] = client
         self.by_slot[client.slot] = client
-        client.region.set_wake_fd(client.doorbell.fd)  # a byte there wakes the client's async waiter
+        client.region.peers.set_wake_fd(client.doorbell.fd)  # a byte there wakes the client's async waiter
         self.quarantine.arm(client)  # before its first descriptor: a crash on it names this client
         self.engine.add_client(client.slot, client.region, client.doorbell.fd)
         self.planner.update()

@@ -88,7 +88,7 @@ class _Child:
         env = {**os.environ, "LIBSHARE_DEVICE": selector,  # and this process's modules, wherever it runs
                "PYTHONPATH": os.pathsep.join(path for path in sys.path if path),
                _CORES: ",".join(map(str, sorted(cores)))}
-        self.process = subprocess.Popen([_python(), "-m", "libshare.arbiter.programs.compiler"],
+        self.process = subprocess.Popen([_python(), "-c", _CHILD_MAIN],
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                         env=env, start_new_session=True)
         self.compiles = 0
@@ -144,6 +144,16 @@ class _Child:
                 pipe.close()
             except OSError:  # the child died with a request half sent: nothing more to flush
                 pass
+
+
+_CHILD_MAIN = ("import site, sys, runpy\n"
+               "for path in list(sys.path):\n"
+               "    if path.endswith(('site-packages', 'dist-packages')):\n"
+               "        site.addsitedir(path)\n"
+               "runpy.run_module('libshare.arbiter.programs.compiler', run_name='__main__', alter_sys=True)\n")
+"""A vetting child's main: the site directories on its PYTHONPATH are read as site directories (their
+.pth files run, so an editable install's import hooks are there: a Python embedded in a C program
+is not the virtual environment's interpreter), then this module runs."""
 
 
 def _python() -> str:
