@@ -23,7 +23,7 @@ The receiver trusts nothing it reads, and bounds everything before it allocates:
   likes (a session idles between requests); once a frame has begun, its ``timeout``
   bounds how long the rest may take, so a peer that stops mid-frame cannot hold a
   reader for ever. :class:`FrameReader` reads a frame in steps from a non-blocking
-  socket, for the arbiter's gate (``arbiter/_gate.py``), which holds every connection
+  socket, for the arbiter's gate (``arbiter/serve/gate.py``), which holds every connection
   that has not said hello yet without a thread each.
 * **Fields.** :func:`check_fields` validates a request's fields against a schema (type
   and range of each, unknown fields refused) before anything reads them; a value of the

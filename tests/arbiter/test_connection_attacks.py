@@ -3,7 +3,7 @@
 Idle and half-sent connections, descriptors sent unasked, hostile control messages (a seeded
 fuzz with an honest client alongside), descriptor exhaustion at accept, at hello and by
 shared buffers, and a peer of another uid. See the essays of libshare/arbiter/serve/server.py,
-_gate.py and libshare/protocol/wire.py for the defences.
+serve/gate.py (and its parts, serve/gate_*.py) and libshare/protocol/wire.py for the defences.
 """
 
 from __future__ import annotations
@@ -728,9 +728,9 @@ def test_another_uids_control_commands_cannot_take_every_place_in_the_gate(open_
     try:
         arbiter.serve(pipe_dir / "control")
         gate = arbiter._gate
-        run_control = gate._run_control
-        gate._run_control = lambda fields, pid, uid: (release.wait(60) if uid == NOBODY else None,
-                                                      run_control(fields, pid, uid))[1]
+        run_control = gate.control.run_control
+        gate.control.run_control = lambda fields, pid, uid: (release.wait(60) if uid == NOBODY else None,
+                                                             run_control(fields, pid, uid))[1]
         pid, stop = _flood_as(NOBODY, pipe_dir, 520)
         try:
             wait_until(lambda: gate.population >= 128, what="the other uid's commands to wait for workers")

@@ -78,7 +78,7 @@ def test_queries_describe_the_server_and_each_client(daemon):
 def test_every_command_in_the_table_has_a_server_side():
     from libshare.arbiter.serve.commands import Commands
 
-    assert [name for name in _control.COMMANDS if not hasattr(Commands, f"_{name}")] == []
+    assert [name for name in _control.COMMANDS if name not in Commands(None).handlers] == []
 
 
 def test_bad_commands_get_clear_errors(daemon):
@@ -124,16 +124,16 @@ def test_a_memory_size_of_hundreds_of_digits_is_refused_as_too_large(daemon, com
 @pytest.mark.parametrize("command", [("set_group_priority", "high"), ("set_group_active_thread_percentage", "50"),
                                      ("set_group_mem_limit", "1G"), ("set_group_owner", "1000")])
 def test_group_settings_are_bounded_in_name_and_number(daemon, command, monkeypatch):
-    """A group name has at most 64 characters, and each kind of group setting holds _MAX_GROUPS groups (a
+    """A group name has at most 64 characters, and each kind of group setting holds MAX_GROUPS groups (a
     stream of new names grew the arbiter by 13 MB/s): past that a new group is refused until one is removed."""
-    from libshare.arbiter.serve import commands as _commands
+    from libshare.arbiter.serve import commands_groups as _groups
 
     _, pipe_dir = daemon
     name, value = command
     with pytest.raises(InvalidSubmission, match="1 to 64 characters"):
         control(pipe_dir, name, "g" * 4096, value)
     with _control.ControlConnection(pipe_dir) as connection:  # one connection: 1,024 commands in a second
-        for i in range(_commands._MAX_GROUPS):
+        for i in range(_groups.MAX_GROUPS):
             connection.run(name, f"group-{i}", value)
         with pytest.raises(InvalidSubmission, match="groups have this setting already; remove one first"):
             connection.run(name, "one-more", value)
