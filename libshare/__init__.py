@@ -4,13 +4,14 @@ The public API is re-exported here; everything else is internal.
 """
 
 from libshare.client.session import Session
-from libshare.client.session import Ticket
-from libshare.client.session import connect
+from libshare.client.completions import Ticket
+from libshare.client.connect import connect
 from libshare.client.buffers import Buffer
 from libshare.client.buffers import Program
 from libshare import manager
 from libshare import shaders
 from libshare.errors import AccessDenied
+from libshare.errors import AlreadyServing
 from libshare.errors import ArbiterLost
 from libshare.errors import ArbiterRestarted
 from libshare.errors import BufferLost
@@ -26,6 +27,7 @@ from libshare.errors import RingFull
 from libshare.errors import ServerFault
 from libshare.errors import ServerNotReady
 from libshare.errors import SessionClosed
+from libshare.errors import StartFailed
 from libshare.errors import Timeout
 from libshare.errors import TooManyClients
 from libshare.errors import VulkanUnavailable
@@ -41,6 +43,7 @@ __all__ = [
     "manager",
     "shaders",
     "AccessDenied",
+    "AlreadyServing",
     "ArbiterLost",
     "ArbiterRestarted",
     "BufferLost",
@@ -56,6 +59,7 @@ __all__ = [
     "ServerFault",
     "ServerNotReady",
     "SessionClosed",
+    "StartFailed",
     "Timeout",
     "TooManyClients",
     "VulkanUnavailable",

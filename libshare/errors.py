@@ -4,11 +4,21 @@ Every error libshare raises derives from :class:`LibshareError`. Where a builtin
 exception means the same thing, the libshare class also derives from it (the
 pynacl pattern), so ``except TimeoutError`` and ``except libshare.Timeout`` both
 work. Each message says what went wrong and what to do about it.
+
+The error table (:data:`TABLE`) is the one place where a C code meets its exception and its
+message: each row names a code (``LS_E*`` from libshare/ring/ring.h or bindings/c/api.h, or
+an errno name), the exception Python raises for it, and the message both languages give.
+Python maps a code to its exception with :func:`error_for` (the ring's binding turns a C
+return code or a ticket's status into its name, ``libshare.ring._binding.code_error``), and
+an exception back to the code the C API returns with :func:`code_for`;
+bindings/c/generate.py writes the C messages (``ls_strerror``) from the same rows into
+bindings/c/errors_table.h, and a test fails when that file is stale.
 """
 
 from __future__ import annotations
 
 import builtins
+from typing import NamedTuple
 
 __all__ = [
     "LibshareError",
@@ -30,6 +40,8 @@ __all__ = [
     "RingFull",
     "Timeout",
     "VulkanUnavailable",
+    "AlreadyServing",
+    "StartFailed",
 ]
 
 
@@ -121,6 +133,99 @@ class AlreadyServing(LibshareError):
 
 class StartFailed(LibshareError):
     """A background arbiter exited, or did not become ACTIVE, before it could serve."""
+
+
+class Code(NamedTuple):
+    """One row of the error table."""
+
+    name: str
+    """The code's C name: ``LS_E*`` (ring.h or api.h), or an errno name (``ETIMEDOUT``)."""
+    error: type[BaseException] | None
+    """The exception Python raises for the code (None: a code of the C API alone)."""
+    message: str
+    """What the code means and what to do: ``ls_strerror``'s text, and the Python message's."""
+    answers: bool = False
+    """The C API answers an ``error`` exception with this code (one row per class at most; a
+    class without one takes its nearest base's)."""
+
+
+TABLE: tuple[Code, ...] = (
+    # ring.h: what the ring's C core returns, and the statuses an arbiter answers a ticket with
+    Code("LS_ECORRUPT", RingCorrupted, "the shared-memory ring failed validation (an index in it was "
+         "overwritten), so it must be dropped: connect again", answers=True),
+    Code("LS_EPEERDEAD", ArbiterLost, "the process on the other side of the ring exited or closed it"),
+    Code("LS_EBADSLOT", InvalidSubmission, "descriptor fields out of range"),
+    Code("LS_ENOPROGRAM", InvalidSubmission, "unknown program id (never loaded, or freed)"),
+    Code("LS_ENOBUFFER", InvalidSubmission, "unknown or freed buffer id"),
+    Code("LS_EBINDINGS", InvalidSubmission, "number of buffers differs from the program's bindings"),
+    Code("LS_ERANGE", InvalidSubmission, "offset or size outside the buffer, or misaligned"),
+    Code("LS_EGROUPS", InvalidSubmission, "group count is 0 or beyond the device limit, or the three multiply "
+         "past 2^32 - 1"),
+    Code("LS_EPUSH", InvalidSubmission, "more push-constant bytes than the program declares (or not a "
+         "multiple of 4)"),
+    Code("LS_EFAULT", ServerFault, "the device faulted while running it"),
+    Code("LS_ECANCELED", ArbiterLost, "cancelled: the arbiter shut down or ended this session"),
+    Code("LS_EMOVED", ArbiterRestarted, "not run: the arbiter handed over to a new one (restart), which "
+         "takes this work"),
+    # api.h: what the C API returns for each exception
+    Code("LS_EUNAVAILABLE", ArbiterUnavailable, "no arbiter answers and the mode forbids embedding one",
+         answers=True),
+    Code("LS_ELOST", ArbiterLost, "the arbiter died or closed this session and none took over: connect again",
+         answers=True),
+    Code("LS_EQUOTA", QuotaExceeded, "a memory or compute limit would be exceeded", answers=True),
+    Code("LS_ETOOMANY", TooManyClients, "the arbiter already serves its maximum number of clients", answers=True),
+    Code("LS_ETERMINATED", ClientTerminated, "the operator terminated this client (terminate_client) and "
+         "cancelled its queued work: connect again to go on", answers=True),
+    Code("LS_EINVALID", InvalidSubmission, "the arbiter refused the request as invalid", answers=True),
+    Code("LS_ESERVER", ServerFault, "the arbiter's device faulted while this session was connected: connect "
+         "again once the arbiter is ACTIVE again", answers=True),
+    Code("LS_EPROTOCOL", ProtocolError, "the arbiter broke the protocol", answers=True),
+    Code("LS_ETIMEOUT", Timeout, "timed out", answers=True),
+    Code("LS_EVULKAN", VulkanUnavailable, "no usable Vulkan driver or device", answers=True),
+    Code("LS_EPYTHON", None, "the embedded Python failed (its traceback is on stderr)"),
+    Code("LS_EDENIED", AccessDenied, "the arbiter refused this user (another uid) or this command",
+         answers=True),
+    Code("LS_ENOTREADY", ServerNotReady, "the arbiter is not ready (FAULT, INITIALIZING or shutting down): "
+         "retry once it is ACTIVE", answers=True),
+    Code("LS_EFULL", RingFull, "every submission lane is taken, or a lane stayed full", answers=True),
+    Code("LS_ECLOSED", SessionClosed, "the session was closed: connect again", answers=True),
+    Code("LS_EREFUSED", LibshareError, "the arbiter refused the request", answers=True),
+    Code("LS_ERESTARTED", ArbiterRestarted, "the arbiter went away while this work was in flight: it may or "
+         "may not have run; submit it again (the session reattaches by itself)", answers=True),
+    Code("LS_EBUFFERLOST", BufferLost, "the device buffer died with the arbiter that held it (a restart keeps "
+         "shared buffers only): allocate it again", answers=True),
+    Code("LS_EQUARANTINED", Quarantined, "quarantined: this process or module brought arbiters down twice "
+         "(libshare-control clear_quarantine lifts it)", answers=True),
+    # errno values the ring's C core returns
+    Code("ETIMEDOUT", Timeout, "timed out"),
+    Code("EBUSY", RingFull, "every submission lane is owned by a live thread: create the region with more lanes"),
+)
+"""The error table: every code, its exception and its message (see the module's docstring)."""
+
+_ROWS = {row.name: row for row in TABLE}
+_ANSWERS = {row.error: row.name for row in TABLE if row.answers}
+
+
+def error_for(name: str, context: str = "", detail: str = "") -> BaseException:
+    """The exception the code called ``name`` stands for: its message the table's, after ``context``
+    (what was being done) and before ``detail`` (in parentheses)."""
+    row = _ROWS[name]
+    message = row.message
+    if context:
+        message = f"{context}: {message}"
+    if detail:
+        message = f"{message} ({detail})"
+    return (row.error or LibshareError)(message)
+
+
+def code_for(error: BaseException) -> str | None:
+    """The name of the code the C API answers ``error`` with: its class's row, or its nearest base's;
+    None when none has one (an exception from outside libshare)."""
+    for cls in type(error).__mro__:
+        name = _ANSWERS.get(cls)
+        if name is not None:
+            return name
+    return None
 
 
 def remote_error(fields: dict) -> LibshareError:

@@ -9,6 +9,7 @@ skip, or fail under LIBSHARE_REQUIRE_VULKAN=1 (CI).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -113,6 +114,29 @@ def test_header_check_notices_a_stale_copy(tmp_path):
     stale.write_text((C_DIR / "libshare.h").read_text().replace("LS_API_VERSION 1", "LS_API_VERSION 0"))
     done = generate("--check", "--header", str(stale))
     assert done.returncode == 1 and "stale" in done.stderr
+
+
+def test_error_messages_are_generated_from_the_error_table(tmp_path):
+    fresh = tmp_path / "errors_table.h"
+    assert generate("--errors", str(fresh)).returncode == 0
+    text = fresh.read_text()
+    assert text == (C_DIR / "errors_table.h").read_text()
+    for row in libshare.errors.TABLE:  # every LS_E* code's message, as Python gives it
+        assert (f"case {row.name}: return {json.dumps(row.message)};" in text) == row.name.startswith("LS_")
+
+
+def test_error_messages_check_notices_a_stale_copy(tmp_path):
+    stale = tmp_path / "errors_table.h"
+    stale.write_text((C_DIR / "errors_table.h").read_text().replace('"timed out"', '"timeout"'))
+    done = generate("--check", "--errors", str(stale))
+    assert done.returncode == 1 and "stale" in done.stderr
+
+
+def test_every_error_code_of_the_c_headers_has_one_row_in_the_error_table():
+    defined = re.findall(r"^#define (LS_E[A-Z]+) \d+", (ROOT / "libshare" / "ring" / "ring.h").read_text()
+                         + (C_DIR / "api.h").read_text(), re.MULTILINE)
+    rows = [row.name for row in libshare.errors.TABLE if row.name.startswith("LS_")]
+    assert sorted(rows) == sorted(set(defined)) and len(rows) == len(set(rows))
 
 
 def test_header_compiles_as_cplusplus_and_strict_c(tmp_path, library):

@@ -109,7 +109,7 @@ def test_a_listener_of_another_user_is_not_trusted():
 def test_a_request_whose_reply_never_comes_polls_only_briefly():
     """A client polls for a control reply for _REPLY_SPIN (200 us) before it sleeps: waiting out a
     0.5 s timeout on a peer that never answers costs its thread next to no CPU."""
-    from libshare.client.session import _exchange
+    from libshare.client.exchange import exchange as _exchange
 
     ours, theirs = socket.socketpair()
     ours.settimeout(0.5)

@@ -9,7 +9,6 @@ process (a segfault when the ring was unmapped under a waiter) run in a child pr
 
 from __future__ import annotations
 
-import ast
 import os
 import re
 import shutil
@@ -51,11 +50,11 @@ def long_queue(session: libshare.Session, count: int = 20, iterations: int = 20_
 
 
 def threads_in_ticket_wait() -> list[int]:
-    """Idents of the threads whose stack is inside a ticket wait of libshare's session module."""
+    """Idents of the threads whose stack is inside a ticket wait of libshare's client (completions.py)."""
     found = []
     for ident, frame in sys._current_frames().items():
         while frame is not None:
-            if frame.f_code.co_name == "_wait_ticket" and frame.f_code.co_filename.endswith("_session.py"):
+            if frame.f_code.co_name == "wait_ticket" and frame.f_code.co_filename.endswith("completions.py"):
                 found.append(ident)
                 break
             frame = frame.f_back
@@ -330,30 +329,30 @@ def test_ps_shows_a_closing_client_whose_work_still_holds_memory(daemon):
 
 # ---------------------------------------------------------------- C: codes and a dead arbiter
 
-def _codes_table() -> list[tuple[str, str]]:
-    """(error class, LS_ code) pairs of ``_CODES`` in bindings/c/hooks.py, the one Python -> C mapping."""
-    tree = ast.parse((C_DIR / "hooks.py").read_text())
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "_CODES" for t in node.targets):
-            return [(pair.elts[0].attr, pair.elts[1].attr) for pair in node.value.elts]
-    raise AssertionError("no _CODES table in hooks.py")
+OPERATOR_ERRORS = {"AlreadyServing", "StartFailed", "ConfigError"}
+"""Errors only an operator's tools raise (starting a daemon, reading its configuration): in C they take
+their nearest base's code (ls_serve answers AlreadyServing with -EBUSY itself)."""
 
 
 def test_every_libshare_error_has_its_own_c_code():
-    table = _codes_table()
-    classes = [name for name, _ in table]
-    codes = [code for _, code in table]
-    assert sorted(classes) == sorted(libshare.errors.__all__), "a libshare error has no C code"
+    errors = libshare.errors
+    answering = [row for row in errors.TABLE if row.answers]
+    classes = [row.error.__name__ for row in answering]
+    codes = [row.name for row in answering]
+    assert len(set(classes)) == len(classes), "two codes answer one class"
+    assert sorted(classes) == sorted(set(errors.__all__) - OPERATOR_ERRORS), "a libshare error has no C code"
     assert len(set(codes)) == len(codes) and "LS_EPYTHON" not in codes
     header = (C_DIR / "api.h").read_text() + (ROOT / "libshare" / "ring" / "ring.h").read_text()
-    strerror = (C_DIR / "capi.c").read_text()
+    strerror = (C_DIR / "errors_table.h").read_text()
     for code in codes:
         assert re.search(rf"#define {code} \d+", header), f"{code} is not defined"
         assert f"case {code}:" in strerror, f"ls_strerror does not describe {code}"
-    errors = libshare.errors  # subclasses before their bases: the first match must be the class itself
-    for i, name in enumerate(classes):
-        cls = getattr(errors, name)
-        assert not any(issubclass(cls, getattr(errors, earlier)) for earlier in classes[:i]), name
+    for name in OPERATOR_ERRORS & set(errors.__all__):  # the nearest base's code
+        assert errors.code_for(getattr(errors, name)("x")) in codes, name
+    for name in errors.__all__:  # each class, raised, is answered with its own code
+        if name not in OPERATOR_ERRORS:
+            error = getattr(errors, name)("x")
+            assert errors.code_for(error) == codes[classes.index(name)], name
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """Build libshare.so and libshare.pc into bindings/c/build/ (``python bindings/c/build.py``).
 
-libshare.so is a cffi embedding library: the ring's C core (ring.c) and the
+libshare.so is a cffi embedding library: the ring's C core (libshare/ring/) and the
 client's hot path (capi.c) in C, and the control plane served by the Python
 client (hooks.py) in an interpreter that starts inside the C process on the
 first control call. The cdef is the ring.h block, the api.h block (the public
@@ -24,6 +24,7 @@ from pathlib import Path
 
 from cffi import FFI
 
+from libshare.ring._build import SOURCES as RING_SOURCES
 from libshare.ring._build import cdef_source
 
 HERE = Path(__file__).resolve().parent
@@ -77,7 +78,7 @@ def ffibuilder() -> FFI:
     ffi.set_source(
         MODULE,
         '#include "capi.c"',
-        sources=[str(RING / "ring.c"), str(RING / "tickets.c")],
+        sources=[str(path) for path in RING_SOURCES],
         include_dirs=[str(HERE), str(RING)],
         extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
         extra_link_args=[f"-Wl,-rpath,{libdir}", "-pthread"] if libdir else ["-pthread"],

@@ -31,9 +31,11 @@
  * and the ring checks the arbiter's pidfd (or state word) between them, and
  * ls_poll, which never sleeps, takes a zero-length wait that makes the same
  * check. The embedded Python's refusals each come back with their own code
- * (hooks.py, _CODES); -LS_EPYTHON means the Python side itself failed.
+ * (hooks.py, through the error table of libshare/errors.py); -LS_EPYTHON means
+ * the Python side itself failed.
  *
- * Surviving the arbiter (reattach(), the C half of Session._reattach_external):
+ * Surviving the arbiter (reattach(), the C half of Reattacher.reattach_external
+ * in libshare/client/reattach.py):
  * when a push or a wait meets the ring's end (-LS_EPEERDEAD), the thread takes
  * both locks, so no other thread uses the old ring, reads what its completion
  * ring still holds, and hands the tickets still pending to the Python session
@@ -55,6 +57,7 @@
 #define _GNU_SOURCE
 #endif
 #include <errno.h>
+#include <limits.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -71,6 +74,7 @@
 
 #define LSX_HOOK static
 #include "hooks.h"
+#include "errors_table.h"
 
 #define LSX_SLICE_NS 50000000LL         /* longest sleep between checks of a waiter's deadline */
 #define LSX_FULL_WAIT_NS 1000000LL      /* a full lane waits this long for completions */
@@ -113,42 +117,17 @@ __attribute__((format(printf, 2, 3))) static int fail(int code, const char *form
 
 const char *ls_error_message(void) { return error_text; }
 
+/* The messages of the LS_E* codes come from the error table (libshare/errors.py), through the
+ * generated errors_table.h; -errno gets strerror's. */
 const char *ls_strerror(int code)
 {
-    switch (-code) {
-    case 0: return "success";
-    case LS_ECORRUPT: return "the shared-memory ring failed validation";
-    case LS_EPEERDEAD: return "the other side of the ring died or closed it";
-    case LS_EBADSLOT: return "descriptor fields out of range";
-    case LS_ENOPROGRAM: return "unknown program id";
-    case LS_ENOBUFFER: return "unknown or freed buffer id";
-    case LS_EBINDINGS: return "number of buffers differs from the program's bindings";
-    case LS_ERANGE: return "offset or size outside the buffer, or misaligned";
-    case LS_EGROUPS: return "group count is 0 or beyond the device limit, or the three multiply past 2^32 - 1";
-    case LS_EPUSH: return "more push-constant bytes than the program declares";
-    case LS_EFAULT: return "the device faulted while running it";
-    case LS_ECANCELED: return "cancelled";
-    case LS_EUNAVAILABLE: return "no arbiter answers and the mode forbids embedding one";
-    case LS_ELOST: return "the arbiter died or closed this session";
-    case LS_EQUOTA: return "a limit would be exceeded";
-    case LS_ETOOMANY: return "the arbiter serves its maximum number of clients";
-    case LS_ETERMINATED: return "the operator terminated this client";
-    case LS_EINVALID: return "the arbiter refused the request as invalid";
-    case LS_ESERVER: return "the arbiter's device faulted";
-    case LS_EPROTOCOL: return "the arbiter broke the protocol";
-    case LS_ETIMEOUT: return "timed out";
-    case LS_EVULKAN: return "no usable Vulkan driver";
-    case LS_EPYTHON: return "the embedded Python failed";
-    case LS_EDENIED: return "the arbiter refused this user or command";
-    case LS_ENOTREADY: return "the arbiter is not ready (FAULT, INITIALIZING or shutting down)";
-    case LS_EFULL: return "every submission lane is taken, or a lane stayed full";
-    case LS_ECLOSED: return "the session was closed";
-    case LS_EREFUSED: return "the arbiter refused the request";
-    case LS_ERESTARTED: return "the arbiter was replaced while this work was in flight; submit it again";
-    case LS_EBUFFERLOST: return "the device buffer died with the arbiter that held it";
-    case LS_EQUARANTINED: return "quarantined: this process or module brought arbiters down twice";
-    default: return code < 0 ? strerror(-code) : "not an error code";
-    }
+    const char *message;
+    if (code == 0)
+        return "success";
+    if (code > 0 || code == INT_MIN)    /* (INT_MIN has no negation) */
+        return "not an error code";
+    message = lsx_code_message(-code);
+    return message ? message : strerror(-code);
 }
 
 /* ------------------------------------------------------------------ completions */

@@ -9,7 +9,7 @@ thread's message with ``lib.lsx_set_error``. The hot path (dispatch, wait)
 never comes here: capi.c runs it on the ring directly, and reads the session's
 completion ring itself; so the Session moves to a new arbiter (a restart under
 the control daemon) only when C asks, through ``lsx_py_reattach``
-(``Session._reattach_external``), once it has stopped using the old ring.
+(``Reattacher.reattach_external``, libshare/client/reattach.py), once it has stopped using the old ring.
 
 Embedded default: ``libshare.connect`` in mode "auto" starts the arbiter in
 this interpreter when no daemon answers, so a C program needs no daemon; its
@@ -31,29 +31,6 @@ from libshare.protocol import paths as _config
 from libshare import errors  # noqa: E402
 
 OK = 1
-# Every libshare error has its own code (subclasses before their bases: the first match wins);
-# LS_EPYTHON is only for an exception that is not a libshare error.
-_CODES = [
-    (errors.ServerNotReady, lib.LS_ENOTREADY),
-    (errors.ArbiterUnavailable, lib.LS_EUNAVAILABLE),
-    (errors.ArbiterRestarted, lib.LS_ERESTARTED),
-    (errors.ArbiterLost, lib.LS_ELOST),
-    (errors.BufferLost, lib.LS_EBUFFERLOST),
-    (errors.Quarantined, lib.LS_EQUARANTINED),
-    (errors.AccessDenied, lib.LS_EDENIED),
-    (errors.QuotaExceeded, lib.LS_EQUOTA),
-    (errors.TooManyClients, lib.LS_ETOOMANY),
-    (errors.ClientTerminated, lib.LS_ETERMINATED),
-    (errors.SessionClosed, lib.LS_ECLOSED),
-    (errors.InvalidSubmission, lib.LS_EINVALID),
-    (errors.ServerFault, lib.LS_ESERVER),
-    (errors.RingCorrupted, lib.LS_ECORRUPT),
-    (errors.ProtocolError, lib.LS_EPROTOCOL),
-    (errors.RingFull, lib.LS_EFULL),
-    (errors.Timeout, lib.LS_ETIMEOUT),
-    (errors.VulkanUnavailable, lib.LS_EVULKAN),
-    (errors.LibshareError, lib.LS_EREFUSED),
-]
 _handles = itertools.count(1)
 _clients: dict = {}
 _lock = threading.Lock()
@@ -70,9 +47,12 @@ class _Client:
 
 
 def _code_of(exc: BaseException) -> int:
-    for cls, code in _CODES:
-        if isinstance(exc, cls):
-            return -code
+    """The negative code C is answered with for ``exc``: a libshare error's from the error table
+    (libshare/errors.py: its class's code, or its nearest base's), -errno for an OSError, -EINVAL
+    for a bad argument, and -LS_EPYTHON for anything else."""
+    name = errors.code_for(exc)
+    if name is not None:
+        return -getattr(lib, name)
     if isinstance(exc, OSError) and exc.errno:
         return -exc.errno
     if isinstance(exc, (ValueError, TypeError, KeyError)):
@@ -117,7 +97,7 @@ def _region_view(session) -> tuple[int, int, int, int]:
         address = int(ffi.cast("uintptr_t", view))
     finally:
         ffi.release(view)
-    pidfd = os.dup(region._pidfd) if region._pidfd >= 0 else -1
+    pidfd = os.dup(region.peers._pidfd) if region.peers._pidfd >= 0 else -1
     return address, region.size, session._wake_fd, pidfd
 
 
@@ -132,7 +112,7 @@ def lsx_py_connect(options, out):
     if group is not None:
         kwargs["group"] = group  # older clients raise TypeError: reported as -EINVAL
     session = libshare.connect(**kwargs)
-    session._tickets_outside = True  # C reads the ring: only lsx_py_reattach may move it (C asks)
+    session._restarts.outside = True  # C reads the ring: only lsx_py_reattach may move it (C asks)
     try:
         _conn(session, out)
     except BaseException:
@@ -156,12 +136,12 @@ def _conn(session, out) -> None:
 
 @_answer
 def lsx_py_reattach(handle, flights, count, out):
-    """Move a C session to the arbiter that replaced a lost one (Session._reattach_external): the
+    """Move a C session to the arbiter that replaced a lost one (Reattacher.reattach_external): the
     new ring's view in ``out``, and each flight's outcome."""
     client = _client(handle)
     tickets = [flights[i].ticket for i in range(count)]
     moved = [flights[i].ticket for i in range(count) if flights[i].moved]
-    outcomes = client.session._reattach_external(tickets, moved)
+    outcomes = client.session._restarts.reattach_external(tickets, moved)
     for i, (_, status, device_ns, error) in enumerate(outcomes):  # (in the order given)
         flight = flights[i]
         flight.done = int(status is not None or error is not None)
@@ -294,7 +274,7 @@ def lsx_py_shutdown():
     for handle in list(_clients):
         lsx_py_close(handle)
     lsx_py_serve_stop()
-    from libshare.client import session as _session
+    from libshare.client import connect as _connect
 
-    if _session._embedded_arbiter is not None:
-        _session._embedded_arbiter.close()
+    if _connect._embedded_arbiter is not None:
+        _connect._embedded_arbiter.close()

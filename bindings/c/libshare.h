@@ -30,7 +30,7 @@ extern "C" {
 #define LS_OP_BAD 0xffff               /* set by the consumer on a slot that failed ls_desc_check */
 
 #define LS_SPIN_NS 50000                /* a waiter polls this long, yielding its core at each look,
-                                           before it sleeps (see wait_for in ring.c) */
+                                           before it sleeps (see ring_wait_for in wake.c) */
 #define LS_SPIN_YIELD 0                 /* spin modes (ls_set_spin_mode): yield the core at each look, */
 #define LS_SPIN_KEEP 1                  /* keep it (and spin only while waits end within the spin), */
 #define LS_SPIN_NONE 2                  /* or sleep at once */
@@ -170,7 +170,7 @@ void ls_set_peer_pidfd(ls_region *r, int pidfd);
 /* The doorbell socket: the client rings the consumer there (8 bytes instead of a futex wake), and the
  * consumer, given its own end, sends a byte there to wake an async waiter (LS_NEED_WAKEUP_FD). */
 void ls_set_wake_fd(ls_region *r, int doorbell_fd);
-/* How this view's waits spin before they sleep (see wait_for in ring.c): LS_SPIN_YIELD, the
+/* How this view's waits spin before they sleep (see ring_wait_for in wake.c): LS_SPIN_YIELD, the
  * default, LS_SPIN_KEEP (a realtime session's) or LS_SPIN_NONE (a low-priority one's). */
 int ls_set_spin_mode(ls_region *r, uint32_t mode);
 

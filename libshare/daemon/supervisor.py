@@ -18,7 +18,7 @@ arbiter's start (0.5 s on lavapipe, more on a GPU). So beside the active arbiter
 daemon keeps one more child that has done all of that and waits, without the lock, for
 ``go``. When the active one dies the kernel drops its lock; the daemon, woken by the
 closed socket pair, says ``go``, and the standby serves at once. Sessions reattach to it
-by themselves (see _session.py). A new standby is then started; if arbiters keep dying young
+by themselves (see libshare/client/reattach.py). A new standby is then started; if arbiters keep dying young
 (more than one within a minute died less than 2 s after it was started), each new start
 waits longer (0.25 s, doubling to 30 s), so that a crash loop costs little; control.log
 says why each one ended. An arbiter that a client crashes at once again and again is

@@ -60,7 +60,7 @@ def fuzz(pipe_dir: str, seed: int, count: int, timeout: float = 120.0) -> dict:
         size = 4096
         buffers = [session.alloc(size), session.alloc(size)]
         region = session._region  # past the session's own checks: what a hostile client writes
-        producer = region.producer()
+        producer = region.lanes.producer()
         answers: collections.Counter = collections.Counter()
         statuses: collections.Counter = collections.Counter()
         pushed = 0
@@ -72,12 +72,12 @@ def fuzz(pipe_dir: str, seed: int, count: int, timeout: float = 120.0) -> dict:
                 batch = hostile_descriptors(rng, min(_BATCH, count - pushed), _TICKET_BASE + pushed,
                                             program.id, [b.id for b in buffers], size)
                 pushed += producer.try_push(batch)
-            for cqe in region.completions():
+            for cqe in region.completions.take():
                 answers[int(cqe["ticket"])] += 1
                 statuses[int(cqe["status"])] += 1
             if pushed >= count:
                 try:
-                    region.wait_completions(1, timeout=0.05)
+                    region.completions.wait(1, timeout=0.05)
                 except libshare.Timeout:
                     pass
         expected = set(range(_TICKET_BASE, _TICKET_BASE + pushed))

@@ -110,7 +110,7 @@ def test_a_load_that_vets_past_the_request_bound_is_answered_and_the_session_liv
     test suites at once once saw a minute go by): the session waits for the answer instead of
     taking the arbiter for lost at the request bound (here cut to 1 s, the vetting limit 2 s)."""
     module = slow_module(tmp_path, vulkan_device_is_cpu)
-    monkeypatch.setattr(libshare.client.session, "_REQUEST_TIMEOUT", 1.0)
+    monkeypatch.setattr(libshare.client.exchange, "REQUEST_TIMEOUT", 1.0)
     for process, pipe_dir in run_daemon(tmp_path / "pipe", LIBSHARE_COMPILE_TIMEOUT="2"):
         with libshare.connect(mode="daemon", pipe_directory=pipe_dir) as session:
             assert saxpy_round_trip(session)
@@ -163,7 +163,7 @@ def test_a_new_module_that_waits_past_the_queue_bound_is_told_to_retry_and_not_r
 def test_a_session_waits_for_load_program_as_long_as_its_arbiter_may_take(tmp_path, limit):
     """The welcome carries the arbiter's bound on a load_program answer; the session waits that long and a
     margin (at least _LOAD_TIMEOUT), so a long vetting limit does not make a live arbiter look lost."""
-    from libshare.client.session import _LOAD_MARGIN, _LOAD_TIMEOUT
+    from libshare.client.attachment import LOAD_MARGIN as _LOAD_MARGIN, LOAD_TIMEOUT as _LOAD_TIMEOUT
     from libshare.arbiter.programs.compiler import _QUEUE_WAIT, _START_TIMEOUT
     from libshare.arbiter.drain.tasks import CALL_TIMEOUT
 
@@ -181,7 +181,7 @@ def test_a_session_waits_for_load_program_as_long_as_its_arbiter_may_take(tmp_pa
                                            (float("nan"), 300.0), (float("inf"), 300.0), (1e9, 300.0),
                                            (100, 300.0), (400, 430.0), (999_000.5, 999_030.5)])
 def test_a_welcomes_load_bound_is_believed_only_when_it_is_a_sane_number(bound, waited):
-    from libshare.client.session import _load_timeout
+    from libshare.client.attachment import load_timeout as _load_timeout
 
     assert _load_timeout(bound) == waited
 

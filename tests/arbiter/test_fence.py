@@ -23,8 +23,8 @@ def answers(region, count: int) -> list[tuple[int, int]]:
     """The next ``count`` completions, in the order the arbiter posted them."""
     got = []
     while len(got) < count:
-        region.wait_completions(1, timeout=60)
-        got += [(int(c["ticket"]), int(c["status"])) for c in region.completions()]
+        region.completions.wait(1, timeout=60)
+        got += [(int(c["ticket"]), int(c["status"])) for c in region.completions.take()]
     return got
 
 
@@ -33,7 +33,7 @@ def test_a_nop_is_answered_after_the_work_pushed_before_it_and_at_once_alone(dae
     with libshare.connect(mode="daemon", pipe_directory=pipe_dir) as session:
         busy = session.load_program(libshare.shaders.path("busy"))
         data = session.alloc(4096)
-        region, producer = session._region, session._region.producer()  # raw, as a C client would
+        region, producer = session._region, session._region.lanes.producer()  # raw, as a C client would
         base = 1 << 40
         assert producer.try_push(descriptor(base, C.OP_NOP)) == 1
         assert answers(region, 1) == [(base, 0)], "a fence with nothing before it is answered at once"

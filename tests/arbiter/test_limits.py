@@ -339,7 +339,7 @@ def test_a_client_holds_at_most_its_buffer_count_and_the_others_are_untouched(tm
 def test_all_clients_together_hold_at_most_the_buffer_ceiling(monkeypatch):
     """Past the ceiling that vm.max_map_count leaves (cut here to what is held now plus 6), every
     client's next buffer is refused with a reason, and a freed one makes room."""
-    from libshare.client.session import _embedded
+    from libshare.client.connect import _embedded
 
     arbiter = _embedded()
     with libshare.connect(mode="embedded") as first, libshare.connect(mode="embedded") as second:
@@ -367,7 +367,7 @@ def test_a_client_that_allocates_and_frees_for_ever_keeps_a_small_object_table()
     """The engine finds a client's buffers and programs in a hash table. A freed entry left a
     tombstone that counted as taken, and every rebuild doubled the table, so it grew by a slot per
     alloc and free for as long as the client stayed connected: 4,096 slots after 3,000 cycles."""
-    from libshare.client.session import _embedded
+    from libshare.client.connect import _embedded
 
     arbiter = _embedded()
     before = set(arbiter.drainer.clients)

@@ -225,7 +225,7 @@ def test_a_ticket_waited_after_close_during_a_restart_fails_with_session_closed(
 
 def test_a_restart_finishes_a_dispatch_that_runs_in_pieces(supervised):
     """A hand-over finishes what runs: a low dispatch that runs in pieces (a realtime client was
-    active, engine.c "Pieces") runs the rest of its workgroups at once on the old arbiter, and its
+    active, policy/engine_policy.c, "Pieces") runs the rest of its workgroups at once on the old arbiter, and its
     ticket is answered done, with every workgroup run."""
     connect = lambda priority: libshare.connect(mode="daemon", pipe_directory=supervised.pipe,  # noqa: E731
                                                 timeout=30, priority=priority)
