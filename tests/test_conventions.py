@@ -222,3 +222,29 @@ def test_libshare_modules_import_no_cycle():
 def test_an_import_cycle_is_caught():
     assert import_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == [["a", "b", "c", "a"]]
     assert import_cycles({"a": {"b"}, "b": set()}) == []
+
+
+# -------------------------------------------------------------------- CONTRIBUTION.md maps the tree
+
+def mapped_paths(text: str) -> set[str]:
+    """The repository paths that a Markdown ``text`` names in backquotes (``libshare/...``, ``tests/...``)."""
+    return set(re.findall(r"`((?:libshare|tests|bench|bindings|tools|shaders|docs)/[\w./*-]*)`", text))
+
+
+def test_contribution_names_only_paths_that_exist():
+    text = (ROOT / "CONTRIBUTION.md").read_text()
+    missing = sorted(p for p in mapped_paths(text) if not any(ROOT.glob(p.rstrip("/"))))
+    assert missing == []
+
+
+def test_contribution_maps_every_package_folder():
+    text = (ROOT / "CONTRIBUTION.md").read_text()
+    folders = sorted(_relative(p.parent) + "/" for p in PACKAGE.rglob("__init__.py")
+                     if "_stubs" not in p.parts)
+    assert [f for f in folders if f"`{f}`" not in text] == []
+
+
+def test_a_stale_path_in_a_map_is_caught():
+    assert mapped_paths("see `libshare/arbiter/_server.py` and `tests/ring/`") == \
+        {"libshare/arbiter/_server.py", "tests/ring/"}
+    assert not any(ROOT.glob("libshare/arbiter/_server.py"))

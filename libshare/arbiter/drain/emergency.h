@@ -1,4 +1,4 @@
-/* Crash-time cleanup of the arbiter's socket and lock file (see _emergency.c). */
+/* Crash-time cleanup of the arbiter's socket and lock file (see emergency.c). */
 #ifndef LIBSHARE_EMERGENCY_H
 #define LIBSHARE_EMERGENCY_H
 
