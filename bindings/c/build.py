@@ -1,7 +1,8 @@
 """Build libshare.so and libshare.pc into bindings/c/build/ (``python bindings/c/build.py``).
 
 libshare.so is a cffi embedding library: the ring's C core (libshare/ring/) and the
-client's hot path (capi.c) in C, and the control plane served by the Python
+C API (the session and its hot path in capi.c, the control calls in capi_control.c,
+reattach in capi_reattach.c) in C, and the control plane served by the Python
 client (hooks.py) in an interpreter that starts inside the C process on the
 first control call. The cdef is the ring.h block, the api.h block (the public
 API, which C implements) and the hooks.h block (private, implemented in
@@ -33,6 +34,8 @@ RING = ROOT / "libshare" / "ring"
 BUILD = HERE / "build"
 LIBRARY = "libshare.so"
 MODULE = "_libshare_capi"
+CAPI = ("capi.c", "capi_control.c", "capi_reattach.c")
+"""The C API's files, in order, compiled as one unit: the one where cffi defines the hooks (hooks.h)."""
 
 
 def cdef() -> str:
@@ -77,7 +80,7 @@ def ffibuilder() -> FFI:
     libdir = sysconfig.get_config_var("LIBDIR")
     ffi.set_source(
         MODULE,
-        '#include "capi.c"',
+        "".join(f'#include "{name}"\n' for name in CAPI),
         sources=[str(path) for path in RING_SOURCES],
         include_dirs=[str(HERE), str(RING)],
         extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter"],

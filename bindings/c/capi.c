@@ -30,28 +30,14 @@
  * Every way of asking notices a dead arbiter: waits sleep on the ring in slices
  * and the ring checks the arbiter's pidfd (or state word) between them, and
  * ls_poll, which never sleeps, takes a zero-length wait that makes the same
- * check. The embedded Python's refusals each come back with their own code
- * (hooks.py, through the error table of libshare/errors.py); -LS_EPYTHON means
- * the Python side itself failed.
+ * check.
  *
- * Surviving the arbiter (reattach(), the C half of Reattacher.reattach_external
- * in libshare/client/reattach.py):
- * when a push or a wait meets the ring's end (-LS_EPEERDEAD), the thread takes
- * both locks, so no other thread uses the old ring, reads what its completion
- * ring still holds, and hands the tickets still pending to the Python session
- * (lsx_py_reattach). Under a control daemon that session moves to the new
- * arbiter (the buffers' memory and ids, the programs' ids stay), reads what the
- * old ring still answers, sends the work the old arbiter never ran to the new
- * one under the same tickets and fails the work it took and never answered
- * with -LS_ERESTARTED; it says which for each ticket, and C opens its view of
- * the new ring (a new lane) and goes on: a push is made there, a wait waits
- * there. `generation` counts the rings, so that threads that met the same end
- * reattach once. Device buffers do not survive: their ids are refused
- * (-LS_EBUFFERLOST) until freed, since the new arbiter may give them out again.
- * Otherwise (embedded, no control daemon, terminated, a fault) the loss is
- * sticky: -LS_ELOST (or -LS_ECORRUPT) on every call. A control call that meets
- * the restart first (-LS_ERESTARTED from Python) reattaches too and is made
- * again.
+ * This file is the session and its hot path: the session's ring, errors,
+ * submission, completions and waits. Two files complete it, compiled after it
+ * in one translation unit (build.py), the one where cffi defines the hooks:
+ * capi_control.c, the calls made through the embedded Python (connect,
+ * programs, buffers, stats, serve), and capi_reattach.c, surviving the
+ * arbiter (a ring that ended is replaced by the new arbiter's).
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -96,6 +82,10 @@ struct ls_session {
     struct ls_session_info info;
 };
 
+/* Surviving the arbiter (capi_reattach.c). */
+static int reattach(ls_session *s);
+static void forget_lost(ls_session *s, uint32_t buffer_id);
+
 /* ------------------------------------------------------------------ errors */
 
 static __thread char error_text[512];
@@ -128,6 +118,40 @@ const char *ls_strerror(int code)
         return "not an error code";
     message = lsx_code_message(-code);
     return message ? message : strerror(-code);
+}
+
+/* ------------------------------------------------------------------ the ring */
+
+static void free_session(ls_session *s)
+{
+    if (s->producer)
+        ls_producer_close(s->producer);
+    if (s->region)
+        ls_region_close(s->region);
+    if (s->peer_pidfd >= 0)
+        close(s->peer_pidfd);
+    pthread_mutex_destroy(&s->lock);
+    pthread_mutex_destroy(&s->cq_lock);
+    ls_tickets_free(s->book);
+    free(s->lost_ids);
+    free(s);
+}
+
+/* Open the C side's own view of the region the Python session mapped. */
+static int open_ring(ls_session *s, const struct lsx_conn *conn)
+{
+    int rc = ls_region_open((void *)(uintptr_t)conn->region_addr, conn->region_size, &s->region);
+    if (rc < 0)
+        return fail(-LS_EPROTOCOL, "the arbiter's ring region failed validation (%d)", rc);
+    ls_set_wake_fd(s->region, conn->wake_fd);
+    if (s->peer_pidfd >= 0)
+        ls_set_peer_pidfd(s->region, s->peer_pidfd);
+    rc = ls_producer_open(s->region, (uint32_t)syscall(SYS_gettid), (uint32_t)getpid(), &s->producer);
+    if (rc == -EBUSY)
+        return fail(-LS_EFULL, "cannot claim a submission lane: every lane of the ring is taken");
+    if (rc < 0)
+        return fail(rc, "cannot claim a submission lane (%s)", strerror(-rc));
+    return 0;
 }
 
 /* ------------------------------------------------------------------ completions */
@@ -167,7 +191,6 @@ static int collect_ready(ls_session *s)
     return is_lost(s) ? is_lost(s) : ls_tickets_collect(s->book, s->region);  /* (a lost ring may be gone) */
 }
 
-static int reattach(ls_session *s);
 
 /* After a ring error: 0 once the session is on a new arbiter's ring, else the sticky loss. Caller holds cq_lock. */
 static int recover_locked(ls_session *s, int rc)
@@ -401,301 +424,3 @@ int ls_wait_idle(ls_session *s, int64_t timeout_ns)
     }
     return 0;
 }
-
-/* ------------------------------------------------------------------ control plane */
-
-static int python_failed(void)
-{
-    return fail(-LS_EPYTHON, "the embedded Python could not start libshare (its traceback is on stderr); "
-                             "rebuild libshare.so with the Python environment that has libshare installed");
-}
-
-/* A hook's answer as an API result: hooks return 1 on success, and 0 only when Python never ran. */
-static int hooked(int rc) { return rc > 0 ? 0 : rc < 0 ? rc : python_failed(); }
-
-/*
- * Python writes to sockets without MSG_NOSIGNAL and, embedded, leaves SIGPIPE
- * at its default: a peer that closed first would kill the C program. So
- * SIGPIPE is blocked in the calling thread while Python runs (threads Python
- * starts meanwhile, the embedded arbiter's, inherit the mask), and one that
- * arrived is consumed before the mask is restored: the write saw EPIPE instead.
- */
-static void pipe_block(sigset_t *old)
-{
-    sigset_t pipe;
-    sigemptyset(&pipe);
-    sigaddset(&pipe, SIGPIPE);
-    pthread_sigmask(SIG_BLOCK, &pipe, old);
-}
-
-static void pipe_restore(const sigset_t *old)
-{
-    sigset_t pending, pipe;
-    sigemptyset(&pipe);
-    sigaddset(&pipe, SIGPIPE);
-    if (!sigismember(old, SIGPIPE) && sigpending(&pending) == 0 && sigismember(&pending, SIGPIPE)) {
-        struct timespec zero = {0, 0};
-        sigtimedwait(&pipe, NULL, &zero);
-    }
-    pthread_sigmask(SIG_SETMASK, old, NULL);
-}
-
-/* Call a hook with SIGPIPE held off; its result as an API result. */
-#define PYTHON(call)                                                                                \
-    ({                                                                                              \
-        sigset_t old_mask_;                                                                         \
-        pipe_block(&old_mask_);                                                                     \
-        int hook_rc_ = (call);                                                                      \
-        pipe_restore(&old_mask_);                                                                   \
-        hook_rc_;                                                                                   \
-    })
-
-static void free_session(ls_session *s)
-{
-    if (s->producer)
-        ls_producer_close(s->producer);
-    if (s->region)
-        ls_region_close(s->region);
-    if (s->peer_pidfd >= 0)
-        close(s->peer_pidfd);
-    pthread_mutex_destroy(&s->lock);
-    pthread_mutex_destroy(&s->cq_lock);
-    ls_tickets_free(s->book);
-    free(s->lost_ids);
-    free(s);
-}
-
-/* Open the C side's own view of the region the Python session mapped. */
-static int open_ring(ls_session *s, const struct lsx_conn *conn)
-{
-    int rc = ls_region_open((void *)(uintptr_t)conn->region_addr, conn->region_size, &s->region);
-    if (rc < 0)
-        return fail(-LS_EPROTOCOL, "the arbiter's ring region failed validation (%d)", rc);
-    ls_set_wake_fd(s->region, conn->wake_fd);
-    if (s->peer_pidfd >= 0)
-        ls_set_peer_pidfd(s->region, s->peer_pidfd);
-    rc = ls_producer_open(s->region, (uint32_t)syscall(SYS_gettid), (uint32_t)getpid(), &s->producer);
-    if (rc == -EBUSY)
-        return fail(-LS_EFULL, "cannot claim a submission lane: every lane of the ring is taken");
-    if (rc < 0)
-        return fail(rc, "cannot claim a submission lane (%s)", strerror(-rc));
-    return 0;
-}
-
-/* Ask Python which buffers the reattach could not carry over (into lost_ids). Caller holds lock. */
-static int note_lost_buffers(ls_session *s)
-{
-    uint32_t count = 0, capacity;
-    int rc;
-    do {
-        capacity = count;
-        uint32_t *ids = realloc(s->lost_ids, (capacity + 1) * sizeof *ids);
-        if (ids == NULL)
-            return fail(-ENOMEM, "out of memory for the lost buffers");
-        s->lost_ids = ids;
-        rc = hooked(PYTHON(lsx_py_lost_buffers(s->handle, ids, capacity, &count)));
-    } while (rc == 0 && count > capacity);
-    s->nlost = rc == 0 ? count : 0;
-    return rc;
-}
-
-/* Forget a lost buffer id: freed, or given to a new buffer. */
-static void forget_lost(ls_session *s, uint32_t buffer_id)
-{
-    pthread_mutex_lock(&s->lock);
-    for (uint32_t i = 0; i < s->nlost; i++)
-        if (s->lost_ids[i] == buffer_id)
-            s->lost_ids[i--] = s->lost_ids[--s->nlost];
-    pthread_mutex_unlock(&s->lock);
-}
-
-/*
- * Move the session to the arbiter that replaced a lost one (see the top of this file). Caller holds
- * cq_lock; this takes lock for the whole move (other threads wait: milliseconds with the control
- * daemon's standby, the session's timeout at most). Returns 0 on the new ring, or the sticky loss.
- */
-static int reattach(ls_session *s)
-{
-    int rc = collect_ready(s);          /* what the old ring still holds for us */
-    if (rc < 0 && rc != -LS_EPEERDEAD)
-        return mark_lost(s, rc);
-    pthread_mutex_lock(&s->lock);
-    uint32_t count = ls_tickets_pending(s->book);  /* (nothing adds to the book while we hold lock) */
-    struct lsx_flight *flights = calloc(count + 1, sizeof *flights);
-    uint64_t *tickets = calloc(count + 1, sizeof *tickets);
-    uint8_t *marks = calloc(count + 1, 1);
-    if (flights && tickets && marks) {
-        count = (uint32_t)ls_tickets_list(s->book, tickets, marks, count);
-        for (uint32_t i = 0; i < count; i++)
-            flights[i] = (struct lsx_flight){.ticket = tickets[i], .moved = (marks[i] & LS_TICKET_MOVED) != 0};
-    } else {
-        free(flights);
-        flights = NULL;                 /* (-ENOMEM below) */
-    }
-    free(tickets);
-    free(marks);
-    /* Let go of the old ring while it is mapped: Python unmaps it during the move. */
-    ls_producer_close(s->producer);
-    ls_region_close(s->region);
-    s->producer = NULL;
-    s->region = NULL;
-    if (s->peer_pidfd >= 0)
-        close(s->peer_pidfd);
-    s->peer_pidfd = -1;
-    struct lsx_conn conn = {.peer_pidfd = -1};
-    rc = flights ? hooked(PYTHON(lsx_py_reattach(s->handle, flights, count, &conn))) : -ENOMEM;
-    if (rc == 0) {
-        ls_tickets_resent(s->book);     /* (no longer moved: sent to the new arbiter) */
-        for (uint32_t i = 0; i < count; i++)
-            if (flights[i].done)
-                ls_tickets_settle(s->book, flights[i].ticket, flights[i].status, flights[i].device_ns);
-        s->peer_pidfd = conn.peer_pidfd;
-        s->info.client_id = conn.client_id;
-        rc = open_ring(s, &conn);
-        if (rc == 0)
-            rc = note_lost_buffers(s);
-        ls_store_relaxed(&s->generation, s->generation + 1);
-    }
-    if (rc < 0)
-        mark_lost(s, rc);
-    pthread_mutex_unlock(&s->lock);
-    free(flights);
-    return rc < 0 ? is_lost(s) : 0;
-}
-
-/* A control call (a hook): once more after a reattach when it met an arbiter restart first. */
-#define CONTROL(s, call)                                                                            \
-    ({                                                                                              \
-        uint64_t generation_ = ls_load_relaxed(&(s)->generation);                                   \
-        int control_rc_ = hooked(PYTHON(call));                                                     \
-        if (control_rc_ == -LS_ERESTARTED)                                                          \
-            control_rc_ = recover((s), -LS_EPEERDEAD, generation_) == 0 ? hooked(PYTHON(call))       \
-                                                                        : lost_error(s);            \
-        control_rc_;                                                                                \
-    })
-
-static int shutdown_registered;
-
-static void shutdown_python(void) { (void)PYTHON(lsx_py_shutdown()); }
-
-int ls_connect(const struct ls_options *options, ls_session **out)
-{
-    if (out == NULL)
-        return fail(-EINVAL, "ls_connect: out is NULL");
-    *out = NULL;
-    struct ls_options defaults = {0};
-    struct lsx_conn conn = {.peer_pidfd = -1};
-    int rc = hooked(PYTHON(lsx_py_connect(options ? options : &defaults, &conn)));
-    if (rc < 0)
-        return rc;
-    if (conn.handle <= 0)
-        return python_failed();
-    ls_session *s = calloc(1, sizeof *s);
-    if (s == NULL || ls_tickets_new(&s->book) < 0) {
-        free(s);
-        (void)PYTHON(lsx_py_close(conn.handle));
-        return fail(-ENOMEM, "out of memory for a session");
-    }
-    s->handle = conn.handle;
-    s->peer_pidfd = conn.peer_pidfd;
-    s->next_ticket = 1;
-    s->info.client_id = conn.client_id;
-    s->info.embedded = conn.embedded;
-    memcpy(s->info.device, conn.device, sizeof s->info.device);
-    s->info.device[sizeof s->info.device - 1] = 0;
-    pthread_mutex_init(&s->lock, NULL);
-    pthread_mutex_init(&s->cq_lock, NULL);
-    if ((rc = open_ring(s, &conn)) < 0) {
-        free_session(s);
-        (void)PYTHON(lsx_py_close(conn.handle));
-        return rc;
-    }
-    if (!ls_exchange(&shutdown_registered, 1))
-        atexit(shutdown_python);        /* the embedded Python never finalizes: close its arbiter */
-    *out = s;
-    return 0;
-}
-
-void ls_disconnect(ls_session *s)
-{
-    if (s == NULL)
-        return;
-    int32_t handle = s->handle;
-    free_session(s);                    /* stop using the region before Python unmaps it */
-    (void)PYTHON(lsx_py_close(handle));
-}
-
-int ls_session_info(ls_session *s, struct ls_session_info *out)
-{
-    if (s == NULL || out == NULL)
-        return fail(-EINVAL, "ls_session_info: session or out is NULL");
-    *out = s->info;
-    return 0;
-}
-
-int ls_load_program(ls_session *s, const void *code, uint64_t nbytes, struct ls_program *out)
-{
-    int rc = check_session(s);
-    if (rc < 0)
-        return rc;
-    if (code == NULL || nbytes == 0 || out == NULL)
-        return fail(-EINVAL, "ls_load_program: code is NULL or empty, or out is NULL");
-    return CONTROL(s, lsx_py_load_program(s->handle, code, nbytes, NULL, out));
-}
-
-int ls_load_program_file(ls_session *s, const char *path, struct ls_program *out)
-{
-    int rc = check_session(s);
-    if (rc < 0)
-        return rc;
-    if (path == NULL || out == NULL)
-        return fail(-EINVAL, "ls_load_program_file: path or out is NULL");
-    return CONTROL(s, lsx_py_load_program(s->handle, NULL, 0, path, out));
-}
-
-int ls_free_program(ls_session *s, uint32_t program_id)
-{
-    int rc = check_session(s);
-    return rc < 0 ? rc : CONTROL(s, lsx_py_free(s->handle, 1, program_id));
-}
-
-int ls_alloc(ls_session *s, uint64_t nbytes, uint32_t kind, struct ls_buffer *out)
-{
-    int rc = check_session(s);
-    if (rc < 0)
-        return rc;
-    if (out == NULL)
-        return fail(-EINVAL, "ls_alloc: out is NULL");
-    if (kind != LS_BUFFER_SHARED && kind != LS_BUFFER_DEVICE)
-        return fail(-EINVAL, "ls_alloc: kind must be LS_BUFFER_SHARED or LS_BUFFER_DEVICE (got %u)", kind);
-    if ((rc = CONTROL(s, lsx_py_alloc(s->handle, nbytes, kind, out))) == 0)
-        forget_lost(s, out->id);        /* (the new arbiter gave a lost id out again) */
-    return rc;
-}
-
-int ls_free_buffer(ls_session *s, uint32_t buffer_id)
-{
-    int rc = check_session(s);
-    if (rc == 0 && (rc = CONTROL(s, lsx_py_free(s->handle, 0, buffer_id))) == 0)
-        forget_lost(s, buffer_id);
-    return rc;
-}
-
-int ls_stats(ls_session *s, struct ls_stats *out)
-{
-    int rc = check_session(s);
-    if (rc < 0)
-        return rc;
-    if (out == NULL)
-        return fail(-EINVAL, "ls_stats: out is NULL");
-    return CONTROL(s, lsx_py_stats(s->handle, out));
-}
-
-int ls_serve(const char *pipe_directory)
-{
-    if (pipe_directory == NULL || *pipe_directory == 0)
-        return fail(-EINVAL, "ls_serve: pipe_directory is NULL or empty");
-    return hooked(PYTHON(lsx_py_serve(pipe_directory)));
-}
-
-void ls_serve_stop(void) { (void)PYTHON(lsx_py_serve_stop()); }

@@ -1,8 +1,9 @@
 /*
- * Private: the control-plane calls that capi.c makes into the embedded
- * Python (bindings/c/hooks.py). build.py feeds the cdef block to cffi with
- * LSX_HOOK replaced by extern "Python"; capi.c sees them as static functions
- * that cffi defines in the same translation unit. Not part of libshare.h.
+ * Private: the control-plane calls that the C API (capi_control.c and
+ * capi_reattach.c) makes into the embedded Python (bindings/c/hooks.py).
+ * build.py feeds the cdef block to cffi with LSX_HOOK replaced by
+ * extern "Python"; the C API sees them as static functions that cffi defines
+ * in the same translation unit. Not part of libshare.h.
  *
  * Each hook returns 1 on success (cffi returns 0 when Python could not start)
  * or a negative code, after setting the thread's message with lsx_set_error().

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import errno
 import logging
-import os
 from dataclasses import dataclass
 
 from libshare.errors import LibshareError
+from libshare.ring._binding import code_error
 from libshare.ring._binding import ffi as ring_ffi
 from libshare.arbiter.engine._engine_cffi import ffi, lib
 
@@ -27,12 +27,14 @@ _ENGINES: dict[int, Engine] = {}  # by the ls_engine address, for the planning c
 
 
 def check(rc: int, what: str) -> int:
-    """``rc`` when it is a count; else the matching exception."""
+    """``rc`` when it is a count; else the exception the error table (libshare/errors.py) gives its code,
+    through the ring's :func:`~libshare.ring._binding.code_error` (the engine's ``LS_E*`` codes are
+    ring.h's): ``MemoryError`` for ``-ENOMEM``, :class:`LibshareError` for a code the table lacks."""
     if rc >= 0:
         return rc
     if -rc == errno.ENOMEM:
         raise MemoryError(f"{what}: out of memory")
-    raise LibshareError(f"{what} failed: {os.strerror(-rc) if -rc < 1000 else f'LS error {-rc}'}")
+    raise code_error(-rc, f"{what} failed", unknown=LibshareError)
 
 
 @dataclass
