@@ -162,6 +162,38 @@ def test_a_long_class_is_caught():
     assert not long_classes("class Small:\n    def m(self): pass\n")
 
 
+def foreign_bases(modules: dict[str, str]) -> list[str]:
+    """Classes of ``modules`` (a package's module name -> source) that inherit from a class defined
+    in another module of the same package: a mixin, one class spread over several files."""
+    defined = {name: {n.name for n in ast.walk(ast.parse(source)) if isinstance(n, ast.ClassDef)}
+               for name, source in modules.items()}
+    found = []
+    for name, source in modules.items():
+        elsewhere = set().union(*(classes for other, classes in defined.items() if other != name))
+        for node in ast.walk(ast.parse(source)):
+            for base in node.bases if isinstance(node, ast.ClassDef) else ():
+                base_name = base.attr if isinstance(base, ast.Attribute) else getattr(base, "id", None)
+                if base_name in elsewhere and base_name not in defined[name]:
+                    found.append(f"{name}.{node.name}({ast.unparse(base)})")
+    return found
+
+
+def test_no_class_inherits_from_a_class_of_another_module_of_its_package():
+    found = []
+    for package in sorted({p.parent for p in _python_sources(PACKAGE)}):
+        modules = {p.stem: p.read_text() for p in sorted(package.glob("*.py"))}
+        found += [f"{_relative(package)}/{f}" for f in foreign_bases(modules)]
+    assert found == []
+
+
+def test_a_mixin_from_another_module_is_caught():
+    modules = {"_memory": "class _Memory:\n    pass\n",
+               "_device": "from x import _memory\nclass Device(_Memory, _memory._Memory, Local):\n    pass\n"
+                          "class Local:\n    pass\n"}
+    assert foreign_bases(modules) == ["_device.Device(_Memory)", "_device.Device(_memory._Memory)"]
+    assert foreign_bases({"a": "class A(Exception):\n    pass\nclass B(A):\n    pass\n"}) == []
+
+
 # -------------------------------------------------------------------- no import cycles
 
 def _module_name(path: Path) -> str:
