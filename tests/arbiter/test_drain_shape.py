@@ -13,9 +13,6 @@ from tests.conftest import ROOT
 
 DRAIN = ROOT / "libshare" / "arbiter" / "drain"
 
-def _modules() -> dict[str, str]:
-    return {p.stem: p.read_text() for p in sorted(DRAIN.glob("*.py"))}
-
 
 def _classes(source: str) -> list[ast.ClassDef]:
     return [n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.ClassDef)]
