@@ -1,8 +1,9 @@
-"""A Slurm task for bench/test_slurm_bench.py: ``first OUT`` or ``busy OUT SECONDS``.
+"""A Slurm task for bench/test_slurm_bench.py: ``first OUT`` or ``busy OUT SECONDS BLOCKS``.
 
 first: one checked saxpy dispatch; writes OUT/JOBID.first with the wall-clock time it completed.
-busy:  warms up, writes OUT/JOBID.ready, waits for OUT/start, then keeps 4 busy dispatches in
-flight for SECONDS and writes OUT/JOBID.busy with the device time of those that completed.
+busy:  warms up, writes OUT/JOBID.ready, then for each block B from 0 to BLOCKS - 1 waits for
+OUT/start.B, keeps 4 busy dispatches in flight for SECONDS and writes OUT/JOBID.busy.B with the
+device time of those that completed.
 """
 
 from __future__ import annotations
@@ -33,31 +34,32 @@ def first(session, out: Path, job: str) -> None:
     (out / f"{job}.first").write_text(repr(done))
 
 
-def busy(session, out: Path, job: str, seconds: float) -> None:
+def busy(session, out: Path, job: str, seconds: float, blocks: int) -> None:
     n = 4096
     program = session.load_program(libshare.shaders.path("busy"))
     data = session.array(n, np.uint32)
     go = lambda: session.dispatch(program, (n // 64, 1, 1), [data], struct.pack("II", n, BUSY_ITERATIONS))  # noqa: E731
     go().wait(60)
     (out / f"{job}.ready").write_text("")
-    deadline = time.monotonic() + 120
-    while not (out / "start").exists():
-        if time.monotonic() > deadline:
-            raise SystemExit("no start after 120 s")
-        time.sleep(0.01)
-    device_ns, count = 0, 0
-    end = time.perf_counter() + seconds
-    flight = collections.deque(go() for _ in range(4))
-    while True:
-        ticket = flight.popleft().wait(60)
-        if time.perf_counter() >= end:
-            break
-        device_ns += ticket.device_ns or 0
-        count += 1
-        flight.append(go())
-    session.wait_idle(120)
-    (out / f"{job}.busy").write_text(json.dumps({"device_ns": device_ns, "count": count,
-                                                 "group": os.environ.get("LIBSHARE_GROUP")}))
+    for block in range(blocks):
+        deadline = time.monotonic() + 120
+        while not (out / f"start.{block}").exists():
+            if time.monotonic() > deadline:
+                raise SystemExit(f"no start of block {block} after 120 s")
+            time.sleep(0.01)
+        device_ns, count = 0, 0
+        end = time.perf_counter() + seconds
+        flight = collections.deque(go() for _ in range(4))
+        while True:
+            ticket = flight.popleft().wait(60)
+            if time.perf_counter() >= end:
+                break
+            device_ns += ticket.device_ns or 0
+            count += 1
+            flight.append(go())
+        session.wait_idle(120)
+        (out / f"{job}.busy.{block}").write_text(json.dumps({"device_ns": device_ns, "count": count,
+                                                            "group": os.environ.get("LIBSHARE_GROUP")}))
 
 
 def main() -> None:
@@ -67,7 +69,7 @@ def main() -> None:
         if mode == "first":
             first(session, out, job)
         else:
-            busy(session, out, job, float(sys.argv[3]))
+            busy(session, out, job, float(sys.argv[3]), int(sys.argv[4]))
 
 
 if __name__ == "__main__":

@@ -1,19 +1,26 @@
-"""The arbiter against direct Vulkan, side by side in one run; ratios in the summary.
+"""The arbiter against direct Vulkan, side by side in one run; figures in the summary.
+
+Every figure comes from interleaved blocks (bench/_compare.py: ``LIBSHARE_BENCH_BLOCKS``, 5 by
+default, sides alternated ABBA or rotated) and is printed as the median over blocks with its range.
 
 1. tiny dispatch round trip (64 floats, one workgroup): through a daemon, and through the
    embedded arbiter, vs the same dispatch submitted in-process with the ``vulkan`` package
    and a prerecorded command buffer (libshare's own device layer, which records once and
    resubmits). Targets <= 1.15x (daemon) and <= 1.10x (embedded). Every side waits for each
-   dispatch before the next, and none takes timestamps.
+   dispatch before the next, and none takes timestamps. A block is ``RT_TURNS`` turns of
+   ``RT_PER_TURN`` round trips of each side, the order rotated every turn; a side's block value
+   is the median of its round trips in the block.
    1b. The round trip through the daemon with a pure-Python busy process pinned to the core
-   where the daemon placed its engine (whose polls yield that core: engine.c, "Cores"), against
-   the same process stopped, in alternating blocks; median and p99 ratios. No target: it shows
-   what a busy neighbour on that core costs (README, How fast; ``--no-placement`` avoids it).
-2. one client pipelining 10,000 tiny dispatches vs direct serial submission. Target >= 5x.
+   where the daemon placed its engine (whose polls yield that core: engine/wait.c, "Cores"), against
+   the same process stopped, in alternating turns; median and p99 ratios. No target: it shows
+   what a busy neighbour on that core costs (docs/benchmarks.md; ``--no-placement`` avoids it).
+2. one client pipelining 10,000 tiny dispatches vs direct serial submission (1,000 per block),
+   dispatches per second. Target >= 5x.
 3. 8 client processes through one arbiter vs 8 processes that each open their own device,
-   aggregate dispatches/s. Target >= 1.0x on lavapipe. Beside it, the CPU time per round trip
-   of a client process, of the arbiter and of a process with its own device, and the most round
-   trips per second the machine's cores allow at those costs.
+   aggregate dispatches/s over ``EIGHT_SECONDS`` per block (all 16 processes start once and run
+   a window each time they are told). Target >= 1.0x on lavapipe, >= 2x on a GPU. Beside it, the CPU time per
+   round trip of a client process, of the arbiter and of a process with its own device, and the
+   most round trips per second the machine's cores allow at those costs.
 """
 
 from __future__ import annotations
@@ -32,13 +39,17 @@ import numpy as np
 import pytest
 
 import libshare
+from bench._compare import at_least, at_most, interleave, note, pick, ratio, record
 from libshare._proc import cpu_seconds
 from libshare.arbiter.device import Device, Dispatch
 from tests.arbiter.conftest import daemon as _daemon_fixture  # noqa: F401
-from tests.conftest import ROOT
+from tests.conftest import ROOT, stop_process, vulkan_device_is_cpu  # noqa: F401 - a fixture
 
-RESULTS: dict[str, float] = {}
 PIPELINED = 10_000
+SERIAL = 1_000  # direct serial dispatches per block
+RT_TURNS, RT_PER_TURN = 10, 300
+BUSY_TURNS, BUSY_PER_TURN = 4, 500
+EIGHT_SECONDS = 2.0
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +74,13 @@ def direct():
         buffers = [device.import_host(np.frombuffer(m, np.uint8).ctypes.data, 4096) for m in memory]
         pipeline = device.create_pipeline(libshare.shaders.path("saxpy").read_bytes(), 2, 8)
         tiny = Dispatch(pipeline, [(b, 0) for b in buffers], (1, 1, 1), struct.pack("If", 64, 1.0))
-        yield device, tiny
+
+        def once():
+            submission = device.submit([tiny], timed=False)
+            submission.wait(10)
+            submission.release()
+
+        yield once
         for b in buffers:
             device.destroy_buffer(b)
         device.destroy_pipeline(pipeline)
@@ -81,7 +98,7 @@ def remote(arbiter_dir):
 def embedded():
     """A session of this process's embedded arbiter, untimed like the others."""
     with libshare.connect(mode="embedded") as session:
-        from libshare.client.session import _embedded
+        from libshare.client.connect import _embedded
 
         _embedded().drainer.timed = False  # the direct path takes no timestamps either
         program = session.load_program(libshare.shaders.path("saxpy"))
@@ -89,110 +106,102 @@ def embedded():
         yield lambda: session.dispatch(program, 1, [x, y], struct.pack("If", 64, 1.0))
 
 
-def ratio_line(label: str, numerator: str, denominator: str, target: str, report_ratio) -> None:
-    if numerator in RESULTS and denominator in RESULTS:
-        report_ratio(f"{label}: {RESULTS[numerator] / RESULTS[denominator]:.3f}x ({target}); "
-                     f"{numerator} {RESULTS[numerator] * 1e6:.1f} us, {denominator} {RESULTS[denominator] * 1e6:.1f} us")
+def timed(once, count: int) -> list[float]:
+    """Seconds of each of ``count`` calls of ``once``."""
+    out = []
+    for _ in range(count):
+        begun = time.perf_counter()
+        once()
+        out.append(time.perf_counter() - begun)
+    return out
 
 
 # ---------------------------------------------------------------- 1. tiny round trip
 
-def test_round_trip_direct(benchmark, direct):
-    device, tiny = direct
-
-    def once():
-        submission = device.submit([tiny], timed=False)
-        submission.wait(10)
-        submission.release()
-
-    benchmark(once)
-    RESULTS["direct round trip"] = benchmark.stats.stats.median
-
-
-def test_round_trip_arbiter(benchmark, remote, report_ratio):
+def test_round_trip(benchmark, direct, remote, embedded):
     _, dispatch = remote
-    benchmark(lambda: dispatch().wait(10))
-    RESULTS["arbiter round trip"] = benchmark.stats.stats.median
-    ratio_line("1. tiny round trip, arbiter / direct", "arbiter round trip", "direct round trip",
-               "target <= 1.15", report_ratio)
-
-
-def test_round_trip_embedded(benchmark, embedded, report_ratio):
-    benchmark(lambda: embedded().wait(10))
-    RESULTS["embedded round trip"] = benchmark.stats.stats.median
-    ratio_line("1. tiny round trip, embedded / direct", "embedded round trip", "direct round trip",
-               "target <= 1.10", report_ratio)
-
-
-BUSY_BLOCKS, BUSY_PER_BLOCK = 4, 2000
+    sides = {"direct": direct, "daemon": lambda: dispatch().wait(10), "embedded": lambda: embedded().wait(10)}
+    for once in sides.values():
+        timed(once, 200)  # warm
+    values = benchmark.pedantic(interleave, args=({name: (lambda o=once: timed(o, RT_PER_TURN))
+                                                   for name, once in sides.items()},),
+                                kwargs={"turns": RT_TURNS}, rounds=1)
+    method = (f"tiny saxpy (64 floats, one workgroup) dispatched and waited, one at a time; per block "
+              f"{RT_TURNS} turns of {RT_PER_TURN} round trips of each side (direct, daemon, embedded), the order "
+              "rotated each turn; a side's block value is the median of its round trips, the figure the "
+              "ratio of the block values; no side takes timestamps")
+    ratio("1. tiny round trip, daemon / direct", values["daemon"], values["direct"], target=at_most(1.15),
+          names=("daemon", "direct"), method=method)
+    ratio("1. tiny round trip, embedded / direct", values["embedded"], values["direct"], target=at_most(1.10),
+          names=("embedded", "direct"), method=method)
 
 
 def device_core(pipe_dir: Path) -> int | None:
     """The core where the daemon of ``pipe_dir`` placed its engine (its log says), or None."""
-    named = re.findall(r"engine and driver threads on core (\d+)", (pipe_dir / "server.log").read_text())
+    log = pipe_dir / "server.log"
+    named = re.findall(r"engine and driver threads on core (\d+)", log.read_text() if log.exists() else "")
     return int(named[-1]) if named else None
 
 
-def test_round_trip_beside_a_busy_process(benchmark, arbiter_dir, remote, report_ratio):
+def p50_p99(results: list) -> dict:
+    samples = np.concatenate(results)
+    return {"p50": float(np.percentile(samples, 50)), "p99": float(np.percentile(samples, 99))}
+
+
+def test_round_trip_beside_a_busy_process(benchmark, arbiter_dir, remote):
     """1b. The tiny round trip through the daemon with a pure-Python busy loop pinned to the
-    arbiter's device core (where its engine yields between looks: engine.c, "Cores"), against
-    the same loop stopped, in alternating blocks."""
+    arbiter's device core (where its engine yields between looks: engine/wait.c, "Cores"), against
+    the same loop stopped, in alternating turns."""
     session, dispatch = remote
     core = device_core(arbiter_dir)
     if core is None:
         pytest.skip("the arbiter was not placed (one core, or not a CPU device)")
     busy = subprocess.Popen([sys.executable, "-c", "x = 0\nwhile True:\n    x += 1\n"])
-    times: dict[str, list[float]] = {"busy": [], "idle": []}
+
+    def turn(running: bool):
+        busy.send_signal(signal.SIGCONT if running else signal.SIGSTOP)
+        return timed(lambda: dispatch().wait(10), BUSY_PER_TURN)
+
     try:
         os.sched_setaffinity(busy.pid, {core})
-
-        def blocks():
-            for block in range(BUSY_BLOCKS):
-                for name in ("busy", "idle") if block % 2 else ("idle", "busy"):
-                    busy.send_signal(signal.SIGCONT if name == "busy" else signal.SIGSTOP)
-                    for _ in range(BUSY_PER_BLOCK):
-                        begun = time.perf_counter()
-                        dispatch().wait(10)
-                        times[name].append(time.perf_counter() - begun)
-
-        benchmark.pedantic(blocks, rounds=1)
+        values = benchmark.pedantic(interleave, args=({"busy": lambda: turn(True), "idle": lambda: turn(False)},),
+                                    kwargs={"turns": BUSY_TURNS, "reduce": p50_p99}, rounds=1)
     finally:
         busy.kill()
         busy.wait()
-    (b50, b99), (i50, i99) = (np.percentile(times[name], [50, 99]) * 1e6 for name in ("busy", "idle"))
-    report_ratio(f"1b. tiny round trip with a busy process on the arbiter's device core / without: median "
-                 f"{b50 / i50:.2f}x ({b50:.1f} vs {i50:.1f} us), p99 {b99 / i99:.2f}x ({b99:.0f} vs {i99:.0f} us)")
+    method = (f"tiny round trip through the daemon, per block {BUSY_TURNS} turns of {BUSY_PER_TURN} with a "
+              f"pure-Python busy process pinned to the engine's core (core {core}) running, and as many with it "
+              "stopped, alternated")
+    for q in ("p50", "p99"):
+        ratio(f"1b. tiny round trip {q}, busy process on the arbiter's device core / none",
+              pick(values["busy"], q), pick(values["idle"], q), names=("busy", "idle"), method=method)
 
 
 # ---------------------------------------------------------------- 2. pipelining
 
-def test_pipelined_direct_serial(benchmark, direct):
-    device, tiny = direct
-
-    def serial():
-        for _ in range(PIPELINED // 10):
-            submission = device.submit([tiny], timed=False)
-            submission.wait(10)
-            submission.release()
-
-    benchmark.pedantic(serial, rounds=3)
-    RESULTS["direct serial per dispatch"] = benchmark.stats.stats.median / (PIPELINED // 10)
-
-
-def test_pipelined_arbiter(benchmark, remote, report_ratio):
+def test_pipelined(benchmark, direct, remote):
     session, dispatch = remote
 
-    def pipelined():
+    def pipelined() -> float:
+        begun = time.perf_counter()
         for _ in range(PIPELINED):
             dispatch()
         session.wait_idle(120)
+        return PIPELINED / (time.perf_counter() - begun)
 
-    benchmark.pedantic(pipelined, rounds=3)
-    RESULTS["arbiter pipelined per dispatch"] = benchmark.stats.stats.median / PIPELINED
-    d, a = RESULTS.get("direct serial per dispatch"), RESULTS["arbiter pipelined per dispatch"]
-    if d:
-        report_ratio(f"2. pipelined 10,000 tiny dispatches: arbiter {1 / a:.0f}/s vs direct serial "
-                     f"{1 / d:.0f}/s = {d / a:.2f}x the direct rate (target >= 5)")
+    def serial() -> float:
+        begun = time.perf_counter()
+        for _ in range(SERIAL):
+            direct()
+        return SERIAL / (time.perf_counter() - begun)
+
+    pipelined(), serial()  # warm
+    values = benchmark.pedantic(interleave, args=({"arbiter": pipelined, "direct": serial},), rounds=1)
+    ratio("2. pipelined 10,000 tiny dispatches through a daemon / direct serial, dispatches/s", values["arbiter"],
+          values["direct"], target=at_least(5), names=("pipelined", "direct serial"), side_unit="/s", side_scale=1,
+          method=f"one client pushes {PIPELINED:,} tiny dispatches without waiting, then waits for all; against "
+                 f"{SERIAL:,} dispatches submitted and waited one at a time in-process; dispatches per second of "
+                 "each, alternated per block")
 
 
 # ---------------------------------------------------------------- 3. eight processes
@@ -215,50 +224,83 @@ else:
     def go():
         sub = d.submit([tiny], timed=False); sub.wait(10); sub.release()
     finish = lambda: None
-print("ready", s.arbiter_pid if mode == "arbiter" else 0, flush=True); sys.stdin.readline()
-count, end, cpu = 0, time.perf_counter() + seconds, time.process_time()
-while time.perf_counter() < end:
-    for _ in range(32):
-        go()
-    count += 32
-finish()
-print(count / seconds, (time.process_time() - cpu) / count, flush=True)
+for _ in range(32):
+    go()
+print("ready", s.arbiter_pid if mode == "arbiter" else 0, flush=True)
+for line in sys.stdin:  # a window of round trips for each line; the end of stdin ends it
+    count, end, cpu = 0, time.perf_counter() + seconds, time.process_time()
+    while time.perf_counter() < end:
+        for _ in range(32):
+            go()
+        count += 32
+    finish()
+    print(count / seconds, (time.process_time() - cpu) / count, flush=True)
 """
 
 
-def _arbiter_cpu(pid: int) -> float:
-    """utime + stime of the arbiter ``pid`` so far; 0 for pid 0 (the "own" workers have none)."""
-    return cpu_seconds(pid) if pid else 0.0
+class Eight:
+    """Eight worker processes of one mode, set up once; ``window()`` runs them together."""
+
+    def __init__(self, mode: str, pipe_dir: Path):
+        self.workers = [subprocess.Popen([sys.executable, "-c", WORKER, mode, str(pipe_dir), str(EIGHT_SECONDS)],
+                                         cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                        for _ in range(8)]
+        pids = set()
+        for w in self.workers:
+            word, pid = w.stdout.readline().split()
+            assert word == "ready", f"a {mode} worker failed to start"
+            pids.add(int(pid))
+        (self.arbiter_pid,) = pids  # 0 for "own": those have no arbiter
+
+    def window(self) -> dict:
+        """One window: aggregate round trips per second, CPU seconds per round trip of a worker (mean)
+        and of the arbiter (0 for "own")."""
+        arbiter = cpu_seconds(self.arbiter_pid) if self.arbiter_pid else 0.0
+        for w in self.workers:
+            w.stdin.write("go\n")
+            w.stdin.flush()
+        results = [tuple(map(float, w.stdout.readline().split())) for w in self.workers]
+        arbiter = (cpu_seconds(self.arbiter_pid) - arbiter) if self.arbiter_pid else 0.0
+        rate = sum(r for r, _ in results)
+        return {"rate": rate, "cpu": sum(c for _, c in results) / len(results),
+                "arbiter cpu": arbiter / (rate * EIGHT_SECONDS)}
+
+    def close(self) -> None:
+        for w in self.workers:
+            try:
+                w.stdin.close()
+            except OSError:
+                pass
+        for w in self.workers:
+            try:
+                w.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                pass
+            stop_process(w)
+            w.stdout.close()
 
 
-def run_eight(mode: str, pipe_dir, seconds: float = 3.0) -> tuple[float, float, float]:
-    """Eight workers' aggregate round trips per second, and the CPU seconds per round trip of a
-    worker process (mean) and of the arbiter ("arbiter" mode; 0 for "own")."""
-    workers = [subprocess.Popen([sys.executable, "-c", WORKER, mode, str(pipe_dir), str(seconds)], cwd=ROOT,
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for _ in range(8)]
-    arbiter_pids = set()
-    for w in workers:
-        word, pid = w.stdout.readline().split()
-        assert word == "ready"
-        arbiter_pids.add(int(pid))
-    (arbiter_pid,) = arbiter_pids
-    arbiter_cpu = _arbiter_cpu(arbiter_pid)
-    for w in workers:
-        w.stdin.write("go\n")
-        w.stdin.flush()
-    results = [tuple(map(float, w.communicate(timeout=120)[0].split())) for w in workers]
-    arbiter_cpu = _arbiter_cpu(arbiter_pid) - arbiter_cpu
-    rate = sum(r for r, _ in results)
-    return rate, sum(c for _, c in results) / len(results), arbiter_cpu / (rate * seconds)
-
-
-def test_eight_processes(benchmark, arbiter_dir, report_ratio):
-    own, own_cpu, _ = run_eight("own", arbiter_dir)
-    shared, client_cpu, arbiter_cpu = benchmark.pedantic(run_eight, args=("arbiter", arbiter_dir), rounds=1)
-    report_ratio(f"3. eight processes, aggregate tiny dispatches/s: arbiter {shared:.0f} vs own device "
-                 f"each {own:.0f} = {shared / own:.2f}x (target >= 1.0)")
+def test_eight_processes(benchmark, arbiter_dir, vulkan_device_is_cpu):
+    groups = {}
+    try:
+        for mode in ("arbiter", "own"):
+            groups[mode] = Eight(mode, arbiter_dir)
+        values = benchmark.pedantic(interleave, args=({m: g.window for m, g in groups.items()},), rounds=1)
+    finally:
+        for g in groups.values():
+            g.close()
+    shared, own = values["arbiter"], values["own"]
+    method = (f"8 processes doing tiny round trips through one daemon, against 8 that each opened a device of "
+              f"their own, a {EIGHT_SECONDS:g} s window each per block, alternated; all 16 processes set up once")
+    ratio("3. eight processes, aggregate tiny dispatches/s, through one arbiter / own device each",
+          pick(shared, "rate"), pick(own, "rate"), target=at_least(1.0 if vulkan_device_is_cpu else 2.0),
+          names=("arbiter", "own devices"),
+          side_unit="/s", side_scale=1, method=method)
+    cpu = {"client": pick(shared, "cpu"), "arbiter": pick(shared, "arbiter cpu"), "own device": pick(own, "cpu")}
+    for who, values_ in cpu.items():
+        record(f"3. CPU per round trip, eight processes: {who}", values_, "us", scale=1e6, method=method + (
+            "; CPU time of the process (utime + stime of the arbiter, 10 ms ticks) over the window per round trip"))
     cores = os.cpu_count()
-    report_ratio(f"3. CPU per round trip: client {client_cpu * 1e6:.1f} us + arbiter {arbiter_cpu * 1e6:.1f} us "
-                 f"vs own device {own_cpu * 1e6:.1f} us; on {cores} cores at most "
-                 f"{cores / (client_cpu + arbiter_cpu):.0f}/s through the arbiter and {cores / own_cpu:.0f}/s on "
-                 "own devices")
+    through = np.median(cpu["client"]) + np.median(cpu["arbiter"])
+    note(f"3. on {cores} cores at those CPU costs: at most {cores / through:,.0f} round trips/s through the arbiter "
+         f"and {cores / np.median(cpu['own device']):,.0f}/s on own devices")

@@ -1,26 +1,32 @@
 """Attaching to the arbiter, and what an idle arbiter costs; figures in the summary.
 
+Every figure comes from blocks (bench/_compare.py: ``LIBSHARE_BENCH_BLOCKS``, 5 by default), its
+sides alternated, and is printed as the median over blocks with its range.
+
 4. attach: from ``connect()`` to the first completed dispatch (connect, load saxpy, which
    another session keeps loaded the whole time, two 64-float arrays, dispatch, wait) through a
    warm daemon vs a private in-process device from instance creation to its first completed
-   dispatch (``Device()``, create_pipeline, two imported host buffers, submit, wait). Target
-   <= 1 ms through the arbiter; median and p90 of each, their ratio, and the arbiter's median
-   per step. Both sides wait for their one dispatch and check its result; closing (session,
-   device) is not timed. Beside it, the CPU time that the client process and the arbiter spend
-   per attach-and-close cycle: on this 2-core machine half their sum is a floor for the cycle.
+   dispatch (``Device()``, create_pipeline, two imported host buffers, submit, wait). A block is
+   ``ATTACH_PER_BLOCK`` attaches and ``PRIVATE_PER_BLOCK`` private devices, alternated ABBA;
+   the block values are their medians (and the attaches' p90 and median per step). Target
+   <= 1 ms through the arbiter. Both sides wait for their one dispatch and check its result;
+   closing (session, device) is not timed. Beside it, the CPU time that the client process and
+   the arbiter spend per attach-and-close cycle (the arbiter's in 10 ms ticks): on a 2-core
+   machine half their sum is a floor for the cycle.
    Also a burst: 256 sessions connecting at once, 4 worker processes x 64 threads, each thread
    calling ``connect()`` once (threads, so that all 256 are in ``connect()`` together, as when
    256 processes start at once). The workers have imported libshare and started their threads
    before "go", so Python start-up is not measured; every session stays attached until all
    are counted. The figure is from "go" to the last session attached (``time.monotonic`` is
    shared across processes). Target < 1 s. The same burst with each worker connecting its 64
-   sessions one after another (4 in flight at a time) is printed beside it.
+   sessions one after another (4 in flight at a time) alternates with it, block by block.
    This daemon runs with ``--max-clients 512`` (the default, 48, would refuse the burst) and
    ``--no-timestamps`` (the private device submits untimed too).
-5. idle arbiter CPU: a fresh daemon with default settings, its utime + stime from
-   /proc/PID/stat over 10 s (10 ms ticks: 0.1% steps; the threads' schedstat run time is
-   printed beside it), with no client and with one client that ran one dispatch and then
-   stays idle. Target < 0.5% of one core.
+5. idle arbiter CPU: a fresh daemon with default settings, the run time of its threads
+   (/proc/PID/task/*/schedstat) over ``IDLE_SECONDS`` per block, with no client, with one client
+   that ran one dispatch and then stays idle, and with 256 such clients, the three in rotated
+   order each block. Target < 0.5% of one core. utime + stime from /proc/PID/stat (10 ms ticks)
+   over all blocks together is printed beside it.
 """
 
 from __future__ import annotations
@@ -38,19 +44,19 @@ import numpy as np
 import pytest
 
 import libshare
+from bench._compare import at_most, below, interleave, note, pick, ratio, record
 from libshare._proc import cpu_seconds
 from libshare.arbiter.device import Device, Dispatch
 from tests.conftest import ROOT, stop_process
 
 SAXPY = libshare.shaders.path("saxpy")
 PUSH = struct.pack("If", 64, 1.0)  # y = 1.0 * x + y over 64 floats, one workgroup
-ATTACH_ROUNDS = 100
-PRIVATE_ROUNDS = 30  # a private device costs tens of ms on lavapipe
+ATTACH_PER_BLOCK = 40
+PRIVATE_PER_BLOCK = 6  # a private device costs tens of ms on lavapipe
 WARMUP = 5
 BURST_WORKERS, BURST_SESSIONS = 4, 64
-IDLE_SECONDS = 10.0
-
-RESULTS: dict[str, np.ndarray] = {}
+IDLE_SECONDS = 2.0
+IDLE_CLIENTS = 256
 
 
 def start_daemon(base: Path, *flags: str) -> tuple[subprocess.Popen, Path]:
@@ -83,22 +89,14 @@ def warm(tmp_path_factory):
         stop_process(process)
 
 
-def percentiles(name: str, data) -> np.ndarray:
-    RESULTS[name] = np.percentile(np.asarray(data, dtype=float), [50, 90])
-    return RESULTS[name]
-
-
 # ---------------------------------------------------------------- 4. attach
 
-def test_attach_private_device(benchmark):
-    """Instance creation to the first completed dispatch on a device of this process's own."""
-    rounds: list[dict] = []
-
-    def setup():
-        rounds.append({})
-        return (rounds[-1],), {}
-
-    def first_dispatch(held: dict) -> None:
+def private_first_dispatch() -> float:
+    """Seconds from instance creation to the first completed dispatch on a device of this process's
+    own; the result is checked and everything closed after the clock stops."""
+    held: dict = {}
+    try:
+        begun = time.perf_counter()
         held["device"] = device = Device()
         pipeline = device.create_pipeline(SAXPY.read_bytes(), 2, 8)
         held["memory"] = memory = [mmap.mmap(-1, 4096) for _ in range(2)]
@@ -108,24 +106,16 @@ def test_attach_private_device(benchmark):
         submission = device.submit([Dispatch(pipeline, [(b, 0) for b in buffers], (1, 1, 1), PUSH)], timed=False)
         assert submission.wait(10), "the private dispatch did not complete in 10 s"
         submission.release()
-        held["y"] = y
-
-    def teardown(held: dict) -> None:
-        assert np.all(held.pop("y") == 3.0), "the private dispatch computed a wrong saxpy"
-        close_private(held)
-
-    try:
-        benchmark.pedantic(first_dispatch, setup=setup, teardown=teardown, rounds=PRIVATE_ROUNDS,
-                           warmup_rounds=WARMUP)
+        elapsed = time.perf_counter() - begun
+        assert np.all(y == 3.0), "the private dispatch computed a wrong saxpy"
+        del x, y
+        return elapsed
     finally:
-        for held in rounds:
-            close_private(held)
-    percentiles("private", benchmark.stats.stats.data)
+        close_private(held)
 
 
 def close_private(held: dict) -> None:
     """Close what a private round made (the device first: it destroys its buffers and pipeline)."""
-    held.pop("y", None)  # the last view on the memory, or mmap.close() refuses
     device = held.pop("device", None)
     if device is not None:
         device.close()
@@ -133,18 +123,12 @@ def close_private(held: dict) -> None:
         m.close()
 
 
-def test_attach_arbiter(benchmark, warm, report_ratio):
-    """connect() to the first completed dispatch through the warm daemon, per step."""
-    pipe_dir, keeper, arbiter_pid = warm
-    rounds: list[dict] = []
-
-    def setup():
-        rounds.append({})
-        return (rounds[-1],), {}
-
-    def first_dispatch(held: dict) -> None:
-        t0 = time.perf_counter()
-        held["session"] = session = libshare.connect(mode="daemon", pipe_directory=pipe_dir, name="attach")
+def attach_once(pipe_dir: Path) -> tuple[float, ...]:
+    """connect() to the first completed dispatch through the daemon: the seconds of each step
+    (connect, load_program, two arrays, dispatch + wait); checked and closed untimed."""
+    t0 = time.perf_counter()
+    session = libshare.connect(mode="daemon", pipe_directory=pipe_dir, name="attach")
+    try:
         t1 = time.perf_counter()
         program = session.load_program(SAXPY)
         t2 = time.perf_counter()
@@ -153,36 +137,55 @@ def test_attach_arbiter(benchmark, warm, report_ratio):
         t3 = time.perf_counter()
         session.dispatch(program, 1, [x, y], PUSH).wait(10)
         t4 = time.perf_counter()
-        held["y"], held["steps"] = y, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)
-
-    def teardown(held: dict) -> None:
-        assert np.all(held.pop("y") == 3.0), "the dispatch through the arbiter computed a wrong saxpy"
-        held.pop("session").close()
-
-    client_cpu, arbiter_cpu = time.process_time(), cpu_seconds(arbiter_pid)
-    try:
-        benchmark.pedantic(first_dispatch, setup=setup, teardown=teardown, rounds=ATTACH_ROUNDS,
-                           warmup_rounds=WARMUP)
-        client_cpu, arbiter_cpu = time.process_time() - client_cpu, cpu_seconds(arbiter_pid) - arbiter_cpu
+        assert np.all(y == 3.0), "the dispatch through the arbiter computed a wrong saxpy"
     finally:
-        for held in rounds:
-            if "session" in held:
-                held["session"].close()
+        session.close()
+    return t1 - t0, t2 - t1, t3 - t2, t4 - t3
+
+
+STEPS = ("connect", "load_program", "2x array", "dispatch+wait")
+
+
+def attach_block(pipe_dir: Path, arbiter_pid: int) -> dict:
+    """ATTACH_PER_BLOCK attach-and-close cycles: the median and p90 attach, each step's median, and
+    the CPU seconds per cycle of this process and of the arbiter."""
+    client_cpu, arbiter_cpu = time.process_time(), cpu_seconds(arbiter_pid)
+    steps = np.array([attach_once(pipe_dir) for _ in range(ATTACH_PER_BLOCK)])
+    client_cpu, arbiter_cpu = time.process_time() - client_cpu, cpu_seconds(arbiter_pid) - arbiter_cpu
+    total = steps.sum(axis=1)
+    return {"p50": float(np.median(total)), "p90": float(np.percentile(total, 90)),
+            **{name: float(v) for name, v in zip(STEPS, np.median(steps, axis=0))},
+            "client cpu": client_cpu / ATTACH_PER_BLOCK, "arbiter cpu": arbiter_cpu / ATTACH_PER_BLOCK}
+
+
+def test_attach(benchmark, warm):
+    pipe_dir, keeper, arbiter_pid = warm
+    for _ in range(WARMUP):
+        attach_once(pipe_dir)
+        private_first_dispatch()
+    values = benchmark.pedantic(interleave, args=({
+        "arbiter": lambda: attach_block(pipe_dir, arbiter_pid),
+        "private": lambda: float(np.median([private_first_dispatch() for _ in range(PRIVATE_PER_BLOCK)]))},),
+        rounds=1)
     assert keeper.stats()["completed"] >= 1  # the keeper outlived every attach
-    arbiter = percentiles("arbiter", benchmark.stats.stats.data)
-    steps = np.median([held["steps"] for held in rounds[WARMUP:] if "steps" in held], axis=0)
-    if "private" in RESULTS:
-        private = RESULTS["private"]
-        report_ratio(f"4. attach, connect() to first completed dispatch: arbiter {arbiter[0] * 1e3:.2f} ms "
-                     f"(p90 {arbiter[1] * 1e3:.2f}, target <= 1 ms) vs private device {private[0] * 1e3:.2f} ms "
-                     f"(p90 {private[1] * 1e3:.2f}) = {arbiter[0] / private[0]:.3f}x")
-    cycles = ATTACH_ROUNDS + WARMUP
-    report_ratio(f"4. attach CPU per attach and close: client {client_cpu / cycles * 1e3:.2f} ms, arbiter "
-                 f"{arbiter_cpu / cycles * 1e3:.2f} ms (its 10 ms ticks over {cycles} cycles); on 2 cores a cycle "
-                 f"cannot take less than half their sum, {(client_cpu + arbiter_cpu) / cycles / 2 * 1e3:.2f} ms")
-    report_ratio("4. attach steps through the arbiter (medians): " + ", ".join(
-        f"{name} {s * 1e3:.2f} ms" for name, s in zip(("connect", "load_program", "2x array", "dispatch+wait"),
-                                                       steps)))
+    arbiter, private = values["arbiter"], values["private"]
+    method = (f"connect() to the first completed dispatch through a warm daemon (load saxpy, two 64-float arrays, "
+              f"dispatch, wait), {ATTACH_PER_BLOCK} per block, against a private device from Device() to its first "
+              f"completed dispatch, {PRIVATE_PER_BLOCK} per block, alternated ABBA; block values are medians")
+    record("4. attach through a daemon, connect() to first completed dispatch", pick(arbiter, "p50"), "ms",
+           target=at_most(1.0), scale=1e3, method=method)
+    record("4. attach through a daemon, p90", pick(arbiter, "p90"), "ms", scale=1e3, method=method)
+    record("4. private device, Device() to first completed dispatch", private, "ms", scale=1e3, method=method)
+    ratio("4. attach, daemon / private device", pick(arbiter, "p50"), private, names=("daemon", "private"),
+          side_unit="ms", side_scale=1e3, method=method)
+    for step in STEPS:
+        record(f"4. attach step: {step}", pick(arbiter, step), "ms", scale=1e3, method=method)
+    for who in ("client", "arbiter"):
+        record(f"4. attach CPU per attach and close: {who}", pick(arbiter, f"{who} cpu"), "ms", scale=1e3,
+               method=method + "; CPU time over the block's cycles (the arbiter's utime + stime, 10 ms ticks)")
+    floor = (np.median(pick(arbiter, "client cpu")) + np.median(pick(arbiter, "arbiter cpu"))) / 2
+    note(f"4. on 2 cores an attach-and-close cycle cannot take less than half the CPU both sides spend on it: "
+         f"{floor * 1e3:.2f} ms")
 
 
 BURST_WORKER = """
@@ -286,81 +289,98 @@ def burst(pipe_dir: Path, keeper, how: str, benchmark=None) -> dict:
     return result
 
 
-def burst_figures(result: dict) -> str:
-    attached, errors = result["attached"], result["errors"]
-    text = (f"last attached {attached[-1] * 1e3:.0f} ms after go, median {np.median(attached) * 1e3:.0f} ms"
-            if attached else "none attached")
-    if errors:
-        text += f", {len(errors)} FAILED to connect (first: {errors[0]})"
-    return text
-
-
-def test_attach_burst(benchmark, warm, report_ratio):
+def test_attach_burst(benchmark, warm):
     pipe_dir, keeper, _ = warm
     n = BURST_WORKERS * BURST_SESSIONS
-    sequential = burst(pipe_dir, keeper, "sequential")
-    threads = burst(pipe_dir, keeper, "threads", benchmark)
-    report_ratio(f"4. burst of {n} sessions, {BURST_WORKERS} processes x {BURST_SESSIONS} threads: "
-                 f"{burst_figures(threads)} (target: all in < 1000 ms); {BURST_SESSIONS} one after another "
-                 f"per process: {burst_figures(sequential)}")
-    for result in (threads, sequential):
+    values = benchmark.pedantic(interleave, args=({how: (lambda h=how: burst(pipe_dir, keeper, h))
+                                                   for how in ("threads", "sequential")},), rounds=1)
+    for result in values["threads"] + values["sequential"]:
         assert not result["errors"], f"{len(result['errors'])} of {n} sessions failed: {result['errors'][0]}"
         assert len(result["attached"]) == n
         assert result["clients"] >= n, f"the arbiter counted {result['clients']} of {n} clients attached"
+    method = (f"{BURST_WORKERS} processes, each with {BURST_SESSIONS} threads that call connect() at once on "
+              f"\"go\", against the same processes connecting their {BURST_SESSIONS} sessions one after another; "
+              "from \"go\" to the last session attached, one burst of each per block, alternated")
+    record(f"4. burst of {n} sessions connecting at once: last attached", [r["attached"][-1] for r in
+                                                                           values["threads"]], "ms",
+           target=below(1000), scale=1e3, method=method)
+    record(f"4. {n} sessions, {BURST_SESSIONS} one after another per process: last attached",
+           [r["attached"][-1] for r in values["sequential"]], "ms", scale=1e3, method=method)
 
 
 # ---------------------------------------------------------------- 5. idle CPU
 
-def run_seconds(pid: int) -> float:
-    """On-CPU time of the threads of ``pid`` alive now (/proc/PID/task/*/schedstat, nanoseconds)."""
-    total = 0
+def thread_run_ns(pid: int) -> dict[int, int]:
+    """On-CPU nanoseconds of each thread of ``pid`` alive now (/proc/PID/task/*/schedstat)."""
+    times = {}
     for path in Path(f"/proc/{pid}/task").glob("*/schedstat"):
         try:
-            total += int(path.read_text().split()[0])
+            times[int(path.parent.name)] = int(path.read_text().split()[0])
         except (OSError, IndexError, ValueError):
             pass  # a thread that just ended
-    return total / 1e9
+    return times
 
 
-def idle_percent(pid: int, seconds: float = IDLE_SECONDS) -> tuple[float, float]:
-    """Percent of one core over ``seconds``: from utime+stime (10 ms ticks), and from schedstat."""
-    before, run_before = cpu_seconds(pid), run_seconds(pid)
-    time.sleep(seconds)
-    return (100.0 * (cpu_seconds(pid) - before) / seconds, 100.0 * (run_seconds(pid) - run_before) / seconds)
+def run_since(pid: int, before: dict[int, int]) -> float:
+    """Seconds on CPU since ``before`` (a ``thread_run_ns``) of the threads of ``pid`` alive now: a
+    thread started since counts whole, one that ended since is left out (never a negative time)."""
+    return sum(ns - before.get(tid, 0) for tid, ns in thread_run_ns(pid).items()) / 1e9
 
 
-IDLE_CLIENTS = 256
+class Idle:
+    """The daemon of 5 and the idle clients it holds: ``window(n)`` has ``n`` clients attached (each
+    ran one dispatch), then measures the arbiter's CPU over IDLE_SECONDS."""
 
+    def __init__(self, pid: int, pipe_dir: Path):
+        self.pid, self.pipe_dir, self.sessions = pid, pipe_dir, []
+        self.ticks = 0.0  # utime + stime over every window, seconds
+        self.seconds = 0.0
 
-def test_idle_arbiter_cpu(benchmark, tmp_path_factory, report_ratio):
-    process, pipe_dir = start_daemon(tmp_path_factory.mktemp("idle"), "--max-clients", str(IDLE_CLIENTS + 8))
-    try:
-        time.sleep(1.0)  # start-up done
-        alone = idle_percent(process.pid)
-        with libshare.connect(mode="daemon", pipe_directory=pipe_dir, name="idle") as session:
-            program = session.load_program(SAXPY)
+    def attach(self, count: int) -> None:
+        while len(self.sessions) > count:
+            self.sessions.pop().close()
+        while len(self.sessions) < count:
+            session = libshare.connect(mode="daemon", pipe_directory=self.pipe_dir, name=f"idle{len(self.sessions)}")
+            self.sessions.append(session)
             x, y = session.array(64), session.array(64)
             x[:], y[:] = 1.0, 2.0
-            session.dispatch(program, 1, [x, y], PUSH).wait(10)
+            session.dispatch(session.load_program(SAXPY), 1, [x, y], PUSH).wait(10)
             assert np.all(y == 3.0)
-            time.sleep(0.5)  # the dispatch retired, the drain thread asleep
-            with_client = benchmark.pedantic(idle_percent, args=(process.pid,), rounds=1)
-            assert session.stats()["completed"] == 1  # still attached, and it was idle
-        many = [libshare.connect(mode="daemon", pipe_directory=pipe_dir, name=f"idle{i}")
-                for i in range(IDLE_CLIENTS)]
-        try:
-            for other in many:  # each has run a dispatch, and now waits
-                other.dispatch(other.load_program(SAXPY), 1, [other.array(64), other.array(64)], PUSH).wait(10)
-            time.sleep(0.5)
-            with_many = idle_percent(process.pid)
-        finally:
-            for other in many:
-                other.close()
+
+    def window(self, count: int) -> float:
+        """Percent of one core that the arbiter's threads ran over IDLE_SECONDS with ``count`` idle clients."""
+        self.attach(count)
+        time.sleep(1.0)  # the dispatches retired, closed clients reclaimed, the drain thread asleep
+        before, run_before, begun = cpu_seconds(self.pid), thread_run_ns(self.pid), time.monotonic()
+        time.sleep(IDLE_SECONDS)
+        ran, elapsed = run_since(self.pid, run_before), time.monotonic() - begun
+        self.ticks += cpu_seconds(self.pid) - before
+        self.seconds += elapsed
+        assert all(s.stats()["completed"] == 1 for s in self.sessions)  # still attached, and idle
+        return 100.0 * ran / elapsed
+
+    def close(self) -> None:
+        self.attach(0)
+
+
+def test_idle_arbiter_cpu(benchmark, tmp_path_factory):
+    process, pipe_dir = start_daemon(tmp_path_factory.mktemp("idle"), "--max-clients", str(IDLE_CLIENTS + 8))
+    idle = Idle(process.pid, pipe_dir)
+    try:
+        time.sleep(1.0)  # start-up done
+        conditions = {"no client": 0, "one idle client": 1, f"{IDLE_CLIENTS} idle clients": IDLE_CLIENTS}
+        values = benchmark.pedantic(interleave, args=({name: (lambda n=n: idle.window(n))
+                                                       for name, n in conditions.items()},), rounds=1)
+        idle.close()
         assert process.poll() is None, "the arbiter exited while idle"
     finally:
+        idle.close()
         stop_process(process)
-    tick = 100.0 / os.sysconf("SC_CLK_TCK") / IDLE_SECONDS
-    report_ratio(f"5. idle arbiter CPU over {IDLE_SECONDS:.0f} s, utime+stime (resolution {tick:.2f}%): "
-                 f"one idle client {with_client[0]:.2f}% of one core, {IDLE_CLIENTS} idle clients "
-                 f"{with_many[0]:.2f}%, no client {alone[0]:.2f}% (target < 0.5%); "
-                 f"schedstat: {with_client[1]:.3f}%, {with_many[1]:.3f}% and {alone[1]:.3f}%")
+    method = (f"a fresh daemon with default settings; the run time of its threads (schedstat) over {IDLE_SECONDS:g} s "
+              f"with no client, with one client that ran one dispatch and stays idle, and with {IDLE_CLIENTS} such "
+              "clients, in rotated order each block")
+    for name in conditions:
+        record(f"5. idle arbiter CPU, {name}", values[name], "%", target=below(0.5), method=method)
+    tick = 100.0 / os.sysconf("SC_CLK_TCK") / idle.seconds
+    note(f"5. idle arbiter CPU by utime + stime over all {idle.seconds:.0f} s of windows together: "
+         f"{100.0 * idle.ticks / idle.seconds:.2f}% of one core (resolution {tick:.2f}%)")

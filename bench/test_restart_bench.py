@@ -1,31 +1,35 @@
 """Surviving the arbiter: the control daemon's warm standby, live restart, and what supervising
-costs, each in one run; figures in the summary.
+costs; figures in the summary.
+
+Every figure comes from blocks (bench/_compare.py: ``LIBSHARE_BENCH_BLOCKS``, 5 by default) and is
+printed as the median over blocks with its range: a block is one kill (R1), one restart (R2), or
+one ABBA pair of runs on the two arbiters (R3).
 
 R1. SIGKILL to first dispatch: 4 clients stream checked dispatches
     (tests/arbiter/_streaming_client.py) through an arbiter under the control daemon
-    (``libshare-control -d``); the bench SIGKILLs the serving arbiter 8 times, each time once
-    control.log shows a new standby (" stands by"), so that every kill meets a warm one. For each
-    client and kill, the time from the kill to that client's first successful dispatch on the new
-    arbiter (``time.monotonic`` is system-wide: the clients' timestamps compare with the bench's).
-    Targets: <= 1 s at the median, <= 2 s worst. Beside it, the tickets that failed with
-    ArbiterRestarted after each kill (work in flight at the kill).
+    (``libshare-control -d``); the bench SIGKILLs the serving arbiter once per block, each time
+    once control.log shows a new standby (" stands by"), so that every kill meets a warm one. For
+    each client and kill, the time from the kill to that client's first successful dispatch on the
+    new arbiter (``time.monotonic`` is system-wide: the clients' timestamps compare with the
+    bench's). A kill's values: the median over the clients, target <= 1 s, and the slowest
+    client, target <= 2 s. Beside it, the tickets that failed with ArbiterRestarted after each
+    kill (work in flight at the kill).
 R2. restart pause: 4 clients (bench/_restart_workers.py ``gaps``, the same stream) while
-    ``libshare-control restart`` replaces the arbiter, 3 times; for each client and restart, the
-    longest gap between two consecutive successful completions in a window from just before the
-    restart to after every client succeeded on the new arbiter and the old one exited. Target
-    <= 500 ms. Beside it, where the longest gap lies after the ``restart`` command, the gap that
-    ended with each client's first success on the new arbiter (the hand-over itself; the longest
-    gap can lie elsewhere, e.g. while the fresh arbiter starts on the same 2 cores), and the
-    errors the clients saw (a restart should cost none).
+    ``libshare-control restart`` replaces the arbiter, once per block; for each restart, the
+    longest gap between two consecutive successful completions of any client in a window from
+    just before the restart to after every client succeeded on the new arbiter and the old one
+    exited. Target <= 500 ms. Beside it, the gap that ended with each client's first success on
+    the new arbiter (the hand-over itself; the longest gap can lie elsewhere, e.g. while the fresh
+    arbiter starts on the same 2 cores), and the errors the clients saw (a restart should cost
+    none).
 R3. supervision cost: tiny round trip (64-float saxpy, one workgroup, wait each) through an
     arbiter under the control daemon vs one started plainly (``python -m libshare.arbiter``),
-    both with the options the control daemon gives its arbiters (``--quiet``, defaults otherwise),
-    in interleaved blocks whose order alternates; the ratio of medians, and the median of the
-    ratios of adjacent blocks. Both arbiters' threads are pinned to one CPU and the bench's
-    thread to another while it measures: unpinned, a round trip takes about 30 us or 60 us
-    depending on whether the client and the engine thread share a core, the scheduler keeps
-    that placement for long stretches, and two identical plain arbiters then differ by up to 40%
-    on this 2-core machine (pinned, by under 1%).
+    both with the options the control daemon gives its arbiters (``--quiet``, defaults otherwise);
+    a block is ``COST_TURNS`` turns of ``COST_PER_TURN`` round trips on each, the order reversed
+    every turn (ABBA); the ratio of the block medians. Both arbiters' threads are pinned to one
+    CPU and the bench's thread to another while it measures: unpinned, a round trip takes about
+    30 us or 60 us depending on whether the client and the engine thread share a core, and the
+    scheduler keeps that placement for long stretches.
 
 Every process started here is stopped at the end, on failure too: clients are told to finish
 (then killed), each control daemon is told to quit (then signalled), and every arbiter its
@@ -48,15 +52,14 @@ from pathlib import Path
 import numpy as np
 
 import libshare
+from bench._compare import at_most, blocks, interleave, pick, ratio, record
 from libshare._proc import running
 from tests.arbiter.conftest import wait_until
 from tests.arbiter.test_reattach import Client, Daemon, exited
 from tests.conftest import ROOT, stop_process, vulkan_device_name  # noqa: F401  (a fixture: skips without Vulkan)
 
 CLIENTS = 4
-KILLS = 8
-RESTARTS = 3
-COST_CYCLES, COST_BLOCK = 500, 25  # R3: 500 cycles of a block on each arbiter, 12,500 round trips each
+COST_TURNS, COST_PER_TURN = 100, 25  # R3: 2,500 round trips on each arbiter per block
 COST_WARMUP = 200
 PUSH = struct.pack("If", 64, 1.0)
 
@@ -169,47 +172,50 @@ def ms(seconds: float) -> str:
 
 # ---------------------------------------------------------------- R1. SIGKILL to first dispatch
 
-def kill_series(daemon: Daemon, clients: list[Client]) -> list[tuple[float, int]]:
-    """KILLS SIGKILLs of the serving arbiter, each once a warm standby waits; (kill time, new arbiter) per kill."""
+def kill_series(daemon: Daemon, clients: list[Client], kills: int) -> list[tuple[float, int]]:
+    """``kills`` SIGKILLs of the serving arbiter, each once a warm standby waits; (kill time, new arbiter) per kill."""
     def kill_it(old: int) -> float:
         t_kill = time.monotonic()
         os.kill(old, signal.SIGKILL)
         return t_kill
 
-    kills = []
-    for kill in range(KILLS):
+    out = []
+    for kill in range(kills):
         t_kill, _, new = replace_arbiter(daemon, clients, kill + 1, kill_it, 60)
-        kills.append((t_kill, new))
-    return kills
+        out.append((t_kill, new))
+    return out
 
 
-def test_sigkill_to_first_dispatch(benchmark, tmp_path, vulkan_device_name, report_ratio):
+def test_sigkill_to_first_dispatch(benchmark, tmp_path, vulkan_device_name):
+    kills = blocks()
     with control_daemon(tmp_path / "kill") as daemon, streaming(daemon, Client) as clients:
-        kills = benchmark.pedantic(kill_series, args=(daemon, clients), rounds=1)
+        series = benchmark.pedantic(kill_series, args=(daemon, clients, kills), rounds=1)
         ends = [c.finish() for c in clients]
     for end in ends:  # every client came back after every kill, on the same arrays, with every result right
-        assert end["event"] == "end" and end["same_arrays"] and end["reattached"] == KILLS, end
-    assert (daemon.pipe / "control.log").read_text().count("was killed by SIGKILL") == KILLS
+        assert end["event"] == "end" and end["same_arrays"] and end["reattached"] == kills, end
+    assert (daemon.pipe / "control.log").read_text().count("was killed by SIGKILL") == kills
     latencies, failed = [], []
-    for k, (t_kill, new) in enumerate(kills):
-        t_next = kills[k + 1][0] if k + 1 < len(kills) else float("inf")
-        for client in clients:
-            latencies.append(next(e["t"] for e in client.events if e["event"] == "ok" and e["arbiter"] == new) - t_kill)
+    for k, (t_kill, new) in enumerate(series):
+        t_next = series[k + 1][0] if k + 1 < len(series) else float("inf")
+        latencies.append([next(e["t"] for e in c.events if e["event"] == "ok" and e["arbiter"] == new) - t_kill
+                          for c in clients])
         failed.append(sum(e["tickets"] for c in clients for e in c.events
                           if e["event"] == "restarted" and t_kill <= e["t"] < t_next))
-    worst_per_kill = [max(latencies[k * CLIENTS:(k + 1) * CLIENTS]) for k in range(KILLS)]
-    report_ratio(f"R1. SIGKILL to first successful dispatch, {CLIENTS} reattaching clients x {KILLS} kills "
-                 f"(each meets a warm standby): median {ms(np.median(latencies))}, p90 "
-                 f"{ms(np.percentile(latencies, 90))}, worst {ms(max(latencies))} (targets: median <= 1 s, "
-                 f"worst <= 2 s); worst per kill {', '.join(ms(w) for w in worst_per_kill)}")
-    report_ratio(f"R1. tickets failed with ArbiterRestarted per kill (all clients): {failed} "
-                 f"(total {sum(failed)})")
+    method = (f"{CLIENTS} clients streaming checked dispatches through an arbiter under the control daemon; one "
+              "SIGKILL of the serving arbiter per block, once a warm standby waits; from the kill to each client's "
+              "first successful dispatch on the new arbiter")
+    record("R1. arbiter SIGKILL to a client's first dispatch on the new one, median of the clients",
+           [np.median(k) for k in latencies], "ms", target=at_most(1000), scale=1e3, method=method)
+    record("R1. arbiter SIGKILL to a client's first dispatch on the new one, slowest client",
+           [max(k) for k in latencies], "ms", target=at_most(2000), scale=1e3, method=method,
+           detail=f"slowest of all kills {max(map(max, latencies)) * 1e3:.0f} ms")
+    record("R1. tickets failed with ArbiterRestarted per kill, all clients", failed, "", method=method)
 
 
 # ---------------------------------------------------------------- R2. restart pause
 
-def restart_series(daemon: Daemon, clients: list[GapClient]) -> list[tuple[float, list[dict]]]:
-    """RESTARTS restarts, each once a standby waits; (restart time, each client's window) per restart."""
+def restart_series(daemon: Daemon, clients: list[GapClient], restarts: int) -> list[tuple[float, list[dict]]]:
+    """``restarts`` restarts, each once a standby waits; (restart time, each client's window) per restart."""
     def restart_it(old: int) -> float:
         for client in clients:
             client.window()  # the window opens here
@@ -217,53 +223,41 @@ def restart_series(daemon: Daemon, clients: list[GapClient]) -> list[tuple[float
         assert "hands over" in daemon.run("restart")
         return t_restart
 
-    restarts = []
-    for restart in range(RESTARTS):
+    out = []
+    for restart in range(restarts):
         t_restart, old, new = replace_arbiter(daemon, clients, restart + 1, restart_it, 120)
         assert exited(old, 60), f"arbiter {old} did not exit after handing over"
-        restarts.append((t_restart, [client.window() for client in clients]))
+        out.append((t_restart, [client.window() for client in clients]))
         wait_until(lambda: f"arbiter pid {old} handed over and exited with status 0" in daemon.log(), 60,
                    f"the control daemon to see arbiter {old} hand over")
-    return restarts
+    return out
 
 
-def test_restart_pause(benchmark, tmp_path, vulkan_device_name, report_ratio):
+def test_restart_pause(benchmark, tmp_path, vulkan_device_name):
+    restarts = blocks()
     with control_daemon(tmp_path / "restart") as daemon, streaming(daemon, GapClient) as clients:
-        restarts = benchmark.pedantic(restart_series, args=(daemon, clients), rounds=1)
+        series = benchmark.pedantic(restart_series, args=(daemon, clients, restarts), rounds=1)
         ends = [c.finish() for c in clients]
     for end in ends:  # every client came back after every restart, on the same arrays, with every result right
-        assert end["event"] == "end" and end["same_arrays"] and end["reattached"] == RESTARTS, end
-    gaps = [w["max_gap"] for _, windows in restarts for w in windows]
-    switches = [w["switch_gap"] for _, windows in restarts for w in windows]
-    worst = [max(windows, key=lambda w: w["max_gap"]) for _, windows in restarts]
-    errors = [sum(w["errors"] for w in windows) for _, windows in restarts]
-    report_ratio(f"R2. restart pause, longest gap between successes per client, {CLIENTS} clients x {RESTARTS} "
-                 f"restarts: median {ms(np.median(gaps))}, worst {ms(max(gaps))} (target <= 500 ms); worst per "
-                 f"restart " + ", ".join(f"{ms(w['max_gap'])} (+{ms(w['gap_from'] - t)} to +{ms(w['gap_to'] - t)} "
-                                         f"after the command)" for (t, _), w in zip(restarts, worst)))
-    report_ratio(f"R2. the gap that ended with each client's first success on the new arbiter: median "
-                 f"{ms(np.median(switches))}, worst {ms(max(switches))}; errors clients saw per restart: {errors} "
-                 f"(expected 0); successes per window: {[sum(w['ok'] for w in ws) for _, ws in restarts]}")
+        assert end["event"] == "end" and end["same_arrays"] and end["reattached"] == restarts, end
+    method = (f"{CLIENTS} clients streaming checked dispatches while `libshare-control restart` replaces the "
+              "arbiter, one restart per block; gaps between a client's consecutive successful completions in a "
+              "window from just before the restart to after every client succeeded on the new arbiter")
+    worst = [max(windows, key=lambda w: w["max_gap"]) for _, windows in series]
+    record("R2. restart: longest pause between a client's successes", [w["max_gap"] for w in worst], "ms",
+           target=at_most(500), scale=1e3, method=method,
+           detail="worst per restart " + ", ".join(f"{ms(w['max_gap'])} (+{ms(w['gap_from'] - t)} to "
+                                                   f"+{ms(w['gap_to'] - t)} after the command)"
+                                                   for (t, _), w in zip(series, worst)))
+    record("R2. restart: the gap ending with a client's first success on the new arbiter, median of the clients",
+           [np.median([w["switch_gap"] for w in windows]) for _, windows in series], "ms", scale=1e3,
+           method=method)
+    record("R2. restart: errors the clients saw", [sum(w["errors"] for w in windows) for _, windows in series], "",
+           target=at_most(0), method=method,
+           detail=f"successes per window {[sum(w['ok'] for w in ws) for _, ws in series]}")
 
 
 # ---------------------------------------------------------------- R3. supervision cost
-
-def interleave(sides: dict) -> dict[str, list[float]]:
-    """Blocks of round trips on each arbiter in turn, the order reversed every cycle (ABBA), so that
-    drift and the machine's noise fall on both alike. Blocks, not single round trips: an arbiter
-    looks for its client's next descriptor for a moment before it sleeps, and that look would take
-    the core the other arbiter needs."""
-    samples: dict[str, list[float]] = {name: [] for name in sides}
-    names = list(sides)
-    for cycle in range(COST_CYCLES):
-        for name in names if cycle % 2 == 0 else names[::-1]:
-            once, out = sides[name], samples[name]
-            for _ in range(COST_BLOCK):
-                t0 = time.perf_counter()
-                once()
-                out.append(time.perf_counter() - t0)
-    return samples
-
 
 @contextlib.contextmanager
 def pinned(arbiters: list[int]):
@@ -284,7 +278,21 @@ def pinned(arbiters: list[int]):
         os.sched_setaffinity(0, allowed)
 
 
-def test_supervision_cost(benchmark, tmp_path, vulkan_device_name, report_ratio):
+def timed(once, count: int) -> list[float]:
+    out = []
+    for _ in range(count):
+        t0 = time.perf_counter()
+        once()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def p50_p90(results: list) -> dict:
+    samples = np.concatenate(results)
+    return {"p50": float(np.percentile(samples, 50)), "p90": float(np.percentile(samples, 90))}
+
+
+def test_supervision_cost(benchmark, tmp_path, vulkan_device_name):
     with contextlib.ExitStack() as stack:
         plain = stack.enter_context(plain_arbiter(tmp_path / "plain"))
         daemon = stack.enter_context(control_daemon(tmp_path / "supervised"))
@@ -305,12 +313,14 @@ def test_supervision_cost(benchmark, tmp_path, vulkan_device_name, report_ratio)
                 once()
         for y in results:
             assert np.all(y == COST_WARMUP), "the round trip computed a wrong saxpy"
-        samples = benchmark.pedantic(interleave, args=(sides,), rounds=1)
-    plain_s, supervised_s = (np.asarray(samples[name]) for name in ("plain", "supervised"))
-    blocks = [np.median(supervised_s[i:i + COST_BLOCK]) / np.median(plain_s[i:i + COST_BLOCK])
-              for i in range(0, len(plain_s), COST_BLOCK)]
-    report_ratio(f"R3. supervision cost, tiny round trip median, under the control daemon / plain (interleaved "
-                 f"blocks): {np.median(supervised_s) / np.median(plain_s):.3f}x (target <= 1.02); median of "
-                 f"per-block ratios {np.median(blocks):.3f}x; plain {np.median(plain_s) * 1e6:.1f} us, supervised "
-                 f"{np.median(supervised_s) * 1e6:.1f} us; p90 plain {np.percentile(plain_s, 90) * 1e6:.1f} us, "
-                 f"supervised {np.percentile(supervised_s, 90) * 1e6:.1f} us ({len(plain_s)} each; {placement})")
+        values = benchmark.pedantic(interleave, args=({name: (lambda o=once: timed(o, COST_PER_TURN))
+                                                       for name, once in sides.items()},),
+                                    kwargs={"turns": COST_TURNS, "reduce": p50_p90}, rounds=1)
+    plain_, supervised = values["plain"], values["supervised"]
+    ratio("R3. supervision cost, tiny round trip median, under the control daemon / plain",
+          pick(supervised, "p50"), pick(plain_, "p50"), target=at_most(1.02), names=("supervised", "plain"),
+          detail=f"p90 supervised {np.median(pick(supervised, 'p90')) * 1e6:.1f} us, plain "
+                 f"{np.median(pick(plain_, 'p90')) * 1e6:.1f} us; {placement}",
+          method=f"tiny round trips through an arbiter under the control daemon and a plain one, both pinned to one "
+                 f"CPU and the bench to another; {COST_TURNS} turns of {COST_PER_TURN} on each per block, the order "
+                 "reversed every turn (ABBA); the ratio of the block medians")

@@ -9,8 +9,8 @@
  *   c_pipelined      per dispatch, 100 dispatches then ls_wait_idle
  *   c_stats          ls_stats: a control request served by the embedded Python
  *   c_alloc_free     ls_alloc + ls_free_buffer of a shared page: two control requests
- *   libshare_round_trip SAXPY_SPV --for SECONDS   after set-up prints "ready", waits for a
- *                    line on stdin, then does round trips for SECONDS; prints their rate per second
+ *   libshare_round_trip SAXPY_SPV --for SECONDS   after set-up prints "ready"; for each line
+ *                    on stdin does round trips for SECONDS and prints their rate per second
  */
 #include "timing.h"
 

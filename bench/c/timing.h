@@ -1,8 +1,9 @@
 /*
  * Shared by the C round-trip benchmarks: time ROUNDS batches of an operation
  * and print the median nanoseconds per operation as "NAME NS"; or, given
- * "--for SECONDS" after the shader's path, run it for a while on a signal
- * (bench_for) so that several processes can be started together.
+ * "--for SECONDS" after the shader's path, run it for a while each time a line
+ * comes on stdin (bench_for), so that several processes can be started
+ * together, and run window after window.
  */
 #ifndef LIBSHARE_BENCH_TIMING_H
 #define LIBSHARE_BENCH_TIMING_H
@@ -52,24 +53,24 @@ static double bench_for_seconds(int argc, char **argv)
 }
 
 /*
- * Print "ready", wait for a line on stdin (the release of all the processes at
- * once), then run op(arg) one call after another for the given seconds; print
- * the calls per second of elapsed time.
+ * Print "ready", then for each line on stdin (the release of all the processes
+ * at once) run op(arg) one call after another for the given seconds and print
+ * the calls per second of elapsed time; return at the end of stdin.
  */
 static int bench_for(const char *name, double seconds, int (*op)(void *), void *arg)
 {
     char line[64];
     printf("ready\n");
     fflush(stdout);
-    if (!fgets(line, sizeof line, stdin))
-        return fprintf(stderr, "%s: no start line on stdin\n", name), 1;
-    long count = 0;
-    double start = bench_now(), now = start, end = start + seconds * 1e9;
-    for (; now < end; now = bench_now(), count++)
-        if (op(arg) != 0)
-            return fprintf(stderr, "%s failed\n", name), 1;
-    printf("%.1f\n", count / ((now - start) / 1e9));
-    fflush(stdout);
+    while (fgets(line, sizeof line, stdin)) {
+        long count = 0;
+        double start = bench_now(), now = start, end = start + seconds * 1e9;
+        for (; now < end; now = bench_now(), count++)
+            if (op(arg) != 0)
+                return fprintf(stderr, "%s failed\n", name), 1;
+        printf("%.1f\n", count / ((now - start) / 1e9));
+        fflush(stdout);
+    }
     return 0;
 }
 

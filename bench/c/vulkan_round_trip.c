@@ -4,9 +4,9 @@
  * on with a fence, again and again, in one process with no arbiter.
  *
  *   vulkan_round_trip SAXPY_SPV                 prints "vulkan_round_trip NS"
- *   vulkan_round_trip SAXPY_SPV --for SECONDS   after set-up prints "ready", waits for a line
- *                                               on stdin, then does round trips for SECONDS;
- *                                               prints their rate per second
+ *   vulkan_round_trip SAXPY_SPV --for SECONDS   after set-up prints "ready"; for each line on
+ *                                               stdin does round trips for SECONDS and prints
+ *                                               their rate per second
  */
 #include "timing.h"
 
