@@ -17,6 +17,7 @@ from libshare.errors import ArbiterRestarted
 from libshare.errors import BufferLost
 from libshare.errors import ArbiterUnavailable
 from libshare.errors import ClientTerminated
+from libshare.errors import ConfigError
 from libshare.errors import InvalidSubmission
 from libshare.errors import LibshareError
 from libshare.errors import ProtocolError
@@ -49,6 +50,7 @@ __all__ = [
     "BufferLost",
     "ArbiterUnavailable",
     "ClientTerminated",
+    "ConfigError",
     "InvalidSubmission",
     "LibshareError",
     "ProtocolError",

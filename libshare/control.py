@@ -188,8 +188,12 @@ def _start_daemon(options: Options, timeout: float) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``libshare-control``; returns the exit status (non-zero if anything failed)."""
-    args = _parser().parse_args(argv)
-    options = Options.from_args(args)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        options = Options.from_args(args)
+    except ValueError as exc:  # a bad LIBSHARE_* setting, named in the message
+        parser.error(str(exc))
     if (args.daemon or args.foreground) and args.command:
         _error(f"-d and -f take no command (got {shlex.join(args.command)!r}); run commands separately")
         return 2

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from libshare.protocol import paths as _config, wire as protocol
-from libshare import connect, workloads
+from libshare import connect, settings, workloads
 
 
 def client_main(kernel: str, pipe_dir: str, seconds: float, seed: int) -> None:
@@ -100,7 +100,7 @@ def run_demo(clients: int, seconds: float, pipe_directory: str | None = None) ->
     from libshare.arbiter import Arbiter
 
     with tempfile.TemporaryDirectory(prefix="libshare-demo-") as private:
-        arbiter = Arbiter(max_clients=max(clients, 48))
+        arbiter = Arbiter(max_clients=max(clients, settings.default("max_clients")))
         try:
             arbiter.serve(_config.socket_path(Path(private)))
             reports = _collect(_start_clients(clients, Path(private), seconds), seconds)

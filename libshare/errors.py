@@ -42,6 +42,7 @@ __all__ = [
     "VulkanUnavailable",
     "AlreadyServing",
     "StartFailed",
+    "ConfigError",
 ]
 
 
@@ -133,6 +134,11 @@ class AlreadyServing(LibshareError):
 
 class StartFailed(LibshareError):
     """A background arbiter exited, or did not become ACTIVE, before it could serve."""
+
+
+class ConfigError(InvalidSubmission):
+    """The operator's configuration file (``--config``) cannot be used: its line (where known) and
+    the reason. Nothing of it was applied."""
 
 
 class Code(NamedTuple):

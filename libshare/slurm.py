@@ -51,7 +51,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from libshare import manager
+from libshare import manager, settings as _settings
 from libshare.protocol.control import ControlConnection, decimal
 from libshare._proc import running  # a prolog's child is reparented to init, which may never reap it
 from libshare.manager import _server_pid
@@ -144,13 +144,16 @@ class _Settings:
 
     @classmethod
     def from_environment(cls, env=os.environ) -> _Settings:
-        scontrol = env.get("LIBSHARE_SLURM_SCONTROL") or shutil.which(
+        def setting(name: str):
+            return _settings.value(name, env=env)
+
+        scontrol = setting("slurm_scontrol") or shutil.which(
             "scontrol", path=env.get("PATH", "") + os.pathsep + "/usr/bin:/usr/local/bin") or "scontrol"
-        return cls(Path(env.get("LIBSHARE_PIPE_DIRECTORY") or "/run/libshare"),
-                   Path(env.get("LIBSHARE_LOG_DIRECTORY") or "/var/log/libshare"),
-                   env.get("LIBSHARE_DEVICE") or None, Path(env.get("LIBSHARE_SLURM_STATE") or "/run/libshare-slurm"),
-                   env.get("LIBSHARE_SLURM_GRES") or "libshare", int(env.get("LIBSHARE_SLURM_SHARES") or 100),
-                   env.get("LIBSHARE_SLURM_MULTI_USER") == "1", scontrol)
+        # a node's arbiter serves every job: its directories default to the system's, not a user's
+        return cls(_settings.configured("pipe_directory", env) or Path("/run/libshare"),
+                   _settings.configured("log_directory", env) or Path("/var/log/libshare"),
+                   setting("device"), setting("slurm_state"), setting("slurm_gres"), setting("slurm_shares"),
+                   setting("slurm_multi_user"), scontrol)
 
 
 class _State:

@@ -17,7 +17,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--supervise", action="store_true",
                         help="run the control daemon, which starts the arbiter and a new one whenever it dies")
     args = parser.parse_args(argv)
-    options = Options.from_args(args)
+    try:
+        options = Options.from_args(args)
+    except ValueError as exc:  # a bad LIBSHARE_* setting, named in the message
+        parser.error(str(exc))
     if args.supervise:
         from libshare.daemon import supervisor  # the control daemon: nothing of the engine or Vulkan
 

@@ -46,7 +46,7 @@ import threading
 from pathlib import Path
 
 from libshare.protocol import paths as _config
-from libshare.arbiter.serve import config as _settings
+from libshare.daemon import config_file as _config_file
 from libshare.daemon.directory import PidLock, prepare_directory, remove_stale_socket
 from libshare.daemon.logs import close_logging as _close_logging, configure_logging
 from libshare.daemon.options import EXIT_CANNOT_START, EXIT_UNRECOVERABLE, Options
@@ -158,7 +158,7 @@ def run(options: Options, echo: bool = True) -> int:
 
 
 def _serve(options: Options, stop: _Stop, hangup: int) -> int:
-    settings = _settings.read(options.config) if options.config is not None else {}  # a bad file: no start
+    settings = _config_file.read(options.config) if options.config is not None else {}  # a bad file: no start
     directory = options.pipe_directory
     prepare_directory(directory, options.multi_user)
     link = SupervisorLink(options.supervisor_fd) if options.supervisor_fd >= 0 else None
@@ -190,7 +190,7 @@ def _serve(options: Options, stop: _Stop, hangup: int) -> int:
         lock.release()
 
 
-def _make_arbiter(options: Options, settings: _settings.Values):
+def _make_arbiter(options: Options, settings: _config_file.Values):
     from libshare.arbiter.serve.server import Arbiter  # imports Vulkan
 
     control_log.info("arbiter pid %d starting on %s%s", os.getpid(), options.pipe_directory,
@@ -210,7 +210,7 @@ def _make_arbiter(options: Options, settings: _settings.Values):
 
 
 def _serve_locked(options: Options, path: Path, stop: _Stop, arbiter, link: SupervisorLink | None,
-                  lock: PidLock, settings: _settings.Values, hangup: int) -> int:
+                  lock: PidLock, settings: _config_file.Values, hangup: int) -> int:
     standby = arbiter is not None
     if not standby:  # only once the lock says this process may serve
         arbiter = _make_arbiter(options, settings)

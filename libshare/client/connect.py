@@ -15,7 +15,7 @@ import os
 import socket
 import threading
 
-from libshare import errors
+from libshare import errors, settings as _settings
 from libshare.client import exchange as _exchange
 from libshare.client.session import Session
 from libshare.protocol import paths as _config
@@ -54,14 +54,14 @@ def connect(name: str | None = None, priority: str | None = None, mode: str | No
     ArbiterRestarted). An embedded arbiter has no second process to fall back on.
     """
     mode = _config.connect_mode(mode)
+    share = _settings.configured("active_thread_percentage")  # may only lower the arbiter's default
     hello = {"op": "hello", "name": name or "", "version": protocol.VERSION,
-             "priority": str(priority or os.environ.get("LIBSHARE_CLIENT_PRIORITY") or ""),  # "": the default
-             "group": group or os.environ.get("LIBSHARE_GROUP") or "",
-             "share": os.environ.get("LIBSHARE_ACTIVE_THREAD_PERCENTAGE") or ""}
-    if os.environ.get("LIBSHARE_DEVICE_MEM_LIMIT", "").strip():  # may only lower the arbiter's limit
-        from libshare.arbiter.policy.limits import parse_device_limits
-
-        hello["mem_limit"] = parse_device_limits(os.environ["LIBSHARE_DEVICE_MEM_LIMIT"])
+             "priority": _settings.value("client_priority", priority or None) or "",  # "": the default
+             "group": _settings.value("group", group or None),
+             "share": "" if share is None else share}
+    mem_limit = _settings.configured("device_mem_limit")  # may only lower the arbiter's limit
+    if mem_limit is not None:
+        hello["mem_limit"] = mem_limit
     sock, embedded, path = None, False, _config.socket_path(_config.pipe_directory(pipe_directory))
     if mode != "embedded":
         sock = protocol.dial(path, timeout)
@@ -78,7 +78,7 @@ def connect(name: str | None = None, priority: str | None = None, mode: str | No
     except BaseException:
         sock.close()
         raise
-    sock.settimeout(_exchange.REQUEST_TIMEOUT)
+    sock.settimeout(_exchange.REPLY_TIMEOUT)
     return Session(sock, welcome, embedded, hello, None if embedded or not reattach else path, timeout)
 
 

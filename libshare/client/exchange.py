@@ -17,11 +17,12 @@ import threading
 from libshare import errors
 from libshare.protocol import wire as protocol
 
-__all__ = ["REQUEST_TIMEOUT", "exchange", "hello"]
+__all__ = ["REPLY_TIMEOUT", "exchange", "hello"]
 
-REQUEST_TIMEOUT = 60.0
-"""Seconds a control request waits for its reply; one the arbiter does not answer in this long fails
-(read when each request is made)."""
+REPLY_TIMEOUT = 60.0
+"""Seconds a client's request waits for its reply; one the arbiter does not answer in this long fails
+(read when each request is made). Not the arbiter's ``request_timeout`` (libshare/settings.py), the
+time a client has to finish sending a request it began."""
 
 _REPLY_SPIN = 200e-6  # seconds a control request polls for its reply before it sleeps
 _polling = threading.Lock()  # held by the one thread of this process that polls for a reply

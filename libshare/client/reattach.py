@@ -145,7 +145,7 @@ class Reattacher:
                 return
             if resend is None:  # a thread stayed inside the old ring: what it ran cannot be told
                 completions.fail_in_flight(errors.error_for("LS_ERESTARTED"))
-            sock.settimeout(_exchange.REQUEST_TIMEOUT)
+            sock.settimeout(_exchange.REPLY_TIMEOUT)
             old = gate.attached
             with gate.lock:
                 gate.attached = Attachment(sock, welcome)

@@ -132,10 +132,10 @@ class Session:
     def _request(self, op: str, payload: bytes = b"", max_fds: int = 0, fds: tuple[int, ...] = (),
                  reply_timeout: float | None = None, **fields) -> protocol.Frame:
         """Send one request and read its reply, which may take ``reply_timeout`` seconds (default
-        exchange.REQUEST_TIMEOUT); the reply, or the arbiter's refusal raised (ArbiterLost when it
+        exchange.REPLY_TIMEOUT); the reply, or the arbiter's refusal raised (ArbiterLost when it
         does not answer in time: the session is lost then)."""
         self._restarts.check_usable()
-        reply_timeout = reply_timeout or _exchange.REQUEST_TIMEOUT
+        reply_timeout = reply_timeout or _exchange.REPLY_TIMEOUT
         gate = self._gate
         with self._request_lock:
             sock = gate.attached.sock

@@ -8,10 +8,10 @@ engine, the device layer or Vulkan.
 from __future__ import annotations
 
 import argparse
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from libshare import settings as _settings
 from libshare.protocol import paths as _config
 
 __all__ = ["Options", "add_arguments", "STDERR_FILE", "EXIT_CANNOT_START", "EXIT_UNRECOVERABLE"]
@@ -33,15 +33,15 @@ class Options:
     pipe_directory: Path
     log_directory: Path
     device: str | None = None
-    max_clients: int | None = None  # None: the configuration file's, else the arbiter's default (48)
-    timestamps: bool = True
-    placement: bool = True  # the engine and the driver's threads on a core of their own (_placement.py)
-    multi_user: bool = False
-    metrics_port: int = 0
-    metrics_address: str = "127.0.0.1"
-    shutdown_timeout: float = 10.0
-    supervisor_fd: int = -1  # the control daemon's link (_supervisor.py), or -1; not in argv()
-    config: Path | None = None  # the operator's configuration file (_settings.py)
+    max_clients: int | None = None  # None: the configuration file's, else the settings table's default
+    timestamps: bool = _settings.default("timestamps")
+    placement: bool = _settings.default("placement")  # the engine and the driver's threads on a core (placement.py)
+    multi_user: bool = _settings.default("multi_user")
+    metrics_port: int = _settings.default("metrics_port")
+    metrics_address: str = _settings.default("metrics_address")
+    shutdown_timeout: float = _settings.default("shutdown_timeout")
+    supervisor_fd: int = _settings.default("supervisor_fd")  # the control daemon's link (supervisor.py); not in argv()
+    config: Path | None = None  # the operator's configuration file (config_file.py)
 
     @classmethod
     def create(cls, pipe_directory=None, log_directory=None, config=None, **fields) -> Options:
@@ -56,7 +56,7 @@ class Options:
         """Options from a namespace parsed by a parser that :func:`add_arguments` filled."""
         return cls.create(args.pipe_directory, args.log_directory, device=args.device,
                           max_clients=args.max_clients, timestamps=not args.no_timestamps,
-                          placement=not args.no_placement and os.environ.get("LIBSHARE_PLACEMENT") != "0",
+                          placement=not args.no_placement and _settings.value("placement"),
                           multi_user=args.multi_user, metrics_port=args.metrics_port,
                           metrics_address=args.metrics_address, shutdown_timeout=args.shutdown_timeout,
                           supervisor_fd=args.supervisor_fd, config=args.config)
@@ -82,46 +82,49 @@ class Options:
         return argv
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1 (got {value})")
-    return value
+def _flag_type(setting: _settings.Setting):
+    """The argparse type of a flag with a value: the setting's parser, its refusal argparse's message."""
+    def parse(text: str):
+        try:
+            return setting.parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    parse.__name__ = setting.name
+    return parse
 
 
-def _port(text: str) -> int:
-    value = int(text)
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"must be a TCP port 0..65535 (got {value})")
-    return value
+def flag_default(setting: _settings.Setting):
+    """What the parser holds for ``setting`` when its flag is not given: False for a switch; None for a
+    setting the environment or the configuration file may give (resolved later, in that order),
+    else the table's default."""
+    if setting.switch:
+        return False
+    return None if setting.env or setting.file_key else setting.fallback()
+
+
+def _flag_help(setting: _settings.Setting) -> str:
+    if setting.who == "internal":
+        return argparse.SUPPRESS
+    if setting.flag_help:
+        return setting.flag_help
+    fallback = setting.describe_default().replace("`", "")
+    if setting.file_key:
+        fallback = f"{setting.file_key} of --config, else {fallback}"
+    if setting.env:
+        fallback = f"{setting.env}, else {fallback}"
+    return f"{setting.meaning.replace('`', '')} (default: {fallback})"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add the arbiter's options (shared by ``python -m libshare.arbiter`` and ``libshare-control``)."""
+    """Add the arbiter's options (shared by ``python -m libshare.arbiter`` and ``libshare-control``):
+    one flag for each row of the settings table that has one, named, parsed, defaulted and explained
+    by that row."""
     group = parser.add_argument_group("arbiter options")
-    group.add_argument("--pipe-directory", default=None,
-                       help="where the control socket and lock file live (default: LIBSHARE_PIPE_DIRECTORY, "
-                            "else $XDG_RUNTIME_DIR/libshare, else /tmp/libshare-$UID)")
-    group.add_argument("--log-directory", default=None,
-                       help="where server.log and control.log go (default: LIBSHARE_LOG_DIRECTORY, "
-                            "else the pipe directory)")
-    group.add_argument("--device", default=None, help="Vulkan device index or UUID (default: LIBSHARE_DEVICE, else 0)")
-    group.add_argument("--max-clients", type=_positive_int, default=None,
-                       help="clients served at once (default: max_clients of --config, else 48)")
-    group.add_argument("--config", default=None, metavar="FILE",
-                       help="the operator's configuration (TOML: [defaults] and [groups.NAME]; see docs/configuration.md); "
-                            "read again on reload and SIGHUP")
-    group.add_argument("--no-timestamps", action="store_true",
-                       help="skip per-dispatch device timing (no device-time accounting; faster on lavapipe)")
-    group.add_argument("--no-placement", action="store_true",
-                       help="leave the engine's and the driver's threads on every core (by default, on a CPU "
-                            "device, they share one core and the arbiter's other threads get the rest; "
-                            "LIBSHARE_PLACEMENT=0 does the same)")
-    group.add_argument("--multi-user", action="store_true",
-                       help="serve clients of every user (run as root), not only the arbiter's own user")
-    group.add_argument("--metrics-port", type=_port, default=0,
-                       help="serve Prometheus metrics on this TCP port (default 0: off)")
-    group.add_argument("--metrics-address", default="127.0.0.1", help="address of the metrics endpoint")
-    group.add_argument("--shutdown-timeout", type=float, default=10.0,
-                       help="seconds running work may take to end on SIGINT/SIGTERM (default 10)")
-    group.add_argument("--supervisor-fd", type=int, default=-1, help=argparse.SUPPRESS)  # set by the control daemon
+    for setting in _settings.TABLE:
+        if setting.flag is None:
+            continue
+        if setting.switch:
+            group.add_argument(setting.flag, action="store_true", help=_flag_help(setting))
+        else:
+            group.add_argument(setting.flag, dest=setting.name, type=_flag_type(setting),
+                               default=flag_default(setting), metavar=setting.metavar, help=_flag_help(setting))

@@ -30,7 +30,7 @@ SIGINT to the daemon is passed on to its children the same way.
 
 **Configuration.** With ``--config FILE`` the daemon checks the file before it starts any
 arbiter (a bad one: it does not start, and says why), and passes the option on to each
-child, which reads the file itself (_settings.py). SIGHUP to the daemon is passed on to the
+child, which reads the file itself (config_file.py). SIGHUP to the daemon is passed on to the
 active arbiter, which reads the file again; a standby reads it again when it takes over.
 
 **Restart.** ``libshare-control restart`` asks the active arbiter, which tells the daemon
@@ -60,8 +60,8 @@ from libshare.protocol import paths as _config
 from libshare.daemon.directory import holder, prepare_directory, serving_pid
 from libshare.daemon.logs import configure_logging
 from libshare.daemon.options import EXIT_CANNOT_START, EXIT_UNRECOVERABLE, Options, STDERR_FILE
-from libshare.errors import AlreadyServing
-from libshare.arbiter.serve import config as _settings
+from libshare.daemon import config_file
+from libshare.errors import AlreadyServing, ConfigError
 
 log = logging.getLogger("libshare.control")
 
@@ -373,9 +373,9 @@ def run(options: Options, echo: bool) -> int:
     log.info("control daemon pid %d supervises %s", os.getpid(), options.pipe_directory)
     try:
         if options.config is not None:
-            _settings.read(options.config)  # a bad file: no arbiter would start (each child reads it again)
+            config_file.read(options.config)  # a bad file: no arbiter would start (each child reads it again)
         return Supervisor(options).run()
-    except (AlreadyServing, _settings.ConfigError, OSError) as exc:
+    except (AlreadyServing, ConfigError, OSError) as exc:
         log.error("the control daemon did not start: %s", exc)
         if not echo:
             print(exc, file=sys.stderr, flush=True)

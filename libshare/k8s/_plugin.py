@@ -40,8 +40,8 @@ import grpc
 
 from libshare.protocol import paths as _config
 from libshare.protocol.control import ControlConnection
-from libshare.arbiter.policy.limits import format_size
-from libshare.arbiter.serve.share_sockets import share_directory
+from libshare.protocol.paths import share_directory
+from libshare.settings import format_size
 from libshare.errors import LibshareError
 from libshare.k8s._shares import DEFAULT_RESOURCE, Allocation, Share, allocate
 from libshare.k8s._stubs import api_pb2, api_pb2_grpc

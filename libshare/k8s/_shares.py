@@ -22,7 +22,7 @@ from fractions import Fraction
 from pathlib import Path
 
 from libshare.protocol.control import decimal
-from libshare.arbiter.policy.limits import format_size, parse_size
+from libshare.settings import format_size, parse_size
 from libshare.errors import InvalidSubmission
 
 __all__ = ["DEFAULT_RESOURCE", "Share", "Allocation", "parse_shares", "parse_memory", "allocate", "group_name", "MAX_SHARES"]

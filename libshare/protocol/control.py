@@ -52,6 +52,14 @@ def printable(text: str, spaces: bool = True) -> str:
     return "".join(out)
 
 
+def group_name(text: str) -> str:
+    """``text`` when it may name a group in a control command or the configuration file (1 to 64
+    characters); InvalidSubmission otherwise."""
+    if not text or len(text) > 64:
+        raise errors.InvalidSubmission(f"a group name has 1 to 64 characters (got {printable(text[:80])!r})")
+    return text
+
+
 @dataclass(frozen=True)
 class Command:
     """One control command: its usage line, what it does, and whether it changes state."""

@@ -1,32 +1,33 @@
-"""Where things live and which mode to use: the LIBSHARE_* environment, with per-user defaults."""
+"""Where things live and which mode to use: the settings (libshare/settings.py, the LIBSHARE_*
+environment with per-user defaults), and the files of a pipe directory."""
 
 from __future__ import annotations
 
 import fcntl
 import os
+import re
 from pathlib import Path
 
-__all__ = ["pipe_directory", "socket_path", "lock_path", "log_directory", "connect_mode", "MODES"]
+from libshare import settings as _settings
+from libshare.errors import InvalidSubmission
 
-MODES = ("auto", "daemon", "embedded")
+__all__ = ["pipe_directory", "socket_path", "lock_path", "log_directory", "connect_mode", "MODES",
+           "SHARES", "SOCKET", "share_name", "share_directory"]
+
+MODES = _settings.SETTINGS["mode"].parse.choices
+SHARES = "shares"  # the pipe directory's subdirectory that holds one directory per share socket
+SOCKET = "control"  # the socket's name in its directory: what a client dials in its pipe directory
+_SHARE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
 def pipe_directory(override: str | os.PathLike | None = None) -> Path:
     """The pipe directory: ``override``, else LIBSHARE_PIPE_DIRECTORY, else a per-user default."""
-    if override:
-        return Path(override)
-    configured = os.environ.get("LIBSHARE_PIPE_DIRECTORY")
-    if configured:
-        return Path(configured)
-    runtime = os.environ.get("XDG_RUNTIME_DIR")
-    if runtime and os.access(runtime, os.W_OK):
-        return Path(runtime) / "libshare"
-    return Path(f"/tmp/libshare-{os.getuid()}")
+    return _settings.value("pipe_directory", override or None)
 
 
 def socket_path(directory: Path) -> Path:
     """The arbiter's control socket inside a pipe directory."""
-    return directory / "control"
+    return directory / SOCKET
 
 
 def lock_path(directory: Path) -> Path:
@@ -59,17 +60,29 @@ def supervised(directory: Path) -> bool:
 
 def log_directory(override: str | os.PathLike | None = None, pipe_dir: Path | None = None) -> Path:
     """Where control.log and server.log go: ``override``, else LIBSHARE_LOG_DIRECTORY, else the pipe directory."""
-    if override:
-        return Path(override)
-    configured = os.environ.get("LIBSHARE_LOG_DIRECTORY")
-    if configured:
-        return Path(configured)
+    configured = _settings.value("log_directory", override or None)
+    if configured is not None:
+        return configured
     return pipe_dir if pipe_dir is not None else pipe_directory()
 
 
 def connect_mode(requested: str | None) -> str:
-    """``requested``, else LIBSHARE_MODE, else "auto"; a clear ValueError for anything else."""
-    mode = requested or os.environ.get("LIBSHARE_MODE") or "auto"
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {', '.join(MODES)} (got {mode!r})")
-    return mode
+    """``requested``, else LIBSHARE_MODE, else "auto"; a clear ValueError (InvalidSubmission) for anything else."""
+    return _settings.value("mode", requested or None)
+
+
+def share_name(group: str) -> str:
+    """``group`` when it may name a share socket (it names a directory: letters, digits, ``.``, ``_``
+    and ``-``, at most 64, not starting with a dot or dash); InvalidSubmission otherwise."""
+    if not isinstance(group, str) or not _SHARE_NAME.fullmatch(group):
+        from libshare.protocol.control import printable  # (control imports this module)
+
+        raise InvalidSubmission(f"a share's group is 1 to 64 letters, digits, '.', '_' or '-', starting with a "
+                                f"letter or digit (it names a directory), got {printable(str(group)[:80])!r}")
+    return group
+
+
+def share_directory(pipe_directory: Path, group: str) -> Path:
+    """The directory of ``group``'s share socket (arbiter/serve/share_sockets.py): what a container
+    gets as its pipe directory."""
+    return Path(pipe_directory) / SHARES / share_name(group)

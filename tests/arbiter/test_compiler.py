@@ -110,7 +110,7 @@ def test_a_load_that_vets_past_the_request_bound_is_answered_and_the_session_liv
     test suites at once once saw a minute go by): the session waits for the answer instead of
     taking the arbiter for lost at the request bound (here cut to 1 s, the vetting limit 2 s)."""
     module = slow_module(tmp_path, vulkan_device_is_cpu)
-    monkeypatch.setattr(libshare.client.exchange, "REQUEST_TIMEOUT", 1.0)
+    monkeypatch.setattr(libshare.client.exchange, "REPLY_TIMEOUT", 1.0)
     for process, pipe_dir in run_daemon(tmp_path / "pipe", LIBSHARE_COMPILE_TIMEOUT="2"):
         with libshare.connect(mode="daemon", pipe_directory=pipe_dir) as session:
             assert saxpy_round_trip(session)

@@ -17,7 +17,7 @@ module's SHA-256; it removes the record when the action ends. Records are few an
 file created and renamed, later unlinked; no ``fsync``: they must outlive the process, not
 the machine, and a reboot ends every client anyway):
 
-* one per compile the arbiter runs itself (``Arbiter._load_program`` in ``serve/server.py``:
+* one per compile the arbiter runs itself (``Requests._load_program`` in ``serve/requests.py``:
   pipeline creation, only when no pipeline of that module exists yet). The vetting compile
   runs in a child process, whose crash refuses the module without harming the arbiter, so
   it writes none;

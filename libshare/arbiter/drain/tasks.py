@@ -15,7 +15,7 @@ answers (two thread wake-ups per call). Queued tasks still run one at a time and
 a task run on a connection thread sees exactly what it would have seen on the control thread;
 the control thread handles the engine's events when the engine wakes it, and a task handles
 them only when it must see them at once (a reclaim; a request of a client that the engine has
-just dropped, see ``libshare/arbiter/serve/server.py``). A task that calls :meth:`Tasks.call`
+just dropped, see ``libshare/arbiter/serve/requests.py``). A task that calls :meth:`Tasks.call`
 itself runs that call at once, wherever it runs. :meth:`Tasks.flush` runs what was posted
 without waking anyone, the same way, when the control thread sleeps.
 

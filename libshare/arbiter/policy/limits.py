@@ -40,71 +40,26 @@ is destroyed (Client.held), as its bytes do.
 
 Values are sizes like ``900M`` or ``2G`` (binary units: 1K = 1024 bytes, an optional
 ``B`` or ``iB`` after the unit), or plain bytes. ``unlimited`` (or ``none``) removes a
-limit. LIBSHARE_DEVICE_MEM_LIMIT also takes the per-device MPS form ``0=1G,UUID=512M``.
+limit. LIBSHARE_DEVICE_MEM_LIMIT also takes the per-device MPS form ``0=1G,UUID=512M``. The parsers
+of sizes live in libshare/settings.py, with every setting: clients and the Kubernetes plugin read
+sizes too, without the arbiter.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
-from fractions import Fraction
 from pathlib import Path
 
+from libshare import settings as _settings
 from libshare.errors import InvalidSubmission, QuotaExceeded
 from libshare.arbiter.serve.clients import BufferRecord
+from libshare.settings import (UNLIMITED, format_size, parse_device_limits, parse_limit,  # noqa: F401 - the size
+                               parse_size)  # parsers live in libshare/settings.py (read by every process)
 
-_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?", re.IGNORECASE | re.ASCII)
-_MAX = 1 << 60
-MAX_BUFFERS = 4096  # buffers one client may hold (LIBSHARE_MAX_BUFFERS)
+MAX_BUFFERS = _settings.default("max_buffers")  # buffers one client may hold (LIBSHARE_MAX_BUFFERS)
 _MAPS_PER_BUFFER = 2  # maps a buffer may cost the arbiter (see "Buffer counts")
 _MAPS_PER_CLIENT = 4  # a client slot's ring mapping, its connection thread's stack and guard, one to spare
 _MAP_SLACK = 4096  # maps kept for the rest: threads, vetting compilers, the driver, Python
-UNLIMITED = ("unlimited", "none")
-
-
-def parse_size(text: str) -> int:
-    """Bytes in ``text`` ("900M", "2G", "1.5G", "4096"); InvalidSubmission if it is not a size."""
-    match = _SIZE.fullmatch(text.strip()) if isinstance(text, str) else None
-    if match is None and isinstance(text, str) and text.strip().startswith("-"):
-        raise InvalidSubmission(f"a memory size cannot be negative: {text!r}")
-    if match is None:
-        raise InvalidSubmission(f"not a memory size: {text!r}; write bytes or a number with a unit "
-                                "K, M, G or T, like 900M or 2G")
-    number, unit = match.groups()
-    value = Fraction(number) * _UNITS[unit.upper()]  # exact: a float is inf past 309 digits, and rounds
-    if value > _MAX:
-        raise InvalidSubmission(f"memory size {text[:80]!r} is too large (at most {format_size(_MAX)})")
-    return int(value)
-
-
-def parse_limit(text: str) -> int | None:
-    """A limit from ``text``: bytes as in :func:`parse_size`, or None for "unlimited"."""
-    if isinstance(text, str) and text.strip().lower() in UNLIMITED:
-        return None
-    return parse_size(text)
-
-
-def format_size(value: int | None) -> str:
-    """``value`` in the shortest exact form :func:`parse_size` reads back ("2G", "900M", "12345")."""
-    if value is None:
-        return "unlimited"
-    for unit in ("T", "G", "M", "K"):
-        if value and value % _UNITS[unit] == 0:
-            return f"{value // _UNITS[unit]}{unit}"
-    return str(value)
-
-
-def parse_device_limits(text: str) -> dict[str, int]:
-    """LIBSHARE_DEVICE_MEM_LIMIT: "1G" (any device, key "") or "0=1G,UUID=512M" (per device)."""
-    limits = {}
-    for part in text.split(","):
-        device, _, value = part.rpartition("=")
-        try:
-            limits[device.strip().lower().replace("-", "")] = parse_size(value)
-        except InvalidSubmission as exc:
-            raise InvalidSubmission(f"LIBSHARE_DEVICE_MEM_LIMIT={text!r}: {exc}") from None
-    return limits
 
 
 def device_limit(limits: dict, index: int, uuid: str) -> int | None:
@@ -114,7 +69,7 @@ def device_limit(limits: dict, index: int, uuid: str) -> int | None:
     values raises InvalidSubmission.
     """
     if not isinstance(limits, dict) or not all(
-            isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= _MAX
+            isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= _settings.MAX_SIZE
             for k, v in limits.items()):
         raise InvalidSubmission(f"a memory limit must map device names to byte counts (got {limits!r})")
     names = ("", str(index), uuid.lower().replace("-", ""))
@@ -142,12 +97,8 @@ class Limit:
         return f"the {self.level} limit of {format_size(self.value)} ({self.source})"
 
 
-def total_limit(text: str) -> Limit | None:
-    """The total limit set by LIBSHARE_DEVICE_MEM_TOTAL=``text`` (None for "unlimited")."""
-    try:
-        value = parse_limit(text)
-    except InvalidSubmission as exc:
-        raise InvalidSubmission(f"LIBSHARE_DEVICE_MEM_TOTAL={text!r}: {exc}") from None
+def total_limit(value: int | None) -> Limit | None:
+    """The total limit of ``value`` bytes that LIBSHARE_DEVICE_MEM_TOTAL set (None: unlimited)."""
     return None if value is None else Limit(value, "total", "LIBSHARE_DEVICE_MEM_TOTAL")
 
 

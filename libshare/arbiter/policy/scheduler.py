@@ -55,10 +55,10 @@ import time
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+# The priorities and modes, and the checks of a priority, a mode and a compute share, are the
+# settings table's (libshare/settings.py): the CLI, the configuration file and a client check them too.
+from libshare.settings import MODES, PRIORITIES, UNSCHEDULED, mode_name, percentage, priority_name  # noqa: F401
 
-PRIORITIES = ("low", "normal", "high", "realtime")
-MODES = ("throughput", "fairshare")
-UNSCHEDULED = "off"  # every client, all it has, in id order: only to measure the scheduler's own cost
 _RANK = {name: rank for rank, name in enumerate(PRIORITIES)}
 _ACTIVE_NS = 200_000_000  # a client that submitted this recently still counts as wanting the device
 _SLICE_NS = 200_000  # device time a slice of fairshare (or compute-share) work may take
@@ -82,35 +82,9 @@ class Turn(NamedTuple):
     cut_ns: int = 0
 
 
-def priority_name(value: str) -> str:
-    """A priority name from a name or an MPS number (0 = normal, 1 = below normal); ValueError otherwise."""
-    value = {"0": "normal", "1": "low"}.get(str(value).strip(), str(value).strip().lower())
-    if value not in _RANK:
-        raise ValueError(f"priority must be one of {', '.join(PRIORITIES)} (or MPS 0/1), got {value!r}")
-    return value
-
-
 def outranks(priority: str | None, other: str) -> bool:
     """True when ``priority`` (a name, or None for none) drains before ``other``."""
     return priority is not None and _RANK[priority] > _RANK[other]
-
-
-def mode_name(value) -> str:
-    """A scheduling mode (one of :data:`MODES`) from text; ValueError otherwise."""
-    if value not in MODES:
-        raise ValueError(f"scheduling mode must be one of {', '.join(MODES)}, got {value!r}")
-    return value
-
-
-def percentage(value) -> int:
-    """A compute share in 1..100 from text or a number; ValueError otherwise."""
-    try:
-        pct = float(value)
-    except (TypeError, ValueError):
-        pct = -1.0
-    if not 1 <= pct <= 100 or pct != int(pct):
-        raise ValueError(f"a percentage must be a whole number in 1..100, got {value!r}")
-    return int(pct)
 
 
 @dataclass
@@ -158,7 +132,7 @@ class Scheduler:
         force (a reload of the configuration file; the commands alone change them for new clients).
         A client that is not trusted (another uid than root and the arbiter's, or any client of a
         share socket) and asked for a priority above the new default is lowered to it too: it may
-        ask only for the default or lower (_server.py), and one that asked for the old default
+        ask only for the default or lower (serve/hello.py), and one that asked for the old default
         kept it above every client that followed the new one."""
         for client in clients:
             asked_above = (not client.operator_priority and not client.trusted

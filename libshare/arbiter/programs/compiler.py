@@ -63,6 +63,7 @@ import sys
 import threading
 import time
 
+from libshare import settings as _settings
 from libshare.errors import InvalidSubmission, ServerFault, Timeout
 
 log = logging.getLogger("libshare.arbiter")
@@ -78,16 +79,15 @@ _RECYCLE_AFTER = 256
 _MAX_CHILDREN = 2
 _QUEUE_WAIT = 60.0  # seconds a new module waits for a free vetting process before its client is told to retry
 _TRIAL_BUFFER = 4096  # bytes of each buffer bound for the trial dispatch
-_CORES = "LIBSHARE_COMPILER_CORES"  # the cores a child runs on, from its arbiter (see _take_arbiters_cores)
 
 
 class _Child:
     """One vetting process, used by one thread at a time."""
 
     def __init__(self, selector: str, cores: frozenset[int]):
-        env = {**os.environ, "LIBSHARE_DEVICE": selector,  # and this process's modules, wherever it runs
-               "PYTHONPATH": os.pathsep.join(path for path in sys.path if path),
-               _CORES: ",".join(map(str, sorted(cores)))}
+        env = {**os.environ, _settings.SETTINGS["device"].env: selector,  # and this process's modules,
+               "PYTHONPATH": os.pathsep.join(path for path in sys.path if path),  # wherever it runs
+               _settings.SETTINGS["compiler_cores"].env: ",".join(map(str, sorted(cores)))}
         self.process = subprocess.Popen([_python(), "-c", _CHILD_MAIN],
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                         env=env, start_new_session=True)
@@ -320,10 +320,8 @@ def _serve() -> int:
         f.write("1000")
     from libshare.arbiter.device import Device  # here, not at import: the parent must not load Vulkan for this module
 
-    device = Device(os.environ.get("LIBSHARE_DEVICE") or None)
-    crash_on = set()
-    if os.environ.get("LIBSHARE_TEST_HOOKS") == "1":
-        crash_on = set(os.environ.get("LIBSHARE_TEST_CRASH_COMPILES", "").split(","))
+    device = Device(_settings.value("device"))
+    crash_on = _settings.value("test_crash_compiles") if _settings.value("test_hooks") else frozenset()
     requests, answers = sys.stdin.buffer, sys.stdout.buffer
     answers.write(_READY)
     answers.flush()
@@ -350,12 +348,12 @@ def _take_arbiters_cores() -> None:
     number of cores it may use, so a trial run on one core filled a cache that the arbiter, which
     loaded the driver on two, never read (the slow-compile test's first dispatch compiled on
     the arbiter's queue again, for 2.4-4.1 s)."""
-    cores = os.environ.get(_CORES)
-    if cores:
-        try:
-            os.sched_setaffinity(0, {int(core) for core in cores.split(",")})
-        except (OSError, ValueError):
-            pass  # a compile on fewer cores is still a compile; only the cache misses
+    try:
+        cores = _settings.value("compiler_cores")
+        if cores:
+            os.sched_setaffinity(0, cores)
+    except (OSError, ValueError):
+        pass  # a compile on fewer cores is still a compile; only the cache misses
 
 
 def _trial(device, spirv: bytes, bindings: int, push_size: int, entry: str) -> None:

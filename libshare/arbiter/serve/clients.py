@@ -194,5 +194,5 @@ class Client:
 
 def trusted_peer(uid: int, share: str | None) -> bool:
     """Root's or the arbiter's uid's, through the arbiter's own socket (through a share socket a
-    client is a tenant, whatever its uid): its own choices stand (_server.py, _scheduler.py)."""
+    client is a tenant, whatever its uid): its own choices stand (hello.py, policy/scheduler.py)."""
     return trusted_uid(uid) and share is None

@@ -15,6 +15,7 @@ from libshare._proc import MAX_PID
 from libshare.errors import InvalidSubmission
 from libshare.protocol import wire as protocol
 from libshare.protocol.control import COMMANDS, decimal, printable
+from libshare.protocol.control import group_name as group  # noqa: F401 - (the configuration file checks one too)
 
 
 def expect(args: list[str], count: int, name: str) -> None:
@@ -36,12 +37,6 @@ def pid(text: str) -> int:
     if not value:
         raise InvalidSubmission(f"not a pid: {printable(text[:40])!r}")
     return value
-
-
-def group(text: str) -> str:
-    if not text or len(text) > 64:
-        raise InvalidSubmission(f"a group name has 1 to 64 characters (got {printable(text[:80])!r})")
-    return text
 
 
 def seconds(text: str) -> float:

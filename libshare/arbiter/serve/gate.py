@@ -57,7 +57,6 @@ from libshare.protocol import wire as protocol
 
 log = logging.getLogger("libshare.arbiter")
 
-HELLO_TIMEOUT = 10.0  # seconds from accept to a complete first frame
 CONTROL_IDLE = 600.0  # seconds a control connection may wait between commands
 MAX_WAITING = 512  # connections in the gate at once, at most
 MIN_WAITING = 16  # the descriptor budget must leave the gate at least this many
@@ -74,8 +73,8 @@ class Gate:
     command.
     """
 
-    def __init__(self, route, on_session, run_control, *, max_waiting: int, hello_timeout: float = HELLO_TIMEOUT,
-                 request_timeout: float = 30.0, control_idle: float = CONTROL_IDLE):
+    def __init__(self, route, on_session, run_control, *, max_waiting: int, hello_timeout: float,
+                 request_timeout: float, control_idle: float = CONTROL_IDLE):
         self._route, self._on_session = route, on_session
         self.max_waiting = max_waiting
         self.hello_timeout = hello_timeout

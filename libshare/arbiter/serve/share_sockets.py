@@ -32,7 +32,7 @@ without its limits. A new arbiter never reopens sockets from what it finds on di
 would answer before the limits are set, and would keep open a share whose group was given to
 another container while the arbiter was down.
 
-Through a share socket the group's owner rules still apply, to root as well (_server._check_group_allowed:
+Through a share socket the group's owner rules still apply, to root as well (hello.py, check_group_allowed:
 in multi-user mode the socket is reachable by every local user, not only by the container),
 and one share serves at most a quarter of ``--max-clients`` at once.
 """
@@ -41,38 +41,22 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import socket
 import threading
 from pathlib import Path
 
 from libshare.protocol.control import printable
+# A share's paths are protocol/paths.py's: the Kubernetes plugin computes them too.
+from libshare.protocol.paths import SHARES, SOCKET, share_directory, share_name  # noqa: F401
 from libshare.protocol.wire import unix_address
 from libshare.errors import AccessDenied, InvalidSubmission
 
 log = logging.getLogger("libshare.arbiter")
 
-SHARES = "shares"  # the pipe directory's subdirectory that holds one directory per share socket
-SOCKET = "control"  # the socket's name in its directory: what a client dials in its pipe directory
 MAX_SHARES = 256  # share sockets open at once (each is a descriptor of the arbiter's)
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 __all__ = ["SHARES", "SOCKET", "MAX_SHARES", "share_name", "share_directory", "bind_listener",
            "check_share_hello", "ShareSockets"]
-
-
-def share_name(group: str) -> str:
-    """``group`` when it may name a share socket (it names a directory: letters, digits, ``.``, ``_``
-    and ``-``, at most 64, not starting with a dot or dash); InvalidSubmission otherwise."""
-    if not isinstance(group, str) or not _NAME.fullmatch(group):
-        raise InvalidSubmission(f"a share's group is 1 to 64 letters, digits, '.', '_' or '-', starting with a "
-                                f"letter or digit (it names a directory), got {printable(str(group)[:80])!r}")
-    return group
-
-
-def share_directory(pipe_directory: Path, group: str) -> Path:
-    """The directory of ``group``'s share socket: what a container gets as its pipe directory."""
-    return Path(pipe_directory) / SHARES / share_name(group)
 
 
 def bind_listener(path: Path, multi_user: bool) -> socket.socket:

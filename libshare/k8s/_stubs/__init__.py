@@ -25,6 +25,8 @@ import stat
 import tempfile
 from pathlib import Path
 
+from libshare import settings as _settings
+
 __all__ = ["api_pb2", "api_pb2_grpc"]
 
 PROTO = Path(__file__).resolve().parent.parent / "proto" / "api.proto"
@@ -51,11 +53,7 @@ def _key(proto: bytes) -> str:
 
 
 def _cache_root() -> Path:
-    configured = os.environ.get("LIBSHARE_K8S_STUB_CACHE")
-    if configured:
-        return Path(configured)
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "libshare" / "k8s-stubs"
+    return _settings.value("k8s_stub_cache")  # LIBSHARE_K8S_STUB_CACHE, else under $XDG_CACHE_HOME
 
 
 def _private(path: Path) -> bool:
