@@ -303,12 +303,15 @@ class Setting:
         return self.default() if callable(self.default) else self.default
 
     def check(self, given, where: str | None = None):
-        """``given`` parsed and checked; InvalidSubmission naming ``where`` (the variable or the
-        setting) and the reason otherwise."""
+        """``given`` parsed and checked. Read from the environment (``where`` names the variable), a
+        bad value raises InvalidSubmission naming it; passed as an argument, ValueError naming the
+        setting (a caller's mistake: the C API answers it -EINVAL)."""
         try:
             return self.parse(given)
         except ValueError as exc:
-            raise InvalidSubmission(f"{where or self.name}={given!r}: {exc}") from None
+            if where is None:
+                raise ValueError(f"{self.name}={given!r}: {exc}") from None
+            raise InvalidSubmission(f"{where}={given!r}: {exc}") from None
 
     def describe_default(self) -> str:
         if self.shown_default is not None:

@@ -56,8 +56,8 @@ def connect(name: str | None = None, priority: str | None = None, mode: str | No
     mode = _config.connect_mode(mode)
     share = _settings.configured("active_thread_percentage")  # may only lower the arbiter's default
     hello = {"op": "hello", "name": name or "", "version": protocol.VERSION,
-             "priority": _settings.value("client_priority", priority or None) or "",  # "": the default
-             "group": _settings.value("group", group or None),
+             "priority": _hello_field("client_priority", priority, "priority") or "",  # "": the default
+             "group": _hello_field("group", group, "group"),
              "share": "" if share is None else share}
     mem_limit = _settings.configured("device_mem_limit")  # may only lower the arbiter's limit
     if mem_limit is not None:
@@ -82,3 +82,9 @@ def connect(name: str | None = None, priority: str | None = None, mode: str | No
     return Session(sock, welcome, embedded, hello, None if embedded or not reattach else path, timeout)
 
 
+def _hello_field(name: str, given: str | None, argument: str):
+    """Setting ``name`` for the hello: the argument ``given`` if any, refused as the arbiter would
+    refuse it (InvalidSubmission naming ``argument``), else the environment's or the default."""
+    if given:
+        return _settings.SETTINGS[name].check(given, argument)
+    return _settings.value(name)
