@@ -17,7 +17,6 @@ import struct
 import subprocess
 import sys
 import threading
-import time
 import tracemalloc
 
 import numpy as np
@@ -27,13 +26,12 @@ import libshare
 from libshare.protocol import control as _control
 
 from tests._busy import busy_iterations
-from tests.arbiter.conftest import daemon, hooked_daemon, wait_until  # noqa: F401 - fixtures
+from tests._wait import wait_until
+from tests.arbiter.conftest import daemon, hooked_daemon  # noqa: F401 - fixtures
 from tests.conftest import ROOT
 from tests.test_c_bindings import C_DIR, SHADERS, compile_c, counts, daemon_env, library  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.usefixtures("vulkan_device_name")
-
-DEATH_BOUND = 5.0  # seconds: the library promises 1 s; generous for a loaded machine
 
 
 def connect(pipe_dir, name: str = "truth") -> libshare.Session:
@@ -197,6 +195,9 @@ def test_cancelled_tickets_stay_failed_and_the_session_stays_lost_after_a_quit(d
 
 
 def test_every_way_of_asking_sees_a_killed_arbiter(daemon):
+    """A wait, a poll of done(), an await and wait_idle, each on a long queue with no timeout of its
+    own, all end with ArbiterLost (done() turns True) once the arbiter is killed. How soon after
+    the kill each sees it (the library says within 1 s): bench/test_lifecycle_mechanism_bench.py."""
     import anyio
 
     process, pipe_dir = daemon
@@ -206,24 +207,20 @@ def test_every_way_of_asking_sees_a_killed_arbiter(daemon):
         wait_s, done_s, await_s, idle_s = sessions
         seen: dict[str, object] = {}
         killed = threading.Event()
-        killed_at = [0.0]
 
         def record(way, call):
             try:
                 call()
                 seen[way] = "returned"
             except libshare.ArbiterLost:
-                seen[way] = time.monotonic() - killed_at[0]
+                seen[way] = "ArbiterLost"
             except Exception as exc:  # noqa: BLE001 - reported below
                 seen[way] = repr(exc)
 
         def poll_done():
             ticket = last[done_s.client_id]
             killed.wait()
-            deadline = time.monotonic() + 30
-            while not ticket.done() and time.monotonic() < deadline:
-                time.sleep(0.01)  # pacing a non-blocking poll
-            seen["done"] = time.monotonic() - killed_at[0] if ticket.done() else "still False after 30 s"
+            seen["done"] = wait_until(ticket.done, 30, fail=lambda _: "still False after 30 s")
 
         async def await_last():
             await last[await_s.client_id]
@@ -235,13 +232,11 @@ def test_every_way_of_asking_sees_a_killed_arbiter(daemon):
         for thread in threads:
             thread.start()
         assert not any(t.done() for t in last.values())  # all still running before the kill
-        killed_at[0] = time.monotonic()
         process.send_signal(signal.SIGKILL)
         killed.set()
         for thread in threads:
-            thread.join(60)
-        assert all(isinstance(seen.get(way), float) and seen[way] < DEATH_BOUND
-                   for way in ("wait", "done", "await", "wait_idle")), seen
+            thread.join(60)  # waits without a timeout of their own: only seeing the death ends them
+        assert seen == {"wait": "ArbiterLost", "done": True, "await": "ArbiterLost", "wait_idle": "ArbiterLost"}, seen
         for session in sessions:
             ticket = last[session.client_id]
             assert ticket.done()
@@ -397,16 +392,14 @@ def test_c_poll_sees_a_killed_arbiter(library, daemon, tmp_path):
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert client.stdout.readline().strip() == "ready"
-        killed = time.monotonic()
         process.send_signal(signal.SIGKILL)
-        out, err = client.communicate(timeout=60)
-        elapsed = time.monotonic() - killed
+        # The program polls for at most 120 s (LS_ELOST, or a failed check); this bound is against a hang.
+        out, err = client.communicate(timeout=150)
     finally:
         if client.poll() is None:
             client.kill()
             client.communicate()
-    assert counts(out) == (1, 0), out + err
-    assert elapsed < DEATH_BOUND + 5, f"ls_poll took {elapsed:.1f} s to see the arbiter gone"  # + process exit
+    assert counts(out) == (1, 0), out + err  # ls_poll said -LS_ELOST, not "still running" for its 120 s
 
 
 if __name__ == "__main__":

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import struct
 import sys
-import time
 
 import numpy as np
 
 import libshare
 from libshare import workloads
 from tests._busy import busy_iterations
+from tests._wait import wait_until
 
 
 def mixed(pipe_dir: str, seed: str, rounds: str) -> None:
@@ -39,20 +39,22 @@ def spin(pipe_dir: str) -> None:
 
 
 def wait_forever(pipe_dir: str) -> None:
-    """Submit a long dispatch, then wait on it: reports how the wait ended."""
+    """Submit long dispatches, then wait on them: prints how the waits ended ('finished', or
+    'lost' with the number of tickets that had ended before)."""
     with libshare.connect(name="waiter", mode="daemon", pipe_directory=pipe_dir) as session:
         program = session.load_program(libshare.shaders.path("busy"))
         data = session.array(1 << 16, np.uint32)
         tickets = [session.dispatch(program, groups=1024, buffers=[data],
                                     push=struct.pack("II", 1 << 16, busy_iterations(4000))) for _ in range(50)]
         print("ready", flush=True)
-        started = time.monotonic()
+        ended = 0
         try:
             for ticket in tickets:
                 ticket.wait(timeout=60)
+                ended += 1
             print("finished", flush=True)
         except libshare.ArbiterLost:
-            print(f"lost {time.monotonic() - started:.3f}", flush=True)
+            print(f"lost {ended}", flush=True)
 
 
 def hold(pipe_dir: str, name: str, depth: str = "5") -> None:
@@ -107,17 +109,26 @@ def allocator(pipe_dir: str, name: str, group: str = "") -> None:
 def _connect_when_up(pipe_dir: str, name: str):
     """A session with the next arbiter that takes one (None arbiter yet, or one in FAULT: try again
     for 120 s); None after printing 'refused CLASS: MESSAGE' when the arbiter refuses this process."""
-    deadline = time.monotonic() + 120
-    while True:
+    refused, unavailable = [], []
+
+    def attempt():
         try:
             return libshare.connect(name=name, mode="daemon", pipe_directory=pipe_dir)
         except libshare.AccessDenied as exc:
-            print(f"refused {type(exc).__name__}: {exc}", flush=True)
+            refused.append(exc)
+            return True  # ends the wait: refused
+        except libshare.ArbiterUnavailable as exc:  # the test starts the next arbiter once this one is gone
+            unavailable[:] = [exc]
             return None
-        except libshare.ArbiterUnavailable:  # the test starts the next arbiter once this one is gone
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
+
+    def give_up(_message: str):
+        raise unavailable[-1]
+
+    session = wait_until(attempt, 120, "an arbiter to take the connection", fail=give_up)
+    if refused:
+        print(f"refused {type(refused[0]).__name__}: {refused[0]}", flush=True)
+        return None
+    return session
 
 
 def runaway_rounds(pipe_dir: str, rounds: str) -> None:

@@ -5,10 +5,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 
+from libshare._proc import stat_fields, thread_ids
+from tests._wait import wait_until  # noqa: F401 - the arbiter tests import it from here too
 from tests.conftest import ROOT, stop_process
 
 
@@ -24,19 +25,24 @@ def hooked_daemon(tmp_path, vulkan_device_name):
     yield from run_daemon(tmp_path / "pipe", LIBSHARE_TEST_HOOKS="1")
 
 
-def run_daemon(pipe_dir, **env):
-    """Start an arbiter on ``pipe_dir`` with extra ``env``; yield (process, pipe_dir); stop it."""
+def run_daemon(pipe_dir, *args: str, **env):
+    """Start an arbiter on ``pipe_dir`` with extra command-line ``args`` and ``env``; yield
+    (process, pipe_dir); stop it."""
     stderr_path = pipe_dir.parent / f"{pipe_dir.name}.stderr"  # a file: a full pipe would stall the arbiter
     with open(stderr_path, "w") as stderr:
-        process = subprocess.Popen([sys.executable, "-m", "libshare.arbiter", "--pipe-directory", str(pipe_dir)],
+        process = subprocess.Popen([sys.executable, "-m", "libshare.arbiter", "--pipe-directory", str(pipe_dir), *args],
                                    cwd=ROOT, stdout=subprocess.DEVNULL, stderr=stderr, env={**os.environ, **env})
-    deadline = time.monotonic() + 30
-    while not (pipe_dir / "control").exists():
-        if process.poll() is not None or time.monotonic() > deadline:
-            process.kill()
-            process.wait()
-            pytest.fail(f"arbiter did not start: {stderr_path.read_text()[-2000:]}")
-        time.sleep(0.05)
+
+    def did_not_start(message: str) -> None:
+        process.kill()
+        process.wait()
+        pytest.fail(f"arbiter did not start ({message}): {stderr_path.read_text()[-2000:]}")
+
+    # listening, or exited (then the wait ends at once and fails below)
+    wait_until(lambda: (pipe_dir / "control").exists() or process.poll() is not None, 30, "the arbiter's socket",
+               fail=did_not_start)
+    if not (pipe_dir / "control").exists():
+        did_not_start(f"exit status {process.returncode}")
     try:  # (a failure inside ``with contextmanager(run_daemon)(...)`` is thrown in here: stop the arbiter all the same)
         yield process, pipe_dir
     finally:
@@ -76,13 +82,31 @@ def accepted_connections(pid: int) -> int:
     return sum(fields[5] == "03" and fields[7] in listening for fields in rows)
 
 
-def wait_until(predicate, timeout: float = 30.0, what: str = "condition"):
-    """Poll ``predicate`` until it returns something true, and return that; fail after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    while not (value := predicate()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-    return value
+def asleep(pid: int, tids=None) -> bool:
+    """Whether every thread of process ``pid`` (or each of its threads ``tids``) sleeps in the
+    kernel now: none runs, nor waits for a core (a thread that polls or spins never does)."""
+    for tid in thread_ids(pid) if tids is None else tids:
+        fields = stat_fields(pid, tid)
+        if fields is not None and fields[0] not in ("S", "D", "I"):  # (None: a thread that just ended)
+            return False
+    return True
+
+
+class AtRest:
+    """A predicate for :func:`wait_until`: true once ``looks`` looks in a row have found ``asleep(pid,
+    tids)``. A process that rests between rare wake-ups gets there at once; one with a thread that
+    polls or spins is found running at nearly every look and does not. ``during``, if given, must
+    stay true at each look: what the rest is observed under (a dispatch still running, say)."""
+
+    def __init__(self, pid: int, tids=None, looks: int = 5, during=None):
+        self.pid, self.tids, self.looks, self.during = pid, tids, looks, during
+        self.streak = 0
+
+    def __call__(self) -> bool:
+        if self.during is not None and not self.during():
+            pytest.fail(f"what the rest was to be seen under ended first ({self.streak} look(s) at rest in a row)")
+        self.streak = self.streak + 1 if asleep(self.pid, self.tids) else 0
+        return self.streak >= self.looks
 
 
 def start_client(role: str, pipe_dir, *args) -> subprocess.Popen:

@@ -3,22 +3,25 @@
 A client that reads its doorbell in a loop (hoping to swallow the others' wake-ups), one that
 writes it in a loop (to keep the arbiter awake), and one that corrupts its own ring. Each runs
 as a separate process (``python -m tests.arbiter.test_doorbells ROLE PIPE_DIR``, roles at the
-end of this file; bench/test_doorbell_bench.py runs the same ones and prints the figures).
-What stays here is the mechanism: honest round trips keep completing (none waits out the
-drain thread's 2 s idle poll), the arbiter stops listening to a hammering doorbell and still
-serves that client's work, an idle arbiter sleeps again, and a corrupted ring gets its client
-a sticky RingCorrupted with everything it held reclaimed.
+end of this file; bench/test_doorbell_bench.py runs the same ones and prints the figures, and
+bench/test_engine_mechanism_bench.py the arbiter's CPU and wake-ups under them).
+What stays here is the mechanism: honest round trips keep completing, each within its wait's
+bound and with the right result; a client's doorbell is its own, so a client reading its own in
+a loop reads nothing of anyone's; the arbiter stops listening to a hammering doorbell and still
+serves that client's work; the arbiter comes to rest (every thread asleep, look after look)
+when nothing is asked of it; and a corrupted ring gets its client a sticky RingCorrupted with
+everything it held reclaimed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import struct
 import subprocess
 import sys
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -26,12 +29,11 @@ import pytest
 import libshare
 from libshare.protocol import control as _control
 from libshare.protocol import wire as protocol
-from libshare._proc import cpu_seconds
 from libshare.ring import C
 from libshare.ring._binding import ffi, lib
 
 from tests.conftest import ROOT, stop_process
-from tests.arbiter.conftest import open_fds, wait_until
+from tests.arbiter.conftest import AtRest, open_fds, wait_until
 
 pytestmark = pytest.mark.usefixtures("vulkan_device_name")
 
@@ -39,7 +41,7 @@ SAXPY = libshare.shaders.path("saxpy")
 PUSH = struct.pack("If", 64, 1.0)  # y += x over 64 floats, one workgroup
 ROUNDS = 40
 STEAL_ROUNDS = 200  # a stealer wins the race for a wake-up often, not always: many chances
-SLOW = 1.0  # seconds: far below the 2 s idle poll a lost wake-up waits out, far above a round trip
+PACED_FIRST = 1000  # requests a pacing client makes before the test looks (past the poll's burst budget)
 MUTED = "not listening to its doorbell"  # what server.log says when a doorbell is muted
 
 
@@ -62,16 +64,12 @@ def stop_attacker(process: subprocess.Popen) -> None:
     process.stdout.close()
 
 
-def round_trips(session, program, x, y, rounds: int = ROUNDS, stop_after: float = SLOW) -> list[float]:
-    """Time ``rounds`` dispatch-and-wait round trips (seconds each); stop early after one over ``stop_after``."""
-    times = []
+def round_trips(session, program, x, y, rounds: int = ROUNDS) -> int:
+    """Make ``rounds`` dispatch-and-wait round trips (each wait bounded at 30 s, against a hang: a
+    Timeout fails the test); how many were made. How long they took: bench/test_doorbell_bench.py."""
     for _ in range(rounds):
-        started = time.perf_counter()
         session.dispatch(program, 1, [x, y], PUSH).wait(30)
-        times.append(time.perf_counter() - started)
-        if times[-1] > stop_after:
-            break
-    return times
+    return rounds
 
 
 def honest(pipe_dir):
@@ -101,15 +99,52 @@ def test_a_client_reading_its_doorbell_steals_no_one_elses_wake_up(daemon):
     with session:
         stealers = [start_attacker("steal", pipe_dir) for _ in range(2)]  # one may be off the CPU
         try:
-            times = round_trips(session, program, x, y, STEAL_ROUNDS)
-            assert len(times) == STEAL_ROUNDS and max(times) < SLOW, (
-                f"a round trip took {max(times):.2f} s with clients reading their doorbells in a loop: "
-                "a wake-up was stolen and the drain thread slept out its idle poll")
+            assert round_trips(session, program, x, y, STEAL_ROUNDS) == STEAL_ROUNDS
             assert np.all(y == float(STEAL_ROUNDS))
         finally:
-            for stealer in stealers:
-                stop_attacker(stealer)
+            read = [stolen(stealer) for stealer in stealers]
+        # Every one of the honest client's rings went to the arbiter's end of its own doorbell: a
+        # stealer read nothing in all its reads (with one shared doorbell it swallowed wake-ups, and
+        # the arbiter slept out its 2 s idle poll), and its doorbell is another socket than the
+        # honest client's.
+        honest_bell = os.fstat(session._wake_fd).st_ino
+        assert all(count == 0 and inode != honest_bell for count, inode in read), read
     assert_no_traceback(pipe_dir)
+
+
+def stolen(stealer: subprocess.Popen) -> tuple[int, int]:
+    """Stop a stealer (EOF on its stdin) and take its report: (datagrams it read, its doorbell's inode)."""
+    stealer.stdin.close()
+    report = stealer.stdout.readline().split()
+    stop_attacker(stealer)
+    assert len(report) == 2, f"the stealer said {report}"
+    return int(report[0]), int(report[1])
+
+
+@contextlib.contextmanager
+def asking_for_every_wake_up(pipe_dir):
+    """A session of its own that, in a thread, sets every completion flag of its ring (every kind of
+    wake-up, the doorbell socket's too, which it never reads), pushes 64 dispatches and waits for
+    the last, again and again; yields (the thread, the session, its y); stops it at the end."""
+    hostile, program, x, y = honest(pipe_dir)
+    bells = lib.ls_region_bells(hostile._region._handle)
+    stop = threading.Event()
+
+    def ask():
+        while not stop.is_set():
+            bells.cq_flags = 0xFFFFFFFF
+            tickets = [hostile.dispatch(program, 1, [x, y], PUSH) for _ in range(64)]
+            tickets[-1].wait(30)
+
+    attacker = threading.Thread(target=ask)
+    with hostile:
+        attacker.start()
+        try:
+            yield attacker, hostile, y
+        finally:
+            stop.set()
+            attacker.join(60)
+            hostile.wait_idle(30)
 
 
 def test_a_client_that_asks_for_every_wake_up_by_socket_and_never_reads_it_costs_the_others_nothing(daemon):
@@ -118,45 +153,24 @@ def test_a_client_that_asks_for_every_wake_up_by_socket_and_never_reads_it_costs
     socket fills and refuses), the client's own work still completes, and the honest one's too."""
     _process, pipe_dir = daemon
     session, program, x, y = honest(pipe_dir)
-    hostile, hprogram, hx, hy = honest(pipe_dir)
-    with session, hostile:
-        bells = lib.ls_region_bells(hostile._region._handle)
-        stop = threading.Event()
-
-        def ask_for_everything():
-            while not stop.is_set():
-                bells.cq_flags = 0xFFFFFFFF
-                tickets = [hostile.dispatch(hprogram, 1, [hx, hy], PUSH) for _ in range(64)]
-                tickets[-1].wait(30)
-
-        attacker = threading.Thread(target=ask_for_everything)
-        attacker.start()
-        try:
-            times = round_trips(session, program, x, y)
-        finally:
-            stop.set()
-            attacker.join(60)
+    with session:
+        with asking_for_every_wake_up(pipe_dir) as (attacker, hostile, hy):
+            assert round_trips(session, program, x, y) == ROUNDS  # a send that blocked would hang them
         assert not attacker.is_alive(), "the client's own work stopped completing"
-        assert len(times) == ROUNDS and max(times) < SLOW, f"a round trip took {max(times):.2f} s"
         assert np.all(y == float(ROUNDS))
-        hostile.wait_idle(30)
-        assert np.all(hy == hy[0]) and hy[0] >= 64  # every one of its dispatches ran
+        assert np.all(hy == hy[0]) and hy[0] >= 64  # every one of its dispatches ran (the last waited for)
     assert_no_traceback(pipe_dir)
 
 
 def test_a_hammered_doorbell_is_muted_and_its_client_still_served(daemon):
     process, pipe_dir = daemon
     session, program, x, y = honest(pipe_dir)
-    # What the idle process wakes anyway: a few times a second here; on an H100 the arbiter woke 136
-    # times in this test's last second, libshare's threads being the same there (a driver's?).
-    quiet = rest(process.pid)[1]
     with session:
         hammer = start_attacker("hammer", pipe_dir)
         try:
             wait_until(lambda: MUTED in server_log(pipe_dir), 30, "the arbiter to mute the hammered doorbell")
             assert_rests(process.pid, "hammered")  # it was a core flat out
-            times = round_trips(session, program, x, y)
-            assert len(times) == ROUNDS and max(times) < SLOW, f"a round trip took {max(times):.2f} s while hammered"
+            assert round_trips(session, program, x, y) == ROUNDS
             assert np.all(y == float(ROUNDS))
             hammer.stdin.write("dispatch\n")  # its own work is still served (on the slow path while muted)
             hammer.stdin.flush()
@@ -165,7 +179,9 @@ def test_a_hammered_doorbell_is_muted_and_its_client_still_served(daemon):
             stop_attacker(hammer)
         wait_until(lambda: re.search(r"\(hammer, pid \d+\) (disconnected and )?reclaimed", server_log(pipe_dir)), 30,
                    "the hammering client to be reclaimed")
-        assert_rests(process.pid, "idle", max_wakes=quiet + 25)  # and no slow path is left behind
+        # At rest again. (Its wake-ups a second against an idle arbiter's, which say that no slow
+        # path was left behind: bench/test_engine_mechanism_bench.py.)
+        assert_rests(process.pid, "idle")
     assert_no_traceback(pipe_dir)
 
 
@@ -181,45 +197,28 @@ def test_a_client_quiet_after_a_burst_of_requests_leaves_the_arbiter_at_rest(dae
 
 def test_a_client_that_paces_its_requests_cannot_keep_the_arbiter_polling(daemon):
     """A request 60 us after each reply is always inside the poll's time: without the budget
-    (_RequestPoll) the arbiter polled a whole core for such a client (99%; 34% with it)."""
+    (_RequestPoll) the arbiter polled a whole core for such a client (99%; 34% with it). With it,
+    the session thread sleeps in ``recv`` between requests once the budget is spent: the arbiter,
+    serving a pacing client without pause, is found with every thread asleep. (The share of a core
+    it uses meanwhile: bench/test_engine_mechanism_bench.py.)"""
     process, pipe_dir = daemon
-    with libshare.connect(mode="daemon", pipe_directory=pipe_dir, name="pacer") as session:
-        session.stats()
-        cpu_before, start = cpu_seconds(process.pid), time.monotonic()
-        while time.monotonic() - start < 2.0:
-            session.stats()
-            paced = time.perf_counter() + 60e-6
-            while time.perf_counter() < paced:  # the attacker's pace (a sleep's timer slack can pass 200 us)
-                pass
-        used = (cpu_seconds(process.pid) - cpu_before) / (time.monotonic() - start)
-    assert used < 0.7, f"the arbiter used {used:.0%} of a core for a client pacing its requests"
+    pacer = start_attacker("pace", pipe_dir)
+    try:
+        assert pacer.stdout.readline().split() == ["pacing", str(PACED_FIRST)]  # the budget spent, and on it goes
+        wait_until(AtRest(process.pid, looks=1, during=lambda: pacer.poll() is None), 60,
+                   "the arbiter to sleep between a pacing client's requests")
+        pacer.stdin.close()
+        served = pacer.stdout.readline().split()
+        assert served[0] == "served" and int(served[1]) > PACED_FIRST, served  # it paced throughout
+    finally:
+        stop_attacker(pacer)
+    assert_no_traceback(pipe_dir)
 
 
-def assert_rests(pid: int, what: str, max_wakes: int | None = None) -> None:
-    """The arbiter does not spin (and, given ``max_wakes``, sleeps that long), measured over 1 s."""
-    cpu, switches = rest(pid)
-    assert cpu < 0.5, f"the {what} arbiter used {cpu:.2f} s of CPU in 1 s: it spins"
-    if max_wakes is not None:
-        assert switches < max_wakes, f"the {what} arbiter woke {switches} times in 1 s"
-
-
-def rest(pid: int) -> tuple[float, int]:
-    """The CPU seconds that ``pid`` used and the times its threads slept, over 1 s."""
-    before_cpu, before_switches = cpu_seconds(pid), voluntary_switches(pid)
-    time.sleep(1.0)  # a measuring window, not a synchronisation
-    return cpu_seconds(pid) - before_cpu, voluntary_switches(pid) - before_switches
-
-
-def voluntary_switches(pid: int) -> int:
-    """Voluntary context switches of the threads of ``pid`` alive now (each is a sleep)."""
-    total = 0
-    for task in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{task}/status") as f:
-                total += next(int(line.split()[1]) for line in f if line.startswith("voluntary_ctxt_switches"))
-        except (OSError, StopIteration):
-            pass  # a thread that just ended
-    return total
+def assert_rests(pid: int, what: str) -> None:
+    """The arbiter comes to rest: five looks in a row (50 ms apart) find every thread of it asleep,
+    which a thread that spins or polls does not let happen. The bound is against a hang."""
+    wait_until(AtRest(pid), 60, f"the {what} arbiter to rest")
 
 
 # ---------------------------------------------------------------- corrupted rings
@@ -282,7 +281,7 @@ def test_a_corrupted_completion_head_drops_its_client_with_a_sticky_error(daemon
             ticket = session.dispatch(own, 1, [a, b], PUSH)  # rings the doorbell: the arbiter looks, drops it
             with pytest.raises(libshare.RingCorrupted, match="dropped this session"):
                 ticket.wait(10)
-            assert session._region.close_reason() == C.ECORRUPT
+            assert session._region.peers.close_reason() == C.ECORRUPT
             assert_dropped(session, own, a, b, pipe_dir, "completion ring")
             assert round_trips(bystander, program, x, y, 5), "the others are served as before"
         wait_until(lambda: open_fds(process.pid) <= before, 30,
@@ -300,7 +299,7 @@ def test_a_corrupted_lane_tail_found_by_the_drain_pass_drops_its_client(daemon):
         lane = session._region.lane_count - 1  # not the one this thread pushes from
         corrupt_lane_tail(session, lane)
         bystander.alloc(4096)  # a task: the drain pass after it looks at every ring
-        wait_until(lambda: session._region.close_reason() == C.ECORRUPT, 30, "the arbiter to drop the client")
+        wait_until(lambda: session._region.peers.close_reason() == C.ECORRUPT, 30, "the arbiter to drop the client")
         assert_dropped(session, own, a, b, pipe_dir, f"submission lane {lane}")
         assert round_trips(bystander, program, x, y, 5), "the others are served as before"
     assert_no_traceback(pipe_dir)  # a drop during the drain pass's look at every ring raised there
@@ -325,7 +324,7 @@ def test_a_request_right_after_the_drop_is_refused_before_the_control_thread_hea
             assert started.wait(30), "the control thread did not take the blocking task"
             corrupt_completion_head(session)
             session.dispatch(own, 1, [a, b], PUSH)  # rings the doorbell: the engine drops the ring
-            wait_until(lambda: session._region.close_reason() == C.ECORRUPT, 30, "the engine to drop the client")
+            wait_until(lambda: session._region.peers.close_reason() == C.ECORRUPT, 30, "the engine to drop the client")
             replies = []
             sender = threading.Thread(target=lambda: replies.append(raw_alloc(session)))
             sender.start()
@@ -343,15 +342,49 @@ def test_a_request_right_after_the_drop_is_refused_before_the_control_thread_hea
 
 
 def steal(pipe_dir: str) -> None:
-    """Read this session's doorbell in a loop, hoping to swallow the others' wake-ups."""
+    """Read this session's doorbell in a loop, hoping to swallow the others' wake-ups; at EOF on
+    stdin, print how many reads got something and the doorbell's inode, and exit."""
     session = libshare.connect(name="stealer", mode="daemon", pipe_directory=pipe_dir)
     bell = session._wake_fd
+    got = [0]
+
+    def report_at_eof():
+        sys.stdin.read()
+        print(got[0], os.fstat(bell).st_ino, flush=True)
+        os._exit(0)
+
+    threading.Thread(target=report_at_eof, daemon=True).start()
     print("ready", flush=True)
     while True:
         try:
             os.eventfd_read(bell)
+            got[0] += 1
         except OSError:
             pass
+
+
+def pace(pipe_dir: str) -> None:
+    """Send a request 60 us after each reply (the pace busy-waited: a sleep's timer slack can pass
+    200 us), until EOF on stdin: print 'pacing N' after the first N (PACED_FIRST), and 'served N'
+    at the end, then exit."""
+    import time
+
+    session = libshare.connect(name="pacer", mode="daemon", pipe_directory=pipe_dir)
+    session.stats()
+    stop = threading.Event()
+    threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
+    print("ready", flush=True)
+    served = 0
+    while not stop.is_set():
+        session.stats()
+        served += 1
+        if served == PACED_FIRST:
+            print("pacing", served, flush=True)
+        paced = time.perf_counter() + 60e-6
+        while time.perf_counter() < paced:
+            pass
+    print("served", served, flush=True)
+    os._exit(0)
 
 
 def hammer(pipe_dir: str) -> None:
@@ -409,10 +442,10 @@ def fill_completions(pipe_dir: str) -> None:
     while pushed < wanted:
         if not any(lib.ls_push_op(p, pushed + 1, C.OP_NOP, 0, 0, 0, 0, 0, ffi.NULL, 0, ffi.NULL, ffi.NULL, 0) == 1
                    for p in producers):  # every lane full: wait until the engine has popped (answered) one
-            region.wait_completions(pushed - capacity + 1, timeout=30)
+            region.completions.wait(pushed - capacity + 1, timeout=30)
             continue
         pushed += 1
-    region.wait_completions(region.cq_entries, timeout=30)  # answered as far as its slots go: full
+    region.completions.wait(region.cq_entries, timeout=30)  # answered as far as its slots go: full
     print("ready", flush=True)
     for line in sys.stdin:
         if line.strip() == "ring":  # write its doorbell in a loop, as if its pushes rang
@@ -421,8 +454,8 @@ def fill_completions(pipe_dir: str) -> None:
         if line.strip() == "read":
             answered = set()
             while len(answered) < wanted:
-                region.wait_completions(1, timeout=30)
-                answered.update(int(t) for t in region.completions()["ticket"])
+                region.completions.wait(1, timeout=30)
+                answered.update(int(t) for t in region.completions.take()["ticket"])
             print("ok", len(answered), flush=True)
     os._exit(0)
 
@@ -471,11 +504,10 @@ def test_a_client_that_never_reads_its_completions_stalls_no_one(daemon, mode):
     assert _control.run("set_scheduling_mode", mode, pipe_directory=pipe_dir) == mode
     session, program, x, y = honest(pipe_dir)
     with session:
-        assert len(round_trips(session, program, x, y)) == ROUNDS  # device time: ahead of the filler
+        assert round_trips(session, program, x, y) == ROUNDS  # device time: ahead of the filler
         filler = start_attacker("fill_completions", pipe_dir)
         try:
-            times = round_trips(session, program, x, y)
-            assert len(times) == ROUNDS and max(times) < SLOW, f"a round trip took {max(times):.2f} s"
+            assert round_trips(session, program, x, y) == ROUNDS  # held back, they would time out
             assert np.all(y == 2.0 * ROUNDS)
             assert_rests(process.pid, "stalled")
             filler.stdin.write("ring\n")  # its rings were never charged: a core, and others' p99 x25

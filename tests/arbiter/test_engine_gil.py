@@ -1,88 +1,46 @@
 """The arbiter keeps draining while Python holds the GIL in its process.
 
-An embedded arbiter shares its process with the application: a Python thread there that computes
-in pure Python holds the GIL for a switch interval (5 ms) at a time. A drain loop that needs the
-GIL to pop, submit and post makes every other client's round trip wait for it. This test runs the
-arbiter in this process (the same ``Arbiter`` that ``connect(mode="embedded")`` starts, serving a
-pipe directory, since an embedded arbiter takes no other process's connections), a client in
-another process that times tiny round trips (saxpy over 64 floats, one workgroup: dispatch, then
-wait), and a spinner, ``while spinning: x += 1``, in one of two places:
+An embedded arbiter shares its process with the application, whose Python threads hold the GIL
+for a switch interval (5 ms) at a time, or for as long as a C call that keeps it lasts. A drain
+loop that needs the GIL to pop, submit and post makes every other client's round trip wait for it.
 
-- inside: a thread of this process, which competes with the arbiter for the GIL;
-- apart: a process of its own, which competes with it for nothing but a CPU.
+This test runs the arbiter in this process (the same ``Arbiter`` that ``connect(mode="embedded")``
+starts, serving a pipe directory, since an embedded arbiter takes no other process's connections)
+and a client in another process, and holds the GIL in this process for the whole of the client's
+round trips: the main thread calls ``system()`` through ``ctypes.PyDLL``, which keeps the GIL, and
+the shell it runs tells the client to go and then waits for the client's word that it is done. No
+Python thread of the arbiter's process runs meanwhile (a counter that a Python thread of this
+process bumps without pause stays still for the client to see), so a round trip that needed one
+would wait for ever: the client's waits time out (30 s), and it says so. The client always
+writes its word, so the hold ends even then.
 
-Both take a core from the machine, so the comparison measures the GIL alone, whatever else loads
-the machine. Inside and apart are timed in alternating blocks (the order swapped each block), so
-that drift in the machine's load falls on both. The client pauses 2 ms before each round trip,
-long enough for the arbiter to go idle and the spinner to take the GIL. Back to back, a drain
-loop that polls in short C calls can retake the GIL the moment it lets it go (CPython hands it to
-no waiter then, and a waiter asks for it only after a switch interval in which nobody else took
-it): that starves the spinner for whole blocks, and the stall comes and goes by chance.
+How much a pure-Python thread in the arbiter's process slows a tiny round trip is a figure of
+bench/test_engine_bench.py (E3), measured by bench/_gil_workers.py.
 
-The bound, a median round trip with the spinner inside at most twice the one with it apart, is
-generous: a drain loop that leaves the GIL alone gives about 1x, one that needs it on the way of
-each round trip waits a switch interval or more for it, tens of times a tiny round trip. The
-precise figure is in bench/test_engine_bench.py (c).
-
-Run as ``python -m tests.arbiter.test_engine_gil PIPE_DIR``, this module is the client: it prints
-``ready``, then for each line ``N`` on stdin times N round trips (after a few untimed ones; each
-timed one after its pause) and prints their seconds on one line; on an empty line it checks that every
-dispatch ran, prints ``ok`` and exits.
+Run as ``python -m tests.arbiter.test_engine_gil PIPE_DIR COUNTER GO_FD DONE_FD ROUNDS``, this
+module is the client: it prints ``ready``, waits for a byte on GO_FD, makes ROUNDS round trips,
+writes a line to DONE_FD and prints ``ok N SAME`` (N round trips checked, SAME whether the counter
+at the file COUNTER stayed still throughout) or what went wrong.
 """
 
 from __future__ import annotations
 
 import contextlib
-import signal
+import ctypes
+import mmap
+import os
 import struct
 import subprocess
 import sys
 import threading
-import time
 
 import numpy as np
-import pytest
 
 import libshare
 from libshare.arbiter import Arbiter
 from tests.conftest import ROOT, stop_process
 
-BLOCKS = 4  # alternating blocks per condition
-PER_BLOCK = 25  # timed round trips per block
-WARMUP = 5  # untimed round trips before each block
-GAP = 0.002  # seconds between round trips: the arbiter goes idle, and the spinner takes the GIL
-LIMIT = 2.0  # median inside / median apart
-_SPIN = "x = 0\nwhile True:\n    x += 1\n"
-
-
-class Spinner(threading.Thread):
-    """A thread that counts in pure Python while ``spinning`` is set (and sleeps otherwise)."""
-
-    def __init__(self):
-        super().__init__(name="pure-python-spinner", daemon=True)
-        self.spinning = False
-        self.stopped = False
-        self.wake = threading.Event()
-        self.count = 0
-
-    def run(self) -> None:
-        while not self.stopped:
-            self.wake.wait()
-            self.wake.clear()
-            x = 0
-            while self.spinning:
-                x += 1
-            self.count += x
-
-    def spin(self, on: bool) -> None:
-        self.spinning = on
-        if on:
-            self.wake.set()
-
-    def stop(self) -> None:
-        self.stopped, self.spinning = True, False
-        self.wake.set()
-        self.join(timeout=10)
+ROUNDS = 50  # round trips made while the GIL is held
 
 
 @contextlib.contextmanager
@@ -97,100 +55,90 @@ def serving(pipe_dir):
         arbiter.close()
 
 
-class RoundTrips:
-    """The client process: ``times(n)`` has it time ``n`` round trips; ``close()`` checks its results,
-    ``stop()`` ends it whatever state it is in."""
+@contextlib.contextmanager
+def counting(path):
+    """A Python thread of this process that bumps a u64 in the file at ``path`` without pause; yields the view."""
+    path.write_bytes(bytes(8))
+    with open(path, "r+b") as f:
+        mapping = mmap.mmap(f.fileno(), 8)
+    counter = np.frombuffer(mapping, np.uint64)
+    stop = threading.Event()
 
-    def __init__(self, pipe_dir):
-        self.process = subprocess.Popen([sys.executable, "-m", "tests.arbiter.test_engine_gil", str(pipe_dir)],
-                                        cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        if self.process.stdout.readline().strip() != "ready":
-            self.stop()
-            pytest.fail("the round-trip client did not start")
+    def bump():
+        while not stop.is_set():
+            counter[0] += 1
 
-    def times(self, count: int) -> list[float]:
-        self.process.stdin.write(f"{count}\n")
-        self.process.stdin.flush()
-        line = self.process.stdout.readline()
-        assert line, "the round-trip client died"
-        return [float(t) for t in line.split()]
-
-    def close(self) -> str:
-        self.process.stdin.write("\n")
-        self.process.stdin.flush()
-        return self.process.communicate(timeout=60)[0].strip()
-
-    def stop(self) -> None:
-        stop_process(self.process)
-        self.process.stdin.close()
-        self.process.stdout.close()
-
-
-def compare(pipe_dir, blocks: int, per_block: int, alone: bool = False) -> dict[str, np.ndarray]:
-    """Round-trip times (seconds) from a client process of the arbiter serving ``pipe_dir`` (in this
-    process) with a pure-Python spinner "inside" this process and "apart" in another, and with
-    ``alone`` also with no spinner, in ``blocks`` alternating blocks of ``per_block`` each."""
-    spinner = Spinner()
-    spinner.start()
-    apart = subprocess.Popen([sys.executable, "-c", _SPIN])
-    apart.send_signal(signal.SIGSTOP)
-    client = None
-    switch = {"inside": spinner.spin, "apart": lambda on: apart.send_signal(signal.SIGCONT if on else signal.SIGSTOP),
-              "alone": lambda on: None}
-    conditions = ["inside", "apart"] + (["alone"] if alone else [])
-    times: dict[str, list[float]] = {name: [] for name in conditions}
+    thread = threading.Thread(target=bump, name="pure-python-counter", daemon=True)
+    thread.start()
     try:
-        client = RoundTrips(pipe_dir)
-        for block in range(blocks):
-            for name in conditions[::-1] if block % 2 else conditions:
-                switch[name](True)
-                try:
-                    times[name] += client.times(per_block)
-                finally:
-                    switch[name](False)
-        assert client.close() == "ok", "a round trip's dispatch did not run"
+        yield counter
     finally:
-        if client is not None:
-            client.stop()
-        spinner.stop()
-        apart.send_signal(signal.SIGCONT)  # a stopped process would not act on the SIGTERM
-        stop_process(apart)
-    assert spinner.count > 0, "the spinner never ran"
-    return {name: np.array(t) for name, t in times.items()}
+        stop.set()
+        thread.join(30)  # (the mapping goes with the last view of it)
 
 
-def test_a_pure_python_thread_in_the_arbiters_process_does_not_stall_other_clients(tmp_path, vulkan_device_name):
-    with serving(tmp_path):
-        times = compare(tmp_path, BLOCKS, PER_BLOCK)
-    inside, apart = np.median(times["inside"]), np.median(times["apart"])
-    assert inside <= LIMIT * apart, (
-        f"with a pure-Python thread spinning in the arbiter's process the median round trip is "
-        f"{inside * 1e6:.0f} us, {inside / apart:.1f}x the {apart * 1e6:.0f} us with it spinning in another "
-        f"process (limit {LIMIT:g}x): the drain loop waits for the GIL")
+def hold_gil_while(go_fd: int, done_fd: int) -> int:
+    """Keep the GIL in one C call: write a byte to ``go_fd``, then wait for a line on ``done_fd``;
+    the shell's exit status (0: the line came)."""
+    for fd in (go_fd, done_fd):
+        os.set_inheritable(fd, True)
+    command = f"printf g > /dev/fd/{go_fd}; read line < /dev/fd/{done_fd}"
+    return ctypes.PyDLL(None).system(command.encode())  # PyDLL: the GIL is not released for the call
 
 
-def _client(pipe_dir: str) -> None:
+def test_round_trips_go_on_while_a_thread_of_the_arbiters_process_holds_the_gil(tmp_path, vulkan_device_name):
+    pipe_dir = tmp_path / "pipe"
+    pipe_dir.mkdir()
+    go_read, go_write = os.pipe()
+    done_read, done_write = os.pipe()
+    with serving(pipe_dir), counting(tmp_path / "counter") as counter:
+        client = subprocess.Popen([sys.executable, "-m", "tests.arbiter.test_engine_gil", str(pipe_dir),
+                                   str(tmp_path / "counter"), str(go_read), str(done_write), str(ROUNDS)],
+                                  cwd=ROOT, stdout=subprocess.PIPE, text=True, pass_fds=(go_read, done_write))
+        os.close(go_read)
+        os.close(done_write)  # the client's end alone: its exit ends the hold, whatever happened
+        try:
+            assert client.stdout.readline().strip() == "ready", "the client did not start"
+            before = int(counter[0])
+            assert hold_gil_while(go_write, done_read) == 0, "the client never said it was done"
+            outcome = client.communicate(timeout=60)[0].split()
+        finally:
+            os.close(go_write)
+            os.close(done_read)
+            stop_process(client)
+            client.stdout.close()
+        assert before > 0, "the counting thread never ran"
+        assert outcome == ["ok", str(ROUNDS), "still"], (
+            f"the client said {outcome}: with the GIL held in the arbiter's process, its round trips stalled")
+
+
+def _client(pipe_dir: str, counter_path: str, go_fd: str, done_fd: str, rounds: str) -> None:
     with libshare.connect(name="round-trips", mode="daemon", pipe_directory=pipe_dir) as session:
         program = session.load_program(libshare.shaders.path("saxpy"))
         x, y = session.array(64), session.array(64)
         x[:], y[:] = 1.0, 0.0
-        push, rounds = struct.pack("If", 64, 1.0), 0
+        push = struct.pack("If", 64, 1.0)
+        session.dispatch(program, 1, [x, y], push).wait(60)  # compiled and recorded before the hold
+        with open(counter_path, "r+b") as f:
+            counter = np.frombuffer(mmap.mmap(f.fileno(), 8), np.uint64)
         print("ready", flush=True)
-        for line in sys.stdin:
-            if not line.strip():
-                break
-            for _ in range(WARMUP):
-                session.dispatch(program, 1, [x, y], push).wait(60)
-            times = []
-            for _ in range(int(line)):
-                time.sleep(GAP)
-                begun = time.perf_counter()
-                session.dispatch(program, 1, [x, y], push).wait(60)
-                times.append(time.perf_counter() - begun)
-            rounds += WARMUP + len(times)
-            print(" ".join(f"{t:.9f}" for t in times), flush=True)
-        print("ok" if np.all(y == rounds) else f"y is {y[0]} after {rounds} round trips", flush=True)
+        said = "ok"
+        try:
+            assert os.read(int(go_fd), 1) == b"g"  # the GIL is held in the arbiter's process from now on
+            seen = int(counter[0])
+            done = 0
+            for _ in range(int(rounds)):
+                session.dispatch(program, 1, [x, y], push).wait(30)
+                done += 1
+            still = int(counter[0]) == seen  # nothing in the arbiter's process ran Python meanwhile
+        except Exception as exc:  # noqa: BLE001 - reported to the test
+            said = f"{type(exc).__name__}: {exc}"
+        finally:
+            os.write(int(done_fd), b"done\n")  # ends the hold
+        if said == "ok":
+            said = f"ok {done if np.all(y == done + 1) else 'wrong'} {'still' if still else 'moved'}"
+        print(said, flush=True)
 
 
 if __name__ == "__main__":
-    _client(sys.argv[1])
+    _client(*sys.argv[1:])

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 
 import numpy as np
 import pytest
@@ -53,8 +52,10 @@ def test_client_killed_mid_dispatch_leaks_nothing_and_others_run(daemon):
 
 
 def test_clients_raise_soon_when_the_arbiter_is_killed(daemon):
-    """Waiters watch the arbiter's pidfd, so they see its death at once; the bound only has to be far
-    below "never" on a loaded machine (the issue's 1 s is met unloaded: 40 ms in one run)."""
+    """Waiters watch the arbiter's pidfd, so they see its death instead of waiting out their 60 s
+    timeouts: each one's wait ends with ArbiterLost while tickets of its queue still waited (the
+    communicate bound is against a hang, below those timeouts). How soon after the kill (the
+    issue's 1 s; 40 ms in one unloaded run): bench/test_lifecycle_mechanism_bench.py."""
     arbiter, pipe_dir = daemon
     waiters = [start_client("wait_forever", pipe_dir) for _ in range(2)]
     for waiter in waiters:
@@ -63,8 +64,7 @@ def test_clients_raise_soon_when_the_arbiter_is_killed(daemon):
     arbiter.wait(timeout=10)
     for waiter in waiters:
         line = waiter.communicate(timeout=30)[0].strip()
-        assert line.startswith("lost"), line
-        assert float(line.split()[1]) < 5.0
+        assert line.split()[0] == "lost" and int(line.split()[1]) < 50, line  # lost mid-queue, not "finished"
 
 
 def test_later_calls_after_arbiter_death_raise_arbiter_lost(daemon):
@@ -74,10 +74,8 @@ def test_later_calls_after_arbiter_death_raise_arbiter_lost(daemon):
     x = session.array(64)
     arbiter.send_signal(signal.SIGKILL)
     arbiter.wait(timeout=10)
-    started = time.monotonic()
-    with pytest.raises(libshare.ArbiterLost):
+    with pytest.raises(libshare.ArbiterLost):  # the death seen, not the Timeout of the 30 s wait
         session.dispatch(program, 1, [x, x], b"").wait(timeout=30)
-    assert time.monotonic() - started < 5.0  # not the 30 s timeout
     with pytest.raises(libshare.ArbiterLost):
         session.alloc(4096)
     session.close()

@@ -7,10 +7,13 @@ hostile modules are built at test time (``_spirv_attacks.py``). The mutation fuz
 seeded: ``LIBSHARE_FUZZ_SEED`` and ``LIBSHARE_FUZZ_MUTANTS`` change the run, and a
 failure names the seed and mutant index that rebuild the module alone.
 
-The stall tests compare times only with each other: an honest round trip must never
-have waited for most of the hostile request (a compile the drain thread waited for
-shows up as one gap as long as the request itself). ``tools/attack_programs.py`` is the
-long version of this file.
+The stall tests read no clock: an honest round trip must begin and end while a long
+hostile request is still under way (one that the drain thread or the queue waited for
+would hold every honest round trip until it ended), and a short one must be refused or
+served without compiling on the queue (the shader cache the vetting filled). How long the
+honest client went without a completion meanwhile is a figure of
+bench/test_engine_mechanism_bench.py. ``tools/attack_programs.py`` is the long version of
+this file.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import struct
 import subprocess
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -105,50 +109,52 @@ def names(exc: BaseException, *texts: str) -> bool:
 def honest_during(honest: Honest, action):
     """Run ``action()`` while ``honest`` does round trips in a thread.
 
-    Returns (what ``action`` returned or raised, completion times of the honest round
-    trips made while it ran, its start, its end). The honest thread has made three
-    round trips before ``action`` starts.
+    Returns (what ``action`` returned or raised, how many honest round trips began after it
+    began and ended before it ended). The honest thread has made three round trips before
+    ``action`` starts. The order is the order of the events in one list, not of clock readings.
     """
-    stop, completions, failures = threading.Event(), [], []
+    stop, events, failures = threading.Event(), [], []
 
     def loop():
         try:
             while not stop.is_set():
+                events.append(("begin", honest.round_trips))
                 honest.round_trip()
-                completions.append(time.monotonic())
+                events.append(("end", honest.round_trips - 1))
         except BaseException as exc:  # reported by the caller
             failures.append(exc)
 
     thread = threading.Thread(target=loop, name="honest", daemon=True)
     thread.start()
-    wait_until(lambda: len(completions) >= 3 or failures, 120, "three honest round trips before the attack")
-    started = time.monotonic()
+    wait_until(lambda: honest.round_trips >= 3 or failures, 120, "three honest round trips before the attack")
+    events.append(("action", "began"))
     try:
         outcome = action()
     except libshare.LibshareError as exc:
         outcome = exc
     finally:
-        ended = time.monotonic()
+        events.append(("action", "ended"))
         stop.set()
         thread.join(timeout=300)
     assert not thread.is_alive(), "the honest client's round trip never came back"
     assert not failures, f"the honest client failed: {failures[0]!r}"
-    return outcome, [t for t in completions if started <= t <= ended], started, ended
+    began, ended = events.index(("action", "began")), events.index(("action", "ended"))
+    starts = {k for kind, k in events[began:ended] if kind == "begin"}
+    return outcome, sum(1 for kind, k in events[began:ended] if kind == "end" and k in starts)
 
 
-def assert_not_stalled(during: list[float], started: float, ended: float, what: str) -> None:
-    """No honest round trip waited for most of the hostile request.
+def assert_not_stalled(inside: int, what: str) -> None:
+    """An honest round trip began and ended while ``what`` was under way: the request held nothing
+    the others need (a request served on the drain thread, or a compile on the queue, holds every
+    honest round trip that begins meanwhile until it ends)."""
+    assert inside >= 1, f"no honest round trip went through while {what} was under way: the others waited for it"
 
-    The longest interval without an honest completion while ``what`` ran must stay under
-    half of its run (and under a second for short runs): a request served on the drain
-    thread shows up as one interval about as long as the request.
-    """
-    marks = [started, *during, ended]
-    longest = max(b - a for a, b in zip(marks, marks[1:]))
-    window = ended - started
-    assert longest < max(window / 2, 1.0), (
-        f"{what} took {window:.2f} s and the honest client completed nothing for {longest:.2f} s of it "
-        f"({len(during)} round trips completed meanwhile): the others waited for it")
+
+def shader_cache_entries(pipe_dir) -> int:
+    """Files in the arbiter's shader cache (Mesa's, in the pipe directory unless the environment
+    names another; none on a driver that keeps its own elsewhere)."""
+    cache = Path(os.environ.get("MESA_SHADER_CACHE_DIR") or pipe_dir / "shader-cache")
+    return sum(len(files) for _, _, files in os.walk(cache))
 
 
 @pytest.fixture
@@ -295,12 +301,12 @@ def test_a_slow_compile_does_not_stall_other_clients(daemons, attack_dir):
     module = attacks.slow_compile(attack_dir, 256, time.time_ns())
     with connect(pipe_dir, "honest") as mine, connect(pipe_dir, "hostile") as theirs:
         honest = Honest(mine)
-        outcome, during, started, ended = honest_during(honest, lambda: theirs.load_program(module))
+        outcome, inside = honest_during(honest, lambda: theirs.load_program(module))
         if isinstance(outcome, libshare.Program):
             theirs.free(outcome)
         else:
             assert isinstance(outcome, libshare.InvalidSubmission) and names(outcome, "compil"), repr(outcome)
-        assert_not_stalled(during, started, ended, "the hostile load")
+        assert_not_stalled(inside, "the hostile load")
         assert_unharmed(arbiter, pipe_dir, honest)
 
 
@@ -309,31 +315,39 @@ def test_a_compile_past_the_time_limit_is_refused(daemons, attack_dir):
     module = attacks.slow_compile(attack_dir, 256, time.time_ns())
     with connect(pipe_dir, "honest") as mine, connect(pipe_dir, "hostile") as theirs:
         honest = Honest(mine)
-        outcome, during, started, ended = honest_during(honest, lambda: refusal(theirs, module))
+        outcome, inside = honest_during(honest, lambda: refusal(theirs, module))  # a 1 s compile at least
         assert names(outcome, "compil"), outcome
-        assert_not_stalled(during, started, ended, "the hostile load")
+        assert_not_stalled(inside, "the hostile load")
         assert names(refusal(theirs, module), "compil")  # refused again, whoever asks
         assert_unharmed(arbiter, pipe_dir, honest)
 
 
-def test_a_first_dispatch_that_compiles_for_seconds_does_not_stall_other_clients(daemons, attack_dir):
+def test_a_first_dispatch_that_compiles_for_seconds_does_not_stall_other_clients(daemons, attack_dir,
+                                                                                  vulkan_device_is_cpu):
     """llvmpipe compiles machine code lazily, at a pipeline's first dispatch: this 2 KiB module
     creates in 0.03 s and then holds the queue for about 5 s (unroll 32; 16 gives 0.8 s, 48 gives
     19 s). The vetting child's trial dispatch pays that compile and fills Mesa's shader cache, so the
-    arbiter's own first dispatch loads the machine code instead of compiling it on the queue."""
+    arbiter's own first dispatch loads the machine code instead of compiling it on the queue: on
+    lavapipe, the load adds entries to the cache, and the first dispatch none (a compile on the
+    queue stores what it compiled). How long the honest client went without a completion during
+    that dispatch: bench/test_engine_mechanism_bench.py."""
     arbiter, pipe_dir = daemons(LIBSHARE_COMPILE_TIMEOUT="120")  # the trial must pass: what follows is the test
     module = attacks.slow_compile(attack_dir, 32, time.time_ns())
     with connect(pipe_dir, "honest") as mine, connect(pipe_dir, "hostile") as theirs:
         honest = Honest(mine)
+        before_vetting = shader_cache_entries(pipe_dir)
         program = theirs.load_program(module)  # vetted: the trial dispatch compiled it in a child
         data = theirs.array(64)
+        vetted = shader_cache_entries(pipe_dir)
 
         def first_dispatch():
             return theirs.dispatch(program, 1, [data], struct.pack("If", 64, 0.5)).wait(300)
 
-        outcome, during, started, ended = honest_during(honest, first_dispatch)
+        outcome, _ = honest_during(honest, first_dispatch)
         assert isinstance(outcome, libshare.Ticket), repr(outcome)
-        assert_not_stalled(during, started, ended, "the hostile first dispatch")
+        if vulkan_device_is_cpu:  # Mesa's cache; a GPU driver keeps its own, elsewhere
+            assert vetted > before_vetting, "the vetting filled no shader cache"
+            assert shader_cache_entries(pipe_dir) == vetted, "the arbiter's first dispatch compiled on the queue"
         assert_unharmed(arbiter, pipe_dir, honest)
 
 
@@ -411,12 +425,15 @@ def _loads(session, module) -> bool:
 # ------------------------------------------------------------------ 5. size bound
 
 def test_a_module_over_the_size_bound_is_refused_without_stalling_others(daemon):
-    """Nearly 4 MiB of valid constants (the most one request carries): refused before any compile."""
+    """Nearly 4 MiB of valid constants (the most one request carries): refused before any compile
+    (the shader cache takes no entry for it), with the honest client's round trips going on."""
     arbiter, pipe_dir = daemon
     module = attacks.padded(attacks.shipped("saxpy"), _protocol.MAX_FRAME - (64 << 10))
     with connect(pipe_dir, "honest") as mine, connect(pipe_dir, "hostile") as theirs:
         honest = Honest(mine)
-        outcome, during, started, ended = honest_during(honest, lambda: refusal(theirs, module))
+        honest.round_trip()  # saxpy's machine code in the cache already
+        cached = shader_cache_entries(pipe_dir)
+        outcome, _ = honest_during(honest, lambda: refusal(theirs, module))
         assert names(outcome, "too large"), outcome
-        assert_not_stalled(during, started, ended, "the hostile load")
+        assert shader_cache_entries(pipe_dir) == cached, "the module was compiled before it was refused"
         assert_unharmed(arbiter, pipe_dir, honest)

@@ -8,9 +8,7 @@ import struct
 import subprocess
 import sys
 import threading
-import time
 import types
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -26,7 +24,7 @@ from libshare.workloads import busy_reference
 from tests._busy import busy_iterations
 from tests.conftest import ROOT
 from tests.arbiter._spirv_attacks import compile_glsl
-from tests.arbiter.conftest import run_daemon, wait_until
+from tests.arbiter.conftest import AtRest, run_daemon, wait_until
 
 
 def control(pipe_dir, command: str, *args: str) -> str:
@@ -150,12 +148,10 @@ def test_client_limit_is_configurable_past_the_mps_default(tmp_path, vulkan_devi
     sessions = []
     try:
         arbiter.serve(pipe_dir / "control")
-        started = time.monotonic()
         sessions = [libshare.connect(mode="daemon", pipe_directory=pipe_dir) for _ in range(60)]
-        attach_s = time.monotonic() - started
+        assert len({session.client_id for session in sessions}) == 60  # (how long 60 attaches take: bench/)
         with pytest.raises(libshare.TooManyClients, match="limit is 60"):
             libshare.connect(mode="daemon", pipe_directory=pipe_dir)
-        assert attach_s < 30
     finally:
         for session in sessions:
             session.close()
@@ -403,33 +399,35 @@ def test_a_realtime_dispatch_is_not_held_behind_low_work_popped_with_it(tmp_path
         arbiter, low_busy, tiny, realtime_busy = pair.arbiter, pair.low_busy, pair.tiny, pair.realtime_busy
         # The clients differ, so the engine asks the scheduler before each pass; holding the
         # scheduler's lock holds the engine there, and both dispatches below meet in one pass.
+        engine, slot = arbiter.drainer.engine, low_slot(arbiter)
         with arbiter.drainer.scheduling:
-            slow = low_busy(16, 1024, busy_iterations(200_000))  # ~0.2 s on lavapipe
+            slow = low_busy(16, 1024, busy_iterations(500_000))  # ~0.5 s on lavapipe
             quick = tiny()
         quick.wait(10)
-        quick_done = time.monotonic()
+        # The realtime answer came while the low dispatch, popped in the same pass, still ran: the
+        # two went in separate submissions, each with its own fence. (One fence for both answers
+        # them together.) How long the low one ran on after: bench/test_engine_mechanism_bench.py.
+        stats = engine.stats(slot)
+        assert (slow.done(), stats.submitted, stats.outstanding) == (False, 1, 1), (slow.done(), stats)
         slow.wait(60)
-        assert time.monotonic() - quick_done > 0.05, "the realtime dispatch waited for the low one"
-
-
-def engine_cpu_seconds(engine) -> float:
-    """CPU time so far of ``engine``'s thread, in this process (schedstat: nanoseconds on a CPU)."""
-    return int(Path(f"/proc/self/task/{engine.thread_id}/schedstat").read_text().split()[0]) / 1e9
 
 
 def test_the_engine_sleeps_while_the_plan_keeps_the_waiting_work_waiting(tmp_path, vulkan_device_name):
     """Low work waits while a realtime dispatch runs (it is withheld, not popped). The engine took
     that waiting work for work to do and looked again at once: it used a whole core (half of the
-    core lavapipe's queue thread runs on, placed) for as long as the realtime dispatch ran."""
+    core lavapipe's queue thread runs on, placed) for as long as the realtime dispatch ran. Now it
+    sleeps on the fence: while the realtime dispatch runs and the low work waits, five looks in a
+    row find the engine's thread asleep (a thread that looks again at once is found running). The
+    CPU it uses meanwhile is a figure of bench/test_engine_mechanism_bench.py."""
     with low_and_realtime(tmp_path / "pipe") as pair:
-        engine = pair.arbiter.drainer.engine
-        long_run = pair.realtime_running(500_000)  # ~0.5 s on lavapipe
-        before, started = engine_cpu_seconds(engine), time.monotonic()
+        engine, slot = pair.arbiter.drainer.engine, low_slot(pair.arbiter)
+        long_run = pair.realtime_running(1_000_000)  # ~1 s on lavapipe
         waiting = pair.low_busy(1, 64, 1)  # withheld: a higher priority runs
+        wait_until(AtRest(os.getpid(), [engine.thread_id], during=lambda: not long_run.done()), 60,
+                   "the engine to sleep while the low work waits")
+        assert not waiting.done() and engine.stats(slot).submitted == 0, "the low work was not withheld"
         long_run.wait(120)
-        elapsed, used = time.monotonic() - started, engine_cpu_seconds(engine) - before
         waiting.wait(30)
-        assert used < 0.1 * elapsed, f"the engine used {used:.3f} s of CPU in {elapsed:.3f} s while work waited"
 
 
 def test_lower_work_popped_with_a_realtime_dispatch_waits_until_that_has_ended(tmp_path, vulkan_device_name):
@@ -757,7 +755,7 @@ def test_a_held_lower_client_let_run_on_an_idle_device_is_still_cut():
 def test_a_sessions_waits_spin_as_its_priority_says(daemon):
     """A wait's spin yields the core at each look (the thread it waits for may share it), except a
     realtime session's, whose latency a yield to an unrelated busy thread would cost a time slice,
-    and a low one's, which does not spin (ring.c, wait_for). The priority comes from the welcome:
+    and a low one's, which does not spin (ring/wake.c, ring_wait_for). The priority comes from the welcome:
     asked for, or the arbiter's default. Every mode still gets its answers."""
     _process, pipe_dir = daemon
     saxpy = libshare.shaders.path("saxpy")
@@ -766,7 +764,7 @@ def test_a_sessions_waits_spin_as_its_priority_says(daemon):
             libshare.connect(mode="daemon", pipe_directory=pipe_dir, priority="low") as low:
         assert (realtime.priority, normal.priority, low.priority) == ("realtime", "normal", "low")
         from libshare.ring import C
-        assert (realtime._region.spin_mode, normal._region.spin_mode, low._region.spin_mode) == (
+        assert (realtime._region.peers.spin_mode, normal._region.peers.spin_mode, low._region.peers.spin_mode) == (
             C.SPIN_KEEP, C.SPIN_YIELD, C.SPIN_NONE)
         for session in (realtime, normal, low):
             program = session.load_program(saxpy)
@@ -781,15 +779,27 @@ def test_the_engine_asks_the_scheduler_again_only_when_something_changed(tmp_pat
     active) and the plan is empty: the engine, polling the fence, asks again when the waiting
     clients or the submissions on the device change, or once the plan is older than
     ``plan_for``, not at every look (it once called the scheduler, taking the GIL, tens of
-    thousands of times a second there)."""
+    thousands of times a second there). With ``plan_for`` an hour while the test looks, the plans
+    it asks for are counted against the changes it saw, no clock involved."""
     with low_and_realtime(tmp_path / "pipe") as pair:  # the realtime client is active
         arbiter, low_busy = pair.arbiter, pair.low_busy
-        slow = low_busy(16, 1024, busy_iterations(300_000))  # ~0.1 s on lavapipe
-        wait_until(lambda: arbiter.drainer.engine.in_flight() or slow.done(), 10, "the slow dispatch to start")
-        held = low_busy(1, 64, 1)  # waits in the ring while the slow one runs
-        plans, started = arbiter.drainer.planner.plans, time.monotonic()
-        slow.wait(60)
-        plans, seconds = arbiter.drainer.planner.plans - plans, time.monotonic() - started
+        drainer, slot = arbiter.drainer, low_slot(arbiter)
+        lifetime = drainer.scheduler.plan_for
+        # A plan that does not expire while the test looks: every plan then comes from a change,
+        # and the count is the engine's, not the clock's. (Plans a second, with the plans expiring
+        # as they do: bench/test_engine_mechanism_bench.py.)
+        drainer.call(lambda: (setattr(drainer.scheduler, "plan_for", 3600.0), drainer.planner.update()))
+        try:
+            slow = low_busy(16, 1024, busy_iterations(300_000))  # ~0.1 s on lavapipe
+            wait_until(lambda: drainer.engine.in_flight() or slow.done(), 10, "the slow dispatch to start")
+            before, plans = drainer.engine.stats(slot), drainer.planner.plans
+            held = low_busy(1, 64, 1)  # waits in the ring while the slow one runs
+            slow.wait(60)
+            plans, after = drainer.planner.plans - plans, drainer.engine.stats(slot)
+        finally:
+            drainer.call(lambda: (setattr(drainer.scheduler, "plan_for", lifetime), drainer.planner.update()))
         held.wait(60)
-        expiries = seconds / arbiter.drainer.scheduler.plan_for
-    assert plans <= 2 * expiries + 50, f"{plans} plans in {seconds:.3f} s ({expiries:.0f} plan lifetimes)"
+    # A change: the held dispatch's arrival, each piece of the slow one ending (it runs in pieces
+    # beside the realtime client), the slow one ending. At every look it was thousands.
+    changes = 2 + (after.pieces - before.pieces)
+    assert plans <= 2 * changes + 10, f"{plans} plans for {changes} changes"

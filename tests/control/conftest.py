@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -16,17 +15,13 @@ from libshare.protocol.control import ControlConnection
 from libshare._proc import running as alive  # a zombie waiting for a parent that never reaps counts as dead
 from libshare.errors import LibshareError
 
+from tests._wait import wait_until
 from tests.conftest import ROOT, stop_process
 
 
 def wait_dead(pid: int, timeout: float) -> bool:
     """Wait until ``pid`` is gone; True if it went within ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while alive(pid):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
+    return wait_until(lambda: not alive(pid), timeout, f"pid {pid} to end", interval=0.02, fail=lambda _: False)
 
 
 def kill_hard(pid: int) -> None:
@@ -50,14 +45,14 @@ def server_status(pipe_dir: Path) -> str | None:
 
 def wait_active(pipe_dir: Path, process: subprocess.Popen | None = None, timeout: float = 60) -> None:
     """Wait for the arbiter at ``pipe_dir`` to answer ACTIVE (fail early if ``process`` exits)."""
-    deadline = time.monotonic() + timeout
-    while server_status(pipe_dir) != "ACTIVE":
+
+    def active() -> bool:
         if process is not None and process.poll() is not None:
             said = process.communicate()[1] or ""  # (None: its stderr was not piped)
             pytest.fail(f"the arbiter exited with {process.returncode}: {said[-2000:]}")
-        if time.monotonic() > deadline:
-            pytest.fail(f"no ACTIVE arbiter at {pipe_dir} after {timeout} s")
-        time.sleep(0.05)
+        return server_status(pipe_dir) == "ACTIVE"
+
+    wait_until(active, timeout, f"an ACTIVE arbiter at {pipe_dir}", fail=pytest.fail)
 
 
 def control(*args: str, stdin: str | None = None, timeout: float = 120) -> subprocess.CompletedProcess:

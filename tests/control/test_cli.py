@@ -7,7 +7,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from importlib import metadata
 
 import libshare
@@ -120,12 +119,13 @@ def test_foreground_mode_serves_until_sigint(dirs, vulkan_device_name):
 
 
 def test_daemon_start_failure_reports_the_reason(dirs, vulkan_device_name):
-    started = time.monotonic()
+    """A start that cannot open its device fails with the reason, and leaves no lock and no arbiter
+    behind (``control`` bounds the command against a hang; how long the refusal took is a figure of
+    bench/test_lifecycle_mechanism_bench.py)."""
     result = control("-d", *dirs.args, "--device", "no-such-device")
     assert result.returncode != 0
     assert "no-such-device" in result.stderr, result.stderr
-    assert time.monotonic() - started < 30
-    assert not dirs.lock.exists()
+    assert not dirs.lock.exists() and not dirs.socket.exists() and server_status(dirs.pipe) is None
 
 
 def test_a_refused_command_prints_the_arbiters_reason(dirs, daemon):

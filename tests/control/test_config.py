@@ -8,13 +8,13 @@ from __future__ import annotations
 import os
 import re
 import signal
-import time
 
 import numpy as np
 import pytest
 
 import libshare
 
+from tests._wait import wait_until
 from tests.control.conftest import control
 
 START = """\
@@ -82,10 +82,8 @@ def _config_lines(dirs) -> dict[str, str]:
 
 def _wait_for_log(dirs, pattern: str, timeout: float = 60) -> None:
     """Wait until control.log has a line matching ``pattern`` (what the reload logs when it is done)."""
-    deadline = time.monotonic() + timeout
-    while not re.search(pattern, (dirs.log / "control.log").read_text(), re.M):
-        assert time.monotonic() < deadline, f"no {pattern!r} in control.log after {timeout} s"
-        time.sleep(0.02)
+    wait_until(lambda: re.search(pattern, (dirs.log / "control.log").read_text(), re.M), timeout,
+               f"{pattern!r} in control.log", interval=0.02)
 
 
 def test_config_at_start_is_in_force_and_shown(dirs, config_file, vulkan_device_name):

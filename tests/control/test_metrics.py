@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import socket
 import struct
-import time
 import urllib.request
 
 import numpy as np
@@ -13,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import libshare
 
-from tests.arbiter.conftest import wait_until
+from tests._wait import wait_until
 
 
 def _free_port() -> int:
@@ -62,10 +61,12 @@ def test_metrics_follow_the_server_and_each_client(dirs, foreground):
 
     # A client that left leaves no series behind (the arbiter notices the closed session on its
     # own thread, a moment after close), and the server's totals keep its counts throughout.
-    deadline = time.monotonic() + 10
-    while (after := _scrape(port))["libshare_client_dispatches_completed"] and time.monotonic() < deadline:
+    def reclaimed():
+        after = _scrape(port)
         assert _value(after["libshare_dispatches_completed"]) >= 5  # no dip while it is reclaimed
-        time.sleep(0.05)
+        return None if after["libshare_client_dispatches_completed"] else after
+
+    after = wait_until(reclaimed, 30, "the client's series to go")
     assert after["libshare_client_dispatches_completed"] == [] and _value(after["libshare_clients"]) == 0
     assert _value(after["libshare_dispatches_completed"]) == 5
 

@@ -13,6 +13,9 @@ import pytest
 
 from libshare import ArbiterLost
 from libshare.ring import CQE_DTYPE, C, Region, TicketBook
+from libshare.ring._binding import lib
+
+from tests._wait import wait_until
 
 NONE, PENDING, DONE = TicketBook.NONE, TicketBook.PENDING, TicketBook.DONE
 
@@ -120,19 +123,26 @@ def test_the_table_grows_and_shrinks_through_many_tickets(ring):
 
 
 def test_a_wait_step_returns_when_the_ticket_is_answered_from_another_thread(ring):
+    """A waiter asleep on the completion ring (its wake-up flag set, still waiting) is woken by
+    completions posted from another thread, and files both: its own ticket's and the other one's."""
     region, book, producer = ring
     push(book, producer, 11)
     push(book, producer, 12)
     assert book.wait(region, 11, 0) == PENDING  # nothing posted: a zero-length step
-    poster = threading.Timer(0.05, answer, (region, (12, 0), (11, 0)))
-    poster.start()
-    try:
-        state = PENDING
-        while state == PENDING:
-            state = book.wait(region, 11, 5_000_000_000)
-    finally:
-        poster.join()
-    assert state == DONE and book.take(12)[0] == DONE
+    states = []
+    # One step, whose timeout (120 s) outlasts the join below: only the wake-up ends it in time.
+    thread = threading.Thread(target=lambda: states.append(book.wait(region, 11, 120_000_000_000)), daemon=True)
+    thread.start()
+    bells = lib.ls_region_bells(region._c())
+    wait_until(lambda: bells.cq_flags & lib.LS_NEED_WAKEUP, 30, "the waiter to sleep on the completion ring")
+    assert thread.is_alive() and not states, f"the wait step came back with nothing posted: {states}"
+    answer(region, (12, 0), (11, 0))
+    thread.join(60)
+    if thread.is_alive():
+        region.peers.close_consumer(0)  # wakes it (ArbiterLost) before the region goes away
+        thread.join(30)
+        pytest.fail("the completions posted did not wake the waiter")
+    assert states == [DONE] and book.take(12)[0] == DONE
 
 
 def test_a_wait_notices_a_closed_consumer(ring):

@@ -8,12 +8,12 @@ import json
 import os
 import struct
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
 import libshare
+from tests._wait import wait_until
 
 _WAIT = 150.0
 
@@ -43,11 +43,10 @@ def main() -> None:
             report["over_limit"] = str(exc)
         (out / f".{job}.{task}.json").write_text(json.dumps(report))
         (out / f".{job}.{task}.json").rename(out / f"{job}.{task}.json")
-        deadline = time.monotonic() + _WAIT
-        while not (out / f"go.{job}").exists():  # the test's word; polled, with a deadline
-            if time.monotonic() > deadline:
-                raise SystemExit(f"job {job} task {task}: no go after {_WAIT:.0f} s")
-            time.sleep(0.05)
+        def no_go(message: str):
+            raise SystemExit(f"job {job} task {task}: {message}")
+
+        wait_until((out / f"go.{job}").exists, _WAIT, "the test's go", fail=no_go)  # the test's word
         # still connected and correct after the other jobs came and went
         x[:] = 3.0
         y[:] = 1.0

@@ -18,12 +18,12 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
+from tests._wait import wait_until
 from tests.conftest import ROOT, stop_process
 from tests.control.conftest import kill_hard
 
@@ -75,11 +75,7 @@ def _free_ports(count: int) -> list[int]:
 
 
 def _wait(what: str, ready, timeout: float, diagnose=lambda: "") -> None:
-    deadline = time.monotonic() + timeout
-    while not ready():
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what} after {timeout:.0f} s\n{diagnose()}")
-        time.sleep(0.1)
+    wait_until(ready, timeout, what, interval=0.1, fail=lambda message: pytest.fail(f"{message}\n{diagnose()}"))
 
 
 def tail(path: Path, lines: int = 25) -> str:
@@ -118,12 +114,7 @@ class Cluster:
 
     def until(self, what: str, ready, timeout: float = 120.0):
         """Poll ``ready()`` until it returns something true (returned); fail with the logs after ``timeout`` s."""
-        deadline = time.monotonic() + timeout
-        while not (value := ready()):
-            if time.monotonic() > deadline:
-                pytest.fail(f"{what} after {timeout:.0f} s\n{self.diagnose()}")
-            time.sleep(0.05)
-        return value
+        return wait_until(ready, timeout, what, fail=lambda message: pytest.fail(f"{message}\n{self.diagnose()}"))
 
     def queued(self) -> list[str]:
         return self.run("squeue", "-h", "-o", "%i").split()
@@ -223,9 +214,8 @@ PartitionName=libshare Nodes={self.node} Default=YES MaxTime=INFINITE State=UP
     def stop(self) -> None:
         if self.processes and all(p.poll() is None for p in self.processes):
             self.run("scancel", "--full", "--user=root", check=False, timeout=30)
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline and self.run("squeue", "-h", check=False, timeout=20).strip():
-                time.sleep(0.2)
+            wait_until(lambda: not self.run("squeue", "-h", check=False, timeout=20).strip(), 30, "the queue to empty",
+                       interval=0.2, fail=lambda _: None)  # what is left is killed below
         for process in reversed(self.processes):
             stop_process(process, timeout=15)
         for pid in self._ours():  # steps and tasks that outlived slurmd
