@@ -156,16 +156,9 @@ static int open_ring(ls_session *s, const struct lsx_conn *conn)
 
 /* ------------------------------------------------------------------ completions */
 
-static int64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
 static int64_t deadline_of(int64_t timeout_ns)
 {
-    return timeout_ns < 0 ? INT64_MAX : now_ns() + timeout_ns;
+    return timeout_ns < 0 ? INT64_MAX : ls_now_ns() + timeout_ns;
 }
 
 static int is_lost(ls_session *s) { return ls_load_relaxed(&s->lost); }
@@ -217,7 +210,7 @@ static int recover(ls_session *s, int rc, uint64_t generation)
 static int wait_step(ls_session *s, uint64_t ticket, int64_t deadline)
 {
     pthread_mutex_lock(&s->cq_lock);
-    int64_t left = deadline - now_ns();
+    int64_t left = deadline - ls_now_ns();
     int rc = is_lost(s) ? is_lost(s)
                         : ls_tickets_wait(s->book, s->region, ticket, LS_SPIN_NS,
                                           left <= 0 ? 0 : left < LSX_SLICE_NS ? left : LSX_SLICE_NS, NULL, NULL);
@@ -383,7 +376,7 @@ int ls_wait(ls_session *s, uint64_t ticket, int64_t timeout_ns, uint64_t *device
                           : 0;
         if (is_lost(s))
             return lost_error(s);
-        if (now_ns() >= deadline)
+        if (ls_now_ns() >= deadline)
             return fail(-LS_ETIMEOUT, "ticket %llu not done after %lld ns", (unsigned long long)ticket,
                         (long long)timeout_ns);
         if ((rc = wait_step(s, ticket, deadline)) < 0)
@@ -417,7 +410,7 @@ int ls_wait_idle(ls_session *s, int64_t timeout_ns)
     int64_t deadline = deadline_of(timeout_ns);
     uint32_t pending;
     while ((pending = ls_tickets_pending(s->book)) != 0) {
-        if (now_ns() >= deadline)
+        if (ls_now_ns() >= deadline)
             return fail(-LS_ETIMEOUT, "%u tickets still running after %lld ns", pending, (long long)timeout_ns);
         if ((rc = wait_step(s, 0, deadline)) < 0)
             return lost_error(s);

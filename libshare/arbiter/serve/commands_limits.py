@@ -68,14 +68,10 @@ class Limits:
     # ---------------------------------------------------------------- priorities
 
     def set_default_client_priority(self, args: list[str]) -> str:
-        _args.expect(args, 1, "set_default_client_priority")
-        scheduler = self.arbiter.drainer.scheduler
-        _args.scheduled(self.arbiter, lambda: setattr(scheduler, "default_priority", priority_name(args[0])))
-        return scheduler.default_priority
+        return self._set_scheduler(args, "set_default_client_priority", "default_priority", priority_name)
 
     def get_default_client_priority(self, args: list[str]) -> str:
-        _args.expect(args, 0, "get_default_client_priority")
-        return self.arbiter.drainer.scheduler.default_priority
+        return self._get_scheduler(args, "get_default_client_priority", "default_priority")
 
     def set_client_priority(self, args: list[str]) -> str:
         _args.expect(args, 2, "set_client_priority")
@@ -120,11 +116,19 @@ class Limits:
         return str(_args.scheduled(self.arbiter, self.arbiter.drainer.scheduler.share_of, client))
 
     def set_scheduling_mode(self, args: list[str]) -> str:
-        _args.expect(args, 1, "set_scheduling_mode")
-        scheduler = self.arbiter.drainer.scheduler
-        _args.scheduled(self.arbiter, lambda: setattr(scheduler, "mode", mode_name(args[0])))
-        return scheduler.mode
+        return self._set_scheduler(args, "set_scheduling_mode", "mode", mode_name)
 
     def get_scheduling_mode(self, args: list[str]) -> str:
-        _args.expect(args, 0, "get_scheduling_mode")
-        return self.arbiter.drainer.scheduler.mode
+        return self._get_scheduler(args, "get_scheduling_mode", "mode")
+
+    def _set_scheduler(self, args: list[str], command: str, attribute: str, parse) -> str:
+        """Set the scheduler's ``attribute`` to ``parse(args[0])`` under the scheduling lock."""
+        _args.expect(args, 1, command)
+        scheduler = self.arbiter.drainer.scheduler
+        _args.scheduled(self.arbiter, lambda: setattr(scheduler, attribute, parse(args[0])))
+        return getattr(scheduler, attribute)
+
+    def _get_scheduler(self, args: list[str], command: str, attribute: str) -> str:
+        """The scheduler's ``attribute``."""
+        _args.expect(args, 0, command)
+        return getattr(self.arbiter.drainer.scheduler, attribute)
