@@ -19,7 +19,6 @@ window and the wait after it). The end of stdin ends it.
 
 from __future__ import annotations
 
-import collections
 import json
 import struct
 import sys
@@ -28,6 +27,7 @@ import time
 import numpy as np
 
 import libshare
+from bench._helpers import keep_in_flight
 
 
 def main(pipe_dir: str, name: str, priority: str, kind: str, n: str, iterations: str, depth: str,
@@ -55,14 +55,7 @@ def main(pipe_dir: str, name: str, priority: str, kind: str, n: str, iterations:
         device_ns, count, latencies = 0, 0, []
         end = time.perf_counter() + seconds_
         if kind == "busy":  # keep `depth` dispatches in flight; book those that complete inside the window
-            flight = collections.deque(go() for _ in range(depth_))
-            while True:
-                ticket = flight.popleft().wait(60)
-                if time.perf_counter() >= end:
-                    break
-                device_ns += ticket.device_ns or 0
-                count += 1
-                flight.append(go())
+            device_ns, count = keep_in_flight(go, depth_, end)
         else:
             while time.perf_counter() < end:
                 t0 = time.perf_counter()

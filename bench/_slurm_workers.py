@@ -8,7 +8,6 @@ device time of those that completed.
 
 from __future__ import annotations
 
-import collections
 import json
 import os
 import struct
@@ -19,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 import libshare
+from bench._helpers import keep_in_flight
 
 BUSY_ITERATIONS = 512  # about 0.8 ms of lavapipe time per dispatch of 4096 items
 
@@ -47,16 +47,7 @@ def busy(session, out: Path, job: str, seconds: float, blocks: int) -> None:
             if time.monotonic() > deadline:
                 raise SystemExit(f"no start of block {block} after 120 s")
             time.sleep(0.01)
-        device_ns, count = 0, 0
-        end = time.perf_counter() + seconds
-        flight = collections.deque(go() for _ in range(4))
-        while True:
-            ticket = flight.popleft().wait(60)
-            if time.perf_counter() >= end:
-                break
-            device_ns += ticket.device_ns or 0
-            count += 1
-            flight.append(go())
+        device_ns, count = keep_in_flight(go, 4, time.perf_counter() + seconds)
         session.wait_idle(120)
         (out / f"{job}.busy.{block}").write_text(json.dumps({"device_ns": device_ns, "count": count,
                                                             "group": os.environ.get("LIBSHARE_GROUP")}))

@@ -40,6 +40,7 @@ import pytest
 
 import libshare
 from bench._compare import at_least, at_most, interleave, note, pick, ratio, record
+from bench._helpers import timed
 from libshare._proc import cpu_seconds
 from libshare.arbiter.device import Device, Dispatch
 from tests.arbiter.conftest import daemon as _daemon_fixture  # noqa: F401
@@ -104,16 +105,6 @@ def embedded():
         program = session.load_program(libshare.shaders.path("saxpy"))
         x, y = session.array(64), session.array(64)
         yield lambda: session.dispatch(program, 1, [x, y], struct.pack("If", 64, 1.0))
-
-
-def timed(once, count: int) -> list[float]:
-    """Seconds of each of ``count`` calls of ``once``."""
-    out = []
-    for _ in range(count):
-        begun = time.perf_counter()
-        once()
-        out.append(time.perf_counter() - begun)
-    return out
 
 
 # ---------------------------------------------------------------- 1. tiny round trip

@@ -36,6 +36,7 @@ import pytest
 
 import libshare
 from bench._compare import at_least, at_most, interleave, pick, ratio, record
+from bench._helpers import close_workers
 from bench.test_arbiter_bench import arbiter_dir  # noqa: F401 - the untimed daemon fixture
 from tests.conftest import ROOT, stop_process, vulkan_device_is_cpu  # noqa: F401 - a fixture
 from tests.test_c_bindings import compile_c
@@ -161,14 +162,7 @@ class EightC:
         return sum(float(r) for r in rates)
 
     def close(self) -> None:
-        for w in self.workers:
-            try:
-                w.stdin.close()
-                w.wait(timeout=30)
-            except (OSError, subprocess.TimeoutExpired):
-                pass
-            stop_process(w)
-            w.stdout.close()
+        close_workers(self.workers, 30, stop_process)
         assert all(w.returncode == 0 for w in self.workers), f"{self.name} failed"
 
 

@@ -37,10 +37,16 @@ def session(request, arbiter_dir):  # noqa: F811 - the fixture imported above
         yield session
 
 
-def test_session_dispatch(benchmark, session):
+def tiny_saxpy(session) -> tuple:
+    """What both figures dispatch on ``session``: the saxpy program, its two 64-float arrays x and y,
+    and its push constants (n = 64, a = 1.0)."""
     program = session.load_program(libshare.shaders.path("saxpy"))
     x, y = session.array(64), session.array(64)
-    push = struct.pack("If", 64, 1.0)
+    return program, x, y, struct.pack("If", 64, 1.0)
+
+
+def test_session_dispatch(benchmark, session):
+    program, x, y, push = tiny_saxpy(session)
     dispatch = session.dispatch
 
     def block() -> float:
@@ -63,9 +69,7 @@ def test_session_dispatch(benchmark, session):
 
 
 def test_held_tickets(benchmark, session):
-    program = session.load_program(libshare.shaders.path("saxpy"))
-    x, y = session.array(64), session.array(64)
-    push = struct.pack("If", 64, 1.0)
+    program, x, y, push = tiny_saxpy(session)
     dispatch = session.dispatch
 
     def held() -> float:

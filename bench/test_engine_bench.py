@@ -41,6 +41,7 @@ import pytest
 import libshare
 from bench._compare import at_least, at_most, blocks, interleave, pick, ratio, record
 from bench._gil_workers import compare
+from bench._helpers import close_workers
 from bench.test_attach_bench import run_since, start_daemon, thread_run_ns
 from libshare._proc import cpu_seconds
 from libshare.arbiter.device import Device, Dispatch
@@ -159,14 +160,7 @@ class Producers:
         return sum(int(good) / float(elapsed) for good, _, elapsed in results)
 
     def close(self) -> None:
-        for w in self.workers:
-            try:
-                w.stdin.close()
-                w.wait(timeout=60)
-            except (OSError, subprocess.TimeoutExpired):
-                pass
-            stop_process(w)
-            w.stdout.close()
+        close_workers(self.workers, 60, stop_process)
 
 
 def test_nop_drain_rate(benchmark, daemon):

@@ -29,6 +29,7 @@ LM9. 60 sessions attaching one after another to an in-process arbiter: the time 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import signal
 import struct
 import subprocess
@@ -76,11 +77,23 @@ def fill_the_device(session, program, buffer, pipe_dir, name: str, push: bytes) 
     return fillers
 
 
-def test_a_legal_batch_against_twice_the_watchdog(tmp_path):
-    counter = iter(range(1000))
+def numbered(tmp_path):
+    """A maker of a new path below ``tmp_path`` per block: ``fresh("kill")`` gives kill0, then
+    ``fresh("term")`` term1, and so on (one count for every stem)."""
+    count = itertools.count()
+    return lambda stem: tmp_path / f"{stem}{next(count)}"
 
-    def block() -> float:
-        with daemon(tmp_path / f"batch{next(counter)}", LIBSHARE_WATCHDOG_SECONDS="2") as (_, pipe_dir), \
+
+def measure_in_fresh_dirs(name: str, block, unit: str, tmp_path, stem: str, **figure):
+    """``measure`` a figure whose ``block(path)`` gets a new path below ``tmp_path`` each block
+    (stem0, stem1, ...); ``figure`` is the rest of ``measure``'s arguments (target, method)."""
+    fresh = numbered(tmp_path)
+    return measure(name, lambda: block(fresh(stem)), unit, **figure)
+
+
+def test_a_legal_batch_against_twice_the_watchdog(tmp_path):
+    def block(base) -> float:
+        with daemon(base, LIBSHARE_WATCHDOG_SECONDS="2") as (_, pipe_dir), \
                 connect(pipe_dir, "batcher") as session:
             program, small = session.load_program(BUSY), session.array(4096, np.uint32)
             fillers = fill_the_device(session, program, small, pipe_dir, "batcher", struct.pack("II", 4096, 100_000))
@@ -91,21 +104,21 @@ def test_a_legal_batch_against_twice_the_watchdog(tmp_path):
                 ticket.wait(timeout=300)
             return (time.perf_counter() - started) / 4.0
 
-    measure("LM1. 48 legal dispatches in one submission: their time / twice the 2 s watchdog", block, "x",
-            method="busy.comp over 4096 words, 50,000 rounds each, behind two fillers; no ServerFault in any block")
+    measure_in_fresh_dirs("LM1. 48 legal dispatches in one submission: their time / twice the 2 s watchdog", block,
+                          "x", tmp_path, "batch", method="busy.comp over 4096 words, 50,000 rounds each, behind two fillers; no ServerFault in any block")
 
 
 def test_faults_and_stops(tmp_path):
     runaway_n = 65535 * 64
     runaway_push = struct.pack("II", runaway_n, 1_000_000)
-    counter = iter(range(1000))
+    fresh = numbered(tmp_path)
 
     def start_runaway(session):
         data = session.array(runaway_n, np.uint32)
         return session.dispatch(session.load_program(BUSY), groups=(65535, 64, 1), buffers=[data], push=runaway_push)
 
     def batched_fault() -> float:
-        with daemon(tmp_path / f"fault{next(counter)}", LIBSHARE_WATCHDOG_SECONDS="2") as (process, pipe_dir), \
+        with daemon(fresh("fault"), LIBSHARE_WATCHDOG_SECONDS="2") as (process, pipe_dir), \
                 connect(pipe_dir, "runaway") as session:
             program, small = session.load_program(BUSY), session.array(4096, np.uint32)
             data = session.array(runaway_n, np.uint32)
@@ -121,7 +134,7 @@ def test_faults_and_stops(tmp_path):
             return time.perf_counter() - pushed
 
     def sigterm_stop() -> float:
-        with daemon(tmp_path / f"term{next(counter)}", LIBSHARE_WATCHDOG_SECONDS="0") as (process, pipe_dir), \
+        with daemon(fresh("term"), LIBSHARE_WATCHDOG_SECONDS="0") as (process, pipe_dir), \
                 connect(pipe_dir, "runaway") as session:
             start_runaway(session)
             wait_until(lambda: popped(pipe_dir, "runaway"), what="the runaway on the device")
@@ -131,7 +144,7 @@ def test_faults_and_stops(tmp_path):
             return time.perf_counter() - signalled
 
     def quit_stop() -> float:
-        with daemon(tmp_path / f"quit{next(counter)}", LIBSHARE_WATCHDOG_SECONDS="1") as (process, pipe_dir), \
+        with daemon(fresh("quit"), LIBSHARE_WATCHDOG_SECONDS="1") as (process, pipe_dir), \
                 connect(pipe_dir, "runaway") as session:
             with pytest.raises(libshare.ServerFault):
                 start_runaway(session).wait(timeout=120)
@@ -158,10 +171,10 @@ def _long_queue(session, count: int = 10):
 def test_a_killed_arbiter_seen_by_every_way_of_asking(tmp_path):
     import anyio
 
-    counter = iter(range(1000))
+    fresh = numbered(tmp_path)
 
     def block() -> dict[str, float]:
-        with daemon(tmp_path / f"kill{next(counter)}") as (process, pipe_dir):
+        with daemon(fresh("kill")) as (process, pipe_dir):
             sessions = [connect(pipe_dir, name) for name in ("wait", "done", "await", "wait_idle", "later")]
             try:
                 last = [_long_queue(s)[-1] for s in sessions[:4]]
@@ -214,10 +227,8 @@ def test_a_killed_arbiter_seen_by_every_way_of_asking(tmp_path):
 
 
 def test_a_stopped_arbiter_seen_by_a_looping_client(tmp_path):
-    counter = iter(range(1000))
-
-    def block() -> float:
-        with daemon(tmp_path / f"term{next(counter)}") as (process, pipe_dir):
+    def block(base) -> float:
+        with daemon(base) as (process, pipe_dir):
             client = subprocess.Popen([sys.executable, "-m", "tests.control._client", str(pipe_dir)], cwd=ROOT,
                                       stdout=subprocess.PIPE, text=True)
             try:
@@ -230,17 +241,14 @@ def test_a_stopped_arbiter_seen_by_a_looping_client(tmp_path):
                 stop_process(client)
                 client.stdout.close()
 
-    measure("LM6. SIGTERM: a client looping over round trips sees ArbiterLost after", block, "ms",
-            target=at_most(1000.0), method="tests/control/_client.py against a daemon arbiter, SIGTERM to the arbiter")
+    measure_in_fresh_dirs("LM6. SIGTERM: a client looping over round trips sees ArbiterLost after", block, "ms",
+                          tmp_path, "term", target=at_most(1000.0), method="tests/control/_client.py against a daemon arbiter, SIGTERM to the arbiter")
 
 
 def test_a_call_after_close_is_refused_at_once(tmp_path):
     from tests.arbiter.test_engine_gil import serving
 
-    counter = iter(range(1000))
-
-    def block() -> float:
-        pipe_dir = tmp_path / f"closed{next(counter)}"
+    def block(pipe_dir) -> float:
         pipe_dir.mkdir()
         with serving(pipe_dir) as arbiter:
             sessions = [libshare.connect(mode="daemon", pipe_directory=pipe_dir) for _ in range(3)]
@@ -253,15 +261,12 @@ def test_a_call_after_close_is_refused_at_once(tmp_path):
                 session.close()
         return (refused - started) * 1e3
 
-    measure("LM7. drainer.call after Arbiter.close: refused after", block, "ms", target=at_most(1000.0),
-            method="an in-process arbiter with three sessions, closed; one call")
+    measure_in_fresh_dirs("LM7. drainer.call after Arbiter.close: refused after", block, "ms", tmp_path, "closed",
+                          target=at_most(1000.0), method="an in-process arbiter with three sessions, closed; one call")
 
 
 def test_a_start_that_cannot_open_its_device_fails_soon(tmp_path):
-    counter = iter(range(1000))
-
-    def block() -> float:
-        base = tmp_path / f"start{next(counter)}"
+    def block(base) -> float:
         started = time.perf_counter()
         result = subprocess.run([sys.executable, "-m", "libshare.control", "-d", "--pipe-directory", str(base / "pipe"),
                                  "--log-directory", str(base / "log"), "--device", "no-such-device"],
@@ -269,17 +274,14 @@ def test_a_start_that_cannot_open_its_device_fails_soon(tmp_path):
         assert result.returncode != 0
         return time.perf_counter() - started
 
-    measure("LM8. libshare-control -d --device no-such-device: fails after", block, "s", target=below(30.0),
-            method="the command run to its end")
+    measure_in_fresh_dirs("LM8. libshare-control -d --device no-such-device: fails after", block, "s", tmp_path,
+                          "start", target=below(30.0), method="the command run to its end")
 
 
 def test_sixty_attaches(tmp_path):
     from libshare.arbiter import Arbiter
 
-    counter = iter(range(1000))
-
-    def block() -> float:
-        pipe_dir = tmp_path / f"sixty{next(counter)}"
+    def block(pipe_dir) -> float:
         pipe_dir.mkdir(mode=0o700)
         arbiter = Arbiter(max_clients=60)
         sessions = []
@@ -293,5 +295,5 @@ def test_sixty_attaches(tmp_path):
                 session.close()
             arbiter.close()
 
-    measure("LM9. 60 sessions attaching one after another", block, "s", target=below(30.0),
-            method="libshare.connect to an in-process Arbiter(max_clients=60), in turn")
+    measure_in_fresh_dirs("LM9. 60 sessions attaching one after another", block, "s", tmp_path, "sixty",
+                          target=below(30.0), method="libshare.connect to an in-process Arbiter(max_clients=60), in turn")

@@ -53,6 +53,7 @@ import numpy as np
 
 import libshare
 from bench._compare import at_most, blocks, interleave, pick, ratio, record
+from bench._helpers import timed
 from libshare._proc import running
 from tests.arbiter.conftest import wait_until
 from tests.arbiter.test_reattach import Client, Daemon, exited
@@ -166,6 +167,19 @@ def replace_arbiter(daemon: Daemon, clients: list, standbys: int, act, timeout: 
     return t_act, old, new
 
 
+def streamed_series(benchmark, pipe: Path, kind: type[Client], series) -> tuple[Daemon, list[Client], list]:
+    """``series(daemon, clients, blocks())`` timed once, under a control daemon on ``pipe`` with CLIENTS
+    clients of ``kind`` streaming through it; checks that every client came back after every
+    replacement, on the same arrays, with every result right. Returns (the daemon, its clients, the series)."""
+    count = blocks()
+    with control_daemon(pipe) as daemon, streaming(daemon, kind) as clients:
+        values = benchmark.pedantic(series, args=(daemon, clients, count), rounds=1)
+        ends = [c.finish() for c in clients]
+    for end in ends:
+        assert end["event"] == "end" and end["same_arrays"] and end["reattached"] == count, end
+    return daemon, clients, values
+
+
 def ms(seconds: float) -> str:
     return f"{seconds * 1e3:.0f} ms"
 
@@ -187,13 +201,8 @@ def kill_series(daemon: Daemon, clients: list[Client], kills: int) -> list[tuple
 
 
 def test_sigkill_to_first_dispatch(benchmark, tmp_path, vulkan_device_name):
-    kills = blocks()
-    with control_daemon(tmp_path / "kill") as daemon, streaming(daemon, Client) as clients:
-        series = benchmark.pedantic(kill_series, args=(daemon, clients, kills), rounds=1)
-        ends = [c.finish() for c in clients]
-    for end in ends:  # every client came back after every kill, on the same arrays, with every result right
-        assert end["event"] == "end" and end["same_arrays"] and end["reattached"] == kills, end
-    assert (daemon.pipe / "control.log").read_text().count("was killed by SIGKILL") == kills
+    daemon, clients, series = streamed_series(benchmark, tmp_path / "kill", Client, kill_series)
+    assert (daemon.pipe / "control.log").read_text().count("was killed by SIGKILL") == len(series)
     latencies, failed = [], []
     for k, (t_kill, new) in enumerate(series):
         t_next = series[k + 1][0] if k + 1 < len(series) else float("inf")
@@ -234,12 +243,7 @@ def restart_series(daemon: Daemon, clients: list[GapClient], restarts: int) -> l
 
 
 def test_restart_pause(benchmark, tmp_path, vulkan_device_name):
-    restarts = blocks()
-    with control_daemon(tmp_path / "restart") as daemon, streaming(daemon, GapClient) as clients:
-        series = benchmark.pedantic(restart_series, args=(daemon, clients, restarts), rounds=1)
-        ends = [c.finish() for c in clients]
-    for end in ends:  # every client came back after every restart, on the same arrays, with every result right
-        assert end["event"] == "end" and end["same_arrays"] and end["reattached"] == restarts, end
+    _, _, series = streamed_series(benchmark, tmp_path / "restart", GapClient, restart_series)
     method = (f"{CLIENTS} clients streaming checked dispatches while `libshare-control restart` replaces the "
               "arbiter, one restart per block; gaps between a client's consecutive successful completions in a "
               "window from just before the restart to after every client succeeded on the new arbiter")
@@ -276,15 +280,6 @@ def pinned(arbiters: list[int]):
         yield f"bench on CPU {allowed[0]}, arbiters on CPU {allowed[1]}"
     finally:
         os.sched_setaffinity(0, allowed)
-
-
-def timed(once, count: int) -> list[float]:
-    out = []
-    for _ in range(count):
-        t0 = time.perf_counter()
-        once()
-        out.append(time.perf_counter() - t0)
-    return out
 
 
 def p50_p90(results: list) -> dict:

@@ -42,6 +42,7 @@ import numpy as np
 
 import libshare
 from bench._compare import at_least, at_most, interleave, ratio, record, repeat, within
+from bench._helpers import close_workers, kill_if_running, timed
 from tests.conftest import ROOT
 
 BUSY_N = 1024  # invocations of busy.comp per dispatch (16 workgroups)
@@ -103,16 +104,7 @@ class Workers:
         return reports
 
     def close(self) -> None:
-        for w in self.workers:
-            try:
-                w.stdin.close()
-                w.wait(timeout=60)
-            except (OSError, subprocess.TimeoutExpired):
-                pass
-            if w.poll() is None:
-                w.kill()
-                w.wait()
-            w.stdout.close()
+        close_workers(self.workers, 60, kill_if_running)
 
 
 def jain(values) -> float:
@@ -265,12 +257,3 @@ def test_scheduler_cost(benchmark, tmp_path_factory):
     for mode in ("throughput", "fairshare"):
         ratio(f"P4. scheduler cost, uncontended tiny round trip, {mode} / off", values[mode], values["off"],
               target=at_most(1.05), names=(mode, "off"), method=method)
-
-
-def timed(once, count: int) -> list[float]:
-    out = []
-    for _ in range(count):
-        t0 = time.perf_counter()
-        once()
-        out.append(time.perf_counter() - t0)
-    return out
