@@ -20,7 +20,7 @@ from typing import Callable, Sequence
 
 from libshare.arbiter.device._binding import _load_binding
 from libshare.arbiter.device._instance import Instance
-from libshare.arbiter.device._memory import Buffer, Memory
+from libshare.arbiter.device._memory import DeviceBuffer, Memory
 from libshare.arbiter.device._pipelines import Pipeline, Pipelines
 from libshare.arbiter.device._queue import Queue
 from libshare.arbiter.device._recordings import Command, Recordings
@@ -73,12 +73,12 @@ class Device:
         """Run ``commands`` in order with one vkQueueSubmit and one fence (see :meth:`Submissions.submit`)."""
         return self.submissions.submit(commands, timed=timed)
 
-    def import_host(self, address: int, size: int) -> Buffer:
+    def import_host(self, address: int, size: int) -> DeviceBuffer:
         """A storage buffer over ``size`` bytes of host memory at ``address``, zero-copy
         (see :meth:`Memory.import_host`)."""
         return self.memory.import_host(address, size)
 
-    def alloc_device(self, size: int) -> Buffer:
+    def alloc_device(self, size: int) -> DeviceBuffer:
         """A device-local buffer of ``size`` bytes that reads as zeros (see :meth:`Memory.alloc_device`)."""
         return self.memory.alloc_device(size)
 
@@ -87,7 +87,7 @@ class Device:
         """Bytes of destroyed device buffers whose zero fill has not run yet (see :class:`Memory`)."""
         return self.memory.clearing_bytes
 
-    def destroy_buffer(self, buf: Buffer) -> None:
+    def destroy_buffer(self, buf: DeviceBuffer) -> None:
         """Destroy ``buf`` and free its memory (not the host mapping). Idempotent.
 
         Raises InvalidSubmission while an unreleased submission uses it.

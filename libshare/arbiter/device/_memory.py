@@ -1,6 +1,6 @@
 """Memory: buffers over imported host memory or device memory, and how they are freed.
 
-:class:`Memory` makes every :class:`Buffer` of a device and destroys it; it does not know
+:class:`Memory` makes every :class:`DeviceBuffer` of a device and destroys it; it does not know
 which commands name a buffer (the recording cache does: the Device asks it before a
 destroy, see ``Device.destroy_buffer``).
 
@@ -36,7 +36,7 @@ from libshare.arbiter.device._queue import Queue, _Fence
 _vk, _ffi, _lib = _uses_binding(globals())  # set when the first Device loads the binding
 
 
-class Buffer:
+class DeviceBuffer:
     """A VkBuffer bound to its memory: imported host memory or device-local memory.
 
     ``kind`` is ``"host"`` (imported with VK_EXT_external_memory_host at ``address``)
@@ -66,7 +66,7 @@ class Buffer:
 
     def __repr__(self) -> str:
         state = "" if self.alive else ", destroyed"
-        return f"<Buffer {self.kind} size={self.size}{state}>"
+        return f"<DeviceBuffer {self.kind} size={self.size}{state}>"
 
 
 class Memory:
@@ -79,11 +79,11 @@ class Memory:
         self.anonymous: bool = instance.cpu and bool(instance.host_import_alignment)
         """True when a new device buffer is fresh anonymous pages, imported (a CPU device with
         host import); False when it is device memory filled with zeros on the queue."""
-        self._buffers: set[Buffer] = set()
-        self._fills: list[tuple[Buffer, _Fence, Any]] = []  # zero fills queued: (buffer, fence, command buffer)
-        self._doomed: set[Buffer] = set()  # destroyed by the caller while their zero fill runs
+        self._buffers: set[DeviceBuffer] = set()
+        self._fills: list[tuple[DeviceBuffer, _Fence, Any]] = []  # zero fills queued: (buffer, fence, command buffer)
+        self._doomed: set[DeviceBuffer] = set()  # destroyed by the caller while their zero fill runs
 
-    def import_host(self, address: int, size: int) -> Buffer:
+    def import_host(self, address: int, size: int) -> DeviceBuffer:
         """Wrap ``size`` bytes of host memory at ``address`` in a storage buffer, zero-copy.
 
         Both must be multiples of the device's ``host_import_alignment`` (an mmap'd region is);
@@ -111,9 +111,9 @@ class Memory:
         except BaseException:
             _lib.vkDestroyBuffer(self._device, buffer, _ffi.NULL)
             raise
-        return self._track(Buffer(self._instance, "host", size, address, buffer, memory))
+        return self._track(DeviceBuffer(self._instance, "host", size, address, buffer, memory))
 
-    def alloc_device(self, size: int) -> Buffer:
+    def alloc_device(self, size: int) -> DeviceBuffer:
         """A device-local buffer of ``size`` bytes, filled and read with ``Copy``; it reads as zeros.
 
         When :attr:`anonymous` (lavapipe), the buffer is anonymous memory of this process
@@ -138,7 +138,7 @@ class Memory:
             _lib.vkDestroyBuffer(self._device, buffer, _ffi.NULL)
             raise
         self._finish_fills()
-        tracked = self._track(Buffer(self._instance, "device", size, 0, buffer, memory))
+        tracked = self._track(DeviceBuffer(self._instance, "device", size, 0, buffer, memory))
         try:
             self._fill_zeros(tracked)
         except BaseException:
@@ -146,7 +146,7 @@ class Memory:
             raise
         return tracked
 
-    def _alloc_anonymous(self, size: int) -> Buffer:
+    def _alloc_anonymous(self, size: int) -> DeviceBuffer:
         """A "device" buffer of a CPU device: fresh anonymous pages, imported."""
         alignment = self._instance.host_import_alignment
         rounded = -(-size // alignment) * alignment
@@ -166,7 +166,7 @@ class Memory:
         self._finish_fills()
         return sum(buf.size for buf in self._doomed)
 
-    def _fill_zeros(self, buf: Buffer) -> None:
+    def _fill_zeros(self, buf: DeviceBuffer) -> None:
         """Queue a fill of zeros over a new device buffer: its memory may hold a freed buffer's data.
 
         Nothing waits for it: every later command on the queue runs after the fill and its
@@ -208,12 +208,12 @@ class Memory:
                 _destroy_buffer_handles(self._device, buf)
         self._fills = running
 
-    def destroyable(self, buf: Buffer) -> bool:
+    def destroyable(self, buf: DeviceBuffer) -> bool:
         """Whether :meth:`destroy` would destroy ``buf``: it is alive, the device open, and it was
         not destroyed already while its zero fill runs."""
         return buf.alive and not self._instance.closed and buf not in self._doomed
 
-    def destroy(self, buf: Buffer) -> None:
+    def destroy(self, buf: DeviceBuffer) -> None:
         """Destroy ``buf`` and free its memory (not the host mapping). Idempotent.
 
         The caller has made sure that no command names it (``Device.destroy_buffer`` asks the
@@ -278,12 +278,12 @@ class Memory:
             raise _error(result, "vkBindBufferMemory")
         return memory
 
-    def _track(self, buf: Buffer) -> Buffer:
+    def _track(self, buf: DeviceBuffer) -> DeviceBuffer:
         """Remember a live buffer so close() can free it."""
         self._buffers.add(buf)
         return buf
 
-    def mapped(self, size: int) -> tuple[Buffer, np.ndarray]:
+    def mapped(self, size: int) -> tuple[DeviceBuffer, np.ndarray]:
         """A host-visible, coherent buffer of ``size`` bytes and its mapping (freeing the memory unmaps it)."""
         buffer = self._create_buffer(size, 0)
         try:
@@ -294,7 +294,7 @@ class Memory:
         except BaseException:
             _lib.vkDestroyBuffer(self._device, buffer, _ffi.NULL)
             raise
-        tracked = self._track(Buffer(self._instance, "device", size, 0, buffer, memory))
+        tracked = self._track(DeviceBuffer(self._instance, "device", size, 0, buffer, memory))
         pointer = _ffi.new("void**")
         try:
             _check(_lib.vkMapMemory(self._device, memory, 0, size, 0, pointer), "vkMapMemory")
@@ -312,7 +312,7 @@ class Memory:
         self._doomed.clear()
 
 
-def _destroy_buffer_handles(device: Any, buf: Buffer) -> None:
+def _destroy_buffer_handles(device: Any, buf: DeviceBuffer) -> None:
     """vkDestroyBuffer + vkFreeMemory, and mark ``buf`` dead."""
     _lib.vkDestroyBuffer(device, buf._handle, _ffi.NULL)
     _lib.vkFreeMemory(device, buf._memory, _ffi.NULL)

@@ -44,7 +44,7 @@ from libshare.errors import InvalidSubmission
 
 from libshare.arbiter.device._binding import _check, _struct, _uses_binding
 from libshare.arbiter.device._instance import Instance
-from libshare.arbiter.device._memory import Buffer
+from libshare.arbiter.device._memory import DeviceBuffer
 from libshare.arbiter.device._pipelines import Pipeline
 from libshare.arbiter.device._queue import Queue
 from libshare.arbiter.device._timestamps import Timestamps
@@ -81,7 +81,7 @@ class Dispatch(Command):
     def __init__(
         self,
         pipeline: Pipeline,
-        buffers: Iterable[tuple[Buffer, int]],
+        buffers: Iterable[tuple[DeviceBuffer, int]],
         groups: tuple[int, int, int],
         push: bytes = b"",
     ):
@@ -100,7 +100,7 @@ class Copy(Command):
 
     __slots__ = ("src", "src_offset", "dst", "dst_offset", "size")
 
-    def __init__(self, src: Buffer, src_offset: int, dst: Buffer, dst_offset: int, size: int):
+    def __init__(self, src: DeviceBuffer, src_offset: int, dst: DeviceBuffer, dst_offset: int, size: int):
         self.src = src
         self.src_offset = src_offset
         self.dst = dst
@@ -315,7 +315,7 @@ class Recordings:
             _lib.vkCmdPushConstants(cb, pipeline._layout, stage, 0, len(d.push), _ffi.from_buffer(d.push))
         _lib.vkCmdDispatch(cb, *d.groups)
 
-    def _binding(self, pipeline: Pipeline, buffers: tuple[tuple[Buffer, int], ...]) -> tuple[Any, Any]:
+    def _binding(self, pipeline: Pipeline, buffers: tuple[tuple[DeviceBuffer, int], ...]) -> tuple[Any, Any]:
         """Validate a (pipeline, buffers) binding and cache its descriptor writes.
 
         Many commands share a binding and differ only in groups or push constants, so
@@ -335,7 +335,7 @@ class Recordings:
         writes = self._bindings[(pipeline, buffers)] = self._descriptor_writes(buffers)
         return writes
 
-    def _descriptor_writes(self, buffers: tuple[tuple[Buffer, int], ...]) -> tuple[Any, Any]:
+    def _descriptor_writes(self, buffers: tuple[tuple[DeviceBuffer, int], ...]) -> tuple[Any, Any]:
         """VkWriteDescriptorSet[] for storage buffers at bindings 0..n-1, and their infos."""
         limit = self._instance.physical.max_storage_range
         infos = _ffi.new("VkDescriptorBufferInfo[]", [
@@ -393,7 +393,7 @@ class Recordings:
 
     def _check_range(self, buf: Any, offset: Any, size: int, alignment: int) -> None:
         """``buf`` is a live buffer of this device holding ``size`` bytes at an aligned ``offset``."""
-        if not isinstance(buf, Buffer) or buf._device is not self._instance:
+        if not isinstance(buf, DeviceBuffer) or buf._device is not self._instance:
             raise InvalidSubmission(f"command names a buffer that is destroyed or not of this device: {buf!r}")
         if not isinstance(offset, int) or offset < 0 or offset % alignment or offset + size > buf.size:
             raise InvalidSubmission(
@@ -440,7 +440,7 @@ class Recordings:
         if not entry.count:
             self._retired.discard(entry)
 
-    def drop_users(self, obj: Buffer | Pipeline, what: str) -> None:
+    def drop_users(self, obj: DeviceBuffer | Pipeline, what: str) -> None:
         """Drop every cache entry and binding naming ``obj`` (a ``what``, for the message), refusing
         while one is in flight: before ``obj`` is destroyed.
 

@@ -25,7 +25,7 @@ import numpy as np
 
 from libshare.arbiter.device._binding import _create, _memory_barrier, _struct, _uses_binding
 from libshare.arbiter.device._instance import Instance
-from libshare.arbiter.device._memory import Buffer, Memory
+from libshare.arbiter.device._memory import DeviceBuffer, Memory
 
 _vk, _ffi, _lib = _uses_binding(globals())  # set when the first Device loads the binding
 
@@ -37,7 +37,7 @@ class _QueryPool:
 
     __slots__ = ("handle", "count", "buffer", "values")
 
-    def __init__(self, handle: Any, count: int, buffer: Buffer, values: np.ndarray):
+    def __init__(self, handle: Any, count: int, buffer: DeviceBuffer, values: np.ndarray):
         self.handle = handle
         self.count = count
         self.buffer = buffer

@@ -17,7 +17,7 @@ from libshare.protocol.wire import trusted_uid
 from libshare.errors import InvalidSubmission
 from libshare.ring import Region
 from libshare.ring._region import SharedMapping
-from libshare.arbiter.device import Buffer as DeviceBuffer
+from libshare.arbiter.device import DeviceBuffer
 from libshare.arbiter.device import Pipeline
 
 
