@@ -42,6 +42,19 @@ def busy_iterations(iterations: int) -> int:
     return min(iterations * scale(), _MAX_ROUNDS)
 
 
+def long_queue(session, count: int = 20, iterations: int = 20_000) -> list:
+    """``count`` tickets of busy dispatches on ``session`` (a libshare Session) over one array of
+    the reference's 1 << 16 invocations: each about 0.5 s on an idle lavapipe at the default
+    iterations, at least as long on a GPU."""
+    import libshare
+
+    program = session.load_program(libshare.shaders.path("busy"))
+    data = session.array(REFERENCE_INVOCATIONS, np.uint32)
+    push = struct.pack("II", REFERENCE_INVOCATIONS, busy_iterations(iterations))
+    return [session.dispatch(program, groups=REFERENCE_INVOCATIONS // 64, buffers=[data], push=push)
+            for _ in range(count)]
+
+
 def scale() -> int:
     """This run's factor (1 unless :func:`publish_scale` measured a faster device)."""
     return int(os.environ.get(SCALE_ENV, "1"))

@@ -3,6 +3,7 @@ peer processes, and the /dev/shm leak guard."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import subprocess
@@ -90,6 +91,20 @@ def stop_process(process: subprocess.Popen, timeout: float = 20.0) -> None:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+@contextlib.contextmanager
+def killed_on_exit(process: subprocess.Popen):
+    """Yield ``process``; on leaving, SIGKILL it and collect its pipes if it still runs.
+
+    For a test that ends a child by itself (a signal, closed input) and only needs it gone if
+    an assertion or a timeout got there first."""
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
 
 
 def _shm_entries() -> set[str]:

@@ -24,7 +24,7 @@ import pytest
 import libshare
 
 from tests.arbiter.conftest import daemon, wait_until  # noqa: F401 - the daemon fixture
-from tests.conftest import ROOT, vulkan_required
+from tests.conftest import ROOT, killed_on_exit, vulkan_required
 
 C_DIR = ROOT / "bindings" / "c"
 SHADERS = ROOT / "shaders"
@@ -181,16 +181,11 @@ def test_c_wait_returns_when_the_daemon_dies(library, daemon, tmp_path, how):
     """No control daemon: nobody replaces the arbiter, so the C session does not reattach: the loss is sticky."""
     process, pipe_dir = daemon
     binary = compile_c(library, C_DIR / "tests" / "test_lost.c", tmp_path)
-    client = subprocess.Popen([str(binary), str(SHADERS), how], env=daemon_env(pipe_dir), stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True)
-    try:
+    with killed_on_exit(subprocess.Popen([str(binary), str(SHADERS), how], env=daemon_env(pipe_dir),
+                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)) as client:
         assert client.stdout.readline().strip() == "ready"
         process.send_signal(signal.SIGKILL)
         out, err = client.communicate(timeout=30)
-    finally:
-        if client.poll() is None:
-            client.kill()
-            client.communicate()
     assert counts(out) == (1, 0), out + err
 
 
@@ -345,18 +340,14 @@ def test_c_session_after_one_kill(reattach_program, supervised, mode):
     first); unrun: dispatches pushed into the dead arbiter's ring run once each on the new one."""
     from tests.arbiter.test_reattach import exited
 
-    client = subprocess.Popen([str(reattach_program), str(SHADERS), mode], env=daemon_env(supervised.pipe),
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
+    with killed_on_exit(subprocess.Popen([str(reattach_program), str(SHADERS), mode], env=daemon_env(supervised.pipe),
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                         text=True)) as client:
         assert client.stdout.readline().strip() == "ready"
         arbiter = supervised.arbiter()
         os.kill(arbiter, signal.SIGKILL)
         assert exited(arbiter, 60)
         out, err = client.communicate("go\n", timeout=120)
-    finally:
-        if client.poll() is None:
-            client.kill()
-            client.communicate()
     assert counts(out) == (1, 0), out + err
     assert supervised.arbiter() != arbiter
 

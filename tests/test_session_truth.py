@@ -25,10 +25,10 @@ import pytest
 import libshare
 from libshare.protocol import control as _control
 
-from tests._busy import busy_iterations
+from tests._busy import busy_iterations, long_queue
 from tests._wait import wait_until
 from tests.arbiter.conftest import daemon, hooked_daemon  # noqa: F401 - fixtures
-from tests.conftest import ROOT
+from tests.conftest import ROOT, killed_on_exit
 from tests.test_c_bindings import C_DIR, SHADERS, compile_c, counts, daemon_env, library  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.usefixtures("vulkan_device_name")
@@ -36,15 +36,6 @@ pytestmark = pytest.mark.usefixtures("vulkan_device_name")
 
 def connect(pipe_dir, name: str = "truth") -> libshare.Session:
     return libshare.connect(name=name, mode="daemon", pipe_directory=pipe_dir)
-
-
-def long_queue(session: libshare.Session, count: int = 20, iterations: int = 20_000) -> list[libshare.Ticket]:
-    """``count`` busy dispatches (each about 0.5 s on an idle lavapipe at the default iterations, at least as
-    long on a GPU: tests/_busy.py)."""
-    program = session.load_program(libshare.shaders.path("busy"))
-    data = session.array(1 << 16, np.uint32)
-    push = struct.pack("II", 1 << 16, busy_iterations(iterations))
-    return [session.dispatch(program, groups=1024, buffers=[data], push=push) for _ in range(count)]
 
 
 def threads_in_ticket_wait() -> list[int]:
@@ -388,17 +379,12 @@ def test_c_connect_as_another_user_is_denied_not_a_python_failure(refused_binary
 def test_c_poll_sees_a_killed_arbiter(library, daemon, tmp_path):
     process, pipe_dir = daemon
     binary = compile_c(library, C_DIR / "tests" / "test_lost.c", tmp_path)
-    client = subprocess.Popen([str(binary), str(SHADERS), "poll"], env=daemon_env(pipe_dir),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
+    with killed_on_exit(subprocess.Popen([str(binary), str(SHADERS), "poll"], env=daemon_env(pipe_dir),
+                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)) as client:
         assert client.stdout.readline().strip() == "ready"
         process.send_signal(signal.SIGKILL)
         # The program polls for at most 120 s (LS_ELOST, or a failed check); this bound is against a hang.
         out, err = client.communicate(timeout=150)
-    finally:
-        if client.poll() is None:
-            client.kill()
-            client.communicate()
     assert counts(out) == (1, 0), out + err  # ls_poll said -LS_ELOST, not "still running" for its 120 s
 
 

@@ -133,28 +133,21 @@ int ls_space(ls_producer *p)
     return lane_free(p->r, p->lane, &tail);
 }
 
+/* Copies up to count descriptors in, through ls_reserve and ls_commit: twice when the
+ * free slots wrap past the lane's end. Returns how many went in, or a negative error. */
 int ls_push(ls_producer *p, const char *descs, uint32_t count)
 {
-    ls_region *r = p->r;
-    struct ls_lane *l = p->lane;
-    uint32_t tail;
-    int space = lane_free(r, l, &tail);
-    if (space <= 0)
-        return space;
-    uint32_t n = count < (uint32_t)space ? count : (uint32_t)space;
-    if (n == 0)
-        return 0;
-    ls_store_relaxed(&l->reserved_tail, tail + n);
-    uint32_t mask = r->lane_entries - 1;
-    uint32_t first = (tail & mask);
-    uint32_t before_wrap = r->lane_entries - first;
-    uint32_t part = n < before_wrap ? n : before_wrap;
-    memcpy(lane_slots(l) + first, descs, (size_t)part * LS_DESC_SIZE);
-    memcpy(lane_slots(l), descs + (size_t)part * LS_DESC_SIZE, (size_t)(n - part) * LS_DESC_SIZE);
-    /* Pairs with the consumer's load-acquire of tail in ls_sq_pop: it sees the slots. */
-    ls_store_release(&l->tail, tail + n);
-    ring_notify_consumer(r, LS_NEED_WAKEUP);
-    return (int)n;
+    uint32_t done = 0;
+    while (done < count) {
+        struct ls_desc *slots;
+        int n = ls_reserve(p, count - done, &slots);
+        if (n <= 0)
+            return done > 0 ? (int)done : n;
+        memcpy(slots, descs + (size_t)done * LS_DESC_SIZE, (size_t)n * LS_DESC_SIZE);
+        ls_commit(p, (uint32_t)n);
+        done += (uint32_t)n;
+    }
+    return (int)done;
 }
 
 int ls_reserve(ls_producer *p, uint32_t count, struct ls_desc **slots)

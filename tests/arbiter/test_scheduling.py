@@ -21,7 +21,7 @@ from libshare.arbiter.policy.scheduler import Scheduler, percentage, priority_na
 from libshare.errors import InvalidSubmission
 from libshare.workloads import busy_reference
 
-from tests._busy import busy_iterations
+from tests._busy import busy_iterations, long_queue
 from tests.conftest import ROOT
 from tests.arbiter._spirv_attacks import compile_glsl
 from tests.arbiter.conftest import AtRest, run_daemon, wait_until
@@ -36,17 +36,18 @@ def ps_rows(pipe_dir) -> dict[str, list[str]]:
     return {row.split()[2]: row.split() for row in rows}
 
 
-def holder(pipe_dir, name: str, depth: int = 5, **env) -> subprocess.Popen:
+@contextlib.contextmanager
+def holding(pipe_dir, name: str, depth: int = 5, **env):
+    """A client process ``name`` that keeps ``depth`` dispatches queued, once it says it is ready;
+    killed on leaving."""
     process = subprocess.Popen([sys.executable, "-m", "tests.arbiter._client", "hold", str(pipe_dir), name,
                                 str(depth)],
                                cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                env={**os.environ, **env})
-    assert process.stdout.readline().strip() == "ready"
-    return process
-
-
-def stop(*processes: subprocess.Popen) -> None:
-    for process in processes:
+    try:
+        assert process.stdout.readline().strip() == "ready"
+        yield process
+    finally:
         process.kill()
         process.communicate()
 
@@ -64,21 +65,18 @@ def test_priority_and_share_parsing():
 
 def test_priority_commands_and_environment(daemon):
     _, pipe_dir = daemon
-    low = holder(pipe_dir, "by-env", LIBSHARE_CLIENT_PRIORITY="1")  # MPS "below normal"
-    assert control(pipe_dir, "get_default_client_priority") == "normal"
-    assert control(pipe_dir, "set_default_client_priority", "high") == "high"
-    later = holder(pipe_dir, "later")
-    try:
-        rows = ps_rows(pipe_dir)
-        assert rows["by-env"][5] == "low" and rows["later"][5] == "high"
-        assert control(pipe_dir, "set_client_priority", str(low.pid), "realtime") == "realtime"
-        assert ps_rows(pipe_dir)["by-env"][5] == "realtime"  # changed live
-        with pytest.raises(InvalidSubmission, match="priority must be one of"):
-            control(pipe_dir, "set_default_client_priority", "urgent")
-        with pytest.raises(InvalidSubmission, match="usage"):
-            control(pipe_dir, "set_client_priority", str(low.pid))
-    finally:
-        stop(low, later)
+    with holding(pipe_dir, "by-env", LIBSHARE_CLIENT_PRIORITY="1") as low:  # MPS "below normal"
+        assert control(pipe_dir, "get_default_client_priority") == "normal"
+        assert control(pipe_dir, "set_default_client_priority", "high") == "high"
+        with holding(pipe_dir, "later"):
+            rows = ps_rows(pipe_dir)
+            assert rows["by-env"][5] == "low" and rows["later"][5] == "high"
+            assert control(pipe_dir, "set_client_priority", str(low.pid), "realtime") == "realtime"
+            assert ps_rows(pipe_dir)["by-env"][5] == "realtime"  # changed live
+            with pytest.raises(InvalidSubmission, match="priority must be one of"):
+                control(pipe_dir, "set_default_client_priority", "urgent")
+            with pytest.raises(InvalidSubmission, match="usage"):
+                control(pipe_dir, "set_client_priority", str(low.pid))
 
 
 def test_compute_share_commands_and_environment(daemon):
@@ -86,9 +84,8 @@ def test_compute_share_commands_and_environment(daemon):
     assert control(pipe_dir, "get_default_active_thread_percentage") == "100"
     assert control(pipe_dir, "set_default_active_thread_percentage", "60") == "60"
     assert control(pipe_dir, "get_active_thread_percentage", str(process.pid)) == "60"
-    capped = holder(pipe_dir, "capped", LIBSHARE_ACTIVE_THREAD_PERCENTAGE="30")
-    plain = holder(pipe_dir, "plain")
-    try:
+    with (holding(pipe_dir, "capped", LIBSHARE_ACTIVE_THREAD_PERCENTAGE="30") as capped,
+          holding(pipe_dir, "plain") as plain):
         assert control(pipe_dir, "get_active_thread_percentage", str(capped.pid)) == "30"  # env lowers
         assert control(pipe_dir, "get_active_thread_percentage", str(plain.pid)) == "60"  # the default
         # The operator may not lift a client above what its own environment asked for.
@@ -97,8 +94,6 @@ def test_compute_share_commands_and_environment(daemon):
         control(pipe_dir, "set_group_active_thread_percentage", "nobody-yet", "10")
         with pytest.raises(InvalidSubmission, match="1..100"):
             control(pipe_dir, "set_active_thread_percentage", str(plain.pid), "150")
-    finally:
-        stop(capped, plain)
 
 
 def test_scheduling_mode_switches_live(daemon):
@@ -124,21 +119,24 @@ def test_live_share_change_applies_to_a_running_client(tmp_path, vulkan_device_n
     pipe_dir = tmp_path / "pipe"
     pipe_dir.mkdir(mode=0o700)
     arbiter = Arbiter()
-    greedy = other = None
     try:
         arbiter.serve(pipe_dir / "control")
-        greedy, other = holder(pipe_dir, "greedy", depth=8), holder(pipe_dir, "other", depth=8)
-        scheduler = arbiter.drainer.scheduler
-        by_pid = lambda pid: next(c for c in arbiter.drainer.clients.values() if c.pid == pid)  # noqa: E731
-        assert scheduler.share_of(by_pid(greedy.pid)) == 100
-        assert control(pipe_dir, "set_active_thread_percentage", str(greedy.pid), "20") == "20"
-        assert scheduler.share_of(by_pid(greedy.pid)) == 20 and scheduler.share_of(by_pid(other.pid)) == 100
-        completed = arbiter.drainer.refresh(by_pid(greedy.pid)).completed  # the engine counts
-        wait_until(lambda: arbiter.drainer.refresh(by_pid(greedy.pid)).completed > completed + 10, 60,
-                   "the capped client to go on completing work")
+        with holding(pipe_dir, "greedy", depth=8) as greedy, holding(pipe_dir, "other", depth=8) as other:
+            _capped_client_goes_on(arbiter, pipe_dir, greedy, other)
     finally:
-        stop(*(p for p in (greedy, other) if p is not None))
         arbiter.close()
+
+
+def _capped_client_goes_on(arbiter, pipe_dir, greedy, other) -> None:
+    """Cap ``greedy`` at 20%: the scheduler says so, ``other`` keeps 100, and greedy still completes work."""
+    scheduler = arbiter.drainer.scheduler
+    by_pid = lambda pid: next(c for c in arbiter.drainer.clients.values() if c.pid == pid)  # noqa: E731
+    assert scheduler.share_of(by_pid(greedy.pid)) == 100
+    assert control(pipe_dir, "set_active_thread_percentage", str(greedy.pid), "20") == "20"
+    assert scheduler.share_of(by_pid(greedy.pid)) == 20 and scheduler.share_of(by_pid(other.pid)) == 100
+    completed = arbiter.drainer.refresh(by_pid(greedy.pid)).completed  # the engine counts
+    wait_until(lambda: arbiter.drainer.refresh(by_pid(greedy.pid)).completed > completed + 10, 60,
+               "the capped client to go on completing work")
 
 
 def test_client_limit_is_configurable_past_the_mps_default(tmp_path, vulkan_device_name):
@@ -163,10 +161,7 @@ def test_watchdog_faults_the_server_and_names_the_offender(tmp_path, vulkan_devi
     process, pipe_dir = next(generator)
     try:
         with libshare.connect(name="runaway", mode="daemon", pipe_directory=pipe_dir) as session:
-            program = session.load_program(libshare.shaders.path("busy"))
-            data = session.array(1 << 16, np.uint32)
-            push = struct.pack("II", 1 << 16, busy_iterations(20_000))
-            ticket = session.dispatch(program, groups=1024, buffers=[data], push=push)
+            [ticket] = long_queue(session, count=1)
             with pytest.raises(libshare.ServerFault):
                 ticket.wait(timeout=60)
             assert control(pipe_dir, "get_server_status") in ("FAULT", "INITIALIZING")

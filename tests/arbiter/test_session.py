@@ -11,7 +11,7 @@ import pytest
 import libshare
 from libshare import workloads
 
-from tests._busy import busy_iterations
+from tests._busy import long_queue
 
 pytestmark = pytest.mark.usefixtures("vulkan_device_name")
 
@@ -100,10 +100,7 @@ def test_wait_idle_waits_for_everything(session):
 
 
 def test_wait_times_out_with_a_libshare_timeout(session):
-    program = session.load_program(libshare.shaders.path("busy"))
-    data = session.array(1 << 16, np.uint32)
-    push = struct.pack("II", 1 << 16, busy_iterations(20_000))
-    ticket = session.dispatch(program, groups=1024, buffers=[data], push=push)
+    [ticket] = long_queue(session, count=1)
     with pytest.raises(libshare.Timeout):
         ticket.wait(timeout=0.01)
     ticket.wait(timeout=120)

@@ -13,7 +13,7 @@ import libshare
 from libshare.protocol.control import COMMANDS
 from libshare._proc import parent_of
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, killed_on_exit
 from tests.control.conftest import alive, control, server_status, wait_active, wait_dead
 
 
@@ -101,18 +101,14 @@ def test_quit_stops_the_daemon_and_removes_socket_and_lock(dirs, daemon):
 
 
 def test_foreground_mode_serves_until_sigint(dirs, vulkan_device_name):
-    process = subprocess.Popen([sys.executable, "-m", "libshare.control", "-f", *dirs.args], cwd=ROOT,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
+    foreground = [sys.executable, "-m", "libshare.control", "-f", *dirs.args]
+    with killed_on_exit(subprocess.Popen(foreground, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                         text=True)) as process:
         wait_active(dirs.pipe, process)
         server = dirs.server_pid()
         assert parent_of(server) == process.pid  # the control daemon runs in the foreground, the arbiter is its child
         process.send_signal(signal.SIGINT)
         _, stderr = process.communicate(timeout=30)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.communicate()
     assert process.returncode == 0, stderr
     assert f"arbiter pid {server} serves" in stderr and "stopped (SIGINT)" in stderr  # its log echoes on stderr
     assert not dirs.socket.exists() and not dirs.lock.exists() and not alive(server)

@@ -28,11 +28,13 @@ struct push {
     float a;
 };
 
+/* Says what failed, naming this worker's pid; returns 1 when rc is an error, else 0. */
 static int report(int rc, const char *what)
 {
-    if (rc < 0)
-        fprintf(stderr, "pid %d: %s: %s (%s)\n", (int)getpid(), what, ls_strerror(rc), ls_error_message());
-    return rc < 0;
+    if (rc >= 0)
+        return 0;
+    fprintf(stderr, "pid %d: %s: %s (%s)\n", (int)getpid(), what, ls_strerror(rc), ls_error_message());
+    return 1;
 }
 
 /* y = a*x + y, ROUNDS times, with a = worker + 1; returns 0 when the result is right. */

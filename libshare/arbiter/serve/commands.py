@@ -1,5 +1,5 @@
 """The server side of the operator's control commands (their names, usage and help are in
-libshare/protocol/control.py: ``COMMANDS``).
+libshare/protocol/commands.toml, read as ``COMMANDS`` by libshare/protocol/control.py).
 
 A control frame is checked against :data:`FIELDS` by the arbiter before it gets here (the
 gate, gate.py, holds control connections between commands, and a worker thread runs each
