@@ -5,7 +5,8 @@ device-plugin API v1beta1 over gRPC: it registers a resource (``libshare.io/vulk
 kubelet and advertises one kubelet "device" per share of the arbiter at its pipe directory
 (``_shares.py``: how shares are written, what an allocation of some gives a container). The
 service, its health (the arbiter's ``get_server_status``) and its re-registration when the
-kubelet restarts are in ``_plugin.py``; the gRPC stubs are generated from the Kubernetes
+kubelet restarts are in ``_plugin.py``, the allocations it keeps across its own restarts in
+``_ledger.py``; the gRPC stubs are generated from the Kubernetes
 ``proto/api.proto`` on first import (``_stubs``). Needs ``grpcio``, ``grpcio-tools`` and
 ``protobuf``: ``pip install 'libshare[k8s]'``. Deployment: ``contrib/kubernetes/``.
 """

@@ -21,11 +21,14 @@ def _parser() -> argparse.ArgumentParser:
                     "the pipe directory mounted (read-only) and LIBSHARE_PIPE_DIRECTORY, LIBSHARE_MODE=daemon, "
                     "LIBSHARE_ACTIVE_THREAD_PERCENTAGE (the shares' sum, at most 100), LIBSHARE_DEVICE_MEM_LIMIT "
                     "(when shares have memory) and LIBSHARE_GROUP (one group per allocation, whose limits the "
-                    "plugin sets on the arbiter). Shares are Unhealthy while the arbiter is not ACTIVE.")
+                    "plugin sets on the arbiter). Shares are Unhealthy while the arbiter is not ACTIVE, and an "
+                    "Unhealthy share is not allocated. The allocations are kept in a ledger, a file in a libshare "
+                    "directory beside the kubelet socket, so that they outlive a restart of the plugin.")
     parser.add_argument("--shares", default="10",
                         help="N equal shares (1..100; default 10, each 10%%), or a list of whole percentages adding "
                              "up to at most 100, each optionally with its memory: 50%%:8G,25%%:4G,25%%:4G; "
-                             "100%% is a single share of the whole device")
+                             "100%% is a single share of the whole device. Either every share has memory (its "
+                             "own or --memory-per-share; an allocation gets their sum) or none has")
     parser.add_argument("--memory-per-share", type=parse_memory, metavar="SIZE",
                         help="device memory each share brings (like 512M or 2G), for shares without their own; "
                              "default: no memory limit")

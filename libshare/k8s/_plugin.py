@@ -8,13 +8,18 @@ upkeep thread then, every ``period`` seconds:
   :class:`~libshare.protocol.control.ControlConnection`; every share is ``Healthy`` while the arbiter
   answers ACTIVE and ``Unhealthy`` otherwise (INITIALIZING, FAULT, or no answer), and each
   change is streamed to every ListAndWatch caller. When an arbiter becomes ACTIVE (a new one
-  after a crash or ``restart`` too, told apart by its pid), the group limits of the current
-  allocations are set on it again: an arbiter does not inherit them.
+  after a crash or ``restart`` too, told apart by its pid, and the one found by a plugin that
+  just started), the group limits of the current allocations are set on it again and their
+  share sockets opened: an arbiter does not inherit them.
 * looks at the kubelet's socket: when it was created anew (the kubelet restarted, and removed
   every other socket in the directory, this plugin's too) or this plugin's socket is gone, the
   plugin serves on a fresh socket and registers again. Until the kubelet answers, it retries.
 
-Allocate answers each container request with a mount and the LIBSHARE_* environment of
+Allocate refuses a request for an Unhealthy device (FAILED_PRECONDITION: the kubelet only
+allocates devices it was told are Healthy, and an allocation the arbiter cannot take at once
+would run without its limits), records the allocation in the plugin's ledger (_ledger.py: a
+state file, so that a plugin restart forgets no running pod's group; UNAVAILABLE when it cannot
+be written), answers each container request with a mount and the LIBSHARE_* environment of
 :class:`~._shares.Allocation`, sets the allocation's group limits on the arbiter at once
 (``set_group_active_thread_percentage``, ``set_group_mem_limit``) and opens the group's share
 socket (``open_share``). The mount puts the group's share directory, ``PIPE/shares/GROUP``
@@ -43,7 +48,8 @@ from libshare.protocol.control import ControlConnection
 from libshare.protocol.paths import share_directory
 from libshare.settings import format_size
 from libshare.errors import LibshareError
-from libshare.k8s._shares import DEFAULT_RESOURCE, Allocation, Share, allocate
+from libshare.k8s._ledger import Ledger, state_path
+from libshare.k8s._shares import DEFAULT_RESOURCE, Allocation, Share, allocate, check_memory
 from libshare.k8s._stubs import api_pb2, api_pb2_grpc
 
 __all__ = ["DevicePlugin", "Options", "HEALTHY", "UNHEALTHY", "API_VERSION", "KUBELET_SOCKET"]
@@ -76,6 +82,7 @@ class Options:
     def __post_init__(self):
         if not self.shares:
             raise ValueError("the plugin needs at least one share to advertise")
+        check_memory(self.shares)
         domain, slash, name = self.resource_name.partition("/")
         if not (domain and slash and name) or "/" in name:
             raise ValueError(f"a resource name is DOMAIN/NAME, like {DEFAULT_RESOURCE} (got {self.resource_name!r})")
@@ -94,6 +101,11 @@ class Options:
     def endpoint(self) -> Path:
         """The plugin's socket: in the kubelet socket's directory, where the kubelet looks for it."""
         return self.kubelet_socket.parent / self.socket_name
+
+    @property
+    def state_file(self) -> Path:
+        """The plugin's ledger of allocations (_ledger.py), in a directory beside the kubelet's checkpoint."""
+        return state_path(self.kubelet_socket, self.socket_name)
 
 
 class _Devices:
@@ -128,16 +140,15 @@ class _Devices:
 
 
 class _Arbiter:
-    """The plugin's control connection to the arbiter, and the group limits it owes each arbiter."""
+    """The plugin's control connection to the arbiter, and the group limits it owes each arbiter
+    (those of the ledger's allocations)."""
 
-    def __init__(self, pipe_directory: Path):
+    def __init__(self, pipe_directory: Path, ledger: Ledger):
         self.pipe_directory = pipe_directory
         self._connection: ControlConnection | None = None
-        self._lock = threading.Lock()  # one command at a time on the connection, and the tables below
-        self._groups: dict[str, Allocation] = {}  # the current allocations' groups
-        self._group_of: dict[str, str] = {}  # device id -> the group of the allocation it is in
-        self._lifted: set[str] = set()  # groups superseded whose limits the arbiter may still hold
-        self._served_pid: int | None = None  # the arbiter that has every group limit above
+        self._lock = threading.Lock()  # one command at a time on the connection, and the ledger
+        self._ledger = ledger
+        self._served_pid: int | None = None  # the arbiter that has every group limit of the ledger
 
     def _run(self, command: str, *args: str) -> str:
         if self._connection is None:
@@ -164,26 +175,15 @@ class _Arbiter:
                 self._drop()
                 self._served_pid = None
                 return f"UNREACHABLE: {exc}", None
-            if state == "ACTIVE" and pid != self._served_pid:
-                self._lifted.clear()  # a new arbiter holds none of them
-                if self._send(sorted(self._groups.values(), key=lambda a: a.group)):
-                    self._served_pid = pid
+            if state == "ACTIVE" and pid != self._served_pid and self._send(self._ledger.allocations()):
+                self._served_pid = pid
             return state, pid
 
     def add(self, allocations: list[Allocation]) -> None:
-        """Record new allocations (superseding the groups their devices were in) and set their limits."""
+        """Record new allocations in the ledger (superseding the groups their devices were in) and set
+        their limits; OSError, with nothing recorded or set, when the ledger cannot be written."""
         with self._lock:
-            for allocation in allocations:
-                for device in allocation.devices:
-                    old = self._group_of.get(device)
-                    if old is not None and old != allocation.group and old in self._groups:
-                        for other in self._groups.pop(old).devices:
-                            self._group_of.pop(other, None)
-                        self._lifted.add(old)
-                self._groups[allocation.group] = allocation
-                self._lifted.discard(allocation.group)
-                for device in allocation.devices:
-                    self._group_of[device] = allocation.group
+            self._ledger.add(allocations)
             if self._served_pid is None:
                 log.warning("the arbiter at %s has not answered ACTIVE yet: the group limits of %s will be set "
                             "once it does", self.pipe_directory, ", ".join(a.group for a in allocations))
@@ -191,15 +191,16 @@ class _Arbiter:
                 self._served_pid = None  # the upkeep thread sends them all to the next ACTIVE arbiter
 
     def _send(self, allocations) -> bool:
-        """Lift superseded groups' limits and close their share sockets; set the limits of ``allocations``
-        and open their share sockets (after the limits: a process may connect at once). False when
-        the arbiter did not take it."""
+        """Lift superseded groups' limits and close their share sockets (on any arbiter: a new one has
+        none, and says so); set the limits of ``allocations`` and open their share sockets (after
+        the limits: a process may connect at once). False when the arbiter did not take it."""
         try:
-            for group in sorted(self._lifted):
+            lifted = sorted(self._ledger.lifted)
+            for group in lifted:
                 self._run("close_share", group)
                 self._run("set_group_mem_limit", group, "unlimited")
                 self._run("set_group_active_thread_percentage", group, "100")
-            self._lifted.clear()
+            self._ledger.told(lifted)
             for allocation in allocations:
                 self._run("set_group_active_thread_percentage", allocation.group, str(allocation.percent))
                 self._run("set_group_mem_limit", allocation.group,
@@ -210,11 +211,8 @@ class _Arbiter:
             log.warning("group limits not set on the arbiter at %s: %s", self.pipe_directory, exc)
             return False
 
-    def groups(self) -> dict[str, Allocation]:
-        with self._lock:
-            return dict(self._groups)
-
     def close(self) -> None:
+        """Close the control connection."""
         with self._lock:
             self._drop()
 
@@ -272,6 +270,11 @@ class _Servicer(api_pb2_grpc.DevicePluginServicer):
                               f"container request {number}: a device is requested by two containers")
             seen.update(allocation.devices)
             allocations.append(allocation)
+        if not self._devices.healthy:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                          f"{', '.join(sorted(seen)[:5])} {'is' if len(seen) == 1 else 'are'} {UNHEALTHY}: the arbiter "
+                          f"at {self._options.pipe_directory} is not ACTIVE, and a container would run without "
+                          "its group's limits; ask again once the shares are Healthy")
         for allocation in allocations:  # what the mount names exists before the arbiter opens the socket
             directory = share_directory(self._options.pipe_directory, allocation.group)
             try:  # (in the arbiter's pipe directory once there is one: it must be the arbiter's to make)
@@ -280,7 +283,11 @@ class _Servicer(api_pb2_grpc.DevicePluginServicer):
                     directory.mkdir(mode=0o755, exist_ok=True)
             except OSError as exc:
                 context.abort(grpc.StatusCode.UNAVAILABLE, f"cannot make the share directory {directory}: {exc}")
-        self._arbiter.add(allocations)
+        try:
+            self._arbiter.add(allocations)
+        except OSError as exc:
+            context.abort(grpc.StatusCode.UNAVAILABLE,
+                          f"the allocation cannot be recorded in {self._options.state_file}: {exc}")
         pipe = self._options.host_pipe_directory  # the container sees its share directory at this path
         responses = []
         for allocation in allocations:
@@ -318,7 +325,8 @@ class DevicePlugin:
     def __init__(self, options: Options):
         self.options = options
         self._devices = _Devices(options.shares)
-        self._arbiter = _Arbiter(options.pipe_directory)
+        ledger = Ledger(options.state_file, options.resource_name, self._devices.shares)
+        self._arbiter = _Arbiter(options.pipe_directory, ledger)
         self._server: grpc.Server | None = None
         self._served: tuple | None = None  # identity of the socket file this plugin's server made
         self._registered: tuple | None = None  # identity of the kubelet socket it registered with

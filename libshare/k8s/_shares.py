@@ -7,10 +7,15 @@ ceilings that apply to all its processes together (one libshare group per alloca
 
 Shares are written as ``N`` (N equal shares of 100/N % each, 1 <= N <= 100: ``--shares 100``
 gives 100 devices of 1 %), or as a comma-separated list of whole percentages with a ``%`` each,
-optionally with the share's memory after a colon (``50%:8G,25%:4G,25%``; ``100%`` is a single
+optionally with the share's memory after a colon (``50%:8G,25%:4G,25%:4G``; ``100%`` is a single
 share of the whole device). The percentages of a list add up to at most 100. A memory given per
-share (``memory_per_share``) applies to each share without a memory of its own; a share with no
-memory at all adds no memory limit, and an allocation that includes one has no memory limit.
+share (``memory_per_share``) applies to each share without a memory of its own.
+
+Memory is all or nothing: either every share has a memory (its own or ``memory_per_share``) and
+an allocation's memory limit is the sum of its shares', or no share has one and no allocation
+has a memory limit. A list that mixes the two is refused (:func:`check_memory`): a share
+without memory could only mean "no limit", and allocated beside an 8G share it would lift that
+share's cap, while 8G promised beside shares without a limit is promised out of nothing.
 """
 
 from __future__ import annotations
@@ -25,7 +30,8 @@ from libshare.protocol.control import decimal
 from libshare.settings import format_size, parse_size
 from libshare.errors import InvalidSubmission
 
-__all__ = ["DEFAULT_RESOURCE", "Share", "Allocation", "parse_shares", "parse_memory", "allocate", "group_name", "MAX_SHARES"]
+__all__ = ["DEFAULT_RESOURCE", "Share", "Allocation", "parse_shares", "parse_memory", "allocate", "check_memory", "group_name",
+           "MAX_SHARES"]
 
 DEFAULT_RESOURCE = "libshare.io/vulkan"
 MAX_SHARES = 100  # the arbiter's compute share is a whole percentage, at least 1
@@ -98,7 +104,17 @@ def parse_shares(text: str, memory_per_share: int | None = None) -> list[Share]:
     total = sum(share.percent for share in shares)
     if total > 100:
         raise ValueError(f"the shares add up to {total} % of the device; at most 100 % can be shared out")
+    check_memory(shares)
     return shares
+
+
+def check_memory(shares) -> None:
+    """ValueError unless every share has a memory or none has (the module's docstring says why)."""
+    without = [share.id for share in shares if share.memory is None]
+    if without and len(without) < len(shares):
+        shown = ", ".join(without[:5]) + (" ..." if len(without) > 5 else "")
+        raise ValueError(f"shares with and without memory are mixed ({shown} without): give every share its "
+                         "memory (or --memory-per-share for those without one), or none")
 
 
 def _device_id(index: int, count: int) -> str:
@@ -117,7 +133,9 @@ def group_name(devices) -> str:
 
 
 def allocate(shares: dict[str, Share], devices) -> Allocation:
-    """The allocation of ``devices`` (ids of ``shares``); ValueError for none, an unknown or a repeated id."""
+    """The allocation of ``devices`` (ids of ``shares``): the sum of their compute shares (at most 100 %)
+    and of their memory. ValueError for none, an unknown or a repeated id, and for shares with and
+    without memory together (:func:`check_memory`)."""
     devices = list(devices)
     if not devices:
         raise ValueError("the request names no device")
@@ -130,6 +148,6 @@ def allocate(shares: dict[str, Share], devices) -> Allocation:
         raise ValueError("the request names a device more than once")
     chosen = [shares[d] for d in devices]
     percent = min(100, max(1, math.floor(sum(share.percent for share in chosen))))
-    memories = [share.memory for share in chosen]
-    memory = None if None in memories else sum(memories)
+    check_memory(chosen)
+    memory = None if chosen[0].memory is None else sum(share.memory for share in chosen)
     return Allocation(tuple(sorted(devices)), group_name(devices), percent, memory)

@@ -25,6 +25,7 @@ from libshare.k8s._stubs import api_pb2, api_pb2_grpc  # noqa: E402  (after the 
 from tests.conftest import ROOT, stop_process  # noqa: E402
 
 DEADLINE = 60.0  # seconds any one expected event may take on a loaded 2-core machine
+CHECKPOINT = "kubelet_internal_checkpoint"  # the kubelet's own file in the directory, which it keeps
 
 
 class _Registration(api_pb2_grpc.RegistrationServicer):
@@ -66,11 +67,12 @@ class Kubelet:
         return api_pb2_grpc.DevicePluginStub(channel)
 
     def restart(self) -> "Kubelet":
-        """What a kubelet restart does to the directory: its server goes, every socket in it is removed,
-        and a new kubelet serves a new kubelet.sock."""
+        """What a kubelet restart does to the directory: its server goes, every file in it but its
+        checkpoint is removed (the plugins' sockets with the rest; directories stay), and a new
+        kubelet serves a new kubelet.sock."""
         self.stop()
         for entry in self.directory.iterdir():
-            if entry.is_socket():
+            if entry.name != CHECKPOINT and not entry.is_dir():
                 entry.unlink()
         return Kubelet(self.directory)
 
@@ -116,3 +118,20 @@ def next_listing(stream, predicate=lambda listing: True, what: str = "a device l
 
 def health(listing) -> set[str]:
     return {device.health for device in listing.devices}
+
+
+def allocate(stub, *containers, timeout: float = DEADLINE):
+    """The kubelet's Allocate of one container request per list of device ids in ``containers``."""
+    request = api_pb2.AllocateRequest(
+        container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=ids) for ids in containers])
+    return stub.Allocate(request, timeout=timeout)
+
+
+def healthy(stream):
+    """The next listing of ``stream`` in which every share is Healthy."""
+    return next_listing(stream, lambda listing: health(listing) == {"Healthy"}, "every share Healthy")
+
+
+def unhealthy(stream):
+    """The next listing of ``stream`` in which every share is Unhealthy."""
+    return next_listing(stream, lambda listing: health(listing) == {"Unhealthy"}, "every share Unhealthy")

@@ -17,24 +17,11 @@ from libshare.k8s._stubs import api_pb2  # noqa: E402
 
 from tests.arbiter.conftest import run_daemon, wait_until  # noqa: E402
 from tests.conftest import ROOT, stop_process  # noqa: E402
-from tests.k8s.conftest import DEADLINE, Kubelet, health, next_listing, run_plugin  # noqa: E402
+from tests.k8s.conftest import DEADLINE, Kubelet, health, run_plugin  # noqa: E402
+from tests.k8s.conftest import allocate as _allocate, healthy as _healthy, unhealthy as _unhealthy  # noqa: E402
 
 arbiter = contextlib.contextmanager(run_daemon)
 EMPTY = api_pb2.Empty()
-
-
-def _allocate(stub, *containers):
-    request = api_pb2.AllocateRequest(
-        container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=ids) for ids in containers])
-    return stub.Allocate(request, timeout=DEADLINE)
-
-
-def _healthy(stream):
-    return next_listing(stream, lambda listing: health(listing) == {"Healthy"}, "every share Healthy")
-
-
-def _unhealthy(stream):
-    return next_listing(stream, lambda listing: health(listing) == {"Unhealthy"}, "every share Unhealthy")
 
 
 def test_registers_and_lists_its_shares_unhealthy_without_an_arbiter(kubelet, tmp_path):
@@ -52,17 +39,36 @@ def test_registers_and_lists_its_shares_unhealthy_without_an_arbiter(kubelet, tm
         stream.cancel()
 
 
-def test_shares_are_unhealthy_while_the_arbiter_is_down(kubelet, tmp_path, vulkan_device_name):
+def _refused_as_unhealthy(plugin, *devices) -> None:
+    with pytest.raises(grpc.RpcError) as refused:
+        _allocate(plugin, list(devices))
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "Unhealthy" in refused.value.details() and "not ACTIVE" in refused.value.details()
+
+
+def test_shares_are_unhealthy_while_the_arbiter_is_down_and_are_not_allocated(kubelet, tmp_path,
+                                                                            vulkan_device_name):
+    """Reviewed: an Allocate of an Unhealthy share was answered, for a container whose group limits no
+    arbiter had. It is refused with a gRPC error (the kubelet fails the pod's admission), and
+    answered again, limits set at once, when the share is Healthy."""
     pipe = tmp_path / "pipe"
-    with run_plugin(kubelet.socket, pipe, "--shares", "3"):
-        stream = kubelet.plugin(kubelet.registration()).ListAndWatch(EMPTY, timeout=10 * DEADLINE)
+    with run_plugin(kubelet.socket, pipe, "--shares", "3", "--memory-per-share", "32M"):
+        plugin = kubelet.plugin(kubelet.registration())
+        stream = plugin.ListAndWatch(EMPTY, timeout=10 * DEADLINE)
         assert health(next(stream)) == {"Unhealthy"}
+        _refused_as_unhealthy(plugin, "share-0")
         with arbiter(pipe):
             listing = _healthy(stream)
             assert len(listing.devices) == 3
+            group = _allocate(plugin, ["share-1"]).container_responses[0].envs["LIBSHARE_GROUP"]
+            with _control.ControlConnection(pipe) as control:
+                assert control.run("get_group_mem_limit", group) == "32M"
+                assert control.run("get_share_list") == group
         _unhealthy(stream)  # SIGTERM: the arbiter left; the plugin streamed the change by itself
+        _refused_as_unhealthy(plugin, "share-0", "share-2")
         with arbiter(pipe):
             _healthy(stream)
+            _allocate(plugin, ["share-2"])
         _unhealthy(stream)
         stream.cancel()
 
@@ -196,21 +202,33 @@ def test_a_container_cannot_leave_its_allocation_through_its_environment(kubelet
             assert control.run("get_group_mem_limit", group) == "64M"
 
 
-def test_uneven_and_single_shares(kubelet, tmp_path):
+def test_uneven_and_single_shares(kubelet, tmp_path, vulkan_device_name):
     pipe = tmp_path / "pipe"
-    with run_plugin(kubelet.socket, pipe, "--shares", "50%:1G,30%,20%", "--memory-per-share", "100M"):
+    with arbiter(pipe), run_plugin(kubelet.socket, pipe, "--shares", "50%:1G,30%,20%", "--memory-per-share", "100M"):
         plugin = kubelet.plugin(kubelet.registration())
+        _healthy(plugin.ListAndWatch(EMPTY, timeout=DEADLINE))
         small, big = _allocate(plugin, ["share-2"], ["share-0", "share-1"]).container_responses
         assert (small.envs["LIBSHARE_ACTIVE_THREAD_PERCENTAGE"], small.envs["LIBSHARE_DEVICE_MEM_LIMIT"]) == \
             ("20", str(100 << 20))
         assert (big.envs["LIBSHARE_ACTIVE_THREAD_PERCENTAGE"], big.envs["LIBSHARE_DEVICE_MEM_LIMIT"]) == \
             ("80", str((1 << 30) + (100 << 20)))
         assert small.envs["LIBSHARE_GROUP"] != big.envs["LIBSHARE_GROUP"]
-    with run_plugin(kubelet.socket, pipe, "--shares", "1"):
+    with arbiter(pipe), run_plugin(kubelet.socket, pipe, "--shares", "1"):
         plugin = kubelet.plugin(kubelet.registration())
+        _healthy(plugin.ListAndWatch(EMPTY, timeout=DEADLINE))
         whole = _allocate(plugin, ["share-0"]).container_responses[0]
         assert whole.envs["LIBSHARE_ACTIVE_THREAD_PERCENTAGE"] == "100"
         assert "LIBSHARE_DEVICE_MEM_LIMIT" not in whole.envs
+
+
+def test_a_plugin_with_shares_with_and_without_memory_does_not_start(kubelet, tmp_path):
+    """Reviewed: with --shares 50%:8G,25%,25% a container allocated share-0 and share-1 got no memory
+    limit (the share without memory removed the 8G cap). Such a list is refused at the start."""
+    result = subprocess.run([sys.executable, "-m", "libshare.k8s", "--kubelet-socket", str(kubelet.socket),
+                             "--pipe-directory", str(tmp_path / "pipe"), "--shares", "50%:8G,25%,25%"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=DEADLINE)
+    assert result.returncode == 2 and "shares with and without memory are mixed" in result.stderr
+    assert kubelet.requests.empty() and not (kubelet.directory / "libshare-vulkan.sock").exists()
 
 
 @pytest.mark.parametrize("containers, complaint", [
@@ -227,7 +245,7 @@ def test_bad_allocations_are_refused(kubelet, tmp_path, containers, complaint):
         with pytest.raises(grpc.RpcError) as refused:
             _allocate(plugin, *containers)
         assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT and complaint in refused.value.details()
-        assert _allocate(plugin, ["share-3"]).container_responses[0].envs["LIBSHARE_ACTIVE_THREAD_PERCENTAGE"] == "25"
+        _refused_as_unhealthy(plugin, "share-3")  # a good request, checked, and refused: there is no arbiter
 
 
 def test_the_calls_it_does_not_offer(kubelet, tmp_path):

@@ -6,7 +6,7 @@ from fractions import Fraction
 
 import pytest
 
-from libshare.k8s import Options, allocate, group_name, parse_shares
+from libshare.k8s import Options, Share, allocate, group_name, parse_shares
 
 
 def _by_id(shares):
@@ -32,9 +32,25 @@ def test_listed_shares_with_and_without_memory():
     assert allocate(_by_id(shares), ["share-0", "share-2"]).memory == (8 << 30) + (512 << 20)
     (whole,) = parse_shares("100%")
     assert whole.percent == Fraction(100)
-    unlimited = _by_id(parse_shares("60%:1G,40%"))
-    assert allocate(unlimited, ["share-0"]).memory == 1 << 30
-    assert allocate(unlimited, ["share-0", "share-1"]).memory is None  # a share without memory adds no limit
+    unlimited = _by_id(parse_shares("60%,40%"))
+    assert allocate(unlimited, ["share-0", "share-1"]).memory is None  # no share has memory: no limit
+
+
+def test_shares_with_and_without_memory_are_not_mixed(tmp_path):
+    """Reviewed: with 60%:1G,40% a container given both shares had no memory limit at all (the share
+    without memory lifted the other's 1G). Memory is all or nothing: a mixed list is refused where it
+    is written, where the plugin is set up, and an allocation of shares built by hand."""
+    with pytest.raises(ValueError, match=r"mixed \(share-1 without\)"):
+        parse_shares("60%:1G,40%")
+    mixed = [Share("share-0", Fraction(60), 1 << 30), Share("share-1", Fraction(40))]
+    with pytest.raises(ValueError, match="mixed"):
+        Options(mixed, pipe_directory=tmp_path)
+    with pytest.raises(ValueError, match="mixed"):
+        allocate(_by_id(mixed), ["share-1", "share-0"])
+    assert allocate(_by_id(mixed), ["share-0"]).memory == 1 << 30  # alone, each is what it says
+    assert allocate(_by_id(mixed), ["share-1"]).memory is None
+    given = _by_id(parse_shares("60%:1G,40%", memory_per_share=256 << 20))  # the rest given memory: the sum
+    assert allocate(given, ["share-0", "share-1"]).memory == (1 << 30) + (256 << 20)
 
 
 @pytest.mark.parametrize("text, complaint", [
