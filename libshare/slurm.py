@@ -4,8 +4,8 @@ The node offers ``Gres=libshare:100`` (gres.conf ``Name=libshare Count=100``, no
 asks for some with ``--gres=libshare:N``. Slurm's ``Prolog`` (root, on the node, before the
 job's first task) runs ``python -m libshare.slurm prolog``, which
 
-* reads the job's count of shares on this node and its memory there from
-  ``scontrol show job -d`` (Slurm passes neither to a prolog's environment),
+* reads the job's count of shares on this node and its memory there from Slurm (which passes
+  neither to a prolog's environment): see *Reading the job* below,
 * takes a lease on the node's arbiter through :mod:`libshare.manager`, which starts it when
   none answers (the arbiter outlives the prolog: it runs in a session of its own),
 * makes the libshare group ``slurm-JOBID``: compute share N% of the device
@@ -25,6 +25,20 @@ systemd, is used and never quit, as the manager does). Prologs and epilogs are s
 processes, so the count of jobs lives in the state directory (one file per job, under an
 ``flock``), not in the manager's memory. Jobs that ask for no shares are left alone.
 
+Reading the job. What Slurm says about a job holds what the job's user wrote: its name,
+comment, working directory, output paths. In ``scontrol show job -d`` text those are printed
+unquoted, line breaks included, so a name such as ``n Nodes=vm Mem=0 GRES=libshare(CNT:30)``
+reads like the node's allocation line. The prolog therefore asks ``squeue --json`` first
+(Slurm 21.08 and later, beside ``scontrol`` or on PATH; ``scontrol --json`` only exists from
+23.02): there the job's name and paths are strings of their own and the node's memory and
+gres are separate fields (``job_resources`` and ``gres_detail``, read by
+:func:`parse_job_json`). ``squeue`` ignores ``--jobs`` with ``--json`` on some versions, so the
+job is picked out by its id. Only when that yields nothing known does it read the text
+(:func:`parse_job`), where every line that reads like the node's allocation counts and, since
+Slurm prints one per node, candidates that disagree are a forgery and refused. In both, a
+memory that is missing or zero is not "unlimited": the prolog refuses the job (it gives no group, logs why in ``slurm.log`` and
+cancels the job with ``scancel``), and never fails itself for it, which would drain the node.
+
 Settings, from the environment (contrib/slurm/libshare-slurm.env sets them for the scripts):
 LIBSHARE_PIPE_DIRECTORY (default /run/libshare), LIBSHARE_LOG_DIRECTORY (default
 /var/log/libshare; ``slurm.log`` there records every prolog and epilog), LIBSHARE_DEVICE,
@@ -32,7 +46,8 @@ LIBSHARE_SLURM_STATE (default /run/libshare-slurm), LIBSHARE_SLURM_GRES (the gre
 default ``libshare``), LIBSHARE_SLURM_SHARES (the node's count, default 100),
 LIBSHARE_SLURM_MULTI_USER (1: start the arbiter with ``--multi-user``, so that jobs of every
 user may connect; needed unless jobs run as the arbiter's uid), LIBSHARE_SLURM_SCONTROL
-(default: ``scontrol`` on PATH or in /usr/bin).
+(default: ``scontrol`` on PATH or in /usr/bin; ``squeue`` and ``scancel`` are
+taken from beside it).
 """
 
 from __future__ import annotations
@@ -58,7 +73,7 @@ from libshare.manager import _server_pid
 from libshare.daemon.logs import log_handler
 from libshare.errors import ArbiterLost, ArbiterUnavailable, LibshareError
 
-__all__ = ["JobRequest", "group_name", "parse_job", "prolog", "epilog"]
+__all__ = ["JobRequest", "group_name", "parse_job", "parse_job_json", "prolog", "epilog"]
 
 log = logging.getLogger("libshare.slurm")
 
@@ -72,13 +87,79 @@ def group_name(job_id: str) -> str:
 
 @dataclass(frozen=True)
 class JobRequest:
-    """What a job holds on one node: its count of shares and its memory (MiB, None if unknown)."""
+    """What a job holds on one node: its count of shares and its memory (MiB; None when Slurm
+    does not say, or says zero: the prolog then refuses the job rather than guess)."""
 
     shares: int
     mem_mib: int | None
 
 
 _HOSTLIST = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9_.\-\[\],]*")
+
+
+def _gres_count(gres: str) -> re.Pattern:
+    """The count of gres ``gres`` in a gres detail (``gpu:a100:1(IDX:0,2),libshare(CNT:30)``)."""
+    return re.compile(rf"(?:^|,){re.escape(gres)}(?::[^,(:]+)*\(CNT:(\d+)\)")
+
+
+def _per_node_request(tres: str, gres: str) -> list[int]:
+    """The counts of ``gres`` a TresPerNode value asks for (``gres:libshare:30``, ``gres/libshare:30``)."""
+    return [int(m.group(1)) for m in
+            re.finditer(rf"(?:^|,)gres[:/]{re.escape(gres)}(?::[^,:\s]+)*?:(\d+)(?=,|$)", tres)]
+
+
+def _number(value) -> int | None:
+    """A count from Slurm's JSON: a plain integer, or ``{"set": true, "number": N}`` (v0.0.40 on)."""
+    if isinstance(value, dict) and value.get("set") and not value.get("infinite"):
+        value = value.get("number")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _allocated_nodes(resources) -> list[tuple[str, int | None]] | None:
+    """(node, memory MiB) of each node of a job's ``job_resources``, in the job's node order:
+    ``allocated_nodes`` with ``nodename`` and ``memory_allocated`` (v0.0.38, v0.0.39), or
+    ``nodes.allocation`` with ``name`` and ``memory.allocated`` (v0.0.41 on); None for another shape."""
+    if not isinstance(resources, dict):
+        return None
+    nodes = resources.get("allocated_nodes")
+    if isinstance(nodes, list) and all(isinstance(n, dict) and "nodename" in n for n in nodes):
+        return [(str(n["nodename"]), _number(n.get("memory_allocated"))) for n in nodes]
+    nodes = resources.get("nodes")
+    nodes = nodes.get("allocation") if isinstance(nodes, dict) else None
+    if isinstance(nodes, list) and all(isinstance(n, dict) and "name" in n for n in nodes):
+        return [(str(n["name"]), _number((n.get("memory") or {}).get("allocated"))) for n in nodes]
+    return None
+
+
+def parse_job_json(text: str, job_id: str, node: str, gres: str = "libshare") -> JobRequest | None:
+    """Job ``job_id``'s request on ``node`` from ``squeue --json`` (or ``scontrol --json show job``)
+    output; None when the text does not describe that job in a shape known here.
+
+    Only Slurm's own fields are read: the node's allocated memory from ``job_resources``, its
+    gres from ``gres_detail`` (one entry per node, in the job's node order; ``tres_per_node``
+    when there is none). The job's name, comment and paths are strings of their own and read by
+    nobody. A memory of 0 is None, as in :class:`JobRequest`.
+    """
+    try:
+        jobs = json.loads(text).get("jobs")
+    except (ValueError, AttributeError):
+        return None
+    wanted = decimal(job_id, 1 << 62)
+    job = next((j for j in jobs if isinstance(j, dict) and _number(j.get("job_id")) == wanted), None) \
+        if isinstance(jobs, list) and wanted is not None else None
+    nodes = _allocated_nodes(job.get("job_resources")) if job else None
+    if nodes is None:
+        return None
+    index = next((i for i, (name, _) in enumerate(nodes) if name == node), None)
+    if index is None:
+        return JobRequest(0, None)  # nothing of the job on this node
+    details = job.get("gres_detail")
+    if isinstance(details, list) and index < len(details):
+        found = _gres_count(gres).search(str(details[index]))
+        shares = int(found.group(1)) if found else 0
+    else:
+        shares = min(_per_node_request(str(job.get("tres_per_node") or ""), gres), default=0)
+    return JobRequest(shares, nodes[index][1] or None)
 
 
 def _hostnames(expression: str, scontrol: str) -> list[str]:
@@ -94,19 +175,21 @@ def _hostnames(expression: str, scontrol: str) -> list[str]:
 
 
 def parse_job(text: str, node: str, gres: str = "libshare", scontrol: str = "scontrol") -> JobRequest:
-    """The job's request on ``node`` from ``scontrol show job -d`` output (Slurm 22.05 to 24.x).
+    """The job's request on ``node`` from ``scontrol show job -d`` text (Slurm 22.05 to 24.x), the
+    prolog's fallback where ``squeue --json`` says nothing (:func:`parse_job_json`).
 
     The per-node lines (``Nodes=n[1-2] CPU_IDs=0 Mem=300 GRES=libshare(CNT:30)``) say what the
     node was given; without one for ``node``, ``TresPerNode`` (``gres:libshare:30`` or
     ``gres/libshare:30``) and ``MinMemoryNode`` say what was asked per node.
 
-    The text holds what the job's user wrote too (its name, paths, comment), which can look like
-    any of those fields, even on lines of their own: a job named ``n Nodes=vm GRES=libshare(CNT:100)``
-    was given the whole device and no memory limit. So every candidate counts and the least of
-    them is taken (a forged one can only lower the job's own grant), and a host list is read only
-    when it looks like one (``Nodes=--bogus,`` made the prolog fail, which drains the node).
+    The text holds what the job's user wrote too (its name, comment, paths), unquoted, which can
+    look like any of those fields, even on lines of their own. So every candidate counts, and
+    unless they all agree the job is refused (:func:`_least`): a forged field cannot raise the
+    job's grant, lower it to nothing, or make a ``Mem=0`` read as "unlimited". A host list is
+    read only when it looks like one (``Nodes=--bogus,`` would make ``scontrol`` fail, and a
+    failed prolog drains the node).
     """
-    count = re.compile(rf"(?:^|,){re.escape(gres)}(?::[^,(:]+)*\(CNT:(\d+)\)")
+    count = _gres_count(gres)
     given = []
     for line in text.splitlines():
         fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
@@ -118,17 +201,20 @@ def parse_job(text: str, node: str, gres: str = "libshare", scontrol: str = "sco
         given.append(JobRequest(int(found.group(1)) if found else 0, decimal(fields.get("Mem") or "", 1 << 62)))
     if given:
         return _least(given)
-    per_node = [int(m.group(1)) for m in
-                re.finditer(rf"TresPerNode=\S*?gres[:/]{re.escape(gres)}(?::[^,:\s]+)*?:(\d+)(?:,|\s|$)", text)]
+    per_node = [n for m in re.finditer(r"TresPerNode=(\S*)", text) for n in _per_node_request(m.group(1), gres)]
     scale = {"K": 1 / 1024, "": 1, "M": 1, "G": 1024, "T": 1024 * 1024}
-    mems = [int(int(m.group(1)) * scale[m.group(2)]) or None for m in re.finditer(r"MinMemoryNode=(\d+)([KMGT]?)", text)]
-    return _least([JobRequest(min(per_node, default=0), mem) for mem in mems or [None]])
+    mems = [int(int(m.group(1)) * scale[m.group(2)]) for m in re.finditer(r"MinMemoryNode=(\d+)([KMGT]?)", text)]
+    return _least([JobRequest(shares, mem) for shares in per_node or [0] for mem in mems or [None]])
 
 
 def _least(requests: list[JobRequest]) -> JobRequest:
-    """The fewest shares and the least memory among ``requests`` (unknown memory: the least known)."""
-    known = [r.mem_mib for r in requests if r.mem_mib is not None]
-    return JobRequest(min(r.shares for r in requests), min(known) if known else None)
+    """The one request that ``requests`` (candidates from the text) agree on. Slurm prints one line
+    per node: candidates that disagree mean the job's own words forged one, and the result is a
+    refusal (memory None, with the most shares any candidate names, so that even a forged count
+    of 0 is refused rather than passed over as a job without shares); so is a memory of 0."""
+    if len({r.shares for r in requests}) > 1 or len({r.mem_mib for r in requests}) > 1:
+        return JobRequest(max(r.shares for r in requests), None)
+    return JobRequest(requests[0].shares, requests[0].mem_mib or None)
 
 
 @dataclass(frozen=True)
@@ -212,12 +298,43 @@ class _State:
             self._write("arbiter", str(pid))
 
 
-def _job_request(job_id: str, settings: _Settings, node: str) -> JobRequest:
+def _beside(scontrol: str, program: str) -> str:
+    """Slurm's ``program`` from the directory of ``scontrol`` (on PATH when that has none)."""
+    return str(Path(scontrol).with_name(program)) if os.sep in scontrol else program
+
+
+def _job_request(job_id: str, settings: _Settings, node: str) -> tuple[JobRequest, str]:
+    """The job's request on ``node`` and where it was read: ``squeue --json``, else the text of
+    ``scontrol show job -d`` (see the module's essay)."""
+    squeue = [_beside(settings.scontrol, "squeue"), "--json", "--all", f"--jobs={job_id}"]
+    try:
+        out = subprocess.run(squeue, capture_output=True, text=True, timeout=60, check=False)
+    except OSError as exc:  # no squeue here: the text is all there is
+        log.info("job %s: %s: %s", job_id, squeue[0], exc)
+    else:
+        request = parse_job_json(out.stdout, job_id, node, settings.gres) if out.returncode == 0 else None
+        if request is not None:
+            return request, "squeue --json"
+        log.info("job %s: squeue --json says nothing known of it (status %d): reading scontrol's text",
+                 job_id, out.returncode)
     out = subprocess.run([settings.scontrol, "show", "job", "-d", job_id], capture_output=True, text=True,
-                         timeout=60)
+                         timeout=60, check=False)
     if out.returncode:
         raise LibshareError(f"{settings.scontrol} show job -d {job_id} failed: {out.stderr.strip()}")
-    return parse_job(out.stdout, node, settings.gres, settings.scontrol)
+    return parse_job(out.stdout, node, settings.gres, settings.scontrol), "scontrol show job -d"
+
+
+def _refuse(job_id: str, node: str, source: str, settings: _Settings) -> None:
+    """Refuse a job whose memory on ``node`` Slurm does not give: no group, a line in the log, and
+    the job cancelled (a failed prolog would drain the node, for what a job's user can cause)."""
+    log.error("job %s: refused: %s gives no memory for it on %s (zero, missing, or lines that disagree: its "
+              "name, comment or paths forge them), and a group without one would be unlimited; it needs --mem, "
+              "memory as a consumable resource (SelectTypeParameters=CR_*_Memory) and no Slurm fields in what "
+              "its user writes. Cancelling it.", job_id, source, node)
+    scancel = [_beside(settings.scontrol, "scancel"), job_id]
+    out = subprocess.run(scancel, capture_output=True, text=True, timeout=60, check=False)
+    if out.returncode:
+        raise LibshareError(f"{' '.join(scancel)} failed ({out.returncode}): {out.stderr.strip()}")
 
 
 def _quit(pipe_directory: Path, pid: int) -> None:
@@ -238,11 +355,15 @@ def _quit(pipe_directory: Path, pid: int) -> None:
 
 
 def prolog(job_id: str, node: str, env=os.environ) -> dict[str, str] | None:
-    """Give job ``job_id`` its group on ``node``'s arbiter; its tasks' environment, or None without shares."""
+    """Give job ``job_id`` its group on ``node``'s arbiter; its tasks' environment, or None without shares
+    or when refused (no memory for it on ``node``: the job is cancelled, see the module's essay)."""
     settings = _Settings.from_environment(env)
-    request = _job_request(job_id, settings, node)
+    request, source = _job_request(job_id, settings, node)
     if request.shares <= 0:
         log.info("job %s: no %s shares on %s, nothing to do", job_id, settings.gres, node)
+        return None
+    if request.mem_mib is None:
+        _refuse(job_id, node, source, settings)
         return None
     group = group_name(job_id)
     percent = max(1, min(100, round(request.shares * 100 / settings.node_shares)))
@@ -259,8 +380,7 @@ def prolog(job_id: str, node: str, env=os.environ) -> dict[str, str] | None:
         try:
             with ControlConnection(settings.pipe_directory, timeout=30.0) as connection:
                 share = connection.run("set_group_active_thread_percentage", group, str(percent)).strip()
-                limit = (connection.run("set_group_mem_limit", group, f"{request.mem_mib}M").strip()
-                         if request.mem_mib else "unlimited")
+                limit = connection.run("set_group_mem_limit", group, f"{request.mem_mib}M").strip()
                 if env.get("SLURM_JOB_UID", "").isdigit():  # only the job's user joins it (multi-user mode)
                     connection.run("set_group_owner", group, env["SLURM_JOB_UID"])
             environment = {**lease.environment, "LIBSHARE_GROUP": group}
@@ -269,8 +389,8 @@ def prolog(job_id: str, node: str, env=os.environ) -> dict[str, str] | None:
         except BaseException:
             _stop_if_unused(state, settings)
             raise
-    log.info("job %s: group %s, %d of %d shares: compute share %s%%, memory limit %s; arbiter pid %d (%s)",
-             job_id, group, request.shares, settings.node_shares, share, limit, lease.pid,
+    log.info("job %s: group %s, %d of %d shares: compute share %s%%, memory limit %s (from %s); arbiter pid %d (%s)",
+             job_id, group, request.shares, settings.node_shares, share, limit, source, lease.pid,
              "started" if lease.started else "running")
     return environment
 

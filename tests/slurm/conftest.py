@@ -13,6 +13,7 @@ cluster's SLURM_CONF (job steps, tasks) is killed, then the arbiter of the pipe 
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -196,6 +197,12 @@ PartitionName=libshare Nodes={self.node} Default=YES MaxTime=INFINITE State=UP
             name = line.split("=", 1)[0]
             lines.append(f"{name}={settings[name]}" if name in settings else line)
         (self.etc / "libshare-slurm.env").write_text("\n".join(lines) + "\n")
+
+    def set_recipe_environment(self, **variables: str) -> None:
+        """Add exported ``variables`` to the recipe's libshare-slurm.env: every prolog, epilog and
+        task prolog started from then on has them (PYTHONPATH: the libshare they import)."""
+        with open(self.etc / "libshare-slurm.env", "a") as env:
+            env.writelines(f"{name}={shlex.quote(value)}\nexport {name}\n" for name, value in variables.items())
 
     def _spawn(self, name: str, *argv: str) -> None:
         with open(self.log / f"{name}.out", "ab") as out:
