@@ -332,6 +332,7 @@ class Setting:
 
 
 _SECONDS = Number(float, 0.0, _MAX_SECONDS, low_open=True)
+_DISK_SIZE = Number(lambda text: parse_size(str(text)), 1 << 16, 1 << 40)  # bytes on disk, from "16M" or 16777216
 
 TABLE: tuple[Setting, ...] = (
     # where things live
@@ -341,6 +342,11 @@ TABLE: tuple[Setting, ...] = (
             metavar="DIR"),
     Setting("log_directory", "where `server.log` and `control.log` go", None, _path, env="LIBSHARE_LOG_DIRECTORY",
             flag="--log-directory", shown_default="the pipe directory", metavar="DIR"),
+    Setting("log_max_size", "the size at which a log is renamed `NAME.1` (replacing the older one) and begun anew",
+            16 << 20, _DISK_SIZE, env="LIBSHARE_LOG_MAX_SIZE", shown_default="16M", bounds="64K to 1T"),
+    Setting("shader_cache_max_size", "the most the driver's shader cache in the pipe directory holds; its least "
+            "recently used entries go first (Mesa's `MESA_SHADER_CACHE_MAX_SIZE`, when set, wins)", 128 << 20,
+            _DISK_SIZE, env="LIBSHARE_SHADER_CACHE_MAX_SIZE", shown_default="128M", bounds="64K to 1T"),
     Setting("device", "the Vulkan device the arbiter opens", None, _text, env="LIBSHARE_DEVICE", flag="--device",
             shown_default="0", bounds="a device index or UUID", metavar="N|UUID"),
     # a client's
@@ -381,6 +387,9 @@ TABLE: tuple[Setting, ...] = (
             env="LIBSHARE_REQUEST_TIMEOUT"),
     Setting("compile_timeout", "time a vetting compile of a new module may take", 10.0, _SECONDS,
             env="LIBSHARE_COMPILE_TIMEOUT"),
+    Setting("metrics_client_names", "the metrics show every client's name, group and usage to every scraper "
+            "(off: as `ps` shows them to the scraper's uid)", False, _switch, env="LIBSHARE_METRICS_CLIENT_NAMES",
+            bounds="`0`, or `1` (on)"),
     # the arbiter's flags
     Setting("placement", "on a CPU device, the engine and the driver's threads on one core", True, _switch,
             env="LIBSHARE_PLACEMENT", flag="--no-placement", bounds="`1`, or `0` (off)",

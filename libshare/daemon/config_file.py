@@ -23,6 +23,13 @@ check of the control command that sets it (``percentage``, ``priority_name``, ``
 (with the line :mod:`tomllib` gives), an unknown key or a bad value (naming the key and its
 line) raises :class:`ConfigError`.
 
+Any failure to read the file is such a refusal, never another exception: the reload path
+(SIGHUP, the ``reload`` command) must outlive a hostile file. The file is read only if it is a
+regular file of at most :data:`MAX_BYTES` (a FIFO or ``/dev/zero`` would block or fill the
+reader); arrays or inline tables nested deeper than :mod:`tomllib`'s recursion allows, and an
+integer past Python's digit limit, are refused with that reason. The line of a bad key is
+found with patterns that cannot backtrack (a long line costs its length, not its cube).
+
 The control daemon checks the file here before it starts an arbiter, so this module imports
 nothing of the arbiter: applying a checked file to a running arbiter is
 libshare/arbiter/serve/config.py's.
@@ -31,7 +38,9 @@ libshare/arbiter/serve/config.py's.
 from __future__ import annotations
 
 import json
+import os
 import re
+import stat
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,7 +51,7 @@ from libshare.errors import ConfigError, InvalidSubmission
 from libshare.protocol.control import group_name
 from libshare.settings import format_size, parse_limit_value, percentage, priority_name
 
-__all__ = ["Key", "DEFAULTS", "GROUP", "Values", "read", "parse", "toml_key"]
+__all__ = ["Key", "DEFAULTS", "GROUP", "Values", "MAX_BYTES", "read", "parse", "toml_key"]
 
 
 @dataclass(frozen=True)
@@ -82,26 +91,40 @@ _KIND_NAMES = {int: "an integer", float: "a number", str: "a string"}
 _TOML_LINE = re.compile(r"\s*\(at line (\d+), column (\d+)\)\s*$")
 
 
+MAX_BYTES = 1 << 20
+"""The largest configuration file read (1 MiB); a larger one is refused."""
+
+
 def read(path: str | Path) -> Values:
     """The checked contents of the file at ``path``; :class:`ConfigError` with line and reason if bad."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        data = _read_bytes(Path(path))
+        text = data.decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read the configuration file {path}: {exc}") from None
     return parse(text, str(path))
 
 
+def _read_bytes(path: Path) -> bytes:
+    """The bytes of the regular file at ``path``, at most :data:`MAX_BYTES` (OSError otherwise)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO does not block the open
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"not a regular file: {path}")
+        chunks, size = [], 0
+        while chunk := os.read(fd, min(1 << 16, MAX_BYTES + 1 - size)):
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > MAX_BYTES:
+                raise OSError(f"larger than {MAX_BYTES // 1024} KiB, the most a configuration file may be")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
 def parse(text: str, name: str = "<config>") -> Values:
     """The checked contents of TOML ``text`` (``name`` names it in messages)."""
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        reason = str(exc)
-        found = _TOML_LINE.search(reason)
-        where = f"{name}:{found.group(1)}" if found else name
-        if found:
-            reason = f"{reason[:found.start()]} (column {found.group(2)})"
-        raise ConfigError(f"{where}: TOML syntax error: {reason}") from None
+    data = _load(text, name)
 
     def refuse(table: list[str], key: str, reason: str):
         line = _line_of(text, table, key)
@@ -110,7 +133,7 @@ def parse(text: str, name: str = "<config>") -> Values:
     values: Values = {}
     for top, content in data.items():
         if top not in ("defaults", "groups"):
-            refuse([], top, f"unknown key {top!r}: the tables are [defaults] and [groups.NAME]")
+            refuse([], top, f"unknown key {_clipped(repr(top))}: the tables are [defaults] and [groups.NAME]")
         if not isinstance(content, dict):
             refuse([], top, f"{top} must be a table ([{top}]), got {_toml_type(content)}")
     for key, value in data.get("defaults", {}).items():
@@ -119,7 +142,7 @@ def parse(text: str, name: str = "<config>") -> Values:
         try:
             group_name(group)
         except InvalidSubmission as exc:
-            refuse(["groups"], group, f"[groups.{group}]: {exc}")
+            refuse(["groups"], group, f"[groups.{_clipped(toml_key(group))}]: {_clipped(str(exc), 300)}")
         if not isinstance(table, dict):
             refuse(["groups"], group, f"groups.{group} must be a table ([groups.{group}]), got {_toml_type(table)}")
         for key, value in table.items():
@@ -127,18 +150,40 @@ def parse(text: str, name: str = "<config>") -> Values:
     return values
 
 
+def _load(text: str, name: str) -> dict:
+    """:func:`tomllib.loads` of ``text``, every failure a :class:`ConfigError` with its reason."""
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        reason = str(exc)
+        found = _TOML_LINE.search(reason)
+        where = f"{name}:{found.group(1)}" if found else name
+        if found:
+            reason = f"{reason[:found.start()]} (column {found.group(2)})"
+        raise ConfigError(f"{where}: TOML syntax error: {reason}") from None
+    except RecursionError:
+        raise ConfigError(f"{name}: arrays or inline tables nested too deeply to read") from None
+    except ValueError as exc:  # an integer past Python's digit limit
+        raise ConfigError(f"{name}: a value cannot be read: {str(exc)[:200]}") from None
+
+
 def _check(keys: dict[str, Key], table: list[str], key: str, value, refuse):
     where = "[" + ".".join(toml_key(part) for part in table) + "]"
     setting = keys.get(key)
     if setting is None:
-        refuse(table, key, f"unknown key {key!r} in {where}: the keys are {', '.join(keys)}")
+        refuse(table, key, f"unknown key {_clipped(repr(key))} in {where}: the keys are {', '.join(keys)}")
     if isinstance(value, bool) or not isinstance(value, setting.kinds):
         kinds = " or ".join(_KIND_NAMES[k] for k in setting.kinds)
         refuse(table, key, f"{where} {key} must be {kinds}, got {_toml_type(value)}")
     try:
         return setting.parse(value)
     except (ValueError, InvalidSubmission) as exc:
-        refuse(table, key, f"{where} {key} = {json.dumps(value)}: {exc}")
+        refuse(table, key, f"{where} {key} = {_clipped(json.dumps(value))}: {_clipped(str(exc), 300)}")
+
+
+def _clipped(text: str, most: int = 80) -> str:
+    """``text``, cut to ``most`` characters (a hostile value does not make a megabyte of message)."""
+    return text if len(text) <= most else text[:most] + "..."
 
 
 def _toml_type(value) -> str:
@@ -152,8 +197,8 @@ def toml_key(key: str) -> str:
     return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else json.dumps(key)
 
 
-_HEADER = re.compile(r"\s*\[\s*([^\[\]]+?)\s*\]\s*(?:#.*)?$")
-_ASSIGNMENT = re.compile(r"\s*((?:\"[^\"]*\"|'[^']*'|[^=#\"'])+?)\s*=")
+_HEADER = re.compile(r"\s*+\[([^\[\]]++)\]\s*+(?:#.*)?$")  # possessive: no backtracking
+_ASSIGNMENT = re.compile(r"\s*+((?:\"[^\"]*+\"|'[^']*+'|[^=#\"']++)++)=")
 
 
 def _dotted(text: str) -> list[str]:

@@ -15,7 +15,8 @@ import pytest
 import libshare
 
 from tests._wait import wait_until
-from tests.control.conftest import control
+from tests.control.conftest import Dirs, control
+from tests.control.test_disk_bounds import Honest
 
 START = """\
 # the operator's configuration
@@ -226,3 +227,65 @@ def test_a_reloaded_default_reaches_the_running_clients_that_took_it(dirs, confi
         assert (priority_of("follower"), priority_of("chooser")) == ("normal", "low")
         shares = _ok(*dirs.args, "get_active_thread_percentage", str(os.getpid())).split()
         assert shares and all(share == "30" for share in shares), shares
+
+
+NESTED = "[defaults]\nscheduling = " + "[" * 50_000 + "]" * 50_000 + "\n"
+
+HOSTILE = {  # name: (the file's text, what the refusal says)
+    "nested arrays": (NESTED, r"arrays or inline tables nested too deeply to read"),
+    "nested inline tables": ("[groups.batch]\npriority = " + "{a = " * 5000 + "1" + "}" * 5000 + "\n",
+                             r"arrays or inline tables nested too deeply to read"),
+    "an integer of 5000 digits": ("[defaults]\nmax_clients = " + "9" * 5000 + "\n",
+                                  r"a value cannot be read: Exceeds the limit \(4300 digits\)"),
+    "over 1 MiB": ("# " + "x" * (1 << 20) + "\n", r"cannot read the configuration file .*: larger than 1024 KiB"),
+    "a long line before a bad key": ('[defaults]\ndevice_mem_limit = """\n' + " " * 20_000 + '4G\n"""\ncolour = 1\n',
+                                     r":5: unknown key 'colour' in \[defaults\]"),
+}
+
+
+@pytest.mark.parametrize("name", HOSTILE)
+def test_a_hostile_file_is_refused_and_sighup_goes_on_reloading(dirs, config_file, vulkan_device_name, name):
+    """A file that breaks the TOML reader (nesting, digits), one too large, or one whose bad key sits
+    after a long line: the reload command and SIGHUP refuse it with the reason, the configuration in
+    force stays, the honest session's work goes on, and the next SIGHUP with a good file applies it."""
+    text, reason = HOSTILE[name]
+    _start(dirs, config_file)
+    honest = Honest(dirs.pipe)
+    try:
+        before = _ok(*dirs.args, "get_config")
+        config_file.write_text(text)
+        result = control(*dirs.args, "reload")
+        assert result.returncode != 0 and re.search(rf"^error: .*{reason}", result.stderr), result.stderr
+        assert "the configuration in force stays" in result.stderr and len(result.stderr) < 2000
+        honest.round_trip()
+
+        os.kill(dirs.server_pid(), signal.SIGHUP)
+        _wait_for_log(dirs, rf"ERROR configuration not reloaded \(SIGHUP\): .*{reason}")
+        assert _ok(*dirs.args, "get_config") == before
+        honest.round_trip()
+
+        config_file.write_text(START.replace("active_thread_percentage = 40", "active_thread_percentage = 30"))
+        os.kill(dirs.server_pid(), signal.SIGHUP)  # the signal thread outlived the hostile file
+        _wait_for_log(dirs, r"applied \(SIGHUP\): groups.batch.active_thread_percentage: 40 -> 30")
+        honest.round_trip()
+    finally:
+        honest.close()
+
+
+@pytest.mark.parametrize("mode", ["-d", "-f"])
+def test_a_hostile_file_refuses_a_start_with_the_reason(dirs, config_file, tmp_path, vulkan_device_name, mode):
+    """``libshare-control -d/-f --config FILE`` with a file nested past the reader's depth: a refusal
+    naming the reason, no traceback, while another daemon's honest session goes on."""
+    _start(dirs, config_file)
+    honest = Honest(dirs.pipe)
+    other = Dirs(tmp_path / "other")
+    try:
+        hostile = tmp_path / "nested.toml"
+        hostile.write_text(NESTED)
+        result = control(mode, *other.args, "--config", str(hostile))
+        assert result.returncode == 1, result.stderr
+        assert "arrays or inline tables nested too deeply to read" in result.stderr, result.stderr
+        assert "Traceback" not in result.stderr and other.control_daemon_pid() is None and other.server_pid() is None
+        honest.round_trip()
+    finally:
+        honest.close()

@@ -10,7 +10,8 @@ took the default (``Scheduler.follow_defaults``; a client that asked for its own
 environment or by a command, keeps it).
 
 A bad file refuses the whole file, and the configuration in force stays (at start: the
-arbiter does not start). Applying compares each value with the one in force and runs the
+arbiter does not start). Whatever reading the file raises is such a refusal, with its reason:
+the reload path (the SIGHUP thread, the ``reload`` command) outlives any file. Applying compares each value with the one in force and runs the
 commands for those that differ only, so a reload of an unchanged file changes nothing, and a
 value a control command changed since goes back to the file's. A key taken out of the file
 goes back to its default (what the arbiter had before the file was applied: LIBSHARE_* in its
@@ -134,9 +135,10 @@ class Config:
                 raise ConfigError("this arbiter has no configuration file: start it with --config FILE")
             try:
                 values = read(self.path)
-            except ConfigError as exc:
-                log.error("configuration not reloaded (%s): %s; the configuration in force stays", why, exc)
-                raise ConfigError(f"{exc}; the configuration in force stays") from None
+            except Exception as exc:  # read refuses with ConfigError; anything else is refused the same way
+                reason = exc if isinstance(exc, ConfigError) else f"{self.path}: {type(exc).__name__}: {exc}"
+                log.error("configuration not reloaded (%s): %s; the configuration in force stays", why, reason)
+                raise ConfigError(f"{reason}; the configuration in force stays") from None
             return self._apply(values, why)
 
     def _apply(self, values: Values, why: str) -> str:
