@@ -60,7 +60,8 @@ class ArbiterLost(builtins.ConnectionError, LibshareError):
 
 class ArbiterRestarted(ArbiterLost):
     """The arbiter went away while this ticket's work was in flight, and a control daemon starts
-    (or has started) a new one: the work may or may not have run. Submit it again; the session
+    (or has started) a new one: the work may not have run, or may have partly run (some of its
+    workgroups or dispatches, part of its output written). Submit it again; the session
     reattaches by itself, with the same arrays and programs."""
 
 
@@ -196,12 +197,13 @@ TABLE: tuple[Code, ...] = (
     Code("LS_EFULL", RingFull, "every submission lane is taken, or a lane stayed full", answers=True),
     Code("LS_ECLOSED", SessionClosed, "the session was closed: connect again", answers=True),
     Code("LS_EREFUSED", LibshareError, "the arbiter refused the request", answers=True),
-    Code("LS_ERESTARTED", ArbiterRestarted, "the arbiter went away while this work was in flight: it may or "
-         "may not have run; submit it again (the session reattaches by itself)", answers=True),
+    Code("LS_ERESTARTED", ArbiterRestarted, "the arbiter went away while this work was in flight: it may not "
+         "have run, or may have partly run (part of its output written); submit it again (the session "
+         "reattaches by itself)", answers=True),
     Code("LS_EBUFFERLOST", BufferLost, "the device buffer died with the arbiter that held it (a restart keeps "
          "shared buffers only): allocate it again", answers=True),
-    Code("LS_EQUARANTINED", Quarantined, "quarantined: this process or module brought arbiters down twice "
-         "(libshare-control clear_quarantine lifts it)", answers=True),
+    Code("LS_EQUARANTINED", Quarantined, "quarantined: this process, its tenant or this module brought "
+         "arbiters down too often (libshare-control clear_quarantine lifts it)", answers=True),
     # errno values the ring's C core returns
     Code("ETIMEDOUT", Timeout, "timed out"),
     Code("EBUSY", RingFull, "every submission lane is owned by a live thread: create the region with more lanes"),

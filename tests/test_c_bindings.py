@@ -226,7 +226,7 @@ def test_multi_process_example_against_a_daemon(examples, daemon):
 
 DEPTH, THREADS = 4, 2  # as in bindings/c/tests/test_reattach.c
 MIN_KILLS, MAX_KILLS = 5, 12  # arbiters killed under a streaming C session (the daemon backs off
-# standbys that die young: 0.25 s doubling to 30 s, so many more would take minutes)
+# standbys that die young: 0.25 s doubling to 4 s, so many more would take long)
 
 
 @pytest.fixture(scope="session")

@@ -19,6 +19,20 @@ trips checked against numpy for the whole run, and then, as a hostile client:
    buffers: then all it grants becomes resident. Keep ``--claim-gib`` below what the
    machine can spare.)
 
+Then, with ``--framing ROUNDS`` and ``--evasion TRIES`` (0 skips either), on a second arbiter
+(a 1 s watchdog, ``--shutdown-timeout 2``) whose honest client comes through a share socket
+(a tenant of its own):
+
+5. **framing**: each round a new process of the share socket ``hostile`` runs the shipped
+   busy.spv with its own inputs past the watchdog, which ends the arbiter (lavapipe cannot
+   abort it); then a client of another tenant (this tool's uid) loads busy.spv and checks a
+   short dispatch: was the kernel refused to it?
+6. **evasion**: each try a new process of this tool's uid loads a slow-compiling kernel with
+   one debug word changed, and the arbiter is SIGKILLed while it compiles it (the "driver
+   crash"): how many tries end an arbiter before the uid is refused?
+
+``--phases`` picks the phases to run (default all).
+
 When the arbiter dies it is counted (with the mutant or phase that killed it) and
 restarted on the same pipe directory; both clients reconnect. At the end it prints the
 deaths, the honest client's longest round trip (its "stall") and how many of its results
@@ -48,7 +62,10 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 
 import libshare  # noqa: E402
+from libshare.protocol import control as _control  # noqa: E402
 from tests.arbiter import _spirv_attacks as attacks  # noqa: E402
+from libshare.workloads import busy_reference  # noqa: E402
+from tests.arbiter.test_quarantine import one_word_changed, slow_compile  # noqa: E402
 
 MIB = 1 << 20
 
@@ -58,10 +75,11 @@ MIB = 1 << 20
 class Arbiter:
     """A daemon arbiter on ``pipe_dir`` that can be restarted; counts its deaths."""
 
-    def __init__(self, pipe_dir: Path, env: dict[str, str]):
+    def __init__(self, pipe_dir: Path, env: dict[str, str], options: tuple[str, ...] = ()):
         self.pipe_dir = pipe_dir
         self.env = {**os.environ, **env}
-        self.stderr_path = pipe_dir.parent / "arbiter.stderr"
+        self.options = options
+        self.stderr_path = pipe_dir.parent / f"{pipe_dir.name}.stderr"
         self.process: subprocess.Popen | None = None
         self.deaths: list[dict] = []
         self.generation = 0
@@ -70,7 +88,7 @@ class Arbiter:
     def start(self) -> None:
         with open(self.stderr_path, "a") as stderr:  # a file: a full pipe would stall the arbiter
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "libshare.arbiter", "--pipe-directory", str(self.pipe_dir)],
+                [sys.executable, "-m", "libshare.arbiter", "--pipe-directory", str(self.pipe_dir), *self.options],
                 cwd=ROOT, stdout=subprocess.DEVNULL, stderr=stderr, env=self.env)
         deadline = time.monotonic() + 60
         while not (self.pipe_dir / "control").exists():
@@ -454,6 +472,136 @@ def phase_memory(hostile: Hostile, progress: Progress, arbiter: Arbiter, claim_g
             "oom_score_while_holding": oom}
 
 
+# ------------------------------------------------------------------ tenancy: framing and evasion
+
+def _serving(arbiter: Arbiter, shares: tuple[str, ...]) -> None:
+    """Wait until the (re)started arbiter answers, then open ``shares`` (a new arbiter opens none)."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if _control.run("get_server_list", pipe_directory=arbiter.pipe_dir) == str(arbiter.process.pid):
+                break
+        except libshare.LibshareError:
+            pass
+        if time.monotonic() > deadline or not arbiter.alive():
+            raise SystemExit(f"the arbiter does not answer: {arbiter.stderr_tail()}")
+        time.sleep(0.05)
+    for group in shares:
+        _control.run("open_share", group, pipe_directory=arbiter.pipe_dir)
+
+
+def runaway_main(pipe_dir: str) -> None:
+    """A child process: busy.spv for hours with its own inputs; prints how it ended."""
+    try:
+        with libshare.connect(name="runaway", mode="daemon", pipe_directory=pipe_dir, reattach=False) as session:
+            program = session.load_program(libshare.shaders.path("busy"))
+            data = session.array(65535 * 64, np.uint32)
+            session.dispatch(program, (65535, 64, 1), [data], struct.pack("II", 65535 * 64, 1_000_000)).wait(600)
+        print("finished", flush=True)
+    except libshare.LibshareError as exc:
+        print(type(exc).__name__, flush=True)
+
+
+def _child(*args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, __file__, *args], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+
+
+def phase_framing(arbiter: Arbiter, shares: tuple[str, ...], rounds: int) -> dict:
+    hostile_dir = arbiter.pipe_dir / "shares" / "hostile"
+    outcomes, blamed, attempts = Counter(), 0, 0
+    while blamed < rounds and attempts < 3 * rounds:  # a round shared with the honest client's work blames nobody
+        attempts += 1
+        runaway = _child("--runaway", str(hostile_dir))
+        outcome = runaway.stdout.readline().strip()
+        runaway.wait(timeout=120)
+        runaway.stdout.close()
+        outcomes[outcome] += 1
+        blamed += bool(_journaled(arbiter, runaway.pid, "program"))
+        if arbiter.check("framing: busy.spv past the watchdog"):
+            _serving(arbiter, shares)
+    try:  # another tenant: this tool's uid, through the arbiter's own socket
+        with libshare.connect(name="other-tenant", mode="daemon", pipe_directory=arbiter.pipe_dir) as session:
+            program = session.load_program(libshare.shaders.path("busy"))
+            data = session.array(4096, np.uint32)
+            session.dispatch(program, 64, [data], struct.pack("II", 4096, 100)).wait(60)
+            other = "loaded and ran right" if np.array_equal(data, busy_reference(4096, 100)) else "WRONG results"
+    except libshare.LibshareError as exc:
+        other = f"{type(exc).__name__}: {str(exc)[:120]}"
+    return {"rounds": attempts, "blamed": blamed, "runaway_outcomes": dict(outcomes), "busy_for_another_tenant": other}
+
+
+def phase_evasion(arbiter: Arbiter, shares: tuple[str, ...], tries: int, workdir: Path) -> dict:
+    module = slow_compile(workdir)
+    refusals, deaths, outcomes = Counter(), 0, Counter()
+    for n in range(tries):
+        path = workdir / f"evade{n}.spv"
+        path.write_bytes(one_word_changed(module, n))
+        evader = subprocess.Popen([sys.executable, "-m", "tests.arbiter._client", "load", str(arbiter.pipe_dir),
+                                   str(path)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+        first = evader.stdout.readline().strip()
+        first = first.split()[1].rstrip(":") if first.startswith("refused ") else first
+        if first == "connected":
+            while evader.poll() is None and not _journaled(arbiter, evader.pid):
+                time.sleep(0.02)
+            if evader.poll() is None:  # the "driver crash", in the middle of the arbiter's own compile
+                arbiter.process.kill()
+                deaths += arbiter.check(f"evasion try {n}: a compile crash")
+                _serving(arbiter, shares)
+            first = evader.stdout.readline().strip() or "lost"
+        evader.wait(timeout=120)
+        evader.stdout.close()
+        outcomes[first] += 1
+        if first in ("Quarantined", "AccessDenied"):
+            refusals[first] += 1
+    return {"tries": tries, "outcomes": dict(outcomes), "refusals": sum(refusals.values()), "deaths": deaths}
+
+
+def _journaled(arbiter: Arbiter, pid: int, naming: str = "client") -> bool:
+    """Whether the arbiter's journal holds a record of process ``pid`` (with a ``naming`` field set)."""
+    for record in (arbiter.pipe_dir / "quarantine").glob("action-*"):
+        try:
+            fields = json.loads(record.read_text())
+            if fields["client"]["pid"] == pid and fields.get(naming):
+                return True
+        except (OSError, ValueError, KeyError):
+            continue
+    return False
+
+
+def run_tenancy(args, workdir: Path, report: dict) -> None:
+    """The framing and evasion phases, on an arbiter of their own with the honest client as a tenant."""
+    shares = ("honest", "hostile")
+    arbiter = Arbiter(workdir / "tenancy", {"LIBSHARE_WATCHDOG_SECONDS": "1", "LIBSHARE_COMPILE_TIMEOUT": "300"},
+                      ("--shutdown-timeout", "2"))
+    arbiter.start()
+    _serving(arbiter, shares)
+    honest = HonestProcess(arbiter.pipe_dir / "shares" / "honest")
+    try:
+        honest.wait_started()
+        for name, count, run in (("framing", args.framing, lambda: phase_framing(arbiter, shares, args.framing)),
+                                 ("evasion", args.evasion, lambda: phase_evasion(arbiter, shares, args.evasion,
+                                                                                   workdir))):
+            if count and name in args.phases:
+                lost, deaths = honest.figures.get("lost", 0), len(arbiter.deaths)
+                result = run()
+                wait_until_reported(honest)
+                result["arbiter_deaths"] = len(arbiter.deaths) - deaths
+                result["honest_sessions_lost"] = honest.figures.get("lost", 0) - lost
+                report["phases"][name] = result
+    finally:
+        figures = honest.finish()
+        report["tenancy_honest"] = {k: figures.get(k) for k in ("round_trips", "wrong", "lost")}
+        report["deaths"].extend(arbiter.deaths)
+        arbiter.stop()
+
+
+def wait_until_reported(honest: HonestProcess, timeout: float = 60) -> None:
+    """Until the honest client has made a round trip since now (its figures then count what came before)."""
+    done, deadline = honest.figures.get("round_trips", 0), time.monotonic() + timeout
+    while honest.figures.get("round_trips", 0) <= done and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
 # ------------------------------------------------------------------ main
 
 def main() -> int:
@@ -476,10 +624,16 @@ def main() -> int:
     parser.add_argument("--memory-chunk-mib", type=int, default=256, help="size of each buffer (default 256 MiB)")
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory (arbiter.stderr, logs)")
+    parser.add_argument("--framing", type=int, default=2, help="rounds of busy.spv past the watchdog (default 2)")
+    parser.add_argument("--evasion", type=int, default=5, help="new processes crashing a compile (default 5)")
+    parser.add_argument("--phases", default="mutants,loads,hoard,memory,framing,evasion",
+                        help="the phases to run, comma-separated (default all)")
     parser.add_argument("--honest", help=argparse.SUPPRESS)
+    parser.add_argument("--runaway", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.honest:
-        honest_main(args.honest, 0.5)
+    args.phases = args.phases.split(",")
+    if args.honest or args.runaway:
+        honest_main(args.honest, 0.5) if args.honest else runaway_main(args.runaway)
         return 0
 
     workdir = Path(tempfile.mkdtemp(prefix="attack_programs."))
@@ -502,7 +656,7 @@ def main() -> int:
                   ("hoard", lambda: phase_hoard(hostile, progress, arbiter, args.hoard)),
                   ("memory", lambda: phase_memory(hostile, progress, arbiter, args.claim_gib, args.memory_gib,
                                                    args.memory_chunk_mib))]
-        for name, run in phases:
+        for name, run in [(name, run) for name, run in phases if name in args.phases]:
             honest.phase = name
             deaths_before, started = len(arbiter.deaths), time.monotonic()
             result = run()
@@ -523,6 +677,10 @@ def main() -> int:
         report["deaths"] = arbiter.deaths
         report["arbiter_alive_at_end"] = arbiter.alive()
         arbiter.stop()
+    try:
+        if {"framing", "evasion"} & set(args.phases):
+            run_tenancy(args, workdir, report)
+    finally:
         if args.keep:
             sys.stderr.write(f"kept {workdir}\n")
         else:
@@ -565,6 +723,19 @@ def print_report(report: dict) -> None:
               f"arbiter RSS {p['rss_mib_before'] or 0:.0f} -> {p['rss_mib_holding'] or 0:.0f} MiB holding, "
               f"{p['rss_mib_after_disconnect'] or 0:.0f} MiB after the client left (reclaimed in "
               f"{p['seconds_to_reclaim']} s)")
+    if "framing" in phases:
+        p = phases["framing"]
+        print(f"framing: {p['rounds']} rounds of busy.spv past the watchdog by one tenant ({p['blamed']} alone in its "
+              f"submission, so blamed) {p['runaway_outcomes']}, "
+              f"{p['arbiter_deaths']} arbiter deaths, honest sessions lost {p['honest_sessions_lost']}; busy.spv for "
+              f"another tenant: {p['busy_for_another_tenant']}")
+    if "evasion" in phases:
+        p = phases["evasion"]
+        print(f"evasion: {p['tries']} new processes of one uid, each with one debug word changed: {p['deaths']} "
+              f"arbiter deaths, {p['refusals']} refusals {p['outcomes']}, honest sessions lost "
+              f"{p['honest_sessions_lost']}")
+    if "tenancy_honest" in report:
+        print(f"honest tenant (share socket) in framing and evasion: {report['tenancy_honest']}")
     if "memory" in phases:
         p = phases["memory"]
         print(f"memory: claimed {p['claimed_mib']} MiB of device buffers (of {p['claim_limit_mib']} tried), wrote "

@@ -58,7 +58,7 @@
 #define LS_EREFUSED 1116                /* the arbiter refused the request for another reason:
                                            ls_error_message() says which */
 #define LS_ERESTARTED 1117              /* the arbiter went away under this work and a new one took over:
-                                           it may or may not have run; submit it again */
+                                           it may not have run, or partly; submit it again */
 #define LS_EBUFFERLOST 1118             /* a device buffer died with the arbiter that held it */
 #define LS_EQUARANTINED 1119            /* the arbiter refused this process or module: it brought
                                            arbiters down twice (ls_error_message() says how) */
@@ -199,7 +199,7 @@ int ls_copy(ls_session *session, uint32_t src, uint64_t src_offset, uint32_t dst
  * *device_ns when device_ns is not NULL and the arbiter measured it), the
  * ticket's negative LS_E* status when the arbiter rejected or failed it,
  * -LS_ERESTARTED (the arbiter went away with the work in flight and a new one
- * took over: it may or may not have run; submit it again), -LS_ETIMEOUT (the
+ * took over: it may not have run, or partly; submit it again), -LS_ETIMEOUT (the
  * ticket stays valid), -LS_ELOST, or -EINVAL (a ticket this session never
  * issued). The first wait that returns the result consumes the ticket's
  * record; a later wait on it returns 0. Runs in C (Python only to reattach).

@@ -39,9 +39,9 @@ static const char *lsx_code_message(int code)
     case LS_EFULL: return "every submission lane is taken, or a lane stayed full";
     case LS_ECLOSED: return "the session was closed: connect again";
     case LS_EREFUSED: return "the arbiter refused the request";
-    case LS_ERESTARTED: return "the arbiter went away while this work was in flight: it may or may not have run; submit it again (the session reattaches by itself)";
+    case LS_ERESTARTED: return "the arbiter went away while this work was in flight: it may not have run, or may have partly run (part of its output written); submit it again (the session reattaches by itself)";
     case LS_EBUFFERLOST: return "the device buffer died with the arbiter that held it (a restart keeps shared buffers only): allocate it again";
-    case LS_EQUARANTINED: return "quarantined: this process or module brought arbiters down twice (libshare-control clear_quarantine lifts it)";
+    case LS_EQUARANTINED: return "quarantined: this process, its tenant or this module brought arbiters down too often (libshare-control clear_quarantine lifts it)";
     default: return 0;
     }
 }

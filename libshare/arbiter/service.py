@@ -14,7 +14,12 @@ its device and vetting compilers first, says ``standby`` on its link, and takes 
 only on ``go`` (:class:`SupervisorLink`). Serving, it says ``active``; ``restart`` reaches
 the daemon through it, and ``handover`` makes it stop accepting, give up socket and lock
 (its crash handler disarmed: they are the new arbiter's), say ``released`` and move its
-clients (:func:`_hand_over`), then stop as after ``quit``.
+clients (:func:`_hand_over`), then finish the work they wait for (a long dispatch goes on
+piece by piece, each under the watchdog, so the other clients' work is never queued behind
+its whole rest) and stop as after ``quit``. A device that gets stuck while a standby waits
+(a runaway dispatch, a lost device) ends the process at once instead (:func:`_end_at_once`).
+A link that closes means the control daemon is gone: the arbiter serves on, unsupervised
+(:func:`_unsupervised`), until a new control daemon adopts it.
 
 A daemon arbiter also guards itself as a process (an embedded one is its client's
 process and leaves that alone):
@@ -45,6 +50,7 @@ import sys
 import threading
 from pathlib import Path
 
+from libshare import settings as _settings
 from libshare.protocol import paths as _config
 from libshare.daemon import config_file as _config_file
 from libshare.daemon.directory import PidLock, prepare_directory, remove_stale_socket
@@ -109,11 +115,14 @@ def _watch_signals(arbiter, hangup: int, stop: _Stop) -> None:
 
 
 def _reload(arbiter, why: str) -> None:
-    """Read the configuration file again; a bad one is logged (by Config.reload) and changes nothing."""
+    """Read the configuration file again; a bad one is logged (by Config.reload) and changes nothing.
+    Any other failure is logged too: the signal thread outlives it and acts on the next SIGHUP."""
     try:
         arbiter.config.reload(why)
     except LibshareError:
         pass
+    except Exception:
+        control_log.exception("configuration not reloaded (%s); the next SIGHUP reads the file again", why)
 
 
 def _watch_quit(arbiter, stop: _Stop) -> None:
@@ -228,6 +237,10 @@ def _serve_locked(options: Options, path: Path, stop: _Stop, arbiter, link: Supe
             log.info("metrics at http://%s:%d/metrics", options.metrics_address, metrics.port)
         arbiter.drainer.containment.recovery_timeout = options.shutdown_timeout
         _watch_quit(arbiter, stop)  # before the socket: a fault needs clients
+        arbiter.on_hand_over = lambda: threading.Thread(target=_hand_over, args=(arbiter, stop, lock, link),
+                                                        name="libshare-hand-over", daemon=True).start()
+        if link is not None:  # a standby waits: a stuck device costs the sessions a reattach, not a FAULT
+            arbiter.drainer.containment.on_stuck = lambda why: _end_at_once(why, path)
         arbiter.supervised = link is not None  # the welcome tells the sessions (a container sees no lock)
         arbiter.serve(path)
         log.info("arbiter pid %d serving %s at %s", os.getpid(), arbiter.device.name, path)
@@ -306,7 +319,8 @@ class SupervisorLink:
             while True:
                 word = self._next_word(None)
                 if word is None:
-                    return  # the control daemon is gone: serve on, unsupervised
+                    _unsupervised(arbiter)
+                    return
                 if word == "handover":
                     _hand_over(arbiter, stop, lock, self)
                     return
@@ -314,17 +328,47 @@ class SupervisorLink:
         threading.Thread(target=watch, name="libshare-supervisor-link", daemon=True).start()
 
 
-def _hand_over(arbiter, stop: _Stop, lock: PidLock, link: SupervisorLink) -> None:
-    """Let a new arbiter serve: stop accepting, give up socket and lock, move the clients, stop."""
+def _unsupervised(arbiter) -> None:
+    """The control daemon is gone: serve on, but promise nothing only it could keep (a restart, a
+    standby to hand a stuck device to, a new arbiter for the sessions to wait for) until a new
+    control daemon adopts this arbiter (``adopt``: libshare/daemon/supervisor.py)."""
+    control_log.warning("arbiter pid %d: its control daemon is gone; it serves on unsupervised until "
+                        "libshare-control -d (or -f) adopts it", os.getpid())
+    arbiter.on_restart = None
+    arbiter.supervised = False
+    arbiter.drainer.containment.on_stuck = None
+
+
+def _end_at_once(why: str, socket_path: Path) -> None:
+    """End this process now, its device stuck (see "Handing over at once" in drain/containment.py):
+    the kernel ends the work Vulkan cannot abort, the lock goes with the process, the control
+    daemon's standby takes over, and the sessions reattach to it."""
+    message = (f"arbiter pid {os.getpid()} ends now ({why}); the control daemon's standby takes over "
+               "and every session reattaches to it")
+    log.error("%s", message)
+    control_log.error("%s", message)
+    socket_path.unlink(missing_ok=True)  # (the lock is released by the kernel at exit)
+    _close_logging()
+    os._exit(EXIT_UNRECOVERABLE)
+
+
+def _hand_over(arbiter, stop: _Stop, lock: PidLock, link: SupervisorLink | None) -> None:
+    """Let a new arbiter serve: stop accepting, give up socket and lock, move the clients, finish
+    what they wait for, stop. ``link``: the control daemon's, told ``released`` (None: a new
+    control daemon adopting this arbiter watches the lock)."""
     from libshare.arbiter.drain import emergency as _emergency
 
     arbiter.stop_accepting()
     _emergency.disarm()  # socket and lock are the new arbiter's from now on
     lock.release()
-    link.send("released")
+    if link is not None:
+        link.send("released")
     control_log.info("arbiter pid %d handed the pipe directory over; its clients move to the new arbiter",
                      os.getpid())
     arbiter.move_clients()
+    if not arbiter.finish_moved_work(arbiter.moved_work_bound()):  # their sessions wait for it
+        control_log.warning("arbiter pid %d: the moved clients' work still ran after %.0f s; it stops now",
+                            os.getpid(), arbiter.moved_work_bound())
     stop.set("handed over")
 
 
@@ -336,7 +380,13 @@ def _share_shader_cache(directory: Path) -> None:
     instead of compiling it on the queue, in front of every client's work (_compiler.py).
     That needs a cache both can write: the default lives under $HOME, which a service may
     not have. The directory is the arbiter's own (mode 0700, inside the pipe directory).
+
+    The cache is bounded by the setting ``shader_cache_max_size`` (Mesa's own eviction, which
+    removes least recently used entries once a new one would pass the bound; the vetting children
+    inherit it), unless the operator set MESA_SHADER_CACHE_MAX_SIZE. Mesa reads a size without a
+    unit as gigabytes: it is given in KiB.
     """
+    os.environ.setdefault("MESA_SHADER_CACHE_MAX_SIZE", f"{_settings.value('shader_cache_max_size') // 1024}K")
     if "MESA_SHADER_CACHE_DIR" in os.environ:
         return
     cache = directory / "shader-cache"

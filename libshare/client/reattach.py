@@ -13,7 +13,7 @@ descriptors still unconsumed in the old lanes (the producer's own writes, read b
 a hand-over (``restart``: the old arbiter closes the ring with LS_EMOVED and answers what it had
 not started LS_EMOVED), those answered so. It waits for the old arbiter to answer what it had
 started before it decides. Work the old arbiter took and never answered fails with
-ArbiterRestarted: it may or may not have run. A loss that is not the arbiter's death
+ArbiterRestarted: it may not have run, or may have partly run. A loss that is not the arbiter's death
 (terminated, a fault, a corrupt ring), or one with no control daemon, stays sticky.
 
 The :class:`Reattacher` holds what a new arbiter needs (the hello, the socket's path, the
@@ -86,8 +86,9 @@ class Reattacher:
         other loss (terminated, a fault, a corrupt ring), or one with no control daemon, is
         sticky and fails the tickets in flight now."""
         if type(lost) is errors.ArbiterLost and self.may_reattach():
-            lost = errors.ArbiterRestarted(f"{lost}; a new arbiter takes over: the work in flight may or may not "
-                                           "have run, submit it again (this session reattaches by itself)")
+            lost = errors.ArbiterRestarted(f"{lost}; a new arbiter takes over: the work in flight may not have "
+                                           "run, or may have partly run (part of its output written); submit it "
+                                           "again (this session reattaches by itself)")
         with self.gate.lock:  # a dispatch numbers and records its ticket under the lock: none slips past
             if self.gate.lost is not None:
                 return self.gate.lost
@@ -135,7 +136,7 @@ class Reattacher:
                     sock.close()
                     raise
             except (errors.LibshareError, EOFError, OSError) as exc:
-                if isinstance(exc, (errors.AccessDenied, errors.TooManyClients)):  # refused (Quarantined...): say why
+                if isinstance(exc, (errors.AccessDenied, errors.TooManyClients, errors.ClientTerminated)):  # refused: say why
                     gate.lost = exc
                     completions.fail_in_flight(exc)
                 elif not isinstance(exc, errors.ArbiterLost):  # (that one went too: the next call tries again)
@@ -170,11 +171,12 @@ class Reattacher:
 
         Never run: those it answered LS_EMOVED (handing over), and those still waiting in the
         lanes (it never took them). After a hand-over the old arbiter still finishes what it took
-        and answers it, so this waits for that while it lives (the session's timeout at most).
-        Only the reattaching thread uses the region now (no other thread may enter it)."""
+        (a long dispatch piece by piece) and answers it, so this waits for that while it lives:
+        it bounds that wait itself (``Arbiter.moved_work_bound``: each piece within the
+        watchdog), then exits. Only the reattaching thread uses the region now (no other thread
+        may enter it)."""
         gate, completions = self.gate, self.completions
         region = gate.attached.region
-        deadline = time.monotonic() + self.timeout
         while True:
             try:
                 completions.file()
@@ -185,8 +187,8 @@ class Reattacher:
             pending = set(in_flight)
             moved = {number for number, marks in in_flight.items() if marks & _MOVED}
             unconsumed = set() if corrupt else region.lanes.unconsumed_tickets()
-            if (corrupt or pending - moved <= unconsumed or time.monotonic() >= deadline
-                    or not region.peers.alive() or not isinstance(gate.lost, Moved)):
+            if (corrupt or pending - moved <= unconsumed or not region.peers.alive()
+                    or not isinstance(gate.lost, Moved)):
                 break
             time.sleep(_MOVE_POLL)  # the old arbiter finishes what it took, then answers it
         not_run = (moved | unconsumed) & pending
@@ -246,12 +248,12 @@ class Reattacher:
 
     def dial_new_arbiter(self) -> tuple[socket.socket, protocol.Frame]:
         """Say hello to the arbiter now serving the socket (waiting for it while a control daemon runs)."""
-        deadline = time.monotonic() + self.timeout
+        deadline = time.monotonic() + max(self.timeout, _config.REPLACEMENT_WAIT)  # (while supervised)
         while True:
             sock = protocol.dial(self.socket_path, max(deadline - time.monotonic(), 0.1))
             if sock is not None:
                 try:
-                    welcome = _exchange.hello(sock, self.hello, self.timeout)
+                    welcome = _exchange.hello(sock, {**self.hello, "reattach": True}, self.timeout)
                     if welcome.fields["arbiter_pid"] != self.gate.attached.arbiter_pid:
                         return sock, welcome
                     welcome.close_fds()  # the old arbiter, still on its way out
@@ -262,7 +264,8 @@ class Reattacher:
                     raise
                 sock.close()
             if time.monotonic() >= deadline:
-                raise errors.ArbiterUnavailable(f"none answered at {self.socket_path} within {self.timeout:g} s")
+                raise errors.ArbiterUnavailable(f"none answered at {self.socket_path} within "
+                                                f"{max(self.timeout, _config.REPLACEMENT_WAIT):g} s")
             if not self.supervised():
                 raise errors.ArbiterUnavailable("the control daemon stopped (quit)")
             time.sleep(_REDIAL_PAUSE)

@@ -20,7 +20,8 @@ daemon keeps one more child that has done all of that and waits, without the loc
 closed socket pair, says ``go``, and the standby serves at once. Sessions reattach to it
 by themselves (see libshare/client/reattach.py). A new standby is then started; if arbiters keep dying young
 (more than one within a minute died less than 2 s after it was started), each new start
-waits longer (0.25 s, doubling to 30 s), so that a crash loop costs little; control.log
+waits longer (0.25 s, doubling to 4 s: :func:`backoff`), so that a crash loop costs little
+and sessions still wait it out (they wait 30 s at least for a new arbiter); control.log
 says why each one ended. An arbiter that a client crashes at once again and again is
 also quarantined (_quarantine.py).
 
@@ -38,6 +39,14 @@ active arbiter, which reads the file again; a standby reads it again when it tak
 waits for it to be ready, then sends ``handover`` to the active arbiter: that one stops
 accepting, removes its socket and lock, answers ``released`` and moves its clients (see
 ``Arbiter.hand_over``), and the standby gets ``go``.
+
+**Adopting.** An arbiter outlives its control daemon (a SIGKILL, an OOM kill): it serves on,
+unsupervised, and says so (libshare/arbiter/service.py: ``restart`` is refused, a stuck
+device enters FAULT, sessions are told no new arbiter will come). A control daemon started
+on that pipe directory adopts it: once its own first arbiter stands by, it sends the
+serving one ``hand_over`` on its control socket (a hand-over, as for ``restart``: its
+clients pause and move), waits until that one lets go of the lock, and says ``go``. The
+same adopts an arbiter started without a control daemon (``python -m libshare.arbiter``).
 
 One control daemon per pipe directory: it holds an ``flock`` on ``control-daemon.pid``
 (``_config.supervised`` tells a session whether to wait for a new arbiter).
@@ -57,18 +66,24 @@ import time
 from dataclasses import dataclass, field
 
 from libshare.protocol import paths as _config
+from libshare.protocol.control import ControlConnection
 from libshare.daemon.directory import holder, prepare_directory, serving_pid
 from libshare.daemon.logs import configure_logging
 from libshare.daemon.options import EXIT_CANNOT_START, EXIT_UNRECOVERABLE, Options, STDERR_FILE
 from libshare.daemon import config_file
-from libshare.errors import AlreadyServing, ConfigError
+from libshare.errors import AlreadyServing, ArbiterLost, ArbiterUnavailable, ConfigError, LibshareError
 
 log = logging.getLogger("libshare.control")
 
-_BACKOFF_FIRST, _BACKOFF_MAX = 0.25, 30.0  # seconds before a new start once arbiters keep failing
+_BACKOFF_FIRST = 0.25  # seconds before a new start once arbiters keep failing, doubling each time
+BACKOFF_MAX = 4.0
+"""The longest wait before a new start: well inside what a session waits for a new arbiter
+(``REPLACEMENT_WAIT`` in libshare/protocol/paths.py), so a burst of deaths pauses sessions."""
 _FAILURE_WINDOW = 60.0  # failures within this many seconds count towards the back-off
 _SHORT_LIFE = 2.0  # an arbiter that dies younger than this (seconds) counts as a failure to start
 _STOP_TIMEOUT = 30.0  # seconds children get to stop before SIGKILL
+_ADOPT_TIMEOUT = 30.0  # seconds an adopted arbiter has to answer hand_over, and then to let go of its lock
+_ADOPT_POLL = 0.05  # seconds between looks at the lock an adopted arbiter lets go of
 
 
 @dataclass(eq=False)
@@ -110,6 +125,7 @@ class Supervisor:
         self._selector = selectors.DefaultSelector()
         self._signal_r, self._signal_w = socket.socketpair()
         self._hangup = False  # a SIGHUP to pass on to the active arbiter
+        self._adopting: str | None = None  # the pid of an unsupervised arbiter found serving, until it hands over
 
     # ---------------------------------------------------------------- the loop
 
@@ -130,9 +146,6 @@ class Supervisor:
     def _take_lock(self) -> int:
         directory = self.options.pipe_directory
         prepare_directory(directory, self.options.multi_user)
-        serving = serving_pid(directory)
-        if serving is not None:
-            raise AlreadyServing(f"another arbiter (pid {serving}) serves {directory}")
         path = _config.supervisor_lock_path(directory)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
@@ -143,6 +156,10 @@ class Supervisor:
                                          f"{directory}") from None
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
+        self._adopting = serving_pid(directory)  # (checked under our lock: no control daemon has it)
+        if self._adopting is not None:
+            log.info("arbiter pid %s serves %s without a control daemon: it hands over to this one's first "
+                     "arbiter once that is ready", self._adopting, directory)
         return fd
 
     def _install_signals(self) -> None:
@@ -227,6 +244,8 @@ class Supervisor:
             child.state = "standby"
             if self.stopping:
                 self._end(child)
+            elif self.active() is None and self._adopting is not None:
+                self._adopt(child)
             elif self.active() is None:
                 self._go(child)
             elif self.restart_asked:
@@ -252,6 +271,34 @@ class Supervisor:
             standby = self._standby()
             if standby is not None:
                 self._go(standby)
+
+    def _adopt(self, standby: Child) -> None:
+        """Have the unsupervised arbiter found serving hand over to ``standby`` (see "Adopting"):
+        ask it (``hand_over``), wait until it lets go of the lock, then let the standby serve.
+        One that refuses or does not let go stops this daemon, which says why."""
+        pid, self._adopting = self._adopting, None
+        directory = self.options.pipe_directory
+        try:
+            with ControlConnection(directory, timeout=_ADOPT_TIMEOUT) as connection:
+                connection.run("hand_over")
+        except (ArbiterLost, ArbiterUnavailable):
+            pass  # it closed this connection (and its socket) as it stopped accepting: the lock tells
+        except (LibshareError, OSError) as exc:
+            self._not_adopted(pid, str(exc))
+            return
+        deadline = time.monotonic() + _ADOPT_TIMEOUT
+        while serving_pid(directory) == pid and time.monotonic() < deadline:
+            time.sleep(_ADOPT_POLL)
+        if serving_pid(directory) is not None:
+            self._not_adopted(pid, f"it still held {_config.lock_path(directory)} after {_ADOPT_TIMEOUT:g} s")
+            return
+        log.info("arbiter pid %s handed over: arbiter pid %d serves under this control daemon", pid, standby.pid)
+        self._go(standby)
+
+    def _not_adopted(self, pid: str, why: str) -> None:
+        log.error("arbiter pid %s, serving without a control daemon, was not adopted: %s", pid, why)
+        self.status = 1
+        self._stop(f"arbiter pid {pid} could not be adopted")
 
     def _pass_hangup(self) -> None:
         """Pass a SIGHUP on to the active arbiter: it reads its configuration file again."""
@@ -320,7 +367,7 @@ class Supervisor:
         if self.stopping or self._next_start or any(c.state in ("starting", "standby") for c in self.children):
             return
         failures = len(self._failures)
-        delay = 0.0 if failures <= 1 else min(_BACKOFF_FIRST * 2 ** (failures - 2), _BACKOFF_MAX)
+        delay = backoff(failures)
         if delay:
             log.warning("%d arbiters failed within %.0f s: the next starts in %.2f s", failures,
                         _FAILURE_WINDOW, delay)
@@ -354,6 +401,12 @@ class Supervisor:
             child.process.send_signal(signal.SIGTERM)
         except ProcessLookupError:
             pass
+
+
+def backoff(failures: int) -> float:
+    """Seconds before the next start after ``failures`` arbiters died young within the window:
+    none for the first, then 0.25 s doubling up to :data:`BACKOFF_MAX`."""
+    return 0.0 if failures <= 1 else min(_BACKOFF_FIRST * 2 ** (failures - 2), BACKOFF_MAX)
 
 
 def _describe(status: int) -> str:

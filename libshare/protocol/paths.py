@@ -40,6 +40,13 @@ def supervisor_lock_path(directory: Path) -> Path:
     return directory / "control-daemon.pid"
 
 
+REPLACEMENT_WAIT = 30.0
+"""Seconds a session waits for a new arbiter, at least, while a control daemon supervises its pipe
+directory: the daemon's longest back-off between two starts (``BACKOFF_MAX`` in
+libshare/daemon/supervisor.py, kept well inside this) plus an arbiter's start, with room. A
+burst of arbiter deaths so makes sessions pause, not end."""
+
+
 def supervised(directory: Path) -> bool:
     """True while a control daemon supervises ``directory``: it starts a new arbiter whenever the
     one serving there goes away other than by ``quit`` (so a session waits for it and reattaches)."""

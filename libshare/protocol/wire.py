@@ -412,6 +412,15 @@ def integer(low: int, high: int):
     return rule
 
 
+def flag():
+    """A rule: true or false (a JSON boolean, not a number)."""
+    def rule(name: str, value):
+        if not isinstance(value, bool):
+            raise InvalidSubmission(f"{name} must be true or false (got {short(value)})")
+        return value
+    return rule
+
+
 def choice(*values: str):
     """A rule: one of ``values`` (strings)."""
     def rule(name: str, value):

@@ -1,7 +1,10 @@
-"""Quarantine: a client process or a module that brought the arbiter down twice is refused.
+"""Quarantine: a client process, its tenant or a module that brought arbiters down is refused, and
+nobody else: a tenant cannot frame a kernel for the others, nor evade by forking or by changing
+a word of its module.
 
 Each test runs real arbiters one after another on one pipe directory, as a supervisor would:
-what a dead arbiter journaled (_quarantine.py) becomes a strike in the next one. A compile is
+what a dead arbiter journaled (quarantine.py) becomes a strike in the next one. A share socket
+(open_share) stands for another tenant: the test runs as one uid. A compile is
 killed by SIGKILLing the arbiter while its journal record is there; a runaway dispatch makes
 the arbiter give its device up and exit on its own (lavapipe never aborts one).
 """
@@ -12,15 +15,24 @@ import contextlib
 import hashlib
 import json
 import os
+import random
+import re
+import struct
 import subprocess
 import sys
+from pathlib import Path
 
+import numpy as np
 import pytest
 
 import libshare
 from libshare.protocol import control as _control
 from libshare.daemon.options import EXIT_UNRECOVERABLE
 from libshare._proc import start_time
+from libshare.workloads import busy_reference
+from libshare.arbiter.drain.quarantine import Quarantine
+from libshare.arbiter.drain.strikes import COOLDOWN
+from libshare.arbiter.programs.identity import canonical_digest, canonical_words
 
 from tests.conftest import ROOT, stop_process
 from tests.arbiter._spirv_attacks import compile_glsl, have_tools
@@ -84,47 +96,92 @@ void main() {{
 """, directory, "slow_create")
 
 
-def test_a_module_whose_compile_killed_the_arbiter_twice_is_refused_for_every_client(tmp_path, vulkan_device_name):
+def one_word_changed(module: bytes, n: int) -> bytes:
+    """``module`` with one word the validator ignores changed: a letter of its first OpName (a debug
+    name) and the header's generator word; what it computes is the same."""
+    words = list(struct.unpack(f"<{len(module) // 4}I", module))
+    words[2] = (words[2] & 0xFFFF0000) | (n & 0xFFFF)  # the generator's version
+    pos = 5
+    while words[pos] & 0xFFFF != 5:  # OpName
+        pos += words[pos] >> 16
+    words[pos + 2] = (words[pos + 2] & ~0xFF) | (ord("a") + n % 26)  # the name's first letter
+    return struct.pack(f"<{len(words)}I", *words)
+
+
+def open_share(pipe_dir, group: str):
+    """Open ``group``'s share socket (a tenant of its own whatever its uid); its pipe directory."""
+    return Path(control(pipe_dir, "open_share", group))
+
+
+def busy_round_trip(session) -> bool:
+    """A short dispatch of busy.comp through the arbiter, checked against numpy."""
+    program = session.load_program(libshare.shaders.path("busy"))
+    data = session.array(4096, np.uint32)
+    session.dispatch(program, 64, [data], struct.pack("II", 4096, 100)).wait(60)
+    return bool(np.array_equal(data, busy_reference(4096, 100)))
+
+
+def kill_during_compile(pipe_dir, loader_dir, path, process) -> dict:
+    """Have a new loader process (through ``loader_dir``) load ``path``, and SIGKILL the arbiter while
+    it compiles the module (the "driver crash"); the journal record it left."""
+    loader = start_client("load", loader_dir, path)
+    assert loader.stdout.readline().strip() == "connected"
+    record = wait_until(lambda: journal(pipe_dir), 240, "the arbiter compiling the module")[0]
+    process.kill()
+    process.wait()
+    assert loader.stdout.readline().strip() not in ("loaded", "")  # the error of a lost arbiter
+    assert loader.wait(timeout=60) == 0
+    loader.stdout.close()
+    written = json.loads(record.read_text())
+    assert (written["action"], written["client"]["pid"]) == ("compile", loader.pid)
+    return written
+
+
+def test_a_module_whose_compile_killed_arbiters_of_two_tenants_is_refused_to_everyone(tmp_path, vulkan_device_name):
+    """Two tenants (the uid through the arbiter's socket, then a share socket) each crash the arbiter
+    compiling the same kernel, each with one debug word changed: one identity, refused to everyone."""
     if have_tools():
         pytest.skip(have_tools())
     module = slow_compile(tmp_path)
-    path, digest = tmp_path / "slow_create.spv", hashlib.sha256(module).hexdigest()
+    identity = canonical_digest(module).hex()
+    variants = [tmp_path / f"variant{n}.spv" for n in range(3)]
+    for n, path in enumerate(variants):
+        path.write_bytes(one_word_changed(module, n))
+    assert len({hashlib.sha256(p.read_bytes()).digest() for p in variants}) == 3
     pipe_dir = tmp_path / "pipe"
-    for attempt in (1, 2):  # a new loader process each time: only the module is struck twice
+    for attempt in (0, 1):
         with arbiter(pipe_dir, LIBSHARE_COMPILE_TIMEOUT="300") as process:
-            loader = start_client("load", pipe_dir, path)
-            assert loader.stdout.readline().strip() == "connected"
-            record = wait_until(lambda: journal(pipe_dir), 240, "the arbiter compiling the module")[0]
-            process.kill()  # the "driver crash", in the middle of the arbiter's own compile
-            process.wait()
-            assert loader.stdout.readline().strip() not in ("loaded", "")  # the error of a lost arbiter
-            assert loader.wait(timeout=60) == 0
-            loader.stdout.close()
-            written = json.loads(record.read_text())
-            assert (written["action"], written["program"], written["client"]["pid"]) == ("compile", digest, loader.pid)
-    with arbiter(pipe_dir) as process, \
-            libshare.connect(name="honest", mode="daemon", pipe_directory=pipe_dir) as honest:
+            door = pipe_dir if attempt == 0 else open_share(pipe_dir, "tenant-b")
+            assert kill_during_compile(pipe_dir, door, variants[attempt], process)["program"] == identity
+    with arbiter(pipe_dir, LIBSHARE_COMPILE_TIMEOUT="300") as process, \
+            libshare.connect(name="honest", mode="daemon", pipe_directory=open_share(pipe_dir, "c")) as honest:
         assert not journal(pipe_dir)  # counted, then cleared
         log = (pipe_dir / "server.log").read_text()
-        assert f"strike 2 of 2 for program {digest}" in log
-        assert "it is refused from now on" in log
-        with pytest.raises(libshare.Quarantined, match=f"refuses this program \\(SHA-256 {digest}\\) for every "
-                                                       "client: it brought the arbiter down 2 times") as refused:
-            honest.load_program(path)
+        assert f"strike 1 of 2 by share:tenant-b for program {identity}" in log
+        assert "it is refused to everyone from now on" in log
+        with pytest.raises(libshare.Quarantined, match=f"refuses this program \\(identity {identity}, SHA-256 "
+                                                       f"[0-9a-f]{{64}}\\) to every client") as refused:
+            honest.load_program(variants[2])  # a third variant, by a third tenant
         assert "clear_quarantine" in str(refused.value)
         assert saxpy_round_trip(honest)  # the other clients keep working
-        assert f"QUARANTINED program {digest}: 2 strikes, refused" in control(pipe_dir, "ps")
-        assert f"program {digest}: 2 strikes, refused; compile by client pid" in control(pipe_dir, "get_quarantine")
-        assert control(pipe_dir, "clear_quarantine", digest[:16]) == f"cleared program {digest} (2 strikes, refused)"
-        assert honest.load_program(path) is not None  # lifted: vetted and compiled again, and it survives
+        assert f"QUARANTINED program {identity}: 2 strikes, refused to everyone" in control(pipe_dir, "ps")
+        assert f"program {identity}: 2 strikes, refused to everyone; compile by client pid" in \
+            control(pipe_dir, "get_quarantine")
+        assert control(pipe_dir, "clear_quarantine", identity[:16]) == \
+            f"cleared program {identity} (2 strikes, refused to everyone)"
+        assert honest.load_program(variants[2]) is not None  # lifted: vetted and compiled again, and it survives
         assert saxpy_round_trip(honest)
         assert process.poll() is None
 
 
-def test_a_process_whose_runaway_dispatch_ended_two_arbiters_is_refused_at_hello(tmp_path, vulkan_device_name):
+def test_a_tenant_that_runs_a_kernel_past_the_watchdog_cannot_quarantine_it_for_others(tmp_path, vulkan_device_name):
+    """Framing: one process runs the shipped busy.spv with its own inputs past a short watchdog and
+    ends two arbiters. The process, its uid's new processes (for a cooldown) and then busy.spv for
+    that uid are refused; another tenant loads busy.spv and gets its results right."""
     pipe_dir = tmp_path / "pipe"
     options = ("--shutdown-timeout", "2")  # how long the runaway may run after the fault, in each arbiter
     runaway = None
+    tenant = f"uid:{os.getuid()}"
     try:
         for attempt in (1, 2):
             with arbiter(pipe_dir, *options, LIBSHARE_WATCHDOG_SECONDS="1") as process:
@@ -137,6 +194,7 @@ def test_a_process_whose_runaway_dispatch_ended_two_arbiters_is_refused_at_hello
                 assert process.wait(timeout=120) == EXIT_UNRECOVERABLE
                 assert [json.loads(r.read_text())["action"] for r in journal(pipe_dir)] == \
                     ["dispatch past the watchdog"]
+        busy = canonical_digest(libshare.shaders.path("busy").read_bytes()).hex()
         with arbiter(pipe_dir, *options, LIBSHARE_WATCHDOG_SECONDS="1") as process:
             refusal = runaway.stdout.readline()
             assert refusal.startswith(f"refused Quarantined: the arbiter refuses this process (pid {runaway.pid}): "
@@ -144,16 +202,23 @@ def test_a_process_whose_runaway_dispatch_ended_two_arbiters_is_refused_at_hello
             assert f"clear_quarantine {runaway.pid}" in refusal
             assert runaway.wait(timeout=60) == 0
             runaway.stdout.close()
-            busy = hashlib.sha256(libshare.shaders.path("busy").read_bytes()).hexdigest()
-            with libshare.connect(name="honest", mode="daemon", pipe_directory=pipe_dir) as honest:
-                with pytest.raises(libshare.Quarantined, match=busy):  # the module too, for everyone
-                    honest.load_program(libshare.shaders.path("busy"))
-                assert saxpy_round_trip(honest)
-                ps = control(pipe_dir, "ps")
-                assert f"QUARANTINED client pid {runaway.pid}: 2 strikes, refused; name runaway" in ps
-                assert f"QUARANTINED program {busy}: 2 strikes, refused" in ps
+            with pytest.raises(libshare.Quarantined, match=f"refuses every new client of {tenant} for"):
+                libshare.connect(mode="daemon", pipe_directory=pipe_dir)  # a new process of that uid
+            with libshare.connect(name="other", mode="daemon", pipe_directory=open_share(pipe_dir, "other")) as other:
+                assert busy_round_trip(other)  # the kernel is not refused to another tenant, and runs right
+                assert saxpy_round_trip(other)
+            ps = control(pipe_dir, "ps")
+            assert f"QUARANTINED client pid {runaway.pid}: 2 strikes, refused; name runaway" in ps
+            assert f"QUARANTINED {tenant}: 2 strikes, refused for " in ps
+            assert f"QUARANTINED program {busy}: 2 strikes, refused to {tenant}" in ps
+            assert control(pipe_dir, "clear_quarantine", tenant) == f"cleared {tenant} (2 strikes, refused)"
+            with libshare.connect(name="same-uid", mode="daemon", pipe_directory=pipe_dir) as same:
+                with pytest.raises(libshare.Quarantined, match=f"{busy}.* to the clients of {tenant}"):
+                    same.load_program(libshare.shaders.path("busy"))  # still refused to the uid that ran it long
+                assert saxpy_round_trip(same)
             log = (pipe_dir / "server.log").read_text()
             assert f"strike 2 of 2 for client pid {runaway.pid} (runaway" in log
+            assert "it is refused to everyone" not in log
             assert f"refused pid {runaway.pid} (runaway, uid {os.getuid()}): quarantined after 2 strikes" in log
             assert process.poll() is None
     finally:
@@ -161,6 +226,122 @@ def test_a_process_whose_runaway_dispatch_ended_two_arbiters_is_refused_at_hello
             runaway.kill()
             runaway.wait()
             runaway.stdout.close()
+
+
+LOAD_AND_STAY = """
+import sys, libshare
+session = libshare.connect(name="attacker", mode="daemon", pipe_directory=sys.argv[1], reattach=False)
+session.load_program(sys.argv[2])
+print("loaded", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_new_processes_of_one_uid_with_one_word_changed_modules_are_refused_by_their_uid(tmp_path,
+                                                                                     vulkan_device_name):
+    """Evasion: each round a new process of the same uid loads saxpy with one debug word changed and
+    crashes the arbiter while its descriptor is processed (the test hook). After two, the uid's next
+    process is refused, whatever its module; a client of another tenant is served throughout."""
+    pipe_dir = tmp_path / "pipe"
+    saxpy = libshare.shaders.path("saxpy").read_bytes()
+    for crash in range(2):
+        with arbiter(pipe_dir, LIBSHARE_TEST_HOOKS="1") as process, \
+                libshare.connect(name="honest", mode="daemon", pipe_directory=open_share(pipe_dir, "honest"),
+                                 reattach=False) as honest:
+            assert saxpy_round_trip(honest)
+            variant = tmp_path / f"saxpy{crash}.spv"
+            variant.write_bytes(one_word_changed(saxpy, crash))
+            attacker = subprocess.Popen([sys.executable, "-c", LOAD_AND_STAY, str(pipe_dir), str(variant)], cwd=ROOT,
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # a new process
+            try:
+                assert attacker.stdout.readline().strip() == "loaded"
+                with contextlib.suppress(libshare.LibshareError):  # it may answer before the signal lands
+                    control(pipe_dir, "inject_crash", str(attacker.pid))
+                assert process.wait(timeout=60) == -11
+            finally:
+                stop_process(attacker)
+                attacker.stdin.close()
+                attacker.stdout.close()
+            assert json.loads(journal(pipe_dir)[0].read_text())["client"]["pid"] == attacker.pid
+    with arbiter(pipe_dir) as process:
+        fresh = start_client("load", pipe_dir, tmp_path / "saxpy1.spv")  # a third new process
+        refusal = fresh.stdout.readline()
+        assert refusal.startswith(f"refused Quarantined: the arbiter refuses every new client of uid:{os.getuid()}")
+        assert fresh.wait(timeout=60) == 0
+        fresh.stdout.close()
+        with libshare.connect(name="honest", mode="daemon", pipe_directory=open_share(pipe_dir, "honest")) as honest:
+            assert saxpy_round_trip(honest)
+        assert f"uid:{os.getuid()}: 2 strikes, refused for" in control(pipe_dir, "get_quarantine")
+        assert control(pipe_dir, "clear_quarantine", f"uid:{os.getuid()}") == \
+            f"cleared uid:{os.getuid()} (2 strikes, refused)"
+        with start_client_checked(pipe_dir) as served:  # lifted
+            assert served == "ok"
+        assert process.poll() is None
+
+
+def test_modules_that_differ_only_in_debug_words_and_id_numbering_have_one_identity(tmp_path):
+    busy = libshare.shaders.path("busy").read_bytes()
+    renumbered = tmp_path / "renumbered.spv"  # every id moved: the text's %N numbers shuffled, reassembled
+    text = subprocess.run(["spirv-dis", "--raw-id", "-"], input=busy, capture_output=True, check=True).stdout.decode()
+    ids = sorted({int(n) for n in re.findall(r"%(\d+)", text)})
+    moved = dict(zip(ids, random.Random(7).sample(ids, len(ids))))
+    source = tmp_path / "renumbered.spvasm"
+    source.write_text(re.sub(r"%(\d+)", lambda m: f"%{moved[int(m.group(1))] + 100}", text))
+    subprocess.run(["spirv-as", "--target-env", "spv1.3", str(source), "-o", str(renumbered)], check=True)
+    renumbered = renumbered.read_bytes()
+    assert renumbered != busy
+    same = [busy, one_word_changed(busy, 3), renumbered]
+    assert len({canonical_digest(m) for m in same}) == 1
+    assert canonical_digest(libshare.shaders.path("saxpy").read_bytes()) != canonical_digest(busy)
+    # without spirv-opt: the debug words and the header still do not count (the numbering does)
+    assert canonical_words(one_word_changed(busy, 3)) == canonical_words(busy)
+    assert canonical_words(renumbered) != canonical_words(busy)
+
+
+def test_a_tenant_refused_again_is_refused_twice_as_long(tmp_path):
+    """The rate limit per tenant, from records of dead arbiters: a uid and a share socket are tenants
+    of their own; two strikes within the window start a cooldown, doubled after the last one."""
+    quarantine_dir = tmp_path / "quarantine"
+    quarantine_dir.mkdir()
+    me = {"pid": os.getpid(), "uid": 4321, "start": start_time(os.getpid()), "name": "t", "cmdline": "t"}
+
+    def record(serial: int, share=None) -> None:
+        (quarantine_dir / f"action-1-{serial}").write_text(json.dumps(
+            {"arbiter": 1, "arbiter_start": 0, "action": "compile", "since": 1e9 + serial, "program": None,
+             "share": share, "client": me}))  # arbiter pid 1 with another start time: a dead arbiter
+
+    def opened() -> Quarantine:
+        quarantine = Quarantine()
+        quarantine.open(tmp_path)
+        return quarantine
+
+    record(1)
+    record(2, "g")
+    quarantine = opened()  # one dead arbiter: one strike for the uid, one for the share
+    quarantine.check_client(1, 4321)
+    quarantine.check_client(1, 4321, "g")
+    record(3)
+    quarantine = opened()
+    with pytest.raises(libshare.Quarantined, match=f"every new client of uid:4321 for {COOLDOWN:.0f} s"):
+        quarantine.check_client(1, 4321)
+    quarantine.check_client(1, 4322)  # another uid
+    quarantine.check_client(1, 4321, "g")  # the uid's client through a share socket: that share's tenant
+    store = json.loads((quarantine_dir / "strikes.json").read_text())
+    [tenant] = [t for t in store["tenants"] if t["tenant"] == "uid:4321"]
+    assert (tenant["refusals"], tenant["cooldown"], tenant["recent"]) == (1, COOLDOWN, [])
+    tenant["until"] = 0  # the cooldown is over
+    (quarantine_dir / "strikes.json").write_text(json.dumps(store))
+    quarantine = opened()
+    quarantine.check_client(1, 4321)
+    record(4)
+    record(5, "g")
+    opened()
+    record(6)
+    quarantine = opened()
+    with pytest.raises(libshare.Quarantined, match=f"uid:4321 for {2 * COOLDOWN:.0f} s"):
+        quarantine.check_client(1, 4321)
+    with pytest.raises(libshare.Quarantined, match="every new client of share:g"):
+        quarantine.check_client(1, 4321, "g")
 
 
 def test_a_garbled_quarantine_does_not_stop_the_arbiter(tmp_path, vulkan_device_name):
@@ -229,7 +410,7 @@ def test_a_process_whose_descriptor_crashed_two_arbiters_is_refused(tmp_path, vu
         with pytest.raises(libshare.Quarantined, match="descriptor being processed"):
             libshare.connect(mode="daemon", pipe_directory=pipe_dir)
         assert not journal(pipe_dir)  # the dead arbiters' records were counted and removed
-        with start_client_checked(pipe_dir) as honest:  # another process is served
+        with start_client_checked(open_share(pipe_dir, "other")) as honest:  # another tenant is served
             assert honest == "ok"
         log = (pipe_dir / "server.log").read_text()
         assert "strike 2 of 2" in log and "descriptor being processed" in log

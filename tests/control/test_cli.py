@@ -86,10 +86,11 @@ def test_control_log_records_commands_and_results(dirs, daemon):
 
 
 def test_second_daemon_refused_naming_the_running_one(dirs, daemon):
+    supervisor = parent_of(daemon)  # the control daemon -d started
     result = control("-d", *dirs.args)
     assert result.returncode != 0
-    assert f"another arbiter (pid {daemon}) serves {dirs.pipe}" in result.stderr
-    assert alive(daemon) and server_status(dirs.pipe) == "ACTIVE"
+    assert f"another control daemon (pid {supervisor}) supervises {dirs.pipe}" in result.stderr
+    assert alive(daemon) and server_status(dirs.pipe) == "ACTIVE" and parent_of(daemon) == supervisor
 
 
 def test_quit_stops_the_daemon_and_removes_socket_and_lock(dirs, daemon):

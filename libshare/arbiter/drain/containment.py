@@ -22,6 +22,22 @@ the process's exit. Terminating one client is the same containment for one clien
 its queued descriptors are cancelled (LS_ECANCELED), its running ones end, and its
 ring is closed with the reason the client reads as ClientTerminated.
 
+**Handing over at once.** Under the control daemon a warm standby arbiter waits beside this
+one (libshare/daemon/supervisor.py), and that changes what a fault should cost: waiting in
+FAULT for work that cannot be aborted, every session failed meanwhile, would make one
+tenant's runaway dispatch every tenant's lost session. So a supervised arbiter never enters
+FAULT. On a dispatch past the watchdog or a lost device it journals the runaway (below),
+says why in server.log and control.log, removes its socket and ends its process at once
+(``on_stuck``, set by libshare/arbiter/service.py; exit status 75). The kernel ends the
+dispatch with the process, and the standby serves a few milliseconds later. Every session
+reattaches as after any arbiter death (libshare/client/reattach.py): its tickets in flight
+fail once with ArbiterRestarted (such work may have partly run), the work still in its ring
+runs on the new arbiter, its arrays and programs stay. The new arbiter reads the journal,
+counts the strike, and refuses the runaway's client its reattach with ClientTerminated,
+which names the dispatch (quarantine.py, ``runaway_of``): only that client loses its
+session. An arbiter with nobody to take over (embedded, or a daemon without the control
+daemon) enters FAULT as above.
+
 The watchdog (the engine measures, this thread decides) is there for each dispatch: a batch
 of tiny dispatches must not lend its length to a runaway one in it, and a batch of honest
 long dispatches must not fault the server. One fence completes a whole ``vkQueueSubmit``,
@@ -35,8 +51,10 @@ watchdog, exactly; a command in a batch within twice the watchdog (it may have s
 to one watchdog before the marker was last seen to move); a batch of legal commands runs as
 long as they take. A batch whose marker could not be made has twice the watchdog in all.
 The client that tripped the watchdog is named in server.log and shown RUNAWAY in ``ps``
-(SUSPECT for each of several clients that shared the submission: which of their
-dispatches ran cannot be told) until its work ends or the arbiter exits. A RUNAWAY client is
+until its work ends or the arbiter exits: in a batch, the client of the command the progress
+marker says runs (the marker counts the commands that ended); only a batch without the
+marker names each client of the submission (SUSPECT: which of their dispatches ran cannot be
+told). A RUNAWAY client is
 also journaled (``quarantine.py``) until its work ends: should the arbiter exit first, the
 next one on the pipe directory counts a strike against that process and its program.
 """
@@ -82,6 +100,11 @@ class Containment:
         """Why the device was given up (see _give_up); None while it serves or may recover."""
         self.on_unrecoverable = None
         """Called with that reason, on the control thread, when the device is given up (the daemon exits)."""
+        self.on_stuck = None
+        """Set when a standby arbiter waits to take over (a daemon arbiter under the control daemon):
+        called with the reason, on the control thread, instead of entering FAULT when the device
+        cannot serve on (a dispatch past the watchdog, a lost device). It ends this process at once
+        and does not return (see "Handing over at once" in the module's essay)."""
         self._fault_since = 0.0  # time.monotonic() when the server entered FAULT
         self._fault_watcher: threading.Thread | None = None
         self._runaway_record = None  # the quarantine's record of the runaway that faulted the server, until it ends
@@ -132,6 +155,12 @@ class Containment:
             self._watch_fault()
         self.maybe_recover()
 
+    def device_failed(self, reason: str) -> None:
+        """The device reported itself lost or failed: hand over to a standby, or enter FAULT."""
+        if self.on_stuck is not None and self.state == "ACTIVE":
+            self.on_stuck(reason)
+        self.enter_fault(reason)
+
     def watchdog_fired(self, event, suspects: list[tuple[Client, int]]) -> None:
         """The engine's head submission ran past its limit: the watchdog for a single command, for a
         command of a marked batch since the marker last moved, twice the watchdog for an unmarked
@@ -152,8 +181,11 @@ class Containment:
         if len(suspects) == 1:  # journaled until that work ends (several: which one ran cannot be told)
             digest = self._program_digest(suspects[0], programs[0])
             self._runaway_record = self._quarantine.begin(RUNAWAY, suspects[0], digest, ends_with_close=False)
-        self.enter_fault(f"a dispatch ran past the {watchdog:g} s watchdog",
-                         suspects[0] if len(suspects) == 1 else None, tuple(suspects))
+        reason = f"a dispatch ran past the {watchdog:g} s watchdog"
+        if self.on_stuck is not None:
+            self.on_stuck(f"{reason}; its client{'s' if len(suspects) > 1 else ''}: "
+                          f"{', '.join(c.describe() for c in suspects)}")
+        self.enter_fault(reason, suspects[0] if len(suspects) == 1 else None, tuple(suspects))
 
     def _program_digest(self, client: Client, program_id: int) -> bytes | None:
         """The module of a client's program (one it freed may still run: it waits in ``released``)."""

@@ -231,7 +231,7 @@ class Drainer:
                 self.containment.watchdog_fired(event, [(self.by_slot[e.client], e.a if e.kind == PROGRAM else 0)
                                                         for e in suspects])
             elif event.type == EVENTS["DEVICE"]:
-                self.containment.enter_fault(f"the device was lost or failed (VkResult {event.code})")
+                self.containment.device_failed(f"the device was lost or failed (VkResult {event.code})")
             elif event.type == EVENTS["MUTED"] and client is not None:
                 log.warning("%s: its doorbell woke the arbiter %d times without work; not listening to its "
                             "doorbell for 1 s (its ring is still drained, at least every 20 ms); muted %d times "

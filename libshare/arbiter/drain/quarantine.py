@@ -1,33 +1,36 @@
-"""Quarantine: a client process, or a SPIR-V module, that brought the arbiter down twice is refused.
+"""Quarantine: whoever brought arbiters down is refused, and only whoever did.
 
 Containment (containment.py) keeps a client's faults to that client while the arbiter
 lives. Some actions can end the arbiter itself: the driver's compiler crashing inside it
 on a module the vetting child compiled fine (``libshare/arbiter/programs/compiler.py``: a
-crash that depends on timing or memory), or a dispatch that never ends, which on a driver
-that cannot abort it leaves the arbiter no way out but to exit (EXIT_UNRECOVERABLE). A supervisor restarts it; without
-a memory of who did it, the same tenant could bring it down again and again, and every
-other client would lose its work each time. So the arbiter keeps that memory in its pipe
+crash that depends on timing or memory), a crash while the engine handles a client's
+descriptor, or a dispatch that never ends, which on a driver that cannot abort it leaves the
+arbiter no way out but to exit (EXIT_UNRECOVERABLE). A supervisor restarts it; without a
+memory of who did it, the same tenant could bring it down again and again, and every other
+client would lose its work each time. So the arbiter keeps that memory in its pipe
 directory, where the next arbiter on the same directory finds it, whoever starts that one.
 
 **The journal.** Before an action that could end the process, the arbiter writes a small
 record into ``quarantine/`` (a temporary name, then ``rename``: a record is whole or absent)
-naming the client (pid, uid, and the process's start time from ``/proc/PID/stat``, so that
-a recycled pid is never blamed; its name and command line for the log), the action and the
-module's SHA-256; it removes the record when the action ends. Records are few and cheap (a
-file created and renamed, later unlinked; no ``fsync``: they must outlive the process, not
-the machine, and a reboot ends every client anyway):
+naming the client (pid, uid, the process's start time from ``/proc/PID/stat``, so that a
+recycled pid is never blamed, and the share socket it came through; its name and command
+line for the log), the action and the module's canonical identity; it removes the record
+when the action ends. Records are few and cheap (a file created and renamed, later
+unlinked; no ``fsync``: they must outlive the process, not the machine, and a reboot ends
+every client anyway):
 
 * one per compile the arbiter runs itself (``Requests._load_program`` in ``serve/requests.py``:
   pipeline creation, only when no pipeline of that module exists yet). The vetting compile
   runs in a child process, whose crash refuses the module without harming the arbiter, so
   it writes none;
 * one when the watchdog finds a dispatch past its limit, removed once that work has ended.
-  When it never ends, the arbiter gives the device up and exits with the record in place. A
-  submission that several clients shared (SUSPECT in ``ps``) blames nobody: which of their
-  dispatches ran cannot be told, and blaming all would let a runaway quarantine its
-  neighbours. The module is blamed only when that client's dispatches in the submission all
-  ran one program (the engine says which: the SUSPECT event).
-
+  When it never ends (under the control daemon the arbiter ends at once: see "Handing over
+  at once" in containment.py), the arbiter exits with the record in place, and the next one
+  refuses that process's reattach (:meth:`Quarantine.check_reattach`). The engine names the
+  client of the command that runs (a batch's progress marker says which) and its program;
+  only an unmarked batch that several clients shared (SUSPECT in ``ps``) blames nobody:
+  which of their dispatches ran cannot be told, and blaming all would let a runaway
+  quarantine its neighbours;
 * one per client whose descriptor was being processed when the arbiter crashed (action
   "descriptor being processed"), written by the crash handler itself. The record is made
   when the client comes and handed to emergency.c (``emergency.prepare``, held in memory
@@ -46,27 +49,44 @@ An orderly stop (SIGTERM, ``quit``) withdraws the records of compiles still runn
 compile did not end the arbiter) but not the watchdog's: the arbiter stops with that
 dispatch still running.
 
-**Strikes.** At start, before it listens, an arbiter reads the records a dead one left (a
-record names its arbiter by pid and start time: those of an arbiter still alive, one handing
-its clients over to this one, stay where they are): each
-is one strike for its client identity and one for its module (at most one of each per dead
-arbiter: two clients compiling one module at the crash strike it once), logged to
-server.log, added to ``quarantine/strikes.json`` (written whole, then renamed), and removed.
-At :data:`STRIKES` strikes a client process is refused at hello, and a module at
-``load_program`` whoever sends it, with :class:`~libshare.errors.Quarantined`, whose message
-says what happened, how often, and how an operator lifts it (``clear_quarantine``). ``ps``
-lists what is refused, ``get_quarantine`` every strike. A process that has exited is
-forgotten at the next start (its identity can never connect again); the store keeps at most
-:data:`_MAX_CLIENTS` processes and :data:`_MAX_PROGRAMS` modules, the oldest strikes going
-first.
+**A module's identity** is what it computes, not its bytes: :meth:`Quarantine.check_program`
+hashes each new module's canonical form once (``programs/identity.py``: debug and
+non-semantic instructions stripped, ids renumbered in order of first appearance, the
+header's generator and bound normalized), and keeps it by the SHA-256 of the bytes, which
+is what the rest of the arbiter (the pipelines, the watchdog) names a module by; the
+journal records the canonical one. A client that changes one word the validator ignores
+has the same module.
+
+**Strikes** (strikes.py). At start, before it listens, an arbiter reads the records a dead
+one left (a record names its arbiter by pid and start time: those of an arbiter still alive,
+one handing its clients over to this one, stay where they are), logs them to server.log,
+adds them to ``quarantine/strikes.json`` (written whole, then renamed), and removes them.
+Each is a strike for three identities, each at most once per dead arbiter:
+
+* the process: at :data:`STRIKES` it is refused at hello, until it exits;
+* its tenant, the identity a fork cannot shed (its share socket, else its uid; root's and
+  the arbiter's own clients are a tenant like any other): :data:`STRIKES` strikes within
+  :data:`~libshare.arbiter.drain.strikes.WINDOW` refuse the tenant's every new process at
+  hello for a cooldown, doubling each time;
+* the module, per tenant: refused to a tenant with :data:`STRIKES` strikes on it; to every
+  client only once it crashed the arbiter (a compile, not a dispatch past the watchdog:
+  how long a kernel runs depends on the inputs its client chose) for
+  :data:`~libshare.arbiter.drain.strikes.PROGRAM_TENANTS` distinct tenants. A tenant that
+  runs a shipped kernel past the watchdog with its own inputs is refused that kernel, and
+  nobody else is.
+
+A refusal raises :class:`~libshare.errors.Quarantined`, whose message says what happened,
+how often, and how an operator lifts it (``clear_quarantine PID``, ``uid:UID``,
+``share:GROUP``, a module's digest, or ``all``). ``ps`` lists what is refused,
+``get_quarantine`` every strike.
 
 **Hostile input.** The directory belongs to the arbiter's uid (0700, inside the pipe
 directory), but any process of that uid can write it, clients included. So the store and
 the records are read with bounds (size, count, each field's type and range), a file that is
 not a regular file is not followed, and whatever does not parse is logged and dropped: the
 quarantine then starts empty, and the arbiter starts regardless. The worst a writer of that
-directory can do is to quarantine processes or modules of its own uid, which it could
-equally hurt by other means, or to clear strikes, which costs at most two more crashes.
+directory can do is to quarantine whomever it likes, or to clear strikes; whoever can write
+it can also signal the arbiter, which is worse.
 
 An embedded arbiter (inside its one client, no pipe directory) keeps no quarantine: every
 method here is then a no-op.
@@ -82,24 +102,21 @@ import os
 import stat
 import threading
 import time
+from collections import OrderedDict
 from pathlib import Path
 
 from libshare.protocol.control import decimal, printable
 from libshare._proc import MAX_PID, start_time
-from libshare.protocol.wire import trusted_uid
 from libshare.arbiter.drain import emergency as _emergency
-from libshare.errors import InvalidSubmission, Quarantined
+from libshare.arbiter.drain.strikes import (ACTIONS, COMPILE, DESCRIPTOR, RUNAWAY, STRIKES, Strikes, share_field,
+                                            tenant_of)
+from libshare.arbiter.drain.strikes import digest as _digest, identity as _identity
+from libshare.arbiter.programs.identity import canonical_digest
+from libshare.errors import ClientTerminated, InvalidSubmission, Quarantined
 
 __all__ = ["COMPILE", "DESCRIPTOR", "RUNAWAY", "STRIKES", "Quarantine"]
 
 log = logging.getLogger("libshare.arbiter")
-
-STRIKES = 2
-"""Deaths of the arbiter during a process's (or a module's) actions after which it is refused."""
-COMPILE = "compile"
-RUNAWAY = "dispatch past the watchdog"
-DESCRIPTOR = "descriptor being processed"
-_ACTIONS = (COMPILE, RUNAWAY, DESCRIPTOR)
 
 _DIRECTORY = "quarantine"  # inside the pipe directory
 _STORE = "strikes.json"
@@ -108,10 +125,8 @@ _TEMPORARY = ".tmp-"  # a record or store being written
 _MAX_RECORD = _emergency.RECORD_BYTES  # bytes of one record (read; held for the crash handler)
 _MAX_RECORDS = 1024  # records read at start; more are removed unread
 _MAX_STORE = 1 << 20  # bytes read of the store
-_MAX_CLIENTS = 256  # process identities kept
-_MAX_PROGRAMS = 1024  # modules kept
-_MAX_REASONS = 4  # the latest reasons kept per entry
-_MAX_TEXT = 200  # characters kept of a name, a command line or a reason
+_MAX_TEXT = 200  # characters kept of a name or a command line
+_MAX_IDENTITIES = 8192  # canonical identities kept, by SHA-256 of the bytes
 
 
 class Quarantine:
@@ -124,10 +139,11 @@ class Quarantine:
         self.directory: Path | None = None
         """``quarantine/`` in the pipe directory; None while off."""
         self._lock = threading.Lock()
-        self._clients: dict[str, dict] = {}  # by "uid:pid:start"
-        self._programs: dict[str, dict] = {}  # by hex digest
-        self._refused_pids: frozenset[int] = frozenset()  # read without the lock: the common hello
-        self._refused_programs: frozenset[bytes] = frozenset()
+        self._strikes = Strikes()
+        # What the hot paths read without the lock: pids, tenants and modules refused to someone.
+        self._refused: tuple[frozenset, frozenset, frozenset] = (frozenset(), frozenset(), frozenset())
+        self._identities: OrderedDict[bytes, bytes] = OrderedDict()  # SHA-256 of the bytes -> canonical
+        self._runaways: dict[int, dict] = {}  # by client pid: the RUNAWAY records that ended the last arbiter
         self._pending: dict[Path, bool] = {}  # records written and not ended: withdrawn by close()?
         self._serial = itertools.count(1)
         self._closed = False
@@ -147,16 +163,18 @@ class Quarantine:
                       directory, exc)
             return
         try:
-            clients, programs = _load(directory / _STORE)
+            strikes = _load(directory / _STORE)
+            records = _sweep(directory)
             with self._lock:
-                self._clients, self._programs = clients, programs
-                changed = self._strike(_sweep(directory))
-                changed |= self._forget_exited()
+                self._strikes = strikes
+                strikes.count(records)
+                self._runaways = {r["client"]["pid"]: r for r in records if r["action"] == RUNAWAY}
+                strikes.forget_exited(start_time)
                 self._changed()
         except Exception:  # a case the checks missed: the arbiter starts all the same
             log.exception("quarantine off: reading %s failed", directory)
             with self._lock:
-                self._clients, self._programs = {}, {}
+                self._strikes = Strikes()
                 self._changed()
             return
         self.directory = directory
@@ -164,63 +182,20 @@ class Quarantine:
             _emergency.journal(str(directory))  # a crash in a client's descriptor names it (see arm)
         except OSError as exc:
             log.error("quarantine: crashes while processing a descriptor go unrecorded: %s", exc)
-        if changed:
-            self._save()
+        self._save()
         refused = self.describe(None, refused_only=True)
         if refused:
             log.warning("quarantine: refusing %s", "; ".join(refused))
 
-    def _strike(self, records: list[dict]) -> bool:
-        """One strike per record for its client and its module, at most one of each per dead arbiter."""
-        seen: set[tuple] = set()
-        for record in records:
-            arbiter, client, digest = record["arbiter"], record["client"], record["program"]
-            when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record["since"]))
-            key = f"{client['uid']}:{client['pid']}:{client['start']}"
-            if (arbiter, key) not in seen:
-                seen.add((arbiter, key))
-                of = f" of program {digest[:16]}" if digest else ""
-                self._add(self._clients, key, client, f"{record['action']}{of} (arbiter pid {arbiter}, {when})",
-                          f"client pid {client['pid']} ({printable(client['name'])}, uid {client['uid']})")
-            if digest and (arbiter, digest) not in seen:
-                seen.add((arbiter, digest))
-                self._add(self._programs, digest, {"digest": digest},
-                          f"{record['action']} by client pid {client['pid']} (arbiter pid {arbiter}, {when})",
-                          f"program {digest}")
-        return bool(records)
-
-    def _add(self, table: dict, key: str, fields: dict, reason: str, who: str) -> None:
-        entry = table.setdefault(key, {**fields, "strikes": 0, "reasons": []})
-        entry["strikes"] += 1
-        entry["reasons"] = [*entry["reasons"], reason[:_MAX_TEXT]][-_MAX_REASONS:]
-        entry["last"] = time.time()
-        level = logging.ERROR if entry["strikes"] >= STRIKES else logging.WARNING
-        log.log(level, "quarantine: strike %d of %d for %s: the arbiter died during its %s%s", entry["strikes"],
-                STRIKES, who, printable(reason),
-                "; it is refused from now on (clear_quarantine lifts it)" if entry["strikes"] >= STRIKES else "")
-        _trim(table, _MAX_CLIENTS if table is self._clients else _MAX_PROGRAMS)
-
-    def _forget_exited(self) -> bool:
-        """Drop the identities of processes that have exited (a recycled pid has another start time)."""
-        gone = [key for key, entry in self._clients.items() if start_time(entry["pid"]) != entry["start"]]
-        for key in gone:
-            entry = self._clients.pop(key)
-            log.info("quarantine: forgetting client pid %d (%s, %d strike(s)): that process has exited",
-                     entry["pid"], printable(entry["name"]), entry["strikes"])
-        return bool(gone)
-
     def _changed(self) -> None:
         """Under the lock, after the tables changed: the sets the hot paths read."""
-        self._refused_pids = frozenset(e["pid"] for e in self._clients.values() if e["strikes"] >= STRIKES)
-        self._refused_programs = frozenset(bytes.fromhex(d) for d, e in self._programs.items()
-                                           if e["strikes"] >= STRIKES)
+        self._refused = self._strikes.refused(time.time())
 
     def _save(self) -> None:
         with self._lock:
             if self.directory is None:
                 return
-            data = json.dumps({"version": 1, "clients": list(self._clients.values()),
-                               "programs": list(self._programs.values())}).encode()
+            data = json.dumps(self._strikes.as_json()).encode()
             try:
                 _write_atomically(self.directory / _STORE, data)
             except OSError as exc:
@@ -230,7 +205,8 @@ class Quarantine:
     # ---------------------------------------------------------------- the journal
 
     def begin(self, action: str, client, digest: bytes | None, *, ends_with_close: bool = True) -> Path | None:
-        """Record that ``client`` starts ``action`` (on module ``digest``); :meth:`end` it when it ends.
+        """Record that ``client`` starts ``action`` (on the module of SHA-256 ``digest``); :meth:`end`
+        it when it ends.
 
         ``ends_with_close``: an orderly stop withdraws the record (the action did not end the
         arbiter). Returns the record, or None when nothing was written (off, or the write failed:
@@ -255,9 +231,13 @@ class Quarantine:
 
     def _record_of(self, action: str, client, digest: bytes | None) -> bytes:
         """The JSON record, within _MAX_RECORD bytes (the name and command line cut shorter if need be:
-        escaped, a character of theirs can take 12 bytes)."""
+        escaped, a character of theirs can take 12 bytes). It names the module by its canonical
+        identity when :meth:`check_program` computed it (else by the SHA-256 of its bytes)."""
+        if digest is not None:
+            with self._lock:
+                digest = self._identities.get(digest, digest)
         fields = {"arbiter": os.getpid(), "arbiter_start": self._started, "action": action, "since": time.time(),
-                  "program": digest.hex() if digest else None}
+                  "program": digest.hex() if digest else None, "share": getattr(client, "share", None)}
         identity = {"pid": client.pid, "uid": client.uid, "start": start_time(client.pid) or 0}
         text = _MAX_TEXT
         while True:
@@ -315,100 +295,126 @@ class Quarantine:
 
     # ---------------------------------------------------------------- refusals
 
-    def check_client(self, pid: int, uid: int) -> None:
-        """Raise Quarantined when process ``pid`` (of ``uid``) is refused."""
-        if pid not in self._refused_pids:
-            return
-        start = start_time(pid)
-        with self._lock:
-            entry = self._clients.get(f"{uid}:{pid}:{start}")
-        if entry is None or entry["strikes"] < STRIKES:
-            return
-        log.warning("refused pid %d (%s, uid %d): quarantined after %d strikes", pid, printable(entry["name"]),
-                    uid, entry["strikes"])
-        raise Quarantined(f"the arbiter refuses this process (pid {pid}): it brought the arbiter down "
-                          f"{entry['strikes']} times ({'; '.join(entry['reasons'])}), so it is quarantined; an "
-                          f"operator can lift that with `libshare-control clear_quarantine {pid}`, or start a "
-                          "new process")
+    def check_client(self, pid: int, uid: int, share: str | None = None, reattaching: bool = False) -> None:
+        """Raise Quarantined when process ``pid`` (of ``uid``, through ``share``'s socket or, None, the
+        arbiter's own) is refused, or its tenant is in a cooldown. A tenant's cooldown refuses new
+        sessions only: one ``reattaching`` was admitted before, and its honest neighbours of the same
+        tenant must not lose their sessions to another process's runaway (that process's own
+        session is refused by :meth:`check_reattach`)."""
+        pids, tenants, _ = self._refused
+        tenant = tenant_of(uid, share)
+        if pid in pids:
+            with self._lock:
+                entry = self._strikes.refused_client(f"{uid}:{pid}:{start_time(pid)}")
+            if entry is not None:
+                log.warning("refused pid %d (%s, uid %d): quarantined after %d strikes", pid,
+                            printable(entry["name"]), uid, entry["strikes"])
+                raise Quarantined(f"the arbiter refuses this process (pid {pid}): it brought the arbiter down "
+                                  f"{entry['strikes']} times ({'; '.join(entry['reasons'])}), so it is quarantined; "
+                                  f"an operator can lift that with `libshare-control clear_quarantine {pid}`, or "
+                                  "start a new process")
+        if tenant in tenants and not reattaching:
+            now = time.time()
+            with self._lock:
+                entry = self._strikes.refused_tenant(tenant, now)
+            if entry is not None:
+                log.warning("refused pid %d (%s): its clients brought arbiters down %d times", pid, tenant,
+                            entry["strikes"])
+                raise Quarantined(f"the arbiter refuses every new client of {printable(tenant)} for "
+                                  f"{entry['until'] - now:.0f} s more: its clients brought the arbiter down "
+                                  f"{entry['strikes']} times ({'; '.join(entry['reasons'])}); a new process does not "
+                                  f"change that, and each further refusal lasts twice as long; an operator can lift "
+                                  f"it with `libshare-control clear_quarantine {printable(tenant)}`")
 
-    def check_program(self, digest: bytes) -> None:
-        """Raise Quarantined when the module of SHA-256 ``digest`` is refused."""
-        if digest not in self._refused_programs:
+    def runaway_of(self, pid: int) -> str | None:
+        """What process ``pid`` ran past the watchdog when it ended the last arbiter; None if it did not."""
+        record = self._runaways.get(pid)
+        if record is None or start_time(pid) != record["client"]["start"]:
+            return None
+        of = f" of program {record['program'][:16]}" if record["program"] else ""
+        return f"its dispatch{of} ran past the watchdog and ended arbiter pid {record['arbiter']}"
+
+    def check_reattach(self, pid: int) -> None:
+        """Raise ClientTerminated when the session of process ``pid`` reattaches after its own dispatch
+        ended the last arbiter (:meth:`runaway_of`): only that session is lost."""
+        why = self.runaway_of(pid)
+        if why is not None:
+            log.warning("refused the reattach of pid %d: %s", pid, why)
+            raise ClientTerminated(f"this session is terminated: {why}; a new session may connect unless the "
+                                   "quarantine refuses it")
+
+    def check_program(self, digest: bytes, client, spirv: bytes | None = None) -> None:
+        """Raise Quarantined when the module ``spirv`` (of SHA-256 ``digest``) is refused to ``client``'s
+        tenant, or to everyone. The first call for a digest computes the module's canonical identity
+        (``spirv`` must be given then), which the journal names it by."""
+        if self.directory is None:
             return
+        canonical = self._canonical(digest, spirv)
+        if canonical not in self._refused[2]:
+            return
+        tenant = tenant_of(client.uid, getattr(client, "share", None))
         with self._lock:
-            entry = self._programs.get(digest.hex())
-        if entry is None:
+            found = self._strikes.refused_program(canonical.hex(), tenant)
+        if found is None:
             return
-        raise Quarantined(f"the arbiter refuses this program (SHA-256 {digest.hex()}) for every client: it "
-                          f"brought the arbiter down {entry['strikes']} times ({'; '.join(entry['reasons'])}), "
-                          f"so it is quarantined; an operator can lift that with `libshare-control "
-                          f"clear_quarantine {digest.hex()[:16]}`")
+        entry, everyone = found
+        whom = "every client" if everyone else f"the clients of {printable(tenant)}"
+        raise Quarantined(f"the arbiter refuses this program (identity {canonical.hex()}, SHA-256 {digest.hex()}) "
+                          f"to {whom}: it brought the arbiter down {entry['strikes']} times "
+                          f"({'; '.join(entry['reasons'])}), so it is quarantined; an operator can lift that with "
+                          f"`libshare-control clear_quarantine {canonical.hex()[:16]}`")
+
+    def _canonical(self, digest: bytes, spirv: bytes | None) -> bytes:
+        """The canonical identity of the module of SHA-256 ``digest`` (computed from ``spirv`` once)."""
+        with self._lock:
+            found = self._identities.get(digest)
+            if found is not None:
+                self._identities.move_to_end(digest)
+                return found
+        if spirv is None:
+            return digest
+        canonical = canonical_digest(spirv)  # outside the lock: a child process, some milliseconds
+        with self._lock:
+            self._identities[digest] = canonical
+            if len(self._identities) > _MAX_IDENTITIES:
+                self._identities.popitem(last=False)
+        return canonical
 
     # ---------------------------------------------------------------- the operator's view
 
     def describe(self, viewer_uid: int | None, refused_only: bool = False) -> list[str]:
-        """One line per process and module with strikes (``refused_only``: those refused), oldest first.
-        ``viewer_uid`` other than None, root or the arbiter's sees another uid's process by pid only."""
+        """One line per process, tenant and module with strikes (``refused_only``: those refused),
+        oldest first. ``viewer_uid`` other than None, root or the arbiter's sees another uid's
+        process by pid only, and another tenant without its reasons."""
         with self._lock:
-            clients = sorted(self._clients.values(), key=lambda e: e["last"])
-            programs = sorted(self._programs.values(), key=lambda e: e["last"])
-        lines = []
-        for entry in clients:
-            if refused_only and entry["strikes"] < STRIKES:
-                continue
-            head = f"client pid {entry['pid']}: {_strikes(entry)}"
-            if viewer_uid is not None and not trusted_uid(viewer_uid) and viewer_uid != entry["uid"]:
-                lines.append(f"{head} (another user's process)")
-                continue
-            lines.append(f"{head}; name {printable(entry['name'])}, uid {entry['uid']}, command "
-                         f"{printable(entry['cmdline']) or '-'}; {printable('; '.join(entry['reasons']))}")
-        for entry in programs:
-            if not refused_only or entry["strikes"] >= STRIKES:
-                lines.append(f"program {entry['digest']}: {_strikes(entry)}; "
-                             f"{printable('; '.join(entry['reasons']))}")
-        return lines
+            return self._strikes.describe(viewer_uid, refused_only, time.time())
 
     def clear(self, what: str) -> list[str]:
-        """Lift the strikes of a client pid, of the modules whose digest starts with ``what`` (8 to 64
-        hex digits), or of everything (``all``); the lines describing what was cleared."""
+        """Lift the strikes of a client pid, of a tenant (``uid:UID``, ``share:GROUP``), of the modules
+        whose identity starts with ``what`` (8 to 64 hex digits), or of everything (``all``); the
+        lines describing what was cleared."""
         if self.directory is None:
             raise InvalidSubmission("this arbiter keeps no quarantine (it serves no pipe directory)")
-        what = what.strip().lower()
-        everything = what == "all"
+        what = what.strip()
+        everything = what.lower() == "all"
         pid = decimal(what, MAX_PID) or None
-        prefix = what if 8 <= len(what) <= 64 and all(c in "0123456789abcdef" for c in what) else None
-        if not (everything or pid or prefix):
-            raise InvalidSubmission(f"clear_quarantine takes a client pid, a program's SHA-256 (8 to 64 hex "
-                                    f"digits) or all (got {printable(what[:80])!r})")
-        cleared = []
+        kind, _, name = what.partition(":")
+        tenant = what if (kind == "uid" and decimal(name, 1 << 32) is not None) or \
+            (kind == "share" and share_field(name) and name) else None
+        prefix = what.lower() if 8 <= len(what) <= 64 and all(c in "0123456789abcdef" for c in what.lower()) \
+            else None
+        if not (everything or pid or tenant or prefix):
+            raise InvalidSubmission(f"clear_quarantine takes a client pid, uid:UID, share:GROUP, a program's "
+                                    f"identity (8 to 64 hex digits) or all (got {printable(what[:80])!r})")
         with self._lock:
-            for key, entry in list(self._clients.items()):
-                if everything or entry["pid"] == pid:
-                    del self._clients[key]
-                    cleared.append(f"cleared client pid {entry['pid']} ({_strikes(entry)})")
-            for key, entry in list(self._programs.items()):
-                if everything or (prefix and key.startswith(prefix)):
-                    del self._programs[key]
-                    cleared.append(f"cleared program {key} ({_strikes(entry)})")
+            cleared = self._strikes.clear(everything, pid, tenant, prefix)
             self._changed()
-        if not cleared and what != "all":
-            raise InvalidSubmission(f"nothing in the quarantine matches {what}")
+        if not cleared and not everything:
+            raise InvalidSubmission(f"nothing in the quarantine matches {printable(what[:80])}")
         self._save()
         for line in cleared:
             log.warning("quarantine: %s by the operator", line)
         return cleared
-
-
-def _strikes(entry: dict) -> str:
-    count = entry["strikes"]
-    return f"{count} strike{'s' * (count != 1)}" + (", refused" if count >= STRIKES else "")
-
-
-def _trim(table: dict, most: int) -> None:
-    """Keep the ``most`` entries with the latest strikes."""
-    if len(table) > most:
-        for key in sorted(table, key=lambda k: table[k]["last"])[:len(table) - most]:
-            del table[key]
 
 
 # -------------------------------------------------------------------- files (hostile input)
@@ -459,36 +465,18 @@ def _parse(data: bytes | None):
     return json.loads(data)  # ValueError (JSONDecodeError, UnicodeDecodeError) or RecursionError
 
 
-def _load(path: Path) -> tuple[dict, dict]:
-    """The stored strikes: (clients by identity, programs by digest); empty if missing or unreadable."""
+def _load(path: Path) -> Strikes:
+    """The stored strikes; none if missing or unreadable (entries that are not as written are dropped)."""
     try:
-        data = _parse(_read_bounded(path, _MAX_STORE))
-        if not isinstance(data, dict) or not isinstance(data.get("clients"), list) or \
-                not isinstance(data.get("programs"), list):
-            raise ValueError("not a strikes store")
+        strikes = Strikes(_parse(_read_bounded(path, _MAX_STORE)))
     except FileNotFoundError:
-        return {}, {}
+        return Strikes()
     except (OSError, ValueError, RecursionError) as exc:
         log.error("quarantine: ignoring %s (%s): starting with no strikes", path, exc)
-        return {}, {}
-    clients, programs, dropped = {}, {}, 0
-    for entry in data["clients"][:4 * _MAX_CLIENTS]:
-        client = _identity(entry)
-        counted = client and _counted(entry)
-        if counted:
-            clients[f"{client['uid']}:{client['pid']}:{client['start']}"] = {**client, **counted}
-        dropped += not counted
-    for entry in data["programs"][:4 * _MAX_PROGRAMS]:
-        digest = entry.get("digest") if isinstance(entry, dict) else None
-        counted = _digest(digest) and _counted(entry)
-        if counted:
-            programs[digest] = {"digest": digest, **counted}
-        dropped += not counted
-    if dropped:
-        log.warning("quarantine: dropped %d malformed entries of %s", dropped, path)
-    _trim(clients, _MAX_CLIENTS)
-    _trim(programs, _MAX_PROGRAMS)
-    return clients, programs
+        return Strikes()
+    if strikes.dropped:
+        log.warning("quarantine: dropped %d malformed entries of %s", strikes.dropped, path)
+    return strikes
 
 
 def _sweep(directory: Path) -> list[dict]:
@@ -527,43 +515,16 @@ def _sweep(directory: Path) -> list[dict]:
 
 def _record(data) -> dict | None:
     """A journal record, checked; None if anything is off."""
-    if not isinstance(data, dict) or data.get("action") not in _ACTIONS or \
+    if not isinstance(data, dict) or data.get("action") not in ACTIONS or \
             not _int(data.get("arbiter"), 1, MAX_PID + 1) or not _int(data.get("arbiter_start"), 0, 1 << 63):
         return None
     client, program, since = _identity(data.get("client")), data.get("program"), data.get("since")
-    if client is None or (program is not None and not _digest(program)) or not _number(since):
+    if client is None or (program is not None and not _digest(program)) or not share_field(data.get("share")) or \
+            not (type(since) in (int, float) and 0 <= since < 1e11):
         return None
     return {"arbiter": data["arbiter"], "arbiter_start": data["arbiter_start"], "action": data["action"],
-            "client": client, "program": program, "since": since}
-
-
-def _identity(data) -> dict | None:
-    if not isinstance(data, dict) or not _int(data.get("pid"), 1, MAX_PID + 1) or \
-            not _int(data.get("uid"), 0, 1 << 32) or not _int(data.get("start"), 0, 1 << 63):
-        return None
-    name, cmdline = data.get("name"), data.get("cmdline")
-    if not isinstance(name, str) or not isinstance(cmdline, str):
-        return None
-    return {"pid": data["pid"], "uid": data["uid"], "start": data["start"], "name": name[:_MAX_TEXT],
-            "cmdline": cmdline[:_MAX_TEXT]}
-
-
-def _counted(data: dict) -> dict | None:
-    strikes, reasons, last = data.get("strikes"), data.get("reasons"), data.get("last")
-    if not _int(strikes, 1, 1 << 20) or not isinstance(reasons, list) or not _number(last):
-        return None
-    if not all(isinstance(r, str) for r in reasons):
-        return None
-    return {"strikes": strikes, "reasons": [r[:_MAX_TEXT] for r in reasons[-_MAX_REASONS:]], "last": last}
+            "client": client, "program": program, "since": since, "share": data.get("share")}
 
 
 def _int(value, low: int, high: int) -> bool:
     return type(value) is int and low <= value < high
-
-
-def _number(value) -> bool:
-    return type(value) in (int, float) and 0 <= value < 1e11
-
-
-def _digest(value) -> bool:
-    return isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)

@@ -22,6 +22,8 @@ BUFFER, PROGRAM = lib.LS_KIND_BUFFER, lib.LS_KIND_PROGRAM
 EVENTS = {name: getattr(lib, f"LS_EV_{name}") for name in
           ("RELEASED", "IDLE", "DROPPED", "WATCHDOG", "SUSPECT", "DEVICE", "MUTED")}
 POP = lib.LS_ENGINE_POP
+MOST_PIECES = lib.LS_ENGINE_MAX_PIECES
+"""The most pieces one dispatch is cut into (policy/engine_policy.c, "Pieces")."""
 _LOST = -4  # VK_ERROR_DEVICE_LOST: what a submission through a destroyed engine returns
 _ENGINES: dict[int, Engine] = {}  # by the ls_engine address, for the planning callback
 

@@ -189,7 +189,8 @@ static uint64_t flight_program(const struct flight *f, uint32_t slot)
     return program;
 }
 
-/* The watchdog: the head submission's current command has run past the limit. A single command is
+/* The watchdog: the head submission's current command has run past the limit; one LS_EV_SUSPECT names
+ * its client (and its program), or each client of an unmarked batch. A single command is
  * timed from when its submission reached the head of the queue. A batch carries a progress marker
  * after each command (mark_progress), so its clock restarts whenever the marker moves: a command is
  * caught within twice the watchdog (it may have started up to one watchdog before the marker was
@@ -219,7 +220,14 @@ void check_watchdog(ls_engine *e)
         return;
     f->reported = 1;
     emit(e, LS_EV_WATCHDOG, 0, 0, marked, f->count, (uint64_t)running);
-    for (uint32_t k = 0; k < f->count; k++) {
+    if (marked && f->progress_seen < f->count) {  /* the marker names the command that runs: its client alone */
+        const struct entry *en = &f->entries[f->progress_seen];
+        const struct object *o = en->nusers ? en->users[en->nusers - 1] : NULL;
+        uint64_t program = o && o->kind == LS_KIND_PROGRAM ? o->id : 0;
+        emit(e, LS_EV_SUSPECT, en->client, 0, program ? LS_KIND_PROGRAM : 0, program, 0);
+        return;
+    }
+    for (uint32_t k = 0; k < f->count; k++) {  /* no marker: every client of the submission */
         uint32_t slot = f->entries[k].client, seen = 0;
         for (uint32_t j = 0; j < k && !seen; j++)
             seen = f->entries[j].client == slot;

@@ -48,7 +48,7 @@ FIELDS = {"op": (protocol.choice("control"), True),
 """The schema of a control frame (see ``protocol.check_fields``)."""
 
 
-_TEST_HOOKS = ("inject_fault", "inject_crash")  # commands only an arbiter with LIBSHARE_TEST_HOOKS=1 runs
+_TEST_HOOKS = ("inject_fault", "inject_crash", "inject_device_lost")  # commands only an arbiter with LIBSHARE_TEST_HOOKS=1 runs
 
 # What they show depends on the peer's uid: another user's client is hidden from a peer that is
 # neither root nor the arbiter's uid, as MPS hides it.
@@ -99,10 +99,12 @@ class Commands:
             "terminate_group": lifetime.terminate_group,
             "clear_quarantine": lifetime.clear_quarantine,
             "restart": lifetime.restart,
+            "hand_over": lifetime.hand_over,
             "quit": lifetime.quit,
             "reload": lifetime.reload,
             "inject_crash": lifetime.inject_crash,
             "inject_fault": lifetime.inject_fault,
+            "inject_device_lost": lifetime.inject_device_lost,
         }
         """The handler of each command: every name in ``COMMANDS``, and the test hooks."""
 

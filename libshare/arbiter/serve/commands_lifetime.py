@@ -1,14 +1,16 @@
 """The control commands that end clients or the arbiter, or let a refused one come back:
-terminating clients, the quarantine's strikes, restart, quit, reload, and the test hooks.
+terminating clients, the quarantine's strikes, restart, hand_over, quit, reload, and the test hooks.
 
 ``terminate_client`` and ``terminate_group`` terminate through the control thread (the
 containment's verdict, as for a fault) and wait until each client is gone, at most 30 s,
 so that the operator's next command sees it gone. ``restart`` asks the control daemon
-for a new arbiter, which takes over once it is ready; ``quit`` shuts the arbiter down,
+for a new arbiter, which takes over once it is ready (refused when no control daemon
+supervises: nothing would happen); ``hand_over`` is how a new control daemon adopts an
+arbiter that has none (libshare/daemon/supervisor.py, "Adopting"); ``quit`` shuts the arbiter down,
 letting running work end (at most 10 s unless ``-t``). ``reload`` reads the operator's
 ``--config`` file again and applies what changed (config.py), each key through the
 command that sets it. The test hooks
-(``inject_crash``, ``inject_fault``) run only in an arbiter started with
+(``inject_crash``, ``inject_fault``, ``inject_device_lost``) run only in an arbiter started with
 LIBSHARE_TEST_HOOKS=1, and are not in the command table the CLI shows.
 """
 
@@ -76,6 +78,15 @@ class Lifetime:
         self.arbiter.on_restart()
         return f"arbiter pid {os.getpid()} hands over to a new arbiter once it is ready"
 
+    def hand_over(self, args: list[str]) -> str:
+        _args.expect(args, 0, "hand_over")
+        if self.arbiter.on_restart is not None:
+            raise ServerNotReady("a control daemon supervises this arbiter: use restart")
+        if self.arbiter.on_hand_over is None:
+            raise ServerNotReady("this arbiter cannot hand over (an embedded one lives in its client's process)")
+        self.arbiter.on_hand_over()
+        return f"arbiter pid {os.getpid()} hands over to the arbiter that takes its lock next"
+
     def quit(self, args: list[str]) -> str:
         if args and (len(args) != 2 or args[0] != "-t"):
             raise InvalidSubmission(f"usage: {COMMANDS['quit'].usage}")
@@ -110,4 +121,15 @@ class Lifetime:
         offender = _args.clients_of(self.arbiter, _args.pid(args[0]))[0] if args else None
         drainer = self.arbiter.drainer
         drainer.call(drainer.containment.enter_fault, "a fault injected by a test hook", offender)
+        return self.arbiter.state
+
+    def inject_device_lost(self, args: list[str]) -> str:
+        """Test hook: report the device lost, as a GPU driver's VK_ERROR_DEVICE_LOST does (a supervised
+        arbiter hands over at once: see drain/containment.py)."""
+        if not self.arbiter.test_hooks:
+            raise AccessDenied("inject_device_lost is a test hook: start the arbiter with LIBSHARE_TEST_HOOKS=1")
+        _args.expect(args, 0, "inject_device_lost")
+        drainer = self.arbiter.drainer
+        drainer.post(drainer.containment.device_failed, "the device was lost (VK_ERROR_DEVICE_LOST, injected by "
+                     "a test hook)")
         return self.arbiter.state

@@ -66,7 +66,7 @@ def _group_name(name: str, value):
 HELLO = {**_op("hello"), "name": (protocol.text(1024), False), "version": (protocol.integer(0, 65535), False),
          "priority": (protocol.text(32), False), "group": (_group_name, False),
          "share": (protocol.either(protocol.text(16), protocol.integer(0, 100)), False),
-         "mem_limit": (protocol.byte_counts(16, 64, 1 << 62), False)}
+         "mem_limit": (protocol.byte_counts(16, 64, 1 << 62), False), "reattach": (protocol.flag(), False)}
 """The schema of a hello (checked by the gate: a bad one is answered and may be sent again)."""
 
 
@@ -112,9 +112,12 @@ class Hellos:
         if share is not None:
             check_share_hello(frame.fields, share)  # its group is the share's, and the owner rules apply
         check_group_allowed(requested_group(frame.fields), uid, self._arbiter.group_owners, scheduler, trusted)
-        return "session", self.admit(pid, uid, share)
+        reattaching = bool(frame.fields.get("reattach"))
+        if reattaching:  # ClientTerminated when its dispatch ended the last arbiter
+            self._arbiter.drainer.quarantine.check_reattach(pid)
+        return "session", self.admit(pid, uid, share, reattaching)
 
-    def admit(self, pid: int, uid: int, share: str | None = None) -> int:
+    def admit(self, pid: int, uid: int, share: str | None = None, reattaching: bool = False) -> int:
         """A client slot for the peer (pid, uid), by its id; refuses with AccessDenied, ServerNotReady
         or TooManyClients (also past ``share_clients`` of one share socket, and ``user_clients`` of one
         uid that is not trusted)."""
@@ -123,7 +126,7 @@ class Hellos:
             log.warning("refused pid %d: uid %d is not the arbiter's uid %d", pid, uid, os.getuid())
             raise AccessDenied(f"uid {uid} may not use this arbiter: it runs as uid {os.getuid()} "
                                "and was not started in multi-user mode")
-        arbiter.drainer.quarantine.check_client(pid, uid)  # Quarantined: it brought the arbiter down twice
+        arbiter.drainer.quarantine.check_client(pid, uid, share, reattaching)  # Quarantined: the process, or its tenant
         with self._lock:
             if arbiter.closed:
                 raise ServerNotReady("the arbiter is shutting down")

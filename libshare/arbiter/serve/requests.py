@@ -151,7 +151,7 @@ class Requests:
         drainer = arbiter.drainer
         check_program_quota(client, list(drainer.clients.values()), arbiter.max_programs)  # before any work
         digest, interface = arbiter.interfaces.of(frame.payload, arbiter.device)
-        drainer.quarantine.check_program(digest)
+        drainer.quarantine.check_program(digest, client, frame.payload)  # refused to this tenant, or to all
         push_size = -(-interface.push_constant_size // 4) * 4  # Vulkan ranges are whole words
         if arbiter.compilers is not None and not drainer.pipelines.has(digest):
             try:

@@ -52,6 +52,7 @@ from libshare.arbiter.serve.sessions import Sessions
 from libshare.arbiter.serve.share_sockets import ShareSockets, bind_listener
 from libshare.arbiter.drain.drainer import Drainer
 from libshare.arbiter.drain.tasks import CALL_TIMEOUT
+from libshare.arbiter.engine.binding import MOST_PIECES as _MOST_PIECES
 from libshare.arbiter.policy.limits import (MemoryLimits, buffer_ceiling, device_limit, fitting_total_limit,
                                             total_limit)
 from libshare.arbiter.programs.admission import validator_path
@@ -70,6 +71,7 @@ log = logging.getLogger("libshare.arbiter")
 _FDS_PER_CLIENT = 3
 _FDS_PER_BUFFER = 1  # a shared buffer's memfd, until the reply carries it; its mapping keeps none
 _FD_SLACK = 64  # for the rest: logs, control commands, a vetting compile, /proc reads
+_MOVED_WORK_POLL = 0.05  # seconds between looks at the moved clients' outstanding work
 
 
 class Arbiter:
@@ -135,6 +137,9 @@ class Arbiter:
         self.quit_timeout = 10.0
         self.on_restart = None
         """Called by the ``restart`` command: set by a daemon that a control daemon supervises."""
+        self.on_hand_over = None
+        """Called by the ``hand_over`` command (a control daemon adopting this arbiter): set by a
+        daemon arbiter (service.py); it hands over on a thread of its own."""
         self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self.drainer = Drainer(lambda: Device(selector), self._wake_fd, timed, max_clients=2 * self.max_clients + 64)
         self.limits.buffer_ceiling = buffer_ceiling(self.drainer.max_slots)
@@ -227,6 +232,25 @@ class Arbiter:
         drainer = self.drainer
         drainer.call(lambda: [drainer.engine.close_client(c.slot, C.EMOVED)
                               for c in list(drainer.clients.values()) if not c.closing])
+
+    def finish_moved_work(self, timeout: float) -> bool:
+        """Hand-over, last step: wait until the engine has answered all the work the moved clients'
+        sessions wait for (a dispatch in pieces goes on piece by piece, each under the watchdog),
+        at most ``timeout`` s. True once nothing of theirs is outstanding."""
+        drainer = self.drainer
+
+        def outstanding() -> int:
+            return sum(drainer.engine.stats(c.slot).outstanding for c in drainer.clients.values() if c.slot >= 0)
+
+        deadline = time.monotonic() + timeout
+        while (left := drainer.call(outstanding)) and time.monotonic() < deadline:
+            time.sleep(_MOVED_WORK_POLL)
+        return not left
+
+    def moved_work_bound(self) -> float:
+        """The longest the moved clients' work may legally take: each piece of a cut dispatch (and
+        each whole dispatch) runs within the watchdog, and a dispatch is cut in 64 pieces at most."""
+        return self.drainer.planner.watchdog * (_MOST_PIECES + 1)
 
     def load_bound(self) -> float:
         """The most seconds a load_program takes to be answered: the vetting compile (its wait for a
