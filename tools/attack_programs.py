@@ -27,9 +27,10 @@ Then, with ``--framing ROUNDS`` and ``--evasion TRIES`` (0 skips either), on a s
    busy.spv with its own inputs past the watchdog, which ends the arbiter (lavapipe cannot
    abort it); then a client of another tenant (this tool's uid) loads busy.spv and checks a
    short dispatch: was the kernel refused to it?
-6. **evasion**: each try a new process of this tool's uid loads a slow-compiling kernel with
-   one debug word changed, and the arbiter is SIGKILLed while it compiles it (the "driver
-   crash"): how many tries end an arbiter before the uid is refused?
+6. **evasion**: each try a new process of the share socket ``hostile`` loads a slow-compiling
+   kernel with one debug word changed, and the arbiter is SIGKILLed while it compiles it (the
+   "driver crash"): how many tries end an arbiter before the tenant is refused? (This tool's
+   uid is the operator's, which earns no tenant cooldown.)
 
 ``--phases`` picks the phases to run (default all).
 
@@ -536,8 +537,9 @@ def phase_evasion(arbiter: Arbiter, shares: tuple[str, ...], tries: int, workdir
     for n in range(tries):
         path = workdir / f"evade{n}.spv"
         path.write_bytes(one_word_changed(module, n))
-        evader = subprocess.Popen([sys.executable, "-m", "tests.arbiter._client", "load", str(arbiter.pipe_dir),
-                                   str(path)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+        evader = subprocess.Popen([sys.executable, "-m", "tests.arbiter._client", "load",
+                                   str(arbiter.pipe_dir / "shares" / "hostile"), str(path)],  # the hostile tenant
+                                  cwd=ROOT, stdout=subprocess.PIPE, text=True)
         first = evader.stdout.readline().strip()
         first = first.split()[1].rstrip(":") if first.startswith("refused ") else first
         if first == "connected":
@@ -731,7 +733,7 @@ def print_report(report: dict) -> None:
               f"another tenant: {p['busy_for_another_tenant']}")
     if "evasion" in phases:
         p = phases["evasion"]
-        print(f"evasion: {p['tries']} new processes of one uid, each with one debug word changed: {p['deaths']} "
+        print(f"evasion: {p['tries']} new processes of one tenant (share socket), each with one debug word changed: {p['deaths']} "
               f"arbiter deaths, {p['refusals']} refusals {p['outcomes']}, honest sessions lost "
               f"{p['honest_sessions_lost']}")
     if "tenancy_honest" in report:

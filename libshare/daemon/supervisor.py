@@ -416,7 +416,7 @@ def _describe(status: int) -> str:
         except ValueError:
             return f"was killed by signal {-status}"
     if status == EXIT_UNRECOVERABLE:
-        return f"exited with status {status} (its device could not be recovered)"
+        return f"exited with status {status} (its device was stuck: a runaway dispatch or a lost device; see server.log)"
     return f"exited with status {status}"
 
 

@@ -297,8 +297,8 @@ class Quarantine:
 
     def check_client(self, pid: int, uid: int, share: str | None = None, reattaching: bool = False) -> None:
         """Raise Quarantined when process ``pid`` (of ``uid``, through ``share``'s socket or, None, the
-        arbiter's own) is refused, or its tenant is in a cooldown. A tenant's cooldown refuses new
-        sessions only: one ``reattaching`` was admitted before, and its honest neighbours of the same
+        arbiter's own) is refused, or its tenant is in a cooldown (the operator's uids get none: see
+        strikes.py). A tenant's cooldown refuses new sessions only: one ``reattaching`` was admitted before, and its honest neighbours of the same
         tenant must not lose their sessions to another process's runaway (that process's own
         session is refused by :meth:`check_reattach`)."""
         pids, tenants, _ = self._refused

@@ -5,10 +5,12 @@ Each journal record a dead arbiter left is one strike for up to three identities
 * the **process** (uid, pid and start time): at :data:`STRIKES` it is refused at hello, until
   it exits (a recycled pid has another start time);
 * the **tenant**, the identity a fork cannot shed: the share socket the client came through
-  (``share:GROUP``), else its uid (``uid:UID``; root's and the arbiter's own clients are one
-  tenant like any other). :data:`STRIKES` strikes within :data:`WINDOW` seconds refuse every
-  new process of the tenant at hello for a cooldown: :data:`COOLDOWN` seconds the first time,
-  twice the last one each time after (at most :data:`MAX_COOLDOWN`);
+  (``share:GROUP``), else its uid (``uid:UID``). :data:`STRIKES` strikes within :data:`WINDOW`
+  seconds refuse every new session of the tenant at hello for a cooldown: :data:`COOLDOWN`
+  seconds the first time, twice the last one each time after (at most :data:`MAX_COOLDOWN`).
+  Root's and the arbiter's own uid outside a share socket own the service and earn no tenant
+  strikes: in a deployment of one uid a cooldown would refuse the operator's every new session
+  (their processes and modules are still refused as anyone's);
 * the **module**, by its canonical identity (``programs/identity.py``), counted per tenant: at
   :data:`STRIKES` strikes of one tenant the module is refused to that tenant; it is refused to
   everyone only once it crashed the arbiter (a compile; not a dispatch past the watchdog, whose
@@ -96,7 +98,8 @@ class Strikes:
                                   f"(arbiter pid {arbiter}, {when})")
                 _logged(entry, f"client pid {client['pid']} ({printable(client['name'])}, {tenant})",
                         entry["strikes"] >= STRIKES)
-            if _once(seen, arbiter, tenant):
+            operator = record["share"] is None and trusted_uid(client["uid"])  # owns the service: no cooldown
+            if not operator and _once(seen, arbiter, tenant):
                 entry = self._add(self.tenants, tenant, {"tenant": tenant, "recent": [], "refusals": 0,
                                                          "until": 0.0, "cooldown": 0.0},
                                   f"{record['action']}{of} by client pid {client['pid']} (arbiter pid {arbiter}, "
