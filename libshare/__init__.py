@@ -8,6 +8,7 @@ from libshare.client.completions import Ticket
 from libshare.client.connect import connect
 from libshare.client.buffers import Buffer
 from libshare.client.buffers import Program
+from libshare.compiling import compile
 from libshare import manager
 from libshare import shaders
 from libshare.errors import AccessDenied
@@ -17,6 +18,7 @@ from libshare.errors import ArbiterRestarted
 from libshare.errors import BufferLost
 from libshare.errors import ArbiterUnavailable
 from libshare.errors import ClientTerminated
+from libshare.errors import CompileError
 from libshare.errors import ConfigError
 from libshare.errors import InvalidSubmission
 from libshare.errors import LibshareError
@@ -40,6 +42,7 @@ __all__ = [
     "Program",
     "Session",
     "Ticket",
+    "compile",
     "connect",
     "manager",
     "shaders",
@@ -50,6 +53,7 @@ __all__ = [
     "BufferLost",
     "ArbiterUnavailable",
     "ClientTerminated",
+    "CompileError",
     "ConfigError",
     "InvalidSubmission",
     "LibshareError",

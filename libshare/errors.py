@@ -43,6 +43,7 @@ __all__ = [
     "AlreadyServing",
     "StartFailed",
     "ConfigError",
+    "CompileError",
 ]
 
 
@@ -140,6 +141,11 @@ class StartFailed(LibshareError):
 class ConfigError(InvalidSubmission):
     """The operator's configuration file (``--config``) cannot be used: its line (where known) and
     the reason. Nothing of it was applied."""
+
+
+class CompileError(InvalidSubmission):
+    """``libshare.compile`` could not turn the source into SPIR-V: the message carries the compiler's
+    own (its file, line and reason); fix the source, or the defines."""
 
 
 class Code(NamedTuple):

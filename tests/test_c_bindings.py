@@ -23,6 +23,7 @@ import pytest
 
 import libshare
 
+from tests.arbiter._specialized import SOURCE as SPECIALIZED
 from tests.arbiter.conftest import daemon, wait_until  # noqa: F401 - the daemon fixture
 from tests.conftest import ROOT, killed_on_exit, vulkan_required
 
@@ -174,6 +175,27 @@ def test_c_api_embedded_default(c_tests, tmp_path):
 def test_c_api_against_a_daemon(c_tests, daemon):
     _, pipe_dir = daemon
     assert check_run(run_c(c_tests, daemon_env(pipe_dir), str(SHADERS))) >= 20
+
+
+@pytest.fixture(scope="session")
+def constants_test(library, tmp_path_factory) -> tuple[Path, Path]:
+    """test_constants.c built, and the kernel it loads (tests/arbiter/_specialized.py) compiled."""
+    if shutil.which("glslangValidator") is None:
+        pytest.skip("glslangValidator is not installed (apt-get install glslang-tools)")
+    folder = tmp_path_factory.mktemp("c-constants")
+    kernel = folder / "specialized.spv"
+    kernel.write_bytes(libshare.compile(SPECIALIZED))
+    return compile_c(library, C_DIR / "tests" / "test_constants.c", folder), kernel
+
+
+def test_c_load_program_constants_embedded(constants_test, tmp_path):
+    binary, kernel = constants_test
+    assert check_run(run_c(binary, embedded_env(tmp_path), str(kernel))) == 3
+
+
+def test_c_load_program_constants_against_a_daemon(constants_test, daemon):
+    binary, kernel = constants_test
+    assert check_run(run_c(binary, daemon_env(daemon[1]), str(kernel))) == 3
 
 
 @pytest.mark.parametrize("how", ["wait", "poll"])

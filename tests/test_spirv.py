@@ -10,17 +10,24 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from libshare import shaders
-from libshare.arbiter.programs.spirv import ShaderInterface, reflect, zero_initialized
+from libshare.arbiter.programs.spirv import ShaderInterface, bound_in_set_zero, reflect, zero_initialized
 from libshare.errors import InvalidSubmission
 
 MAGIC = 0x07230203
 
+def _in_set_zero(buffers: int) -> dict:
+    """The binding fields of a kernel whose ``buffers`` storage buffers are bindings 0..N-1 of set 0."""
+    return {"bindings": tuple(range(buffers)), "resources": tuple((0, k) for k in range(buffers))}
+
+
 EXPECTED = {
-    "saxpy": ShaderInterface("main", (64, 1, 1), (0, 1), 8, 0, 4),
-    "vadd": ShaderInterface("main", (64, 1, 1), (0, 1, 2), 4, 0, 4),
-    "sum": ShaderInterface("main", (64, 1, 1), (0, 1), 4, 256, 16),  # shared float[64]
-    "matmul": ShaderInterface("main", (16, 16, 1), (0, 1, 2), 12, 2048, 44),  # two shared float[16][16]
-    "busy": ShaderInterface("main", (64, 1, 1), (0,), 8, 0, 84),
+    "saxpy": ShaderInterface("main", (64, 1, 1), push_constant_size=8, private_bytes=4, **_in_set_zero(2)),
+    "vadd": ShaderInterface("main", (64, 1, 1), push_constant_size=4, private_bytes=4, **_in_set_zero(3)),
+    "sum": ShaderInterface("main", (64, 1, 1), push_constant_size=4, workgroup_bytes=256, private_bytes=16,
+                           **_in_set_zero(2)),  # shared float[64]
+    "matmul": ShaderInterface("main", (16, 16, 1), push_constant_size=12, workgroup_bytes=2048, private_bytes=44,
+                              **_in_set_zero(3)),  # two shared float[16][16]
+    "busy": ShaderInterface("main", (64, 1, 1), push_constant_size=8, private_bytes=84, **_in_set_zero(1)),
 }
 
 # Opcodes and enumerants used below (SPIR-V specification, section 3).
@@ -135,14 +142,8 @@ def test_no_push_constant_block_gives_size_zero() -> None:
 @pytest.mark.parametrize(
     ("opcode", "change", "message"),
     [
-        (OP_DECORATE, lambda ops: [ops[0], DEC_DESCRIPTOR_SET, 1] if ops[1] == DEC_DESCRIPTOR_SET else None,
-         "descriptor set 1"),
-        (OP_DECORATE, lambda ops: [ops[0], DEC_BINDING, 0] if ops[1] == DEC_BINDING else None,
-         "duplicate binding"),
         (OP_DECORATE, lambda ops: [ops[0], 0, 0] if ops[1] == DEC_BINDING else None,
          "missing decoration Binding on %"),
-        (OP_VARIABLE, lambda ops: [ops[0], ops[1], SC_UNIFORM] if ops[2] == SC_STORAGE_BUFFER else None,
-         "uniform buffers are not supported"),
         (OP_VARIABLE, lambda ops: [ops[0], ops[1], 0] if ops[2] == SC_STORAGE_BUFFER else None,
          "images and samplers"),
     ],
@@ -150,6 +151,37 @@ def test_no_push_constant_block_gives_size_zero() -> None:
 def test_rejects_unsupported_resources(opcode: int, change, message: str) -> None:
     with pytest.raises(InvalidSubmission, match=message):
         reflect(edit(spirv("vadd"), opcode, change))
+
+
+def test_buffers_in_another_set_are_renumbered_into_set_zero() -> None:
+    in_set_one = edit(spirv("vadd"), OP_DECORATE,
+                      lambda ops: [ops[0], DEC_DESCRIPTOR_SET, 1] if ops[1] == DEC_DESCRIPTOR_SET else None)
+    interface = reflect(in_set_one)
+    assert (interface.bindings, interface.resources) == ((0, 1, 2), ((1, 0), (1, 1), (1, 2)))
+    moved = bound_in_set_zero(in_set_one)
+    assert reflect(moved).resources == ((0, 0), (0, 1), (0, 2))
+    assert bound_in_set_zero(spirv("vadd")) == spirv("vadd")  # numbered so already: unchanged
+
+
+def test_variables_on_one_binding_are_one_buffer_unless_their_kinds_differ() -> None:
+    shared = edit(spirv("vadd"), OP_DECORATE, lambda ops: [ops[0], DEC_BINDING, 0] if ops[1] == DEC_BINDING else None)
+    assert reflect(shared).resources == ((0, 0),)
+    uniform = edit(spirv("vadd"), OP_VARIABLE,  # a Uniform variable of a Block struct: a uniform buffer
+                   lambda ops: [ops[0], ops[1], SC_UNIFORM] if ops[2] == SC_STORAGE_BUFFER else None)
+    assert reflect(uniform).uniform == frozenset({0, 1, 2})
+    first = True
+
+    def one_uniform(ops):
+        nonlocal first
+        if ops[2] != SC_STORAGE_BUFFER or not first:
+            return None
+        first = False
+        return [ops[0], ops[1], SC_UNIFORM]
+
+    mixed = edit(edit(spirv("vadd"), OP_VARIABLE, one_uniform), OP_DECORATE,
+                 lambda ops: [ops[0], DEC_BINDING, 0] if ops[1] == DEC_BINDING else None)
+    with pytest.raises(InvalidSubmission, match="both a uniform and a storage buffer"):
+        reflect(mixed)
 
 
 MALFORMED = {

@@ -36,7 +36,7 @@ venv=${venv:-$root/.venv}
 # the SPIR-V tools the arbiter needs, a C compiler and Python's venv and headers.
 packages="libvulkan1 libvulkan-dev mesa-vulkan-drivers glslang-tools spirv-tools gcc python3-venv python3-dev"
 case "$mode" in
-    test|bench) packages="$packages g++ pkg-config slurm-wlm munge" ;;
+    test|bench) packages="$packages g++ pkg-config slurm-wlm munge vulkan-validationlayers spirv-headers" ;;
 esac
 
 missing=

@@ -143,7 +143,7 @@ int ls_load_program(ls_session *s, const void *code, uint64_t nbytes, struct ls_
         return rc;
     if (code == NULL || nbytes == 0 || out == NULL)
         return fail(-EINVAL, "ls_load_program: code is NULL or empty, or out is NULL");
-    return CONTROL(s, lsx_py_load_program(s->handle, code, nbytes, NULL, out));
+    return CONTROL(s, lsx_py_load_program(s->handle, code, nbytes, NULL, NULL, 0, out));
 }
 
 int ls_load_program_file(ls_session *s, const char *path, struct ls_program *out)
@@ -153,7 +153,27 @@ int ls_load_program_file(ls_session *s, const char *path, struct ls_program *out
         return rc;
     if (path == NULL || out == NULL)
         return fail(-EINVAL, "ls_load_program_file: path or out is NULL");
-    return CONTROL(s, lsx_py_load_program(s->handle, NULL, 0, path, out));
+    return CONTROL(s, lsx_py_load_program(s->handle, NULL, 0, path, NULL, 0, out));
+}
+
+int ls_load_program_constants(ls_session *s, const void *code, uint64_t nbytes,
+                              const struct ls_constant *constants, uint32_t count, struct ls_program *out)
+{
+    int rc = check_session(s);
+    if (rc < 0)
+        return rc;
+    if (code == NULL || nbytes == 0 || out == NULL || (constants == NULL && count > 0))
+        return fail(-EINVAL, "ls_load_program_constants: code is NULL or empty, out is NULL, or constants "
+                    "is NULL with a count");
+    if (count > LS_MAX_CONSTANTS)
+        return fail(-EINVAL, "ls_load_program_constants: %u constants, at most %d", count, LS_MAX_CONSTANTS);
+    for (uint32_t k = 0; k < count; k++)
+        if (constants[k].type < LS_CONSTANT_BOOL || constants[k].type > LS_CONSTANT_FLOAT ||
+            (constants[k].type == LS_CONSTANT_BOOL && constants[k].value.u > 1))
+            return fail(-EINVAL, "ls_load_program_constants: constant %u (id %u) has type %u; a type is "
+                        "LS_CONSTANT_BOOL (value.u 0 or 1), _INT, _UINT or _FLOAT", k, constants[k].id,
+                        constants[k].type);
+    return CONTROL(s, lsx_py_load_program(s->handle, code, nbytes, NULL, constants, count, out));
 }
 
 int ls_free_program(ls_session *s, uint32_t program_id)

@@ -48,7 +48,7 @@ LSX_HOOK int lsx_py_reattach(int32_t handle, struct lsx_flight *flights, uint32_
 LSX_HOOK int lsx_py_lost_buffers(int32_t handle, uint32_t *ids, uint32_t capacity, uint32_t *count);
 LSX_HOOK int lsx_py_close(int32_t handle);
 LSX_HOOK int lsx_py_load_program(int32_t handle, const char *code, uint64_t nbytes, const char *path,
-                                 struct ls_program *out);
+                                 const struct ls_constant *constants, uint32_t count, struct ls_program *out);
 LSX_HOOK int lsx_py_free(int32_t handle, uint32_t is_program, uint32_t id);
 LSX_HOOK int lsx_py_alloc(int32_t handle, uint64_t nbytes, uint32_t kind, struct ls_buffer *out);
 LSX_HOOK int lsx_py_stats(int32_t handle, struct ls_stats *out);

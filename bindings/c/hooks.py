@@ -178,10 +178,18 @@ def _unmap(buffer) -> None:
 
 
 @_answer
-def lsx_py_load_program(handle, code, nbytes, path, out):
-    """Load SPIR-V from memory or from a file."""
+def lsx_py_load_program(handle, code, nbytes, path, constants, count, out):
+    """Load SPIR-V from memory or from a file, with ``count`` specialization constants (checked by C)."""
     spirv = Path(_text(path)) if path != ffi.NULL else ffi.buffer(code, nbytes)[:]
-    program = _client(handle).session.load_program(spirv)
+    values = {}
+    for k in range(count):
+        item = constants[k]
+        if item.id in values:
+            raise ValueError(f"ls_load_program_constants: constant id {item.id} is given twice")
+        values[item.id] = (bool(item.value.u) if item.type == lib.LS_CONSTANT_BOOL else
+                           item.value.i if item.type == lib.LS_CONSTANT_INT else
+                           item.value.u if item.type == lib.LS_CONSTANT_UINT else item.value.f)
+    program = _client(handle).session.load_program(spirv, constants=values or None)
     out.id, out.bindings, out.push_size = program.id, program.bindings, program.push_size
     out.local_size = list(program.local_size)
 

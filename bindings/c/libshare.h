@@ -307,6 +307,12 @@ int ls_futex_wake(uint32_t *word, int32_t count);
 #define LS_BUFFER_SHARED 0              /* zero-copy host memory, mapped in this process */
 #define LS_BUFFER_DEVICE 1              /* device-local memory, filled and read with ls_copy */
 
+#define LS_CONSTANT_BOOL 1              /* struct ls_constant's type: value.u is 0 (false) or 1 (true) */
+#define LS_CONSTANT_INT 2               /* value.i, a signed integer */
+#define LS_CONSTANT_UINT 3              /* value.u, an unsigned integer */
+#define LS_CONSTANT_FLOAT 4             /* value.f */
+#define LS_MAX_CONSTANTS 64             /* most constants one ls_load_program_constants() sets */
+
 /* How to connect. Zero (or NULL) fields take the defaults given on each field. */
 struct ls_options {
     const char *name;                   /* shown by the operator tools; default "pid<pid>" */
@@ -333,6 +339,18 @@ struct ls_program {
     uint32_t bindings;                  /* storage buffers it takes (bindings 0..N-1 of set 0) */
     uint32_t push_size;                 /* bytes of push constants it declares */
     uint32_t local_size[3];             /* its workgroup size */
+};
+
+/* The value of one specialization constant (constant_id, local_size_x_id...) of a module. */
+struct ls_constant {
+    uint32_t id;                        /* its SpecId */
+    uint32_t type;                      /* LS_CONSTANT_BOOL, _INT, _UINT or _FLOAT: which of value
+                                           holds it; the arbiter checks it against the module's type */
+    union {
+        int64_t i;
+        uint64_t u;
+        double f;
+    } value;
 };
 
 /* A buffer allocated with ls_alloc(). */
@@ -387,6 +405,17 @@ int ls_load_program(ls_session *session, const void *code, uint64_t nbytes, stru
 
 /* Same as ls_load_program() with the SPIR-V read from the file at path. -ENOENT when it is missing. */
 int ls_load_program_file(ls_session *session, const char *path, struct ls_program *out);
+
+/*
+ * Same as ls_load_program() with count specialization constants (at most
+ * LS_MAX_CONSTANTS; constants may be NULL when count is 0). The arbiter freezes
+ * them into the module before it checks and compiles it, so out->local_size is
+ * the specialized workgroup size; a reattach loads the program with them again.
+ * Returns -LS_EINVALID also for an id the module does not declare or a value
+ * its type cannot hold (ls_error_message() names it), -EINVAL for a bad type.
+ */
+int ls_load_program_constants(ls_session *session, const void *code, uint64_t nbytes,
+                              const struct ls_constant *constants, uint32_t count, struct ls_program *out);
 
 /* Release a program; dispatches already submitted still run. Returns 0, -LS_EINVALID (unknown id). */
 int ls_free_program(ls_session *session, uint32_t program_id);

@@ -8,7 +8,7 @@ buffer's mmap; a dispatch finds the buffer (and the byte offset of a slice)
 by walking that chain.
 
 A shared buffer keeps its memfd open (one descriptor per buffer) and a program keeps
-its SPIR-V: that is what a session hands a new arbiter when it reattaches after a
+its SPIR-V and its specialization constants: that is what a session hands a new arbiter when it reattaches after a
 restart, so that the same memory and the same programs carry on under new ids. A
 device buffer's contents live only on the device: after a restart it is ``lost``.
 """
@@ -21,7 +21,7 @@ import os
 
 import numpy as np
 
-__all__ = ["Buffer", "Program"]
+__all__ = ["Buffer", "Program", "constant_pairs"]
 
 
 class Buffer:
@@ -80,11 +80,13 @@ class Program:
     """A program loaded into the arbiter, with the interface read from its SPIR-V."""
 
     def __init__(self, program_id: int, bindings: int, push_size: int, local_size: tuple[int, int, int],
-                 spirv: bytes = b""):
+                 spirv: bytes = b"", constants: list | None = None):
         self.id = program_id
         """The arbiter's id for this program (a new one after a reattach)."""
         self.spirv = spirv
         """The SPIR-V module it was loaded from (loaded again when the session reattaches)."""
+        self.constants = dict(constants or ())
+        """The values given to its specialization constants (SpecId: value; sent again on reattach)."""
         self.lost: Exception | None = None
         """Why a new arbiter refused it on reattach, or None."""
         self.bindings = bindings
@@ -96,6 +98,27 @@ class Program:
 
     def __repr__(self) -> str:
         return f"<libshare.Program id={self.id} bindings={self.bindings} push={self.push_size}>"
+
+
+def constant_pairs(constants) -> list[list]:
+    """``load_program``'s ``constants`` field from a mapping of SpecId to value (an int, a float or
+    a bool; the arbiter checks each against the type the module declares): ``[[id, value], ...]``
+    in id order, empty for None."""
+    if constants is None:
+        return []
+    if not hasattr(constants, "items"):
+        raise TypeError(f"constants must map SpecIds to values, not {type(constants).__name__}")
+    pairs = []
+    for spec_id, value in constants.items():
+        if not isinstance(spec_id, int) or isinstance(spec_id, bool):
+            raise TypeError(f"a specialization constant's id is an int (got {spec_id!r})")
+        if isinstance(value, (np.bool_, np.integer, np.floating)):
+            value = value.item()
+        if not isinstance(value, (bool, int, float)):
+            raise TypeError(f"specialization constant {spec_id}'s value must be an int, a float or a bool "
+                            f"(got {type(value).__name__})")
+        pairs.append([spec_id, value])
+    return sorted(pairs, key=lambda pair: pair[0])
 
 
 def find_buffer(array: np.ndarray, by_mapping: dict[int, Buffer]) -> tuple[Buffer, int]:

@@ -7,8 +7,9 @@ runs :meth:`Reattacher.reattach`. That keeps other threads out of the old ring (
 gate's ``enter`` while it is moving), settles the tickets in flight, says hello to the new
 arbiter and hands it every live buffer and program under the ids they had (``import`` sends the
 sealed memfd a shared buffer kept, so the arrays stay the same objects over the same pages; a
-program's SPIR-V is loaded again; a device buffer is lost: BufferLost), then swaps in the new
-attachment and resends, first and in ticket order, the work the old arbiter never ran:
+program's SPIR-V is loaded again, with its specialization constants; a device buffer is lost:
+BufferLost), then swaps in the new attachment and resends, first and in ticket order, the work
+the old arbiter never ran:
 descriptors still unconsumed in the old lanes (the producer's own writes, read back) and, after
 a hand-over (``restart``: the old arbiter closes the ring with LS_EMOVED and answers what it had
 not started LS_EMOVED), those answered so. It waits for the old arbiter to answer what it had
@@ -36,7 +37,7 @@ import numpy as np
 from libshare import errors
 from libshare.client import exchange as _exchange
 from libshare.client.attachment import Attachment, Moved
-from libshare.client.buffers import Buffer, Program
+from libshare.client.buffers import Buffer, Program, constant_pairs
 from libshare.client.completions import Completions, Ticket
 from libshare.client.gate import Gate, closed_error, fresh
 from libshare.protocol import paths as _config
@@ -275,7 +276,10 @@ class Reattacher:
         refuses is marked lost with the reason. EOFError or OSError when it goes away too."""
         for object_id, item in sorted(self.objects.items()):
             if isinstance(item, Program):
-                reply = _exchange.exchange(sock, {"op": "load_program", "id": object_id}, item.spirv)
+                request = {"op": "load_program", "id": object_id}
+                if item.constants:  # the same specialization: the same program
+                    request["constants"] = constant_pairs(item.constants)
+                reply = _exchange.exchange(sock, request, item.spirv)
             elif item.memfd >= 0:
                 reply = _exchange.exchange(sock, {"op": "import", "size": item.size, "id": object_id},
                                            fds=(item.memfd,))

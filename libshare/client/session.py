@@ -38,7 +38,7 @@ import numpy as np
 from libshare import errors
 from libshare.client import exchange as _exchange
 from libshare.client.attachment import Attachment
-from libshare.client.buffers import Buffer, Program, find_buffer
+from libshare.client.buffers import Buffer, Program, constant_pairs, find_buffer
 from libshare.client.completions import Completions, Ticket
 from libshare.client.gate import Gate, closed_error, fresh
 from libshare.client.reattach import Reattacher
@@ -156,12 +156,18 @@ class Session:
             raise errors.remote_error(reply.fields)
         return reply
 
-    def load_program(self, spirv: bytes | str | os.PathLike) -> Program:
-        """Load a compute program from SPIR-V bytes or a .spv path; its interface is reflected."""
+    def load_program(self, spirv: bytes | str | os.PathLike, constants: dict | None = None) -> Program:
+        """Load a compute program from SPIR-V bytes or a .spv path; its interface is reflected.
+
+        ``constants`` maps specialization-constant ids (``constant_id``, ``local_size_x_id``) to
+        values (int, float or bool, as the module types them); the arbiter freezes them into the
+        module, which it then checks and compiles (an id the module does not declare is refused)."""
         code = bytes(spirv) if isinstance(spirv, (bytes, bytearray)) else _read_module(Path(spirv))
-        reply = self._request("load_program", code, reply_timeout=self._gate.attached.load_timeout)
+        pairs = constant_pairs(constants)
+        fields = {"constants": pairs} if pairs else {}
+        reply = self._request("load_program", code, reply_timeout=self._gate.attached.load_timeout, **fields)
         f = reply.fields
-        program = Program(f["program_id"], f["bindings"], f["push_size"], tuple(f["local_size"]), code)
+        program = Program(f["program_id"], f["bindings"], f["push_size"], tuple(f["local_size"]), code, pairs)
         self._objects[program.id] = program
         return program
 

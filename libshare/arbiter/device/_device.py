@@ -9,8 +9,9 @@ buffers, fences, the barrier), :class:`~._memory.Memory` (buffers),
 pass each call to the part that does the work, except where two parts take a turn
 (destroying a buffer or pipeline asks the recording cache to let go of it first) and in
 :meth:`Device.close`, which stops compiles, waits for the queue, and tears the parts down
-from the top. Its attributes ``index``, ``name``, ``uuid``, ``cpu`` and the limits are
-copies of the instance's facts (see :class:`~._instance.Instance`), for its callers.
+from the top. Its attributes ``index``, ``name``, ``uuid``, ``cpu``, the limits, ``api_version``
+and ``features`` (what admission checks a module's capabilities against) are copies of the
+instance's facts (see :class:`~._instance.Instance`), for its callers.
 """
 
 from __future__ import annotations
@@ -60,6 +61,8 @@ class Device:
         self.local_heap_size: int = instance.local_heap_size
         self.driver_threads: frozenset[int] = instance.driver_threads
         self.zero_workgroup_memory: bool = instance.zero_workgroup_memory
+        self.features: frozenset[str] = instance.features
+        self.api_version: tuple[int, int] = instance.api_version
         self.max_group_count: tuple[int, int, int] = instance.max_group_count
         self.max_push_constants_size: int = instance.max_push_constants_size
         self.host_import_alignment: int = instance.host_import_alignment

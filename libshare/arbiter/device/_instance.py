@@ -2,8 +2,14 @@
 
 :class:`Instance` picks its physical device by ``selector``, checks that it can run
 libshare (Vulkan 1.1, VK_KHR_push_descriptor, robustBufferAccess), and creates a VkDevice
-with bounds checking and one compute queue. It holds what the device *is* (its facts:
-name, UUID, limits; :class:`~libshare.arbiter.device.Device` copies them for its callers),
+with bounds checking, one compute queue and every optional feature the device has that is safe
+to share and that real kernels' capabilities need (8/16-bit storage, Float16, Int8, Int16, Int64
+and its atomics, Float64, float atomics, integer dot products, the Vulkan memory model; never
+``bufferDeviceAddress``: see :func:`_create_device`). It asks the loader for the newest Vulkan
+it knows (up to 1.3), so that a 1.2 or 1.3 device runs SPIR-V 1.5 or 1.6. It holds what the
+device *is* (its facts: name, UUID, limits, Vulkan version, :attr:`Instance.features`, which
+admission checks a module's capabilities against;
+:class:`~libshare.arbiter.device.Device` copies them for its callers),
 the handles and extension entry points every other part records and submits with, and
 the device's lifetime: :attr:`Instance.closed` once closing began, when nothing new may
 start, and :attr:`Instance.abandoned` when work that never ended kept it alive.
@@ -37,7 +43,7 @@ class Instance:
         self.abandoned = False
         """True when closing gave up on work that did not end (see Device.close)."""
         self.handle: Any = None
-        self._instance = _create_instance()
+        self._instance, self._instance_version = _create_instance()
         try:
             self._open(selector)
         except BaseException:
@@ -68,9 +74,15 @@ class Instance:
         self.family, valid_bits = info.compute_family()
         self.timestamp_mask = (1 << valid_bits) - 1 if valid_bits else 0
         """The valid bits of the queue's timestamps (0: the queue has none)."""
+        self.api_version: tuple[int, int] = min(self._instance_version, _version(info.api_version))
+        """(major, minor): the Vulkan version the device runs for libshare (its own, up to what the instance
+        asked for); the SPIR-V it accepts follows (libshare/arbiter/programs/capabilities.py)."""
         before = thread_ids()
-        self.handle, zeroing = _create_device(info, self.family)
-        self.zero_workgroup_memory: bool = zeroing
+        self.handle, features = _create_device(info, self.family, self.api_version)
+        self.features: frozenset[str] = features
+        """The names of the features the device was created with, of the subgroup operations it supports in
+        the compute stage and of its float controls (see :func:`_create_device`)."""
+        self.zero_workgroup_memory: bool = "shaderZeroInitializeWorkgroupMemory" in features
         """True when the device zeroes shared memory that a kernel's initializers say to
         (shaderZeroInitializeWorkgroupMemory; see libshare/arbiter/programs/spirv.py)."""
         self.driver_threads: frozenset[int] = frozenset(thread_ids() - before)
@@ -102,7 +114,7 @@ class Instance:
 
         Keys: ``device`` (VkDevice), ``queue`` (VkQueue), ``family`` (its queue family),
         ``timestamp_mask`` (0: no timestamps), ``timestamp_period_ns``, ``max_storage_range``,
-        ``offset_alignment``, ``max_group_count`` (three counts), ``host_memory_type`` (the first
+        ``offset_alignment``, ``max_uniform_range``, ``uniform_offset_alignment``, ``max_group_count`` (three counts), ``host_memory_type`` (the first
         host-visible, coherent memory type: where timestamps are copied for the host to read).
         """
         self.require_open()
@@ -110,6 +122,8 @@ class Instance:
             "device": _address(self.handle), "queue": _address(self.queue), "family": self.family,
             "timestamp_mask": self.timestamp_mask, "timestamp_period_ns": self.timestamp_period_ns,
             "max_storage_range": self.physical.max_storage_range,
+            "max_uniform_range": self.physical.max_uniform_range,
+            "uniform_offset_alignment": self.physical.uniform_offset_alignment,
             "offset_alignment": self.storage_offset_alignment, "max_group_count": self.max_group_count,
             "host_memory_type": self.physical.memory_type(
                 (1 << 32) - 1, _vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | _vk.VK_MEMORY_PROPERTY_HOST_COHERENT_BIT),
@@ -123,23 +137,40 @@ class Instance:
         _lib.vkDestroyInstance(self._instance, _ffi.NULL)
 
 
-def _create_instance() -> Any:
-    """A Vulkan 1.1 instance, or VulkanUnavailable when no driver answers."""
+_API_VERSION = (1, 3)
+"""The newest Vulkan the arbiter asks for (that of the ``vulkan`` package's headers): a device runs the lower
+of its own version and this one."""
+
+
+def _version(packed: int) -> tuple[int, int]:
+    """(major, minor) of a packed Vulkan version."""
+    return (packed >> 22) & 0x7F, (packed >> 12) & 0x3FF
+
+
+def _create_instance() -> tuple[Any, tuple[int, int]]:
+    """A Vulkan instance of the newest version the loader and libshare know (1.1 to :data:`_API_VERSION`), and
+    that version; VulkanUnavailable when no driver answers."""
     # lavapipe hands every dispatch to a thread pool and waits for it: for the small
     # dispatches an arbiter batches, that handoff costs more than the work (about 20 us
     # against 4 us a command on 2 cores). Inline unless the user chose a pool size;
     # other drivers ignore the variable. It must be set before the driver loads.
     os.environ.setdefault("LP_NUM_THREADS", "0")
+    loader = _ffi.new("uint32_t*")
+    try:
+        ask = _lib.vkEnumerateInstanceVersion(loader) >= 0
+    except AttributeError:  # a Vulkan 1.0 loader, which lacks the call
+        ask = False
+    version = max((1, 1), min(_version(loader[0]) if ask else (1, 0), _API_VERSION))
     app = _struct(
         "VkApplicationInfo", "APPLICATION_INFO", pApplicationName=_ffi.new("char[]", b"libshare-arbiter"),
-        pEngineName=_ffi.new("char[]", b"libshare"), apiVersion=_vk.VK_MAKE_VERSION(1, 1, 0),
+        pEngineName=_ffi.new("char[]", b"libshare"), apiVersion=_vk.VK_MAKE_VERSION(*version, 0),
     )
     info = _struct("VkInstanceCreateInfo", "INSTANCE_CREATE_INFO", pApplicationInfo=app)
     out = _ffi.new("VkInstance*")
     result = _lib.vkCreateInstance(info, _ffi.NULL, out)
     if result < 0:
         raise VulkanUnavailable(f"vkCreateInstance failed with {_result_name(result)}; {_INSTALL_HINT}")
-    return out[0]
+    return out[0], version
 
 
 class _PhysicalInfo:
@@ -176,6 +207,8 @@ class _PhysicalInfo:
         self.max_push_constants_size = limits.maxPushConstantsSize
         self.storage_offset_alignment = limits.minStorageBufferOffsetAlignment
         self.max_storage_range = limits.maxStorageBufferRange
+        self.max_uniform_range = limits.maxUniformBufferRange
+        self.uniform_offset_alignment = limits.minUniformBufferOffsetAlignment
         self.timestamp_period = float(limits.timestampPeriod)
         self.max_push_descriptors = push.maxPushDescriptors if ids.pNext != _ffi.NULL else 0
         self.host_import_alignment = host.minImportedHostPointerAlignment if has_host else 0
@@ -254,30 +287,103 @@ def _match(devices: list[_PhysicalInfo], selector: str) -> _PhysicalInfo | None:
     return None
 
 
-def _create_device(info: _PhysicalInfo, family: int) -> tuple[Any, bool]:
-    """A VkDevice with one queue of ``family``, the extensions libshare uses and bounds checking,
-    and whether it zeroes initialized shared memory.
+# What the device is created with besides robustBufferAccess: each optional feature of these structs that the
+# device has (struct, its sType, the Vulkan version it is core in or None, the extension that brings it
+# otherwise, its features that are safe to share). Individual structs, never VkPhysicalDeviceVulkan1xFeatures,
+# so that they chain on a 1.1 device as on a 1.3 one. bufferDeviceAddress is in none of them, and never will be:
+# with it a kernel could turn any integer into a pointer.
+_FEATURE_STRUCTS = (
+    ("VkPhysicalDeviceRobustness2FeaturesEXT", "ROBUSTNESS_2_FEATURES_EXT", None, "VK_EXT_robustness2",
+     ("robustBufferAccess2",)),
+    ("VkPhysicalDeviceZeroInitializeWorkgroupMemoryFeatures", "ZERO_INITIALIZE_WORKGROUP_MEMORY_FEATURES", (1, 3),
+     "VK_KHR_zero_initialize_workgroup_memory", ("shaderZeroInitializeWorkgroupMemory",)),
+    ("VkPhysicalDevice16BitStorageFeatures", "16BIT_STORAGE_FEATURES", (1, 1), "VK_KHR_16bit_storage",
+     ("storageBuffer16BitAccess", "uniformAndStorageBuffer16BitAccess", "storagePushConstant16")),
+    ("VkPhysicalDevice8BitStorageFeatures", "8BIT_STORAGE_FEATURES", (1, 2), "VK_KHR_8bit_storage",
+     ("storageBuffer8BitAccess", "uniformAndStorageBuffer8BitAccess", "storagePushConstant8")),
+    ("VkPhysicalDeviceShaderFloat16Int8Features", "SHADER_FLOAT16_INT8_FEATURES", (1, 2),
+     "VK_KHR_shader_float16_int8", ("shaderFloat16", "shaderInt8")),
+    ("VkPhysicalDeviceShaderAtomicInt64Features", "SHADER_ATOMIC_INT64_FEATURES", (1, 2),
+     "VK_KHR_shader_atomic_int64", ("shaderBufferInt64Atomics", "shaderSharedInt64Atomics")),
+    ("VkPhysicalDeviceVulkanMemoryModelFeatures", "VULKAN_MEMORY_MODEL_FEATURES", (1, 2), "VK_KHR_vulkan_memory_model",
+     ("vulkanMemoryModel", "vulkanMemoryModelDeviceScope", "vulkanMemoryModelAvailabilityVisibilityChains")),
+    ("VkPhysicalDeviceShaderSubgroupExtendedTypesFeatures", "SHADER_SUBGROUP_EXTENDED_TYPES_FEATURES", (1, 2),
+     "VK_KHR_shader_subgroup_extended_types", ("shaderSubgroupExtendedTypes",)),
+    ("VkPhysicalDeviceShaderIntegerDotProductFeatures", "SHADER_INTEGER_DOT_PRODUCT_FEATURES", (1, 3),
+     "VK_KHR_shader_integer_dot_product", ("shaderIntegerDotProduct",)),
+    ("VkPhysicalDeviceShaderAtomicFloatFeaturesEXT", "SHADER_ATOMIC_FLOAT_FEATURES_EXT", None,
+     "VK_EXT_shader_atomic_float",
+     ("shaderBufferFloat32Atomics", "shaderBufferFloat32AtomicAdd", "shaderBufferFloat64Atomics",
+      "shaderBufferFloat64AtomicAdd", "shaderSharedFloat32Atomics", "shaderSharedFloat32AtomicAdd",
+      "shaderSharedFloat64Atomics", "shaderSharedFloat64AtomicAdd")),
+    ("VkPhysicalDeviceShaderAtomicFloat2FeaturesEXT", "SHADER_ATOMIC_FLOAT_2_FEATURES_EXT", None,
+     "VK_EXT_shader_atomic_float2",
+     ("shaderBufferFloat16Atomics", "shaderBufferFloat16AtomicAdd", "shaderBufferFloat16AtomicMinMax",
+      "shaderBufferFloat32AtomicMinMax", "shaderBufferFloat64AtomicMinMax", "shaderSharedFloat16Atomics",
+      "shaderSharedFloat16AtomicAdd", "shaderSharedFloat16AtomicMinMax", "shaderSharedFloat32AtomicMinMax",
+      "shaderSharedFloat64AtomicMinMax")),
+)
+_CORE_FEATURES = ("robustBufferAccess", "shaderFloat64", "shaderInt64", "shaderInt16")  # of VkPhysicalDeviceFeatures
+_FEATURE_EXTENSIONS = ("VK_EXT_shader_subgroup_ballot", "VK_EXT_shader_subgroup_vote")
+"""Extensions that are themselves what a capability needs (SubgroupBallotKHR, SubgroupVoteKHR), enabled where
+the device has them and listed in the features by their names."""
+_SUBGROUP_OPERATIONS = {
+    "BASIC": "subgroupBasic", "VOTE": "subgroupVote", "ARITHMETIC": "subgroupArithmetic", "BALLOT": "subgroupBallot",
+    "SHUFFLE": "subgroupShuffle", "SHUFFLE_RELATIVE": "subgroupShuffleRelative", "CLUSTERED": "subgroupClustered",
+    "QUAD": "subgroupQuad",
+}
+"""VK_SUBGROUP_FEATURE_<key>_BIT: the name the features give it, when the compute stage supports it (the names
+libshare/arbiter/programs/capabilities.py checks capabilities against)."""
+_FLOAT_CONTROLS = tuple(f"shader{mode}Float{width}" for mode in (
+    "DenormPreserve", "DenormFlushToZero", "SignedZeroInfNanPreserve", "RoundingModeRTE", "RoundingModeRTZ")
+    for width in (16, 32, 64))
+"""VkPhysicalDeviceFloatControlsProperties that say which float-controls execution modes a kernel may use."""
 
-    ``robustBufferAccess`` (and ``robustBufferAccess2`` where the device has
-    VK_EXT_robustness2) is enabled so that a client's kernel cannot read or write past the
-    buffers bound to it, and ``shaderZeroInitializeWorkgroupMemory`` where the device has it,
-    so that shared memory can start as zeros, not as another client's data; no other feature
-    is, ``bufferDeviceAddress`` above all: with it a kernel could turn any integer into a pointer.
+
+def _usable(info: _PhysicalInfo, version: tuple[int, int], since: tuple[int, int] | None, extension: str) -> bool:
+    """Whether a struct (core in ``since``, else from ``extension``) may be chained on this device."""
+    return (since is not None and version >= since) or extension in info.extensions
+
+
+def _create_device(info: _PhysicalInfo, family: int, version: tuple[int, int]) -> tuple[Any, frozenset[str]]:
+    """A VkDevice of Vulkan ``version`` with one queue of ``family``, the extensions libshare uses, bounds
+    checking and every optional feature of :data:`_FEATURE_STRUCTS` that the device has; and the names of
+    what it enabled, with the device's subgroup operations in the compute stage and float controls.
+
+    ``robustBufferAccess`` (and ``robustBufferAccess2`` where the device has VK_EXT_robustness2) is enabled
+    so that a client's kernel cannot read or write past the buffers bound to it, and
+    ``shaderZeroInitializeWorkgroupMemory`` where the device has it, so that shared memory can start as
+    zeros, not as another client's data. The others are what the capabilities of real kernels need
+    (libshare/arbiter/programs/capabilities.py): a module is admitted only when the device has them.
     """
     names = ["VK_KHR_push_descriptor"]
-    for optional in ("VK_EXT_external_memory_host", "VK_KHR_portability_subset"):
+    for optional in ("VK_EXT_external_memory_host", "VK_KHR_portability_subset", *_FEATURE_EXTENSIONS):
         if optional in info.extensions:
             names.append(optional)
-    features = _ffi.new("VkPhysicalDeviceFeatures*")
-    features.robustBufferAccess = 1
-    robustness2 = _robustness2(info)
-    if robustness2 != _ffi.NULL:
-        names.append("VK_EXT_robustness2")
-    zeroing = _zero_workgroup_memory(info)
-    if zeroing != _ffi.NULL:
-        names.append("VK_KHR_zero_initialize_workgroup_memory")
-        if robustness2 != _ffi.NULL:
-            robustness2.pNext = zeroing
+    enabled = {name for name in _FEATURE_EXTENSIONS if name in info.extensions}
+    core = _ffi.new("VkPhysicalDeviceFeatures*")
+    supported_core = _ffi.new("VkPhysicalDeviceFeatures*")
+    _lib.vkGetPhysicalDeviceFeatures(info.handle, supported_core)
+    for feature in _CORE_FEATURES:
+        if getattr(supported_core, feature):
+            setattr(core, feature, 1)
+            enabled.add(feature)
+    chain, keep = _ffi.NULL, []  # (cffi keeps no struct alive through another's pNext)
+    for kind, stype, since, extension, features in _FEATURE_STRUCTS:
+        if not _usable(info, version, since, extension):
+            continue
+        supported = _struct(kind, "PHYSICAL_DEVICE_" + stype)
+        _lib.vkGetPhysicalDeviceFeatures2(info.handle, _struct(
+            "VkPhysicalDeviceFeatures2", "PHYSICAL_DEVICE_FEATURES_2", pNext=supported))
+        wanted = [feature for feature in features if getattr(supported, feature)]
+        if not wanted:
+            continue
+        chain = _struct(kind, "PHYSICAL_DEVICE_" + stype, pNext=chain, **{feature: 1 for feature in wanted})
+        keep.append(chain)
+        enabled.update(wanted)
+        if not (since is not None and version >= since):
+            names.append(extension)
+    enabled |= _shader_properties(info, version, names)
     c_names = [_ffi.new("char[]", n.encode()) for n in names]
     name_array = _ffi.new("char*[]", c_names)
     priority = _ffi.new("float[1]", [1.0])
@@ -287,35 +393,28 @@ def _create_device(info: _PhysicalInfo, family: int) -> tuple[Any, bool]:
     )
     create = _struct(
         "VkDeviceCreateInfo", "DEVICE_CREATE_INFO", queueCreateInfoCount=1, pQueueCreateInfos=queue,
-        enabledExtensionCount=len(names), ppEnabledExtensionNames=name_array, pEnabledFeatures=features,
-        pNext=robustness2 if robustness2 != _ffi.NULL else zeroing,
+        enabledExtensionCount=len(names), ppEnabledExtensionNames=name_array, pEnabledFeatures=core, pNext=chain,
     )
     device = _create(_lib.vkCreateDevice, "VkDevice", "vkCreateDevice", info.handle, create, _ffi.NULL)
-    return device, zeroing != _ffi.NULL
+    return device, frozenset(enabled)
 
 
-def _zero_workgroup_memory(info: _PhysicalInfo) -> Any:
-    """A feature struct enabling shaderZeroInitializeWorkgroupMemory when the device has it, else NULL."""
-    if "VK_KHR_zero_initialize_workgroup_memory" not in info.extensions:
-        return _ffi.NULL
-    kind = "VkPhysicalDeviceZeroInitializeWorkgroupMemoryFeatures"
-    stype = "PHYSICAL_DEVICE_ZERO_INITIALIZE_WORKGROUP_MEMORY_FEATURES"
-    wanted = _struct(kind, stype)
-    query = _struct("VkPhysicalDeviceFeatures2", "PHYSICAL_DEVICE_FEATURES_2", pNext=wanted)
-    _lib.vkGetPhysicalDeviceFeatures2(info.handle, query)
-    if not wanted.shaderZeroInitializeWorkgroupMemory:
-        return _ffi.NULL
-    return _struct(kind, stype, shaderZeroInitializeWorkgroupMemory=1)
-
-
-def _robustness2(info: _PhysicalInfo) -> Any:
-    """A feature struct enabling robustBufferAccess2 when the device has it, else NULL."""
-    if "VK_EXT_robustness2" not in info.extensions:
-        return _ffi.NULL
-    wanted = _struct("VkPhysicalDeviceRobustness2FeaturesEXT", "PHYSICAL_DEVICE_ROBUSTNESS_2_FEATURES_EXT")
-    query = _struct("VkPhysicalDeviceFeatures2", "PHYSICAL_DEVICE_FEATURES_2", pNext=wanted)
-    _lib.vkGetPhysicalDeviceFeatures2(info.handle, query)
-    if not wanted.robustBufferAccess2:
-        return _ffi.NULL
-    return _struct("VkPhysicalDeviceRobustness2FeaturesEXT", "PHYSICAL_DEVICE_ROBUSTNESS_2_FEATURES_EXT",
-                   robustBufferAccess2=1)
+def _shader_properties(info: _PhysicalInfo, version: tuple[int, int], names: list[str]) -> set[str]:
+    """The subgroup operations the device supports in the compute stage and its float controls, by the names
+    of :data:`_SUBGROUP_OPERATIONS` and :data:`_FLOAT_CONTROLS`; appends VK_KHR_shader_float_controls to the
+    extension ``names`` where a device older than Vulkan 1.2 needs it for kernels to use them."""
+    subgroup = _struct("VkPhysicalDeviceSubgroupProperties", "PHYSICAL_DEVICE_SUBGROUP_PROPERTIES")
+    controls = _struct("VkPhysicalDeviceFloatControlsProperties", "PHYSICAL_DEVICE_FLOAT_CONTROLS_PROPERTIES")
+    has_controls = _usable(info, version, (1, 2), "VK_KHR_shader_float_controls")
+    subgroup.pNext = controls if has_controls else _ffi.NULL
+    _lib.vkGetPhysicalDeviceProperties2(info.handle, _struct(
+        "VkPhysicalDeviceProperties2", "PHYSICAL_DEVICE_PROPERTIES_2", pNext=subgroup))
+    found = set()
+    if subgroup.supportedStages & _vk.VK_SHADER_STAGE_COMPUTE_BIT:
+        found = {name for key, name in _SUBGROUP_OPERATIONS.items()
+                 if subgroup.supportedOperations & getattr(_vk, f"VK_SUBGROUP_FEATURE_{key}_BIT")}
+    if has_controls:
+        found |= {name for name in _FLOAT_CONTROLS if getattr(controls, name)}
+        if version < (1, 2) and any(name in found for name in _FLOAT_CONTROLS):
+            names.append("VK_KHR_shader_float_controls")
+    return found

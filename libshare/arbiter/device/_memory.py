@@ -232,6 +232,7 @@ class Memory:
         """A storage/transfer VkBuffer, external for ``handle_types`` when non-zero."""
         usage = (
             _vk.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT
+            | _vk.VK_BUFFER_USAGE_UNIFORM_BUFFER_BIT  # a kernel may read any buffer as a uniform buffer
             | _vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT
             | _vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT
         )

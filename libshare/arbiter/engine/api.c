@@ -345,15 +345,16 @@ static int put_object(ls_engine *e, uint32_t slot, struct object *o)
 }
 
 int ls_engine_put_program(ls_engine *e, uint32_t slot, uint32_t id, uint64_t pipeline, uint64_t layout,
-                          uint32_t bindings, uint32_t push_size, uint32_t flags)
+                          uint32_t bindings, uint32_t uniform_mask, uint32_t push_size, uint32_t flags)
 {
-    if (!pipeline || !layout || bindings > LS_MAX_BUFFERS || push_size > LS_MAX_PUSH || (flags & ~LS_ENGINE_CUTTABLE))
+    if (!pipeline || !layout || bindings > LS_MAX_BUFFERS || push_size > LS_MAX_PUSH || (flags & ~LS_ENGINE_CUTTABLE)
+        || (uniform_mask >> bindings))
         return -EINVAL;
     struct object *o = calloc(1, sizeof *o);
     if (!o)
         return -ENOMEM;
     *o = (struct object){.id = id, .kind = LS_KIND_PROGRAM, .handle = pipeline, .layout = layout,
-                         .bindings = bindings, .push_size = push_size, .client = slot,
+                         .bindings = bindings, .uniform_mask = uniform_mask, .push_size = push_size, .client = slot,
                          .cuttable = flags & LS_ENGINE_CUTTABLE};
     return put_object(e, slot, o);
 }

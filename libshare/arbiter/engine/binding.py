@@ -98,6 +98,8 @@ class Engine:
             "host_memory_type": handles["host_memory_type"], "timestamp_mask": handles["timestamp_mask"],
             "timestamp_period_ns": handles["timestamp_period_ns"],
             "max_storage_range": handles["max_storage_range"], "offset_alignment": handles["offset_alignment"],
+            "max_uniform_range": handles["max_uniform_range"],
+            "uniform_offset_alignment": handles["uniform_offset_alignment"],
             "max_groups": list(handles["max_group_count"]), "max_clients": max_clients, "event_fd": event_fd,
         })
         out = ffi.new("ls_engine **")
@@ -182,8 +184,9 @@ class Engine:
         ``cuttable``, its dispatches may run in pieces (policy/engine_policy.c, "Pieces")."""
         handle, layout = pipeline.native
         flags = lib.LS_ENGINE_CUTTABLE if cuttable else 0
-        check(lib.ls_engine_put_program(self._e, slot, program_id, handle, layout, bindings, push_size, flags),
-              "registering a program")
+        uniform_mask = sum(1 << k for k in pipeline.uniform)
+        check(lib.ls_engine_put_program(self._e, slot, program_id, handle, layout, bindings, uniform_mask, push_size,
+                                        flags), "registering a program")
 
     def put_buffer(self, slot: int, buffer_id: int, buffer, size: int) -> None:
         """Let ``slot``'s descriptors name ``buffer`` (a device Buffer) as ``buffer_id``."""

@@ -47,6 +47,8 @@ struct ls_engine_config {
     double   timestamp_period_ns;
     uint64_t max_storage_range;
     uint64_t offset_alignment;
+    uint64_t max_uniform_range;         /* a uniform buffer binding's most bytes */
+    uint64_t uniform_offset_alignment;  /* and the alignment of its offset */
     uint32_t max_groups[3];
     uint32_t max_clients;               /* client slots 0 .. max_clients-1 */
     int32_t  event_fd;                  /* an eventfd the engine writes 1 to when it queues events */
@@ -140,7 +142,8 @@ int ls_engine_take_usage(ls_engine *e, uint32_t client, struct ls_engine_stats *
 /* Object tables. A program's handles come from Pipeline.native, a buffer's from Buffer.native;
  * flags: LS_ENGINE_CUTTABLE or 0. */
 int ls_engine_put_program(ls_engine *e, uint32_t client, uint32_t id, uint64_t pipeline,
-                          uint64_t layout, uint32_t bindings, uint32_t push_size, uint32_t flags);
+                          uint64_t layout, uint32_t bindings, uint32_t uniform_mask, uint32_t push_size,
+                          uint32_t flags);
 int ls_engine_put_buffer(ls_engine *e, uint32_t client, uint32_t id, uint64_t buffer, uint64_t size);
 /* Forget an object: 0 when idle (destroy it now), 1 when commands still use it or descriptors
  * the client published before this call still wait in its ring (an LS_EV_RELEASED follows once

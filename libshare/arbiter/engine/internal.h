@@ -53,6 +53,7 @@ struct object {
     uint32_t freed;                     /* dropped by the control plane */
     uint64_t handle, layout, size;      /* VkBuffer + size, or VkPipeline + layout */
     uint32_t bindings, push_size;
+    uint32_t uniform_mask;              /* a program's bindings that are uniform buffers (bit k: binding k) */
     uint32_t client;
     uint32_t cuttable;                  /* a program whose dispatches may run in pieces (LS_ENGINE_CUTTABLE) */
 };

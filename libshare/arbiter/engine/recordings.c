@@ -56,12 +56,14 @@ static void record_dispatch(ls_engine *e, VkCommandBuffer cb, const struct ls_de
     if (d->nbuffers) {
         VkDescriptorBufferInfo infos[LS_MAX_BUFFERS];
         VkWriteDescriptorSet writes[LS_MAX_BUFFERS];
-        for (uint32_t k = 0; k < d->nbuffers; k++) {
+        for (uint32_t k = 0; k < d->nbuffers; k++) {  /* the range: to the buffer's end, at most the limit */
+            int uniform = program->uniform_mask >> k & 1;
             uint64_t range = buffers[k]->size - d->offset[k];
-            infos[k] = (VkDescriptorBufferInfo){(VkBuffer)buffers[k]->handle, d->offset[k],
-                                                range < e->cfg.max_storage_range ? range : e->cfg.max_storage_range};
+            uint64_t most = uniform ? e->cfg.max_uniform_range : e->cfg.max_storage_range;
+            infos[k] = (VkDescriptorBufferInfo){(VkBuffer)buffers[k]->handle, d->offset[k], range < most ? range : most};
             writes[k] = (VkWriteDescriptorSet){VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET, NULL, VK_NULL_HANDLE, k, 0, 1,
-                                               VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, NULL, &infos[k], NULL};
+                                               uniform ? VK_DESCRIPTOR_TYPE_UNIFORM_BUFFER
+                                                       : VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, NULL, &infos[k], NULL};
         }
         e->vk.CmdPushDescriptorSetKHR(cb, VK_PIPELINE_BIND_POINT_COMPUTE, (VkPipelineLayout)program->layout, 0,
                                       d->nbuffers, writes);

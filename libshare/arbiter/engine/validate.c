@@ -47,9 +47,11 @@ int check_desc(ls_engine *e, struct client *c, const struct ls_desc *d, struct o
         return -LS_EBINDINGS;
     if (d->push_size > program->push_size || d->push_size % 4)
         return -LS_EPUSH;
-    for (uint32_t k = 0; k < d->nbuffers; k++)
-        if (d->offset[k] >= users[k]->size || d->offset[k] % e->cfg.offset_alignment)
+    for (uint32_t k = 0; k < d->nbuffers; k++) {
+        uint64_t alignment = program->uniform_mask >> k & 1 ? e->cfg.uniform_offset_alignment : e->cfg.offset_alignment;
+        if (d->offset[k] >= users[k]->size || d->offset[k] % alignment)
             return -LS_ERANGE;
+    }
     for (int k = 0; k < 3; k++)
         if (d->groups[k] < 1 || d->groups[k] > e->cfg.max_groups[k])
             return -LS_EGROUPS;

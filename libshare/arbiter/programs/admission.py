@@ -9,18 +9,26 @@ reaches ``vkCreateShaderModule`` only after all of these, cheapest first:
    the module could use (twice its word count, plus slack). A larger bound is never
    needed by a real module and is what made Mesa allocate for seconds.
 2. **Reflection and the whitelist** (:func:`libshare.arbiter.programs.spirv.reflect`): one GLCompute
-   entry point, storage buffers in set 0 only, and only the capabilities, extensions,
+   entry point, buffers (storage and uniform, any sets and bindings) as its only resources, and only
+   the capabilities, extensions,
    addressing and memory models and storage classes a compute kernel over its bound
    buffers needs. ``PhysicalStorageBufferAddresses`` (pointers made from integers) is
    the one that matters most.
 3. **Device limits**: workgroup size and invocations, shared memory, push-constant
    bytes, and a ceiling on per-invocation private memory (on lavapipe it lives on the
-   stack of the arbiter thread that runs the kernel).
+   stack of the arbiter thread that runs the kernel); and **device features**
+   (``capabilities.py``): a SPIR-V version the device runs, and for every capability the
+   module declares, a feature the device was created with (``Float16``: ``shaderFloat16``).
 4. **The SPIR-V validator**: ``spirv-val`` from SPIRV-Tools (Debian's ``spirv-tools``),
-   for the Vulkan 1.1 environment the arbiter's device runs, in a subprocess with a
+   for the Vulkan environment the arbiter's device runs (1.1, 1.2 or 1.3), in a subprocess with a
    time limit, so that a validator bug costs a child process, not the arbiter; at most
    one per core at once, so that clients sending modules together cannot take every
    core from the device. The validator's first message goes back to the client.
+
+Every check runs on the *specialized* module: the client's specialization constants are
+frozen into it first (``specialize.py``, after the bounds), and the bytes admitted here are the
+bytes the vetting compile and the pipeline get, with no ``VkSpecializationInfo``: a constant
+cannot size a workgroup, a shared or a private array past these checks.
 
 Every refusal is an :class:`~libshare.errors.InvalidSubmission` that names what was
 refused. Compiling (in a vetting child first, see ``_compiler.py``) comes after.
@@ -33,8 +41,10 @@ import shutil
 import subprocess
 import threading
 
+from libshare.arbiter.programs.capabilities import check_device_features, target_env
 from libshare.arbiter.programs.spirv import ShaderInterface, reflect
 from libshare.errors import InvalidSubmission, VulkanUnavailable
+from libshare.ring import C
 
 __all__ = ["MAX_MODULE_BYTES", "MAX_PRIVATE_BYTES", "admit", "validator_path"]
 
@@ -44,7 +54,7 @@ MAX_PRIVATE_BYTES = 64 << 10
 """Most bytes of Private and Function variables a kernel may declare."""
 _ID_BOUND_SLACK = 1024
 _VALIDATOR_TIMEOUT = 10.0
-_TARGET_ENV = "vulkan1.1"  # the API version the arbiter's instance asks for (the device package)
+_TARGET_ENV = "vulkan1.1"  # the oldest Vulkan a device runs for libshare; admit() asks for the device's own
 _INSTALL_HINT = "install SPIRV-Tools (`apt-get install spirv-tools`)"
 _VALIDATORS = threading.BoundedSemaphore(os.cpu_count() or 2)  # spirv-val processes at once
 
@@ -62,7 +72,8 @@ def admit(spirv: bytes, device) -> ShaderInterface:
     except (ArithmeticError, LookupError, RecursionError, TypeError, ValueError) as exc:  # a parser bug: refuse
         raise InvalidSubmission(f"invalid SPIR-V: reflection could not read it ({type(exc).__name__})") from None
     check_device_limits(interface, device)
-    validate(spirv)
+    check_device_features(spirv, device)
+    validate(spirv, target_env(device))
     return interface
 
 
@@ -102,8 +113,10 @@ def check_device_limits(interface: ShaderInterface, device) -> None:
     if interface.push_constant_size > device.max_push_constants_size:
         raise InvalidSubmission(f"program declares {interface.push_constant_size} bytes of push constants; "
                                 f"the device allows {device.max_push_constants_size}")
-    if interface.bindings != tuple(range(len(interface.bindings))):
-        raise InvalidSubmission(f"program bindings {interface.bindings} must be 0..N-1 in set 0")
+    if len(interface.bindings) > C.MAX_BUFFERS:
+        raise InvalidSubmission(f"program declares {len(interface.bindings)} buffers (at (set, binding) "
+                                f"{', '.join(map(str, interface.resources))}); a dispatch binds at most "
+                                f"{C.MAX_BUFFERS}")
 
 
 def validator_path() -> str:
@@ -115,11 +128,12 @@ def validator_path() -> str:
     return path
 
 
-def validate(spirv: bytes) -> None:
-    """Run ``spirv-val`` on the module; raise InvalidSubmission with its message when it refuses."""
+def validate(spirv: bytes, env: str = _TARGET_ENV) -> None:
+    """Run ``spirv-val`` on the module for the Vulkan environment ``env`` (``vulkan1.2``: see
+    :func:`~.capabilities.target_env`); raise InvalidSubmission with its message when it refuses."""
     try:
         with _VALIDATORS:  # clients that send modules at once share the cores, not take one each
-            result = subprocess.run([validator_path(), "--target-env", _TARGET_ENV, "-"], input=bytes(spirv),
+            result = subprocess.run([validator_path(), "--target-env", env, "-"], input=bytes(spirv),
                                     capture_output=True, timeout=_VALIDATOR_TIMEOUT, check=False)
     except subprocess.TimeoutExpired:
         raise InvalidSubmission(f"spirv-val took longer than {_VALIDATOR_TIMEOUT:.0f} s on this module; "

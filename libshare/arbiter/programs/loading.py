@@ -2,12 +2,16 @@
 
 A client's ``load_program`` runs on its connection thread, in three steps:
 
-1. **Admission** (:class:`Interfaces`): bounds, reflection, whitelist, device limits and
-   the SPIR-V validator (``_admission.py``). The outcome, admitted or refused, is kept for
-   the most recent ``_INTERFACES`` modules by SHA-256, so a module many clients load is
-   checked once, and a refused one is refused again at once, whoever sends it.
-2. **Compilation** (:class:`SharedPipelines`): clients that load the same SPIR-V (the
-   usual case: many processes of one job) share the arbiter's VkPipeline. A module the
+1. **Admission** (:class:`Interfaces`): the specialization constants frozen into the module
+   (``specialize.py``), then bounds, reflection, whitelist, device limits and the SPIR-V
+   validator (``admission.py``) on that specialized module. The outcome, admitted (with the
+   specialized module) or refused, is kept for the most recent ``_INTERFACES`` modules by
+   SHA-256 of the module and its constants, so a module many clients load is checked once,
+   and a refused one is refused again at once, whoever sends it.
+2. **Compilation** (:class:`SharedPipelines`): clients that load the same SPIR-V with the
+   same constants (the usual case: many processes of one job) share the arbiter's
+   VkPipeline, keyed by the SHA-256 of the specialized module: other constants, another
+   module, another pipeline. A module the
    arbiter has no pipeline for is compiled first in a vetting child (daemon arbiters,
    ``_compiler.py``: a crash or a compile past the time limit refuses the module and
    remembers the refusal), then by the arbiter itself, on the connection thread, never
@@ -32,56 +36,88 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections import OrderedDict
+from typing import NamedTuple
 
 from libshare.arbiter.programs.spirv import ShaderInterface
 from libshare.errors import InvalidSubmission, QuotaExceeded, ServerNotReady
 from libshare.arbiter.programs.admission import admit
+from libshare.arbiter.programs.specialize import constants_key, specialize
 from libshare.arbiter.serve.clients import ProgramRecord
 from libshare.arbiter.device import Device, Pipeline
 
-__all__ = ["Interfaces", "MAX_PROGRAMS", "MAX_TOTAL_PROGRAMS", "SharedPipelines", "check_program_quota"]
+__all__ = ["Admitted", "Interfaces", "MAX_PROGRAMS", "MAX_TOTAL_PROGRAMS", "SharedPipelines", "check_program_quota"]
 
 _INTERFACES = 256  # admission outcomes remembered
+_SPECIALIZED_BYTES = 32 << 20  # most bytes of specialized modules remembered with them
 MAX_PROGRAMS = 256
 """Default most programs one client may hold at once."""
 MAX_TOTAL_PROGRAMS = 4096
 """Most programs all clients together may hold at once."""
 
 
+class Admitted(NamedTuple):
+    """A module admission accepted: what loading it needs."""
+
+    digest: bytes
+    """SHA-256 of the specialized module: its pipeline's key, and the quarantine's."""
+    interface: ShaderInterface
+    """Its interface, reflected from the specialized module."""
+    module: bytes
+    """The specialized module (the module itself when it declares no specialization constant)."""
+    key: bytes
+    """SHA-256 of the module as sent and its constants: the admission cache's key."""
+
+
 class Interfaces:
-    """Admission outcomes by content, for the connection threads (thread-safe)."""
+    """Admission outcomes by content (module and constants), for the connection threads (thread-safe)."""
 
     def __init__(self) -> None:
-        self._known: OrderedDict[bytes, ShaderInterface | InvalidSubmission] = OrderedDict()
+        self._known: OrderedDict[bytes, Admitted | InvalidSubmission] = OrderedDict()
+        self._bytes = 0  # of the specialized modules kept that are not the module as sent
         self._lock = threading.Lock()
 
-    def of(self, spirv: bytes, device: Device) -> tuple[bytes, ShaderInterface]:
-        """The module's digest and interface; raises InvalidSubmission when it is refused."""
-        digest = hashlib.sha256(spirv).digest()
+    def of(self, spirv: bytes, device: Device, constants=()) -> Admitted:
+        """The module specialized with ``constants`` (``[id, value]`` pairs) and its interface;
+        raises InvalidSubmission when it is refused."""
+        spirv = bytes(spirv)
+        extra = constants_key(constants)
+        key = hashlib.sha256(spirv + b"\0constants:" + extra if extra else spirv).digest()
         with self._lock:
-            found = self._known.get(digest)
+            found = self._known.get(key)
             if found is not None:
-                self._known.move_to_end(digest)
+                self._known.move_to_end(key)
         if found is None:
             try:  # outside the lock: a large module must not stall other clients
-                found = admit(spirv, device)
+                module = specialize(spirv, constants)
+                found = Admitted(hashlib.sha256(module).digest(), admit(module, device), module, key)
             except InvalidSubmission as exc:
                 found = exc
-            self._remember(digest, found)
+            self._remember(key, found)
         if isinstance(found, InvalidSubmission):
             raise InvalidSubmission(str(found))
-        return digest, found
+        return found if found.module is not None else found._replace(module=spirv)
 
-    def refuse(self, digest: bytes, refusal: InvalidSubmission) -> None:
+    def refuse(self, key: bytes, refusal: InvalidSubmission) -> None:
         """Remember that a module was refused after admission (its compile crashed or ran too long)."""
-        self._remember(digest, refusal)
+        self._remember(key, refusal)
 
-    def _remember(self, digest: bytes, outcome: ShaderInterface | InvalidSubmission) -> None:
+    def _remember(self, key: bytes, outcome: Admitted | InvalidSubmission) -> None:
+        if isinstance(outcome, Admitted) and outcome.digest == key:  # the module as sent: of() has it at hand
+            outcome = outcome._replace(module=None)
         with self._lock:
-            self._known[digest] = outcome
-            self._known.move_to_end(digest)
-            if len(self._known) > _INTERFACES:
-                self._known.popitem(last=False)
+            self._drop(key)
+            self._known[key] = outcome
+            self._bytes += self._size(outcome)
+            while len(self._known) > _INTERFACES or self._bytes > _SPECIALIZED_BYTES:
+                self._drop(next(iter(self._known)))
+
+    def _drop(self, key: bytes) -> None:
+        outcome = self._known.pop(key, None)
+        self._bytes -= self._size(outcome)
+
+    @staticmethod
+    def _size(outcome) -> int:
+        return len(outcome.module) if isinstance(outcome, Admitted) and outcome.module is not None else 0
 
 
 class SharedPipelines:

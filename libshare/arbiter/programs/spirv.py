@@ -13,11 +13,15 @@ error rather than an endless loop, type sizes are computed with a depth limit
 a module valid; the Vulkan driver still sees it, and spirv-val is the real
 validator.
 
-Supported resources are storage buffers in descriptor set 0, one per binding,
-declared either the SPIR-V 1.3+ way (``StorageBuffer`` storage class) or the
-SPIR-V 1.0 way (``Uniform`` storage class with a ``BufferBlock`` struct).
-Uniform buffers, images, samplers, arrays of descriptors and any other set are
-rejected, because the arbiter only binds storage buffers.
+Supported resources are buffers: storage buffers, declared either the SPIR-V 1.3+ way
+(``StorageBuffer`` storage class) or the SPIR-V 1.0 way (``Uniform`` storage class with a
+``BufferBlock`` struct), and uniform buffers (``Uniform`` with a ``Block`` struct), in any
+descriptor set, at any binding numbers, gaps allowed, several variables (typed views) on one
+binding allowed when they agree on its kind. A program's buffers are its distinct (set,
+binding) pairs in that order: the client passes one buffer for each, and
+:func:`bound_in_set_zero` renumbers them 0..N-1 in set 0 before a driver sees the module, so
+that one push-descriptor set binds them all. Images, samplers and arrays of descriptors are
+refused: the arbiter binds buffers only.
 
 What a module may use (the whitelist)
 -------------------------------------
@@ -65,9 +69,11 @@ import struct
 from dataclasses import dataclass
 from typing import Iterator
 
+from libshare.arbiter.programs.capabilities import capability_name
 from libshare.errors import InvalidSubmission
 
-__all__ = ["ALLOWED_CAPABILITIES", "ALLOWED_EXTENSIONS", "ShaderInterface", "reflect", "zero_initialized"]
+__all__ = ["ALLOWED_CAPABILITIES", "ALLOWED_EXTENSIONS", "ShaderInterface", "bound_in_set_zero", "reflect",
+           "uniform_buffers", "zero_initialized"]
 
 _MAGIC = 0x07230203
 _MAGIC_SWAPPED = 0x03022307  # the magic number read in the wrong byte order
@@ -80,7 +86,7 @@ _OP_DECORATE, _OP_MEMBER_DECORATE, _OP_VARIABLE = 71, 72, 59
 _OP_TYPE_INT, _OP_TYPE_FLOAT, _OP_TYPE_VECTOR, _OP_TYPE_MATRIX = 21, 22, 23, 24
 _OP_TYPE_ARRAY, _OP_TYPE_RUNTIME_ARRAY, _OP_TYPE_STRUCT, _OP_TYPE_POINTER = 28, 29, 30, 32
 _OP_CONSTANT, _OP_SPEC_CONSTANT = 43, 50
-_OP_CONSTANT_COMPOSITE, _OP_SPEC_CONSTANT_COMPOSITE = 44, 51
+_OP_CONSTANT_COMPOSITE, _OP_SPEC_CONSTANT_COMPOSITE, _OP_SPEC_CONSTANT_OP = 44, 51, 52
 _OP_EXTENSION, _OP_EXT_INST_IMPORT, _OP_MEMORY_MODEL, _OP_CAPABILITY = 10, 11, 14, 17
 _OP_TYPE_BOOL, _OP_TYPE_FORWARD_POINTER = 20, 39
 _OP_CONSTANT_NULL, _OP_FUNCTION = 46, 54
@@ -90,14 +96,14 @@ _MIN_OPERANDS = {
     _OP_TYPE_INT: 3, _OP_TYPE_FLOAT: 2, _OP_TYPE_VECTOR: 3, _OP_TYPE_MATRIX: 3,
     _OP_TYPE_ARRAY: 3, _OP_TYPE_RUNTIME_ARRAY: 2, _OP_TYPE_STRUCT: 1, _OP_TYPE_POINTER: 3,
     _OP_CONSTANT: 3, _OP_SPEC_CONSTANT: 3,
-    _OP_CONSTANT_COMPOSITE: 2, _OP_SPEC_CONSTANT_COMPOSITE: 2,
+    _OP_CONSTANT_COMPOSITE: 2, _OP_SPEC_CONSTANT_COMPOSITE: 2, _OP_SPEC_CONSTANT_OP: 3,
     _OP_EXTENSION: 1, _OP_EXT_INST_IMPORT: 2, _OP_MEMORY_MODEL: 2, _OP_CAPABILITY: 1,
     _OP_TYPE_FORWARD_POINTER: 2, _OP_TYPE_BOOL: 1,
 }
 _TYPE_OPS = {_OP_TYPE_BOOL, _OP_TYPE_INT, _OP_TYPE_FLOAT, _OP_TYPE_VECTOR, _OP_TYPE_MATRIX, _OP_TYPE_ARRAY,
              _OP_TYPE_RUNTIME_ARRAY, _OP_TYPE_STRUCT, _OP_TYPE_POINTER}
 _CONSTANT_OPS = {_OP_CONSTANT, _OP_SPEC_CONSTANT, _OP_CONSTANT_COMPOSITE,
-                 _OP_SPEC_CONSTANT_COMPOSITE}
+                 _OP_SPEC_CONSTANT_COMPOSITE, _OP_SPEC_CONSTANT_OP}
 
 _GL_COMPUTE = 5
 _MODE_LOCAL_SIZE, _MODE_LOCAL_SIZE_ID = 17, 38
@@ -107,26 +113,26 @@ _DEC_BINDING, _DEC_DESCRIPTOR_SET, _DEC_OFFSET = 33, 34, 35
 _BUILTIN_NUM_WORKGROUPS, _BUILTIN_WORKGROUP_SIZE = 24, 25
 _SC_UNIFORM_CONSTANT, _SC_UNIFORM, _SC_PUSH_CONSTANT, _SC_STORAGE_BUFFER = 0, 2, 9, 12
 _SC_INPUT, _SC_WORKGROUP, _SC_PRIVATE, _SC_FUNCTION = 1, 4, 6, 7
+_BUFFER_CLASSES = (_SC_UNIFORM_CONSTANT, _SC_UNIFORM, _SC_STORAGE_BUFFER)  # the classes of bound resources
 
-ALLOWED_CAPABILITIES = {
-    0: "Matrix", 1: "Shader", 9: "Float16", 10: "Float64", 11: "Int64", 12: "Int64Atomics",
-    22: "Int16", 39: "Int8",
-    61: "GroupNonUniform", 62: "GroupNonUniformVote", 63: "GroupNonUniformArithmetic",
-    64: "GroupNonUniformBallot", 65: "GroupNonUniformShuffle", 66: "GroupNonUniformShuffleRelative",
-    67: "GroupNonUniformClustered", 68: "GroupNonUniformQuad",
-    4433: "StorageBuffer16BitAccess", 4434: "UniformAndStorageBuffer16BitAccess",
-    4435: "StoragePushConstant16", 4448: "StorageBuffer8BitAccess",
-    4449: "UniformAndStorageBuffer8BitAccess", 4450: "StoragePushConstant8",
-    4464: "DenormPreserve", 4465: "DenormFlushToZero", 4466: "SignedZeroInfNanPreserve",
-    4467: "RoundingModeRTE", 4468: "RoundingModeRTZ",
-    5345: "VulkanMemoryModel", 5346: "VulkanMemoryModelDeviceScope",
-}
-"""SPIR-V capabilities a client module may declare (enumerant: name)."""
+ALLOWED_CAPABILITIES = {number: capability_name(number) for number in (
+    0, 1, 9, 10, 11, 12, 22, 39,  # Matrix, Shader, Float16, Float64, Int64, Int64Atomics, Int16, Int8
+    61, 62, 63, 64, 65, 66, 67, 68,  # the GroupNonUniform operations
+    4423, 4431,  # SubgroupBallotKHR, SubgroupVoteKHR
+    4433, 4434, 4435, 4448, 4449, 4450,  # 16- and 8-bit storage
+    4464, 4465, 4466, 4467, 4468,  # float controls: denormals, signed zeros, rounding
+    5345, 5346,  # the Vulkan memory model
+    6016, 6017, 6018, 6019,  # integer dot product
+    6033, 6034, 6095, 5612, 5613, 5616,  # float atomics: add, min and max
+)}
+"""SPIR-V capabilities a client module may declare (enumerant: name); each is admitted only on a device with
+a feature it needs (capabilities.py)."""
 
 ALLOWED_EXTENSIONS = frozenset({
     "SPV_KHR_storage_buffer_storage_class", "SPV_KHR_16bit_storage", "SPV_KHR_8bit_storage",
     "SPV_KHR_vulkan_memory_model", "SPV_KHR_float_controls", "SPV_KHR_non_semantic_info",
-    "SPV_KHR_shader_ballot", "SPV_KHR_subgroup_vote",
+    "SPV_KHR_shader_ballot", "SPV_KHR_subgroup_vote", "SPV_KHR_integer_dot_product",
+    "SPV_EXT_shader_atomic_float_add", "SPV_EXT_shader_atomic_float_min_max", "SPV_EXT_shader_atomic_float16_add",
 })
 """SPIR-V extensions a client module may declare."""
 
@@ -136,9 +142,6 @@ _ALLOWED_STORAGE = {_SC_INPUT: "Input", _SC_UNIFORM: "Uniform", _SC_WORKGROUP: "
 _ADDRESSING_LOGICAL = 0
 _MEMORY_MODELS = {1: "GLSL450", 3: "Vulkan"}
 # Names of refused enumerants, so that a refusal names what it refused.
-_CAPABILITY_NAMES = {2: "Geometry", 3: "Tessellation", 4: "Addresses", 5: "Linkage", 6: "Kernel",
-                     4441: "VariablePointersStorageBuffer", 4442: "VariablePointers",
-                     5347: "PhysicalStorageBufferAddresses"}
 _STORAGE_NAMES = {0: "UniformConstant", 3: "Output", 5: "CrossWorkgroup", 8: "Generic",
                   10: "AtomicCounter", 11: "Image", 5349: "PhysicalStorageBuffer"}
 _ADDRESSING_NAMES = {1: "Physical32", 2: "Physical64", 5348: "PhysicalStorageBuffer64"}
@@ -154,9 +157,11 @@ class ShaderInterface:
     local_size: tuple[int, int, int]
     """Workgroup size (x, y, z)."""
     bindings: tuple[int, ...]
-    """Sorted binding numbers of the storage buffers in descriptor set 0."""
+    """The binding numbers the pipeline sees: 0..N-1 in set 0, one per buffer the client passes
+    (:func:`bound_in_set_zero`)."""
     push_constant_size: int
-    """Bytes of the push-constant block up to the end of its last member; 0 when none."""
+    """Bytes of the push-constant block up to the end of its last member, rounded up to whole words;
+    0 when none."""
     workgroup_bytes: int = 0
     """Bytes of shared (``Workgroup``) memory one workgroup uses."""
     private_bytes: int = 0
@@ -164,6 +169,10 @@ class ShaderInterface:
     counts_workgroups: bool = False
     """Whether it reads the ``NumWorkgroups`` built-in: its dispatches then never run in pieces, each of
     which would see its own count (policy/engine_policy.c, "Pieces")."""
+    resources: tuple[tuple[int, int], ...] = ()
+    """The module's own (descriptor set, binding) of each buffer, in the order of :attr:`bindings`."""
+    uniform: frozenset[int] = frozenset()
+    """Which of :attr:`bindings` are uniform buffers (the others are storage buffers)."""
 
 
 def reflect(spirv: bytes) -> ShaderInterface:
@@ -179,10 +188,13 @@ def reflect(spirv: bytes) -> ShaderInterface:
     module = _Module(_words(bytes(spirv)))
     module.check_whitelist()
     entry_id, name = module.entry_point()
+    resources = module.resources()
     return ShaderInterface(
         entry_point=name,
         local_size=module.local_size(entry_id),
-        bindings=module.bindings(),
+        bindings=tuple(range(len(resources))),
+        resources=tuple(place for place, _ in resources),
+        uniform=frozenset(k for k, (_, uniform) in enumerate(resources) if uniform),
         push_constant_size=module.push_constant_size(),
         workgroup_bytes=module.variable_bytes((_SC_WORKGROUP,)),
         private_bytes=module.variable_bytes((_SC_PRIVATE, _SC_FUNCTION)),
@@ -228,6 +240,30 @@ def zero_initialized(spirv: bytes, workgroup: bool = True) -> bytes:
         out.extend(((len(ops) + 1) << 16 | opcode, *ops))
     out[3] = bound
     return struct.pack(f"<{len(out)}I", *out)
+
+
+def bound_in_set_zero(spirv: bytes) -> bytes:
+    """``spirv`` (a module :func:`reflect` admitted) with its buffers renumbered 0..N-1 in
+    descriptor set 0, in the order of their (set, binding): every variable on one binding keeps
+    sharing it. Little-endian words; the module itself when it is so numbered already."""
+    words = _words(bytes(spirv))
+    module = _Module(words)
+    places = [place for place, _ in module.resources()]
+    if places == [(0, k) for k in range(len(places))]:
+        return bytes(spirv) if spirv[:4] == b"\x03\x02\x23\x07" else struct.pack(f"<{len(words)}I", *words)
+    number = {place: k for k, place in enumerate(places)}
+    place_of = {var: module.place(var) for _, var, storage in module.variables if storage in _BUFFER_CLASSES}
+    out = list(words[:_HEADER_WORDS])
+    for opcode, ops in _instructions(words):
+        if opcode == _OP_DECORATE and ops[0] in place_of and ops[1] in (_DEC_DESCRIPTOR_SET, _DEC_BINDING):
+            ops = (ops[0], ops[1], 0 if ops[1] == _DEC_DESCRIPTOR_SET else number[place_of[ops[0]]])
+        out.extend(((len(ops) + 1) << 16 | opcode, *ops))
+    return struct.pack(f"<{len(out)}I", *out)
+
+
+def uniform_buffers(spirv: bytes) -> frozenset[int]:
+    """Which buffers of ``spirv`` (0..N-1, in (set, binding) order) are uniform buffers."""
+    return frozenset(k for k, (_, uniform) in enumerate(_Module(_words(bytes(spirv))).resources()) if uniform)
 
 
 def _invalid(message: str) -> InvalidSubmission:
@@ -343,8 +379,7 @@ class _Module:
         or storage class that is not on the whitelist (see the module docstring)."""
         for capability in self.capabilities:
             if capability not in ALLOWED_CAPABILITIES:
-                name = _CAPABILITY_NAMES.get(capability, f"number {capability}")
-                raise _refused(f"capability {name}")
+                raise _refused(f"capability {capability_name(capability)}")
         for extension in self.extensions:
             if extension not in ALLOWED_EXTENSIONS:
                 raise _refused(f"extension {extension}")
@@ -418,43 +453,50 @@ class _Module:
             raise _invalid(f"local size {sizes} has a zero dimension")
         return x, y, z
 
-    def bindings(self) -> tuple[int, ...]:
-        """Sorted bindings of the storage buffers; raises on any other resource."""
-        found: list[int] = []
+    def resources(self) -> list[tuple[tuple[int, int], bool]]:
+        """Each distinct (set, binding) of the module's buffers, sorted, with whether it is a
+        uniform buffer; raises on any other resource, and on a binding whose views disagree on
+        its kind."""
+        found: dict[tuple[int, int], bool] = {}
         for pointer, var, storage in self.variables:
-            if storage in (_SC_UNIFORM_CONSTANT, _SC_UNIFORM, _SC_STORAGE_BUFFER):
-                self._check_storage_buffer(pointer, storage)
-                found.append(self._binding(var))
-        if len(set(found)) != len(found):
-            raise _invalid(f"duplicate binding numbers in {sorted(found)}")
-        return tuple(sorted(found))
+            if storage in _BUFFER_CLASSES:
+                uniform = self._buffer_kind(pointer, storage)
+                place = self.place(var)
+                if found.setdefault(place, uniform) != uniform:
+                    raise _invalid(f"binding {place[1]} of set {place[0]} is declared both a uniform and a "
+                                   "storage buffer")
+        return sorted(found.items())
 
     def push_constant_size(self) -> int:
         """Byte size of the push-constant block, 0 when there is none."""
         blocks = [p for p, _, storage in self.variables if storage == _SC_PUSH_CONSTANT]
         if len(blocks) > 1:
             raise _invalid("more than one push-constant block")
-        return self._size(self._pointee(blocks[0]), {}, 0) if blocks else 0
+        size = self._size(self._pointee(blocks[0]), {}, 0) if blocks else 0
+        return (size + 3) & ~3  # a push-constant range is whole words (a block of one int8_t: 4 bytes)
 
-    def _check_storage_buffer(self, pointer: int, storage: int) -> None:
+    def _buffer_kind(self, pointer: int, storage: int) -> bool:
+        """True for a uniform buffer, False for a storage buffer; raises on any other resource."""
         if storage == _SC_UNIFORM_CONSTANT:
-            raise _invalid("images and samplers are not supported; use storage buffers")
+            raise InvalidSubmission("storage images, sampled images and samplers are not supported: libshare binds "
+                                    "buffers only (use storage or uniform buffers)")
         pointee = self._pointee(pointer)
         if self._type(pointee)[0] != _OP_TYPE_STRUCT:
-            raise _invalid("arrays of buffers are not supported; declare one buffer per binding")
+            raise InvalidSubmission("arrays of buffers are not supported: declare one buffer per binding")
         decorations = self.decorations.get(pointee, {})
         if storage == _SC_STORAGE_BUFFER and _DEC_BLOCK in decorations:
-            return
+            return False
         if storage == _SC_UNIFORM and _DEC_BUFFER_BLOCK in decorations:
-            return
-        raise _invalid("uniform buffers are not supported; use storage buffers")
+            return False
+        if storage == _SC_UNIFORM and _DEC_BLOCK in decorations:
+            return True
+        raise _invalid(f"buffer type %{pointee} has neither a Block nor a BufferBlock decoration")
 
-    def _binding(self, var: int) -> int:
+    def place(self, var: int) -> tuple[int, int]:
+        """A resource variable's (descriptor set, binding)."""
         decorations = self.decorations.get(var, {})
         descriptor_set = _first(decorations, _DEC_DESCRIPTOR_SET, f"DescriptorSet on %{var}")
-        if descriptor_set != 0:
-            raise _invalid(f"resource %{var} is in descriptor set {descriptor_set}; only set 0 is supported")
-        return _first(decorations, _DEC_BINDING, f"Binding on %{var}")
+        return descriptor_set, _first(decorations, _DEC_BINDING, f"Binding on %{var}")
 
     def _type(self, type_id: int) -> tuple[int, tuple[int, ...]]:
         if type_id not in self.types:
@@ -470,6 +512,9 @@ class _Module:
     def _scalar(self, const_id: int) -> int:
         """Value of an integer (spec) constant; a spec constant gives its default."""
         opcode, ops = self.constants.get(const_id, (None, ()))
+        if opcode == _OP_SPEC_CONSTANT_OP:  # left by specialize.py only when spirv-opt could not fold it
+            raise _invalid(f"%{const_id} is a specialization-constant expression that could not be folded "
+                           "to a constant")
         if opcode not in (_OP_CONSTANT, _OP_SPEC_CONSTANT):
             raise _invalid(f"%{const_id} is not a scalar constant")
         return sum(word << (32 * i) for i, word in enumerate(ops[2:]))

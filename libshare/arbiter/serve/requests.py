@@ -13,6 +13,11 @@ Descriptors. A reply's descriptors are handed over: the arbiter closes its copy 
 ``import`` carries one in (a shared buffer's memfd), and keeps none: its mapping needs no
 descriptor. Every other request carries none, and one sent anyway is closed.
 
+Programs. ``load_program`` carries the SPIR-V module as its payload and, optionally, the values
+of its specialization constants (``constants``: ``[[id, value], ...]``, programs/specialize.py),
+which the arbiter freezes into the module before admission: the module admitted, vetted, compiled
+and identified by the quarantine is that specialized one, and no driver is ever given other values.
+
 Reattaching. A session whose arbiter died hands the new one what it kept: ``import`` (one
 descriptor: a shared buffer's memfd, checked by ``check_sealed_memfd`` to be a memfd of the
 size it says, writable, sealed against shrinking, growing and new seals, so that mapping it
@@ -41,6 +46,7 @@ from libshare.protocol import wire as protocol
 from libshare.ring._region import SharedMapping, check_sealed_memfd, sealed_memfd
 from libshare.arbiter.serve.clients import BufferRecord, Client, ProgramRecord, SharedMemory
 from libshare.arbiter.programs.loading import check_program_quota
+from libshare.arbiter.programs.specialize import constants_rule
 from libshare.arbiter.drain.quarantine import COMPILE
 
 __all__ = ["REQUESTS", "Requests", "reply_error", "SCARCE"]
@@ -59,7 +65,8 @@ def _op(name: str) -> dict:
 
 
 REQUESTS = {
-    "load_program": {**_op("load_program"), "id": (_KEPT_ID, False)},  # the SPIR-V module is the payload
+    "load_program": {**_op("load_program"), "id": (_KEPT_ID, False),  # the SPIR-V module is the payload
+                     "constants": (constants_rule, False)},  # [[SpecId, value], ...] (programs/specialize.py)
     "alloc": {**_op("alloc"), "size": (protocol.integer(1, _MAX_BUFFER), True),
               "kind": (protocol.choice("shared", "device"), False)},
     "import": {**_op("import"), "size": (protocol.integer(_PAGE, _MAX_BUFFER), True),  # the memfd rides along
@@ -150,18 +157,19 @@ class Requests:
         arbiter = self._arbiter
         drainer = arbiter.drainer
         check_program_quota(client, list(drainer.clients.values()), arbiter.max_programs)  # before any work
-        digest, interface = arbiter.interfaces.of(frame.payload, arbiter.device)
-        drainer.quarantine.check_program(digest, client, frame.payload)  # refused to this tenant, or to all
+        admitted = arbiter.interfaces.of(frame.payload, arbiter.device, frame.fields.get("constants", ()))
+        digest, interface, module = admitted.digest, admitted.interface, admitted.module  # module: specialized
+        drainer.quarantine.check_program(digest, client, module)  # refused to this tenant, or to all
         push_size = -(-interface.push_constant_size // 4) * 4  # Vulkan ranges are whole words
         if arbiter.compilers is not None and not drainer.pipelines.has(digest):
             try:
-                arbiter.compilers.vet(frame.payload, len(interface.bindings), push_size, interface.entry_point)
+                arbiter.compilers.vet(module, len(interface.bindings), push_size, interface.entry_point)
             except InvalidSubmission as exc:  # it crashed or outran the time limit: refuse it for everyone
-                arbiter.interfaces.refuse(digest, exc)
+                arbiter.interfaces.refuse(admitted.key, exc)
                 log.warning("%s: program %s refused: %s", client.describe(), digest.hex()[:16], exc)
                 raise
         with drainer.quarantine.risk(COMPILE, client, digest, unless=drainer.pipelines.has(digest)):
-            pipeline = drainer.pipelines.acquire(arbiter.device, digest, frame.payload, interface, push_size)
+            pipeline = drainer.pipelines.acquire(arbiter.device, digest, module, interface, push_size)
 
         def register():
             drainer.pipelines.collect(arbiter.device)
