@@ -48,9 +48,7 @@ class Pipeline:
         self.uniform = uniform
         """The bindings that are uniform buffers."""
         self._device: Instance | None = device  # the device it lives on; None once destroyed
-        self._pipeline = pipeline
-        self._layout = layout
-        self._set_layout = set_layout
+        self._pipeline, self._layout, self._set_layout = pipeline, layout, set_layout
 
     @property
     def alive(self) -> bool:

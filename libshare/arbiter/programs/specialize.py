@@ -29,12 +29,18 @@ pipeline) sees that one specialized module, and only it.
    skips its own validation: its output is what admission checks, bounds and ``spirv-val`` (for
    the arbiter's environment) included, so that one validator decides what a module may be.
 
-A module that declares no spec constant is returned as it came (no child process). A module that
-declares some and is given none is frozen at its own defaults, which is what makes a kernel whose
-shared arrays are sized by a spec-constant expression admissible at all. When ``spirv-opt`` is
-not installed, the module with its defaults set (step 1) is what the arbiter admits and runs: a
-driver given no ``VkSpecializationInfo`` uses exactly those defaults, and reflection reads them;
-only an expression stays unfolded, which reflection refuses where it sizes something.
+3. **Clamping** (``clamp.py``, in Python, for every module): every index into a shared,
+   private or function array is clamped to the array's length, so that a kernel that indexes
+   past one (undefined in Vulkan; on lavapipe, the arbiter's own heap and stacks) computes
+   nonsense in its own buffers only.
+
+A module that declares no spec constant goes through the clamping alone (no child process). A
+module that declares some and is given none is frozen at its own defaults, which is what makes a
+kernel whose shared arrays are sized by a spec-constant expression admissible at all. When
+``spirv-opt`` is not installed, the module with its defaults set (step 1) is what the arbiter
+admits and runs: a driver given no ``VkSpecializationInfo`` uses exactly those defaults, and
+reflection reads them; only an expression stays unfolded, which reflection refuses where it
+sizes something.
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ import subprocess
 import threading
 
 from libshare.arbiter.programs.admission import check_bounds
+from libshare.arbiter.programs.clamp import clamped
 from libshare.arbiter.programs.spirv import _instructions, _words
 from libshare.errors import InvalidSubmission
 
@@ -57,7 +64,7 @@ MAX_CONSTANTS = 64
 MAX_SPEC_ID = (1 << 31) - 1
 """Largest SpecId a constant may be given for (Vulkan's constantID is a uint32; SPIR-V ids stay below 2^31)."""
 _FREEZE_TIMEOUT = 10.0
-_PASSES = ("--skip-validation", "--freeze-spec-const", "--fold-spec-const-op-composite")
+_FREEZE = ("--freeze-spec-const", "--fold-spec-const-op-composite")
 _OPTIMIZERS = threading.BoundedSemaphore(os.cpu_count() or 2)  # spirv-opt processes at once
 _HEADER_WORDS = 5
 _MAGIC = 0x07230203
@@ -109,10 +116,10 @@ def specialize(spirv: bytes, constants=()) -> bytes:
     instructions = list(_instructions(words))
     given = {int(spec_id): item for spec_id, item in constants or ()}
     if not given and not any(opcode in _SPEC_OPS for opcode, _ in instructions):
-        return spirv
+        return clamped(spirv)
     module = _with_defaults(words[:_HEADER_WORDS], instructions, given)
-    frozen = _frozen(module)
-    return module if frozen is None else frozen  # (admission checks it, from the bounds on)
+    frozen = _optimized(module, _FREEZE)
+    return clamped(module if frozen is None else frozen)  # (admission checks it, from the bounds on)
 
 
 def _with_defaults(header, instructions, given: dict) -> bytes:
@@ -179,25 +186,25 @@ def _set(opcode: int, ops: tuple[int, ...], scalar, spec_id: int, value) -> tupl
     return opcode, (*ops[:2], *literal)
 
 
-def _frozen(module: bytes) -> bytes | None:
-    """spirv-opt's frozen, folded module; None when spirv-opt is not installed. Raises
-    InvalidSubmission when it refuses the module, crashes or outruns its limit."""
+def _optimized(module: bytes, passes: tuple[str, ...]) -> bytes | None:
+    """The module through spirv-opt's ``passes`` (freezing and folding: see the module's essay);
+    None when spirv-opt is not installed. Raises InvalidSubmission when spirv-opt refuses the
+    module, crashes or outruns its limit."""
     tool = shutil.which("spirv-opt")
     if tool is None:
         return None
     try:
         with _OPTIMIZERS:  # clients that send modules at once share the cores, not take one each
-            result = subprocess.run([tool, *_PASSES, "-", "-o", "-"], input=module, capture_output=True,
-                                    timeout=_FREEZE_TIMEOUT, check=False)
+            result = subprocess.run([tool, "--skip-validation", *passes, "-", "-o", "-"], input=module,
+                                    capture_output=True, timeout=_FREEZE_TIMEOUT, check=False)
     except subprocess.TimeoutExpired:
-        raise InvalidSubmission(f"spirv-opt took longer than {_FREEZE_TIMEOUT:.0f} s freezing this module's "
-                                "specialization constants; refused") from None
+        raise InvalidSubmission(f"spirv-opt took longer than {_FREEZE_TIMEOUT:.0f} s preparing this module "
+                                "(its specialization constants); refused") from None
     except OSError as exc:
-        raise InvalidSubmission(f"spirv-opt could not run to freeze this module's specialization constants "
-                                f"({exc.strerror}); refused") from None
+        raise InvalidSubmission(f"spirv-opt could not run to prepare this module ({exc.strerror}); refused") from None
     if result.returncode < 0:
-        raise InvalidSubmission(f"spirv-opt crashed (signal {-result.returncode}) freezing this module's "
-                                "specialization constants; refused")
+        raise InvalidSubmission(f"spirv-opt crashed (signal {-result.returncode}) preparing this module "
+                                "(its specialization constants); refused")
     out = result.stdout
     if result.returncode != 0 or len(out) % 4 or len(out) < 4 * _HEADER_WORDS or \
             int.from_bytes(out[:4], "little") != _MAGIC:
