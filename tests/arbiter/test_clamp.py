@@ -9,12 +9,16 @@ last elements (libshare/arbiter/programs/clamp.py).
 
 from __future__ import annotations
 
+import json
 import struct
 import subprocess
+from pathlib import Path
 
 import numpy as np
+import pytest
 
 import libshare
+from libshare.arbiter.programs import clamp as _clamp
 from libshare.arbiter.programs.clamp import clamped
 from libshare.arbiter.programs.spirv import reflect
 
@@ -74,3 +78,16 @@ def test_a_kernel_writing_past_its_shared_and_private_arrays_harms_nothing(tmp_p
             honest.dispatch(saxpy, 64, [x, y], struct.pack("If", 4096, 3.0)).wait(60)
             assert np.all(y == 5.0)
         assert process.poll() is None  # the arbiter lives on
+
+
+GRAMMAR = Path("/usr/include/spirv/unified1/spirv.core.grammar.json")  # Debian's spirv-headers
+
+
+@pytest.mark.skipif(not GRAMMAR.exists(), reason="spirv-headers is not installed")
+def test_the_result_typed_opcodes_are_the_grammars():
+    grammar = json.loads(GRAMMAR.read_text())
+    typed = {i["opcode"] for i in grammar["instructions"] if i.get("operands") and
+             i["operands"][0]["kind"] == "IdResultType"}
+    assert _clamp._RESULT_TYPED <= typed  # none taken for typed that is not
+    # A newer grammar may add opcodes: an index such an instruction makes is refused, not unclamped.
+    assert _clamp._RESULT_TYPED == typed or (grammar["major_version"], grammar["minor_version"]) > (1, 6)
