@@ -315,9 +315,10 @@ def test_ps_shows_a_closing_client_whose_work_still_holds_memory(daemon):
 
 # ---------------------------------------------------------------- C: codes and a dead arbiter
 
-OPERATOR_ERRORS = {"AlreadyServing", "StartFailed", "ConfigError"}
-"""Errors only an operator's tools raise (starting a daemon, reading its configuration): in C they take
-their nearest base's code (ls_serve answers AlreadyServing with -EBUSY itself)."""
+OPERATOR_ERRORS = {"AlreadyServing", "StartFailed", "ConfigError", "CompileError"}
+"""Errors only Python tools raise (starting a daemon, reading its configuration, libshare.compile):
+in C they take their nearest base's code (ls_serve answers AlreadyServing with -EBUSY itself; a C
+program compiles its shaders with glslang itself)."""
 
 
 def test_every_libshare_error_has_its_own_c_code():

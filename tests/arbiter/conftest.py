@@ -113,3 +113,24 @@ def start_client(role: str, pipe_dir, *args) -> subprocess.Popen:
     """Start ``tests/arbiter/_client.py ROLE PIPE_DIR ARGS`` with its stdout piped."""
     return subprocess.Popen([sys.executable, "-m", "tests.arbiter._client", role, str(pipe_dir), *map(str, args)],
                             cwd=ROOT, stdout=subprocess.PIPE, text=True)
+
+
+@pytest.fixture
+def streams():
+    """Start honest streaming clients (``tests.arbiter.test_reattach.Client``) with
+    ``streams(pipe)``; any that a failure left running is killed at the end."""
+    from tests.arbiter.test_reattach import Client  # (that module imports this one)
+
+    started = []
+
+    def start(pipe):
+        started.append(Client(pipe))
+        return started[-1]
+
+    yield start
+    for client in started:
+        if client.process.poll() is None:
+            client.process.kill()
+            client.process.wait()
+        client.process.stdin.close()
+        client._reader.join(10)

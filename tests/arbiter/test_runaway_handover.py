@@ -19,7 +19,7 @@ import libshare
 from libshare.protocol import paths as _config, wire
 
 from tests.arbiter.conftest import wait_until
-from tests.arbiter.test_reattach import Client, Daemon, exited
+from tests.arbiter.test_reattach import Daemon, exited
 from tests.arbiter.test_runaway import start_runaway
 
 WATCHDOG = "1"
@@ -36,8 +36,8 @@ def guarded(tmp_path, vulkan_device_name, monkeypatch):
     daemon.stop()
 
 
-def test_a_runaway_hands_over_and_only_its_client_loses_its_session(guarded):
-    honest = Client(guarded.pipe)
+def test_a_runaway_hands_over_and_only_its_client_loses_its_session(guarded, streams):
+    honest = streams(guarded.pipe)
     first = guarded.arbiter()
     wait_until(lambda: honest.served_by(first), 120, "the honest client's first dispatch")
     with libshare.connect(name="runaway", mode="daemon", pipe_directory=guarded.pipe, timeout=30) as runaway:
@@ -61,9 +61,9 @@ def test_a_runaway_hands_over_and_only_its_client_loses_its_session(guarded):
         assert fresh.arbiter_pid == second  # the service goes on
 
 
-def test_a_lost_device_hands_over_and_every_session_goes_on(guarded):
+def test_a_lost_device_hands_over_and_every_session_goes_on(guarded, streams):
     """As a GPU driver's VK_ERROR_DEVICE_LOST: no FAULT, no ServerFault; the standby serves."""
-    honest = Client(guarded.pipe)
+    honest = streams(guarded.pipe)
     first = guarded.arbiter()
     wait_until(lambda: honest.served_by(first), 120, "the honest client's first dispatch")
     sock = wire.dial(_config.socket_path(guarded.pipe), 30)  # once: a ControlConnection would send it again
