@@ -71,6 +71,15 @@ class CommandList:
         self._descs.append(encode_op(opcode, program, groups, [buffer_id for _, buffer_id, _ in bound], offsets,
                                      push))
 
+    @classmethod
+    def from_commands(cls, session, commands: bytes) -> CommandList:
+        """A list of ``commands`` encoded already (the C API's ls_list_dispatch), registered now."""
+        size = C.DESC_SIZE
+        made = cls(session)
+        made._descs = [commands[k:k + size] for k in range(0, len(commands), size)]
+        made._register()
+        return made
+
     def __enter__(self) -> CommandList:
         return self
 
