@@ -121,6 +121,10 @@ int run_list(ls_engine *e, uint32_t slot, int64_t budget)
     struct client *c = &e->clients[slot];
     struct run *r = &c->run;
     int added = 0;
+    volatile uint32_t *busy = ls_load_acquire(&e->busy);  /* pairs with ls_engine_set_busy_word's ls_store_release */
+    uint32_t was = busy ? *busy : 0;
+    if (busy)
+        *busy = slot + 1;               /* as in take(): a crash recording its commands is this client's */
     while (r->list && added < budget) {
         struct ls_desc d = list_commands(r->list)[r->next];
         d.ticket = r->ticket;
@@ -152,6 +156,8 @@ int run_list(ls_engine *e, uint32_t slot, int64_t budget)
             r->tail = en;
         }
     }
+    if (busy)
+        *busy = was;
     return added;
 }
 
