@@ -73,6 +73,7 @@
 #define LS_CONSTANT_UINT 3              /* value.u, an unsigned integer */
 #define LS_CONSTANT_FLOAT 4             /* value.f */
 #define LS_MAX_CONSTANTS 64             /* most constants one ls_load_program_constants() sets */
+#define LS_MAX_LIST 1024                /* most commands in one command list (ls_load_list) */
 
 /* How to connect. Zero (or NULL) fields take the defaults given on each field. */
 struct ls_options {
@@ -221,6 +222,26 @@ int ls_dispatch(ls_session *session, uint32_t program, uint32_t groups_x, uint32
  */
 int ls_copy(ls_session *session, uint32_t src, uint64_t src_offset, uint32_t dst, uint64_t dst_offset,
             uint64_t nbytes, uint64_t *ticket);
+
+/*
+ * Command lists (docs/programs.md, "Command lists"): dispatches and copies recorded once and run
+ * in order by one descriptor, answered by one ticket. ls_list_dispatch() and ls_list_copy() encode
+ * a command into a slot of the caller's array (the ring's one encoder and its check: -EINVAL for
+ * what ls_dispatch() refuses); ls_load_list() hands count of them (1..LS_MAX_LIST) to the arbiter,
+ * which checks each as it checks a dispatch (-LS_EINVALID names the first it refuses) and keeps
+ * the list as *list. ls_submit_list() runs it like ls_dispatch() (in C, one descriptor); ls_wait()
+ * on its ticket gives the device time of all its commands and the first failure among them.
+ * ls_free_list() forgets it (a submitted run still completes). A session that reattaches hands
+ * its lists to the new arbiter with its buffers and programs.
+ */
+int ls_list_dispatch(struct ls_desc *slot, uint32_t program, uint32_t groups_x, uint32_t groups_y,
+                     uint32_t groups_z, uint32_t nbuffers, const uint32_t *buffers, const uint64_t *offsets,
+                     const void *push, uint32_t push_size);
+int ls_list_copy(struct ls_desc *slot, uint32_t src, uint64_t src_offset, uint32_t dst, uint64_t dst_offset,
+                 uint64_t nbytes);
+int ls_load_list(ls_session *session, const struct ls_desc *commands, uint32_t count, uint32_t *list);
+int ls_submit_list(ls_session *session, uint32_t list, uint64_t *ticket);
+int ls_free_list(ls_session *session, uint32_t list);
 
 /*
  * Wait until the ticket's work is done, at most timeout_ns (LS_FOREVER: no

@@ -361,6 +361,45 @@ int ls_copy(ls_session *s, uint32_t src, uint64_t src_offset, uint32_t dst, uint
     return submit(s, &op, ticket);
 }
 
+/* ------------------------------------------------------------------ command lists */
+
+static int encoded(int rc, const char *what, uint32_t nbuffers, uint32_t push_size)
+{
+    if (rc == 1)
+        return 0;
+    return fail(-EINVAL, "%s: slot NULL, or %u buffers and %u push bytes, at most %d and %d, each array "
+                "non-NULL when its count is not 0", what, nbuffers, push_size, LS_MAX_BUFFERS, LS_MAX_PUSH);
+}
+
+int ls_list_dispatch(struct ls_desc *slot, uint32_t program, uint32_t groups_x, uint32_t groups_y,
+                     uint32_t groups_z, uint32_t nbuffers, const uint32_t *buffers, const uint64_t *offsets,
+                     const void *push, uint32_t push_size)
+{
+    uint64_t zeros[LS_MAX_BUFFERS] = {0};  /* offsets NULL: every offset 0, as ls_dispatch() */
+    int rc = ls_encode_op((char *)slot, LS_OP_DISPATCH, program, groups_x, groups_y, groups_z, nbuffers, buffers,
+                          nbuffers, offsets ? offsets : nbuffers <= LS_MAX_BUFFERS ? zeros : NULL, push,
+                          push_size);
+    return encoded(rc, "ls_list_dispatch", nbuffers, push_size);
+}
+
+int ls_list_copy(struct ls_desc *slot, uint32_t src, uint64_t src_offset, uint32_t dst, uint64_t dst_offset,
+                 uint64_t nbytes)
+{
+    uint32_t buffers[2] = {src, dst};
+    uint64_t offsets[3] = {src_offset, dst_offset, nbytes};
+    return encoded(ls_encode_op((char *)slot, LS_OP_COPY, 0, 0, 0, 0, 2, buffers, 3, offsets, NULL, 0),
+                   "ls_list_copy", 2, 0);
+}
+
+int ls_submit_list(ls_session *s, uint32_t list, uint64_t *ticket)
+{
+    int rc = check_session(s);
+    if (rc < 0)
+        return rc;
+    struct lsx_op op = {.what = "ls_submit_list", .opcode = LS_OP_LIST, .program = list};
+    return submit(s, &op, ticket);
+}
+
 /* ------------------------------------------------------------------ waiting */
 
 int ls_wait(ls_session *s, uint64_t ticket, int64_t timeout_ns, uint64_t *device_ns)

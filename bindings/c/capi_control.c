@@ -182,6 +182,23 @@ int ls_free_program(ls_session *s, uint32_t program_id)
     return rc < 0 ? rc : CONTROL(s, lsx_py_free(s->handle, 1, program_id));
 }
 
+int ls_load_list(ls_session *s, const struct ls_desc *commands, uint32_t count, uint32_t *list)
+{
+    int rc = check_session(s);
+    if (rc < 0)
+        return rc;
+    if (commands == NULL || list == NULL || count == 0 || count > LS_MAX_LIST)
+        return fail(-EINVAL, "ls_load_list: commands or list is NULL, or %u commands (1 to %d)", count,
+                    LS_MAX_LIST);
+    return CONTROL(s, lsx_py_load_list(s->handle, (const char *)commands, count, list));
+}
+
+int ls_free_list(ls_session *s, uint32_t list)
+{
+    int rc = check_session(s);
+    return rc < 0 ? rc : CONTROL(s, lsx_py_free(s->handle, LSX_FREE_LIST, list));
+}
+
 int ls_alloc(ls_session *s, uint64_t nbytes, uint32_t kind, struct ls_buffer *out)
 {
     int rc = check_session(s);

@@ -205,9 +205,24 @@ def lsx_py_alloc(handle, nbytes, kind, out):
 
 
 @_answer
+def lsx_py_load_list(handle, commands, count, out):
+    """Register ``count`` encoded commands (ls_list_dispatch, ls_list_copy) as a command list; the
+    session keeps it, to hand it to a new arbiter on reattach."""
+    raw = ffi.buffer(commands, count * lib.LS_DESC_SIZE)[:]
+    commands_list = libshare.CommandList.from_commands(_client(handle).session, raw)
+    out[0] = commands_list.id
+
+
+@_answer
 def lsx_py_free(handle, is_program, object_id):
-    """Free a program or a buffer (and unmap it here)."""
+    """Free a program, a command list (is_program LSX_FREE_LIST) or a buffer (and unmap it here)."""
     client = _client(handle)
+    if is_program == lib.LSX_FREE_LIST:
+        listed = client.session._objects.get(object_id)
+        if not isinstance(listed, libshare.CommandList):
+            raise errors.InvalidSubmission(f"command list {object_id} is not a live list of this session")
+        client.session.free(listed)
+        return
     if is_program:
         client.session.free(libshare.Program(object_id, 0, 0, (1, 1, 1)))
         return

@@ -40,6 +40,7 @@ from libshare.client.attachment import Attachment, Moved
 from libshare.client.buffers import Buffer, Program, constant_pairs
 from libshare.client.completions import Completions, Ticket
 from libshare.client.gate import Gate, closed_error, fresh
+from libshare.client.lists import CommandList
 from libshare.protocol import paths as _config
 from libshare.protocol import wire as protocol
 from libshare.ring import C, Region, TicketBook
@@ -275,7 +276,9 @@ class Reattacher:
         """Hand a new arbiter every live buffer and program, in id order (ids are kept); what it
         refuses is marked lost with the reason. EOFError or OSError when it goes away too."""
         for object_id, item in sorted(self.objects.items()):
-            if isinstance(item, Program):
+            if isinstance(item, CommandList):  # after the buffers and programs it names (their ids are lower)
+                reply = _exchange.exchange(sock, {"op": "load_list", "id": object_id}, item.commands)
+            elif isinstance(item, Program):
                 request = {"op": "load_program", "id": object_id}
                 if item.constants:  # the same specialization: the same program
                     request["constants"] = constant_pairs(item.constants)
@@ -288,7 +291,7 @@ class Reattacher:
                                               "restart keeps shared buffers only): allocate it again")
             if item.lost is None and not reply.fields.get("ok"):
                 refusal = errors.remote_error(reply.fields)
-                item.lost = refusal if isinstance(item, Program) else errors.BufferLost(
+                item.lost = refusal if isinstance(item, (Program, CommandList)) else errors.BufferLost(
                     f"buffer {object_id} could not be handed to the new arbiter: {refusal}")
             if item.lost is not None:  # the new arbiter may give its id to a new object
                 del self.objects[object_id]

@@ -41,6 +41,7 @@ from libshare.client.attachment import Attachment
 from libshare.client.buffers import Buffer, Program, constant_pairs, find_buffer
 from libshare.client.completions import Completions, Ticket
 from libshare.client.gate import Gate, closed_error, fresh
+from libshare.client.lists import CommandList
 from libshare.client.reattach import Reattacher
 from libshare.client.submit import TOO_BIG, Submitter
 from libshare.protocol import wire as protocol
@@ -122,11 +123,6 @@ class Session:
         """The sticky loss, once known (gate.py)."""
         return self._gate.lost
 
-    @property
-    def _load_timeout(self) -> float:
-        """How long a load_program waits for its answer (attachment.py)."""
-        return self._gate.attached.load_timeout
-
     # ---------------------------------------------------------------- control requests
 
     def _request(self, op: str, payload: bytes = b"", max_fds: int = 0, fds: tuple[int, ...] = (),
@@ -190,15 +186,22 @@ class Session:
         nbytes = max(int(math.prod(shape)) * np.dtype(dtype).itemsize, 1)
         return self.alloc(nbytes).array(shape, dtype)
 
-    def free(self, obj: Buffer | np.ndarray | Program) -> None:
-        """Release a buffer (or the buffer under an array) or a program.
+    def record(self) -> CommandList:
+        """A command list: ``with session.record() as commands:`` records ``commands.dispatch(...)``
+        and ``commands.copy(...)`` over this session's objects, checked and kept by the arbiter when
+        the block ends; ``commands.submit()`` then runs them all in order from one descriptor and
+        returns one Ticket (the device time of all, the first failure among them)."""
+        return CommandList(self)
+
+    def free(self, obj: Buffer | np.ndarray | Program | CommandList) -> None:
+        """Release a buffer (or the buffer under an array), a program or a command list.
 
         Work already submitted that uses it still completes: the arbiter destroys it
         after the device is done. Arrays on a freed buffer stay readable here.
         """
-        if isinstance(obj, Program):
-            if obj.lost is None:  # (a lost one is unknown to this arbiter, which may give its id to another)
-                self._request("free", program_id=obj.id)
+        if isinstance(obj, (Program, CommandList)):
+            if obj.lost is None and obj.id:  # (a lost one is unknown to this arbiter, which may give its id to another)
+                self._request("free", **{"program_id" if isinstance(obj, Program) else "list_id": obj.id})
                 self._objects.pop(obj.id, None)
             return
         buffer = obj if isinstance(obj, Buffer) else find_buffer(obj, self._by_mapping)[0]

@@ -33,6 +33,7 @@ class _Constants:
     OP_NOP = lib.LS_OP_NOP
     OP_DISPATCH = lib.LS_OP_DISPATCH
     OP_COPY = lib.LS_OP_COPY
+    OP_LIST = lib.LS_OP_LIST
     OP_BAD = lib.LS_OP_BAD
     ECORRUPT = lib.LS_ECORRUPT
     EPEERDEAD = lib.LS_EPEERDEAD
@@ -173,6 +174,19 @@ tickets_push = lib.ls_tickets_push
 """``tickets_push(book, producer, <push_op's arguments>)``: :data:`push_op`, and the ticket recorded
 pending once pushed; 1, 0 when the lane is full, or a negative code (``-ENOMEM``: no room for the
 record)."""
+
+
+def encode_op(opcode: int, program: int, groups, ids: list, offsets: list, push: bytes) -> bytes:
+    """One descriptor (ticket 0) as ring.h's encoder writes it (``ls_encode_op``: the encoding and
+    check of :data:`push_op`), for a command list; a refused operation raises its code's error."""
+    slot = ffi.new("char[]", lib.LS_DESC_SIZE)
+    try:
+        rc = lib.ls_encode_op(slot, opcode, program, *groups, len(ids), ids, len(offsets), offsets, push, len(push))
+    except OverflowError:  # cffi: a count, id or offset beyond its C type
+        rc = -lib.LS_EBADSLOT
+    if rc < 0:
+        raise code_error(-rc, "recording a command")
+    return ffi.buffer(slot)[:]
 
 
 def pointer(array):

@@ -189,20 +189,21 @@ int ls_commit(ls_producer *p, uint32_t count)
  * LS_MAX_BUFFERS offsets give -LS_EBADSLOT, a NULL array with a count -EINVAL, and a consumer
  * that closed its side -LS_EPEERDEAD (the work would never be read).
  */
-int ls_push_op(ls_producer *p, uint64_t ticket, uint32_t opcode, uint32_t program, uint32_t groups_x,
-               uint32_t groups_y, uint32_t groups_z, uint32_t nbuffers, const uint32_t *buffers,
-               uint32_t noffsets, const uint64_t *offsets, const void *push, uint32_t push_size)
+static int op_check(uint32_t opcode, uint32_t nbuffers, const uint32_t *buffers, uint32_t noffsets,
+                    const uint64_t *offsets, const void *push, uint32_t push_size)
 {
     if (fields_check(opcode, nbuffers, push_size, 0) < 0 || noffsets > LS_MAX_BUFFERS)
         return -LS_EBADSLOT;
     if ((nbuffers && buffers == NULL) || (noffsets && offsets == NULL) || (push_size && push == NULL))
         return -EINVAL;
-    if (ls_load_acquire(&p->r->bells->consumer_state) == LS_PEER_CLOSED)
-        return -LS_EPEERDEAD;
-    struct ls_desc *d;
-    int n = ls_reserve(p, 1, &d);
-    if (n <= 0)
-        return n;                       /* 0: the lane is full */
+    return 0;
+}
+
+/* Write every byte of slot d: the one encoding of a descriptor (ls_push_op, ls_encode_op). */
+static void encode(struct ls_desc *d, uint64_t ticket, uint32_t opcode, uint32_t program, uint32_t groups_x,
+                   uint32_t groups_y, uint32_t groups_z, uint32_t nbuffers, const uint32_t *buffers,
+                   uint32_t noffsets, const uint64_t *offsets, const void *push, uint32_t push_size)
+{
     d->ticket = ticket;
     d->program = program;
     d->opcode = (uint16_t)opcode;
@@ -219,7 +220,36 @@ int ls_push_op(ls_producer *p, uint64_t ticket, uint32_t opcode, uint32_t progra
     if (push_size)
         memcpy(d->push, push, push_size);
     memset(d->push + push_size, 0, LS_MAX_PUSH - push_size);
+}
+
+int ls_push_op(ls_producer *p, uint64_t ticket, uint32_t opcode, uint32_t program, uint32_t groups_x,
+               uint32_t groups_y, uint32_t groups_z, uint32_t nbuffers, const uint32_t *buffers,
+               uint32_t noffsets, const uint64_t *offsets, const void *push, uint32_t push_size)
+{
+    int rc = op_check(opcode, nbuffers, buffers, noffsets, offsets, push, push_size);
+    if (rc < 0)
+        return rc;
+    if (ls_load_acquire(&p->r->bells->consumer_state) == LS_PEER_CLOSED)
+        return -LS_EPEERDEAD;
+    struct ls_desc *d;
+    int n = ls_reserve(p, 1, &d);
+    if (n <= 0)
+        return n;                       /* 0: the lane is full */
+    encode(d, ticket, opcode, program, groups_x, groups_y, groups_z, nbuffers, buffers, noffsets, offsets, push,
+           push_size);
     return ls_commit(p, 1) < 0 ? -LS_ECORRUPT : 1;
+}
+
+int ls_encode_op(char *slot, uint32_t opcode, uint32_t program, uint32_t groups_x, uint32_t groups_y,
+                 uint32_t groups_z, uint32_t nbuffers, const uint32_t *buffers, uint32_t noffsets,
+                 const uint64_t *offsets, const void *push, uint32_t push_size)
+{
+    int rc = slot ? op_check(opcode, nbuffers, buffers, noffsets, offsets, push, push_size) : -EINVAL;
+    if (rc < 0)
+        return rc;
+    encode((struct ls_desc *)slot, 0, opcode, program, groups_x, groups_y, groups_z, nbuffers, buffers, noffsets,
+           offsets, push, push_size);
+    return 1;
 }
 
 /* ------------------------------------------------------------------ consumer */

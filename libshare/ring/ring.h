@@ -36,7 +36,8 @@
 #define LS_OP_NOP 0                     /* completes at once: a fence for the client */
 #define LS_OP_DISPATCH 1
 #define LS_OP_COPY 2                    /* buffer[0] -> buffer[1], size in offset[2] */
-#define LS_OP_MAX 2
+#define LS_OP_LIST 3                    /* runs command list `program` (load_list): its commands, one answer */
+#define LS_OP_MAX 3
 #define LS_OP_BAD 0xffff               /* set by the consumer on a slot that failed ls_desc_check */
 
 #define LS_SPIN_NS 50000                /* a waiter polls this long, yielding its core at each look,
@@ -200,6 +201,12 @@ int ls_push_op(ls_producer *p, uint64_t ticket, uint32_t opcode, uint32_t progra
                uint32_t groups_y, uint32_t groups_z, uint32_t nbuffers, const uint32_t *buffers,
                uint32_t noffsets, const uint64_t *offsets, const void *push, uint32_t push_size);
 int ls_space(ls_producer *p);
+/* The same encoding and check into slot (LS_DESC_SIZE bytes, ticket 0) rather than a lane: a command
+ * of a command list (the load_list request). Returns 1, -LS_EBADSLOT or -EINVAL (slot NULL, or a
+ * NULL array with a count). */
+int ls_encode_op(char *slot, uint32_t opcode, uint32_t program, uint32_t groups_x, uint32_t groups_y,
+                 uint32_t groups_z, uint32_t nbuffers, const uint32_t *buffers, uint32_t noffsets,
+                 const uint64_t *offsets, const void *push, uint32_t push_size);
 
 /* Consumer side (arbiter). */
 int ls_sq_pop(ls_region *r, char *out, uint32_t max);

@@ -172,7 +172,7 @@ def test_a_session_waits_for_load_program_as_long_as_its_arbiter_may_take(tmp_pa
     arbiter_bound = _QUEUE_WAIT + 2 * (_START_TIMEOUT + seconds) + seconds + CALL_TIMEOUT
     for process, pipe_dir in run_daemon(tmp_path / "pipe", **env):
         with libshare.connect(mode="daemon", pipe_directory=pipe_dir) as session:
-            assert session._load_timeout == max(_LOAD_TIMEOUT, arbiter_bound + _LOAD_MARGIN)
+            assert session._gate.attached.load_timeout == max(_LOAD_TIMEOUT, arbiter_bound + _LOAD_MARGIN)
             assert saxpy_round_trip(session)
     assert (limit is None) == (arbiter_bound + _LOAD_MARGIN < _LOAD_TIMEOUT)  # both cases are met here
 

@@ -204,6 +204,45 @@ TEST(dispatch_computes_saxpy)
     CHECK_RC(ls_free_buffer(S, y.id), 0);
 }
 
+TEST(command_list_runs_in_order_under_one_ticket)
+{
+    struct ls_buffer x, y, z;
+    CHECK_RC(ls_alloc(S, 1024 * sizeof(float), LS_BUFFER_SHARED, &x), 0);
+    CHECK_RC(ls_alloc(S, 1024 * sizeof(float), LS_BUFFER_SHARED, &y), 0);
+    CHECK_RC(ls_alloc(S, 1024 * sizeof(float), LS_BUFFER_SHARED, &z), 0);
+    float *xs = x.data, *ys = y.data, *zs = z.data;
+    for (int i = 0; i < 1024; i++) {
+        xs[i] = (float)i;
+        ys[i] = 1.0f;
+    }
+    static struct ls_desc commands[3];
+    struct saxpy_push push = {1024, 2.0f};
+    uint32_t xy[2] = {x.id, y.id}, zx[2] = {z.id, x.id};
+    CHECK_RC(ls_list_dispatch(&commands[0], saxpy.id, 16, 1, 1, 2, xy, NULL, &push, sizeof push), 0);  /* y = 2x + 1 */
+    CHECK_RC(ls_list_copy(&commands[1], y.id, 0, z.id, 0, 1024 * sizeof(float)), 0);                 /* z = y */
+    CHECK_RC(ls_list_dispatch(&commands[2], saxpy.id, 16, 1, 1, 2, zx, NULL, &push, sizeof push), 0);  /* x = 2z + x */
+    CHECK_RC(ls_list_dispatch(&commands[0], saxpy.id, 16, 1, 1, 9, xy, NULL, NULL, 0), -EINVAL);       /* 9 buffers */
+    CHECK_RC(ls_list_dispatch(&commands[0], saxpy.id, 16, 1, 1, 2, xy, NULL, &push, sizeof push), 0);
+    uint32_t list = 0;
+    CHECK_RC(ls_load_list(S, commands, 0, &list), -EINVAL);
+    CHECK_RC(ls_load_list(S, commands, 3, &list), 0);
+    uint64_t ticket = 0, device_ns = 0;
+    CHECK_RC(ls_submit_list(S, list, &ticket), 0);
+    CHECK_RC(ls_wait(S, ticket, 30 * SECOND, &device_ns), 0);
+    for (int i = 0; i < 1024; i++)
+        CHECK(ys[i] == 2.0f * (float)i + 1.0f && zs[i] == ys[i] && xs[i] == 2.0f * zs[i] + (float)i);
+    CHECK_RC(ls_free_list(S, list), 0);
+    CHECK_RC(ls_submit_list(S, list, &ticket), 0);
+    CHECK_RC(ls_wait(S, ticket, 30 * SECOND, NULL), -LS_ENOPROGRAM);  /* a freed list: refused */
+    uint32_t bad[2] = {x.id, 999999};
+    CHECK_RC(ls_list_dispatch(&commands[0], saxpy.id, 16, 1, 1, 2, bad, NULL, &push, sizeof push), 0);
+    CHECK_RC(ls_load_list(S, commands, 1, &list), -LS_EINVALID);  /* not its buffer: refused at registration */
+    CHECK_RC(ls_free_list(S, 424242), -LS_EINVALID);
+    CHECK_RC(ls_free_buffer(S, x.id), 0);
+    CHECK_RC(ls_free_buffer(S, y.id), 0);
+    CHECK_RC(ls_free_buffer(S, z.id), 0);
+}
+
 TEST(dispatch_binds_from_offsets)
 {
     struct ls_buffer b;
@@ -434,6 +473,7 @@ int main(int argc, char **argv)
         T(alloc_maps_shared_buffers_only),
         T(alloc_and_free_refuse_bad_requests),
         T(dispatch_computes_saxpy),
+        T(command_list_runs_in_order_under_one_ticket),
         T(dispatch_binds_from_offsets),
         T(rejected_tickets_carry_the_arbiters_status),
         T(dispatch_checks_its_arguments),

@@ -55,10 +55,10 @@ import threading
 
 from libshare.errors import RingCorrupted, ServerNotReady
 from libshare.ring._binding import check as ring_check
-from libshare.arbiter.serve.clients import BufferRecord, Client, Counters, ProgramRecord
+from libshare.arbiter.serve.clients import BufferRecord, Client, Counters, ListRecord, ProgramRecord
 from libshare.arbiter.drain.containment import Containment
 from libshare.arbiter.drain.planner import Planner
-from libshare.arbiter.engine.binding import BUFFER, EVENTS, PROGRAM, Engine
+from libshare.arbiter.engine.binding import BUFFER, EVENTS, LIST, PROGRAM, Engine
 from libshare.arbiter.policy.placement import place_device_threads
 from libshare.arbiter.programs.loading import SharedPipelines
 from libshare.arbiter.drain import emergency as _emergency
@@ -260,7 +260,7 @@ class Drainer:
             counters = client.counters
             counters.submitted, counters.completed = stats.submitted, stats.completed
             counters.errors, counters.device_ns = stats.errors, stats.device_ns
-            counters.cut, counters.pieces = stats.cut, stats.pieces
+            counters.cut, counters.pieces, counters.listed = stats.cut, stats.pieces, stats.listed
         return client.counters
 
     def note_memory(self) -> None:
@@ -275,7 +275,7 @@ class Drainer:
             return False
         client.closing = True
         outstanding = self.engine.close_client(client.slot)
-        for record in list(client.buffers.values()) + list(client.programs.values()):
+        for record in [*client.buffers.values(), *client.programs.values(), *client.lists.values()]:
             self.free(client, record)
         return outstanding == 0 and self._maybe_reclaim(client, reclaimed)
 
@@ -305,7 +305,7 @@ class Drainer:
             self._reclaiming.discard(client.id)
         if client.id not in self.clients:
             return False  # an event reclaimed it meanwhile
-        for record in list(client.buffers.values()) + list(client.programs.values()):
+        for record in [*client.buffers.values(), *client.programs.values(), *client.lists.values()]:
             self.free(client, record)  # made by a request that was under way when it disconnected
         self.refresh(client)
         self.engine.remove_client(client.slot)
@@ -334,9 +334,13 @@ class Drainer:
 
     # ---------------------------------------------------------------- objects (control thread)
 
-    def adopt(self, client: Client, record: BufferRecord | ProgramRecord) -> None:
-        """Add a new buffer or program to the client's records and to the engine's table."""
-        if isinstance(record, BufferRecord):
+    def adopt(self, client: Client, record: BufferRecord | ProgramRecord, commands: bytes = b"") -> None:
+        """Add a new buffer, program or command list (its ``commands``) to the client's records and to the
+        engine's table (a list's commands refused there: the record is not added)."""
+        if isinstance(record, ListRecord):
+            self.engine.put_list(client.slot, record.id, commands)
+            client.lists[record.id] = record
+        elif isinstance(record, BufferRecord):
             client.buffers[record.id] = record
             self.engine.put_buffer(client.slot, record.id, record.device_buffer, record.size)
         else:
@@ -349,15 +353,18 @@ class Drainer:
         the free are popped and the last command that uses it retires (LS_EV_RELEASED)."""
         record.freed = True
         buffer = isinstance(record, BufferRecord)
-        (client.buffers if buffer else client.programs).pop(record.id, None)
-        kind = BUFFER if buffer else PROGRAM
+        table, kind = ((client.buffers, BUFFER) if buffer else (client.lists, LIST) if isinstance(record, ListRecord)
+                       else (client.programs, PROGRAM))
+        table.pop(record.id, None)
         if self.engine.drop(client.slot, kind, record.id):
             self.released[(client.slot, kind, record.id)] = (client, record)
             client.releasing[type(record)] += 1
         else:
             self._destroy(client, record)
 
-    def _destroy(self, client: Client, record: BufferRecord | ProgramRecord) -> None:
+    def _destroy(self, client: Client, record: BufferRecord | ProgramRecord | ListRecord) -> None:
+        if isinstance(record, ListRecord):
+            return  # the engine freed it with its commands
         buffer = isinstance(record, BufferRecord)
         if self.containment.state == "FAULT":  # the device may still hold unfinished work; recreating it frees all
             if buffer:  # its host memory stays mapped until the device is closed

@@ -26,7 +26,7 @@ _spec.loader.exec_module(_ring_build)
 _cdef, _relative = _ring_build.cdef_source, _ring_build.relative
 
 SOURCES = [HERE / name for name in ("api.c", "loop.c", "wait.c", "validate.c", "recordings.c", "flights.c",
-                                    "answers.c", "objects.c")] + [POLICY / "engine_policy.c", *_ring_build.CORE]
+                                    "answers.c", "objects.c", "lists.c")] + [POLICY / "engine_policy.c", *_ring_build.CORE]
 
 ffibuilder = FFI()
 ffibuilder.cdef(_cdef(HEADER) + '\nextern "Python+C" void ls_engine_plan_cb(void *engine);\n')

@@ -45,11 +45,15 @@ void drop_client(ls_engine *e, uint32_t slot, int code)
     ls_store_release(&c->dropped, 1);  /* pairs with ls_engine_dropped's ls_load_acquire (unlocked) */
     ls_close_consumer(c->region, LS_ECORRUPT);
     emit(e, LS_EV_DROPPED, slot, code, 0, 0, 0);
+    cancel_after(e, slot, -LS_ECANCELED);
+    end_run(e, slot, -LS_ECANCELED);
     if (c->cut.active) {
         end_cut(e, slot, -LS_ECANCELED);
         flush_posts(e);                 /* an answer now says LS_EV_IDLE when it was the last */
     } else if (c->outstanding == 0) {
         emit(e, LS_EV_IDLE, slot, 0, 0, 0, 0);
+    } else {
+        flush_posts(e);                 /* the answers of its stash and list, and LS_EV_IDLE when the last */
     }
 }
 
@@ -94,8 +98,21 @@ void finish_entry(ls_engine *e, struct entry *en, int32_t status, uint64_t ns, u
 {
     struct client *c = &e->clients[en->client];
     uint64_t charge = held_ns > ns ? held_ns : ns;  /* a piece's: the gaps between pieces are its own */
-    if (!en->piece || book_piece(c, en, &status, &ns, &charge)) {
+    int answers = 1;
+    if (en->listed) {                   /* a list's command: billed as it retires, answered by the last (lists.c) */
         if (!status && ns && en->groups && (double)ns / en->groups > c->ns_per_group)
+            c->ns_per_group = (double)ns / en->groups;
+        if (!status) {
+            c->stats.device_ns += ns;
+            c->stats.charged_since++;
+            c->stats.charged_ns_since += ns;
+        }
+        answers = book_list(c, en, &status, &ns);
+    } else if (en->piece) {
+        answers = book_piece(c, en, &status, &ns, &charge);
+    }
+    if (answers) {
+        if (!en->listed && !status && ns && en->groups && (double)ns / en->groups > c->ns_per_group)
             c->ns_per_group = (double)ns / en->groups;  /* the estimate cuts go by (engine_policy.c, "Pieces") */
         answer(e, en->client, en->ticket, status, ns);
         for (int32_t f = en->fences; f != NO_FENCE;) {
@@ -108,7 +125,7 @@ void finish_entry(ls_engine *e, struct entry *en, int32_t status, uint64_t ns, u
         en->fences = NO_FENCE;
         if (c->last == en)
             c->last = NULL;
-        if (status == 0) {
+        if (status == 0 && !en->listed) {
             c->stats.device_ns += ns;
             c->stats.charged_since++;
             c->stats.charged_ns_since += en->piece ? charge : ns;

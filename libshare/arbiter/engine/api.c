@@ -247,13 +247,16 @@ int ls_engine_close_client(ls_engine *e, uint32_t slot, uint32_t reason)
             c->handed_over = reason == LS_EMOVED;  /* its session waits for what runs, then moves it */
         }
         c->closing = 1;
-        if (!c->handed_over)            /* a cut stops at its piece on the device (handed over: continue_cuts) */
+        cancel_after(e, slot, -(int32_t)(reason ? reason : LS_ECANCELED));  /* popped behind a list, unrun */
+        if (!c->handed_over) {          /* a cut or list stops at its work on the device (handed over: continue_*) */
             end_cut(e, slot, -(int32_t)(reason ? reason : LS_ECANCELED));
+            end_run(e, slot, -(int32_t)(reason ? reason : LS_ECANCELED));
+        }
         flush_posts(e);
         settle_drops(e, slot);
         rc = (int)c->outstanding;
     }
-    int rest = c && c->cut.active;
+    int rest = c && (c->cut.active || c->run.list);
     pthread_mutex_unlock(&e->lock);
     if (rest)
         ls_engine_wake(e);              /* to run the rest of its cut */
@@ -271,6 +274,8 @@ int ls_engine_remove_client(ls_engine *e, uint32_t slot)
         c->closing = 1;
         if (c->cut.active)
             close_cut(e, c);            /* a stopped engine's: abandoned with its flights */
+        close_run(e, c);
+        free(c->after);
         settle_drops(e, slot);
         forget_recordings(e, c, NULL);
         free(c->buckets);
@@ -357,6 +362,27 @@ int ls_engine_put_program(ls_engine *e, uint32_t slot, uint32_t id, uint64_t pip
                          .bindings = bindings, .uniform_mask = uniform_mask, .push_size = push_size, .client = slot,
                          .cuttable = flags & LS_ENGINE_CUTTABLE};
     return put_object(e, slot, o);
+}
+
+int ls_engine_put_list(ls_engine *e, uint32_t slot, uint32_t id, const char *commands, uint32_t count,
+                       uint32_t *bad)
+{
+    *bad = 0;
+    if (!commands || !count || count > LS_ENGINE_MAX_LIST)
+        return -EINVAL;
+    struct object *o = new_list(commands, count);
+    if (!o)
+        return -ENOMEM;
+    o->id = id, o->client = slot;
+    pthread_mutex_lock(&e->lock);
+    struct client *c = client_at(e, slot);
+    int rc = !c ? -ENOENT : table_find(&c->objects, LS_KIND_LIST, id) ? -EEXIST : check_list(e, c, o, bad);
+    if (!rc)
+        rc = table_put(&c->objects, o);
+    pthread_mutex_unlock(&e->lock);
+    if (rc)
+        free(o);
+    return rc;
 }
 
 int ls_engine_put_buffer(ls_engine *e, uint32_t slot, uint32_t id, uint64_t buffer, uint64_t size)

@@ -18,7 +18,9 @@ from libshare.arbiter.engine._engine_cffi import ffi, lib
 
 log = logging.getLogger("libshare.arbiter")
 
-BUFFER, PROGRAM = lib.LS_KIND_BUFFER, lib.LS_KIND_PROGRAM
+BUFFER, PROGRAM, LIST = lib.LS_KIND_BUFFER, lib.LS_KIND_PROGRAM, lib.LS_KIND_LIST
+MOST_COMMANDS = lib.LS_ENGINE_MAX_LIST
+"""The most commands in one command list (engine/lists.c)."""
 EVENTS = {name: getattr(lib, f"LS_EV_{name}") for name in
           ("RELEASED", "IDLE", "DROPPED", "WATCHDOG", "SUSPECT", "DEVICE", "MUTED")}
 POP = lib.LS_ENGINE_POP
@@ -61,6 +63,7 @@ class Stats:
     device_ns: int
     cut: int  # dispatches run in pieces
     pieces: int  # ... and the pieces they ran in
+    listed: int  # commands of command lists put in submissions
     popped_since: int
     charged_since: int
     charged_ns_since: int
@@ -187,6 +190,17 @@ class Engine:
         uniform_mask = sum(1 << k for k in pipeline.uniform)
         check(lib.ls_engine_put_program(self._e, slot, program_id, handle, layout, bindings, uniform_mask, push_size,
                                         flags), "registering a program")
+
+    def put_list(self, slot: int, list_id: int, commands: bytes) -> None:
+        """Let ``slot``'s LS_OP_LIST descriptors run ``commands`` (whole descriptors, 256 bytes each) as
+        ``list_id``; each is checked as a popped one is (engine/lists.c), a refusal names the first bad one."""
+        count = len(commands) // ring_ffi.sizeof("struct ls_desc")
+        bad = ffi.new("uint32_t *")
+        rc = lib.ls_engine_put_list(self._e, slot, list_id, commands, count, bad)
+        if rc == -errno.EINVAL:
+            raise code_error(errno.EINVAL, f"a command list holds 1 to {MOST_COMMANDS} commands (got {count})",
+                             unknown=LibshareError)
+        check(rc, f"registering a command list (its command {bad[0]})")
 
     def put_buffer(self, slot: int, buffer_id: int, buffer, size: int) -> None:
         """Let ``slot``'s descriptors name ``buffer`` (a device Buffer) as ``buffer_id``."""

@@ -23,6 +23,8 @@
 
 #define LS_KIND_BUFFER 1
 #define LS_KIND_PROGRAM 2
+#define LS_KIND_LIST 3                  /* a command list (engine/lists.c) */
+#define LS_ENGINE_MAX_LIST 1024         /* the most commands in one list */
 
 #define LS_ENGINE_CUTTABLE 1            /* put_program flag: its dispatches may run in pieces (engine_policy.c, "Pieces") */
 #define LS_ENGINE_MAX_PIECES 64         /* the most pieces one dispatch is cut into */
@@ -95,6 +97,7 @@ struct ls_engine_stats {
     uint64_t device_ns;
     uint64_t cut;                       /* dispatches run in pieces */
     uint64_t pieces;                    /* ... and the pieces they ran in */
+    uint64_t listed;                    /* commands of command lists put in submissions */
     uint64_t popped_since;
     uint64_t charged_since;             /* commands retired */
     uint64_t charged_ns_since;          /* their device time (0 for each one untimed) */
@@ -145,6 +148,11 @@ int ls_engine_put_program(ls_engine *e, uint32_t client, uint32_t id, uint64_t p
                           uint64_t layout, uint32_t bindings, uint32_t uniform_mask, uint32_t push_size,
                           uint32_t flags);
 int ls_engine_put_buffer(ls_engine *e, uint32_t client, uint32_t id, uint64_t buffer, uint64_t size);
+/* A command list: count descriptors (struct ls_desc, 256 bytes each; LS_OP_DISPATCH or LS_OP_COPY),
+ * each checked now as a popped one is (and again as it runs). 0, -LS_E* of the first bad command
+ * (its index in *bad), -EINVAL (count 0 or past LS_ENGINE_MAX_LIST), -EEXIST, -ENOENT or -ENOMEM. */
+int ls_engine_put_list(ls_engine *e, uint32_t client, uint32_t id, const char *commands, uint32_t count,
+                       uint32_t *bad);
 /* Forget an object: 0 when idle (destroy it now), 1 when commands still use it or descriptors
  * the client published before this call still wait in its ring (an LS_EV_RELEASED follows once
  * they are popped and the last command retires), -ENOENT when unknown. */

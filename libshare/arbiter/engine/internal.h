@@ -12,6 +12,7 @@
  *   flights.c     submissions: opening, submitting, retiring, timestamps, the watchdog
  *   answers.c     completions and fences to clients, events to the control plane
  *   objects.c     each client's object table, objects held by commands, deferred drops
+ *   lists.c       command lists: registered once, run command by command under one ticket
  *   api.c         the ls_engine_* entry points
  *   ../policy/engine_policy.c  the scheduling policy's C part: plans, ranks, lingering, pieces
  *
@@ -44,6 +45,8 @@
 #define NO_FENCE (-1)
 #define PIECE 1                         /* entry.piece */
 #define LAST_PIECE 2
+#define LIST_COMMAND 1                  /* entry.listed: a command of a list, answers nothing */
+#define LIST_LAST 2                     /* ... its last (or the one on the device when it ended): answers for all */
 #define UNRANKED INT32_MAX
 
 /* A client's program or buffer, counted in use by the commands and cuts that hold it (objects.c). */
@@ -56,7 +59,11 @@ struct object {
     uint32_t uniform_mask;              /* a program's bindings that are uniform buffers (bit k: binding k) */
     uint32_t client;
     uint32_t cuttable;                  /* a program whose dispatches may run in pieces (LS_ENGINE_CUTTABLE) */
+    uint32_t count;                     /* a list's commands, stored after the object (list_commands) */
 };
+
+/* The commands of a list object (LS_KIND_LIST), allocated with it. */
+static inline struct ls_desc *list_commands(struct object *o) { return (struct ls_desc *)(o + 1); }
 
 /* A client's objects, by (kind, id): open addressing with linear probes and a keyed hash (objects.c). */
 struct table {
@@ -87,6 +94,8 @@ struct entry {
     struct recording *recording;
     uint32_t groups;                    /* its dispatch's workgroups, on the entry that answers (0: a copy) */
     uint32_t piece;                     /* PIECE: answers nothing; LAST_PIECE: answers for every piece */
+    uint32_t listed;                    /* LIST_COMMAND or LIST_LAST (lists.c); 0: not a list's */
+    int32_t list_status;                /* LIST_LAST: why its list ended early (0: it did not) */
     struct object *users[LS_MAX_BUFFERS + 1];
     uint32_t nusers;
     int32_t fences;                     /* first fence node answered after it, or NO_FENCE */
@@ -110,6 +119,14 @@ struct cut {
     struct object *users[LS_MAX_BUFFERS + 1];
     uint32_t nusers;
     struct entry *tail;                 /* its piece on the device, or NULL */
+};
+
+/* A command list running (lists.c): its commands go into flights a turn at a time. */
+struct run {
+    struct object *list;                /* held while it runs; NULL: none runs */
+    uint32_t next, added;               /* its next command; those put in flights */
+    uint64_t ticket;
+    struct entry *tail;                 /* its latest command in a flight and not retired, or NULL */
 };
 
 /* A client slot: its ring, doorbell, objects, recordings, counters and cut. */
@@ -136,6 +153,11 @@ struct client {
     uint64_t cut_ns;                    /* device time of the pieces retired of its cut dispatch */
     uint64_t cut_charge;                /* ... the time they held the device, gaps included ("Pieces") */
     int32_t cut_status;                 /* ... and the first failure among them */
+    struct run run;                     /* its command list running */
+    struct ls_desc *after;              /* descriptors popped behind a list, waiting for it (lists.c) */
+    uint32_t nafter, after_at;          /* ... how many, and the next one */
+    uint64_t list_ns;                   /* device time of the retired commands of its list */
+    int32_t list_status;                /* ... and the first failure among them */
     int32_t rank;                       /* its rank in the last plan that named it (UNRANKED: none yet) */
     double ns_per_group;                /* its most device time per workgroup in a timed dispatch (0: none) */
 };
@@ -247,6 +269,7 @@ struct ls_engine {
     int plan_stale;                     /* the policy changed since the plan was made: ask again */
     int popped;                         /* popped since the last spin */
     uint32_t cuts;                      /* clients with a cut active */
+    uint32_t runs;                      /* clients with a list running */
     int32_t waiting_rank;               /* the highest rank of the clients waiting at the last look, cuts aside */
     struct ls_desc descs[LS_ENGINE_POP];
     struct ls_cqe post_buf[LS_ENGINE_POP];
@@ -310,6 +333,18 @@ void hold_objects(struct object **held, struct object *const *objects, uint32_t 
 void release(ls_engine *e, struct object *o);
 int defer_drop(ls_engine *e, uint32_t slot, uint32_t kind, uint32_t id);
 void settle_drops(ls_engine *e, uint32_t slot);
+
+/* lists.c */
+struct object *new_list(const char *commands, uint32_t count);
+int check_list(ls_engine *e, struct client *c, struct object *list, uint32_t *bad);
+void start_run(ls_engine *e, uint32_t slot, struct object *list, uint64_t ticket);
+int run_list(ls_engine *e, uint32_t slot, int64_t budget);
+void end_run(ls_engine *e, uint32_t slot, int32_t status);
+void close_run(ls_engine *e, struct client *c);
+int continue_runs(ls_engine *e);
+int book_list(struct client *c, struct entry *en, int32_t *status, uint64_t *ns);
+int stash_after(struct client *c, const struct ls_desc *descs, uint32_t n);
+void cancel_after(ls_engine *e, uint32_t slot, int32_t status);
 
 /* ../policy/engine_policy.c */
 int plan_due(ls_engine *e, int piece, uint32_t waiting);

@@ -46,6 +46,89 @@
 
 /* ------------------------------------------------------------------ drain */
 
+/* Check and record one popped descriptor d of client slot into the open flight (or answer it, a
+ * fence or a refusal); a dispatch may begin a cut, an LS_OP_LIST a run (lists.c): 1 then. */
+static int take_one(ls_engine *e, uint32_t slot, const struct ls_desc *d, uint32_t cut_us, int streaming)
+{
+    struct client *c = &e->clients[slot];
+    if (d->opcode == LS_OP_NOP && !d->flags) {  /* a fence */
+        if (!c->last || add_fence(e, c->last, d->ticket))
+            answer(e, slot, d->ticket, 0, 0);
+        return 0;
+    }
+    struct object *users[LS_MAX_BUFFERS + 1];
+    uint32_t nusers = 0;
+    int status = check_desc(e, c, d, users, &nusers);
+    if (!status && d->opcode == LS_OP_LIST) {
+        start_run(e, slot, users[0], d->ticket);
+        return 1;
+    }
+    struct flight *f = status ? NULL : flight_with_room(e);
+    uint32_t dim = 0, pieces = f ? pieces_for(e, c, d, users, nusers, cut_us, &dim) : 0;
+    if (pieces) {
+        start_cut(e, slot, d, users, nusers, dim, pieces);
+        add_piece(e, slot, 0);
+        return 1;
+    }
+    struct recording *r = f ? recording_for(e, c, d, users, nusers) : NULL;
+    if (!r) {
+        answer(e, slot, d->ticket, status ? status : -LS_EFAULT, 0);
+        return 0;
+    }
+    r->uses++;
+    f->urgent |= !streaming;
+    f->secondaries[f->count] = r->cb;
+    struct entry *en = &f->entries[f->count++];
+    en->client = slot;
+    en->ticket = d->ticket;
+    en->recording = r;
+    en->groups = d->opcode == LS_OP_DISPATCH ? d->groups[0] * d->groups[1] * d->groups[2] : 0;
+    en->piece = 0;
+    en->listed = 0;
+    en->list_status = 0;
+    en->nusers = nusers;
+    en->fences = NO_FENCE;
+    hold_objects(en->users, users, nusers);
+    c->last = en;
+    return 0;
+}
+
+/* budget, at most LS_ENGINE_POP and what the flights have room for. */
+static int64_t within_room(ls_engine *e, int64_t budget)
+{
+    int64_t most = room(e) < LS_ENGINE_POP ? room(e) : LS_ENGINE_POP;
+    return budget < most ? budget : most;
+}
+
+/* A turn of client slot whose list runs, or whose descriptors popped behind one wait (lists.c): the
+ * list's next commands, then what waited behind it; budget commands at most. How many went. */
+static int take_after(ls_engine *e, uint32_t slot, int64_t budget, uint32_t cut_us)
+{
+    struct client *c = &e->clients[slot];
+    budget = within_room(e, budget);
+    if (budget <= 0)
+        return 0;
+    c->popped = e->popped = 1;
+    volatile uint32_t *busy = ls_load_acquire(&e->busy);  /* pairs with ls_engine_set_busy_word's ls_store_release */
+    if (busy)
+        *busy = slot + 1;               /* as in take(): a crash recording it is this client's */
+    int ran = c->run.list != NULL;
+    int n = ran ? run_list(e, slot, budget) : 0;
+    ran = ran && !c->run.list;          /* it ended (and was answered, when it ended early) */
+    while (!c->run.list && !c->cut.active && n < budget && c->after_at < c->nafter) {
+        n++;
+        if (take_one(e, slot, &c->after[c->after_at++], cut_us, 0) && c->cut.active)
+            break;
+    }
+    if (c->after_at >= c->nafter)
+        c->nafter = c->after_at = 0;
+    if (busy)
+        *busy = 0;
+    flush_posts(e);
+    settle_drops(e, slot);
+    return n ? n : ran;
+}
+
 /* Pop up to limit of a client's descriptors; record the good ones, answer the rest. Returns how
  * many were popped. May submit (a full batch) and open a new flight on the way. */
 static int take(ls_engine *e, uint32_t slot, uint32_t limit, uint32_t cut_us)
@@ -71,10 +154,9 @@ static int take(ls_engine *e, uint32_t slot, uint32_t limit, uint32_t cut_us)
         int goes = !o->cut.tail && !o->closing && o->cut.rank == e->pass_rank;
         return goes ? add_piece(e, (uint32_t)owner, 0) : 0;
     }
-    if (budget > LS_ENGINE_POP)
-        budget = LS_ENGINE_POP;
-    if (budget > room(e))
-        budget = room(e);
+    if (c->run.list || c->after_at < c->nafter)  /* its list's commands, then what waited behind it */
+        return take_after(e, slot, cut_us ? 1 : limit, cut_us);
+    budget = within_room(e, budget);
     if (budget <= 0)
         return 0;
     int streaming = streams(c, space);
@@ -93,40 +175,13 @@ static int take(ls_engine *e, uint32_t slot, uint32_t limit, uint32_t cut_us)
     if (busy)
         *busy = slot + 1;               /* a crash from here on is this client's descriptor's */
     for (int i = 0; i < n; i++) {
-        const struct ls_desc *d = &e->descs[i];
-        if (d->opcode == LS_OP_NOP && !d->flags) {  /* a fence */
-            if (!c->last || add_fence(e, c->last, d->ticket))
-                answer(e, slot, d->ticket, 0, 0);
+        if (!take_one(e, slot, &e->descs[i], cut_us, streaming) || !c->run.list)
             continue;
-        }
-        struct object *users[LS_MAX_BUFFERS + 1];
-        uint32_t nusers = 0;
-        int status = check_desc(e, c, d, users, &nusers);
-        struct flight *f = status ? NULL : flight_with_room(e);
-        uint32_t dim = 0, pieces = f ? pieces_for(e, c, d, users, nusers, cut_us, &dim) : 0;
-        if (pieces) {
-            start_cut(e, slot, d, users, nusers, dim, pieces);
-            add_piece(e, slot, 0);
-            continue;
-        }
-        struct recording *r = f ? recording_for(e, c, d, users, nusers) : NULL;
-        if (!r) {
-            answer(e, slot, d->ticket, status ? status : -LS_EFAULT, 0);
-            continue;
-        }
-        r->uses++;
-        f->urgent |= !streaming;
-        f->secondaries[f->count] = r->cb;
-        struct entry *en = &f->entries[f->count++];
-        en->client = slot;
-        en->ticket = d->ticket;
-        en->recording = r;
-        en->groups = d->opcode == LS_OP_DISPATCH ? d->groups[0] * d->groups[1] * d->groups[2] : 0;
-        en->piece = 0;
-        en->nusers = nusers;
-        en->fences = NO_FENCE;
-        hold_objects(en->users, users, nusers);
-        c->last = en;
+        int kept = i + 1 < n ? stash_after(c, &e->descs[i + 1], (uint32_t)(n - i - 1)) : 0;  /* they wait for it */
+        for (int k = i + 1; kept && k < n; k++)
+            answer(e, slot, e->descs[k].ticket, kept, 0);
+        run_list(e, slot, within_room(e, budget - i));  /* its first commands, in this turn */
+        break;
     }
     if (busy)
         *busy = 0;
@@ -150,10 +205,15 @@ int takeable(struct client *c)
     return (int64_t)space > (int64_t)c->outstanding ? pending : 0;
 }
 
-/* What client c waits to have taken: the next piece of its cut once the last has retired, else its ring's. */
+/* What client c waits to have taken: the next piece of its cut once the last has retired, the next
+ * commands of its list (then what waits behind it), else its ring's. */
 int waits(struct client *c)
 {
-    return c->cut.active ? !c->cut.tail : takeable(c);
+    if (c->cut.active)
+        return !c->cut.tail;
+    if (c->run.list)
+        return (int)(c->run.list->count - c->run.next);
+    return c->after_at < c->nafter ? (int)(c->nafter - c->after_at) : takeable(c);
 }
 
 /* Read every takeable client's pending count into its stats; how many clients wait. */
@@ -244,6 +304,10 @@ static void shutdown_engine(ls_engine *e)
         uint32_t slot = e->active[i];
         if (!e->clients[slot].closing)
             cancel_queued(e, slot, -LS_ECANCELED);
+        cancel_after(e, slot, -LS_ECANCELED);
+        if (e->clients[slot].run.list && !e->faulted && !e->device_lost)
+            run_list(e, slot, room(e));  /* it runs: what the flights take */
+        end_run(e, slot, e->faulted || e->device_lost ? -LS_EFAULT : -LS_ECANCELED);
         if (e->clients[slot].cut.active && (e->faulted || e->device_lost))
             end_cut(e, slot, -LS_EFAULT);
         else if (e->clients[slot].cut.active)
@@ -314,6 +378,8 @@ void *run(void *arg)
         busy |= piece;
         if (e->cuts)
             busy |= continue_cuts(e);
+        if (e->runs)
+            busy |= continue_runs(e);
         int64_t linger = hold(e) ? LINGER_NS - (ls_now_ns() - flight_at(e, 0)->opened) : 0;
         if (linger <= 0 && !deferred(e))
             submit(e);                  /* a lingering submission's time is up (or none is open) */

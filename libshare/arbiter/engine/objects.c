@@ -6,7 +6,7 @@
  * queues LS_EV_RELEASED so that the control plane destroys it then. A drop
  * while descriptors that the client published before it still wait in its ring
  * waits for them to be popped (defer_drop), as the plan pops them, so that they
- * find the object.
+ * find the object (and for a command list that runs, and what was popped behind it: lists.c).
  *
  * The table. Open addressing, keyed by (kind, id), with linear probes. A removed slot holds the
  * table's own address (a tombstone), so probes go on past it. Live entries and tombstones together
@@ -177,7 +177,7 @@ void settle_drops(ls_engine *e, uint32_t slot)
     struct client *c = &e->clients[slot];
     for (struct pending_drop **p = &c->drops; *p;) {
         struct pending_drop *d = *p;
-        if (!c->closing && c->region && !ls_sq_passed(c->region, d->marks, d->nmarks)) {
+        if (!c->closing && c->region && (c->run.list || c->nafter || !ls_sq_passed(c->region, d->marks, d->nmarks))) {
             p = &d->next;
             continue;
         }
@@ -197,7 +197,8 @@ void settle_drops(ls_engine *e, uint32_t slot)
 int defer_drop(ls_engine *e, uint32_t slot, uint32_t kind, uint32_t id)
 {
     struct client *c = &e->clients[slot];
-    if (c->closing || !c->region || ls_sq_pending(c->region) <= 0)  /* (a corrupt ring: dropped at the next look) */
+    if (c->closing || !c->region || (!c->run.list && !c->nafter && ls_sq_pending(c->region) <= 0))
+        /* (a corrupt ring: dropped at the next look; a list and what waits behind it: lists.c) */
         return drop_now(e, slot, kind, id, 0);
     struct pending_drop *d = malloc(sizeof *d + LS_MAX_LANES * sizeof(uint32_t));
     int lanes = d ? ls_sq_marks(c->region, d->marks, LS_MAX_LANES) : -ENOMEM;

@@ -6,7 +6,8 @@
  * and applies ls_desc_check (ring.c) to the private copy, and check_desc completes the check
  * against the client's object table (objects.c) and the device's limits. It runs on every
  * descriptor the engine pops (take, loop.c), before the recording cache is looked at: a cached
- * recording (recordings.c) only saves the recording, never a check.
+ * recording (recordings.c) only saves the recording, never a check. A command list's commands
+ * (lists.c) pass it when the list is registered, and again each time one runs.
  */
 #include "internal.h"
 
@@ -19,6 +20,16 @@ int check_desc(ls_engine *e, struct client *c, const struct ls_desc *d, struct o
 {
     if (d->opcode == LS_OP_BAD || d->flags)
         return -LS_EBADSLOT;
+    if (d->opcode == LS_OP_LIST) {      /* its commands are checked as each runs (lists.c) */
+        if (d->nbuffers || d->push_size || d->groups[0] || d->groups[1] || d->groups[2])
+            return -LS_EBADSLOT;
+        struct object **list = table_find(&c->objects, LS_KIND_LIST, d->program);
+        if (!list)
+            return -LS_ENOPROGRAM;
+        users[0] = *list;
+        *nusers = 1;
+        return 0;
+    }
     for (uint32_t k = 0; k < d->nbuffers; k++) {
         struct object **slot = table_find(&c->objects, LS_KIND_BUFFER, d->buffer[k]);
         if (!slot)

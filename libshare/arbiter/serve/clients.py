@@ -97,6 +97,15 @@ class BufferRecord:
 
 
 @dataclass
+class ListRecord:
+    """One command list of one client (its commands live in the engine: engine/lists.c)."""
+
+    id: int
+    commands: int
+    freed: bool = False
+
+
+@dataclass
 class ProgramRecord:
     """One loaded program of one client."""
 
@@ -119,6 +128,7 @@ class Counters:
     device_ns: int = 0
     cut: int = 0  # dispatches run in pieces (policy/engine_policy.c, "Pieces")
     pieces: int = 0  # ... and the pieces they ran in
+    listed: int = 0  # commands of command lists run (engine/lists.c)
     control_bytes: int = 0  # bytes received on the control socket: stays small (zero-copy)
     memory_bytes: int = 0
     peak_memory_bytes: int = 0
@@ -155,6 +165,7 @@ class Client:
     sticky: Exception | None = None  # raised for every later request (ClientTerminated, ServerFault)
     buffers: dict[int, BufferRecord] = field(default_factory=dict)
     programs: dict[int, ProgramRecord] = field(default_factory=dict)
+    lists: dict[int, ListRecord] = field(default_factory=dict)
     releasing: Counter = field(default_factory=Counter)  # freed and not yet destroyed, by record type:
     # they wait for their last use (LS_EV_RELEASED), and the client's limits count them (held)
     counters: Counters = field(default_factory=Counters)

@@ -67,6 +67,7 @@ _COUNTERS = [
     ("errors", "dispatch_errors", "Descriptors completed with an error status."),
     ("cut", "dispatches_cut", "Dispatches run in pieces while a higher priority was active."),
     ("pieces", "dispatch_pieces", "The pieces those dispatches ran in."),
+    ("listed", "list_commands", "Commands of command lists run (each list is one descriptor)."),
 ]
 _GAUGES = [
     ("memory_bytes", "memory_bytes", "Device and shared buffer memory allocated now."),

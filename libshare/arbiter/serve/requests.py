@@ -18,6 +18,11 @@ of its specialization constants (``constants``: ``[[id, value], ...]``, programs
 which the arbiter freezes into the module before admission: the module admitted, vetted, compiled
 and identified by the quarantine is that specialized one, and no driver is ever given other values.
 
+Command lists. ``load_list`` carries a list's commands as its payload: whole descriptors (``struct
+ls_desc``, 256 bytes each, their tickets ignored), 1 to ``LS_ENGINE_MAX_LIST``, each a dispatch or a
+copy that the engine checks as it checks a popped descriptor (engine/lists.c), at most
+:data:`LISTS_PER_CLIENT` lists a client. ``free`` forgets one by ``list_id``.
+
 Reattaching. A session whose arbiter died hands the new one what it kept: ``import`` (one
 descriptor: a shared buffer's memfd, checked by ``check_sealed_memfd`` to be a memfd of the
 size it says, writable, sealed against shrinking, growing and new seals, so that mapping it
@@ -44,12 +49,13 @@ import socket
 from libshare.errors import InvalidSubmission, LibshareError, ProtocolError, QuotaExceeded, ServerNotReady
 from libshare.protocol import wire as protocol
 from libshare.ring._region import SharedMapping, check_sealed_memfd, sealed_memfd
-from libshare.arbiter.serve.clients import BufferRecord, Client, ProgramRecord, SharedMemory
+from libshare.arbiter.engine.binding import MOST_COMMANDS
+from libshare.arbiter.serve.clients import BufferRecord, Client, ListRecord, ProgramRecord, SharedMemory
 from libshare.arbiter.programs.loading import check_program_quota
 from libshare.arbiter.programs.specialize import constants_rule
 from libshare.arbiter.drain.quarantine import COMPILE
 
-__all__ = ["REQUESTS", "Requests", "reply_error", "SCARCE"]
+__all__ = ["LISTS_PER_CLIENT", "REQUESTS", "Requests", "reply_error", "SCARCE"]
 
 log = logging.getLogger("libshare.arbiter")
 
@@ -58,6 +64,9 @@ _MAX_BUFFER = 1 << 40
 SCARCE = (errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS)  # out of descriptors or memory
 _ID = protocol.integer(0, (1 << 63) - 1)
 _KEPT_ID = protocol.integer(1, (1 << 31) - 1)  # an id a reattaching session asks to keep (Client.new_id)
+_DESC_SIZE = 256  # struct ls_desc (ring.h; the engine's ls_engine_put_list reads whole ones)
+LISTS_PER_CLIENT = 64
+"""Command lists a client holds at once, freed ones still running included (each up to 256 KiB)."""
 
 
 def _op(name: str) -> dict:
@@ -71,7 +80,8 @@ REQUESTS = {
               "kind": (protocol.choice("shared", "device"), False)},
     "import": {**_op("import"), "size": (protocol.integer(_PAGE, _MAX_BUFFER), True),  # the memfd rides along
                "id": (_KEPT_ID, False)},
-    "free": {**_op("free"), "buffer_id": (_ID, False), "program_id": (_ID, False)},
+    "load_list": {**_op("load_list"), "id": (_KEPT_ID, False)},  # the commands are the payload
+    "free": {**_op("free"), "buffer_id": (_ID, False), "program_id": (_ID, False), "list_id": (_ID, False)},
     "stats": _op("stats"),
 }
 """The schema of each request of a session (see protocol.wire.check_fields)."""
@@ -93,7 +103,7 @@ class Requests:
     def __init__(self, arbiter, attached):
         self._arbiter, self._attached = arbiter, attached
         self._handlers = {"load_program": self._load_program, "alloc": self._alloc, "import": self._import,
-                          "free": self._free, "stats": self._stats}
+                          "load_list": self._load_list, "free": self._free, "stats": self._stats}
 
     def answer(self, conn: socket.socket, client: Client, frame: protocol.Frame) -> None:
         """Answer one request of ``client``: its reply, or its refusal. The frame's descriptors are
@@ -141,11 +151,15 @@ class Requests:
         if handler is None:
             raise ProtocolError(f"unknown request {protocol.short(op)}; the requests are {', '.join(REQUESTS)}")
         protocol.check_fields(frame.fields, schema, op)
-        if op == "free" and ("buffer_id" in frame.fields) == ("program_id" in frame.fields):
-            raise ProtocolError("free names one buffer_id or one program_id")
+        if op == "free" and sum(name in frame.fields for name in ("buffer_id", "program_id", "list_id")) != 1:
+            raise ProtocolError("free names one buffer_id, program_id or list_id")
         if op == "load_program" and not frame.payload:
             raise InvalidSubmission("load_program carries a SPIR-V module as its payload (got none)")
-        if op != "load_program" and frame.payload:
+        if op == "load_list" and (not 0 < len(frame.payload) <= MOST_COMMANDS * _DESC_SIZE
+                                  or len(frame.payload) % _DESC_SIZE):
+            raise InvalidSubmission(f"load_list carries 1 to {MOST_COMMANDS} whole {_DESC_SIZE}-byte descriptors "
+                                    f"(got {len(frame.payload)} bytes)")
+        if op not in ("load_program", "load_list") and frame.payload:
             raise ProtocolError(f"{op} carries no payload (got {len(frame.payload)} bytes)")
         if op != "import" and frame.fds:
             raise ProtocolError(f"{op} carries no file descriptors (got {len(frame.fds)}; they were closed)")
@@ -188,6 +202,21 @@ class Requests:
         program_id = drainer.call(register, policy=False)  # a record: the engine's policy stays
         return {"program_id": program_id, "bindings": len(interface.bindings),
                 "push_size": push_size, "local_size": list(interface.local_size)}, ()
+
+    def _load_list(self, client: Client, frame: protocol.Frame):
+        drainer = self._arbiter.drainer
+        commands = bytes(frame.payload)
+
+        def register():
+            _require_attached(client)
+            if len(client.lists) + client.releasing[ListRecord] >= LISTS_PER_CLIENT:
+                raise QuotaExceeded(f"a session holds at most {LISTS_PER_CLIENT} command lists; free one first")
+            record = ListRecord(client.new_id(frame.fields.get("id")), len(commands) // _DESC_SIZE)
+            drainer.adopt(client, record, commands)  # each command checked there: refused, nothing is added
+            return record.id
+
+        list_id = drainer.call(register, policy=False)  # a record: the engine's policy stays
+        return {"list_id": list_id, "commands": len(commands) // _DESC_SIZE}, ()
 
     def _alloc(self, client: Client, frame: protocol.Frame):
         size, kind = frame.fields.get("size"), frame.fields.get("kind", "shared")
@@ -255,10 +284,12 @@ class Requests:
         drainer = self._arbiter.drainer
 
         def free():  # descriptors pushed before this request still find it (ls_engine_drop waits for them)
-            record = (client.buffers.get(frame.fields.get("buffer_id"))
-                      if "buffer_id" in frame.fields else client.programs.get(frame.fields.get("program_id")))
+            fields = frame.fields
+            record = (client.buffers.get(fields.get("buffer_id")) if "buffer_id" in fields
+                      else client.lists.get(fields.get("list_id")) if "list_id" in fields
+                      else client.programs.get(fields.get("program_id")))
             if record is None:
-                raise InvalidSubmission(f"no such buffer or program: {frame.fields}")
+                raise InvalidSubmission(f"no such buffer, program or command list: {fields}")
             drainer.free(client, record)
 
         drainer.call(free, policy=False)  # records: the engine's policy stays
@@ -267,7 +298,7 @@ class Requests:
     def _stats(self, client: Client, frame: protocol.Frame):
         c = self._arbiter.drainer.refresh(client)
         return {"client_id": client.id, "submitted": c.submitted, "completed": c.completed,
-                "errors": c.errors, "device_ns": c.device_ns, "cut": c.cut, "pieces": c.pieces,
+                "errors": c.errors, "device_ns": c.device_ns, "cut": c.cut, "pieces": c.pieces, "listed": c.listed,
                 "control_bytes": c.control_bytes,
                 "memory_bytes": c.memory_bytes,
                 "clients": self._attached()}, ()  # connections: the control thread may not have added this one yet

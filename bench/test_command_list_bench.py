@@ -1,0 +1,81 @@
+"""A step of 100 dependent tiny dispatches: one command list, the same dispatches one by one, direct.
+
+A step is 100 tiny saxpy dispatches (64 floats, y = a*x + y), each reading what the one before
+wrote. Three sides, alternated block by block (bench/_compare.py): **list**, the step recorded
+once as a command list (``Session.record``) and run by one descriptor per step, one ticket
+waited; **one by one**, the same 100 dispatches pushed through ``Session.dispatch`` (pipelined,
+never waited but the last); **direct**, the same 100 dispatches submitted in one process on a
+private ``Device`` (``Device.submit``: each dispatch's secondary command buffer recorded once and
+cached, one primary that runs them, one fence), waited. A block is ``STEPS`` steps; its value the
+median step. The daemon is the untimed one of test_arbiter_bench.py. Figures: list / one by one,
+and list / direct (issue 33: <= 1.05x on lavapipe, <= 1.10x on a GPU).
+"""
+
+from __future__ import annotations
+
+import mmap
+import struct
+import time
+
+import numpy as np
+
+import libshare
+from bench._compare import at_most, interleave, note, ratio
+from bench.test_arbiter_bench import arbiter_dir  # noqa: F401 - the untimed daemon fixture
+from libshare.arbiter.device import Device, Dispatch
+
+DISPATCHES = 100
+STEPS = 40
+PUSH = struct.pack("If", 64, 1.0)
+
+
+def _steps(run) -> float:
+    """The median of STEPS runs of one step, each timed (seconds)."""
+    samples = []
+    for _ in range(STEPS):
+        start = time.perf_counter()
+        run()
+        samples.append(time.perf_counter() - start)
+    return float(np.median(samples))
+
+
+def test_a_step_as_one_command_list(arbiter_dir):  # noqa: F811 - the fixture imported above
+    with libshare.connect(mode="daemon", pipe_directory=arbiter_dir) as session, Device() as device:
+        saxpy = session.load_program(libshare.shaders.path("saxpy"))
+        x, y = session.array(64), session.array(64)
+        with session.record() as commands:
+            for _ in range(DISPATCHES):
+                commands.dispatch(saxpy, 1, [x, y], PUSH)
+
+        def listed():
+            commands.submit().wait(30)
+
+        def one_by_one():
+            for _ in range(DISPATCHES - 1):
+                session.dispatch(saxpy, 1, [x, y], PUSH)
+            session.dispatch(saxpy, 1, [x, y], PUSH).wait(30)
+
+        memory = [mmap.mmap(-1, 4096) for _ in range(2)]
+        buffers = [device.import_host(np.frombuffer(m, np.uint8).ctypes.data, 4096) for m in memory]
+        pipeline = device.create_pipeline(libshare.shaders.path("saxpy").read_bytes(), 2, 8)
+        step = [Dispatch(pipeline, [(b, 0) for b in buffers], (1, 1, 1), PUSH)] * DISPATCHES
+
+        def direct():
+            submission = device.submit(step, timed=False)
+            submission.wait(30)
+            submission.release()
+
+        for run in (listed, one_by_one, direct):  # warm: recordings made, pages touched
+            run()
+        values = interleave({"list": lambda: _steps(listed), "one by one": lambda: _steps(one_by_one),
+                             "direct": lambda: _steps(direct)})
+        method = (f"a step of {DISPATCHES} dependent tiny saxpy dispatches; {STEPS} steps a block, its value "
+                  "the median step; sides rotated block by block")
+        ratio("command list step / the same dispatches one by one", values["list"], values["one by one"],
+              names=("list", "one by one"), method=method)
+        ratio("command list step / direct Device.submit of the step", values["list"], values["direct"],
+              target=at_most(1.05), names=("list", "direct"), method=method)
+        note(f"descriptors per step: 1 as a list, {DISPATCHES} one by one")
+        for buffer in buffers:
+            device.destroy_buffer(buffer)
+        device.destroy_pipeline(pipeline)
