@@ -114,3 +114,28 @@ def test_hostile_uses_are_refused_to_their_client_alone(tmp_path):
         x[:], z[:] = 1.0, 2.0
         honest.dispatch(saxpy, N // 64, [x, z], struct.pack("If", N, 3.0)).wait(60)
         assert np.all(z == 5.0)
+
+
+PAST_ITS_BUFFER = """#version 450
+layout(local_size_x = 64) in;
+layout(set = 0, binding = 0) uniform Params { uint n; vec4 pad[255]; float far; } params;
+layout(set = 0, binding = 1) buffer Out { float y[]; };
+void main() {
+    uint i = gl_GlobalInvocationID.x;
+    y[i] = params.far + float(params.n);
+}
+"""
+
+
+def test_a_uniform_block_larger_than_its_buffer_reads_zeros_past_the_end(tmp_path):
+    """The binding's range ends at the buffer's end: what the block declares past it reads as zeros,
+    never as the memory after the client's buffer."""
+    with libshare.connect(mode="embedded") as session, libshare.connect(mode="embedded") as neighbour:
+        secret = neighbour.array(4096, np.float32)
+        secret[:] = 123.0  # another client's memory, allocated before
+        program = session.load_program(compile_glsl(tmp_path, "past", PAST_ITS_BUFFER))
+        params, y = session.array(16, np.uint8), session.array(N, np.float32)
+        params[:4] = np.frombuffer(struct.pack("I", 5), np.uint8)
+        session.dispatch(program, N // 64, [params, y]).wait(60)
+        assert np.all(y == 5.0)  # params.far (at byte 4096) read as 0
+        assert np.all(secret == 123.0)
