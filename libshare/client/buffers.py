@@ -21,7 +21,14 @@ import os
 
 import numpy as np
 
-__all__ = ["Buffer", "Program", "constant_pairs"]
+from libshare import errors
+from libshare.ring import C
+
+__all__ = ["Buffer", "Program", "TOO_BIG", "byte_size", "constant_pairs", "workgroups"]
+
+TOO_BIG = (f"at most {C.MAX_BUFFERS} buffers, {C.MAX_PUSH} push bytes and 3 group counts, each count "
+           "and offset not negative and within 32 bits (offsets and sizes: 64 bits)")
+"""What the encoder accepts (an operation past it is refused with LS_EBADSLOT)."""
 
 
 class Buffer:
@@ -119,6 +126,21 @@ def constant_pairs(constants) -> list[list]:
                             f"(got {type(value).__name__})")
         pairs.append([spec_id, value])
     return sorted(pairs, key=lambda pair: pair[0])
+
+
+def byte_size(item) -> int:
+    """The bytes of a Buffer, or of an array over one."""
+    return item.size if isinstance(item, Buffer) else item.nbytes
+
+
+def workgroups(groups) -> tuple[int, int, int]:
+    """Workgroup counts x, y, z from one to three of them (the missing ones are 1)."""
+    if isinstance(groups, int):
+        return groups, 1, 1
+    groups = tuple(groups)
+    if not 1 <= len(groups) <= 3:
+        raise errors.InvalidSubmission(f"{TOO_BIG}: got {len(groups)} group counts")
+    return groups + (1,) * (3 - len(groups))
 
 
 def find_buffer(array: np.ndarray, by_mapping: dict[int, Buffer]) -> tuple[Buffer, int]:

@@ -15,7 +15,7 @@ that reattaches hands the list to the new arbiter after them (reattach.py), unde
 from __future__ import annotations
 
 from libshare import errors
-from libshare.client.buffers import Buffer, Program
+from libshare.client.buffers import Program, byte_size, workgroups
 from libshare.ring import C
 from libshare.ring._binding import encode_op
 
@@ -48,15 +48,12 @@ class CommandList:
         """Record ``program`` over ``groups`` workgroups on ``buffers`` (as ``Session.dispatch``)."""
         if program.lost is not None:
             raise errors.InvalidSubmission(f"program {program.id} is lost: {program.lost}")
-        groups = (groups,) if isinstance(groups, int) else tuple(groups)
-        if not 1 <= len(groups) <= 3:
-            raise errors.InvalidSubmission(f"one to three group counts (got {len(groups)})")
-        self._add(C.OP_DISPATCH, program.id, groups + (1,) * (3 - len(groups)), buffers, None, bytes(push))
+        self._add(C.OP_DISPATCH, program.id, workgroups(groups), buffers, None, bytes(push))
 
     def copy(self, src, dst, nbytes: int | None = None, src_offset: int = 0, dst_offset: int = 0) -> None:
         """Record a copy between two buffers (as ``Session.copy``)."""
         if nbytes is None:
-            nbytes = min(_nbytes(src), _nbytes(dst))
+            nbytes = min(byte_size(src), byte_size(dst))
         self._add(C.OP_COPY, 0, (0, 0, 0), (src, dst), (src_offset, dst_offset, int(nbytes)), b"")
 
     def _add(self, opcode: int, program: int, groups, buffers, extra, push: bytes) -> None:
@@ -109,7 +106,3 @@ class CommandList:
 
     def __repr__(self) -> str:
         return f"<libshare.CommandList id={self.id} commands={len(self._descs)}>"
-
-
-def _nbytes(item) -> int:
-    return item.size if isinstance(item, Buffer) else item.nbytes

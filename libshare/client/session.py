@@ -38,12 +38,12 @@ import numpy as np
 from libshare import errors
 from libshare.client import exchange as _exchange
 from libshare.client.attachment import Attachment
-from libshare.client.buffers import Buffer, Program, constant_pairs, find_buffer
+from libshare.client.buffers import Buffer, Program, byte_size, constant_pairs, find_buffer, workgroups
 from libshare.client.completions import Completions, Ticket
 from libshare.client.gate import Gate, closed_error, fresh
 from libshare.client.lists import CommandList
 from libshare.client.reattach import Reattacher
-from libshare.client.submit import TOO_BIG, Submitter
+from libshare.client.submit import Submitter
 from libshare.protocol import wire as protocol
 from libshare.ring import C, Region
 
@@ -235,7 +235,7 @@ class Session:
         if groups.__class__ is int:
             gx, gy, gz = groups, 1, 1
         else:
-            gx, gy, gz = _groups(groups)
+            gx, gy, gz = workgroups(groups)
         ids, offsets = [], []
         seen = self._seen
         for item in buffers:  # the hot path of Submitter.binding, inline
@@ -253,7 +253,7 @@ class Session:
         """Queue a copy between two buffers (shared or device); returns a Ticket at once."""
         (_, src_id, src_base), (_, dst_id, dst_base) = self._binding(src), self._binding(dst)
         if nbytes is None:
-            nbytes = min(_nbytes(src), _nbytes(dst))
+            nbytes = min(byte_size(src), byte_size(dst))
         offsets = [src_base + src_offset, dst_base + dst_offset, int(nbytes)]
         return self._submit(_OP_COPY, 0, 0, 0, 0, [src_id, dst_id], offsets, b"")
 
@@ -299,17 +299,3 @@ def _read_module(path: Path) -> bytes:
         raise errors.InvalidSubmission(f"{path} holds more than {protocol.MAX_FRAME} bytes, more than any "
                                        "SPIR-V module the arbiter takes")
     return code
-
-
-def _nbytes(item) -> int:
-    return item.size if isinstance(item, Buffer) else item.nbytes
-
-
-def _groups(groups) -> tuple[int, int, int]:
-    """Workgroup counts x, y, z from one to three of them (the missing ones are 1)."""
-    if isinstance(groups, int):
-        return groups, 1, 1
-    groups = tuple(groups)
-    if not 1 <= len(groups) <= 3:
-        raise errors.InvalidSubmission(f"{TOO_BIG}: got {len(groups)} group counts")
-    return groups + (1,) * (3 - len(groups))

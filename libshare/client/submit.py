@@ -23,20 +23,17 @@ import weakref
 import numpy as np
 
 from libshare import errors
-from libshare.client.buffers import Buffer, find_buffer
+from libshare.client.buffers import TOO_BIG, Buffer, find_buffer
 from libshare.client.completions import Completions, Ticket
 from libshare.client.gate import WAIT_SLICE, Gate, closed_error, fresh
 from libshare.client.reattach import TRIES, Reattacher
 from libshare.ring import C
 from libshare.ring._binding import code_error
 
-__all__ = ["Submitter", "TOO_BIG"]
+__all__ = ["Submitter"]
 
 SEEN_ARRAYS = 1024
 """Arrays whose binding a session remembers."""
-TOO_BIG = (f"at most {C.MAX_BUFFERS} buffers, {C.MAX_PUSH} push bytes and 3 group counts, each count "
-           "and offset not negative and within 32 bits (offsets and sizes: 64 bits)")
-"""What the encoder accepts (an operation past it is refused with LS_EBADSLOT)."""
 
 
 class Submitter:
