@@ -358,7 +358,7 @@ def hostile_session_request(rng: random.Random):
 
 def hostile_hello(rng: random.Random):
     fields = {"op": "hello", "name": "fuzz", "version": 1}
-    kind = rng.randrange(9)
+    kind = rng.randrange(10)
     if kind == 0:
         fields["name"] = rng.choice([not_text(rng), "n" * 2000])
     elif kind == 1:
@@ -375,6 +375,8 @@ def hostile_hello(rng: random.Random):
         fields[rng.choice(["pid", "uid", "client_id"])] = hostile_value(rng)
     elif kind == 7:
         fields["op"] = rng.choice(["HELLO", "hello ", "stats", hostile_value(rng)])
+    elif kind == 8:
+        fields["reattach"] = rng.choice([1, 0, "true", None, [True], {"": True}])  # a flag: true or false only
     else:
         return rng.choice([_DEEP_LIST, b"[]", b"\x00"]) if rng.random() < 0.5 else fields, b"payload"
     return fields, b""
