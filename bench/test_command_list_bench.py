@@ -8,7 +8,10 @@ never waited but the last); **direct**, the same 100 dispatches submitted in one
 private ``Device`` (``Device.submit``: each dispatch's secondary command buffer recorded once and
 cached, one primary that runs them, one fence), waited. A block is ``STEPS`` steps; its value the
 median step. The daemon is the untimed one of test_arbiter_bench.py. Figures: list / one by one,
-and list / direct (issue 33: <= 1.05x on lavapipe, <= 1.10x on a GPU).
+and list / direct (issue 33: <= 1.05x on lavapipe, <= 1.10x on a GPU); then the arbiter's CPU time
+per step (user and system time of the daemon's arbiter process from /proc, over ``CPU_STEPS`` steps,
+divided by them) as a list and one by one, alternated the same way. On lavapipe the arbiter's
+process also runs the device's threads, so that time holds the kernels' own work.
 """
 
 from __future__ import annotations
@@ -20,12 +23,14 @@ import time
 import numpy as np
 
 import libshare
-from bench._compare import at_most, interleave, note, ratio
+from bench._compare import at_most, interleave, note, ratio, record
+from libshare._proc import cpu_seconds
 from bench.test_arbiter_bench import arbiter_dir  # noqa: F401 - the untimed daemon fixture
 from libshare.arbiter.device import Device, Dispatch
 
 DISPATCHES = 100
 STEPS = 40
+CPU_STEPS = 200  # /proc counts CPU time in clock ticks (10 ms): enough steps for many ticks
 PUSH = struct.pack("If", 64, 1.0)
 
 
@@ -37,6 +42,14 @@ def _steps(run) -> float:
         run()
         samples.append(time.perf_counter() - start)
     return float(np.median(samples))
+
+
+def _arbiter_cpu(run, arbiter_pid: int) -> float:
+    """The arbiter process's CPU seconds per step over CPU_STEPS runs of one step."""
+    before = cpu_seconds(arbiter_pid)
+    for _ in range(CPU_STEPS):
+        run()
+    return (cpu_seconds(arbiter_pid) - before) / CPU_STEPS
 
 
 def test_a_step_as_one_command_list(arbiter_dir):  # noqa: F811 - the fixture imported above
@@ -76,6 +89,13 @@ def test_a_step_as_one_command_list(arbiter_dir):  # noqa: F811 - the fixture im
         ratio("command list step / direct Device.submit of the step", values["list"], values["direct"],
               target=at_most(1.05), names=("list", "direct"), method=method)
         note(f"descriptors per step: 1 as a list, {DISPATCHES} one by one")
+        pid = session.arbiter_pid
+        cpu = interleave({"list": lambda: _arbiter_cpu(listed, pid),
+                          "one by one": lambda: _arbiter_cpu(one_by_one, pid)})
+        cpu_method = (f"the arbiter process's user+system CPU time over {CPU_STEPS} steps, per step (a CPU "
+                      "device's threads included); sides alternated")
+        record("arbiter CPU per step, as a command list", cpu["list"], "us", scale=1e6, method=cpu_method)
+        record("arbiter CPU per step, one by one", cpu["one by one"], "us", scale=1e6, method=cpu_method)
         for buffer in buffers:
             device.destroy_buffer(buffer)
         device.destroy_pipeline(pipeline)
