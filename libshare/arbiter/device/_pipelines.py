@@ -3,7 +3,8 @@
 Every module is compiled with its buffers renumbered 0..N-1 in set 0, in the order of their
 (set, binding) (``libshare.arbiter.programs.spirv.bound_in_set_zero``), so that one push-descriptor
 set binds them all whatever sets and bindings the kernel declared; each binding of the set
-layout is a storage or a uniform buffer as the kernel declared it (:attr:`Pipeline.uniform`).
+layout is a storage or a uniform buffer, or a storage or a uniform texel buffer, as the kernel declared it
+(:attr:`Pipeline.uniform`, :attr:`Pipeline.texel`).
 Its shared, private and function variables are zero-initialized
 (``libshare.arbiter.programs.spirv.zero_initialized``): what a kernel did not write reads as zeros, never as
 what another client's kernel left in that memory.
@@ -23,7 +24,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from libshare.arbiter.programs.spirv import bound_in_set_zero, uniform_buffers, zero_initialized
+from libshare.arbiter.programs.spirv import bound_in_set_zero, texel_buffers, uniform_buffers, zero_initialized
 from libshare.errors import InvalidSubmission
 
 from libshare.arbiter.device._binding import _address, _check, _create, _struct, _uses_binding
@@ -33,20 +34,25 @@ _vk, _ffi, _lib = _uses_binding(globals())  # set when the first Device loads th
 # VK_PIPELINE_CREATE_DISPATCH_BASE_BIT (core in Vulkan 1.1; the vulkan package's name for it is None): the
 # engine may run a dispatch in pieces, each with vkCmdDispatchBase (policy/engine_policy.c, "Pieces")
 _DISPATCH_BASE = 0x10
+_DESCRIPTOR_TYPES = {(False, False): 7, (False, True): 6, (True, False): 5, (True, True): 4}
+"""A binding's VkDescriptorType by (texel, uniform): STORAGE_BUFFER, UNIFORM_BUFFER, STORAGE_TEXEL_BUFFER,
+UNIFORM_TEXEL_BUFFER."""
 
 
 class Pipeline:
     """A compute pipeline: SPIR-V, ``binding_count`` buffers in set 0 (those in ``uniform`` uniform
-    buffers, the others storage buffers), push size."""
+    buffers, the others storage buffers; those in ``texel`` texel buffers of those kinds), push size."""
 
-    __slots__ = ("binding_count", "push_size", "uniform", "_device", "_pipeline", "_layout", "_set_layout")
+    __slots__ = ("binding_count", "push_size", "uniform", "texel", "_device", "_pipeline", "_layout", "_set_layout")
 
     def __init__(self, device: Instance, binding_count: int, push_size: int, pipeline: Any, layout: Any,
-                 set_layout: Any, uniform: frozenset[int] = frozenset()):
+                 set_layout: Any, uniform: frozenset[int] = frozenset(), texel: dict | None = None):
         self.binding_count = binding_count
         self.push_size = push_size
         self.uniform = uniform
-        """The bindings that are uniform buffers."""
+        """The bindings that are uniform buffers or uniform texel buffers."""
+        self.texel: dict[int, tuple[str, ...]] = texel or {}
+        """The bindings that are texel buffers, each with the view formats it takes (libshare.protocol.texels)."""
         self._device: Instance | None = device  # the device it lives on; None once destroyed
         self._pipeline, self._layout, self._set_layout = pipeline, layout, set_layout
 
@@ -81,7 +87,7 @@ class Pipelines:
         """
         self._check_pipeline_args(spirv, binding_count, push_size)
         spirv = bound_in_set_zero(spirv)  # one push-descriptor set binds every buffer
-        uniform = uniform_buffers(spirv)
+        uniform, texel = uniform_buffers(spirv), texel_buffers(spirv)
         # no kernel reads memory it did not write
         spirv = zero_initialized(spirv, self._instance.zero_workgroup_memory)
         with self._compile_guard:
@@ -89,7 +95,7 @@ class Pipelines:
             self._compiles += 1
         result = None
         try:
-            result = self._build_pipeline(spirv, binding_count, push_size, entry, uniform)
+            result = self._build_pipeline(spirv, binding_count, push_size, entry, uniform, texel)
         finally:
             with self._compile_guard:  # closing waits for this, so it destroys the new pipeline too
                 if result is not None:
@@ -99,9 +105,9 @@ class Pipelines:
         return result
 
     def _build_pipeline(self, spirv: bytes, binding_count: int, push_size: int, entry: str,
-                        uniform: frozenset[int]) -> Pipeline:
+                        uniform: frozenset[int], texel: dict[int, tuple[str, ...]]) -> Pipeline:
         """Create the set layout, layout, module and pipeline; destroy the parts on failure."""
-        set_layout = self._create_set_layout(binding_count, uniform)
+        set_layout = self._create_set_layout(binding_count, uniform, texel)
         layout = module = None
         try:
             layout = self._create_layout(set_layout, push_size)
@@ -115,7 +121,7 @@ class Pipelines:
         finally:
             if module is not None:
                 _lib.vkDestroyShaderModule(self._device, module, _ffi.NULL)
-        return Pipeline(self._instance, binding_count, push_size, pipeline, layout, set_layout, uniform)
+        return Pipeline(self._instance, binding_count, push_size, pipeline, layout, set_layout, uniform, texel)
 
     def destroyable(self, p: Pipeline) -> bool:
         """Whether :meth:`destroy` would destroy ``p``: it is alive and the device open."""
@@ -153,14 +159,13 @@ class Pipelines:
         if push_size < 0 or push_size % 4 or push_size > most:
             raise InvalidSubmission(f"push_size must be a multiple of 4 up to {most} bytes (got {push_size})")
 
-    def _create_set_layout(self, binding_count: int, uniform: frozenset[int]) -> Any:
-        """A push-descriptor set layout of ``binding_count`` buffers: uniform buffers at ``uniform``,
-        storage buffers elsewhere."""
+    def _create_set_layout(self, binding_count: int, uniform: frozenset[int], texel: dict | frozenset = frozenset()) -> Any:
+        """A push-descriptor set layout of ``binding_count`` buffers: uniform ones at ``uniform``,
+        storage ones elsewhere; texel buffers at ``texel``, buffers elsewhere."""
         bindings = _ffi.new("VkDescriptorSetLayoutBinding[]", max(binding_count, 1))
         for i in range(binding_count):
             bindings[i].binding = i
-            bindings[i].descriptorType = (_vk.VK_DESCRIPTOR_TYPE_UNIFORM_BUFFER if i in uniform
-                                          else _vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER)
+            bindings[i].descriptorType = _DESCRIPTOR_TYPES[i in texel, i in uniform]
             bindings[i].descriptorCount = 1
             bindings[i].stageFlags = _vk.VK_SHADER_STAGE_COMPUTE_BIT
         info = _struct(

@@ -350,7 +350,8 @@ static int put_object(ls_engine *e, uint32_t slot, struct object *o)
 }
 
 int ls_engine_put_program(ls_engine *e, uint32_t slot, uint32_t id, uint64_t pipeline, uint64_t layout,
-                          uint32_t bindings, uint32_t uniform_mask, uint32_t push_size, uint32_t flags)
+                          uint32_t bindings, uint32_t uniform_mask, uint32_t push_size, uint32_t flags,
+                          const uint16_t *formats)
 {
     if (!pipeline || !layout || bindings > LS_MAX_BUFFERS || push_size > LS_MAX_PUSH || (flags & ~LS_ENGINE_CUTTABLE)
         || (uniform_mask >> bindings))
@@ -361,7 +362,33 @@ int ls_engine_put_program(ls_engine *e, uint32_t slot, uint32_t id, uint64_t pip
     *o = (struct object){.id = id, .kind = LS_KIND_PROGRAM, .handle = pipeline, .layout = layout,
                          .bindings = bindings, .uniform_mask = uniform_mask, .push_size = push_size, .client = slot,
                          .cuttable = flags & LS_ENGINE_CUTTABLE};
+    for (uint32_t k = 0; formats && k < bindings; k++)
+        if (formats[k])
+            o->formats[k] = formats[k], o->texel_mask |= 1u << k;
     return put_object(e, slot, o);
+}
+
+int ls_engine_put_view(ls_engine *e, uint32_t slot, uint32_t id, uint32_t buffer, uint64_t view, uint64_t offset,
+                       uint64_t range, uint32_t format, uint32_t uses)
+{
+    if (!view || !range || format >= 16 || !uses || (uses & ~(LS_VIEW_STORAGE | LS_VIEW_UNIFORM)))
+        return -EINVAL;
+    struct object *o = calloc(1, sizeof *o);
+    if (!o)
+        return -ENOMEM;
+    *o = (struct object){.id = id, .kind = LS_KIND_VIEW, .handle = view, .size = range, .format = format,
+                         .uses = uses, .client = slot};
+    pthread_mutex_lock(&e->lock);
+    struct client *c = client_at(e, slot);
+    struct object **of = c ? table_find(&c->objects, LS_KIND_BUFFER, buffer) : NULL;
+    int rc = !of ? -ENOENT : table_find(&c->objects, LS_KIND_VIEW, id) ? -EEXIST
+           : offset > (*of)->size || range > (*of)->size - offset ? -ERANGE : table_put(&c->objects, o);
+    if (!rc)
+        hold_objects(&o->of, of, 1);    /* the buffer lives while its view does (objects.c, "Views") */
+    pthread_mutex_unlock(&e->lock);
+    if (rc)
+        free(o);
+    return rc;
 }
 
 int ls_engine_put_list(ls_engine *e, uint32_t slot, uint32_t id, const char *commands, uint32_t count,

@@ -24,6 +24,9 @@
 #define LS_KIND_BUFFER 1
 #define LS_KIND_PROGRAM 2
 #define LS_KIND_LIST 3                  /* a command list (engine/lists.c) */
+#define LS_KIND_VIEW 4                  /* a texel view of a buffer of the client's (objects.c, "Views") */
+#define LS_VIEW_STORAGE 1               /* a view's uses: in a storage texel buffer binding */
+#define LS_VIEW_UNIFORM 2               /* ... in a uniform texel buffer binding */
 #define LS_ENGINE_MAX_LIST 1024         /* the most commands in one list */
 
 #define LS_ENGINE_CUTTABLE 1            /* put_program flag: its dispatches may run in pieces (engine_policy.c, "Pieces") */
@@ -143,11 +146,19 @@ int ls_engine_dropped(ls_engine *e, uint32_t client);
 int ls_engine_take_usage(ls_engine *e, uint32_t client, struct ls_engine_stats *out);
 
 /* Object tables. A program's handles come from Pipeline.native, a buffer's from Buffer.native;
- * flags: LS_ENGINE_CUTTABLE or 0. */
+ * flags: LS_ENGINE_CUTTABLE or 0. formats (NULL: none) holds, for each binding k that is a texel
+ * buffer, the mask of the view format codes it takes (libshare/protocol/texels.py; 0: a buffer);
+ * uniform_mask says which bindings, buffers or texel buffers, are uniform. */
 int ls_engine_put_program(ls_engine *e, uint32_t client, uint32_t id, uint64_t pipeline,
                           uint64_t layout, uint32_t bindings, uint32_t uniform_mask, uint32_t push_size,
-                          uint32_t flags);
+                          uint32_t flags, const uint16_t *formats);
 int ls_engine_put_buffer(ls_engine *e, uint32_t client, uint32_t id, uint64_t buffer, uint64_t size);
+/* A texel view (a VkBufferView from DeviceView.native) of range bytes from offset of the client's
+ * buffer id buffer, in view format code format (below 16), for uses (LS_VIEW_*): it holds the
+ * buffer until it is dropped and idle. -ENOENT (no such buffer), -ERANGE (past the buffer),
+ * -EINVAL, -EEXIST or -ENOMEM. */
+int ls_engine_put_view(ls_engine *e, uint32_t client, uint32_t id, uint32_t buffer, uint64_t view,
+                       uint64_t offset, uint64_t range, uint32_t format, uint32_t uses);
 /* A command list: count descriptors (struct ls_desc, 256 bytes each; LS_OP_DISPATCH or LS_OP_COPY),
  * each checked now as a popped one is (and again as it runs). 0, -LS_E* of the first bad command
  * (its index in *bad), -EINVAL (count 0 or past LS_ENGINE_MAX_LIST), -EEXIST, -ENOENT or -ENOMEM. */

@@ -49,14 +49,18 @@
 #define LIST_LAST 2                     /* ... its last (or the one on the device when it ended): answers for all */
 #define UNRANKED INT32_MAX
 
-/* A client's program or buffer, counted in use by the commands and cuts that hold it (objects.c). */
+/* A client's program, buffer, list or view, counted in use by the commands and cuts that hold it (objects.c). */
 struct object {
     uint32_t id, kind;
-    uint32_t in_flight;                 /* commands submitted and not retired */
+    uint32_t in_flight;                 /* commands submitted and not retired (and a buffer's views) */
     uint32_t freed;                     /* dropped by the control plane */
-    uint64_t handle, layout, size;      /* VkBuffer + size, or VkPipeline + layout */
+    uint64_t handle, layout, size;      /* VkBuffer + size, VkPipeline + layout, or VkBufferView + range */
     uint32_t bindings, push_size;
-    uint32_t uniform_mask;              /* a program's bindings that are uniform buffers (bit k: binding k) */
+    uint32_t uniform_mask;              /* a program's bindings that are uniform (bit k: binding k) */
+    uint32_t texel_mask;                /* ... that are texel buffers */
+    uint16_t formats[LS_MAX_BUFFERS];   /* ... each texel binding's view format codes (bit f: code f) */
+    uint32_t format, uses;              /* a view's format code and its uses (LS_VIEW_*) */
+    struct object *of;                  /* a view's buffer, held while the view lives */
     uint32_t client;
     uint32_t cuttable;                  /* a program whose dispatches may run in pieces (LS_ENGINE_CUTTABLE) */
     uint32_t count;                     /* a list's commands, stored after the object (list_commands) */

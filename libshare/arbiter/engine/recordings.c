@@ -1,6 +1,7 @@
 /*
  * Recordings. Each client's descriptors are recorded once per distinct content
- * (everything but the ticket): bind, push descriptors, push constants, dispatch
+ * (everything but the ticket): bind, push descriptors (a buffer's range, or a texel view's
+ * VkBufferView), push constants, dispatch
  * or copy and one barrier, into a secondary command buffer with
  * SIMULTANEOUS_USE (so several submissions may run it at once), cached by a hash
  * of the content in the client's table of at most CACHE_MAX, least recently used
@@ -55,9 +56,18 @@ static void record_dispatch(ls_engine *e, VkCommandBuffer cb, const struct ls_de
     e->vk.CmdBindPipeline(cb, VK_PIPELINE_BIND_POINT_COMPUTE, (VkPipeline)program->handle);
     if (d->nbuffers) {
         VkDescriptorBufferInfo infos[LS_MAX_BUFFERS];
+        VkBufferView views[LS_MAX_BUFFERS];
         VkWriteDescriptorSet writes[LS_MAX_BUFFERS];
         for (uint32_t k = 0; k < d->nbuffers; k++) {  /* the range: to the buffer's end, at most the limit */
             int uniform = program->uniform_mask >> k & 1;
+            if (program->texel_mask >> k & 1) {   /* a texel buffer: the view, with its own range (validate.c) */
+                views[k] = (VkBufferView)buffers[k]->handle;
+                writes[k] = (VkWriteDescriptorSet){VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET, NULL, VK_NULL_HANDLE, k, 0, 1,
+                                                   uniform ? VK_DESCRIPTOR_TYPE_UNIFORM_TEXEL_BUFFER
+                                                           : VK_DESCRIPTOR_TYPE_STORAGE_TEXEL_BUFFER, NULL, NULL,
+                                                   &views[k]};
+                continue;
+            }
             uint64_t range = buffers[k]->size - d->offset[k];
             uint64_t most = uniform ? e->cfg.max_uniform_range : e->cfg.max_storage_range;
             infos[k] = (VkDescriptorBufferInfo){(VkBuffer)buffers[k]->handle, d->offset[k], range < most ? range : most};

@@ -8,6 +8,14 @@
  * descriptor the engine pops (take, loop.c), before the recording cache is looked at: a cached
  * recording (recordings.c) only saves the recording, never a check. A command list's commands
  * (lists.c) pass it when the list is registered, and again each time one runs.
+ *
+ * Texel buffers. A dispatch names, at a binding its program declares a texel buffer, a view
+ * (LS_KIND_VIEW, objects.c) of the client's own: looked up as a view, never as a buffer (and a
+ * buffer binding's id never as a view), so a view passed for a buffer, or a buffer for a view, is
+ * an unknown id (LS_ENOBUFFER). The view's uses must include the binding's kind (storage or
+ * uniform) and its format must be one the binding takes (LS_EBINDINGS); its offset in the
+ * descriptor is 0 (the view has its own range: LS_ERANGE); a view whose buffer was dropped is
+ * refused (LS_ENOBUFFER).
  */
 #include "internal.h"
 
@@ -30,9 +38,12 @@ int check_desc(ls_engine *e, struct client *c, const struct ls_desc *d, struct o
         *nusers = 1;
         return 0;
     }
+    struct object **program_slot = d->opcode == LS_OP_DISPATCH ? table_find(&c->objects, LS_KIND_PROGRAM, d->program)
+                                                               : NULL;
+    uint32_t texel = program_slot ? (*program_slot)->texel_mask : 0;
     for (uint32_t k = 0; k < d->nbuffers; k++) {
-        struct object **slot = table_find(&c->objects, LS_KIND_BUFFER, d->buffer[k]);
-        if (!slot)
+        struct object **slot = table_find(&c->objects, texel >> k & 1 ? LS_KIND_VIEW : LS_KIND_BUFFER, d->buffer[k]);
+        if (!slot || (texel >> k & 1 && (*slot)->of->freed))
             return -LS_ENOBUFFER;
         users[k] = *slot;
     }
@@ -50,15 +61,22 @@ int check_desc(ls_engine *e, struct client *c, const struct ls_desc *d, struct o
     }
     if (d->opcode != LS_OP_DISPATCH)
         return -LS_EBADSLOT;
-    struct object **slot = table_find(&c->objects, LS_KIND_PROGRAM, d->program);
-    if (!slot)
+    if (!program_slot)
         return -LS_ENOPROGRAM;
-    struct object *program = *slot;
+    struct object *program = *program_slot;
     if (d->nbuffers != program->bindings)
         return -LS_EBINDINGS;
     if (d->push_size > program->push_size || d->push_size % 4)
         return -LS_EPUSH;
     for (uint32_t k = 0; k < d->nbuffers; k++) {
+        if (texel >> k & 1) {
+            uint32_t use = program->uniform_mask >> k & 1 ? LS_VIEW_UNIFORM : LS_VIEW_STORAGE;
+            if (!(users[k]->uses & use) || !(program->formats[k] >> users[k]->format & 1))
+                return -LS_EBINDINGS;
+            if (d->offset[k])
+                return -LS_ERANGE;
+            continue;
+        }
         uint64_t alignment = program->uniform_mask >> k & 1 ? e->cfg.uniform_offset_alignment : e->cfg.offset_alignment;
         if (d->offset[k] >= users[k]->size || d->offset[k] % alignment)
             return -LS_ERANGE;

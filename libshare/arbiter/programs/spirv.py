@@ -71,9 +71,10 @@ from typing import Iterator
 
 from libshare.arbiter.programs.capabilities import capability_name
 from libshare.errors import InvalidSubmission
+from libshare.protocol.texels import TEXEL_FORMATS
 
 __all__ = ["ALLOWED_CAPABILITIES", "ALLOWED_EXTENSIONS", "ShaderInterface", "bound_in_set_zero", "reflect",
-           "uniform_buffers", "zero_initialized"]
+           "texel_buffers", "uniform_buffers", "zero_initialized"]
 
 _MAGIC = 0x07230203
 _MAGIC_SWAPPED = 0x03022307  # the magic number read in the wrong byte order
@@ -90,6 +91,7 @@ _OP_CONSTANT_COMPOSITE, _OP_SPEC_CONSTANT_COMPOSITE, _OP_SPEC_CONSTANT_OP = 44, 
 _OP_EXTENSION, _OP_EXT_INST_IMPORT, _OP_MEMORY_MODEL, _OP_CAPABILITY = 10, 11, 14, 17
 _OP_TYPE_BOOL, _OP_TYPE_FORWARD_POINTER = 20, 39
 _OP_CONSTANT_NULL, _OP_FUNCTION = 46, 54
+_OP_TYPE_IMAGE, _OP_TYPE_SAMPLER, _OP_TYPE_SAMPLED_IMAGE, _OP_IMAGE_TEXEL_POINTER = 25, 26, 27, 60
 _MIN_OPERANDS = {
     _OP_ENTRY_POINT: 3, _OP_EXECUTION_MODE: 2, _OP_EXECUTION_MODE_ID: 2,
     _OP_DECORATE: 2, _OP_MEMBER_DECORATE: 3, _OP_VARIABLE: 3,
@@ -99,9 +101,11 @@ _MIN_OPERANDS = {
     _OP_CONSTANT_COMPOSITE: 2, _OP_SPEC_CONSTANT_COMPOSITE: 2, _OP_SPEC_CONSTANT_OP: 3,
     _OP_EXTENSION: 1, _OP_EXT_INST_IMPORT: 2, _OP_MEMORY_MODEL: 2, _OP_CAPABILITY: 1,
     _OP_TYPE_FORWARD_POINTER: 2, _OP_TYPE_BOOL: 1,
+    _OP_TYPE_IMAGE: 8, _OP_TYPE_SAMPLER: 1, _OP_TYPE_SAMPLED_IMAGE: 2, _OP_IMAGE_TEXEL_POINTER: 5,
 }
 _TYPE_OPS = {_OP_TYPE_BOOL, _OP_TYPE_INT, _OP_TYPE_FLOAT, _OP_TYPE_VECTOR, _OP_TYPE_MATRIX, _OP_TYPE_ARRAY,
-             _OP_TYPE_RUNTIME_ARRAY, _OP_TYPE_STRUCT, _OP_TYPE_POINTER}
+             _OP_TYPE_RUNTIME_ARRAY, _OP_TYPE_STRUCT, _OP_TYPE_POINTER, _OP_TYPE_IMAGE, _OP_TYPE_SAMPLER,
+             _OP_TYPE_SAMPLED_IMAGE}
 _CONSTANT_OPS = {_OP_CONSTANT, _OP_SPEC_CONSTANT, _OP_CONSTANT_COMPOSITE,
                  _OP_SPEC_CONSTANT_COMPOSITE, _OP_SPEC_CONSTANT_OP}
 
@@ -114,9 +118,13 @@ _BUILTIN_NUM_WORKGROUPS, _BUILTIN_WORKGROUP_SIZE = 24, 25
 _SC_UNIFORM_CONSTANT, _SC_UNIFORM, _SC_PUSH_CONSTANT, _SC_STORAGE_BUFFER = 0, 2, 9, 12
 _SC_INPUT, _SC_WORKGROUP, _SC_PRIVATE, _SC_FUNCTION = 1, 4, 6, 7
 _BUFFER_CLASSES = (_SC_UNIFORM_CONSTANT, _SC_UNIFORM, _SC_STORAGE_BUFFER)  # the classes of bound resources
+_DIM_BUFFER = 5
+_IMAGE_FORMAT_NAMES = {0: "Unknown", 1: "Rgba32f", 2: "Rgba16f", 3: "R32f", 4: "Rgba8", 5: "Rgba8Snorm", 6: "Rg32f",
+                       9: "R16f", 21: "Rgba32i", 23: "Rgba8i", 24: "R32i", 30: "Rgba32ui", 32: "Rgba8ui", 33: "R32ui"}
 
 ALLOWED_CAPABILITIES = {number: capability_name(number) for number in (
     0, 1, 9, 10, 11, 12, 22, 39,  # Matrix, Shader, Float16, Float64, Int64, Int64Atomics, Int16, Int8
+    46, 47,  # SampledBuffer, ImageBuffer: uniform and storage texel buffers (no other image capability)
     61, 62, 63, 64, 65, 66, 67, 68,  # the GroupNonUniform operations
     4423, 4431,  # SubgroupBallotKHR, SubgroupVoteKHR
     4433, 4434, 4435, 4448, 4449, 4450,  # 16- and 8-bit storage
@@ -172,7 +180,10 @@ class ShaderInterface:
     resources: tuple[tuple[int, int], ...] = ()
     """The module's own (descriptor set, binding) of each buffer, in the order of :attr:`bindings`."""
     uniform: frozenset[int] = frozenset()
-    """Which of :attr:`bindings` are uniform buffers (the others are storage buffers)."""
+    """Which of :attr:`bindings` are uniform buffers or uniform texel buffers (the others are storage ones)."""
+    texel: tuple[tuple[int, tuple[str, ...]], ...] = ()
+    """The texel buffers among :attr:`bindings`: (binding, the view formats it reads or writes,
+    libshare.protocol.texels names), in binding order."""
 
 
 def reflect(spirv: bytes) -> ShaderInterface:
@@ -194,7 +205,8 @@ def reflect(spirv: bytes) -> ShaderInterface:
         local_size=module.local_size(entry_id),
         bindings=tuple(range(len(resources))),
         resources=tuple(place for place, _ in resources),
-        uniform=frozenset(k for k, (_, uniform) in enumerate(resources) if uniform),
+        uniform=frozenset(k for k, (_, (uniform, _)) in enumerate(resources) if uniform),
+        texel=tuple((k, formats) for k, (_, (_, formats)) in enumerate(resources) if formats is not None),
         push_constant_size=module.push_constant_size(),
         workgroup_bytes=module.variable_bytes((_SC_WORKGROUP,)),
         private_bytes=module.variable_bytes((_SC_PRIVATE, _SC_FUNCTION)),
@@ -262,8 +274,15 @@ def bound_in_set_zero(spirv: bytes) -> bytes:
 
 
 def uniform_buffers(spirv: bytes) -> frozenset[int]:
-    """Which buffers of ``spirv`` (0..N-1, in (set, binding) order) are uniform buffers."""
-    return frozenset(k for k, (_, uniform) in enumerate(_Module(_words(bytes(spirv))).resources()) if uniform)
+    """Which buffers of ``spirv`` (0..N-1, in (set, binding) order) are uniform buffers or uniform texel buffers."""
+    resources = _Module(_words(bytes(spirv))).resources()
+    return frozenset(k for k, (_, (uniform, _)) in enumerate(resources) if uniform)
+
+
+def texel_buffers(spirv: bytes) -> dict[int, tuple[str, ...]]:
+    """The texel buffers of ``spirv`` (0..N-1, in (set, binding) order): binding -> the view formats it takes."""
+    resources = _Module(_words(bytes(spirv))).resources()
+    return {k: formats for k, (_, (_, formats)) in enumerate(resources) if formats is not None}
 
 
 def _invalid(message: str) -> InvalidSubmission:
@@ -339,6 +358,7 @@ class _Module:
         self.models: list[tuple[int, int]] = []  # (addressing, memory)
         self.pointer_classes: list[int] = []  # storage classes of OpTypePointer / OpTypeForwardPointer
         self.builtins: set[int] = set()  # every BuiltIn decoration's value, on any id or member
+        self.texel_pointers = False  # an OpImageTexelPointer (an atomic on a texel): refused
         for opcode, ops in _instructions(words):
             self._record(opcode, ops)
 
@@ -355,6 +375,8 @@ class _Module:
             self.pointer_classes.append(ops[1])
         if opcode == _OP_TYPE_POINTER:
             self.pointer_classes.append(ops[1])
+        elif opcode == _OP_IMAGE_TEXEL_POINTER:
+            self.texel_pointers = True
         if opcode == _OP_ENTRY_POINT and ops[0] == _GL_COMPUTE:
             self.entry_points.append((ops[1], _string(ops[2:])))
         elif opcode in (_OP_EXECUTION_MODE, _OP_EXECUTION_MODE_ID):
@@ -393,6 +415,8 @@ class _Module:
             raise _refused(f"addressing model {_ADDRESSING_NAMES.get(addressing, addressing)}")
         if memory not in _MEMORY_MODELS:
             raise _refused(f"memory model number {memory}")
+        if self.texel_pointers:  # (its pointer's class is Image: named here first)
+            raise _refused("an atomic on a texel buffer (OpImageTexelPointer: imageAtomic*)")
         for storage in self.pointer_classes + [storage for _, _, storage in self.variables]:
             if storage not in _ALLOWED_STORAGE and storage != _SC_UNIFORM_CONSTANT:  # images: refused later, by name
                 raise _refused(f"storage class {_STORAGE_NAMES.get(storage, storage)}")
@@ -453,18 +477,18 @@ class _Module:
             raise _invalid(f"local size {sizes} has a zero dimension")
         return x, y, z
 
-    def resources(self) -> list[tuple[tuple[int, int], bool]]:
-        """Each distinct (set, binding) of the module's buffers, sorted, with whether it is a
-        uniform buffer; raises on any other resource, and on a binding whose views disagree on
-        its kind."""
-        found: dict[tuple[int, int], bool] = {}
+    def resources(self) -> list[tuple[tuple[int, int], tuple[bool, tuple[str, ...] | None]]]:
+        """Each distinct (set, binding) of the module's buffers, sorted, with its kind: (whether it is
+        uniform, None for a buffer or the view formats of a texel buffer); raises on any other
+        resource, and on a binding whose views disagree on its kind."""
+        found: dict[tuple[int, int], tuple[bool, tuple[str, ...] | None]] = {}
         for pointer, var, storage in self.variables:
             if storage in _BUFFER_CLASSES:
-                uniform = self._buffer_kind(pointer, storage)
+                kind = self._buffer_kind(pointer, storage)
                 place = self.place(var)
-                if found.setdefault(place, uniform) != uniform:
-                    raise _invalid(f"binding {place[1]} of set {place[0]} is declared both a uniform and a "
-                                   "storage buffer")
+                if found.setdefault(place, kind) != kind:
+                    raise _invalid(f"binding {place[1]} of set {place[0]} is declared as two kinds of resource "
+                                   f"({_kind_name(found[place])} and {_kind_name(kind)})")
         return sorted(found.items())
 
     def push_constant_size(self) -> int:
@@ -475,22 +499,58 @@ class _Module:
         size = self._size(self._pointee(blocks[0]), {}, 0) if blocks else 0
         return (size + 3) & ~3  # a push-constant range is whole words (a block of one int8_t: 4 bytes)
 
-    def _buffer_kind(self, pointer: int, storage: int) -> bool:
-        """True for a uniform buffer, False for a storage buffer; raises on any other resource."""
-        if storage == _SC_UNIFORM_CONSTANT:
-            raise InvalidSubmission("storage images, sampled images and samplers are not supported: libshare binds "
-                                    "buffers only (use storage or uniform buffers)")
+    def _buffer_kind(self, pointer: int, storage: int) -> tuple[bool, tuple[str, ...] | None]:
+        """(uniform, None) for a buffer, (uniform, its view formats) for a texel buffer; raises on any
+        other resource."""
         pointee = self._pointee(pointer)
+        if storage == _SC_UNIFORM_CONSTANT:
+            return self._texel_kind(pointee)
         if self._type(pointee)[0] != _OP_TYPE_STRUCT:
             raise InvalidSubmission("arrays of buffers are not supported: declare one buffer per binding")
         decorations = self.decorations.get(pointee, {})
         if storage == _SC_STORAGE_BUFFER and _DEC_BLOCK in decorations:
-            return False
+            return False, None
         if storage == _SC_UNIFORM and _DEC_BUFFER_BLOCK in decorations:
-            return False
+            return False, None
         if storage == _SC_UNIFORM and _DEC_BLOCK in decorations:
-            return True
+            return True, None
         raise _invalid(f"buffer type %{pointee} has neither a Block nor a BufferBlock decoration")
+
+    def _texel_kind(self, type_id: int) -> tuple[bool, tuple[str, ...]]:
+        """(uniform, the view formats it takes) of a texel buffer: an image of Dim Buffer, alone or with a
+        sampler (``samplerBuffer``); raises, naming it, on any other image, a sampler or an array of them."""
+        kind, ops = self._type(type_id)
+        if kind == _OP_TYPE_SAMPLED_IMAGE:
+            kind, ops = self._type(ops[1])
+        if kind in (_OP_TYPE_ARRAY, _OP_TYPE_RUNTIME_ARRAY):
+            raise InvalidSubmission("arrays of texel buffers are not supported: declare one per binding")
+        if kind != _OP_TYPE_IMAGE or ops[2] != _DIM_BUFFER:
+            raise InvalidSubmission("storage images, sampled images and samplers are not supported: libshare binds "
+                                    "buffers and texel buffers only (use storage, uniform or texel buffers)")
+        sampled, image_format, numeric = ops[6], ops[7], self._numeric(ops[1])
+        if sampled == 1:  # a uniform texel buffer: any format of its numeric class (texelFetch converts)
+            return True, tuple(name for name, f in TEXEL_FORMATS.items() if f.numeric == numeric)
+        if sampled != 2:
+            raise _invalid(f"texel buffer type %{type_id} has Sampled {sampled} (1 or 2 for a Vulkan texel buffer)")
+        named = _IMAGE_FORMAT_NAMES.get(image_format, f"number {image_format}")
+        if image_format == 0:
+            raise InvalidSubmission("a storage texel buffer of format Unknown is not supported: declare its format "
+                                    "(layout(r32f) uniform imageBuffer)")
+        formats = tuple(name for name, f in TEXEL_FORMATS.items()
+                        if f.spirv_format == image_format and f.numeric == numeric)
+        if not formats:
+            raise InvalidSubmission(f"a storage texel buffer of format {named} is not supported: libshare views "
+                                    f"{', '.join(TEXEL_FORMATS)}")
+        return False, formats
+
+    def _numeric(self, type_id: int) -> str:
+        """A texel buffer's Sampled Type as a numeric class: "float", "uint" or "sint" (32-bit only)."""
+        kind, ops = self._type(type_id)
+        if kind == _OP_TYPE_FLOAT and ops[1] == 32:
+            return "float"
+        if kind == _OP_TYPE_INT and ops[1] == 32:
+            return "sint" if ops[2] else "uint"
+        raise InvalidSubmission(f"a texel buffer's sampled type %{type_id} is not a 32-bit float or integer")
 
     def place(self, var: int) -> tuple[int, int]:
         """A resource variable's (descriptor set, binding)."""
@@ -571,6 +631,11 @@ class _Module:
             offset = _first(layout, _DEC_OFFSET, f"Offset on member {index} of struct %{struct_id}")
             end = max(end, offset + self._size(member, layout, depth + 1))
         return end
+
+
+def _kind_name(kind: tuple[bool, tuple[str, ...] | None]) -> str:
+    """A binding's kind in words, for a refusal."""
+    return f"{'a uniform' if kind[0] else 'a storage'} {'buffer' if kind[1] is None else 'texel buffer'}"
 
 
 def _first(decorations: dict[int, tuple[int, ...]], decoration: int, what: str) -> int:

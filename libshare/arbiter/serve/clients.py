@@ -1,4 +1,4 @@
-"""What the arbiter holds for each client: its ring region, buffers, programs and counters.
+"""What the arbiter holds for each client: its ring region, buffers, texel views, programs and counters.
 
 Everything here is owned by the control thread (see _drain.py); connection threads reach
 it through tasks. The native engine keeps its own table of each client's buffers and
@@ -17,7 +17,7 @@ from libshare.protocol.wire import trusted_uid
 from libshare.errors import InvalidSubmission
 from libshare.ring import Region
 from libshare.ring._region import SharedMapping
-from libshare.arbiter.device import DeviceBuffer
+from libshare.arbiter.device import DeviceBuffer, DeviceView
 from libshare.arbiter.device import Pipeline
 
 
@@ -97,6 +97,17 @@ class BufferRecord:
 
 
 @dataclass
+class ViewRecord:
+    """One texel view of one client: part of one of its buffers, seen as texels (serve/views.py)."""
+
+    id: int
+    buffer_id: int
+    format: str  # a name of libshare.protocol.texels.TEXEL_FORMATS
+    device_view: DeviceView
+    freed: bool = False
+
+
+@dataclass
 class ListRecord:
     """One command list of one client (its commands live in the engine: engine/lists.c)."""
 
@@ -166,6 +177,7 @@ class Client:
     buffers: dict[int, BufferRecord] = field(default_factory=dict)
     programs: dict[int, ProgramRecord] = field(default_factory=dict)
     lists: dict[int, ListRecord] = field(default_factory=dict)
+    views: dict[int, ViewRecord] = field(default_factory=dict)
     releasing: Counter = field(default_factory=Counter)  # freed and not yet destroyed, by record type:
     # they wait for their last use (LS_EV_RELEASED), and the client's limits count them (held)
     counters: Counters = field(default_factory=Counters)

@@ -23,6 +23,9 @@ ls_desc``, 256 bytes each, their tickets ignored), 1 to ``LS_ENGINE_MAX_LIST``, 
 copy that the engine checks as it checks a popped descriptor (engine/lists.c), at most
 :data:`LISTS_PER_CLIENT` lists a client. ``free`` forgets one by ``list_id``.
 
+Texel views. ``view`` makes a texel view of one of the client's buffers (serve/views.py: its
+fields, checks and limits); ``free`` forgets one by ``view_id``, and freeing a buffer frees its views.
+
 Reattaching. A session whose arbiter died hands the new one what it kept: ``import`` (one
 descriptor: a shared buffer's memfd, checked by ``check_sealed_memfd`` to be a memfd of the
 size it says, writable, sealed against shrinking, growing and new seals, so that mapping it
@@ -51,6 +54,7 @@ from libshare.protocol import wire as protocol
 from libshare.ring._region import SharedMapping, check_sealed_memfd, sealed_memfd
 from libshare.arbiter.engine.binding import MOST_COMMANDS
 from libshare.arbiter.serve.clients import BufferRecord, Client, ListRecord, ProgramRecord, SharedMemory
+from libshare.arbiter.serve.views import VIEW_FIELDS, make_view
 from libshare.arbiter.programs.loading import check_program_quota
 from libshare.arbiter.programs.specialize import constants_rule
 from libshare.arbiter.drain.quarantine import COMPILE
@@ -65,6 +69,7 @@ SCARCE = (errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS)  # out of des
 _ID = protocol.integer(0, (1 << 63) - 1)
 _KEPT_ID = protocol.integer(1, (1 << 31) - 1)  # an id a reattaching session asks to keep (Client.new_id)
 _DESC_SIZE = 256  # struct ls_desc (ring.h; the engine's ls_engine_put_list reads whole ones)
+_FREED = {"buffer_id": "buffers", "program_id": "programs", "list_id": "lists", "view_id": "views"}  # free's field: table
 LISTS_PER_CLIENT = 64
 """Command lists a client holds at once, freed ones still running included (each up to 256 KiB)."""
 
@@ -81,7 +86,9 @@ REQUESTS = {
     "import": {**_op("import"), "size": (protocol.integer(_PAGE, _MAX_BUFFER), True),  # the memfd rides along
                "id": (_KEPT_ID, False)},
     "load_list": {**_op("load_list"), "id": (_KEPT_ID, False)},  # the commands are the payload
-    "free": {**_op("free"), "buffer_id": (_ID, False), "program_id": (_ID, False), "list_id": (_ID, False)},
+    "view": {**_op("view"), **VIEW_FIELDS},  # a texel view of a buffer (serve/views.py)
+    "free": {**_op("free"), "buffer_id": (_ID, False), "program_id": (_ID, False), "list_id": (_ID, False),
+             "view_id": (_ID, False)},
     "stats": _op("stats"),
 }
 """The schema of each request of a session (see protocol.wire.check_fields)."""
@@ -103,7 +110,7 @@ class Requests:
     def __init__(self, arbiter, attached):
         self._arbiter, self._attached = arbiter, attached
         self._handlers = {"load_program": self._load_program, "alloc": self._alloc, "import": self._import,
-                          "load_list": self._load_list, "free": self._free, "stats": self._stats}
+                          "load_list": self._load_list, "free": self._free, "stats": self._stats, "view": self._view}
 
     def answer(self, conn: socket.socket, client: Client, frame: protocol.Frame) -> None:
         """Answer one request of ``client``: its reply, or its refusal. The frame's descriptors are
@@ -151,8 +158,8 @@ class Requests:
         if handler is None:
             raise ProtocolError(f"unknown request {protocol.short(op)}; the requests are {', '.join(REQUESTS)}")
         protocol.check_fields(frame.fields, schema, op)
-        if op == "free" and sum(name in frame.fields for name in ("buffer_id", "program_id", "list_id")) != 1:
-            raise ProtocolError("free names one buffer_id, program_id or list_id")
+        if op == "free" and sum(name in frame.fields for name in _FREED) != 1:
+            raise ProtocolError("free names one buffer_id, program_id, list_id or view_id")
         if op == "load_program" and not frame.payload:
             raise InvalidSubmission("load_program carries a SPIR-V module as its payload (got none)")
         if op == "load_list" and (not 0 < len(frame.payload) <= MOST_COMMANDS * _DESC_SIZE
@@ -285,15 +292,18 @@ class Requests:
 
         def free():  # descriptors pushed before this request still find it (ls_engine_drop waits for them)
             fields = frame.fields
-            record = (client.buffers.get(fields.get("buffer_id")) if "buffer_id" in fields
-                      else client.lists.get(fields.get("list_id")) if "list_id" in fields
-                      else client.programs.get(fields.get("program_id")))
+            name = next(name for name in _FREED if name in fields)
+            record = getattr(client, _FREED[name]).get(fields[name])
             if record is None:
-                raise InvalidSubmission(f"no such buffer, program or command list: {fields}")
+                raise InvalidSubmission(f"no such buffer, program, command list or texel view: {fields}")
             drainer.free(client, record)
 
         drainer.call(free, policy=False)  # records: the engine's policy stays
         return {}, ()
+
+    def _view(self, client: Client, frame: protocol.Frame):
+        drainer = self._arbiter.drainer
+        return drainer.call(make_view, drainer, client, frame.fields, _require_attached, policy=False), ()
 
     def _stats(self, client: Client, frame: protocol.Frame):
         c = self._arbiter.drainer.refresh(client)
