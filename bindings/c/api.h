@@ -198,9 +198,24 @@ int ls_alloc(ls_session *session, uint64_t nbytes, uint32_t kind, struct ls_buff
 int ls_free_buffer(ls_session *session, uint32_t buffer_id);
 
 /*
+ * A texel view (docs/programs.md, "Texel buffers"): nbytes of buffer (0: whole texels to its end)
+ * from byte offset, seen as texels of format ("r32f", "r32ui", "rgba8", "rgba32f", ...: the names
+ * of libshare/protocol/texels.py), to pass in ls_dispatch()'s buffers (offset 0) at a kernel's
+ * texel buffer (uniform samplerBuffer, layout(r32f) uniform imageBuffer). *view receives its id.
+ * The arbiter checks that the buffer is this session's, the format one the device supports, the
+ * offset a multiple of its minTexelBufferOffsetAlignment and the range whole texels within the
+ * buffer: -LS_EINVALID names what it refuses; -EINVAL (format or view NULL). ls_free_view()
+ * forgets one (a submitted dispatch still completes); freeing a buffer frees its views.
+ */
+int ls_texel_view(ls_session *session, uint32_t buffer, const char *format, uint64_t offset, uint64_t nbytes,
+                  uint32_t *view);
+int ls_free_view(ls_session *session, uint32_t view);
+
+/*
  * Queue program over groups_x * groups_y * groups_z workgroups on nbuffers
- * buffers (ids from ls_alloc, bound at bindings 0..nbuffers-1, each from the
- * byte offset in offsets[i]; offsets may be NULL for all 0) with push_size
+ * buffers (ids from ls_alloc, or from ls_texel_view at texel buffers, bound at
+ * bindings 0..nbuffers-1, each from the byte offset in offsets[i], 0 for a view;
+ * offsets may be NULL for all 0) with push_size
  * bytes of push constants. Returns at once: *ticket receives the ticket to
  * wait on. Runs in C (no Python): one descriptor pushed into the ring.
  * Returns 0, -EINVAL (more than 8 buffers or 128 push bytes, buffers or push

@@ -6,17 +6,22 @@ checks its buffer (the client's own, live), format (one the device supports), of
 size (whole texels within the buffer) before any VkBufferView exists, and the engine checks each
 dispatch's views against the program's texel bindings (engine/validate.c). Each hostile case below
 is refused (or, for a read past a view's end, bounded: zeros) for that client only, while an honest
-session beside it computes and is checked.
+session beside it computes and is checked. A session that reattaches to a new arbiter makes its views
+again (client/reattach.py); a view of a device buffer is lost with it.
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import struct
 
 import numpy as np
 import pytest
 
 import libshare
+from tests.arbiter.conftest import wait_until
+from tests.arbiter.test_reattach import supervised  # noqa: F401 (a fixture)
 from tests.arbiter.test_resources import compile_glsl
 
 N = 256
@@ -105,3 +110,128 @@ def test_reads_past_a_views_end_are_zeros_and_writes_past_it_are_dropped(texel_m
         np.testing.assert_array_equal(y[:128], _expected(a[:64], c[:64], shift=32, n=128))  # zeros past 64
         np.testing.assert_array_equal(y[128:], 5)  # the writes past the y view's end went nowhere
         _honest(honest, honest_program, rng)
+
+
+# a[i] (a uniform texel buffer, r32f) into y[i] (a storage buffer): a texel binding beside a buffer binding
+MIXED = """#version 450
+layout(local_size_x = 64) in;
+layout(set = 0, binding = 0) uniform samplerBuffer a;
+layout(set = 0, binding = 1) buffer Out { float y[]; };
+void main() { uint i = gl_GlobalInvocationID.x; y[i] = texelFetch(a, int(i)).x; }
+"""
+
+
+def _view_of_another_clients_buffer(session, victim, program, rng):
+    """The victim's buffer id, and the victim's view, named by the attacker: neither is the attacker's."""
+    a, c, y = _inputs(victim, rng)
+    victim_view = victim.texel_view(y, "r32ui")
+    buffer = victim.texel_view(a, "r32f").buffer
+    assert buffer.id > max(session._objects, default=0)  # no object of the attacker's has that id
+    with pytest.raises(libshare.InvalidSubmission, match=f"no buffer {buffer.id} of this session"):
+        session.texel_view(buffer, "r32f")
+    with pytest.raises(libshare.InvalidSubmission, match="unknown or freed buffer id"):
+        _run(session, program, a, c, y, views=(victim_view, victim_view, victim_view))
+    assert not y.any()  # nothing was written through the victim's view
+
+
+def _views_past_the_buffer(session, victim, program, rng):
+    array = session.array(1024, np.float32)  # one page
+    buffer = session.texel_view(array, "r32f").buffer
+    with pytest.raises(libshare.InvalidSubmission, match="whole texels"):
+        session.texel_view(buffer, "r32f", nbytes=buffer.size + 4)
+    with pytest.raises(libshare.InvalidSubmission, match="whole texels"):
+        session.texel_view(buffer, "r32f", offset=buffer.size - 16, nbytes=32)
+    with pytest.raises(libshare.InvalidSubmission, match="past its buffer"):
+        session.texel_view(buffer, "r32f", offset=buffer.size)
+    with pytest.raises(libshare.InvalidSubmission, match="whole texels"):
+        session.texel_view(buffer, "rgba32f", nbytes=24)  # a texel and a half
+
+
+def _misaligned_offset(session, victim, program, rng):
+    array = session.array(1024, np.float32)
+    with pytest.raises(libshare.InvalidSubmission, match="offset must be a multiple of"):
+        session.texel_view(array, "r32f", offset=4)
+    with pytest.raises(libshare.InvalidSubmission, match="offset must be a multiple of"):
+        session.texel_view(array[1:], "r32f")  # an array's first byte, 4 bytes in
+
+
+def _unsupported_format(session, victim, program, rng):
+    array = session.array(1024, np.float32)
+    for name in ("rgb9e5", "R32F", "", "r32f\0"):
+        with pytest.raises(libshare.InvalidSubmission, match="format must be one of"):
+            session.texel_view(array, name)
+
+
+def _views_and_buffers_swapped(session, victim, program, rng):
+    mixed = session.load_program(session._texel_mixed)
+    x, y = session.array(N, np.float32), session.array(N, np.float32)
+    x[:] = rng.random(N, np.float32)
+    view_x, view_y = session.texel_view(x, "r32f"), session.texel_view(y, "r32f")
+    for buffers in ([x, y], [view_x, view_y], [y, view_x]):  # a buffer at the texel binding, a view at the buffer's
+        with pytest.raises(libshare.InvalidSubmission, match="unknown or freed buffer id"):
+            session.dispatch(mixed, N // 64, buffers).wait(60)
+    a, c, out = _inputs(session, rng)
+    wrong = (session.texel_view(a, "r32ui"), session.texel_view(c, "rgba8"), session.texel_view(out, "r32ui"))
+    with pytest.raises(libshare.InvalidSubmission, match="bindings"):  # an r32ui view where r32f is read
+        _run(session, program, a, c, out, views=wrong)
+    wrong = (session.texel_view(a, "r32f"), session.texel_view(c, "rgba8"), session.texel_view(out, "r32f"))
+    with pytest.raises(libshare.InvalidSubmission, match="bindings"):  # an r32f view at the r32ui storage binding
+        _run(session, program, a, c, out, views=wrong)
+    assert not y.any() and not out.any()
+    session.dispatch(mixed, N // 64, [view_x, y]).wait(60)  # the right ones still run
+    np.testing.assert_array_equal(y, x)
+
+
+def _view_after_its_buffer_was_freed(session, victim, program, rng):
+    a, c, y = _inputs(session, rng)
+    views = (session.texel_view(a, "r32f"), session.texel_view(c, "rgba8"), session.texel_view(y, "r32ui"))
+    session.free(y)
+    assert views[2].freed
+    with pytest.raises(libshare.InvalidSubmission, match="unknown or freed buffer id"):
+        _run(session, program, a, c, y, views=views)
+    session.free(views[0])
+    with pytest.raises(libshare.InvalidSubmission, match="no such buffer, program, command list or texel view"):
+        session._request("free", view_id=views[0].id)
+
+
+ATTACKS = {
+    "a view of another client's buffer": _view_of_another_clients_buffer,
+    "a view past its buffer's end": _views_past_the_buffer,
+    "a misaligned offset": _misaligned_offset,
+    "an unsupported format": _unsupported_format,
+    "views and buffers at each other's bindings, views of the wrong format": _views_and_buffers_swapped,
+    "a view used after its buffer was freed": _view_after_its_buffer_was_freed,
+}
+
+
+@pytest.mark.parametrize("attack", sorted(ATTACKS))
+def test_hostile_views_are_refused_to_their_client_beside_an_honest_one(tmp_path, texel_module, attack):
+    rng = np.random.default_rng(3)
+    with (libshare.connect(mode="embedded") as session, libshare.connect(mode="embedded") as victim,
+          libshare.connect(mode="embedded") as honest):
+        session._texel_mixed = compile_glsl(tmp_path, "mixed", MIXED)
+        program, honest_program = session.load_program(texel_module), honest.load_program(texel_module)
+        victim_program = victim.load_program(texel_module)
+        for _ in range(3):  # the attacker's ids stay below the victim's
+            victim.alloc(4096)
+        _honest(honest, honest_program, rng)
+        ATTACKS[attack](session, victim, program, rng)
+        _honest(honest, honest_program, rng)
+        _honest(victim, victim_program, rng)
+        _honest(session, program, rng)  # the attacker itself goes on
+
+
+def test_views_survive_an_arbiter_restart_and_a_device_buffers_view_is_lost(supervised, texel_module):  # noqa: F811
+    rng = np.random.default_rng(4)
+    with libshare.connect(mode="daemon", pipe_directory=supervised.pipe, timeout=30) as session:
+        program = session.load_program(texel_module)
+        a, c, y = _inputs(session, rng)
+        views = (session.texel_view(a, "r32f"), session.texel_view(c, "rgba8"), session.texel_view(y, "r32ui"))
+        device_view = session.texel_view(session.alloc(4096, "device"), "r32f")
+        before = supervised.arbiter()
+        os.kill(before, signal.SIGKILL)
+        wait_until(lambda: supervised.arbiter() not in (before, None), 60, "the standby to take over")
+        _run(session, program, a, c, y, views=views)  # the same views, made again by the new arbiter
+        np.testing.assert_array_equal(y, _expected(a, c))
+        assert session.reattached == 1 and [view.lost for view in views] == [None] * 3
+        assert isinstance(device_view.lost, libshare.BufferLost)
