@@ -98,6 +98,23 @@ def test_a_kernel_reads_uniform_texel_buffers_and_writes_a_storage_one(texel_mod
         np.testing.assert_array_equal(y[:64], 7)  # nothing before the view's offset is written
 
 
+def test_views_past_the_first_table_rebuild_still_hold_their_buffers(texel_module):
+    """Each view is put into the client's engine table beside its buffer; a put that grows the table
+    moves its slots (engine/objects.c), and the view still holds the buffer it was made over."""
+    rng = np.random.default_rng(5)
+    with libshare.connect(mode="embedded") as session:
+        program = session.load_program(texel_module)
+        a, c, y = _inputs(session, rng)
+        views = [session.texel_view(y, "r32ui") for _ in range(40)]  # the table starts with 16 slots
+        _run(session, program, a, c, y, views=(session.texel_view(a, "r32f"), session.texel_view(c, "rgba8"),
+                                               views[-1]))
+        np.testing.assert_array_equal(y, _expected(a, c))
+        for view in views[:-1]:
+            session.free(view)
+        session.free(y)  # with its last view
+        assert views[-1].freed
+
+
 def test_reads_past_a_views_end_are_zeros_and_writes_past_it_are_dropped(texel_module):
     rng = np.random.default_rng(2)
     with libshare.connect(mode="embedded") as session, libshare.connect(mode="embedded") as honest:

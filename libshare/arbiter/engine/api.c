@@ -380,11 +380,12 @@ int ls_engine_put_view(ls_engine *e, uint32_t slot, uint32_t id, uint32_t buffer
                          .uses = uses, .client = slot};
     pthread_mutex_lock(&e->lock);
     struct client *c = client_at(e, slot);
-    struct object **of = c ? table_find(&c->objects, LS_KIND_BUFFER, buffer) : NULL;
+    struct object **found = c ? table_find(&c->objects, LS_KIND_BUFFER, buffer) : NULL;
+    struct object *of = found ? *found : NULL;  /* (table_put may move the slots) */
     int rc = !of ? -ENOENT : table_find(&c->objects, LS_KIND_VIEW, id) ? -EEXIST
-           : offset > (*of)->size || range > (*of)->size - offset ? -ERANGE : table_put(&c->objects, o);
+           : offset > of->size || range > of->size - offset ? -ERANGE : table_put(&c->objects, o);
     if (!rc)
-        hold_objects(&o->of, of, 1);    /* the buffer lives while its view does (objects.c, "Views") */
+        hold_objects(&o->of, &of, 1);   /* the buffer lives while its view does (objects.c, "Views") */
     pthread_mutex_unlock(&e->lock);
     if (rc)
         free(o);

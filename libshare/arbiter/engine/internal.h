@@ -11,7 +11,7 @@
  *   recordings.c  descriptors recorded into secondary command buffers, each client's cache
  *   flights.c     submissions: opening, submitting, retiring, timestamps, the watchdog
  *   answers.c     completions and fences to clients, events to the control plane
- *   objects.c     each client's object table, objects held by commands, deferred drops
+ *   objects.c     each client's object table, objects held by commands, deferred drops, views
  *   lists.c       command lists: registered once, run command by command under one ticket
  *   api.c         the ls_engine_* entry points
  *   ../policy/engine_policy.c  the scheduling policy's C part: plans, ranks, lingering, pieces

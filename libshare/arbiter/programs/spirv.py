@@ -2,7 +2,7 @@
 
 The arbiter needs four facts about a client's shader before it builds a
 pipeline: the entry point name, the workgroup size, which descriptor bindings
-the shader uses and how many bytes of push constants it reads. ``reflect()``
+the shader uses (and the kind of each) and how many bytes of push constants it reads. ``reflect()``
 reads them straight from the SPIR-V word stream.
 
 The module comes from an untrusted client, so parsing never trusts a count or
@@ -15,13 +15,18 @@ validator.
 
 Supported resources are buffers: storage buffers, declared either the SPIR-V 1.3+ way
 (``StorageBuffer`` storage class) or the SPIR-V 1.0 way (``Uniform`` storage class with a
-``BufferBlock`` struct), and uniform buffers (``Uniform`` with a ``Block`` struct), in any
-descriptor set, at any binding numbers, gaps allowed, several variables (typed views) on one
-binding allowed when they agree on its kind. A program's buffers are its distinct (set,
-binding) pairs in that order: the client passes one buffer for each, and
-:func:`bound_in_set_zero` renumbers them 0..N-1 in set 0 before a driver sees the module, so
-that one push-descriptor set binds them all. Images, samplers and arrays of descriptors are
-refused: the arbiter binds buffers only.
+``BufferBlock`` struct), and uniform buffers (``Uniform`` with a ``Block`` struct), and texel
+buffers (``UniformConstant`` variables of an ``OpTypeImage`` of ``Dim Buffer``: ``Sampled 1``, alone
+or in an ``OpTypeSampledImage``, a uniform texel buffer, any view format of its sampled type's
+numeric class; ``Sampled 2`` a storage texel buffer, only views of the ``ImageFormat`` it declares,
+and ``Unknown`` is refused), in any descriptor set, at any binding numbers, gaps allowed, several
+variables (typed views) on one binding allowed when they agree on its kind. A program's buffers
+are its distinct (set, binding) pairs in that order: the client passes one buffer (or, at a texel
+buffer, one texel view: arbiter/serve/views.py) for each, and :func:`bound_in_set_zero` renumbers
+them 0..N-1 in set 0 before a driver sees the module, so that one push-descriptor set binds them
+all (:func:`uniform_buffers` and :func:`texel_buffers` say each binding's kind). Images of any
+other dimension, samplers and arrays of descriptors are refused: the arbiter binds buffers and
+views of buffers only.
 
 What a module may use (the whitelist)
 -------------------------------------
@@ -33,10 +38,12 @@ explicit list of what a compute kernel over its bound storage buffers needs, and
 the first thing that is not:
 
 * **capabilities** in :data:`ALLOWED_CAPABILITIES` (``Shader``, the 8/16/64-bit scalar
-  types and storage, subgroup operations, the Vulkan memory model). Refused, among
-  others: ``PhysicalStorageBufferAddresses`` (``GL_EXT_buffer_reference``: a pointer made
-  from an integer reads and writes any memory of the process), ``VariablePointers``,
-  ``Addresses``, ``Kernel``, ``Linkage``, ``Int64ImageEXT`` and everything for images.
+  types and storage, subgroup operations, the Vulkan memory model, ``ImageBuffer`` and
+  ``SampledBuffer`` for texel buffers). Refused, among others: ``PhysicalStorageBufferAddresses``
+  (``GL_EXT_buffer_reference``: a pointer made from an integer reads and writes any memory of
+  the process), ``VariablePointers``, ``Addresses``, ``Kernel``, ``Linkage``, ``Int64ImageEXT``
+  and every other image capability (``ImageQuery``, ``StorageImageReadWithoutFormat``, ...);
+  and ``OpImageTexelPointer`` (an atomic on a texel), by name.
 * **extensions** in :data:`ALLOWED_EXTENSIONS`, and extended instruction sets
   ``GLSL.std.450`` and ``NonSemantic.*`` (which by definition change nothing);
 * the **addressing model** ``Logical`` and the **memory models** ``GLSL450`` and
@@ -527,7 +534,11 @@ class _Module:
         if kind != _OP_TYPE_IMAGE or ops[2] != _DIM_BUFFER:
             raise InvalidSubmission("storage images, sampled images and samplers are not supported: libshare binds "
                                     "buffers and texel buffers only (use storage, uniform or texel buffers)")
-        sampled, image_format, numeric = ops[6], ops[7], self._numeric(ops[1])
+        sampled, image_format = ops[6], ops[7]
+        scalar, texel = self._type(ops[1])
+        if scalar not in (_OP_TYPE_FLOAT, _OP_TYPE_INT) or texel[1] != 32:
+            raise InvalidSubmission(f"a texel buffer's sampled type %{ops[1]} is not a 32-bit float or integer")
+        numeric = "float" if scalar == _OP_TYPE_FLOAT else "sint" if texel[2] else "uint"
         if sampled == 1:  # a uniform texel buffer: any format of its numeric class (texelFetch converts)
             return True, tuple(name for name, f in TEXEL_FORMATS.items() if f.numeric == numeric)
         if sampled != 2:
@@ -542,15 +553,6 @@ class _Module:
             raise InvalidSubmission(f"a storage texel buffer of format {named} is not supported: libshare views "
                                     f"{', '.join(TEXEL_FORMATS)}")
         return False, formats
-
-    def _numeric(self, type_id: int) -> str:
-        """A texel buffer's Sampled Type as a numeric class: "float", "uint" or "sint" (32-bit only)."""
-        kind, ops = self._type(type_id)
-        if kind == _OP_TYPE_FLOAT and ops[1] == 32:
-            return "float"
-        if kind == _OP_TYPE_INT and ops[1] == 32:
-            return "sint" if ops[2] else "uint"
-        raise InvalidSubmission(f"a texel buffer's sampled type %{type_id} is not a 32-bit float or integer")
 
     def place(self, var: int) -> tuple[int, int]:
         """A resource variable's (descriptor set, binding)."""
