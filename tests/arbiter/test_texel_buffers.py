@@ -252,3 +252,39 @@ def test_views_survive_an_arbiter_restart_and_a_device_buffers_view_is_lost(supe
         np.testing.assert_array_equal(y, _expected(a, c))
         assert session.reattached == 1 and [view.lost for view in views] == [None] * 3
         assert isinstance(device_view.lost, libshare.BufferLost)
+
+
+def test_hostile_view_requests_are_refused_by_their_schema_beside_an_honest_client(texel_module):
+    """The ``view`` request's fields (serve/views.py) as a hostile client writes them: each refused,
+    naming the field, and nothing is made; an honest session beside it computes."""
+    rng = np.random.default_rng(6)
+    with libshare.connect(mode="embedded") as session, libshare.connect(mode="embedded") as honest:
+        honest_program = honest.load_program(texel_module)
+        buffer = session.alloc(4096)
+        freed = session.alloc(4096)
+        session.free(freed)
+        hostile = [
+            ({"buffer_id": buffer.id}, libshare.ProtocolError, "'format' is missing"),
+            ({"format": "r32f"}, libshare.ProtocolError, "'buffer_id' is missing"),
+            ({"buffer_id": buffer.id, "format": "r32f", "range": 16}, libshare.ProtocolError, "unknown field"),
+            ({"buffer_id": -1, "format": "r32f"}, libshare.InvalidSubmission, "buffer_id"),
+            ({"buffer_id": True, "format": "r32f"}, libshare.InvalidSubmission, "buffer_id"),
+            ({"buffer_id": buffer.id, "format": 3}, libshare.InvalidSubmission, "format must be one of"),
+            ({"buffer_id": buffer.id, "format": "r32f", "offset": -16}, libshare.InvalidSubmission, "offset"),
+            ({"buffer_id": buffer.id, "format": "r32f", "offset": 1 << 41}, libshare.InvalidSubmission, "offset"),
+            ({"buffer_id": buffer.id, "format": "r32f", "size": 0}, libshare.InvalidSubmission, "size"),
+            ({"buffer_id": buffer.id, "format": "r32f", "size": "4"}, libshare.InvalidSubmission, "size"),
+            ({"buffer_id": buffer.id, "format": "r32f", "id": 1}, libshare.InvalidSubmission, "given out already"),
+            ({"buffer_id": freed.id, "format": "r32f"}, libshare.InvalidSubmission, f"no buffer {freed.id}"),
+        ]
+        for fields, error, named in hostile:
+            with pytest.raises(error, match=named):
+                session._request("view", **fields)
+            _honest(honest, honest_program, rng)
+        with pytest.raises(libshare.ProtocolError, match="carries no file descriptors"):
+            session._request("view", fds=(buffer.memfd,), buffer_id=buffer.id, format="r32f")
+        with pytest.raises(libshare.ProtocolError, match="one buffer_id, program_id, list_id or view_id"):
+            session._request("free", buffer_id=buffer.id, view_id=buffer.id)
+        view = session.texel_view(buffer, "r32f")  # the session goes on
+        assert (view.offset, view.nbytes) == (0, buffer.size)
+        _honest(honest, honest_program, rng)

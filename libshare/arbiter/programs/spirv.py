@@ -533,7 +533,7 @@ class _Module:
             raise InvalidSubmission("arrays of texel buffers are not supported: declare one per binding")
         if kind != _OP_TYPE_IMAGE or ops[2] != _DIM_BUFFER:
             raise InvalidSubmission("storage images, sampled images and samplers are not supported: libshare binds "
-                                    "buffers and texel buffers only (use storage, uniform or texel buffers)")
+                                    "buffers only, and images only over buffers (imageBuffer, samplerBuffer)")
         sampled, image_format = ops[6], ops[7]
         scalar, texel = self._type(ops[1])
         if scalar not in (_OP_TYPE_FLOAT, _OP_TYPE_INT) or texel[1] != 32:
