@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 import libshare
+from tests._busy import busy_iterations
 from tests.arbiter.conftest import wait_until
 from tests.arbiter.test_reattach import supervised  # noqa: F401 (a fixture)
 from tests.arbiter.test_resources import compile_glsl
@@ -113,6 +114,45 @@ def test_views_past_the_first_table_rebuild_still_hold_their_buffers(texel_modul
             session.free(view)
         session.free(y)  # with its last view
         assert views[-1].freed
+
+
+# y[i] = a[i] (r32ui views), after `rounds` rounds of an LCG per invocation that the compiler cannot drop
+BUSY_TEXEL = """#version 450
+layout(local_size_x = 64) in;
+layout(set = 0, binding = 0) uniform usamplerBuffer a;
+layout(set = 0, binding = 1, r32ui) uniform writeonly uimageBuffer y;
+layout(push_constant) uniform Push { uint n; uint rounds; } p;
+void main() {
+    uint i = gl_GlobalInvocationID.x;
+    if (i >= p.n) return;
+    uint x = i;
+    for (uint r = 0u; r < p.rounds; r++) x = x * 1664525u + 1013904223u;
+    imageStore(y, int(i), uvec4(texelFetch(a, int(i)).x + uint(x == 0xFFFFFFFFu && i == 0xFFFFFFFFu)));
+}
+"""
+
+
+def test_a_buffer_freed_under_a_running_dispatch_lives_until_its_view_is_done(tmp_path):
+    """Freeing a buffer frees its views; a dispatch already taken (popped, in flight) runs through them to
+    the end: the view holds the buffer in the engine (engine/objects.c, "Views"), so the buffer is not
+    destroyed and its memory, which the client's limits count, is released only once the dispatch retires."""
+    n = 1 << 16
+    with libshare.connect(mode="embedded") as session, libshare.connect(mode="embedded") as honest:
+        program = session.load_program(compile_glsl(tmp_path, "busy_texel", BUSY_TEXEL))
+        honest_program = honest.load_program(compile_glsl(tmp_path, "texel", TEXEL))
+        a, y = session.array(n, np.uint32), session.array(n, np.uint32)
+        a[:] = np.arange(n, dtype=np.uint32) * 3
+        held = session.stats()["memory_bytes"]
+        taken = session.stats()["submitted"]
+        views = (session.texel_view(a, "r32ui"), session.texel_view(y, "r32ui"))
+        ticket = session.dispatch(program, n // 64, views, struct.pack("II", n, busy_iterations(20_000)))
+        wait_until(lambda: session.stats()["submitted"] > taken, 60, "the engine to take the dispatch")
+        session.free(y)  # about half a second before the dispatch ends (on lavapipe; scaled on a GPU)
+        assert views[1].freed and session.stats()["memory_bytes"] == held  # y's pages: still held
+        ticket.wait(120)
+        np.testing.assert_array_equal(y, a)  # written through the view of the freed buffer
+        wait_until(lambda: session.stats()["memory_bytes"] == held - y.nbytes, 60, "the freed buffer's release")
+        _honest(honest, honest_program, np.random.default_rng(7))
 
 
 def test_reads_past_a_views_end_are_zeros_and_writes_past_it_are_dropped(texel_module):
