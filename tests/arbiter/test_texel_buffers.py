@@ -328,3 +328,36 @@ def test_hostile_view_requests_are_refused_by_their_schema_beside_an_honest_clie
         view = session.texel_view(buffer, "r32f")  # the session goes on
         assert (view.offset, view.nbytes) == (0, buffer.size)
         _honest(honest, honest_program, rng)
+
+
+def test_the_vetting_trial_binds_a_view_at_each_texel_buffer(texel_module, vulkan_device_name):
+    """A daemon's vetting child runs each new module once (programs/compiler.py, ``_trial``): at a texel
+    buffer it binds a view of its trial buffer of a format the binding takes, never a buffer descriptor
+    where the pipeline's layout has a texel one; the device layer's recordings write each binding's kind."""
+    from libshare.arbiter.device import Device, DeviceView, Dispatch
+    from libshare.arbiter.programs.compiler import _trial
+    from libshare.arbiter.programs.spirv import bound_in_set_zero
+    from libshare.errors import InvalidSubmission
+
+    with Device() as device:
+        _trial(device, texel_module, 3, 8, "main")
+        pipeline = device.create_pipeline(bound_in_set_zero(texel_module), 3, 8)
+        assert pipeline.texel == {0: ("r32f", "rg32f", "rgba32f", "r16f", "rgba16f", "rgba8", "rgba8_snorm"),
+                                  1: ("r32f", "rg32f", "rgba32f", "r16f", "rgba16f", "rgba8", "rgba8_snorm"),
+                                  2: ("r32ui",)} and pipeline.uniform == {0, 1}
+        buffers = [device.alloc_device(4096) for _ in range(3)]
+        with pytest.raises(InvalidSubmission, match="binding 0 is a texel buffer"):
+            device.submit([Dispatch(pipeline, [(b, 0) for b in buffers], (1, 1, 1), bytes(8))])
+        view = device.create_view(buffers[0], 100, 0, 4096)
+        assert isinstance(view, DeviceView)
+        device.destroy_view(view)
+        for buffer in buffers:
+            device.destroy_buffer(buffer)
+        device.destroy_pipeline(pipeline)
+
+
+def test_a_daemon_vets_and_runs_a_texel_kernel(daemon, texel_module):
+    _, pipe = daemon
+    rng = np.random.default_rng(8)
+    with libshare.connect(mode="daemon", pipe_directory=pipe, timeout=30) as session:
+        _honest(session, session.load_program(texel_module), rng)  # vetted in a child first
