@@ -361,3 +361,21 @@ def test_a_daemon_vets_and_runs_a_texel_kernel(daemon, texel_module):
     rng = np.random.default_rng(8)
     with libshare.connect(mode="daemon", pipe_directory=pipe, timeout=30) as session:
         _honest(session, session.load_program(texel_module), rng)  # vetted in a child first
+
+
+def test_a_command_list_runs_through_views_and_refuses_a_freed_one(texel_module):
+    """A command list's dispatches name views as single dispatches do (each checked when the list is
+    kept and again as it runs: engine/lists.c); a view freed since is refused at the next run."""
+    rng = np.random.default_rng(9)
+    with libshare.connect(mode="embedded") as session, libshare.connect(mode="embedded") as honest:
+        program, honest_program = session.load_program(texel_module), honest.load_program(texel_module)
+        a, c, y = _inputs(session, rng)
+        views = (session.texel_view(a, "r32f"), session.texel_view(c, "rgba8"), session.texel_view(y, "r32ui"))
+        with session.record() as commands:
+            commands.dispatch(program, N // 64, views, struct.pack("II", N, 0))
+        commands.submit().wait(60)
+        np.testing.assert_array_equal(y, _expected(a, c))
+        session.free(views[0])
+        with pytest.raises(libshare.InvalidSubmission, match="unknown or freed buffer id"):
+            commands.submit().wait(60)
+        _honest(honest, honest_program, rng)
