@@ -22,8 +22,8 @@ from libshare.workloads import busy_reference
 
 from tests._busy import busy_iterations
 from tests._wait import wait_until
-from tests.arbiter.test_command_lists import serving
-from tests.arbiter.test_reattach import supervised  # noqa: F401 - a control daemon with a standby
+from tests.arbiter.test_command_lists import _honest, serving
+from tests.arbiter.test_reattach import exited, supervised  # noqa: F401 - a control daemon with a standby
 from tests.arbiter.test_scheduling import low_and_realtime, low_slot
 
 NO_PUSH = """#version 450
@@ -196,12 +196,64 @@ def test_a_long_dispatch_of_a_list_runs_in_pieces_while_a_realtime_client_is_act
         stats = engine.stats(slot)
         assert stats.cut - before.cut == 2 and stats.pieces - before.pieces >= 4, (before, stats)
         assert stats.listed - before.listed == 3 and stats.completed - before.completed == 1
-        assert stats.outstanding == 0 and ticket.device_ns > 0
+        assert stats.outstanding == 0 and ticket.device_ns == stats.device_ns - before.device_ns > 0, "every piece's"
         assert np.array_equal(first, busy_reference(1024, rounds + 1)), "the pieces ran every workgroup once"
         expected = busy_reference(1024, rounds)
         assert not np.array_equal(expected[:64], first[:64])
         expected[:64] = first[:64]
         assert np.array_equal(second, expected), "the copy ran after the second dispatch's last piece"
+
+
+def test_a_client_that_leaves_mid_cut_of_its_list_is_reclaimed(tmp_path):
+    """A low session closed while a dispatch of its list runs in pieces: the cut ends with its list
+    (the piece on the device answers the ticket, to no one), the rest never runs, the client is
+    reclaimed, and its realtime neighbour runs on."""
+    with serving(tmp_path) as (arbiter, pipe_dir), \
+            libshare.connect(mode="daemon", pipe_directory=pipe_dir, priority="realtime") as honest:
+        _, _, check = _honest(honest)
+        check()  # the realtime client is active: low work is cut
+        leaving = libshare.connect(mode="daemon", pipe_directory=pipe_dir, priority="low")
+        busy, data = leaving.load_program(libshare.shaders.path("busy")), leaving.array(4096, np.uint32)
+        with leaving.record() as commands:  # none timed yet: as many pieces as may be, one a workgroup
+            commands.dispatch(busy, 64, [commands.argument(0)], push=commands.SUBMISSION_PUSH)
+            commands.dispatch(busy, 64, [commands.argument(0)], push=commands.SUBMISSION_PUSH)
+        engine = arbiter.drainer.engine
+        slot = next(c.slot for c in arbiter.drainer.clients.values() if c.id == leaving.client_id)
+        commands.submit(struct.pack("II", 4096, busy_iterations(20_000)), [data])
+        wait_until(lambda: engine.stats(slot).pieces >= 2, 30, "the list's dispatch to run in pieces")
+        leaving.close()
+        wait_until(lambda: leaving.client_id not in arbiter.drainer.clients, 60, "the leaving client's reclaim")
+        totals = arbiter.drainer.totals
+        assert 2 <= totals.pieces < 128 and totals.cut == 1 and totals.listed == 1, totals
+        assert (totals.submitted, totals.completed, totals.errors) == (1, 0, 0), totals
+        check()
+
+
+def test_a_restart_finishes_a_list_whose_dispatch_runs_in_pieces(supervised):
+    """A hand-over finishes what runs: the rest of the cut, then the rest of its list, on the old
+    arbiter; the list's ticket is answered done, every workgroup and command run."""
+    connect = lambda priority: libshare.connect(mode="daemon", pipe_directory=supervised.pipe,  # noqa: E731
+                                                timeout=30, priority=priority)
+    with connect("realtime") as realtime, connect("low") as low:
+        saxpy, x, y = realtime.load_program(libshare.shaders.path("saxpy")), realtime.array(64), realtime.array(64)
+        busy, data, copied = low.load_program(libshare.shaders.path("busy")), low.array(4096, np.uint32), \
+            low.array(4096, np.uint32)
+        push = struct.pack("II", 4096, busy_iterations(500_000))  # 64 workgroups, ~1 s on lavapipe
+        low.dispatch(busy, 64, [data], push).wait(120)  # whole, and timed: the next one has an estimate
+        whole = np.array(data)
+        data[:] = 0
+        with low.record() as commands:
+            commands.dispatch(busy, 64, [commands.argument(0)], push=commands.SUBMISSION_PUSH)
+            commands.copy(commands.argument(0), copied, 4096 * 4)
+        realtime.dispatch(saxpy, 1, [x, y], struct.pack("If", 64, 1.0)).wait(60)  # active: low work is cut
+        ticket = commands.submit(push, [data])
+        wait_until(lambda: low.stats()["pieces"] >= 2, 60, "the list's dispatch to run in pieces")
+        old = supervised.arbiter()
+        assert "hands over" in supervised.run("restart")
+        ticket.wait(120)
+        assert np.array_equal(data, whole) and np.array_equal(copied, whole), "every workgroup and command ran"
+        wait_until(lambda: supervised.arbiter() not in (old, None), 120, "the new arbiter")
+        assert exited(old, 60) and low.reattached == 1
 
 
 def test_a_list_with_parameters_goes_on_after_a_reattach(supervised):
