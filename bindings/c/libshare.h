@@ -488,7 +488,7 @@ int ls_copy(ls_session *session, uint32_t src, uint64_t src_offset, uint32_t dst
  * Parameters: a command's buffer id LS_LIST_ARG | k (k < LS_MAX_BUFFERS) names slot k of each
  * submission, and ls_list_submission_push() makes an encoded dispatch with no push bytes of its
  * own (else -EINVAL) take each submission's. ls_submit_list_with() gives them: nbuffers buffers
- * (exactly the slots the list uses) at offsets (NULL: all 0), push_size push bytes (at most what
+ * (slots 0 to the highest the list uses) at offsets (NULL: all 0), push_size push bytes (at most what
  * every such command's program takes); ls_wait() then says -LS_EBINDINGS, -LS_EPUSH or
  * -LS_ENOBUFFER for a submission that does not fit. ls_submit_list() submits with none.
  */

@@ -150,6 +150,12 @@ def test_hostile_parameters_fail_their_own_client_only(tmp_path, streams):
         own_push["flags"], own_push["push_size"] = C.DESC_SUBMISSION_PUSH, 8
         with pytest.raises(InvalidSubmission, match="more push-constant bytes"):
             attacker._request("load_list", own_push.tobytes())
+        copy_push = np.zeros(1, DESC_DTYPE)  # a copy takes no push constants
+        copy_push["opcode"], copy_push["nbuffers"], copy_push["flags"] = C.OP_COPY, 2, C.DESC_SUBMISSION_PUSH
+        copy_push["buffer"][0, :2] = [C.LIST_ARG | 0, attacker._binding(y)[1]]
+        copy_push["offset"][0, :3] = [0, 0, 64]
+        with pytest.raises(InvalidSubmission, match="more push-constant bytes"):
+            attacker._request("load_list", copy_push.tobytes())
         unknown = own_push.copy()
         unknown["push_size"], unknown["flags"] = 0, C.DESC_SUBMISSION_PUSH | 4
         with pytest.raises(InvalidSubmission, match="descriptor fields out of range"):

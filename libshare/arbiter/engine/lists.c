@@ -19,7 +19,7 @@
  * command is checked as far as it can be (check_template: its own objects, its program's bindings,
  * a slot under LS_MAX_BUFFERS, a program that takes push constants); the list records the slots its
  * commands use (bindings: one past the highest) and the push bytes all of them take (push_size:
- * the least of their programs'). Each submission must give exactly those slots, each a buffer of
+ * the least of their programs'). Each submission must give exactly that many slots, each a buffer of
  * its client (LS_EBINDINGS, LS_ENOBUFFER), and push bytes its commands take (LS_EPUSH): check_args,
  * from check_desc, before anything runs. Each command then runs with the parameters substituted
  * into a private copy (bind_args), a plain descriptor that passes check_desc as any other; that copy
