@@ -3,7 +3,8 @@ submission's slot (``commands.argument(k)``, LS_LIST_ARG | k) or takes its push 
 (``commands.SUBMISSION_PUSH``); each submission's parameters are checked against what the list
 uses, substituted into a private copy of each command and checked as a popped descriptor is.
 Hostile parameters fail their own client only, beside an honest streaming client whose results
-are checked; a long dispatch of a list runs in pieces as a single one does."""
+are checked (by hand, and seeded at random: ``LIBSHARE_FUZZ_SEED``); a long dispatch of a list
+runs in pieces as a single one does, under a close and a hand-over too."""
 
 from __future__ import annotations
 
@@ -300,3 +301,96 @@ def test_no_object_id_has_the_parameter_bit(tmp_path):
         with pytest.raises(LibshareError, match="id"):
             session._request("load_list", raw.tobytes(), id=C.LIST_ARG)
         assert session.stats()["errors"] == 0
+
+
+FUZZ_SEED = int(os.environ.get("LIBSHARE_FUZZ_SEED", "20261128"))
+_TICKET_BASE = 1 << 40  # far from the session's own ticket numbers
+_KNOWN = {0} | {-code for code in (C.EBADSLOT, C.ENOPROGRAM, C.ENOBUFFER, C.EBINDINGS, C.ERANGE, C.EGROUPS,
+                                   C.EPUSH)}
+
+
+def _hostile_templates(rng, count: int, program: int, own: list[int]) -> np.ndarray:
+    """``count`` list commands with parameters, each field valid with some probability."""
+    d = np.zeros(count, DESC_DTYPE)
+    pick = lambda p: rng.random(count) < p  # noqa: E731
+    d["opcode"] = np.where(pick(0.7), C.OP_DISPATCH, C.OP_COPY)
+    d["program"] = np.where(pick(0.9), program, rng.integers(0, 1 << 32, count, dtype=np.uint64))
+    d["nbuffers"] = np.where(pick(0.7), 2, rng.integers(0, 10, count))
+    d["groups"] = 1
+    d["flags"] = np.where(pick(0.5), C.DESC_SUBMISSION_PUSH, rng.choice([0, 1, 4, 6, 1 << 31], count))
+    d["push_size"] = np.where(pick(0.6), 0, rng.choice([4, 8, 12, 255], count))
+    d["push"][:, :4] = np.frombuffer(np.uint32(64).tobytes(), np.uint8)
+    slots = (C.LIST_ARG | rng.integers(0, 12, (count, 8))).astype(np.uint64)
+    d["buffer"] = np.where(pick(0.6)[:, None], slots, rng.choice(np.array(own + [0, (1 << 31) - 1], np.uint64),
+                                                                 (count, 8)))
+    d["offset"][:, 2] = 256  # a copy's size
+    return d
+
+
+def _hostile_submissions(rng, count: int, list_id: int, own: list[int]) -> np.ndarray:
+    """``count`` LS_OP_LIST descriptors for ``list_id`` (two slots, 8 push bytes), each field hostile at times."""
+    d = np.zeros(count, DESC_DTYPE)
+    pick = lambda p: rng.random(count) < p  # noqa: E731
+    d["ticket"] = np.arange(_TICKET_BASE, _TICKET_BASE + count, dtype=np.uint64)
+    d["opcode"] = C.OP_LIST
+    d["program"] = np.where(pick(0.9), list_id, rng.integers(0, 1 << 32, count, dtype=np.uint64))
+    d["nbuffers"] = np.where(pick(0.7), 2, rng.integers(0, 9, count))
+    d["push_size"] = np.where(pick(0.7), 8, rng.choice([0, 4, 6, 12, 128], count))
+    d["groups"][:, 0] = np.where(pick(0.95), 0, 1)
+    d["buffer"] = np.where(pick(0.8)[:, None], rng.choice(np.array(own, np.uint64), (count, 8)),
+                           rng.choice(np.array([0, C.LIST_ARG, C.LIST_ARG | 1, (1 << 32) - 1], np.uint64),
+                                      (count, 8)))
+    hostile = np.array([4096, 4092, 1 << 63, (1 << 64) - 1, 3], dtype=np.uint64)
+    d["offset"] = np.where(pick(0.8)[:, None], rng.integers(0, 4, (count, 8)).astype(np.uint64) * np.uint64(256),
+                           rng.choice(hostile, (count, 8)))
+    d["push"][:, :4] = np.frombuffer(np.uint32(64).tobytes(), np.uint8)  # n = 64: inside the buffers
+    d["push"][:, 4:8] = np.frombuffer(np.float32(0.5).tobytes(), np.uint8)
+    return d
+
+
+def test_hostile_templates_and_submissions_beside_an_honest_client(tmp_path, streams):
+    """Seeded random list commands with parameters (each registered or refused), then seeded random
+    LS_OP_LIST descriptors pushed straight into the ring for a list with parameters: each answered
+    exactly once with a documented status, the arbiter alive, the honest client's results right."""
+    rng = np.random.default_rng(FUZZ_SEED)
+    print(f"list parameter fuzz: seed {FUZZ_SEED} (LIBSHARE_FUZZ_SEED)")
+    with serving(tmp_path) as (arbiter, pipe_dir), \
+            libshare.connect(mode="daemon", pipe_directory=pipe_dir) as attacker:
+        honest = _honest_stream(streams, pipe_dir)
+        saxpy = attacker.load_program(libshare.shaders.path("saxpy"))
+        buffers = [attacker.alloc(4096) for _ in range(3)]
+        own = [b.id for b in buffers]
+        registered = refused = 0
+        for _ in range(200):
+            commands = _hostile_templates(rng, int(rng.integers(1, 4)), saxpy.id, own)
+            try:
+                reply = attacker._request("load_list", commands.tobytes())
+            except InvalidSubmission:
+                refused += 1
+                continue
+            registered += 1
+            attacker._request("free", list_id=reply.fields["list_id"])
+        assert registered > 0 and refused > 0, (registered, refused, FUZZ_SEED)
+        with attacker.record() as target:
+            target.dispatch(saxpy, 1, [target.argument(0), target.argument(1)], push=target.SUBMISSION_PUSH)
+            target.copy(target.argument(1), target.argument(0), 256)
+        producer = attacker._region.lanes.producer()  # past the session's own checks
+        count, answers, statuses = 3000, {}, {}
+        batch = _hostile_submissions(rng, count, target.id, own)
+        pushed = [0]
+
+        def exchange() -> int:
+            """Push the next few while at most 256 wait for answers, take the answers; how many came."""
+            if pushed[0] < count and pushed[0] - len(answers) < 256:
+                pushed[0] += producer.try_push(batch[pushed[0]:pushed[0] + 64])
+            for cqe in attacker._region.completions.take():
+                ticket, status = int(cqe["ticket"]), int(cqe["status"])
+                answers[ticket] = answers.get(ticket, 0) + 1
+                statuses[status] = statuses.get(status, 0) + 1
+            return len(answers)
+        wait_until(lambda: exchange() >= count, 120, f"every answer (seed {FUZZ_SEED})")
+        assert set(answers) == set(range(_TICKET_BASE, _TICKET_BASE + count)), FUZZ_SEED
+        assert max(answers.values()) == 1, f"seed {FUZZ_SEED}: answered twice"
+        assert set(statuses) <= _KNOWN and statuses.get(0, 0) > 0 and len(statuses) > 3, (FUZZ_SEED, statuses)
+        end = honest.finish()
+        assert end["ok"] > 0 and end["restarted"] == 0
