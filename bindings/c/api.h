@@ -233,6 +233,13 @@ int ls_copy(ls_session *session, uint32_t src, uint64_t src_offset, uint32_t dst
  * on its ticket gives the device time of all its commands and the first failure among them.
  * ls_free_list() forgets it (a submitted run still completes). A session that reattaches hands
  * its lists to the new arbiter with its buffers and programs.
+ *
+ * Parameters: a command's buffer id LS_LIST_ARG | k (k < LS_MAX_BUFFERS) names slot k of each
+ * submission, and ls_list_submission_push() makes an encoded dispatch with no push bytes of its
+ * own (else -EINVAL) take each submission's. ls_submit_list_with() gives them: nbuffers buffers
+ * (slots 0 to the highest the list uses) at offsets (NULL: all 0), push_size push bytes (at most what
+ * every such command's program takes); ls_wait() then says -LS_EBINDINGS, -LS_EPUSH or
+ * -LS_ENOBUFFER for a submission that does not fit. ls_submit_list() submits with none.
  */
 int ls_list_dispatch(struct ls_desc *slot, uint32_t program, uint32_t groups_x, uint32_t groups_y,
                      uint32_t groups_z, uint32_t nbuffers, const uint32_t *buffers, const uint64_t *offsets,
@@ -240,7 +247,10 @@ int ls_list_dispatch(struct ls_desc *slot, uint32_t program, uint32_t groups_x, 
 int ls_list_copy(struct ls_desc *slot, uint32_t src, uint64_t src_offset, uint32_t dst, uint64_t dst_offset,
                  uint64_t nbytes);
 int ls_load_list(ls_session *session, const struct ls_desc *commands, uint32_t count, uint32_t *list);
+int ls_list_submission_push(struct ls_desc *slot);
 int ls_submit_list(ls_session *session, uint32_t list, uint64_t *ticket);
+int ls_submit_list_with(ls_session *session, uint32_t list, uint32_t nbuffers, const uint32_t *buffers,
+                        const uint64_t *offsets, const void *push, uint32_t push_size, uint64_t *ticket);
 int ls_free_list(ls_session *session, uint32_t list);
 
 /*

@@ -391,12 +391,28 @@ int ls_list_copy(struct ls_desc *slot, uint32_t src, uint64_t src_offset, uint32
                    "ls_list_copy", 2, 0);
 }
 
+int ls_list_submission_push(struct ls_desc *slot)
+{
+    if (!slot || slot->opcode != LS_OP_DISPATCH || slot->push_size)
+        return fail(-EINVAL, "ls_list_submission_push: an encoded dispatch with no push bytes of its own");
+    slot->flags |= LS_DESC_SUBMISSION_PUSH;
+    return 0;
+}
+
 int ls_submit_list(ls_session *s, uint32_t list, uint64_t *ticket)
+{
+    return ls_submit_list_with(s, list, 0, NULL, NULL, NULL, 0, ticket);
+}
+
+int ls_submit_list_with(ls_session *s, uint32_t list, uint32_t nbuffers, const uint32_t *buffers,
+                        const uint64_t *offsets, const void *push, uint32_t push_size, uint64_t *ticket)
 {
     int rc = check_session(s);
     if (rc < 0)
         return rc;
-    struct lsx_op op = {.what = "ls_submit_list", .opcode = LS_OP_LIST, .program = list};
+    struct lsx_op op = {.what = "ls_submit_list", .opcode = LS_OP_LIST, .program = list, .nbuffers = nbuffers,
+                        .buffers = buffers, .noffsets = offsets ? nbuffers : 0, .offsets = offsets,
+                        .push = push, .push_size = push_size};
     return submit(s, &op, ticket);
 }
 

@@ -10,19 +10,51 @@ descriptor and keeps the list (engine/lists.c). ``commands.submit()`` then pushe
 device time of all and the first failure among them. A command that finds an object freed since
 ends its list with that refusal. The commands name buffers and programs by their ids: a session
 that reattaches hands the list to the new arbiter after them (reattach.py), under the same id.
+
+Parameters. A command may bind ``commands.argument(k)`` in place of a buffer (encoded as the
+buffer id ``LS_LIST_ARG | k``, k < 8) and a dispatch may take ``push=commands.SUBMISSION_PUSH``
+(the flag ``LS_DESC_SUBMISSION_PUSH``, its own push bytes none): ``commands.submit(push, buffers)``
+then carries slot k's buffer in its descriptor's ``buffer[k]``/``offset[k]`` and the push constants
+in its ``push[]``. The arbiter checks at registration what it can (the list's own objects; the
+slots it uses, all of which each submission must give; the push bytes its programs take) and runs
+each command with the submission's parameters substituted into a private copy, checked as a popped
+descriptor is (engine/lists.c). The same commands with those buffers and push bytes inline give
+the same bytes and the same recording: the arbiter caches recordings by the substituted content.
 """
 
 from __future__ import annotations
 
+import numpy as np
+
 from libshare import errors
 from libshare.client.buffers import Program, byte_size, workgroups
 from libshare.ring import C
-from libshare.ring._binding import encode_op
+from libshare.ring._binding import DESC_DTYPE, encode_op
 
-__all__ = ["CommandList", "MOST_COMMANDS"]
+__all__ = ["Argument", "CommandList", "MOST_COMMANDS", "SUBMISSION_PUSH"]
 
 MOST_COMMANDS = 1024
 """The most commands in one list (the engine's LS_ENGINE_MAX_LIST)."""
+
+
+class Argument:
+    """A list's parameter slot: bound in place of a buffer, it means the buffer in slot ``slot`` of
+    each ``CommandList.submit(buffers=...)`` (made by ``CommandList.argument``)."""
+
+    def __init__(self, slot: int):
+        self.slot = slot
+
+    def __repr__(self) -> str:
+        return f"<libshare.Argument {self.slot}>"
+
+
+class _SubmissionPush:
+    def __repr__(self) -> str:
+        return "libshare.SUBMISSION_PUSH"
+
+
+SUBMISSION_PUSH = _SubmissionPush()
+"""``push=SUBMISSION_PUSH`` in ``CommandList.dispatch``: the push constants of each submission."""
 
 
 class CommandList:
@@ -30,6 +62,9 @@ class CommandList:
 
     Made by ``Session.record()``; record into it inside its ``with`` block, then ``submit()`` it
     as often as needed. ``Session.free`` forgets it."""
+
+    SUBMISSION_PUSH = SUBMISSION_PUSH
+    """``dispatch(..., push=commands.SUBMISSION_PUSH)``: the push constants of each submission."""
 
     def __init__(self, session):
         self._session = session
@@ -44,29 +79,46 @@ class CommandList:
     def __len__(self) -> int:
         return len(self._descs)
 
-    def dispatch(self, program: Program, groups, buffers=(), push: bytes = b"") -> None:
-        """Record ``program`` over ``groups`` workgroups on ``buffers`` (as ``Session.dispatch``)."""
+    def argument(self, slot: int) -> Argument:
+        """Parameter ``slot`` (0 to 7): bind it in place of a buffer, and each ``submit`` names the buffer."""
+        if not isinstance(slot, int) or not 0 <= slot < C.MAX_BUFFERS:
+            raise errors.InvalidSubmission(f"a list's parameter slot is 0 to {C.MAX_BUFFERS - 1} (got {slot!r})")
+        return Argument(slot)
+
+    def dispatch(self, program: Program, groups, buffers=(), push=b"") -> None:
+        """Record ``program`` over ``groups`` workgroups on ``buffers`` (as ``Session.dispatch``); a buffer
+        may be ``argument(k)``, and ``push`` may be ``SUBMISSION_PUSH``: each submission's push bytes."""
         if program.lost is not None:
             raise errors.InvalidSubmission(f"program {program.id} is lost: {program.lost}")
-        self._add(C.OP_DISPATCH, program.id, workgroups(groups), buffers, None, bytes(push))
+        takes_push = push is SUBMISSION_PUSH
+        self._add(C.OP_DISPATCH, program.id, workgroups(groups), buffers, None, b"" if takes_push else bytes(push),
+                  C.DESC_SUBMISSION_PUSH if takes_push else 0)
 
     def copy(self, src, dst, nbytes: int | None = None, src_offset: int = 0, dst_offset: int = 0) -> None:
-        """Record a copy between two buffers (as ``Session.copy``)."""
+        """Record a copy between two buffers (as ``Session.copy``); either may be ``argument(k)``, with
+        ``nbytes`` then given."""
         if nbytes is None:
+            if isinstance(src, Argument) or isinstance(dst, Argument):
+                raise errors.InvalidSubmission("a copy from or to a list's argument names its nbytes")
             nbytes = min(byte_size(src), byte_size(dst))
-        self._add(C.OP_COPY, 0, (0, 0, 0), (src, dst), (src_offset, dst_offset, int(nbytes)), b"")
+        self._add(C.OP_COPY, 0, (0, 0, 0), (src, dst), (src_offset, dst_offset, int(nbytes)), b"", 0)
 
-    def _add(self, opcode: int, program: int, groups, buffers, extra, push: bytes) -> None:
+    def _add(self, opcode: int, program: int, groups, buffers, extra, push: bytes, flags: int) -> None:
         if self.id:
             raise errors.InvalidSubmission("this command list was recorded already: record a new one")
         if len(self._descs) >= MOST_COMMANDS:
             raise errors.InvalidSubmission(f"a command list holds at most {MOST_COMMANDS} commands")
-        bound = [self._session._binding(item) for item in buffers]
+        bound = [(None, C.LIST_ARG | item.slot, 0) if isinstance(item, Argument) else self._session._binding(item)
+                 for item in buffers]
         offsets = [offset for _, _, offset in bound]
         if extra is not None:  # a copy: source and destination offsets from their bindings, then the size
             offsets = [offsets[0] + extra[0], offsets[1] + extra[1], extra[2]]
-        self._descs.append(encode_op(opcode, program, groups, [buffer_id for _, buffer_id, _ in bound], offsets,
-                                     push))
+        desc = encode_op(opcode, program, groups, [buffer_id for _, buffer_id, _ in bound], offsets, push)
+        if flags:  # (the encoder writes none: a list's flag is set on its slot)
+            slot = np.frombuffer(desc, DESC_DTYPE).copy()
+            slot["flags"] = flags
+            desc = slot.tobytes()
+        self._descs.append(desc)
 
     @classmethod
     def from_commands(cls, session, commands: bytes) -> CommandList:
@@ -94,15 +146,20 @@ class CommandList:
         self.id, self.commands = reply.fields["list_id"], commands
         session._objects[self.id] = self
 
-    def submit(self):
-        """Run the list: one descriptor, one Ticket for all its commands (the first failure is its error)."""
+    def submit(self, push=b"", buffers=()):
+        """Run the list: one descriptor, one Ticket for all its commands (the first failure is its error).
+        ``buffers`` fill its parameter slots (``argument(k)`` is ``buffers[k]``: arrays or Buffers; a list
+        whose commands use k slots takes exactly k), ``push`` its ``SUBMISSION_PUSH`` dispatches' push bytes."""
         if self.lost is not None:
             raise errors.InvalidSubmission(f"command list {self.id} is lost: {self.lost}")
         if not self.id:
             raise errors.InvalidSubmission("record the list (its with block) before submitting it")
         session = self._session
-        return (session._push(C.OP_LIST, self.id, 0, 0, 0, [], [], b"")
-                or session._submit(C.OP_LIST, self.id, 0, 0, 0, [], [], b""))
+        bound = [session._binding(item) for item in buffers]
+        ids, offsets = [buffer_id for _, buffer_id, _ in bound], [offset for _, _, offset in bound]
+        push = bytes(push)
+        return (session._push(C.OP_LIST, self.id, 0, 0, 0, ids, offsets, push)
+                or session._submit(C.OP_LIST, self.id, 0, 0, 0, ids, offsets, push))
 
     def __repr__(self) -> str:
         return f"<libshare.CommandList id={self.id} commands={len(self._descs)}>"

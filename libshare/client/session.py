@@ -190,7 +190,9 @@ class Session:
         """A command list: ``with session.record() as commands:`` records ``commands.dispatch(...)``
         and ``commands.copy(...)`` over this session's objects, checked and kept by the arbiter when
         the block ends; ``commands.submit()`` then runs them all in order from one descriptor and
-        returns one Ticket (the device time of all, the first failure among them)."""
+        returns one Ticket (the device time of all, the first failure among them). A command may
+        bind ``commands.argument(k)`` and take ``push=commands.SUBMISSION_PUSH``, which each
+        ``commands.submit(push, buffers)`` fills (client/lists.py, "Parameters")."""
         return CommandList(self)
 
     def free(self, obj: Buffer | np.ndarray | Program | CommandList) -> None:

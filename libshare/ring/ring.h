@@ -40,6 +40,11 @@
 #define LS_OP_MAX 3
 #define LS_OP_BAD 0xffff               /* set by the consumer on a slot that failed ls_desc_check */
 
+#define LS_DESC_SUBMISSION_PUSH 2       /* flags: a list's dispatch takes the push constants of the LS_OP_LIST
+                                           that submits it (its own push_size 0) */
+#define LS_LIST_ARG 0x80000000          /* a list command's buffer id LS_LIST_ARG | k: the buffer in slot k of the
+                                           LS_OP_LIST that submits it (no object id has this bit) */
+
 #define LS_SPIN_NS 50000                /* a waiter polls this long, yielding its core at each look,
                                            before it sleeps (see ring_wait_for in wake.c) */
 #define LS_SPIN_YIELD 0                 /* spin modes (ls_set_spin_mode): yield the core at each look, */
@@ -76,7 +81,7 @@ struct ls_desc {
     uint8_t  nbuffers;                  /* buffers used, 0..LS_MAX_BUFFERS */
     uint8_t  push_size;                 /* bytes of push[] used, 0..LS_MAX_PUSH */
     uint32_t groups[3];                 /* workgroup counts x, y, z */
-    uint32_t flags;                     /* reserved, must be 0 */
+    uint32_t flags;                     /* LS_DESC_* bits; 0 outside a command list */
     uint32_t buffer[8];                 /* buffer ids */
     uint64_t offset[8];                 /* byte offset into each buffer */
     uint8_t  push[128];                 /* inline push constants */

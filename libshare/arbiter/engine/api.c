@@ -342,7 +342,8 @@ static int put_object(ls_engine *e, uint32_t slot, struct object *o)
 {
     pthread_mutex_lock(&e->lock);
     struct client *c = client_at(e, slot);
-    int rc = !c ? -ENOENT : table_find(&c->objects, o->kind, o->id) ? -EEXIST : table_put(&c->objects, o);
+    int rc = o->id & LS_LIST_ARG ? -EINVAL  /* a list's parameter, never an object (lists.c) */
+             : !c ? -ENOENT : table_find(&c->objects, o->kind, o->id) ? -EEXIST : table_put(&c->objects, o);
     pthread_mutex_unlock(&e->lock);
     if (rc)
         free(o);
@@ -368,7 +369,7 @@ int ls_engine_put_list(ls_engine *e, uint32_t slot, uint32_t id, const char *com
                        uint32_t *bad)
 {
     *bad = 0;
-    if (!commands || !count || count > LS_ENGINE_MAX_LIST)
+    if (!commands || !count || count > LS_ENGINE_MAX_LIST || id & LS_LIST_ARG)
         return -EINVAL;
     struct object *o = new_list(commands, count);
     if (!o)

@@ -118,6 +118,7 @@ struct cut {
     struct ls_desc desc;
     struct object *users[LS_MAX_BUFFERS + 1];
     uint32_t nusers;
+    uint32_t listed;                    /* a command of its client's run (lists.c): it answers into the list */
     struct entry *tail;                 /* its piece on the device, or NULL */
 };
 
@@ -127,6 +128,7 @@ struct run {
     uint32_t next, added;               /* its next command; those put in flights */
     uint64_t ticket;
     struct entry *tail;                 /* its latest command in a flight and not retired, or NULL */
+    struct ls_desc args;                /* the LS_OP_LIST that submitted it: its parameters */
 };
 
 /* A client slot: its ring, doorbell, objects, recordings, counters and cut. */
@@ -337,8 +339,9 @@ void settle_drops(ls_engine *e, uint32_t slot);
 /* lists.c */
 struct object *new_list(const char *commands, uint32_t count);
 int check_list(ls_engine *e, struct client *c, struct object *list, uint32_t *bad);
-void start_run(ls_engine *e, uint32_t slot, struct object *list, uint64_t ticket);
-int run_list(ls_engine *e, uint32_t slot, int64_t budget);
+int check_args(struct client *c, const struct object *list, const struct ls_desc *d);
+void start_run(ls_engine *e, uint32_t slot, struct object *list, const struct ls_desc *d);
+int run_list(ls_engine *e, uint32_t slot, int64_t budget, uint32_t cut_us);
 void end_run(ls_engine *e, uint32_t slot, int32_t status);
 void close_run(ls_engine *e, struct client *c);
 int continue_runs(ls_engine *e);

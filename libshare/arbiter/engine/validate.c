@@ -7,7 +7,9 @@
  * against the client's object table (objects.c) and the device's limits. It runs on every
  * descriptor the engine pops (take, loop.c), before the recording cache is looked at: a cached
  * recording (recordings.c) only saves the recording, never a check. A command list's commands
- * (lists.c) pass it when the list is registered, and again each time one runs.
+ * (lists.c) pass it when the list is registered (those with parameters as far as they can), and
+ * again each time one runs, its submission's parameters substituted; an LS_OP_LIST descriptor's
+ * parameters pass check_args (lists.c) here.
  */
 #include "internal.h"
 
@@ -21,14 +23,14 @@ int check_desc(ls_engine *e, struct client *c, const struct ls_desc *d, struct o
     if (d->opcode == LS_OP_BAD || d->flags)
         return -LS_EBADSLOT;
     if (d->opcode == LS_OP_LIST) {      /* its commands are checked as each runs (lists.c) */
-        if (d->nbuffers || d->push_size || d->groups[0] || d->groups[1] || d->groups[2])
+        if (d->groups[0] || d->groups[1] || d->groups[2])
             return -LS_EBADSLOT;
         struct object **list = table_find(&c->objects, LS_KIND_LIST, d->program);
         if (!list)
             return -LS_ENOPROGRAM;
         users[0] = *list;
         *nusers = 1;
-        return 0;
+        return check_args(c, *list, d);  /* its parameters: buffers and push constants */
     }
     for (uint32_t k = 0; k < d->nbuffers; k++) {
         struct object **slot = table_find(&c->objects, LS_KIND_BUFFER, d->buffer[k]);

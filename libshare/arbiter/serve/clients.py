@@ -14,11 +14,13 @@ from collections import Counter
 from dataclasses import dataclass, field, fields
 
 from libshare.protocol.wire import trusted_uid
-from libshare.errors import InvalidSubmission
+from libshare.errors import InvalidSubmission, QuotaExceeded
 from libshare.ring import Region
 from libshare.ring._region import SharedMapping
 from libshare.arbiter.device import DeviceBuffer
 from libshare.arbiter.device import Pipeline
+
+MOST_ID = (1 << 31) - 1  # the highest object id: a list's buffer id LS_LIST_ARG | k is a parameter (lists.c)
 
 
 @dataclass
@@ -193,12 +195,15 @@ class Client:
         return f"client {self.id} ({self.name}, pid {self.pid})"
 
     def new_id(self, wanted: int | None = None) -> int:
-        """A fresh buffer or program id (never reused within this client): the next one, or
-        ``wanted`` (a session that reattaches keeps its ids) if this client never had it here."""
+        """A fresh buffer, program or list id (never reused within this client): the next one, or
+        ``wanted`` (a session that reattaches keeps its ids) if this client never had it here. Every
+        id is below 2^31: a command list's buffer id with the high bit set is a parameter (LS_LIST_ARG)."""
         if wanted is None:
             wanted = self.next_id
         elif wanted < self.next_id:
             raise InvalidSubmission(f"id {wanted} was given out already; a kept id must be above {self.next_id - 1}")
+        if wanted > MOST_ID:
+            raise QuotaExceeded(f"this session has used all {MOST_ID} object ids; open a new session")
         self.next_id = wanted + 1
         return wanted
 

@@ -20,14 +20,16 @@ and identified by the quarantine is that specialized one, and no driver is ever 
 
 Command lists. ``load_list`` carries a list's commands as its payload: whole descriptors (``struct
 ls_desc``, 256 bytes each, their tickets ignored), 1 to ``LS_ENGINE_MAX_LIST``, each a dispatch or a
-copy that the engine checks as it checks a popped descriptor (engine/lists.c), at most
-:data:`LISTS_PER_CLIENT` lists a client. ``free`` forgets one by ``list_id``.
+copy that the engine checks as it checks a popped descriptor (engine/lists.c; one with parameters,
+``LS_LIST_ARG | k`` buffers or ``LS_DESC_SUBMISSION_PUSH``, as far as it can be before a submission
+gives them), at most :data:`LISTS_PER_CLIENT` lists a client. ``free`` forgets one by ``list_id``.
 
 Reattaching. A session whose arbiter died hands the new one what it kept: ``import`` (one
 descriptor: a shared buffer's memfd, checked by ``check_sealed_memfd`` to be a memfd of the
 size it says, writable, sealed against shrinking, growing and new seals, so that mapping it
 can never fault; counted against the client's limits like an alloc) and ``load_program``,
-each with the ``id`` it had (Client.new_id takes one only above every id it gave out).
+each with the ``id`` it had (Client.new_id takes one only above every id it gave out, and none
+past 2^31 - 1: a list's buffer id with the high bit is a parameter).
 
 Memory a client receives is its own and nothing else: a shared buffer is a fresh memfd (its
 pages start as zeros), sealed against resizing before it is sent, so that a client cannot
