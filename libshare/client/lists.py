@@ -8,7 +8,8 @@ descriptor and keeps the list (engine/lists.c). ``commands.submit()`` then pushe
 ``LS_OP_LIST`` descriptor: the arbiter runs the commands in order, each after the one before
 (each command ends with a barrier, as a single dispatch does), and answers one Ticket with the
 device time of all and the first failure among them. A command that finds an object freed since
-ends its list with that refusal. The commands name buffers and programs by their ids: a session
+ends its list with that refusal. A dispatch may bind a bind group (groups.py), named by its id as a
+single dispatch does. The commands name buffers, programs and groups by their ids: a session
 that reattaches hands the list to the new arbiter after them (reattach.py), under the same id.
 """
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 from libshare import errors
 from libshare.client.buffers import Program, byte_size, workgroups
+from libshare.client.groups import BindGroup
 from libshare.ring import C
 from libshare.ring._binding import encode_op
 
@@ -45,9 +47,17 @@ class CommandList:
         return len(self._descs)
 
     def dispatch(self, program: Program, groups, buffers=(), push: bytes = b"") -> None:
-        """Record ``program`` over ``groups`` workgroups on ``buffers`` (as ``Session.dispatch``)."""
+        """Record ``program`` over ``groups`` workgroups on ``buffers``, a list or a bind group (as
+        ``Session.dispatch``)."""
         if program.lost is not None:
             raise errors.InvalidSubmission(f"program {program.id} is lost: {program.lost}")
+        if isinstance(buffers, BindGroup):
+            if buffers.lost is not None:
+                raise errors.InvalidSubmission(f"bind group {buffers.id} is lost: {buffers.lost}")
+            self._check_room()
+            self._descs.append(encode_op(C.OP_DISPATCH | C.DESC_GROUP << 16, program.id, workgroups(groups),
+                                         [buffers.id], [], bytes(push)))
+            return
         self._add(C.OP_DISPATCH, program.id, workgroups(groups), buffers, None, bytes(push))
 
     def copy(self, src, dst, nbytes: int | None = None, src_offset: int = 0, dst_offset: int = 0) -> None:
@@ -56,11 +66,14 @@ class CommandList:
             nbytes = min(byte_size(src), byte_size(dst))
         self._add(C.OP_COPY, 0, (0, 0, 0), (src, dst), (src_offset, dst_offset, int(nbytes)), b"")
 
-    def _add(self, opcode: int, program: int, groups, buffers, extra, push: bytes) -> None:
+    def _check_room(self) -> None:
         if self.id:
             raise errors.InvalidSubmission("this command list was recorded already: record a new one")
         if len(self._descs) >= MOST_COMMANDS:
             raise errors.InvalidSubmission(f"a command list holds at most {MOST_COMMANDS} commands")
+
+    def _add(self, opcode: int, program: int, groups, buffers, extra, push: bytes) -> None:
+        self._check_room()
         bound = [self._session._binding(item) for item in buffers]
         offsets = [offset for _, _, offset in bound]
         if extra is not None:  # a copy: source and destination offsets from their bindings, then the size

@@ -41,6 +41,7 @@ from libshare.client.attachment import Attachment
 from libshare.client.buffers import Buffer, Program, byte_size, constant_pairs, find_buffer, workgroups
 from libshare.client.completions import Completions, Ticket
 from libshare.client.gate import Gate, closed_error, fresh
+from libshare.client.groups import BindGroup, group_entries
 from libshare.client.lists import CommandList
 from libshare.client.reattach import Reattacher
 from libshare.client.submit import Submitter
@@ -50,6 +51,7 @@ from libshare.ring import C, Region
 __all__ = ["Session"]
 
 _OP_DISPATCH, _OP_COPY = C.OP_DISPATCH, C.OP_COPY
+_OP_GROUP = C.OP_DISPATCH | C.DESC_GROUP << 16  # ls_push_op's opcode: the flags ride in its high 16 bits
 
 
 class Session:
@@ -193,15 +195,33 @@ class Session:
         returns one Ticket (the device time of all, the first failure among them)."""
         return CommandList(self)
 
-    def free(self, obj: Buffer | np.ndarray | Program | CommandList) -> None:
-        """Release a buffer (or the buffer under an array), a program or a command list.
+    def bind_group(self, program: Program, buffers) -> BindGroup:
+        """Bind ``buffers`` once for ``program``'s layout: a dispatch given the group as its ``buffers``
+        binds them all from one descriptor (up to the device's limit, past a descriptor's 8).
+
+        ``buffers`` lists, in the program's binding order (as :meth:`dispatch` takes them; an array
+        of buffers takes its length of them), a buffer or array of this session, or ``(it, offset,
+        range)``: the byte offset from where it binds and the bytes bound (None: to its end). The
+        arbiter checks each now and at every dispatch that names the group."""
+        if program.lost is not None:
+            raise fresh(program.lost)
+        entries = group_entries(self._binding, program, buffers)
+        reply = self._request("bind_group", program_id=program.id, buffers=entries)
+        group = BindGroup(reply.fields["group_id"], program, entries)
+        self._objects[group.id] = group
+        return group
+
+    def free(self, obj: Buffer | np.ndarray | Program | CommandList | BindGroup) -> None:
+        """Release a buffer (or the buffer under an array), a program, a command list or a bind group.
 
         Work already submitted that uses it still completes: the arbiter destroys it
         after the device is done. Arrays on a freed buffer stay readable here.
         """
-        if isinstance(obj, (Program, CommandList)):
+        if isinstance(obj, (Program, CommandList, BindGroup)):
             if obj.lost is None and obj.id:  # (a lost one is unknown to this arbiter, which may give its id to another)
-                self._request("free", **{"program_id" if isinstance(obj, Program) else "list_id": obj.id})
+                name = "program_id" if isinstance(obj, Program) else "list_id" if isinstance(obj, CommandList) \
+                    else "group_id"
+                self._request("free", **{name: obj.id})
                 self._objects.pop(obj.id, None)
             return
         buffer = obj if isinstance(obj, Buffer) else find_buffer(obj, self._by_mapping)[0]
@@ -228,7 +248,8 @@ class Session:
         """Queue ``program`` over ``groups`` workgroups on ``buffers``; returns a Ticket at once.
 
         ``buffers`` are arrays from :meth:`array` (a slice binds from its first element)
-        or Buffer objects; ``push`` is the push-constant bytes (``struct.pack``).
+        or Buffer objects, or a :class:`BindGroup` (:meth:`bind_group`; a program with more than 8
+        buffers binds them only so); ``push`` is the push-constant bytes (``struct.pack``).
         """
         if program.lost is not None:
             raise fresh(program.lost)
@@ -236,6 +257,10 @@ class Session:
             gx, gy, gz = groups, 1, 1
         else:
             gx, gy, gz = workgroups(groups)
+        if buffers.__class__ is BindGroup:
+            return self._submit(_OP_GROUP, program.id, gx, gy, gz, *bound_group(buffers), bytes(push))
+        if program.bindings > C.MAX_BUFFERS:
+            raise errors.InvalidSubmission(too_many(program))
         ids, offsets = [], []
         seen = self._seen
         for item in buffers:  # the hot path of Submitter.binding, inline
@@ -285,6 +310,19 @@ class Session:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def bound_group(group: BindGroup) -> tuple[list[int], list[int]]:
+    """The ids and offsets ls_push_op takes for a dispatch over ``group``: its id, as buffers[0]."""
+    if group.lost is not None:
+        raise fresh(group.lost)
+    return [group.id], []
+
+
+def too_many(program: Program) -> str:
+    """Why a dispatch of ``program`` names a bind group, not its buffers."""
+    return (f"program {program.id} binds {program.bindings} buffers, more than a descriptor's {C.MAX_BUFFERS}: "
+            "dispatch it through a bind group (session.bind_group)")
 
 
 def _read_module(path: Path) -> bytes:

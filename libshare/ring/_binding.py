@@ -35,6 +35,7 @@ class _Constants:
     OP_COPY = lib.LS_OP_COPY
     OP_LIST = lib.LS_OP_LIST
     OP_BAD = lib.LS_OP_BAD
+    DESC_GROUP = lib.LS_DESC_GROUP
     ECORRUPT = lib.LS_ECORRUPT
     EPEERDEAD = lib.LS_EPEERDEAD
     EBADSLOT = lib.LS_EBADSLOT

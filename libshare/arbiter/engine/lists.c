@@ -54,7 +54,7 @@ int check_list(ls_engine *e, struct client *c, struct object *list, uint32_t *ba
 {
     struct ls_desc *d = list_commands(list);
     for (uint32_t k = 0; k < list->count; k++) {
-        struct object *users[LS_MAX_BUFFERS + 1];
+        struct object *users[MOST_USERS];
         uint32_t nusers = 0;
         *bad = k;
         int status = ls_desc_check(&d[k]);
@@ -128,7 +128,7 @@ int run_list(ls_engine *e, uint32_t slot, int64_t budget)
     while (r->list && added < budget) {
         struct ls_desc d = list_commands(r->list)[r->next];
         d.ticket = r->ticket;
-        struct object *users[LS_MAX_BUFFERS + 1];
+        struct object *users[MOST_USERS];
         uint32_t nusers = 0;
         int status = check_desc(e, c, &d, users, &nusers);
         struct flight *f = status ? NULL : flight_with_room(e);
