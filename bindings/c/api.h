@@ -74,6 +74,7 @@
 #define LS_CONSTANT_FLOAT 4             /* value.f */
 #define LS_MAX_CONSTANTS 64             /* most constants one ls_load_program_constants() sets */
 #define LS_MAX_LIST 1024                /* most commands in one command list (ls_load_list) */
+#define LS_MAX_BINDINGS 32              /* most buffers one program binds, through a bind group (ls_bind_group) */
 
 /* How to connect. Zero (or NULL) fields take the defaults given on each field. */
 struct ls_options {
@@ -122,6 +123,14 @@ struct ls_buffer {
     uint64_t size;                      /* bytes, rounded up to whole pages */
     void *data;                         /* the shared buffer's mapping in this process, owned by
                                            the session until ls_free_buffer(); NULL for a device buffer */
+};
+
+/* One binding of a bind group (ls_bind_group): a buffer, the byte offset it binds from, the bytes bound. */
+struct ls_binding {
+    uint32_t buffer;                    /* a buffer id from ls_alloc */
+    uint32_t pad;                       /* 0 */
+    uint64_t offset;                    /* aligned as the device wants (a uniform buffer's: its own alignment) */
+    uint64_t range;                     /* bytes bound; 0: to the buffer's end */
 };
 
 /* The arbiter's counters for one session. */
@@ -242,6 +251,25 @@ int ls_list_copy(struct ls_desc *slot, uint32_t src, uint64_t src_offset, uint32
 int ls_load_list(ls_session *session, const struct ls_desc *commands, uint32_t count, uint32_t *list);
 int ls_submit_list(ls_session *session, uint32_t list, uint64_t *ticket);
 int ls_free_list(ls_session *session, uint32_t list);
+
+/*
+ * Bind groups (docs/programs.md, "Bind groups"): a program's buffers bound once, each with its own
+ * offset and range, named by one id. ls_bind_group() hands count bindings (the program's count, in
+ * its binding order; at most LS_MAX_BINDINGS) to the arbiter, which checks each (-LS_EINVALID names
+ * the first it refuses) and keeps them as *group, for every program of the same layout. A program with
+ * more than 8 buffers is dispatched only so. ls_dispatch_group() queues a dispatch over the group like
+ * ls_dispatch() (in C, one descriptor); ls_list_dispatch_group() encodes one into a command list's
+ * slot. A buffer of the group freed since fails the dispatch (-LS_ENOBUFFER from ls_wait()).
+ * ls_free_group() forgets it (queued dispatches still run). A session that reattaches hands its
+ * groups to the new arbiter with its buffers and programs.
+ */
+int ls_bind_group(ls_session *session, uint32_t program, const struct ls_binding *bindings, uint32_t count,
+                  uint32_t *group);
+int ls_dispatch_group(ls_session *session, uint32_t program, uint32_t groups_x, uint32_t groups_y,
+                      uint32_t groups_z, uint32_t group, const void *push, uint32_t push_size, uint64_t *ticket);
+int ls_list_dispatch_group(struct ls_desc *slot, uint32_t program, uint32_t groups_x, uint32_t groups_y,
+                           uint32_t groups_z, uint32_t group, const void *push, uint32_t push_size);
+int ls_free_group(ls_session *session, uint32_t group);
 
 /*
  * Wait until the ticket's work is done, at most timeout_ns (LS_FOREVER: no

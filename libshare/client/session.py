@@ -205,7 +205,11 @@ class Session:
         arbiter checks each now and at every dispatch that names the group."""
         if program.lost is not None:
             raise fresh(program.lost)
-        entries = group_entries(self._binding, program, buffers)
+        return self._group(program, group_entries(self._binding, program, buffers))
+
+    def _group(self, program: Program, entries: list[list[int]]) -> BindGroup:
+        """The bind group of ``entries`` ([buffer id, offset, range] each) for ``program`` (the C API's
+        ls_bind_group names buffers by id)."""
         reply = self._request("bind_group", program_id=program.id, buffers=entries)
         group = BindGroup(reply.fields["group_id"], program, entries)
         self._objects[group.id] = group
