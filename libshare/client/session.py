@@ -21,7 +21,8 @@ it needs when the session is made:
 - the :class:`~libshare.client.submit.Submitter` (submit.py): numbering and pushing operations,
   and binding arrays to buffers.
 
-The Session keeps the live buffers and programs (which a reattach hands to a new arbiter) and
+The Session keeps the live buffers, programs, bind groups (groups.py) and command lists (which a
+reattach hands to a new arbiter) and
 makes control requests (exchange.py); a request that finds the arbiter gone records the loss.
 """
 

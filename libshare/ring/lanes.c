@@ -25,7 +25,8 @@
  * copied out before they are looked at, so a producer rewriting a slot cannot
  * change what was checked; a slot whose fields are out of range is handed over
  * with opcode LS_OP_BAD so the caller answers its ticket with an error. That
- * range check (fields_check) is the one a push applies to its arguments too.
+ * range check (fields_check) is the one a push applies to its arguments too; a push gives the
+ * descriptor's flags in the high 16 bits of its opcode argument (LS_DESC_GROUP: ring.h).
  *
  * A push wakes a sleeping consumer through ring_notify_consumer (wake.c).
  */

@@ -7,7 +7,7 @@
  *   loop.c        run(): retire, drain, wait; take() pops, checks and records a client's work
  *   wait.c        how the loop waits: fence polls and naps, spins, ppoll on the doorbells
  *                 and their budget, yielding a shared core ("Cores", "Doorbells")
- *   validate.c    check_desc, the one descriptor validator
+ *   validate.c    check_desc, the one descriptor validator; bind groups (check_group)
  *   recordings.c  descriptors recorded into secondary command buffers, each client's cache
  *   flights.c     submissions: opening, submitting, retiring, timestamps, the watchdog
  *   answers.c     completions and fences to clients, events to the control plane
