@@ -29,6 +29,7 @@ from _libshare_capi import ffi, lib  # noqa: E402 - the module this code initial
 import libshare  # noqa: E402
 from libshare.protocol import paths as _config
 from libshare import errors  # noqa: E402
+from libshare.client.groups import make_group  # noqa: E402
 
 OK = 1
 _handles = itertools.count(1)
@@ -222,7 +223,7 @@ def lsx_py_bind_group(handle, program, bindings, count, out):
     if not isinstance(loaded, libshare.Program):
         raise errors.InvalidSubmission(f"program {program} is not a live program of this session")
     entries = [[bindings[k].buffer, bindings[k].offset, bindings[k].range] for k in range(count)]
-    out[0] = session._group(loaded, entries).id
+    out[0] = make_group(session, loaded, entries).id
 
 
 @_answer

@@ -21,7 +21,7 @@ from __future__ import annotations
 from libshare import errors
 from libshare.client.buffers import Program
 
-__all__ = ["BindGroup", "group_entries"]
+__all__ = ["BindGroup", "group_entries", "make_group"]
 
 
 class BindGroup:
@@ -44,6 +44,15 @@ class BindGroup:
 
     def __repr__(self) -> str:
         return f"<libshare.BindGroup id={self.id} bindings={len(self.entries)}>"
+
+
+def make_group(session, program: Program, entries: list[list[int]]) -> BindGroup:
+    """The bind group of ``entries`` ([buffer id, offset, range] each) for ``program``, made by ``session``'s
+    arbiter and kept by the session (for a reattach); the C API's ls_bind_group names buffers by id."""
+    reply = session._request("bind_group", program_id=program.id, buffers=entries)
+    group = BindGroup(reply.fields["group_id"], program, entries)
+    session._objects[group.id] = group
+    return group
 
 
 def group_entries(binding, program: Program, buffers) -> list[list[int]]:

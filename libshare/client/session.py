@@ -42,7 +42,7 @@ from libshare.client.attachment import Attachment
 from libshare.client.buffers import Buffer, Program, byte_size, constant_pairs, find_buffer, workgroups
 from libshare.client.completions import Completions, Ticket
 from libshare.client.gate import Gate, closed_error, fresh
-from libshare.client.groups import BindGroup, group_entries
+from libshare.client.groups import BindGroup, group_entries, make_group
 from libshare.client.lists import CommandList
 from libshare.client.reattach import Reattacher
 from libshare.client.submit import Submitter
@@ -66,7 +66,7 @@ class Session:
         self._by_mapping: dict[int, Buffer] = {}
         self._objects: dict[int, Buffer | Program] = {}  # id -> each live buffer and program (for a reattach)
         self._seen: dict = {}  # the bindings of arrays to buffers (submit.py)
-        self._gate = Gate(Attachment(sock, welcome), self._tear_down)
+        self._gate = Gate(Attachment(sock, welcome), lambda: _tear_down(self))
         self._completions = Completions(self._gate)
         self._restarts = Reattacher(self._gate, self._completions, self._objects, self._seen, hello, socket_path,
                                     timeout, embedded)
@@ -206,15 +206,7 @@ class Session:
         arbiter checks each now and at every dispatch that names the group."""
         if program.lost is not None:
             raise fresh(program.lost)
-        return self._group(program, group_entries(self._binding, program, buffers))
-
-    def _group(self, program: Program, entries: list[list[int]]) -> BindGroup:
-        """The bind group of ``entries`` ([buffer id, offset, range] each) for ``program`` (the C API's
-        ls_bind_group names buffers by id)."""
-        reply = self._request("bind_group", program_id=program.id, buffers=entries)
-        group = BindGroup(reply.fields["group_id"], program, entries)
-        self._objects[group.id] = group
-        return group
+        return make_group(self, program, group_entries(self._binding, program, buffers))
 
     def free(self, obj: Buffer | np.ndarray | Program | CommandList | BindGroup) -> None:
         """Release a buffer (or the buffer under an array), a program, a command list or a bind group.
@@ -303,18 +295,19 @@ class Session:
         SessionClosed; the ring is unmapped only once no thread is inside it."""
         self._gate.close()
 
-    def _tear_down(self) -> None:
-        """Let go of everything, once no thread is inside the ring (the gate calls it once)."""
-        for item in self._objects.values():
-            if isinstance(item, Buffer):
-                item.close_memfd()
-        self._gate.attached.close(lock=self._request_lock)
-
     def __enter__(self) -> Session:
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _tear_down(session: Session) -> None:
+    """Let go of everything of ``session``, once no thread is inside the ring (its gate calls it once)."""
+    for item in session._objects.values():
+        if isinstance(item, Buffer):
+            item.close_memfd()
+    session._gate.attached.close(lock=session._request_lock)
 
 
 def bound_group(group: BindGroup) -> tuple[list[int], list[int]]:

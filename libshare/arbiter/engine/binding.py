@@ -230,20 +230,17 @@ class Engine:
         rc = lib.ls_engine_drop(self._e, slot, kind, object_id)
         return rc == 1
 
-    def stats(self, slot: int) -> Stats | None:
-        """``slot``'s counters, or None for an unknown slot. Any thread: each call reads into its own
-        struct (the C call releases the GIL: a shared struct could be overwritten by another thread's
-        call before it is read, giving one client another's counters)."""
-        return _read_stats(lib.ls_engine_stats, self._e, slot)
+    def stats(self, slot: int, take: bool = False) -> Stats | None:
+        """``slot``'s counters, or None for an unknown slot; with ``take``, the *_since ones start again
+        from 0 (the planner's, on the engine thread). Any thread: each call reads into its own struct
+        (the C call releases the GIL: a shared struct could be overwritten by another thread's call
+        before it is read, giving one client another's counters)."""
+        return _read_stats(lib.ls_engine_take_usage if take else lib.ls_engine_stats, self._e, slot)
 
     def dropped(self, slot: int) -> bool:
         """True once the engine closed ``slot``'s ring as corrupt (its DROPPED event may still wait);
         False for a client not added yet (slot -1)."""
         return slot >= 0 and lib.ls_engine_dropped(self._e, slot) == 1
-
-    def take_usage(self, slot: int) -> Stats | None:
-        """``slot``'s counters; the *_since ones start again from 0 (the planner's, on the engine thread)."""
-        return _read_stats(lib.ls_engine_take_usage, self._e, slot)
 
     # ---------------------------------------------------------------- faults, plans, events
 
