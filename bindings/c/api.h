@@ -99,7 +99,8 @@ struct ls_session_info {
 /* A program loaded with ls_load_program(); its interface is read from the SPIR-V. */
 struct ls_program {
     uint32_t id;                        /* the arbiter's id: pass it to ls_dispatch() */
-    uint32_t bindings;                  /* storage buffers it takes (bindings 0..N-1 of set 0) */
+    uint32_t bindings;                  /* buffers it takes: one per binding (an array of buffers: its
+                                           length); past 8, through a bind group (ls_bind_group) */
     uint32_t push_size;                 /* bytes of push constants it declares */
     uint32_t local_size[3];             /* its workgroup size */
 };

@@ -167,7 +167,8 @@ def test_hostile_groups_are_refused_to_their_client_alone(daemon, streams):
         attacker.bind_group(uniform, [(big, 0, 256), y])  # within it: fine
 
         theirs = victim.bind_group(victim.load_program(libshare.shaders.path("saxpy")), secrets[-2:])
-        stolen = libshare.BindGroup(theirs.id + 1000, saxpy, [])  # ids past the attacker's own
+        assert theirs.id not in attacker._objects  # the victim's group id: none of the attacker's
+        stolen = libshare.BindGroup(theirs.id, saxpy, [])
         _refused(lambda: attacker.dispatch(saxpy, 1, buffers=stolen, push=struct.pack("If", N, 1.0)).wait(60),
                  UNKNOWN)  # a group id the attacker does not hold
         program, arrays = wide(attacker)
