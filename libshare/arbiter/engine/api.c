@@ -1,7 +1,8 @@
 /*
  * The engine's entry points: every ls_engine_* function that engine.h declares. Creating,
  * starting, placing, stopping and destroying the engine; adding, closing and removing clients;
- * their objects and counters; faults, plans and events. Each takes the engine's mutex for a
+ * their objects (programs, buffers, command lists and bind groups, each list's commands and each
+ * group's entries checked as they are put) and counters; faults, plans and events. Each takes the engine's mutex for a
  * short while (ls_engine_dropped takes none: see there), and the engine's thread holds it for
  * one step of its loop at most (loop.c), so a call never waits for a device.
  */

@@ -1,6 +1,7 @@
 /*
  * Command lists. A client registers a sequence of dispatches and copies over its own objects
- * once (ls_engine_put_list: the control request load_list), and one LS_OP_LIST descriptor,
+ * once (ls_engine_put_list: the control request load_list; a dispatch may bind a bind group,
+ * validate.c, checked as a single dispatch's is), and one LS_OP_LIST descriptor,
  * naming the list as its program, runs all of them and is answered once: with the device time
  * of every command and the first failure among them.
  *
