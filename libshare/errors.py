@@ -169,8 +169,9 @@ TABLE: tuple[Code, ...] = (
     Code("LS_EPEERDEAD", ArbiterLost, "the process on the other side of the ring exited or closed it"),
     Code("LS_EBADSLOT", InvalidSubmission, "descriptor fields out of range"),
     Code("LS_ENOPROGRAM", InvalidSubmission, "unknown program id (never loaded, or freed)"),
-    Code("LS_ENOBUFFER", InvalidSubmission, "unknown or freed buffer id"),
-    Code("LS_EBINDINGS", InvalidSubmission, "number of buffers differs from the program's bindings"),
+    Code("LS_ENOBUFFER", InvalidSubmission, "unknown or freed buffer id (or bind group id)"),
+    Code("LS_EBINDINGS", InvalidSubmission, "number of buffers differs from the program's bindings (or a bind "
+         "group of another layout)"),
     Code("LS_ERANGE", InvalidSubmission, "offset or size outside the buffer, or misaligned"),
     Code("LS_EGROUPS", InvalidSubmission, "group count is 0 or beyond the device limit, or the three multiply "
          "past 2^32 - 1"),

@@ -74,6 +74,7 @@
 #define LS_CONSTANT_FLOAT 4             /* value.f */
 #define LS_MAX_CONSTANTS 64             /* most constants one ls_load_program_constants() sets */
 #define LS_MAX_LIST 1024                /* most commands in one command list (ls_load_list) */
+#define LS_MAX_BINDINGS 32              /* most buffers one program binds, through a bind group (ls_bind_group) */
 
 /* How to connect. Zero (or NULL) fields take the defaults given on each field. */
 struct ls_options {
@@ -98,7 +99,8 @@ struct ls_session_info {
 /* A program loaded with ls_load_program(); its interface is read from the SPIR-V. */
 struct ls_program {
     uint32_t id;                        /* the arbiter's id: pass it to ls_dispatch() */
-    uint32_t bindings;                  /* storage buffers it takes (bindings 0..N-1 of set 0) */
+    uint32_t bindings;                  /* buffers it takes: one per binding (an array of buffers: its
+                                           length); past 8, through a bind group (ls_bind_group) */
     uint32_t push_size;                 /* bytes of push constants it declares */
     uint32_t local_size[3];             /* its workgroup size */
 };
@@ -122,6 +124,14 @@ struct ls_buffer {
     uint64_t size;                      /* bytes, rounded up to whole pages */
     void *data;                         /* the shared buffer's mapping in this process, owned by
                                            the session until ls_free_buffer(); NULL for a device buffer */
+};
+
+/* One binding of a bind group (ls_bind_group): a buffer, the byte offset it binds from, the bytes bound. */
+struct ls_binding {
+    uint32_t buffer;                    /* a buffer id from ls_alloc */
+    uint32_t pad;                       /* 0 */
+    uint64_t offset;                    /* aligned as the device wants (a uniform buffer's: its own alignment) */
+    uint64_t range;                     /* bytes bound; 0: to the buffer's end */
 };
 
 /* The arbiter's counters for one session. */
@@ -252,6 +262,25 @@ int ls_submit_list(ls_session *session, uint32_t list, uint64_t *ticket);
 int ls_submit_list_with(ls_session *session, uint32_t list, uint32_t nbuffers, const uint32_t *buffers,
                         const uint64_t *offsets, const void *push, uint32_t push_size, uint64_t *ticket);
 int ls_free_list(ls_session *session, uint32_t list);
+
+/*
+ * Bind groups (docs/programs.md, "Bind groups"): a program's buffers bound once, each with its own
+ * offset and range, named by one id. ls_bind_group() hands count bindings (the program's count, in
+ * its binding order; at most LS_MAX_BINDINGS) to the arbiter, which checks each (-LS_EINVALID names
+ * the first it refuses) and keeps them as *group, for every program of the same layout. A program with
+ * more than 8 buffers is dispatched only so. ls_dispatch_group() queues a dispatch over the group like
+ * ls_dispatch() (in C, one descriptor); ls_list_dispatch_group() encodes one into a command list's
+ * slot. A buffer of the group freed since fails the dispatch (-LS_ENOBUFFER from ls_wait()).
+ * ls_free_group() forgets it (queued dispatches still run). A session that reattaches hands its
+ * groups to the new arbiter with its buffers and programs.
+ */
+int ls_bind_group(ls_session *session, uint32_t program, const struct ls_binding *bindings, uint32_t count,
+                  uint32_t *group);
+int ls_dispatch_group(ls_session *session, uint32_t program, uint32_t groups_x, uint32_t groups_y,
+                      uint32_t groups_z, uint32_t group, const void *push, uint32_t push_size, uint64_t *ticket);
+int ls_list_dispatch_group(struct ls_desc *slot, uint32_t program, uint32_t groups_x, uint32_t groups_y,
+                           uint32_t groups_z, uint32_t group, const void *push, uint32_t push_size);
+int ls_free_group(ls_session *session, uint32_t group);
 
 /*
  * Wait until the ticket's work is done, at most timeout_ns (LS_FOREVER: no

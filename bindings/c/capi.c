@@ -342,6 +342,18 @@ int ls_dispatch(ls_session *s, uint32_t program, uint32_t groups_x, uint32_t gro
     return submit(s, &op, ticket);
 }
 
+int ls_dispatch_group(ls_session *s, uint32_t program, uint32_t groups_x, uint32_t groups_y, uint32_t groups_z,
+                      uint32_t group, const void *push, uint32_t push_size, uint64_t *ticket)
+{
+    int rc = check_session(s);
+    if (rc < 0)
+        return rc;
+    struct lsx_op op = {.what = "ls_dispatch_group", .opcode = LS_OP_DISPATCH | LS_DESC_GROUP << 16,
+                        .program = program, .groups = {groups_x, groups_y, groups_z}, .nbuffers = 1,
+                        .buffers = &group, .push = push, .push_size = push_size};
+    return submit(s, &op, ticket);
+}
+
 int ls_copy(ls_session *s, uint32_t src, uint64_t src_offset, uint32_t dst, uint64_t dst_offset,
             uint64_t nbytes, uint64_t *ticket)
 {
@@ -380,6 +392,14 @@ int ls_list_dispatch(struct ls_desc *slot, uint32_t program, uint32_t groups_x, 
                           nbuffers, offsets ? offsets : nbuffers <= LS_MAX_BUFFERS ? zeros : NULL, push,
                           push_size);
     return encoded(rc, "ls_list_dispatch", nbuffers, push_size);
+}
+
+int ls_list_dispatch_group(struct ls_desc *slot, uint32_t program, uint32_t groups_x, uint32_t groups_y,
+                           uint32_t groups_z, uint32_t group, const void *push, uint32_t push_size)
+{
+    int rc = ls_encode_op((char *)slot, LS_OP_DISPATCH | LS_DESC_GROUP << 16, program, groups_x, groups_y, groups_z,
+                          1, &group, 0, NULL, push, push_size);
+    return encoded(rc, "ls_list_dispatch_group", 0, push_size);
 }
 
 int ls_list_copy(struct ls_desc *slot, uint32_t src, uint64_t src_offset, uint32_t dst, uint64_t dst_offset,

@@ -29,6 +29,8 @@ extern "C" {
 #define LS_OP_LIST 3                    /* runs command list `program` (load_list): its commands, one answer */
 #define LS_OP_MAX 3
 #define LS_OP_BAD 0xffff               /* set by the consumer on a slot that failed ls_desc_check */
+#define LS_DESC_GROUP 1                 /* flags: a dispatch whose bindings come from bind group buffer[0]
+                                           (nbuffers 0; engine/validate.c) */
 
 #define LS_DESC_SUBMISSION_PUSH 2       /* flags: a list's dispatch takes the push constants of the LS_OP_LIST
                                            that submits it (its own push_size 0) */
@@ -71,7 +73,7 @@ struct ls_desc {
     uint8_t  nbuffers;                  /* buffers used, 0..LS_MAX_BUFFERS */
     uint8_t  push_size;                 /* bytes of push[] used, 0..LS_MAX_PUSH */
     uint32_t groups[3];                 /* workgroup counts x, y, z */
-    uint32_t flags;                     /* LS_DESC_* bits; 0 outside a command list */
+    uint32_t flags;                     /* LS_DESC_* bits; 0 unless one says otherwise */
     uint32_t buffer[8];                 /* buffer ids */
     uint64_t offset[8];                 /* byte offset into each buffer */
     uint8_t  push[128];                 /* inline push constants */
@@ -188,6 +190,8 @@ int ls_push(ls_producer *p, const char *descs, uint32_t count);
 int ls_reserve(ls_producer *p, uint32_t count, struct ls_desc **slots);
 int ls_commit(ls_producer *p, uint32_t count);
 /* Encode one operation into the lane's next slot and publish it (the client's one encoder):
+ * opcode, LS_OP_* in its low 16 bits and the descriptor's flags (LS_DESC_*) in its high 16 (with
+ * LS_DESC_GROUP, nbuffers is 1 and buffers[0] the bind group's id: the slot's nbuffers is 0),
  * buffers[nbuffers] ids, offsets[noffsets] byte offsets (LS_OP_COPY: source, destination, size),
  * push[push_size] bytes; the rest of the slot is zeroed. Returns 1, 0 when the lane is full,
  * -LS_EBADSLOT (opcode, nbuffers, noffsets or push_size out of range), -EINVAL (a NULL array
@@ -325,6 +329,7 @@ int ls_futex_wake(uint32_t *word, int32_t count);
 #define LS_CONSTANT_FLOAT 4             /* value.f */
 #define LS_MAX_CONSTANTS 64             /* most constants one ls_load_program_constants() sets */
 #define LS_MAX_LIST 1024                /* most commands in one command list (ls_load_list) */
+#define LS_MAX_BINDINGS 32              /* most buffers one program binds, through a bind group (ls_bind_group) */
 
 /* How to connect. Zero (or NULL) fields take the defaults given on each field. */
 struct ls_options {
@@ -349,7 +354,8 @@ struct ls_session_info {
 /* A program loaded with ls_load_program(); its interface is read from the SPIR-V. */
 struct ls_program {
     uint32_t id;                        /* the arbiter's id: pass it to ls_dispatch() */
-    uint32_t bindings;                  /* storage buffers it takes (bindings 0..N-1 of set 0) */
+    uint32_t bindings;                  /* buffers it takes: one per binding (an array of buffers: its
+                                           length); past 8, through a bind group (ls_bind_group) */
     uint32_t push_size;                 /* bytes of push constants it declares */
     uint32_t local_size[3];             /* its workgroup size */
 };
@@ -373,6 +379,14 @@ struct ls_buffer {
     uint64_t size;                      /* bytes, rounded up to whole pages */
     void *data;                         /* the shared buffer's mapping in this process, owned by
                                            the session until ls_free_buffer(); NULL for a device buffer */
+};
+
+/* One binding of a bind group (ls_bind_group): a buffer, the byte offset it binds from, the bytes bound. */
+struct ls_binding {
+    uint32_t buffer;                    /* a buffer id from ls_alloc */
+    uint32_t pad;                       /* 0 */
+    uint64_t offset;                    /* aligned as the device wants (a uniform buffer's: its own alignment) */
+    uint64_t range;                     /* bytes bound; 0: to the buffer's end */
 };
 
 /* The arbiter's counters for one session. */
@@ -503,6 +517,25 @@ int ls_submit_list(ls_session *session, uint32_t list, uint64_t *ticket);
 int ls_submit_list_with(ls_session *session, uint32_t list, uint32_t nbuffers, const uint32_t *buffers,
                         const uint64_t *offsets, const void *push, uint32_t push_size, uint64_t *ticket);
 int ls_free_list(ls_session *session, uint32_t list);
+
+/*
+ * Bind groups (docs/programs.md, "Bind groups"): a program's buffers bound once, each with its own
+ * offset and range, named by one id. ls_bind_group() hands count bindings (the program's count, in
+ * its binding order; at most LS_MAX_BINDINGS) to the arbiter, which checks each (-LS_EINVALID names
+ * the first it refuses) and keeps them as *group, for every program of the same layout. A program with
+ * more than 8 buffers is dispatched only so. ls_dispatch_group() queues a dispatch over the group like
+ * ls_dispatch() (in C, one descriptor); ls_list_dispatch_group() encodes one into a command list's
+ * slot. A buffer of the group freed since fails the dispatch (-LS_ENOBUFFER from ls_wait()).
+ * ls_free_group() forgets it (queued dispatches still run). A session that reattaches hands its
+ * groups to the new arbiter with its buffers and programs.
+ */
+int ls_bind_group(ls_session *session, uint32_t program, const struct ls_binding *bindings, uint32_t count,
+                  uint32_t *group);
+int ls_dispatch_group(ls_session *session, uint32_t program, uint32_t groups_x, uint32_t groups_y,
+                      uint32_t groups_z, uint32_t group, const void *push, uint32_t push_size, uint64_t *ticket);
+int ls_list_dispatch_group(struct ls_desc *slot, uint32_t program, uint32_t groups_x, uint32_t groups_y,
+                           uint32_t groups_z, uint32_t group, const void *push, uint32_t push_size);
+int ls_free_group(ls_session *session, uint32_t group);
 
 /*
  * Wait until the ticket's work is done, at most timeout_ns (LS_FOREVER: no

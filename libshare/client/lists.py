@@ -8,7 +8,8 @@ descriptor and keeps the list (engine/lists.c). ``commands.submit()`` then pushe
 ``LS_OP_LIST`` descriptor: the arbiter runs the commands in order, each after the one before
 (each command ends with a barrier, as a single dispatch does), and answers one Ticket with the
 device time of all and the first failure among them. A command that finds an object freed since
-ends its list with that refusal. The commands name buffers and programs by their ids: a session
+ends its list with that refusal. A dispatch may bind a bind group (groups.py), named by its id as a
+single dispatch does. The commands name buffers, programs and groups by their ids: a session
 that reattaches hands the list to the new arbiter after them (reattach.py), under the same id.
 
 Parameters. A command may bind ``commands.argument(k)`` in place of a buffer (encoded as the
@@ -28,6 +29,7 @@ import numpy as np
 
 from libshare import errors
 from libshare.client.buffers import Program, byte_size, workgroups
+from libshare.client.groups import BindGroup
 from libshare.ring import C
 from libshare.ring._binding import DESC_DTYPE, encode_op
 
@@ -86,13 +88,21 @@ class CommandList:
         return Argument(slot)
 
     def dispatch(self, program: Program, groups, buffers=(), push=b"") -> None:
-        """Record ``program`` over ``groups`` workgroups on ``buffers`` (as ``Session.dispatch``); a buffer
-        may be ``argument(k)``, and ``push`` may be ``SUBMISSION_PUSH``: each submission's push bytes."""
+        """Record ``program`` over ``groups`` workgroups on ``buffers``, a list or a bind group (as
+        ``Session.dispatch``); a buffer may be ``argument(k)``, and ``push`` may be ``SUBMISSION_PUSH``:
+        each submission's push bytes."""
         if program.lost is not None:
             raise errors.InvalidSubmission(f"program {program.id} is lost: {program.lost}")
         takes_push = push is SUBMISSION_PUSH
-        self._add(C.OP_DISPATCH, program.id, workgroups(groups), buffers, None, b"" if takes_push else bytes(push),
-                  C.DESC_SUBMISSION_PUSH if takes_push else 0)
+        push, flags = (b"", C.DESC_SUBMISSION_PUSH) if takes_push else (bytes(push), 0)
+        if isinstance(buffers, BindGroup):
+            if buffers.lost is not None:
+                raise errors.InvalidSubmission(f"bind group {buffers.id} is lost: {buffers.lost}")
+            self._check_room()
+            self._append(encode_op(C.OP_DISPATCH | C.DESC_GROUP << 16, program.id, workgroups(groups),
+                                   [buffers.id], [], push), flags)
+            return
+        self._add(C.OP_DISPATCH, program.id, workgroups(groups), buffers, None, push, flags)
 
     def copy(self, src, dst, nbytes: int | None = None, src_offset: int = 0, dst_offset: int = 0) -> None:
         """Record a copy between two buffers (as ``Session.copy``); either may be ``argument(k)``, with
@@ -103,20 +113,27 @@ class CommandList:
             nbytes = min(byte_size(src), byte_size(dst))
         self._add(C.OP_COPY, 0, (0, 0, 0), (src, dst), (src_offset, dst_offset, int(nbytes)), b"", 0)
 
-    def _add(self, opcode: int, program: int, groups, buffers, extra, push: bytes, flags: int) -> None:
+    def _check_room(self) -> None:
         if self.id:
             raise errors.InvalidSubmission("this command list was recorded already: record a new one")
         if len(self._descs) >= MOST_COMMANDS:
             raise errors.InvalidSubmission(f"a command list holds at most {MOST_COMMANDS} commands")
+
+    def _add(self, opcode: int, program: int, groups, buffers, extra, push: bytes, flags: int) -> None:
+        self._check_room()
         bound = [(None, C.LIST_ARG | item.slot, 0) if isinstance(item, Argument) else self._session._binding(item)
                  for item in buffers]
         offsets = [offset for _, _, offset in bound]
         if extra is not None:  # a copy: source and destination offsets from their bindings, then the size
             offsets = [offsets[0] + extra[0], offsets[1] + extra[1], extra[2]]
-        desc = encode_op(opcode, program, groups, [buffer_id for _, buffer_id, _ in bound], offsets, push)
-        if flags:  # (the encoder writes none: a list's flag is set on its slot)
+        self._append(encode_op(opcode, program, groups, [buffer_id for _, buffer_id, _ in bound], offsets, push),
+                     flags)
+
+    def _append(self, desc: bytes, flags: int) -> None:
+        """Keep encoded command ``desc``, with list-only ``flags`` added (the encoder writes none of them)."""
+        if flags:
             slot = np.frombuffer(desc, DESC_DTYPE).copy()
-            slot["flags"] = flags
+            slot["flags"] |= flags
             desc = slot.tobytes()
         self._descs.append(desc)
 

@@ -21,7 +21,8 @@ it needs when the session is made:
 - the :class:`~libshare.client.submit.Submitter` (submit.py): numbering and pushing operations,
   and binding arrays to buffers.
 
-The Session keeps the live buffers and programs (which a reattach hands to a new arbiter) and
+The Session keeps the live buffers, programs, bind groups (groups.py) and command lists (which a
+reattach hands to a new arbiter) and
 makes control requests (exchange.py); a request that finds the arbiter gone records the loss.
 """
 
@@ -41,6 +42,7 @@ from libshare.client.attachment import Attachment
 from libshare.client.buffers import Buffer, Program, byte_size, constant_pairs, find_buffer, workgroups
 from libshare.client.completions import Completions, Ticket
 from libshare.client.gate import Gate, closed_error, fresh
+from libshare.client.groups import BindGroup, group_entries, make_group
 from libshare.client.lists import CommandList
 from libshare.client.reattach import Reattacher
 from libshare.client.submit import Submitter
@@ -50,6 +52,7 @@ from libshare.ring import C, Region
 __all__ = ["Session"]
 
 _OP_DISPATCH, _OP_COPY = C.OP_DISPATCH, C.OP_COPY
+_OP_GROUP = C.OP_DISPATCH | C.DESC_GROUP << 16  # ls_push_op's opcode: the flags ride in its high 16 bits
 
 
 class Session:
@@ -63,7 +66,7 @@ class Session:
         self._by_mapping: dict[int, Buffer] = {}
         self._objects: dict[int, Buffer | Program] = {}  # id -> each live buffer and program (for a reattach)
         self._seen: dict = {}  # the bindings of arrays to buffers (submit.py)
-        self._gate = Gate(Attachment(sock, welcome), self._tear_down)
+        self._gate = Gate(Attachment(sock, welcome), lambda: _tear_down(self))
         self._completions = Completions(self._gate)
         self._restarts = Reattacher(self._gate, self._completions, self._objects, self._seen, hello, socket_path,
                                     timeout, embedded)
@@ -195,15 +198,29 @@ class Session:
         ``commands.submit(push, buffers)`` fills (client/lists.py, "Parameters")."""
         return CommandList(self)
 
-    def free(self, obj: Buffer | np.ndarray | Program | CommandList) -> None:
-        """Release a buffer (or the buffer under an array), a program or a command list.
+    def bind_group(self, program: Program, buffers) -> BindGroup:
+        """Bind ``buffers`` once for ``program``'s layout: a dispatch given the group as its ``buffers``
+        binds them all from one descriptor (up to the device's limit, past a descriptor's 8).
+
+        ``buffers`` lists, in the program's binding order (as :meth:`dispatch` takes them; an array
+        of buffers takes its length of them), a buffer or array of this session, or ``(it, offset,
+        range)``: the byte offset from where it binds and the bytes bound (None: to its end). The
+        arbiter checks each now and at every dispatch that names the group."""
+        if program.lost is not None:
+            raise fresh(program.lost)
+        return make_group(self, program, group_entries(self._binding, program, buffers))
+
+    def free(self, obj: Buffer | np.ndarray | Program | CommandList | BindGroup) -> None:
+        """Release a buffer (or the buffer under an array), a program, a command list or a bind group.
 
         Work already submitted that uses it still completes: the arbiter destroys it
         after the device is done. Arrays on a freed buffer stay readable here.
         """
-        if isinstance(obj, (Program, CommandList)):
+        if isinstance(obj, (Program, CommandList, BindGroup)):
             if obj.lost is None and obj.id:  # (a lost one is unknown to this arbiter, which may give its id to another)
-                self._request("free", **{"program_id" if isinstance(obj, Program) else "list_id": obj.id})
+                name = "program_id" if isinstance(obj, Program) else "list_id" if isinstance(obj, CommandList) \
+                    else "group_id"
+                self._request("free", **{name: obj.id})
                 self._objects.pop(obj.id, None)
             return
         buffer = obj if isinstance(obj, Buffer) else find_buffer(obj, self._by_mapping)[0]
@@ -230,7 +247,8 @@ class Session:
         """Queue ``program`` over ``groups`` workgroups on ``buffers``; returns a Ticket at once.
 
         ``buffers`` are arrays from :meth:`array` (a slice binds from its first element)
-        or Buffer objects; ``push`` is the push-constant bytes (``struct.pack``).
+        or Buffer objects, or a :class:`BindGroup` (:meth:`bind_group`; a program with more than 8
+        buffers binds them only so); ``push`` is the push-constant bytes (``struct.pack``).
         """
         if program.lost is not None:
             raise fresh(program.lost)
@@ -238,6 +256,10 @@ class Session:
             gx, gy, gz = groups, 1, 1
         else:
             gx, gy, gz = workgroups(groups)
+        if buffers.__class__ is BindGroup:
+            return self._submit(_OP_GROUP, program.id, gx, gy, gz, *bound_group(buffers), bytes(push))
+        if program.bindings > C.MAX_BUFFERS:
+            raise errors.InvalidSubmission(too_many(program))
         ids, offsets = [], []
         seen = self._seen
         for item in buffers:  # the hot path of Submitter.binding, inline
@@ -275,18 +297,32 @@ class Session:
         SessionClosed; the ring is unmapped only once no thread is inside it."""
         self._gate.close()
 
-    def _tear_down(self) -> None:
-        """Let go of everything, once no thread is inside the ring (the gate calls it once)."""
-        for item in self._objects.values():
-            if isinstance(item, Buffer):
-                item.close_memfd()
-        self._gate.attached.close(lock=self._request_lock)
-
     def __enter__(self) -> Session:
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _tear_down(session: Session) -> None:
+    """Let go of everything of ``session``, once no thread is inside the ring (its gate calls it once)."""
+    for item in session._objects.values():
+        if isinstance(item, Buffer):
+            item.close_memfd()
+    session._gate.attached.close(lock=session._request_lock)
+
+
+def bound_group(group: BindGroup) -> tuple[list[int], list[int]]:
+    """The ids and offsets ls_push_op takes for a dispatch over ``group``: its id, as buffers[0]."""
+    if group.lost is not None:
+        raise fresh(group.lost)
+    return [group.id], []
+
+
+def too_many(program: Program) -> str:
+    """Why a dispatch of ``program`` names a bind group, not its buffers."""
+    return (f"program {program.id} binds {program.bindings} buffers, more than a descriptor's {C.MAX_BUFFERS}: "
+            "dispatch it through a bind group (session.bind_group)")
 
 
 def _read_module(path: Path) -> bytes:

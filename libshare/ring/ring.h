@@ -39,6 +39,8 @@
 #define LS_OP_LIST 3                    /* runs command list `program` (load_list): its commands, one answer */
 #define LS_OP_MAX 3
 #define LS_OP_BAD 0xffff               /* set by the consumer on a slot that failed ls_desc_check */
+#define LS_DESC_GROUP 1                 /* flags: a dispatch whose bindings come from bind group buffer[0]
+                                           (nbuffers 0; engine/validate.c) */
 
 #define LS_DESC_SUBMISSION_PUSH 2       /* flags: a list's dispatch takes the push constants of the LS_OP_LIST
                                            that submits it (its own push_size 0) */
@@ -81,7 +83,7 @@ struct ls_desc {
     uint8_t  nbuffers;                  /* buffers used, 0..LS_MAX_BUFFERS */
     uint8_t  push_size;                 /* bytes of push[] used, 0..LS_MAX_PUSH */
     uint32_t groups[3];                 /* workgroup counts x, y, z */
-    uint32_t flags;                     /* LS_DESC_* bits; 0 outside a command list */
+    uint32_t flags;                     /* LS_DESC_* bits; 0 unless one says otherwise */
     uint32_t buffer[8];                 /* buffer ids */
     uint64_t offset[8];                 /* byte offset into each buffer */
     uint8_t  push[128];                 /* inline push constants */
@@ -198,6 +200,8 @@ int ls_push(ls_producer *p, const char *descs, uint32_t count);
 int ls_reserve(ls_producer *p, uint32_t count, struct ls_desc **slots);
 int ls_commit(ls_producer *p, uint32_t count);
 /* Encode one operation into the lane's next slot and publish it (the client's one encoder):
+ * opcode, LS_OP_* in its low 16 bits and the descriptor's flags (LS_DESC_*) in its high 16 (with
+ * LS_DESC_GROUP, nbuffers is 1 and buffers[0] the bind group's id: the slot's nbuffers is 0),
  * buffers[nbuffers] ids, offsets[noffsets] byte offsets (LS_OP_COPY: source, destination, size),
  * push[push_size] bytes; the rest of the slot is zeroed. Returns 1, 0 when the lane is full,
  * -LS_EBADSLOT (opcode, nbuffers, noffsets or push_size out of range), -EINVAL (a NULL array

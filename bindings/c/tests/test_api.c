@@ -204,6 +204,45 @@ TEST(dispatch_computes_saxpy)
     CHECK_RC(ls_free_buffer(S, y.id), 0);
 }
 
+TEST(bind_group_binds_offsets_and_ranges)
+{
+    struct ls_buffer x, y;
+    CHECK_RC(ls_alloc(S, 1024 * sizeof(float), LS_BUFFER_SHARED, &x), 0);
+    CHECK_RC(ls_alloc(S, 1024 * sizeof(float), LS_BUFFER_SHARED, &y), 0);
+    float *xs = x.data, *ys = y.data;
+    for (int i = 0; i < 1024; i++) {
+        xs[i] = (float)i;
+        ys[i] = 1.0f;
+    }
+    /* x from float 256, 128 of them (the rest reads zeros); y from float 64 to its end */
+    struct ls_binding bindings[2] = {{x.id, 0, 256 * sizeof(float), 128 * sizeof(float)}, {y.id, 0, 64 * sizeof(float), 0}};
+    uint32_t group = 0;
+    CHECK_RC(ls_bind_group(S, saxpy.id, bindings, 0, &group), -EINVAL);
+    CHECK_RC(ls_bind_group(S, saxpy.id, bindings, 2, &group), 0);
+    struct saxpy_push push = {1024, 2.0f};
+    uint64_t ticket = 0;
+    CHECK_RC(ls_dispatch_group(S, saxpy.id, 16, 1, 1, group, &push, sizeof push, &ticket), 0);
+    CHECK_RC(ls_wait(S, ticket, 30 * SECOND, NULL), 0);
+    for (int i = 0; i < 1024; i++)
+        CHECK(ys[i] == (i >= 64 && i < 64 + 128 ? 1.0f + 2.0f * (float)(i - 64 + 256) : 1.0f));
+    static struct ls_desc commands[1];
+    CHECK_RC(ls_list_dispatch_group(&commands[0], saxpy.id, 16, 1, 1, group, &push, sizeof push), 0);
+    uint32_t list = 0;
+    CHECK_RC(ls_load_list(S, commands, 1, &list), 0);
+    CHECK_RC(ls_submit_list(S, list, &ticket), 0);
+    CHECK_RC(ls_wait(S, ticket, 30 * SECOND, NULL), 0);
+    CHECK(ys[64] == 1.0f + 4.0f * 256.0f && ys[63] == 1.0f);
+    struct ls_binding past[2] = {{x.id, 0, 0, 1024 * sizeof(float) + 4}, {y.id, 0, 0, 0}};
+    CHECK_RC(ls_bind_group(S, saxpy.id, past, 2, &group), -LS_EINVALID);  /* a range past the buffer */
+    CHECK_RC(ls_free_group(S, group), 0);
+    CHECK_RC(ls_dispatch_group(S, saxpy.id, 16, 1, 1, group, &push, sizeof push, &ticket), 0);
+    CHECK_RC(ls_wait(S, ticket, 30 * SECOND, NULL), -LS_ENOBUFFER);  /* a freed group */
+    CHECK_RC(ls_free_group(S, group), -LS_EINVALID);
+    CHECK_RC(ls_free_list(S, list), 0);
+    CHECK_RC(ls_free_buffer(S, x.id), 0);
+    CHECK_RC(ls_free_buffer(S, y.id), 0);
+}
+
 TEST(command_list_runs_in_order_under_one_ticket)
 {
     struct ls_buffer x, y, z;
@@ -511,6 +550,7 @@ int main(int argc, char **argv)
         T(dispatch_computes_saxpy),
         T(command_list_runs_in_order_under_one_ticket),
         T(command_list_takes_buffers_and_push_constants_per_submission),
+        T(bind_group_binds_offsets_and_ranges),
         T(dispatch_binds_from_offsets),
         T(rejected_tickets_carry_the_arbiters_status),
         T(dispatch_checks_its_arguments),

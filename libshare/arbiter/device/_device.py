@@ -70,6 +70,7 @@ class Device:
         self.max_workgroup_size: tuple[int, int, int] = instance.max_workgroup_size
         self.max_workgroup_invocations: int = instance.max_workgroup_invocations
         self.max_shared_memory: int = instance.max_shared_memory
+        self.binding_limits: dict[str, int] = instance.binding_limits
         self.timestamp_period_ns: float = instance.timestamp_period_ns
 
     def submit(self, commands: Sequence[Command], *, timed: bool = True) -> Submission:

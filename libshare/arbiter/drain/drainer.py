@@ -55,10 +55,10 @@ import threading
 
 from libshare.errors import RingCorrupted, ServerNotReady
 from libshare.ring._binding import check as ring_check
-from libshare.arbiter.serve.clients import BufferRecord, Client, Counters, ListRecord, ProgramRecord
+from libshare.arbiter.serve.clients import BufferRecord, Client, Counters, GroupRecord, ListRecord, ProgramRecord
 from libshare.arbiter.drain.containment import Containment
 from libshare.arbiter.drain.planner import Planner
-from libshare.arbiter.engine.binding import BUFFER, EVENTS, LIST, PROGRAM, Engine
+from libshare.arbiter.engine.binding import BUFFER, EVENTS, GROUP, LIST, PROGRAM, Engine
 from libshare.arbiter.policy.placement import place_device_threads
 from libshare.arbiter.programs.loading import SharedPipelines
 from libshare.arbiter.drain import emergency as _emergency
@@ -275,7 +275,7 @@ class Drainer:
             return False
         client.closing = True
         outstanding = self.engine.close_client(client.slot)
-        for record in [*client.buffers.values(), *client.programs.values(), *client.lists.values()]:
+        for record in client.records():
             self.free(client, record)
         return outstanding == 0 and self._maybe_reclaim(client, reclaimed)
 
@@ -305,7 +305,7 @@ class Drainer:
             self._reclaiming.discard(client.id)
         if client.id not in self.clients:
             return False  # an event reclaimed it meanwhile
-        for record in [*client.buffers.values(), *client.programs.values(), *client.lists.values()]:
+        for record in client.records():
             self.free(client, record)  # made by a request that was under way when it disconnected
         self.refresh(client)
         self.engine.remove_client(client.slot)
@@ -340,6 +340,9 @@ class Drainer:
         if isinstance(record, ListRecord):
             self.engine.put_list(client.slot, record.id, commands)
             client.lists[record.id] = record
+        elif isinstance(record, GroupRecord):  # its entries checked there: refused, nothing is added
+            self.engine.put_group(client.slot, record.id, record.program, list(record.entries))
+            client.groups[record.id] = record
         elif isinstance(record, BufferRecord):
             client.buffers[record.id] = record
             self.engine.put_buffer(client.slot, record.id, record.device_buffer, record.size)
@@ -352,9 +355,8 @@ class Drainer:
         """Forget a buffer or program; destroy it now, or once the descriptors the client pushed before
         the free are popped and the last command that uses it retires (LS_EV_RELEASED)."""
         record.freed = True
-        buffer = isinstance(record, BufferRecord)
-        table, kind = ((client.buffers, BUFFER) if buffer else (client.lists, LIST) if isinstance(record, ListRecord)
-                       else (client.programs, PROGRAM))
+        table, kind = {BufferRecord: (client.buffers, BUFFER), ProgramRecord: (client.programs, PROGRAM),
+                       ListRecord: (client.lists, LIST), GroupRecord: (client.groups, GROUP)}[type(record)]
         table.pop(record.id, None)
         if self.engine.drop(client.slot, kind, record.id):
             self.released[(client.slot, kind, record.id)] = (client, record)
@@ -363,8 +365,8 @@ class Drainer:
             self._destroy(client, record)
 
     def _destroy(self, client: Client, record: BufferRecord | ProgramRecord | ListRecord) -> None:
-        if isinstance(record, ListRecord):
-            return  # the engine freed it with its commands
+        if isinstance(record, (ListRecord, GroupRecord)):
+            return  # the engine freed it with its commands or entries
         buffer = isinstance(record, BufferRecord)
         if self.containment.state == "FAULT":  # the device may still hold unfinished work; recreating it frees all
             if buffer:  # its host memory stays mapped until the device is closed

@@ -25,6 +25,8 @@
 #define LS_KIND_PROGRAM 2
 #define LS_KIND_LIST 3                  /* a command list (engine/lists.c) */
 #define LS_ENGINE_MAX_LIST 1024         /* the most commands in one list */
+#define LS_KIND_GROUP 4                 /* a bind group: a program layout's buffers, offsets and ranges (validate.c) */
+#define LS_ENGINE_MAX_BINDINGS 32       /* the most buffers one program binds (more than LS_MAX_BUFFERS: through a group) */
 
 #define LS_ENGINE_CUTTABLE 1            /* put_program flag: its dispatches may run in pieces (engine_policy.c, "Pieces") */
 #define LS_ENGINE_MAX_PIECES 64         /* the most pieces one dispatch is cut into */
@@ -143,10 +145,19 @@ int ls_engine_dropped(ls_engine *e, uint32_t client);
 int ls_engine_take_usage(ls_engine *e, uint32_t client, struct ls_engine_stats *out);
 
 /* Object tables. A program's handles come from Pipeline.native, a buffer's from Buffer.native;
+ * bindings: its buffers, 0..LS_ENGINE_MAX_BINDINGS (bit k of uniform_mask: buffer k is a uniform one;
+ * of array_mask: buffer k is the next element of the array of buffers that k - 1 is in);
  * flags: LS_ENGINE_CUTTABLE or 0. */
 int ls_engine_put_program(ls_engine *e, uint32_t client, uint32_t id, uint64_t pipeline,
-                          uint64_t layout, uint32_t bindings, uint32_t uniform_mask, uint32_t push_size,
-                          uint32_t flags);
+                          uint64_t layout, uint32_t bindings, uint32_t uniform_mask, uint32_t array_mask,
+                          uint32_t push_size, uint32_t flags);
+/* A bind group for the layout of program `program` (validate.c): count (its bindings) buffer ids with
+ * their byte offsets and ranges (0: to the buffer's end), each checked now as a dispatch checks it (and
+ * again at each dispatch that names the group). 0, -LS_E* of the first bad entry (its index in *bad),
+ * -LS_ENOPROGRAM, -LS_EBINDINGS (count is not the program's bindings), -EINVAL (count past
+ * LS_ENGINE_MAX_BINDINGS or a NULL array), -EEXIST, -ENOENT or -ENOMEM. */
+int ls_engine_put_group(ls_engine *e, uint32_t client, uint32_t id, uint32_t program, const uint32_t *buffers,
+                        const uint64_t *offsets, const uint64_t *ranges, uint32_t count, uint32_t *bad);
 int ls_engine_put_buffer(ls_engine *e, uint32_t client, uint32_t id, uint64_t buffer, uint64_t size);
 /* A command list: count descriptors (struct ls_desc, 256 bytes each; LS_OP_DISPATCH or LS_OP_COPY),
  * each checked now as a popped one is (and again as it runs). 0, -LS_E* of the first bad command

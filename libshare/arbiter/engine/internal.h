@@ -7,7 +7,7 @@
  *   loop.c        run(): retire, drain, wait; take() pops, checks and records a client's work
  *   wait.c        how the loop waits: fence polls and naps, spins, ppoll on the doorbells
  *                 and their budget, yielding a shared core ("Cores", "Doorbells")
- *   validate.c    check_desc, the one descriptor validator
+ *   validate.c    check_desc, the one descriptor validator; bind groups (check_group)
  *   recordings.c  descriptors recorded into secondary command buffers, each client's cache
  *   flights.c     submissions: opening, submitting, retiring, timestamps, the watchdog
  *   answers.c     completions and fences to clients, events to the control plane
@@ -48,15 +48,17 @@
 #define LIST_COMMAND 1                  /* entry.listed: a command of a list, answers nothing */
 #define LIST_LAST 2                     /* ... its last (or the one on the device when it ended): answers for all */
 #define UNRANKED INT32_MAX
+#define MOST_USERS (LS_ENGINE_MAX_BINDINGS + 2)  /* a command's objects: its buffers, its group, its program */
 
-/* A client's program or buffer, counted in use by the commands and cuts that hold it (objects.c). */
+/* A client's program, buffer, list or bind group, counted in use by the commands and cuts that hold it (objects.c). */
 struct object {
     uint32_t id, kind;
     uint32_t in_flight;                 /* commands submitted and not retired */
     uint32_t freed;                     /* dropped by the control plane */
     uint64_t handle, layout, size;      /* VkBuffer + size, or VkPipeline + layout */
     uint32_t bindings, push_size;
-    uint32_t uniform_mask;              /* a program's bindings that are uniform buffers (bit k: binding k) */
+    uint32_t uniform_mask;              /* a program's (or group's) buffers that are uniform buffers (bit k: buffer k) */
+    uint32_t array_mask;                /* ... that are the next element of an array of buffers (bit k: k - 1's) */
     uint32_t client;
     uint32_t cuttable;                  /* a program whose dispatches may run in pieces (LS_ENGINE_CUTTABLE) */
     uint32_t count;                     /* a list's commands, stored after the object (list_commands) */
@@ -64,6 +66,15 @@ struct object {
 
 /* The commands of a list object (LS_KIND_LIST), allocated with it. */
 static inline struct ls_desc *list_commands(struct object *o) { return (struct ls_desc *)(o + 1); }
+
+/* One buffer of a bind group (LS_KIND_GROUP, validate.c): an id of its client's, its offset and range. */
+struct group_entry {
+    uint32_t buffer, pad;
+    uint64_t offset, range;             /* range 0: to the buffer's end */
+};
+
+/* The entries of a group object, its `bindings` of them, allocated with it. */
+static inline struct group_entry *group_entries(struct object *o) { return (struct group_entry *)(o + 1); }
 
 /* A client's objects, by (kind, id): open addressing with linear probes and a keyed hash (objects.c). */
 struct table {
@@ -82,7 +93,7 @@ struct recording {
     uint64_t last;                      /* the engine's count of lookups at its last use (LRU) */
     uint32_t uses;                      /* flight entries that run it, not yet retired */
     uint32_t cached;                    /* in its client's table; else spare once unused */
-    struct object *objects[LS_MAX_BUFFERS + 1];
+    struct object *objects[MOST_USERS];
     uint32_t nobjects;
     struct ls_desc key;                 /* the descriptor it records, ticket 0 */
 };
@@ -96,7 +107,7 @@ struct entry {
     uint32_t piece;                     /* PIECE: answers nothing; LAST_PIECE: answers for every piece */
     uint32_t listed;                    /* LIST_COMMAND or LIST_LAST (lists.c); 0: not a list's */
     int32_t list_status;                /* LIST_LAST: why its list ended early (0: it did not) */
-    struct object *users[LS_MAX_BUFFERS + 1];
+    struct object *users[MOST_USERS];
     uint32_t nusers;
     int32_t fences;                     /* first fence node answered after it, or NO_FENCE */
     int32_t fences_tail;
@@ -116,7 +127,7 @@ struct cut {
     int32_t rank;                       /* its turn's */
     int64_t waited_from;                /* when its last piece went in (or it began): piece_now's order */
     struct ls_desc desc;
-    struct object *users[LS_MAX_BUFFERS + 1];
+    struct object *users[MOST_USERS];
     uint32_t nusers;
     uint32_t listed;                    /* a command of its client's run (lists.c): it answers into the list */
     struct entry *tail;                 /* its piece on the device, or NULL */
@@ -303,6 +314,8 @@ void wait_for_work(ls_engine *e);
 
 /* validate.c */
 int check_desc(ls_engine *e, struct client *c, const struct ls_desc *d, struct object **users, uint32_t *nusers);
+int check_group(ls_engine *e, struct client *c, const struct object *layout, const struct group_entry *entries,
+                uint32_t count, struct object **buffers, uint32_t *bad);
 
 /* recordings.c */
 struct recording *record(ls_engine *e, struct client *c, const struct ls_desc *d, struct object **users,

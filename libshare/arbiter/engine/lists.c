@@ -1,6 +1,7 @@
 /*
  * Command lists. A client registers a sequence of dispatches and copies over its own objects
- * once (ls_engine_put_list: the control request load_list), and one LS_OP_LIST descriptor,
+ * once (ls_engine_put_list: the control request load_list; a dispatch may bind a bind group,
+ * validate.c, checked as a single dispatch's is), and one LS_OP_LIST descriptor,
  * naming the list as its program, runs all of them and is answered once: with the device time
  * of every command and the first failure among them.
  *
@@ -90,7 +91,7 @@ static int check_template(ls_engine *e, struct client *c, struct object *list, c
         args |= d->buffer[k] & LS_LIST_ARG;
     }
     if (!args && !takes_push) {         /* none: checked whole, as a popped descriptor */
-        struct object *users[LS_MAX_BUFFERS + 1];
+        struct object *users[MOST_USERS];
         uint32_t nusers = 0;
         return check_desc(e, c, d, users, &nusers);
     }
@@ -99,8 +100,8 @@ static int check_template(ls_engine *e, struct client *c, struct object *list, c
     struct object **program = table_find(&c->objects, LS_KIND_PROGRAM, d->program);
     if (!program)
         return -LS_ENOPROGRAM;
-    if (d->nbuffers != (*program)->bindings)
-        return -LS_EBINDINGS;
+    if (!(d->flags & LS_DESC_GROUP) && d->nbuffers != (*program)->bindings)
+        return -LS_EBINDINGS;           /* a group's bindings are checked as it runs */
     if (takes_push && !(*program)->push_size)
         return -LS_EPUSH;
     if (takes_push && (*program)->push_size < *push)
@@ -153,7 +154,7 @@ int check_args(struct client *c, const struct object *list, const struct ls_desc
 static int bind_args(const struct ls_desc *cmd, const struct ls_desc *args, struct ls_desc *out)
 {
     *out = *cmd;
-    out->flags = 0;
+    out->flags = cmd->flags & ~(uint32_t)LS_DESC_SUBMISSION_PUSH;  /* LS_DESC_GROUP stays */
     for (uint32_t k = 0; k < cmd->nbuffers; k++) {
         if (!(cmd->buffer[k] & LS_LIST_ARG))
             continue;
@@ -268,7 +269,7 @@ int run_list(ls_engine *e, uint32_t slot, int64_t budget, uint32_t cut_us)
         struct ls_desc d;
         int status = bind_args(&list_commands(r->list)[r->next], &r->args, &d);
         d.ticket = r->ticket;
-        struct object *users[LS_MAX_BUFFERS + 1];
+        struct object *users[MOST_USERS];
         uint32_t nusers = 0;
         if (!status)
             status = check_desc(e, c, &d, users, &nusers);

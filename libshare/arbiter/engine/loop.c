@@ -56,7 +56,7 @@ static int take_one(ls_engine *e, uint32_t slot, const struct ls_desc *d, uint32
             answer(e, slot, d->ticket, 0, 0);
         return 0;
     }
-    struct object *users[LS_MAX_BUFFERS + 1];
+    struct object *users[MOST_USERS];
     uint32_t nusers = 0;
     int status = check_desc(e, c, d, users, &nusers);
     if (!status && d->opcode == LS_OP_LIST) {

@@ -1,5 +1,6 @@
 /*
- * Each client's objects: its programs and buffers, by the ids it chose, in a table of its own.
+ * Each client's objects: its programs, buffers, command lists and bind groups, by the ids it chose, in a
+ * table of its own.
  *
  * Lifetime. Every command holds a count on the program and buffers it names (hold_objects);
  * ls_engine_drop of an object still counted marks it, and the last retirement

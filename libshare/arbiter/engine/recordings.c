@@ -14,6 +14,15 @@
  * the client) forgets every recording that names the object, before its handle
  * can be destroyed; one still in flight is reused only once it retires.
  *
+ * A dispatch through a bind group (validate.c) has the group's id as its key's only
+ * buffer id, but its recording binds the group's buffers: its objects are every
+ * buffer the group named when it was recorded, the group and the program (the
+ * users check_desc found), so dropping any of them, the group's buffers included,
+ * forgets it. A group's entries never change under its id (a new group is a new
+ * object, and a dropped one forgets its recordings), so a hit binds what the
+ * group names now: the key's ids name the same objects for as long as the
+ * recording lives, through a group as directly.
+ *
  * A piece of a dispatch run in pieces (policy/engine_policy.c, "Pieces") is recorded
  * on its own, uncached, with vkCmdDispatchBase over its slice of the workgroups.
  */
@@ -48,25 +57,36 @@ static void record_barrier(ls_engine *e, VkCommandBuffer cb)
     e->vk.CmdPipelineBarrier(cb, work, work | VK_PIPELINE_STAGE_HOST_BIT, 0, 1, &barrier, 0, NULL, 0, NULL);
 }
 
-/* Record dispatch d; with base, only its groups base..base+count-1 (a piece: engine_policy.c, "Pieces"). */
+/* Record dispatch d; with base, only its groups base..base+count-1 (a piece: engine_policy.c, "Pieces").
+ * buffers[]: the program's bindings, then d's group when it names one (validate.c). */
 static void record_dispatch(ls_engine *e, VkCommandBuffer cb, const struct ls_desc *d, struct object *program,
                             struct object **buffers, const uint32_t *base, const uint32_t *count)
 {
     e->vk.CmdBindPipeline(cb, VK_PIPELINE_BIND_POINT_COMPUTE, (VkPipeline)program->handle);
-    if (d->nbuffers) {
-        VkDescriptorBufferInfo infos[LS_MAX_BUFFERS];
-        VkWriteDescriptorSet writes[LS_MAX_BUFFERS];
-        for (uint32_t k = 0; k < d->nbuffers; k++) {  /* the range: to the buffer's end, at most the limit */
+    uint32_t n = program->bindings;
+    if (n) {
+        const struct group_entry *group = d->flags & LS_DESC_GROUP ? group_entries(buffers[n]) : NULL;
+        VkDescriptorBufferInfo infos[LS_ENGINE_MAX_BINDINGS];
+        VkWriteDescriptorSet writes[LS_ENGINE_MAX_BINDINGS];
+        uint32_t nwrites = 0;
+        for (uint32_t k = 0; k < n; k++) {  /* the range: the group's, else to the buffer's end, at most the limit */
             int uniform = program->uniform_mask >> k & 1;
-            uint64_t range = buffers[k]->size - d->offset[k];
+            uint64_t offset = group ? group[k].offset : d->offset[k];
+            uint64_t range = group && group[k].range ? group[k].range : buffers[k]->size - offset;
             uint64_t most = uniform ? e->cfg.max_uniform_range : e->cfg.max_storage_range;
-            infos[k] = (VkDescriptorBufferInfo){(VkBuffer)buffers[k]->handle, d->offset[k], range < most ? range : most};
-            writes[k] = (VkWriteDescriptorSet){VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET, NULL, VK_NULL_HANDLE, k, 0, 1,
-                                               uniform ? VK_DESCRIPTOR_TYPE_UNIFORM_BUFFER
-                                                       : VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, NULL, &infos[k], NULL};
+            infos[k] = (VkDescriptorBufferInfo){(VkBuffer)buffers[k]->handle, offset, range < most ? range : most};
+            if (k && program->array_mask >> k & 1) {   /* the next element of the array: one write for all */
+                writes[nwrites - 1].descriptorCount++;
+                continue;
+            }
+            writes[nwrites] = (VkWriteDescriptorSet){VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET, NULL, VK_NULL_HANDLE,
+                                                     nwrites, 0, 1, uniform ? VK_DESCRIPTOR_TYPE_UNIFORM_BUFFER
+                                                                            : VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+                                                     NULL, &infos[k], NULL};
+            nwrites++;
         }
         e->vk.CmdPushDescriptorSetKHR(cb, VK_PIPELINE_BIND_POINT_COMPUTE, (VkPipelineLayout)program->layout, 0,
-                                      d->nbuffers, writes);
+                                      nwrites, writes);
     }
     if (program->push_size) {
         /* Every byte the program declares, zeros past the client's own: push constants keep what the last

@@ -10,17 +10,95 @@
  * (lists.c) pass it when the list is registered (those with parameters as far as they can), and
  * again each time one runs, its submission's parameters substituted; an LS_OP_LIST descriptor's
  * parameters pass check_args (lists.c) here.
+ *
+ * Bind groups. A program binds up to LS_ENGINE_MAX_BINDINGS buffers; a descriptor carries
+ * LS_MAX_BUFFERS. A dispatch of a program with more (or any dispatch that wants a per-binding
+ * range) names a bind group instead: flags LS_DESC_GROUP, nbuffers 0, buffer[0] the group's id.
+ * A group (LS_KIND_GROUP, ls_engine_put_group: the bind_group request) is an object of its
+ * client's table holding, for one program's layout (its buffer count, which are uniform buffers,
+ * which continue an array of buffers), a buffer id, an offset and a range (0: to the end) per
+ * binding. check_group checks its entries when it is made and again at every dispatch that names
+ * it, through the very check a plain descriptor's buffers pass (check_binding): the buffer is the
+ * client's own and in its table now (one freed since answers LS_ENOBUFFER, and nothing of it is
+ * touched), the offset is inside it and aligned (a uniform buffer's to its own alignment), the
+ * range is inside it and at most the device's storage or uniform range. The group holds ids, never
+ * the buffers: freeing a buffer a group names is allowed, and ends that group's dispatches. A
+ * dispatch's program must have the group's layout (else LS_EBINDINGS); its objects are its buffers,
+ * the group, then the program, each held until it retires.
  */
 #include "internal.h"
 
+/* Buffer id as binding k of layout (a program or a group) at offset, range bytes (0: to its end), with
+ * the buffer in *out; else LS_ENOBUFFER or LS_ERANGE. The one check of a bound buffer. */
+static int check_binding(ls_engine *e, struct client *c, const struct object *layout, uint32_t k, uint32_t id,
+                         uint64_t offset, uint64_t range, struct object **out)
+{
+    struct object **slot = table_find(&c->objects, LS_KIND_BUFFER, id);
+    if (!slot)
+        return -LS_ENOBUFFER;
+    struct object *buffer = *slot;
+    int uniform = layout->uniform_mask >> k & 1;
+    uint64_t alignment = uniform ? e->cfg.uniform_offset_alignment : e->cfg.offset_alignment;
+    uint64_t most = uniform ? e->cfg.max_uniform_range : e->cfg.max_storage_range;
+    if (offset >= buffer->size || offset % alignment || range > buffer->size - offset || range > most)
+        return -LS_ERANGE;
+    *out = buffer;
+    return 0;
+}
+
+/* 0 when the count entries of a group over layout may be bound now, their buffers in buffers[]; else the
+ * first bad entry's refusal, its index in *bad. */
+int check_group(ls_engine *e, struct client *c, const struct object *layout, const struct group_entry *entries,
+                uint32_t count, struct object **buffers, uint32_t *bad)
+{
+    for (uint32_t k = 0; k < count; k++) {
+        *bad = k;
+        int status = check_binding(e, c, layout, k, entries[k].buffer, entries[k].offset, entries[k].range,
+                                   &buffers[k]);
+        if (status)
+            return status;
+    }
+    return 0;
+}
+
+/* The bindings of dispatch d of program into users[]: from its group (then users[bindings]) or its own
+ * buffer ids and offsets. */
+static int check_bindings(ls_engine *e, struct client *c, const struct ls_desc *d, const struct object *program,
+                          struct object **users)
+{
+    uint32_t bad;
+    if (!(d->flags & LS_DESC_GROUP)) {
+        if (d->nbuffers != program->bindings)
+            return -LS_EBINDINGS;
+        for (uint32_t k = 0; k < d->nbuffers; k++) {
+            int status = check_binding(e, c, program, k, d->buffer[k], d->offset[k], 0, &users[k]);
+            if (status)
+                return status;
+        }
+        return 0;
+    }
+    struct object **slot = table_find(&c->objects, LS_KIND_GROUP, d->buffer[0]);
+    if (!slot)
+        return -LS_ENOBUFFER;
+    struct object *group = *slot;
+    if (group->bindings != program->bindings || group->uniform_mask != program->uniform_mask ||
+        group->array_mask != program->array_mask)
+        return -LS_EBINDINGS;
+    users[program->bindings] = group;
+    return check_group(e, c, group, group_entries(group), group->bindings, users, &bad);
+}
+
 /*
  * 0 when the descriptor (a private copy, ls_desc_check already applied by ls_sq_pop) may run
- * for client c, with its objects in users[] (program last); else the negative LS_E* status.
+ * for client c, with its objects in users[] (buffers, then its group if any, program last); else the
+ * negative LS_E* status.
  */
 int check_desc(ls_engine *e, struct client *c, const struct ls_desc *d, struct object **users,
                uint32_t *nusers)
 {
-    if (d->opcode == LS_OP_BAD || d->flags)
+    if (d->opcode == LS_OP_BAD || (d->flags & ~LS_DESC_GROUP))
+        return -LS_EBADSLOT;
+    if (d->flags && (d->opcode != LS_OP_DISPATCH || d->nbuffers))
         return -LS_EBADSLOT;
     if (d->opcode == LS_OP_LIST) {      /* its commands are checked as each runs (lists.c) */
         if (d->groups[0] || d->groups[1] || d->groups[2])
@@ -32,16 +110,16 @@ int check_desc(ls_engine *e, struct client *c, const struct ls_desc *d, struct o
         *nusers = 1;
         return check_args(c, *list, d);  /* its parameters: buffers and push constants */
     }
-    for (uint32_t k = 0; k < d->nbuffers; k++) {
-        struct object **slot = table_find(&c->objects, LS_KIND_BUFFER, d->buffer[k]);
-        if (!slot)
-            return -LS_ENOBUFFER;
-        users[k] = *slot;
-    }
-    *nusers = d->nbuffers;
     if (d->opcode == LS_OP_COPY) {
         if (d->nbuffers != 2)
             return -LS_EBINDINGS;
+        for (uint32_t k = 0; k < 2; k++) {
+            struct object **slot = table_find(&c->objects, LS_KIND_BUFFER, d->buffer[k]);
+            if (!slot)
+                return -LS_ENOBUFFER;
+            users[k] = *slot;
+        }
+        *nusers = 2;
         uint64_t src = d->offset[0], dst = d->offset[1], size = d->offset[2];
         if (size == 0 || size > users[0]->size || src > users[0]->size - size || size > users[1]->size ||
             dst > users[1]->size - size)
@@ -56,15 +134,11 @@ int check_desc(ls_engine *e, struct client *c, const struct ls_desc *d, struct o
     if (!slot)
         return -LS_ENOPROGRAM;
     struct object *program = *slot;
-    if (d->nbuffers != program->bindings)
-        return -LS_EBINDINGS;
+    int status = check_bindings(e, c, d, program, users);
+    if (status)
+        return status;
     if (d->push_size > program->push_size || d->push_size % 4)
         return -LS_EPUSH;
-    for (uint32_t k = 0; k < d->nbuffers; k++) {
-        uint64_t alignment = program->uniform_mask >> k & 1 ? e->cfg.uniform_offset_alignment : e->cfg.offset_alignment;
-        if (d->offset[k] >= users[k]->size || d->offset[k] % alignment)
-            return -LS_ERANGE;
-    }
     for (int k = 0; k < 3; k++)
         if (d->groups[k] < 1 || d->groups[k] > e->cfg.max_groups[k])
             return -LS_EGROUPS;
@@ -72,6 +146,7 @@ int check_desc(ls_engine *e, struct client *c, const struct ls_desc *d, struct o
      * and reports success (65535^3 runs 196,607 of 2.8e14) */
     if ((uint64_t)d->groups[0] * d->groups[1] * d->groups[2] > UINT32_MAX)
         return -LS_EGROUPS;
+    *nusers = program->bindings + (d->flags & LS_DESC_GROUP ? 1 : 0);
     users[(*nusers)++] = program;
     return 0;
 }

@@ -15,7 +15,9 @@ reaches ``vkCreateShaderModule`` only after all of these, cheapest first:
    buffers needs. ``PhysicalStorageBufferAddresses`` (pointers made from integers) is
    the one that matters most.
 3. **Device limits**: workgroup size and invocations, shared memory, push-constant
-   bytes, and a ceiling on per-invocation private memory (on lavapipe it lives on the
+   bytes, the buffers it binds (at most :func:`most_bindings`: the device's push-descriptor
+   and per-stage limits and the engine's ``LS_ENGINE_MAX_BINDINGS``, 32; a program with more
+   than a descriptor's 8 is dispatched through a bind group), and a ceiling on per-invocation private memory (on lavapipe it lives on the
    stack of the arbiter thread that runs the kernel); and **device features**
    (``capabilities.py``): a SPIR-V version the device runs, and for every capability the
    module declares, a feature the device was created with (``Float16``: ``shaderFloat16``).
@@ -44,7 +46,7 @@ import threading
 from libshare.arbiter.programs.capabilities import check_device_features, target_env
 from libshare.arbiter.programs.spirv import ShaderInterface, reflect
 from libshare.errors import InvalidSubmission, VulkanUnavailable
-from libshare.ring import C
+from libshare.arbiter.engine.binding import MOST_BINDINGS
 
 __all__ = ["MAX_MODULE_BYTES", "MAX_PRIVATE_BYTES", "admit", "validator_path"]
 
@@ -113,10 +115,31 @@ def check_device_limits(interface: ShaderInterface, device) -> None:
     if interface.push_constant_size > device.max_push_constants_size:
         raise InvalidSubmission(f"program declares {interface.push_constant_size} bytes of push constants; "
                                 f"the device allows {device.max_push_constants_size}")
-    if len(interface.bindings) > C.MAX_BUFFERS:
-        raise InvalidSubmission(f"program declares {len(interface.bindings)} buffers (at (set, binding) "
-                                f"{', '.join(map(str, interface.resources))}); a dispatch binds at most "
-                                f"{C.MAX_BUFFERS}")
+    check_binding_limits(interface, device.binding_limits)
+
+
+def check_binding_limits(interface: ShaderInterface, limits: dict[str, int]) -> None:
+    """Refuse a kernel that binds more buffers than :func:`most_bindings` allows, naming the count and the
+    limit (a program with more than ring.h's LS_MAX_BUFFERS is dispatched through a bind group)."""
+    total, uniform = len(interface.bindings), len(interface.uniform)
+    counts = {"buffers": (total, most_bindings(limits)),
+              "storage buffers": (total - uniform, limits["per-stage storage buffers"]),
+              "uniform buffers": (uniform, limits["per-stage uniform buffers"])}
+    for what, (count, limit) in counts.items():
+        if count > limit:
+            raise InvalidSubmission(f"program declares {count} {what} (at (set, binding) "
+                                    f"{', '.join(map(str, interface.resources))}); a kernel binds at most {limit} "
+                                    f"here ({_limits_text(limits)}, libshare's {MOST_BINDINGS})")
+
+
+def most_bindings(limits: dict[str, int]) -> int:
+    """The most buffers a program binds on a device with these ``binding_limits``: the least of its
+    push-descriptor and per-stage resource limits and the engine's LS_ENGINE_MAX_BINDINGS."""
+    return min(limits["push descriptors"], limits["per-stage resources"], MOST_BINDINGS)
+
+
+def _limits_text(limits: dict[str, int]) -> str:
+    return ", ".join(f"{name} {value}" for name, value in limits.items())
 
 
 def validator_path() -> str:

@@ -20,8 +20,12 @@ descriptor set, at any binding numbers, gaps allowed, several variables (typed v
 binding allowed when they agree on its kind. A program's buffers are its distinct (set,
 binding) pairs in that order: the client passes one buffer for each, and
 :func:`bound_in_set_zero` renumbers them 0..N-1 in set 0 before a driver sees the module, so
-that one push-descriptor set binds them all. Images, samplers and arrays of descriptors are
-refused: the arbiter binds buffers only.
+that one push-descriptor set binds them all. A binding declared as a fixed-size array of blocks
+(``layout(binding=0) buffer B { float x[]; } b[4];``) takes that many buffers, one after the other
+in the client's list (its descriptors' count: :func:`buffer_layout`); an index into such an array
+is clamped to its length (programs/clamp.py), so no kernel reaches a descriptor past it.
+Runtime-sized arrays of blocks (``b[]``, descriptor indexing), arrays of arrays of blocks, images
+and samplers are refused: the arbiter binds buffers only, each one the client named.
 
 What a module may use (the whitelist)
 -------------------------------------
@@ -72,8 +76,8 @@ from typing import Iterator
 from libshare.arbiter.programs.capabilities import capability_name
 from libshare.errors import InvalidSubmission
 
-__all__ = ["ALLOWED_CAPABILITIES", "ALLOWED_EXTENSIONS", "ShaderInterface", "bound_in_set_zero", "reflect",
-           "uniform_buffers", "zero_initialized"]
+__all__ = ["ALLOWED_CAPABILITIES", "ALLOWED_EXTENSIONS", "ShaderInterface", "bound_in_set_zero", "buffer_layout", "reflect",
+           "zero_initialized"]
 
 _MAGIC = 0x07230203
 _MAGIC_SWAPPED = 0x03022307  # the magic number read in the wrong byte order
@@ -157,8 +161,8 @@ class ShaderInterface:
     local_size: tuple[int, int, int]
     """Workgroup size (x, y, z)."""
     bindings: tuple[int, ...]
-    """The binding numbers the pipeline sees: 0..N-1 in set 0, one per buffer the client passes
-    (:func:`bound_in_set_zero`)."""
+    """The buffers the client passes, 0..N-1: one per binding, or per element of an array of buffers
+    (the binding numbers the pipeline sees are those of :func:`bound_in_set_zero`, see :attr:`arrays`)."""
     push_constant_size: int
     """Bytes of the push-constant block up to the end of its last member, rounded up to whole words;
     0 when none."""
@@ -170,9 +174,11 @@ class ShaderInterface:
     """Whether it reads the ``NumWorkgroups`` built-in: its dispatches then never run in pieces, each of
     which would see its own count (policy/engine_policy.c, "Pieces")."""
     resources: tuple[tuple[int, int], ...] = ()
-    """The module's own (descriptor set, binding) of each buffer, in the order of :attr:`bindings`."""
+    """The module's own (descriptor set, binding) of each binding, in the order of :attr:`bindings`."""
     uniform: frozenset[int] = frozenset()
     """Which of :attr:`bindings` are uniform buffers (the others are storage buffers)."""
+    arrays: tuple[int, ...] = ()
+    """The buffers each of :attr:`resources` takes: 1, or the length of its array of buffers."""
 
 
 def reflect(spirv: bytes) -> ShaderInterface:
@@ -189,12 +195,14 @@ def reflect(spirv: bytes) -> ShaderInterface:
     module.check_whitelist()
     entry_id, name = module.entry_point()
     resources = module.resources()
+    counts, uniform = _layout(resources)
     return ShaderInterface(
         entry_point=name,
         local_size=module.local_size(entry_id),
-        bindings=tuple(range(len(resources))),
-        resources=tuple(place for place, _ in resources),
-        uniform=frozenset(k for k, (_, uniform) in enumerate(resources) if uniform),
+        bindings=tuple(range(sum(counts))),
+        resources=tuple(place for place, _, _ in resources),
+        uniform=uniform,
+        arrays=counts,
         push_constant_size=module.push_constant_size(),
         workgroup_bytes=module.variable_bytes((_SC_WORKGROUP,)),
         private_bytes=module.variable_bytes((_SC_PRIVATE, _SC_FUNCTION)),
@@ -248,7 +256,7 @@ def bound_in_set_zero(spirv: bytes) -> bytes:
     sharing it. Little-endian words; the module itself when it is so numbered already."""
     words = _words(bytes(spirv))
     module = _Module(words)
-    places = [place for place, _ in module.resources()]
+    places = [place for place, _, _ in module.resources()]
     if places == [(0, k) for k in range(len(places))]:
         return bytes(spirv) if spirv[:4] == b"\x03\x02\x23\x07" else struct.pack(f"<{len(words)}I", *words)
     number = {place: k for k, place in enumerate(places)}
@@ -261,9 +269,21 @@ def bound_in_set_zero(spirv: bytes) -> bytes:
     return struct.pack(f"<{len(out)}I", *out)
 
 
-def uniform_buffers(spirv: bytes) -> frozenset[int]:
-    """Which buffers of ``spirv`` (0..N-1, in (set, binding) order) are uniform buffers."""
-    return frozenset(k for k, (_, uniform) in enumerate(_Module(_words(bytes(spirv))).resources()) if uniform)
+def buffer_layout(spirv: bytes) -> tuple[tuple[int, ...], frozenset[int]]:
+    """The descriptors' count of each binding of ``spirv`` in (set, binding) order (1, or an array of
+    buffers' length), and which of its buffers (0..N-1, an array's elements one after the other) are
+    uniform buffers."""
+    return _layout(_Module(_words(bytes(spirv))).resources())
+
+
+def _layout(resources: list[tuple[tuple[int, int], bool, int]]) -> tuple[tuple[int, ...], frozenset[int]]:
+    counts = tuple(count for _, _, count in resources)
+    uniform, first = set(), 0
+    for (_, is_uniform, count) in resources:
+        if is_uniform:
+            uniform.update(range(first, first + count))
+        first += count
+    return counts, frozenset(uniform)
 
 
 def _invalid(message: str) -> InvalidSubmission:
@@ -453,19 +473,19 @@ class _Module:
             raise _invalid(f"local size {sizes} has a zero dimension")
         return x, y, z
 
-    def resources(self) -> list[tuple[tuple[int, int], bool]]:
+    def resources(self) -> list[tuple[tuple[int, int], bool, int]]:
         """Each distinct (set, binding) of the module's buffers, sorted, with whether it is a
-        uniform buffer; raises on any other resource, and on a binding whose views disagree on
-        its kind."""
-        found: dict[tuple[int, int], bool] = {}
+        uniform buffer and how many buffers it takes (an array of buffers' length, else 1); raises
+        on any other resource, and on a binding whose views disagree on its kind or length."""
+        found: dict[tuple[int, int], tuple[bool, int]] = {}
         for pointer, var, storage in self.variables:
             if storage in _BUFFER_CLASSES:
-                uniform = self._buffer_kind(pointer, storage)
+                kind = self._buffer_kind(pointer, storage)
                 place = self.place(var)
-                if found.setdefault(place, uniform) != uniform:
-                    raise _invalid(f"binding {place[1]} of set {place[0]} is declared both a uniform and a "
-                                   "storage buffer")
-        return sorted(found.items())
+                if found.setdefault(place, kind) != kind:
+                    raise _invalid(f"binding {place[1]} of set {place[0]} is declared both a uniform and a storage "
+                                   "buffer, or as arrays of buffers of different lengths")
+        return sorted((place, uniform, count) for place, (uniform, count) in found.items())
 
     def push_constant_size(self) -> int:
         """Byte size of the push-constant block, 0 when there is none."""
@@ -475,21 +495,31 @@ class _Module:
         size = self._size(self._pointee(blocks[0]), {}, 0) if blocks else 0
         return (size + 3) & ~3  # a push-constant range is whole words (a block of one int8_t: 4 bytes)
 
-    def _buffer_kind(self, pointer: int, storage: int) -> bool:
-        """True for a uniform buffer, False for a storage buffer; raises on any other resource."""
+    def _buffer_kind(self, pointer: int, storage: int) -> tuple[bool, int]:
+        """(True for a uniform buffer, False for a storage buffer; how many: an array of buffers'
+        length, else 1); raises on any other resource."""
         if storage == _SC_UNIFORM_CONSTANT:
             raise InvalidSubmission("storage images, sampled images and samplers are not supported: libshare binds "
                                     "buffers only (use storage or uniform buffers)")
-        pointee = self._pointee(pointer)
+        pointee, count = self._pointee(pointer), 1
+        kind, ops = self._type(pointee)
+        if kind == _OP_TYPE_RUNTIME_ARRAY:
+            raise InvalidSubmission("runtime-sized arrays of buffers (b[], descriptor indexing) are not supported: "
+                                    "declare an array of a fixed length (b[4]) or one buffer per binding")
+        if kind == _OP_TYPE_ARRAY:
+            pointee, count = ops[1], self._scalar(ops[2])
+            if count < 1:
+                raise _invalid(f"array of buffers %{ops[0]} has length {count}")
         if self._type(pointee)[0] != _OP_TYPE_STRUCT:
-            raise InvalidSubmission("arrays of buffers are not supported: declare one buffer per binding")
+            raise InvalidSubmission("arrays of arrays of buffers are not supported: declare one array of buffers "
+                                    "(b[4]) or one buffer per binding")
         decorations = self.decorations.get(pointee, {})
         if storage == _SC_STORAGE_BUFFER and _DEC_BLOCK in decorations:
-            return False
+            return False, count
         if storage == _SC_UNIFORM and _DEC_BUFFER_BLOCK in decorations:
-            return False
+            return False, count
         if storage == _SC_UNIFORM and _DEC_BLOCK in decorations:
-            return True
+            return True, count
         raise _invalid(f"buffer type %{pointee} has neither a Block nor a BufferBlock decoration")
 
     def place(self, var: int) -> tuple[int, int]:

@@ -108,6 +108,17 @@ class ListRecord:
 
 
 @dataclass
+class GroupRecord:
+    """One bind group of one client: for the layout of program ``program``, (buffer id, offset, range: 0 to
+    its end) per binding; the engine holds the same entries and checks them (engine/validate.c)."""
+
+    id: int
+    program: int
+    entries: tuple[tuple[int, int, int], ...]
+    freed: bool = False
+
+
+@dataclass
 class ProgramRecord:
     """One loaded program of one client."""
 
@@ -168,6 +179,7 @@ class Client:
     buffers: dict[int, BufferRecord] = field(default_factory=dict)
     programs: dict[int, ProgramRecord] = field(default_factory=dict)
     lists: dict[int, ListRecord] = field(default_factory=dict)
+    groups: dict[int, GroupRecord] = field(default_factory=dict)
     releasing: Counter = field(default_factory=Counter)  # freed and not yet destroyed, by record type:
     # they wait for their last use (LS_EV_RELEASED), and the client's limits count them (held)
     counters: Counters = field(default_factory=Counters)
@@ -189,6 +201,10 @@ class Client:
         use included: a client whose descriptors waited in its ring could free and make more for ever
         (a free waits for them), past its count limits, where its memory was counted all along."""
         return len(self.buffers if kind is BufferRecord else self.programs) + self.releasing[kind]
+
+    def records(self) -> list:
+        """Every buffer, program, command list and bind group it holds."""
+        return [*self.buffers.values(), *self.programs.values(), *self.lists.values(), *self.groups.values()]
 
     def describe(self) -> str:
         """"client 3 (name, pid 1234)" for logs and errors."""
