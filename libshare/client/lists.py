@@ -1,6 +1,8 @@
-"""Command lists: dispatches and copies recorded once, run by one descriptor, answered by one Ticket.
+"""Command lists: commands recorded once, run by one descriptor, answered by one Ticket.
 
-``with session.record() as commands:`` records ``commands.dispatch(...)`` and ``commands.copy(...)``
+``with session.record() as commands:`` records ``commands.dispatch(...)``, ``commands.copy(...)``,
+``commands.fill(...)``, ``commands.update(...)``, ``commands.barrier()`` and
+``commands.dispatch_indirect(...)`` (whose counts an earlier command of the list may write)
 into descriptors (``struct ls_desc``, encoded by the ring's one encoder: ``ls_encode_op``, the
 encoding and check of ``ls_push_op``) and, when the block ends,
 hands them to the arbiter (the ``load_list`` request), which checks each as it checks a popped
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 from libshare import errors
 from libshare.client.buffers import Program, byte_size, workgroups
+from libshare.client.operations import fill_fields, indirect_fields, update_bytes, update_fields
 from libshare.ring import C
 from libshare.ring._binding import encode_op
 
@@ -56,17 +59,53 @@ class CommandList:
             nbytes = min(byte_size(src), byte_size(dst))
         self._add(C.OP_COPY, 0, (0, 0, 0), (src, dst), (src_offset, dst_offset, int(nbytes)), b"")
 
-    def _add(self, opcode: int, program: int, groups, buffers, extra, push: bytes) -> None:
+    def fill(self, buffer, value, nbytes: int | None = None, offset: int = 0) -> None:
+        """Record a fill of ``buffer`` with a 32-bit ``value`` (as ``Session.fill``)."""
+        self._check_open()
+        self._append(*fill_fields(self._session._binding, buffer, value, nbytes, offset))
+
+    def update(self, buffer, data, offset: int = 0) -> None:
+        """Record a write of ``data`` into ``buffer`` at ``offset`` (as ``Session.update``); data past 128
+        bytes is recorded as several updates of 128 (the list answers once for all of them)."""
+        data = update_bytes(data)
+        self._check_open()
+        step = C.MAX_PUSH
+        if len(data) > step and len(self._descs) + -(-len(data) // step) > MOST_COMMANDS:
+            raise errors.InvalidSubmission(f"a command list holds at most {MOST_COMMANDS} commands")
+        for at in range(0, max(len(data), 1), step):
+            self._append(*update_fields(self._session._binding, buffer, data[at:at + step], offset + at))
+
+    def barrier(self) -> None:
+        """Record a barrier: what the commands before it wrote is seen by those after it. Every command
+        already ends with one (the engine's record_barrier), so it changes nothing and costs nothing on
+        the device; it is checked and kept."""
+        self._check_open()
+        self._append(C.OP_BARRIER, 0, (0, 0, 0), [], [], b"")
+
+    def dispatch_indirect(self, program: Program, counts_buffer, buffers=(), push: bytes = b"",
+                          offset: int = 0) -> None:
+        """Record ``program`` over the counts the device reads from ``counts_buffer`` at ``offset`` when the
+        command runs, written maybe by a command before it (as ``Session.dispatch_indirect``)."""
+        self._check_open()
+        self._append(*indirect_fields(self._session._binding, program, counts_buffer, buffers, push, offset))
+
+    def _check_open(self) -> None:
+        """Refuse a command once the list is recorded, or past the most it holds."""
         if self.id:
             raise errors.InvalidSubmission("this command list was recorded already: record a new one")
         if len(self._descs) >= MOST_COMMANDS:
             raise errors.InvalidSubmission(f"a command list holds at most {MOST_COMMANDS} commands")
+
+    def _add(self, opcode: int, program: int, groups, buffers, extra, push: bytes) -> None:
+        self._check_open()
         bound = [self._session._binding(item) for item in buffers]
         offsets = [offset for _, _, offset in bound]
         if extra is not None:  # a copy: source and destination offsets from their bindings, then the size
             offsets = [offsets[0] + extra[0], offsets[1] + extra[1], extra[2]]
-        self._descs.append(encode_op(opcode, program, groups, [buffer_id for _, buffer_id, _ in bound], offsets,
-                                     push))
+        self._append(opcode, program, groups, [buffer_id for _, buffer_id, _ in bound], offsets, push)
+
+    def _append(self, opcode: int, program: int, groups, ids: list, offsets: list, push: bytes) -> None:
+        self._descs.append(encode_op(opcode, program, groups, ids, offsets, push))
 
     @classmethod
     def from_commands(cls, session, commands: bytes) -> CommandList:

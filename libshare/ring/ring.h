@@ -37,7 +37,17 @@
 #define LS_OP_DISPATCH 1
 #define LS_OP_COPY 2                    /* buffer[0] -> buffer[1], size in offset[2] */
 #define LS_OP_LIST 3                    /* runs command list `program` (load_list): its commands, one answer */
-#define LS_OP_MAX 3
+#define LS_OP_FILL 4                    /* buffer[0] from offset[0], offset[1] bytes (multiples of 4): the
+                                           32-bit value in push[0..4), push_size 4 (vkCmdFillBuffer) */
+#define LS_OP_UPDATE 5                  /* push[0..push_size) written into buffer[0] at offset[0]; push_size a
+                                           multiple of 4, 4..LS_MAX_PUSH (vkCmdUpdateBuffer) */
+#define LS_OP_BARRIER 6                 /* no fields: in a list, a barrier (every command already ends with
+                                           one: it costs nothing); alone, answered in order like a NOP */
+#define LS_OP_DISPATCH_INDIRECT 7       /* a dispatch (program, buffer[], offset[], push[]) whose three uint32
+                                           group counts the device reads at run time from buffer groups[0] at
+                                           byte offset groups[1] | (uint64)groups[2] << 32, clamped by the
+                                           engine (recordings.c, "Indirect dispatches") */
+#define LS_OP_MAX 7
 #define LS_OP_BAD 0xffff               /* set by the consumer on a slot that failed ls_desc_check */
 
 #define LS_SPIN_NS 50000                /* a waiter polls this long, yielding its core at each look,

@@ -55,6 +55,8 @@ struct ls_engine_config {
     uint32_t max_clients;               /* client slots 0 .. max_clients-1 */
     int32_t  event_fd;                  /* an eventfd the engine writes 1 to when it queues events */
     uint32_t pad;
+    uint64_t clamp_pipeline;            /* VkPipeline of shaders/indirect_clamp.comp (0: no indirect dispatch) */
+    uint64_t clamp_layout;              /* ... and its VkPipelineLayout */
 };
 
 /* The policy the control plane sets; the engine enforces it from its next pass on. */

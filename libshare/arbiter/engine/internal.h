@@ -48,6 +48,13 @@
 #define LIST_COMMAND 1                  /* entry.listed: a command of a list, answers nothing */
 #define LIST_LAST 2                     /* ... its last (or the one on the device when it ended): answers for all */
 #define UNRANKED INT32_MAX
+#define MAX_USERS (LS_MAX_BUFFERS + 2)  /* a command's objects: its buffers, an indirect dispatch's counts, its program */
+/* In each flight's mapped results buffer, past its timestamps and progress word: one 16-byte slot per
+ * entry for an indirect dispatch's clamped counts and verdict (recordings.c, "Indirect dispatches"),
+ * at an offset any storage-buffer alignment divides (Vulkan's largest is 256). */
+#define PROGRESS_OFFSET (8 * (LS_ENGINE_MAX_BATCH + 1))
+#define SCRATCH_OFFSET ((PROGRESS_OFFSET + 8 + 255) / 256 * 256)
+#define SCRATCH_SIZE (16 * LS_ENGINE_MAX_BATCH)
 
 /* A client's program or buffer, counted in use by the commands and cuts that hold it (objects.c). */
 struct object {
@@ -82,7 +89,7 @@ struct recording {
     uint64_t last;                      /* the engine's count of lookups at its last use (LRU) */
     uint32_t uses;                      /* flight entries that run it, not yet retired */
     uint32_t cached;                    /* in its client's table; else spare once unused */
-    struct object *objects[LS_MAX_BUFFERS + 1];
+    struct object *objects[MAX_USERS];
     uint32_t nobjects;
     struct ls_desc key;                 /* the descriptor it records, ticket 0 */
 };
@@ -95,8 +102,9 @@ struct entry {
     uint32_t groups;                    /* its dispatch's workgroups, on the entry that answers (0: a copy) */
     uint32_t piece;                     /* PIECE: answers nothing; LAST_PIECE: answers for every piece */
     uint32_t listed;                    /* LIST_COMMAND or LIST_LAST (lists.c); 0: not a list's */
+    uint32_t indirect;                  /* an indirect dispatch: its verdict is read as it retires */
     int32_t list_status;                /* LIST_LAST: why its list ended early (0: it did not) */
-    struct object *users[LS_MAX_BUFFERS + 1];
+    struct object *users[MAX_USERS];
     uint32_t nusers;
     int32_t fences;                     /* first fence node answered after it, or NO_FENCE */
     int32_t fences_tail;
@@ -116,7 +124,7 @@ struct cut {
     int32_t rank;                       /* its turn's */
     int64_t waited_from;                /* when its last piece went in (or it began): piece_now's order */
     struct ls_desc desc;
-    struct object *users[LS_MAX_BUFFERS + 1];
+    struct object *users[MAX_USERS];
     uint32_t nusers;
     struct entry *tail;                 /* its piece on the device, or NULL */
 };
@@ -210,6 +218,8 @@ struct vk {
     PFN_vkCmdPushConstants CmdPushConstants;
     PFN_vkCmdDispatch CmdDispatch;
     PFN_vkCmdDispatchBase CmdDispatchBase;
+    PFN_vkCmdDispatchIndirect CmdDispatchIndirect;
+    PFN_vkCmdUpdateBuffer CmdUpdateBuffer;
     PFN_vkCmdCopyBuffer CmdCopyBuffer;
     PFN_vkCmdPipelineBarrier CmdPipelineBarrier;
     PFN_vkCmdExecuteCommands CmdExecuteCommands;
@@ -307,6 +317,8 @@ struct recording *record(ls_engine *e, struct client *c, const struct ls_desc *d
                          uint32_t nusers, const uint32_t *base, const uint32_t *count);
 struct recording *recording_for(ls_engine *e, struct client *c, const struct ls_desc *d, struct object **users,
                                 uint32_t nusers);
+struct recording *recording_in(ls_engine *e, struct client *c, const struct ls_desc *d, struct object **users,
+                               uint32_t nusers, struct flight *f);
 void forget_recordings(ls_engine *e, struct client *c, const struct object *o);
 void unuse(ls_engine *e, struct recording *r);
 

@@ -54,11 +54,11 @@ int check_list(ls_engine *e, struct client *c, struct object *list, uint32_t *ba
 {
     struct ls_desc *d = list_commands(list);
     for (uint32_t k = 0; k < list->count; k++) {
-        struct object *users[LS_MAX_BUFFERS + 1];
+        struct object *users[MAX_USERS];
         uint32_t nusers = 0;
         *bad = k;
         int status = ls_desc_check(&d[k]);
-        if (!status && d[k].opcode != LS_OP_DISPATCH && d[k].opcode != LS_OP_COPY)
+        if (!status && (d[k].opcode == LS_OP_NOP || d[k].opcode == LS_OP_LIST))
             status = -LS_EBADSLOT;
         if (!status)
             status = check_desc(e, c, &d[k], users, &nusers);
@@ -128,11 +128,16 @@ int run_list(ls_engine *e, uint32_t slot, int64_t budget)
     while (r->list && added < budget) {
         struct ls_desc d = list_commands(r->list)[r->next];
         d.ticket = r->ticket;
-        struct object *users[LS_MAX_BUFFERS + 1];
+        struct object *users[MAX_USERS];
         uint32_t nusers = 0;
         int status = check_desc(e, c, &d, users, &nusers);
+        if (!status && d.opcode == LS_OP_BARRIER) {  /* nothing to record: every command ends with one */
+            if (++r->next == r->list->count)
+                end_run(e, slot, 0);    /* answered with its last command in a flight, or now */
+            continue;
+        }
         struct flight *f = status ? NULL : flight_with_room(e);
-        struct recording *rec = f ? recording_for(e, c, &d, users, nusers) : NULL;
+        struct recording *rec = f ? recording_in(e, c, &d, users, nusers, f) : NULL;
         if (!rec) {
             end_run(e, slot, status ? status : -LS_EFAULT);
             break;
@@ -144,7 +149,8 @@ int run_list(ls_engine *e, uint32_t slot, int64_t budget)
         int last = ++r->next == r->list->count;
         *en = (struct entry){.client = slot, .ticket = r->ticket, .recording = rec, .nusers = nusers,
                              .groups = d.opcode == LS_OP_DISPATCH ? d.groups[0] * d.groups[1] * d.groups[2] : 0,
-                             .listed = last ? LIST_LAST : LIST_COMMAND, .fences = NO_FENCE};
+                             .listed = last ? LIST_LAST : LIST_COMMAND, .fences = NO_FENCE,
+                             .indirect = d.opcode == LS_OP_DISPATCH_INDIRECT};
         hold_objects(en->users, users, nusers);
         r->added++;
         c->stats.listed++;
