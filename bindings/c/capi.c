@@ -361,6 +361,49 @@ int ls_copy(ls_session *s, uint32_t src, uint64_t src_offset, uint32_t dst, uint
     return submit(s, &op, ticket);
 }
 
+int ls_fill(ls_session *s, uint32_t buffer, uint64_t offset, uint64_t nbytes, uint32_t value, uint64_t *ticket)
+{
+    int rc = check_session(s);
+    if (rc < 0)
+        return rc;
+    uint64_t offsets[2] = {offset, nbytes};
+    struct lsx_op op = {.what = "ls_fill", .opcode = LS_OP_FILL, .nbuffers = 1, .buffers = &buffer, .noffsets = 2,
+                        .offsets = offsets, .push = &value, .push_size = sizeof value};
+    return submit(s, &op, ticket);
+}
+
+int ls_update(ls_session *s, uint32_t buffer, uint64_t offset, const void *data, uint32_t nbytes, uint64_t *ticket)
+{
+    int rc = check_session(s);
+    if (rc < 0)
+        return rc;
+    struct lsx_op op = {.what = "ls_update", .opcode = LS_OP_UPDATE, .nbuffers = 1, .buffers = &buffer,
+                        .noffsets = 1, .offsets = &offset, .push = data, .push_size = nbytes};
+    return submit(s, &op, ticket);
+}
+
+int ls_dispatch_indirect(ls_session *s, uint32_t program, uint32_t counts, uint64_t counts_offset, uint32_t nbuffers,
+                         const uint32_t *buffers, const uint64_t *offsets, const void *push, uint32_t push_size,
+                         uint64_t *ticket)
+{
+    int rc = check_session(s);
+    if (rc < 0)
+        return rc;
+    struct lsx_op op = {
+        .what = "ls_dispatch_indirect",
+        .opcode = LS_OP_DISPATCH_INDIRECT,
+        .program = program,
+        .groups = {counts, (uint32_t)counts_offset, (uint32_t)(counts_offset >> 32)},
+        .nbuffers = nbuffers,
+        .buffers = buffers,
+        .noffsets = offsets ? nbuffers : 0,
+        .offsets = offsets,
+        .push = push,
+        .push_size = push_size,
+    };
+    return submit(s, &op, ticket);
+}
+
 /* ------------------------------------------------------------------ command lists */
 
 static int encoded(int rc, const char *what, uint32_t nbuffers, uint32_t push_size)
@@ -389,6 +432,36 @@ int ls_list_copy(struct ls_desc *slot, uint32_t src, uint64_t src_offset, uint32
     uint64_t offsets[3] = {src_offset, dst_offset, nbytes};
     return encoded(ls_encode_op((char *)slot, LS_OP_COPY, 0, 0, 0, 0, 2, buffers, 3, offsets, NULL, 0),
                    "ls_list_copy", 2, 0);
+}
+
+int ls_list_fill(struct ls_desc *slot, uint32_t buffer, uint64_t offset, uint64_t nbytes, uint32_t value)
+{
+    uint64_t offsets[2] = {offset, nbytes};
+    return encoded(ls_encode_op((char *)slot, LS_OP_FILL, 0, 0, 0, 0, 1, &buffer, 2, offsets, &value, sizeof value),
+                   "ls_list_fill", 1, sizeof value);
+}
+
+int ls_list_update(struct ls_desc *slot, uint32_t buffer, uint64_t offset, const void *data, uint32_t nbytes)
+{
+    return encoded(ls_encode_op((char *)slot, LS_OP_UPDATE, 0, 0, 0, 0, 1, &buffer, 1, &offset, data, nbytes),
+                   "ls_list_update", 1, nbytes);
+}
+
+int ls_list_barrier(struct ls_desc *slot)
+{
+    return encoded(ls_encode_op((char *)slot, LS_OP_BARRIER, 0, 0, 0, 0, 0, NULL, 0, NULL, NULL, 0),
+                   "ls_list_barrier", 0, 0);
+}
+
+int ls_list_dispatch_indirect(struct ls_desc *slot, uint32_t program, uint32_t counts, uint64_t counts_offset,
+                              uint32_t nbuffers, const uint32_t *buffers, const uint64_t *offsets,
+                              const void *push, uint32_t push_size)
+{
+    uint64_t zeros[LS_MAX_BUFFERS] = {0};  /* offsets NULL: every offset 0, as ls_dispatch() */
+    int rc = ls_encode_op((char *)slot, LS_OP_DISPATCH_INDIRECT, program, counts, (uint32_t)counts_offset,
+                          (uint32_t)(counts_offset >> 32), nbuffers, buffers, nbuffers,
+                          offsets ? offsets : nbuffers <= LS_MAX_BUFFERS ? zeros : NULL, push, push_size);
+    return encoded(rc, "ls_list_dispatch_indirect", nbuffers, push_size);
 }
 
 int ls_submit_list(ls_session *s, uint32_t list, uint64_t *ticket)
