@@ -62,7 +62,8 @@ extern "C" {
 #define LS_EBINDINGS 1006               /* buffer count differs from the program's bindings */
 #define LS_ERANGE 1007                  /* offset or size outside the buffer, or misaligned */
 #define LS_EGROUPS 1008                 /* a group count is 0 or beyond the device limit, or their product
-                                           is past 2^32 - 1 */
+                                           is past 2^32 - 1 (an indirect dispatch's, read on the device: past
+                                           the limit or the product; it ran nothing) */
 #define LS_EPUSH 1009                   /* more push-constant bytes than the program declares */
 #define LS_EFAULT 1010                  /* the device faulted while running it */
 #define LS_ECANCELED 1011               /* cancelled: the client was terminated or closed */
@@ -75,7 +76,8 @@ struct ls_desc {
     uint16_t opcode;                    /* LS_OP_* */
     uint8_t  nbuffers;                  /* buffers used, 0..LS_MAX_BUFFERS */
     uint8_t  push_size;                 /* bytes of push[] used, 0..LS_MAX_PUSH */
-    uint32_t groups[3];                 /* workgroup counts x, y, z */
+    uint32_t groups[3];                 /* workgroup counts x, y, z (LS_OP_DISPATCH_INDIRECT: their buffer,
+                                           and their byte offset's low and high words) */
     uint32_t flags;                     /* reserved, must be 0 */
     uint32_t buffer[8];                 /* buffer ids */
     uint64_t offset[8];                 /* byte offset into each buffer */

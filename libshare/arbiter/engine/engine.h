@@ -150,7 +150,7 @@ int ls_engine_put_program(ls_engine *e, uint32_t client, uint32_t id, uint64_t p
                           uint64_t layout, uint32_t bindings, uint32_t uniform_mask, uint32_t push_size,
                           uint32_t flags);
 int ls_engine_put_buffer(ls_engine *e, uint32_t client, uint32_t id, uint64_t buffer, uint64_t size);
-/* A command list: count descriptors (struct ls_desc, 256 bytes each; LS_OP_DISPATCH or LS_OP_COPY),
+/* A command list: count descriptors (struct ls_desc, 256 bytes each; any opcode but LS_OP_NOP and LS_OP_LIST),
  * each checked now as a popped one is (and again as it runs). 0, -LS_E* of the first bad command
  * (its index in *bad), -EINVAL (count 0 or past LS_ENGINE_MAX_LIST), -EEXIST, -ENOENT or -ENOMEM. */
 int ls_engine_put_list(ls_engine *e, uint32_t client, uint32_t id, const char *commands, uint32_t count,

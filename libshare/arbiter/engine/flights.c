@@ -6,7 +6,9 @@
  * fence. A timed flight (policy.timed, on a queue with timestamps) writes a timestamp
  * before its first recording and after each, into a mapped buffer, which is each command's
  * device time; a batch also carries a progress word that the device bumps after each command,
- * the watchdog's measure of it (check_watchdog). Retiring the head flight answers its entries
+ * the watchdog's measure of it (check_watchdog). The same mapped buffer holds a 16-byte slot per
+ * entry for an indirect dispatch's clamped counts and verdict (recordings.c, "Indirect
+ * dispatches"): retiring reads the verdict, and a refused count answers LS_EGROUPS. Retiring the head flight answers its entries
  * (answers.c) and releases what they held.
  */
 #include "internal.h"

@@ -1,6 +1,7 @@
 /*
- * Command lists. A client registers a sequence of dispatches and copies over its own objects
- * once (ls_engine_put_list: the control request load_list), and one LS_OP_LIST descriptor,
+ * Command lists. A client registers a sequence of dispatches, copies, fills, updates, barriers and
+ * indirect dispatches over its own objects once (ls_engine_put_list: the control request
+ * load_list), and one LS_OP_LIST descriptor,
  * naming the list as its program, runs all of them and is answered once: with the device time
  * of every command and the first failure among them.
  *
@@ -28,6 +29,15 @@
  * ring (objects.c, settle_drops). A list runs no command of another list inside it
  * (LS_OP_LIST and LS_OP_NOP are refused in a list) and never runs in pieces: its commands run
  * whole, each under the watchdog.
+ *
+ * Barriers. Every command's recording ends with a full compute and transfer barrier
+ * (recordings.c, record_barrier), so a list's order and visibility are already those of a
+ * barrier between every two commands: an LS_OP_BARRIER command is checked (check_desc: every
+ * field 0) as it runs and skipped, putting nothing in a flight; a list that ends with one (or
+ * holds nothing else) ends there, answered with its last command in a flight or at once.
+ * An indirect dispatch in a list reads its counts when it runs, after the commands before it
+ * (recordings.c, "Indirect dispatches"); a refused count fails only that command, and the list's
+ * ticket carries the failure as any command's.
  */
 #include "internal.h"
 
@@ -48,8 +58,8 @@ struct object *new_list(const char *commands, uint32_t count)
     return o;
 }
 
-/* 0 when every command of list may run for client c now (a dispatch or a copy that passes the one
- * validator), else the first one's refusal, its index in *bad. */
+/* 0 when every command of list may run for client c now (each passes the one
+ * validator; no LS_OP_NOP or LS_OP_LIST), else the first one's refusal, its index in *bad. */
 int check_list(ls_engine *e, struct client *c, struct object *list, uint32_t *bad)
 {
     struct ls_desc *d = list_commands(list);

@@ -47,7 +47,8 @@
 /* ------------------------------------------------------------------ drain */
 
 /* Check and record one popped descriptor d of client slot into the open flight (or answer it, a
- * fence or a refusal); a dispatch may begin a cut, an LS_OP_LIST a run (lists.c): 1 then. */
+ * fence (an LS_OP_NOP, or a checked LS_OP_BARRIER: every command before it already ends with one) or a
+ * refusal); a dispatch may begin a cut, an LS_OP_LIST a run (lists.c): 1 then. */
 static int take_one(ls_engine *e, uint32_t slot, const struct ls_desc *d, uint32_t cut_us, int streaming)
 {
     struct client *c = &e->clients[slot];

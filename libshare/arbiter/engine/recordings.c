@@ -1,7 +1,7 @@
 /*
  * Recordings. Each client's descriptors are recorded once per distinct content
- * (everything but the ticket): bind, push descriptors, push constants, dispatch
- * or copy and one barrier, into a secondary command buffer with
+ * (everything but the ticket): bind, push descriptors, push constants, dispatch,
+ * copy, fill or update, and one barrier, into a secondary command buffer with
  * SIMULTANEOUS_USE (so several submissions may run it at once), cached by a hash
  * of the content in the client's table of at most CACHE_MAX, least recently used
  * first out (never one still in flight: past CACHE_MAX with all in flight, a
