@@ -6,8 +6,9 @@ buffers through ``binding`` (``Submitter.binding``). The arbiter checks every fi
 (engine/validate.c): these only shape them and refuse what no arbiter would take.
 
 - A fill (``LS_OP_FILL``) writes a 32-bit value (an int from -2^31 to 2^32 - 1, a negative one as
-  its two's complement, or a float, as float32) over ``nbytes`` (by default to the end of the array or buffer) from ``offset``: the
-  destination offset in ``offset[0]``, the size in ``offset[1]``, the value in ``push[0..4)``.
+  its two's complement, or a float, as float32) over ``nbytes`` (by default to the end of the array
+  or buffer) from ``offset``: the destination offset in ``offset[0]``, the size in ``offset[1]``,
+  the value in ``push[0..4)``.
 - An update (``LS_OP_UPDATE``) writes up to ``LS_MAX_PUSH`` (128) inline bytes, a multiple of 4,
   carried in ``push[]``, at ``offset``.
 - An indirect dispatch (``LS_OP_DISPATCH_INDIRECT``) binds as a dispatch does; its ``groups``

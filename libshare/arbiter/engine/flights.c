@@ -8,8 +8,8 @@
  * device time; a batch also carries a progress word that the device bumps after each command,
  * the watchdog's measure of it (check_watchdog). The same mapped buffer holds a 16-byte slot per
  * entry for an indirect dispatch's clamped counts and verdict (recordings.c, "Indirect
- * dispatches"): retiring reads the verdict, and a refused count answers LS_EGROUPS. Retiring the head flight answers its entries
- * (answers.c) and releases what they held.
+ * dispatches"): retiring reads the verdict, and a refused count answers LS_EGROUPS. Retiring
+ * the head flight answers its entries (answers.c) and releases what they held.
  */
 #include "internal.h"
 

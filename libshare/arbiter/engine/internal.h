@@ -48,7 +48,7 @@
 #define LIST_COMMAND 1                  /* entry.listed: a command of a list, answers nothing */
 #define LIST_LAST 2                     /* ... its last (or the one on the device when it ended): answers for all */
 #define UNRANKED INT32_MAX
-#define MAX_USERS (LS_MAX_BUFFERS + 2)  /* a command's objects: its buffers, an indirect dispatch's counts, its program */
+#define MAX_USERS (LS_MAX_BUFFERS + 2)  /* a command's objects: buffers, an indirect dispatch's counts, program */
 /* In each flight's mapped results buffer, past its timestamps and progress word: one 16-byte slot per
  * entry for an indirect dispatch's clamped counts and verdict (recordings.c, "Indirect dispatches"),
  * at an offset any storage-buffer alignment divides (Vulkan's largest is 256). */
