@@ -260,10 +260,13 @@ static int push_locked(ls_session *s, uint64_t number, const struct lsx_op *op)
 {
     if (is_lost(s))
         return is_lost(s);
-    for (uint32_t i = 0; i < s->nlost; i++)
+    for (uint32_t i = 0; i < s->nlost; i++) {
         for (uint32_t b = 0; op->buffers && b < op->nbuffers; b++)
             if (op->buffers[b] == s->lost_ids[i])
                 return -LS_EBUFFERLOST;
+        if (op->opcode == LS_OP_DISPATCH_INDIRECT && op->groups[0] == s->lost_ids[i])
+            return -LS_EBUFFERLOST;     /* its counts' buffer */
+    }
     return ls_tickets_push(s->book, s->producer, number, op->opcode, op->program, op->groups[0], op->groups[1],
                            op->groups[2], op->nbuffers, op->buffers, op->noffsets, op->offsets, op->push,
                            op->push_size);
