@@ -161,3 +161,37 @@ def test_hostile_counts_are_refused_or_clamped_for_their_client_only(tmp_path, s
         attacker.dispatch_indirect(program, counts, [x, y], push).wait(30)
         assert _ran(x, y, 2)
         assert honest.stats()["errors"] == 0
+
+
+def test_two_clients_indirect_dispatches_in_one_submission_keep_their_own_counts(tmp_path):
+    """Each entry of a submission clamps into a slot of its own, and its verdict is its own: two sessions'
+    indirect dispatches and a third's refused ones, interleaved in the same submissions, each run exactly
+    their own counts, and only the third's fail."""
+    with serving(tmp_path) as (_, pipe_dir), \
+            libshare.connect(mode="daemon", pipe_directory=pipe_dir) as first, \
+            libshare.connect(mode="daemon", pipe_directory=pipe_dir) as second, \
+            libshare.connect(mode="daemon", pipe_directory=pipe_dir) as hostile:
+        runs = []
+        for session, groups in ((first, 3), (hostile, 0xFFFFFFFF), (second, 11)):
+            program, x, y = _saxpy(session)
+            counts = session.array(3, np.uint32)
+            counts[:] = [groups, 1, 1]
+            runs.append((session, program, x, y, counts, groups))
+        rounds = 40
+        tickets = []
+        for _ in range(rounds):  # pushed without waiting: the engine takes the rings into the same passes
+            for session, program, x, y, counts, groups in runs:
+                ticket = session.dispatch_indirect(program, counts, [x, y], struct.pack("If", N, 1.0))
+                tickets.append((ticket, groups))
+        for ticket, groups in tickets:
+            if groups == 0xFFFFFFFF:
+                with pytest.raises(InvalidSubmission, match="group count"):
+                    ticket.wait(60)
+            else:
+                ticket.wait(60)
+        _, _, _, y, _, _ = runs.pop(1)
+        assert np.all(y == 1.0)
+        for _, _, x, y, _, groups in runs:
+            expected = np.ones(N, np.float32)
+            expected[:groups * 64] += rounds * x[:groups * 64]
+            assert np.array_equal(y, expected), groups
