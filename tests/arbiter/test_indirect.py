@@ -12,10 +12,12 @@ import numpy as np
 import pytest
 
 import libshare
+from libshare.daemon.options import EXIT_UNRECOVERABLE
 from libshare.errors import InvalidSubmission
 from libshare.ring import C
 
 from tests.arbiter.test_command_lists import beside_a_stream, serving
+from tests.arbiter.test_runaway import BUSY, RUNAWAY_GROUPS, RUNAWAY_N, RUNAWAY_PUSH, arbiter, connect, gone
 
 N = 4096  # floats per array
 COUNTS_WRITER = """\
@@ -195,3 +197,21 @@ def test_two_clients_indirect_dispatches_in_one_submission_keep_their_own_counts
             expected = np.ones(N, np.float32)
             expected[:groups * 64] += rounds * x[:groups * 64]
             assert np.array_equal(y, expected), groups
+
+
+def test_an_indirect_runaway_is_caught_by_the_watchdog(tmp_path, vulkan_device_name):
+    """An indirect dispatch never runs in pieces (its size is read on the device), but it runs under the
+    watchdog: counts within the limits that would run for hours fault the server on time, naming its
+    client, as a direct runaway does (test_runaway.py)."""
+    with arbiter(tmp_path, "1") as (process, pipe_dir):
+        with connect(pipe_dir, "runaway") as session:
+            program = session.load_program(BUSY)
+            data = session.array(RUNAWAY_N, np.uint32)
+            counts = session.array(3, np.uint32)
+            counts[:] = RUNAWAY_GROUPS
+            ticket = session.dispatch_indirect(program, counts, [data], RUNAWAY_PUSH)
+            with pytest.raises(libshare.ServerFault):
+                ticket.wait(timeout=120)
+            assert process.wait(timeout=120) == EXIT_UNRECOVERABLE
+        log = gone(process, pipe_dir)
+        assert "past the 1 s watchdog; raised by client" in log and "(runaway" in log
