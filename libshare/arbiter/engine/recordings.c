@@ -38,7 +38,12 @@
  * entry, an indirect dispatch's recording is made for that one entry, uncached (as a piece's
  * is): no two executions of one recording ever share a slot (SIMULTANEOUS_USE never applies
  * to one), and within the recording the clamp's write comes before the indirect read by its
- * barrier. As the flight retires (retire_head) a verdict of 1 answers the command
+ * barrier. (Counts alone would survive a shared slot: there is one queue, and every recording
+ * ends with record_barrier, whose first scope holds the compute stage and the indirect read
+ * before it, so one execution's read ends before the next one's clamp writes. Its verdict
+ * would not: read as the flight retires, a shared slot holds the last execution's, so a
+ * refused dispatch beside an accepted one would answer wrongly; test_indirect.py performs
+ * that.) As the flight retires (retire_head) a verdict of 1 answers the command
  * LS_EGROUPS, having dispatched nothing; counts of 0 dispatch nothing and succeed (Vulkan's
  * rule). An indirect dispatch never runs in pieces (its size is unknown when it is recorded:
  * pieces_for takes only LS_OP_DISPATCH) but runs under the watchdog like any command.
