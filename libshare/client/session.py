@@ -173,10 +173,11 @@ class Session:
         return self.alloc(nbytes).array(shape, dtype)
 
     def record(self) -> CommandList:
-        """A command list: ``with session.record() as commands:`` records ``commands.dispatch(...)``
-        and ``commands.copy(...)`` over this session's objects, checked and kept by the arbiter when
-        the block ends; ``commands.submit()`` then runs them all in order from one descriptor and
-        returns one Ticket (the device time of all, the first failure among them)."""
+        """A command list: ``with session.record() as commands:`` records ``commands.dispatch(...)``,
+        ``copy``, ``fill``, ``update``, ``barrier`` and ``dispatch_indirect`` over this session's
+        objects, checked and kept by the arbiter when the block ends; ``commands.submit()`` then runs
+        them all in order from one descriptor and returns one Ticket (the device time of all, the
+        first failure among them)."""
         return CommandList(self)
 
     def free(self, obj: Buffer | np.ndarray | Program | CommandList) -> None:
@@ -263,7 +264,8 @@ class Session:
         """Queue ``program`` on ``buffers`` over the workgroup counts the device reads when it runs: three
         uint32 at byte ``offset`` of ``counts_buffer`` (an array or a Buffer). The arbiter clamps them on
         the device: counts of 0 run nothing; a count past the device's limit, or a product past
-        2^32 - 1, runs nothing and fails the Ticket with InvalidSubmission (LS_EGROUPS). Returns a Ticket at once."""
+        2^32 - 1, runs nothing and fails the Ticket with InvalidSubmission (LS_EGROUPS). Returns a
+        Ticket at once."""
         fields = indirect_fields(self._binding, program, counts_buffer, buffers, push, offset)
         opcode, program_id, groups, ids, offsets, push = fields
         return self._submit(opcode, program_id, *groups, ids, offsets, push)
