@@ -234,8 +234,33 @@ int ls_copy(ls_session *session, uint32_t src, uint64_t src_offset, uint32_t dst
             uint64_t nbytes, uint64_t *ticket);
 
 /*
- * Command lists (docs/programs.md, "Command lists"): dispatches and copies recorded once and run
- * in order by one descriptor, answered by one ticket. ls_list_dispatch() and ls_list_copy() encode
+ * Queue a fill of nbytes of buffer from offset (both multiples of 4) with the 32-bit value, or a
+ * write of nbytes of data (4..128, a multiple of 4, carried in the descriptor) into buffer at
+ * offset (a multiple of 4). Return at once with *ticket, like ls_dispatch() (-EINVAL: data NULL,
+ * or more than 128 bytes); a range past the buffer is reported by ls_wait() (-LS_ERANGE). Run in C.
+ */
+int ls_fill(ls_session *session, uint32_t buffer, uint64_t offset, uint64_t nbytes, uint32_t value,
+            uint64_t *ticket);
+int ls_update(ls_session *session, uint32_t buffer, uint64_t offset, const void *data, uint32_t nbytes,
+              uint64_t *ticket);
+
+/*
+ * Queue program on nbuffers buffers, as ls_dispatch(), over the workgroup counts the device reads
+ * when it runs: three uint32 at byte counts_offset (a multiple of 4) of buffer counts. The arbiter
+ * clamps them on the device (docs/programs.md, "Indirect dispatches"): counts of 0 run nothing;
+ * a count past the device's limit or a product past 2^32 - 1 runs nothing and ls_wait() returns
+ * -LS_EGROUPS. Runs in C.
+ */
+int ls_dispatch_indirect(ls_session *session, uint32_t program, uint32_t counts, uint64_t counts_offset,
+                         uint32_t nbuffers, const uint32_t *buffers, const uint64_t *offsets, const void *push,
+                         uint32_t push_size, uint64_t *ticket);
+
+/*
+ * Command lists (docs/programs.md, "Command lists"): commands recorded once and run in order by one
+ * descriptor, answered by one ticket. ls_list_dispatch(), ls_list_copy(), ls_list_fill(),
+ * ls_list_update(), ls_list_barrier() (checked; changes nothing, every command ending with a
+ * barrier already) and ls_list_dispatch_indirect() (its counts may be written by a command before
+ * it) encode
  * a command into a slot of the caller's array (the ring's one encoder and its check: -EINVAL for
  * what ls_dispatch() refuses); ls_load_list() hands count of them (1..LS_MAX_LIST) to the arbiter,
  * which checks each as it checks a dispatch (-LS_EINVALID names the first it refuses) and keeps
@@ -256,6 +281,12 @@ int ls_list_dispatch(struct ls_desc *slot, uint32_t program, uint32_t groups_x, 
                      const void *push, uint32_t push_size);
 int ls_list_copy(struct ls_desc *slot, uint32_t src, uint64_t src_offset, uint32_t dst, uint64_t dst_offset,
                  uint64_t nbytes);
+int ls_list_fill(struct ls_desc *slot, uint32_t buffer, uint64_t offset, uint64_t nbytes, uint32_t value);
+int ls_list_update(struct ls_desc *slot, uint32_t buffer, uint64_t offset, const void *data, uint32_t nbytes);
+int ls_list_barrier(struct ls_desc *slot);
+int ls_list_dispatch_indirect(struct ls_desc *slot, uint32_t program, uint32_t counts, uint64_t counts_offset,
+                              uint32_t nbuffers, const uint32_t *buffers, const uint64_t *offsets,
+                              const void *push, uint32_t push_size);
 int ls_load_list(ls_session *session, const struct ls_desc *commands, uint32_t count, uint32_t *list);
 int ls_list_submission_push(struct ls_desc *slot);
 int ls_submit_list(ls_session *session, uint32_t list, uint64_t *ticket);

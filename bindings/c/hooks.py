@@ -99,7 +99,7 @@ def _region_view(session) -> tuple[int, int, int, int]:
     finally:
         ffi.release(view)
     pidfd = os.dup(region.peers._pidfd) if region.peers._pidfd >= 0 else -1
-    return address, region.size, session._wake_fd, pidfd
+    return address, region.size, session._gate.attached.wake_fd, pidfd
 
 
 @_answer

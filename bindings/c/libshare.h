@@ -27,7 +27,17 @@ extern "C" {
 #define LS_OP_DISPATCH 1
 #define LS_OP_COPY 2                    /* buffer[0] -> buffer[1], size in offset[2] */
 #define LS_OP_LIST 3                    /* runs command list `program` (load_list): its commands, one answer */
-#define LS_OP_MAX 3
+#define LS_OP_FILL 4                    /* buffer[0] from offset[0], offset[1] bytes (multiples of 4): the
+                                           32-bit value in push[0..4), push_size 4 (vkCmdFillBuffer) */
+#define LS_OP_UPDATE 5                  /* push[0..push_size) written into buffer[0] at offset[0]; push_size a
+                                           multiple of 4, 4..LS_MAX_PUSH (vkCmdUpdateBuffer) */
+#define LS_OP_BARRIER 6                 /* no fields: in a list, a barrier (every command already ends with
+                                           one: it costs nothing); alone, answered in order like a NOP */
+#define LS_OP_DISPATCH_INDIRECT 7       /* a dispatch (program, buffer[], offset[], push[]) whose three uint32
+                                           group counts the device reads at run time from buffer groups[0] at
+                                           byte offset groups[1] | (uint64)groups[2] << 32, clamped by the
+                                           engine (recordings.c, "Indirect dispatches") */
+#define LS_OP_MAX 7
 #define LS_OP_BAD 0xffff               /* set by the consumer on a slot that failed ls_desc_check */
 #define LS_DESC_GROUP 1                 /* flags: a dispatch whose bindings come from bind group buffer[0]
                                            (nbuffers 0; engine/validate.c) */
@@ -59,7 +69,8 @@ extern "C" {
 #define LS_EBINDINGS 1006               /* buffer count differs from the program's bindings */
 #define LS_ERANGE 1007                  /* offset or size outside the buffer, or misaligned */
 #define LS_EGROUPS 1008                 /* a group count is 0 or beyond the device limit, or their product
-                                           is past 2^32 - 1 */
+                                           is past 2^32 - 1 (an indirect dispatch's, read on the device: past
+                                           the limit or the product; it ran nothing) */
 #define LS_EPUSH 1009                   /* more push-constant bytes than the program declares */
 #define LS_EFAULT 1010                  /* the device faulted while running it */
 #define LS_ECANCELED 1011               /* cancelled: the client was terminated or closed */
@@ -72,7 +83,8 @@ struct ls_desc {
     uint16_t opcode;                    /* LS_OP_* */
     uint8_t  nbuffers;                  /* buffers used, 0..LS_MAX_BUFFERS */
     uint8_t  push_size;                 /* bytes of push[] used, 0..LS_MAX_PUSH */
-    uint32_t groups[3];                 /* workgroup counts x, y, z */
+    uint32_t groups[3];                 /* workgroup counts x, y, z (LS_OP_DISPATCH_INDIRECT: their buffer,
+                                           and their byte offset's low and high words) */
     uint32_t flags;                     /* LS_DESC_* bits; 0 unless one says otherwise */
     uint32_t buffer[8];                 /* buffer ids */
     uint64_t offset[8];                 /* byte offset into each buffer */
@@ -489,8 +501,33 @@ int ls_copy(ls_session *session, uint32_t src, uint64_t src_offset, uint32_t dst
             uint64_t nbytes, uint64_t *ticket);
 
 /*
- * Command lists (docs/programs.md, "Command lists"): dispatches and copies recorded once and run
- * in order by one descriptor, answered by one ticket. ls_list_dispatch() and ls_list_copy() encode
+ * Queue a fill of nbytes of buffer from offset (both multiples of 4) with the 32-bit value, or a
+ * write of nbytes of data (4..128, a multiple of 4, carried in the descriptor) into buffer at
+ * offset (a multiple of 4). Return at once with *ticket, like ls_dispatch() (-EINVAL: data NULL,
+ * or more than 128 bytes); a range past the buffer is reported by ls_wait() (-LS_ERANGE). Run in C.
+ */
+int ls_fill(ls_session *session, uint32_t buffer, uint64_t offset, uint64_t nbytes, uint32_t value,
+            uint64_t *ticket);
+int ls_update(ls_session *session, uint32_t buffer, uint64_t offset, const void *data, uint32_t nbytes,
+              uint64_t *ticket);
+
+/*
+ * Queue program on nbuffers buffers, as ls_dispatch(), over the workgroup counts the device reads
+ * when it runs: three uint32 at byte counts_offset (a multiple of 4) of buffer counts. The arbiter
+ * clamps them on the device (docs/programs.md, "Indirect dispatches"): counts of 0 run nothing;
+ * a count past the device's limit or a product past 2^32 - 1 runs nothing and ls_wait() returns
+ * -LS_EGROUPS. Runs in C.
+ */
+int ls_dispatch_indirect(ls_session *session, uint32_t program, uint32_t counts, uint64_t counts_offset,
+                         uint32_t nbuffers, const uint32_t *buffers, const uint64_t *offsets, const void *push,
+                         uint32_t push_size, uint64_t *ticket);
+
+/*
+ * Command lists (docs/programs.md, "Command lists"): commands recorded once and run in order by one
+ * descriptor, answered by one ticket. ls_list_dispatch(), ls_list_copy(), ls_list_fill(),
+ * ls_list_update(), ls_list_barrier() (checked; changes nothing, every command ending with a
+ * barrier already) and ls_list_dispatch_indirect() (its counts may be written by a command before
+ * it) encode
  * a command into a slot of the caller's array (the ring's one encoder and its check: -EINVAL for
  * what ls_dispatch() refuses); ls_load_list() hands count of them (1..LS_MAX_LIST) to the arbiter,
  * which checks each as it checks a dispatch (-LS_EINVALID names the first it refuses) and keeps
@@ -511,6 +548,12 @@ int ls_list_dispatch(struct ls_desc *slot, uint32_t program, uint32_t groups_x, 
                      const void *push, uint32_t push_size);
 int ls_list_copy(struct ls_desc *slot, uint32_t src, uint64_t src_offset, uint32_t dst, uint64_t dst_offset,
                  uint64_t nbytes);
+int ls_list_fill(struct ls_desc *slot, uint32_t buffer, uint64_t offset, uint64_t nbytes, uint32_t value);
+int ls_list_update(struct ls_desc *slot, uint32_t buffer, uint64_t offset, const void *data, uint32_t nbytes);
+int ls_list_barrier(struct ls_desc *slot);
+int ls_list_dispatch_indirect(struct ls_desc *slot, uint32_t program, uint32_t counts, uint64_t counts_offset,
+                              uint32_t nbuffers, const uint32_t *buffers, const uint64_t *offsets,
+                              const void *push, uint32_t push_size);
 int ls_load_list(ls_session *session, const struct ls_desc *commands, uint32_t count, uint32_t *list);
 int ls_list_submission_push(struct ls_desc *slot);
 int ls_submit_list(ls_session *session, uint32_t list, uint64_t *ticket);

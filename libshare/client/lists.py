@@ -1,6 +1,8 @@
-"""Command lists: dispatches and copies recorded once, run by one descriptor, answered by one Ticket.
+"""Command lists: commands recorded once, run by one descriptor, answered by one Ticket.
 
-``with session.record() as commands:`` records ``commands.dispatch(...)`` and ``commands.copy(...)``
+``with session.record() as commands:`` records ``commands.dispatch(...)``, ``commands.copy(...)``,
+``commands.fill(...)``, ``commands.update(...)``, ``commands.barrier()`` and
+``commands.dispatch_indirect(...)`` (whose counts an earlier command of the list may write)
 into descriptors (``struct ls_desc``, encoded by the ring's one encoder: ``ls_encode_op``, the
 encoding and check of ``ls_push_op``) and, when the block ends,
 hands them to the arbiter (the ``load_list`` request), which checks each as it checks a popped
@@ -30,6 +32,7 @@ import numpy as np
 from libshare import errors
 from libshare.client.buffers import Program, byte_size, workgroups
 from libshare.client.groups import BindGroup
+from libshare.client.operations import fill_fields, indirect_fields, update_bytes, update_fields
 from libshare.ring import C
 from libshare.ring._binding import DESC_DTYPE, encode_op
 
@@ -113,6 +116,50 @@ class CommandList:
             nbytes = min(byte_size(src), byte_size(dst))
         self._add(C.OP_COPY, 0, (0, 0, 0), (src, dst), (src_offset, dst_offset, int(nbytes)), b"", 0)
 
+    def fill(self, buffer, value, nbytes: int | None = None, offset: int = 0) -> None:
+        """Record a fill of ``buffer`` with a 32-bit ``value`` (as ``Session.fill``); ``buffer`` may be
+        ``argument(k)``, with ``nbytes`` then given."""
+        if nbytes is None and isinstance(buffer, Argument):
+            raise errors.InvalidSubmission("a fill of a list's argument names its nbytes")
+        self._check_room()
+        self._append(encode_op(*fill_fields(self._bind, buffer, value, nbytes, offset)), 0)
+
+    def update(self, buffer, data, offset: int = 0) -> None:
+        """Record a write of ``data`` into ``buffer`` at ``offset`` (as ``Session.update``; ``buffer`` may be
+        ``argument(k)``); data past 128 bytes is recorded as several updates of 128 (the list answers once
+        for all of them)."""
+        data = update_bytes(data)
+        self._check_room()
+        step = C.MAX_PUSH
+        if len(data) > step and len(self._descs) + -(-len(data) // step) > MOST_COMMANDS:
+            raise errors.InvalidSubmission(f"a command list holds at most {MOST_COMMANDS} commands")
+        for at in range(0, max(len(data), 1), step):
+            self._append(encode_op(*update_fields(self._bind, buffer, data[at:at + step], offset + at)), 0)
+
+    def barrier(self) -> None:
+        """Record a barrier: what the commands before it wrote is seen by those after it. Every command
+        already ends with one (the engine's record_barrier), so it changes nothing and costs nothing on
+        the device; it is checked and kept."""
+        self._check_room()
+        self._append(encode_op(C.OP_BARRIER, 0, (0, 0, 0), [], [], b""), 0)
+
+    def dispatch_indirect(self, program: Program, counts_buffer, buffers=(), push=b"", offset: int = 0) -> None:
+        """Record ``program`` over the counts the device reads from ``counts_buffer`` at ``offset`` when the
+        command runs, written maybe by a command before it (as ``Session.dispatch_indirect``); a buffer
+        may be ``argument(k)`` (the counts' buffer may not), and ``push`` may be ``SUBMISSION_PUSH``."""
+        if isinstance(counts_buffer, Argument):
+            raise errors.InvalidSubmission("an indirect dispatch's counts buffer cannot be a list's argument")
+        takes_push = push is SUBMISSION_PUSH
+        self._check_room()
+        fields = indirect_fields(self._bind, program, counts_buffer, buffers, b"" if takes_push else push, offset)
+        self._append(encode_op(*fields), C.DESC_SUBMISSION_PUSH if takes_push else 0)
+
+    def _bind(self, item) -> tuple:
+        """(buffer, id, offset) of a command's buffer: ``argument(k)`` as ``LS_LIST_ARG | k``, else the session's."""
+        if isinstance(item, Argument):
+            return None, C.LIST_ARG | item.slot, 0
+        return self._session._binding(item)
+
     def _check_room(self) -> None:
         if self.id:
             raise errors.InvalidSubmission("this command list was recorded already: record a new one")
@@ -121,8 +168,7 @@ class CommandList:
 
     def _add(self, opcode: int, program: int, groups, buffers, extra, push: bytes, flags: int) -> None:
         self._check_room()
-        bound = [(None, C.LIST_ARG | item.slot, 0) if isinstance(item, Argument) else self._session._binding(item)
-                 for item in buffers]
+        bound = [self._bind(item) for item in buffers]
         offsets = [offset for _, _, offset in bound]
         if extra is not None:  # a copy: source and destination offsets from their bindings, then the size
             offsets = [offsets[0] + extra[0], offsets[1] + extra[1], extra[2]]

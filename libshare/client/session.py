@@ -44,6 +44,7 @@ from libshare.client.completions import Completions, Ticket
 from libshare.client.gate import Gate, closed_error, fresh
 from libshare.client.groups import BindGroup, group_entries, make_group
 from libshare.client.lists import CommandList
+from libshare.client.operations import fill_fields, indirect_fields, update_bytes, update_fields
 from libshare.client.reattach import Reattacher
 from libshare.client.submit import Submitter
 from libshare.protocol import wire as protocol
@@ -111,21 +112,6 @@ class Session:
         """The ring (the C API and tests reach it: the region a C client would write)."""
         return self._gate.attached.region
 
-    @property
-    def _wake_fd(self) -> int:
-        """The doorbell socket's descriptor."""
-        return self._gate.attached.wake_fd
-
-    @property
-    def _sock(self) -> socket.socket:
-        """The control socket."""
-        return self._gate.attached.sock
-
-    @property
-    def _lost(self) -> errors.LibshareError | None:
-        """The sticky loss, once known (gate.py)."""
-        return self._gate.lost
-
     # ---------------------------------------------------------------- control requests
 
     def _request(self, op: str, payload: bytes = b"", max_fds: int = 0, fds: tuple[int, ...] = (),
@@ -190,12 +176,13 @@ class Session:
         return self.alloc(nbytes).array(shape, dtype)
 
     def record(self) -> CommandList:
-        """A command list: ``with session.record() as commands:`` records ``commands.dispatch(...)``
-        and ``commands.copy(...)`` over this session's objects, checked and kept by the arbiter when
-        the block ends; ``commands.submit()`` then runs them all in order from one descriptor and
-        returns one Ticket (the device time of all, the first failure among them). A command may
-        bind ``commands.argument(k)`` and take ``push=commands.SUBMISSION_PUSH``, which each
-        ``commands.submit(push, buffers)`` fills (client/lists.py, "Parameters")."""
+        """A command list: ``with session.record() as commands:`` records ``commands.dispatch(...)``,
+        ``copy``, ``fill``, ``update``, ``barrier`` and ``dispatch_indirect`` over this session's
+        objects, checked and kept by the arbiter when the block ends; ``commands.submit()`` then runs
+        them all in order from one descriptor and returns one Ticket (the device time of all, the
+        first failure among them). A command may bind ``commands.argument(k)`` and take
+        ``push=commands.SUBMISSION_PUSH``, which each ``commands.submit(push, buffers)`` fills
+        (client/lists.py, "Parameters")."""
         return CommandList(self)
 
     def bind_group(self, program: Program, buffers) -> BindGroup:
@@ -280,6 +267,32 @@ class Session:
             nbytes = min(byte_size(src), byte_size(dst))
         offsets = [src_base + src_offset, dst_base + dst_offset, int(nbytes)]
         return self._submit(_OP_COPY, 0, 0, 0, 0, [src_id, dst_id], offsets, b"")
+
+    def fill(self, buffer, value, nbytes: int | None = None, offset: int = 0) -> Ticket:
+        """Queue a fill of ``nbytes`` of ``buffer`` (an array or a Buffer; by default to its end) from
+        byte ``offset`` with the 32-bit ``value`` (an int, or a float written as float32); offset and
+        size multiples of 4. Returns a Ticket at once."""
+        opcode, program, groups, ids, offsets, push = fill_fields(self._binding, buffer, value, nbytes, offset)
+        return self._submit(opcode, program, *groups, ids, offsets, push)
+
+    def update(self, buffer, data, offset: int = 0) -> Ticket:
+        """Queue a write of ``data`` (bytes-like or an array: 4 to 128 bytes, a multiple of 4, carried in
+        the descriptor itself) into ``buffer`` at byte ``offset``; more is refused (copy from a shared
+        buffer instead, or record a list: ``CommandList.update`` splits). Returns a Ticket at once."""
+        fields = update_fields(self._binding, buffer, update_bytes(data), offset)
+        opcode, program, groups, ids, offsets, push = fields
+        return self._submit(opcode, program, *groups, ids, offsets, push)
+
+    def dispatch_indirect(self, program: Program, counts_buffer, buffers=(), push: bytes = b"",
+                          offset: int = 0) -> Ticket:
+        """Queue ``program`` on ``buffers`` over the workgroup counts the device reads when it runs: three
+        uint32 at byte ``offset`` of ``counts_buffer`` (an array or a Buffer). The arbiter clamps them on
+        the device: counts of 0 run nothing; a count past the device's limit, or a product past
+        2^32 - 1, runs nothing and fails the Ticket with InvalidSubmission (LS_EGROUPS). Returns a
+        Ticket at once."""
+        fields = indirect_fields(self._binding, program, counts_buffer, buffers, push, offset)
+        opcode, program_id, groups, ids, offsets, push = fields
+        return self._submit(opcode, program_id, *groups, ids, offsets, push)
 
     def wait_idle(self, timeout: float | None = None) -> None:
         """Wait until every submitted ticket is done; errors stay with their tickets.

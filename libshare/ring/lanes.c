@@ -41,7 +41,7 @@ static int fields_check(uint32_t opcode, uint32_t nbuffers, uint32_t push_size, 
 {
     if (opcode > LS_OP_MAX || nbuffers > LS_MAX_BUFFERS || push_size > LS_MAX_PUSH || (flags & ~LS_DESC_GROUP))
         return -LS_EBADSLOT;
-    if ((flags & LS_DESC_GROUP) && (opcode != LS_OP_DISPATCH || nbuffers))
+    if ((flags & LS_DESC_GROUP) && ((opcode != LS_OP_DISPATCH && opcode != LS_OP_DISPATCH_INDIRECT) || nbuffers))
         return -LS_EBADSLOT;
     return 0;
 }

@@ -37,7 +37,17 @@
 #define LS_OP_DISPATCH 1
 #define LS_OP_COPY 2                    /* buffer[0] -> buffer[1], size in offset[2] */
 #define LS_OP_LIST 3                    /* runs command list `program` (load_list): its commands, one answer */
-#define LS_OP_MAX 3
+#define LS_OP_FILL 4                    /* buffer[0] from offset[0], offset[1] bytes (multiples of 4): the
+                                           32-bit value in push[0..4), push_size 4 (vkCmdFillBuffer) */
+#define LS_OP_UPDATE 5                  /* push[0..push_size) written into buffer[0] at offset[0]; push_size a
+                                           multiple of 4, 4..LS_MAX_PUSH (vkCmdUpdateBuffer) */
+#define LS_OP_BARRIER 6                 /* no fields: in a list, a barrier (every command already ends with
+                                           one: it costs nothing); alone, answered in order like a NOP */
+#define LS_OP_DISPATCH_INDIRECT 7       /* a dispatch (program, buffer[], offset[], push[]) whose three uint32
+                                           group counts the device reads at run time from buffer groups[0] at
+                                           byte offset groups[1] | (uint64)groups[2] << 32, clamped by the
+                                           engine (recordings.c, "Indirect dispatches") */
+#define LS_OP_MAX 7
 #define LS_OP_BAD 0xffff               /* set by the consumer on a slot that failed ls_desc_check */
 #define LS_DESC_GROUP 1                 /* flags: a dispatch whose bindings come from bind group buffer[0]
                                            (nbuffers 0; engine/validate.c) */
@@ -69,7 +79,8 @@
 #define LS_EBINDINGS 1006               /* buffer count differs from the program's bindings */
 #define LS_ERANGE 1007                  /* offset or size outside the buffer, or misaligned */
 #define LS_EGROUPS 1008                 /* a group count is 0 or beyond the device limit, or their product
-                                           is past 2^32 - 1 */
+                                           is past 2^32 - 1 (an indirect dispatch's, read on the device: past
+                                           the limit or the product; it ran nothing) */
 #define LS_EPUSH 1009                   /* more push-constant bytes than the program declares */
 #define LS_EFAULT 1010                  /* the device faulted while running it */
 #define LS_ECANCELED 1011               /* cancelled: the client was terminated or closed */
@@ -82,7 +93,8 @@ struct ls_desc {
     uint16_t opcode;                    /* LS_OP_* */
     uint8_t  nbuffers;                  /* buffers used, 0..LS_MAX_BUFFERS */
     uint8_t  push_size;                 /* bytes of push[] used, 0..LS_MAX_PUSH */
-    uint32_t groups[3];                 /* workgroup counts x, y, z */
+    uint32_t groups[3];                 /* workgroup counts x, y, z (LS_OP_DISPATCH_INDIRECT: their buffer,
+                                           and their byte offset's low and high words) */
     uint32_t flags;                     /* LS_DESC_* bits; 0 unless one says otherwise */
     uint32_t buffer[8];                 /* buffer ids */
     uint64_t offset[8];                 /* byte offset into each buffer */

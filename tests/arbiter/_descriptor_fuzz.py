@@ -7,7 +7,8 @@ bind group, flags LS_DESC_GROUP), and reads every
 completion itself. It prints one JSON line: how many it pushed, how many came back, how
 many were answered more than once or never, the statuses seen, and how many through the bind
 group ran. Groups are either small or invalid, so that no descriptor that passes validation
-runs for long.
+runs for long; every opcode is drawn (fills, updates, barriers and indirect dispatches too, whose
+counts on the device are whatever the buffers hold: clamped there, never run for long either).
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ def hostile_descriptors(rng: np.random.Generator, count: int, first_ticket: int,
     d = np.zeros(count, DESC_DTYPE)
     d["ticket"] = np.arange(first_ticket, first_ticket + count, dtype=np.uint64)
     pick = lambda p: rng.random(count) < p  # noqa: E731
-    d["opcode"] = np.where(pick(0.6), C.OP_DISPATCH, np.where(pick(0.5), rng.choice([C.OP_NOP, C.OP_COPY], count),
+    others = [C.OP_NOP, C.OP_COPY, C.OP_FILL, C.OP_UPDATE, C.OP_BARRIER, C.OP_DISPATCH_INDIRECT]
+    d["opcode"] = np.where(pick(0.5), C.OP_DISPATCH, np.where(pick(0.7), rng.choice(others, count),
                                                               rng.integers(0, 1 << 16, count)))
     d["program"] = np.where(pick(0.7), program, rng.integers(0, 1 << 32, count, dtype=np.uint64))
     d["nbuffers"] = np.where(pick(0.6), 2, rng.integers(0, 256, count))
@@ -40,6 +42,12 @@ def hostile_descriptors(rng: np.random.Generator, count: int, first_ticket: int,
     small = rng.integers(1, 5, (count, 3))
     invalid = rng.choice(np.array([0, 1 << 31, (1 << 32) - 1], dtype=np.uint64), (count, 3))
     d["groups"] = np.where(pick(0.8)[:, None], small, invalid)
+    # an indirect dispatch's groups: a buffer of its own (or not), a counts offset aligned (or not) and in the
+    # buffer (or not); the counts there are whatever saxpy and the fills left, clamped on the device
+    indirect = (d["opcode"] == C.OP_DISPATCH_INDIRECT) & pick(0.6)
+    d["groups"][:, 0] = np.where(indirect, rng.choice(np.array(buffers, dtype=np.uint32), count), d["groups"][:, 0])
+    d["groups"][:, 1] = np.where(indirect, rng.integers(0, buffer_size // 4, count) * 4, d["groups"][:, 1])
+    d["groups"][:, 2] = np.where(indirect & pick(0.9), 0, d["groups"][:, 2])
     d["flags"] = np.where(pick(0.9), 0, rng.integers(0, 1 << 32, count, dtype=np.uint64))
     ids = np.array(buffers, dtype=np.uint32)
     d["buffer"] = np.where(pick(0.7)[:, None], rng.choice(ids, (count, 8)),
@@ -55,6 +63,8 @@ def hostile_descriptors(rng: np.random.Generator, count: int, first_ticket: int,
     d["buffer"][:, 0] = np.where(grouped & pick(0.7), group, d["buffer"][:, 0])
     d["push"] = rng.integers(0, 256, (count, 128), dtype=np.uint8)
     d["push"][:, :4] = np.frombuffer(np.uint32(64).tobytes(), np.uint8)  # n = 64: stays inside the buffers
+    d["push_size"] = np.where((d["opcode"] == C.OP_FILL) & pick(0.6), 4, d["push_size"])  # a fill's value
+    d["nbuffers"] = np.where(np.isin(d["opcode"], [C.OP_FILL, C.OP_UPDATE]) & pick(0.6), 1, d["nbuffers"])
     return d
 
 

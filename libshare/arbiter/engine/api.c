@@ -35,7 +35,7 @@ static int load_vulkan(ls_engine *e)
     LOAD(CmdPushConstants) LOAD(CmdDispatch) LOAD(CmdCopyBuffer) LOAD(CmdPipelineBarrier) LOAD(CmdExecuteCommands)
     LOAD(CreateQueryPool)
     LOAD(DestroyQueryPool) LOAD(CmdResetQueryPool) LOAD(CmdWriteTimestamp) LOAD(CmdCopyQueryPoolResults)
-    LOAD(CmdFillBuffer)
+    LOAD(CmdFillBuffer) LOAD(CmdUpdateBuffer) LOAD(CmdDispatchIndirect)
     LOAD(CreateBuffer) LOAD(DestroyBuffer) LOAD(GetBufferMemoryRequirements) LOAD(AllocateMemory) LOAD(FreeMemory)
     LOAD(BindBufferMemory) LOAD(MapMemory)
 #undef LOAD

@@ -106,6 +106,7 @@ class Engine:
             "max_uniform_range": handles["max_uniform_range"],
             "uniform_offset_alignment": handles["uniform_offset_alignment"],
             "max_groups": list(handles["max_group_count"]), "max_clients": max_clients, "event_fd": event_fd,
+            "clamp_pipeline": handles["clamp"][0], "clamp_layout": handles["clamp"][1],
         })
         out = ffi.new("ls_engine **")
         check(lib.ls_engine_create(config, out), "creating the engine")

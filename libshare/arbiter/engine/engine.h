@@ -57,6 +57,8 @@ struct ls_engine_config {
     uint32_t max_clients;               /* client slots 0 .. max_clients-1 */
     int32_t  event_fd;                  /* an eventfd the engine writes 1 to when it queues events */
     uint32_t pad;
+    uint64_t clamp_pipeline;            /* VkPipeline of shaders/indirect_clamp.comp (0: no indirect dispatch) */
+    uint64_t clamp_layout;              /* ... and its VkPipelineLayout */
 };
 
 /* The policy the control plane sets; the engine enforces it from its next pass on. */
@@ -159,7 +161,7 @@ int ls_engine_put_program(ls_engine *e, uint32_t client, uint32_t id, uint64_t p
 int ls_engine_put_group(ls_engine *e, uint32_t client, uint32_t id, uint32_t program, const uint32_t *buffers,
                         const uint64_t *offsets, const uint64_t *ranges, uint32_t count, uint32_t *bad);
 int ls_engine_put_buffer(ls_engine *e, uint32_t client, uint32_t id, uint64_t buffer, uint64_t size);
-/* A command list: count descriptors (struct ls_desc, 256 bytes each; LS_OP_DISPATCH or LS_OP_COPY),
+/* A command list: count descriptors (struct ls_desc, 256 bytes each; any opcode but LS_OP_NOP and LS_OP_LIST),
  * each checked now as a popped one is (and again as it runs). 0, -LS_E* of the first bad command
  * (its index in *bad), -EINVAL (count 0 or past LS_ENGINE_MAX_LIST), -EEXIST, -ENOENT or -ENOMEM. */
 int ls_engine_put_list(ls_engine *e, uint32_t client, uint32_t id, const char *commands, uint32_t count,

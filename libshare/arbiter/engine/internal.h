@@ -48,7 +48,14 @@
 #define LIST_COMMAND 1                  /* entry.listed: a command of a list, answers nothing */
 #define LIST_LAST 2                     /* ... its last (or the one on the device when it ended): answers for all */
 #define UNRANKED INT32_MAX
-#define MOST_USERS (LS_ENGINE_MAX_BINDINGS + 2)  /* a command's objects: its buffers, its group, its program */
+#define MOST_USERS (LS_ENGINE_MAX_BINDINGS + 3)  /* a command's objects: its buffers, its group, an indirect
+                                                   dispatch's counts, its program */
+/* In each flight's mapped results buffer, past its timestamps and progress word: one 16-byte slot per
+ * entry for an indirect dispatch's clamped counts and verdict (recordings.c, "Indirect dispatches"),
+ * at an offset any storage-buffer alignment divides (Vulkan's largest is 256). */
+#define PROGRESS_OFFSET (8 * (LS_ENGINE_MAX_BATCH + 1))
+#define SCRATCH_OFFSET ((PROGRESS_OFFSET + 8 + 255) / 256 * 256)
+#define SCRATCH_SIZE (16 * LS_ENGINE_MAX_BATCH)
 
 /* A client's program, buffer, list or bind group, counted in use by the commands and cuts that hold it (objects.c). */
 struct object {
@@ -106,6 +113,7 @@ struct entry {
     uint32_t groups;                    /* its dispatch's workgroups, on the entry that answers (0: a copy) */
     uint32_t piece;                     /* PIECE: answers nothing; LAST_PIECE: answers for every piece */
     uint32_t listed;                    /* LIST_COMMAND or LIST_LAST (lists.c); 0: not a list's */
+    uint32_t indirect;                  /* an indirect dispatch: its verdict is read as it retires */
     int32_t list_status;                /* LIST_LAST: why its list ended early (0: it did not) */
     struct object *users[MOST_USERS];
     uint32_t nusers;
@@ -223,6 +231,8 @@ struct vk {
     PFN_vkCmdPushConstants CmdPushConstants;
     PFN_vkCmdDispatch CmdDispatch;
     PFN_vkCmdDispatchBase CmdDispatchBase;
+    PFN_vkCmdDispatchIndirect CmdDispatchIndirect;
+    PFN_vkCmdUpdateBuffer CmdUpdateBuffer;
     PFN_vkCmdCopyBuffer CmdCopyBuffer;
     PFN_vkCmdPipelineBarrier CmdPipelineBarrier;
     PFN_vkCmdExecuteCommands CmdExecuteCommands;
@@ -322,6 +332,8 @@ struct recording *record(ls_engine *e, struct client *c, const struct ls_desc *d
                          uint32_t nusers, const uint32_t *base, const uint32_t *count);
 struct recording *recording_for(ls_engine *e, struct client *c, const struct ls_desc *d, struct object **users,
                                 uint32_t nusers);
+struct recording *recording_in(ls_engine *e, struct client *c, const struct ls_desc *d, struct object **users,
+                               uint32_t nusers, struct flight *f);
 void forget_recordings(ls_engine *e, struct client *c, const struct object *o);
 void unuse(ls_engine *e, struct recording *r);
 

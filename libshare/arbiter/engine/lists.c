@@ -1,7 +1,8 @@
 /*
- * Command lists. A client registers a sequence of dispatches and copies over its own objects
- * once (ls_engine_put_list: the control request load_list; a dispatch may bind a bind group,
- * validate.c, checked as a single dispatch's is), and one LS_OP_LIST descriptor,
+ * Command lists. A client registers a sequence of dispatches, copies, fills, updates, barriers and
+ * indirect dispatches over its own objects once (ls_engine_put_list: the control request
+ * load_list; a dispatch may bind a bind group, validate.c, checked as a single dispatch's is),
+ * and one LS_OP_LIST descriptor,
  * naming the list as its program, runs all of them and is answered once: with the device time
  * of every command and the first failure among them.
  *
@@ -49,6 +50,15 @@
  * ring (objects.c, settle_drops). A list runs no command of another list inside it
  * (LS_OP_LIST and LS_OP_NOP are refused in a list); each command, and each piece, runs under the
  * watchdog.
+ *
+ * Barriers. Every command's recording ends with a full compute and transfer barrier
+ * (recordings.c, record_barrier), so a list's order and visibility are already those of a
+ * barrier between every two commands: an LS_OP_BARRIER command is checked (check_desc: every
+ * field 0) as it runs and skipped, putting nothing in a flight; a list that ends with one (or
+ * holds nothing else) ends there, answered with its last command in a flight or at once.
+ * An indirect dispatch in a list reads its counts when it runs, after the commands before it
+ * (recordings.c, "Indirect dispatches"); a refused count fails only that command, and the list's
+ * ticket carries the failure as any command's.
  */
 #include "internal.h"
 
@@ -78,7 +88,7 @@ static int check_template(ls_engine *e, struct client *c, struct object *list, c
                           uint32_t *push)
 {
     uint32_t takes_push = d->flags & LS_DESC_SUBMISSION_PUSH, args = 0;
-    if (takes_push && (d->opcode != LS_OP_DISPATCH || d->push_size))
+    if (takes_push && ((d->opcode != LS_OP_DISPATCH && d->opcode != LS_OP_DISPATCH_INDIRECT) || d->push_size))
         return -LS_EPUSH;
     for (uint32_t k = 0; k < d->nbuffers; k++) {
         uint32_t slot = d->buffer[k] & ~(uint32_t)LS_LIST_ARG;
@@ -97,6 +107,8 @@ static int check_template(ls_engine *e, struct client *c, struct object *list, c
     }
     if (d->opcode == LS_OP_COPY)
         return d->nbuffers == 2 ? 0 : -LS_EBINDINGS;
+    if (d->opcode == LS_OP_FILL || d->opcode == LS_OP_UPDATE)
+        return d->nbuffers == 1 ? 0 : -LS_EBINDINGS;  /* its range is checked as it runs */
     struct object **program = table_find(&c->objects, LS_KIND_PROGRAM, d->program);
     if (!program)
         return -LS_ENOPROGRAM;
@@ -111,9 +123,9 @@ static int check_template(ls_engine *e, struct client *c, struct object *list, c
     return 0;
 }
 
-/* 0 when every command of list may run for client c now (a dispatch or a copy that passes the one
- * validator, or with parameters as far as check_template tells), else the first one's refusal, its
- * index in *bad. The list's parameters are known after it: list->bindings slots, list->push_size bytes. */
+/* 0 when every command of list may run for client c now (each passes the one validator, or with
+ * parameters as far as check_template tells; no LS_OP_NOP or LS_OP_LIST), else the first one's refusal,
+ * its index in *bad. The list's parameters are known after it: list->bindings slots, list->push_size bytes. */
 int check_list(ls_engine *e, struct client *c, struct object *list, uint32_t *bad)
 {
     struct ls_desc *d = list_commands(list);
@@ -123,7 +135,7 @@ int check_list(ls_engine *e, struct client *c, struct object *list, uint32_t *ba
         plain.flags &= ~(uint32_t)LS_DESC_SUBMISSION_PUSH;  /* the range check of a popped descriptor */
         *bad = k;
         int status = ls_desc_check(&plain);
-        if (!status && d[k].opcode != LS_OP_DISPATCH && d[k].opcode != LS_OP_COPY)
+        if (!status && (d[k].opcode == LS_OP_NOP || d[k].opcode == LS_OP_LIST))
             status = -LS_EBADSLOT;
         if (!status)
             status = check_template(e, c, list, &d[k], &push);
@@ -241,7 +253,8 @@ static void add_command(ls_engine *e, uint32_t slot, struct flight *f, struct re
     int last = r->next == r->list->count;
     *en = (struct entry){.client = slot, .ticket = r->ticket, .recording = rec, .nusers = nusers,
                          .groups = d->opcode == LS_OP_DISPATCH ? d->groups[0] * d->groups[1] * d->groups[2] : 0,
-                         .listed = last ? LIST_LAST : LIST_COMMAND, .fences = NO_FENCE};
+                         .listed = last ? LIST_LAST : LIST_COMMAND, .fences = NO_FENCE,
+                         .indirect = d->opcode == LS_OP_DISPATCH_INDIRECT};
     hold_objects(en->users, users, nusers);
     r->added++;
     if (last) {
@@ -273,9 +286,14 @@ int run_list(ls_engine *e, uint32_t slot, int64_t budget, uint32_t cut_us)
         uint32_t nusers = 0;
         if (!status)
             status = check_desc(e, c, &d, users, &nusers);
+        if (!status && d.opcode == LS_OP_BARRIER) {  /* nothing to record: every command ends with one */
+            if (++r->next == r->list->count)
+                end_run(e, slot, 0);    /* answered with its last command in a flight, or now */
+            continue;
+        }
         struct flight *f = status ? NULL : flight_with_room(e);
         uint32_t dim = 0, pieces = f ? pieces_for(e, c, &d, users, nusers, cut_us, &dim) : 0;
-        struct recording *rec = f && !pieces ? recording_for(e, c, &d, users, nusers) : NULL;
+        struct recording *rec = f && !pieces ? recording_in(e, c, &d, users, nusers, f) : NULL;
         if (!rec && !pieces) {
             end_run(e, slot, status ? status : -LS_EFAULT);
             break;

@@ -47,18 +47,21 @@
 /* ------------------------------------------------------------------ drain */
 
 /* Check and record one popped descriptor d of client slot into the open flight (or answer it, a
- * fence or a refusal); a dispatch may begin a cut, an LS_OP_LIST a run (lists.c): 1 then. */
+ * fence (an LS_OP_NOP, or a checked LS_OP_BARRIER: every command before it already ends with one) or a
+ * refusal); a dispatch may begin a cut, an LS_OP_LIST a run (lists.c): 1 then. */
 static int take_one(ls_engine *e, uint32_t slot, const struct ls_desc *d, uint32_t cut_us, int streaming)
 {
     struct client *c = &e->clients[slot];
-    if (d->opcode == LS_OP_NOP && !d->flags) {  /* a fence */
+    struct object *users[MOST_USERS];
+    uint32_t nusers = 0;
+    int status = d->opcode == LS_OP_BARRIER ? check_desc(e, c, d, users, &nusers) : 0;
+    if (!status && (d->opcode == LS_OP_NOP || d->opcode == LS_OP_BARRIER) && !d->flags) {  /* a fence */
         if (!c->last || add_fence(e, c->last, d->ticket))
             answer(e, slot, d->ticket, 0, 0);
         return 0;
     }
-    struct object *users[MOST_USERS];
-    uint32_t nusers = 0;
-    int status = check_desc(e, c, d, users, &nusers);
+    if (!status)
+        status = check_desc(e, c, d, users, &nusers);
     if (!status && d->opcode == LS_OP_LIST) {
         start_run(e, slot, users[0], d);
         return 1;
@@ -70,7 +73,7 @@ static int take_one(ls_engine *e, uint32_t slot, const struct ls_desc *d, uint32
         add_piece(e, slot, 0);
         return 1;
     }
-    struct recording *r = f ? recording_for(e, c, d, users, nusers) : NULL;
+    struct recording *r = f ? recording_in(e, c, d, users, nusers, f) : NULL;
     if (!r) {
         answer(e, slot, d->ticket, status ? status : -LS_EFAULT, 0);
         return 0;
@@ -85,6 +88,7 @@ static int take_one(ls_engine *e, uint32_t slot, const struct ls_desc *d, uint32
     en->groups = d->opcode == LS_OP_DISPATCH ? d->groups[0] * d->groups[1] * d->groups[2] : 0;
     en->piece = 0;
     en->listed = 0;
+    en->indirect = d->opcode == LS_OP_DISPATCH_INDIRECT;
     en->list_status = 0;
     en->nusers = nusers;
     en->fences = NO_FENCE;
