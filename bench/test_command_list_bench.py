@@ -11,7 +11,8 @@ median step. The daemon is the untimed one of test_arbiter_bench.py. Figures: li
 and list / direct (issue 33: <= 1.05x on lavapipe, <= 1.10x on a GPU); then the arbiter's CPU time
 per step (user and system time of the daemon's arbiter process from /proc, over ``CPU_STEPS`` steps,
 divided by them) as a list and one by one, alternated the same way. On lavapipe the arbiter's
-process also runs the device's threads, so that time holds the kernels' own work.
+process also runs the device's threads, so that time holds the kernels' own work. Last, the step
+as a list of indirect dispatches against the list of dispatches (the cost of the engine's clamp).
 """
 
 from __future__ import annotations
@@ -99,3 +100,28 @@ def test_a_step_as_one_command_list(arbiter_dir):  # noqa: F811 - the fixture im
         for buffer in buffers:
             device.destroy_buffer(buffer)
         device.destroy_pipeline(pipeline)
+
+
+def test_a_step_of_indirect_dispatches(arbiter_dir):  # noqa: F811 - the fixture imported above
+    """The step above as indirect dispatches (counts 1, 1, 1 read from a buffer) against the same step as
+    dispatches, both as command lists: what the engine's clamp (one more one-invocation dispatch and a
+    barrier per command) and a recording made per command (never cached) cost."""
+    with libshare.connect(mode="daemon", pipe_directory=arbiter_dir) as session:
+        saxpy = session.load_program(libshare.shaders.path("saxpy"))
+        x, y = session.array(64), session.array(64)
+        counts = session.array(3, np.uint32)
+        counts[:] = 1
+        with session.record() as direct:
+            for _ in range(DISPATCHES):
+                direct.dispatch(saxpy, 1, [x, y], PUSH)
+        with session.record() as indirect:
+            for _ in range(DISPATCHES):
+                indirect.dispatch_indirect(saxpy, counts, [x, y], PUSH)
+        for commands in (direct, indirect):  # warm: recordings made, pages touched
+            commands.submit().wait(30)
+        values = interleave({"indirect": lambda: _steps(lambda: indirect.submit().wait(30)),
+                             "dispatch": lambda: _steps(lambda: direct.submit().wait(30))})
+        method = (f"a command list of {DISPATCHES} dependent tiny saxpy dispatches, indirect or not; {STEPS} "
+                  "steps a block, its value the median step; sides alternated ABBA")
+        ratio("indirect dispatch list step / dispatch list step", values["indirect"], values["dispatch"],
+              names=("indirect", "dispatch"), method=method)

@@ -9,6 +9,7 @@ from libshare.client.connect import connect
 from libshare.client.buffers import Buffer
 from libshare.client.buffers import Program
 from libshare.client.buffers import TexelView
+from libshare.client.groups import BindGroup
 from libshare.client.lists import CommandList
 from libshare.compiling import compile
 from libshare import manager
@@ -43,6 +44,7 @@ __all__ = [
     "Buffer",
     "Program",
     "TexelView",
+    "BindGroup",
     "CommandList",
     "Session",
     "Ticket",

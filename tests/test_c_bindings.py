@@ -222,6 +222,20 @@ def test_c_texel_views_embedded(texel_test, tmp_path):
     assert check_run(run_c(binary, embedded_env(tmp_path), str(kernel))) == 2
 
 
+@pytest.fixture(scope="session")
+def indirect_test(library, tmp_path_factory) -> Path:
+    """test_indirect.c built: fills, updates and indirect dispatches, single and in a list."""
+    return compile_c(library, C_DIR / "tests" / "test_indirect.c", tmp_path_factory.mktemp("c-indirect"))
+
+
+def test_c_fill_update_and_indirect_dispatch_embedded(indirect_test, tmp_path):
+    assert check_run(run_c(indirect_test, embedded_env(tmp_path), str(SHADERS))) == 5
+
+
+def test_c_fill_update_and_indirect_dispatch_against_a_daemon(indirect_test, daemon):
+    assert check_run(run_c(indirect_test, daemon_env(daemon[1]), str(SHADERS))) == 5
+
+
 @pytest.mark.parametrize("how", ["wait", "poll"])
 def test_c_wait_returns_when_the_daemon_dies(library, daemon, tmp_path, how):
     """No control daemon: nobody replaces the arbiter, so the C session does not reattach: the loss is sticky."""

@@ -13,7 +13,7 @@ from libshare.shaders import build
 
 from tests.conftest import vulkan_required
 
-SHIPPED = ["busy", "matmul", "saxpy", "sum", "vadd"]
+SHIPPED = ["busy", "indirect_clamp", "matmul", "saxpy", "sum", "vadd"]
 
 
 def require_tool(name: str) -> str:
@@ -42,7 +42,7 @@ def test_paths_point_at_existing_files(name: str) -> None:
 @pytest.mark.parametrize("lookup", [shaders.path, shaders.source_path])
 @pytest.mark.parametrize("name", ["nope", "", "../saxpy", "saxpy.spv"])
 def test_unknown_name_raises_value_error_listing_names(lookup, name: str) -> None:
-    with pytest.raises(ValueError, match="available: busy, matmul, saxpy, sum, vadd"):
+    with pytest.raises(ValueError, match="available: busy, indirect_clamp, matmul, saxpy, sum, vadd"):
         lookup(name)
 
 

@@ -17,7 +17,8 @@ MAGIC = 0x07230203
 
 def _in_set_zero(buffers: int) -> dict:
     """The binding fields of a kernel whose ``buffers`` storage buffers are bindings 0..N-1 of set 0."""
-    return {"bindings": tuple(range(buffers)), "resources": tuple((0, k) for k in range(buffers))}
+    return {"bindings": tuple(range(buffers)), "resources": tuple((0, k) for k in range(buffers)),
+            "arrays": (1,) * buffers}
 
 
 EXPECTED = {

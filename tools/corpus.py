@@ -453,9 +453,10 @@ def load_libshare(session, entry: dict) -> Outcome:
 
 
 def run_libshare(session, entry: dict, data: list[bytes] | None = None, timeout: float = 120.0) -> Outcome:
-    """Load the entry's module into ``session`` and run it once on :func:`inputs`; the program and
-    the buffers are freed before returning."""
+    """Load the entry's module into ``session`` and run it once on :func:`inputs` (through a bind group
+    past a descriptor's 8 buffers); the program and the buffers are freed before returning."""
     import libshare
+    from libshare.ring import C
 
     data = inputs(entry) if data is None else data
     program, found = _load(session, entry)
@@ -473,8 +474,9 @@ def run_libshare(session, entry: dict, data: list[bytes] | None = None, timeout:
             array[:] = np.frombuffer(blob, np.uint8)
             buffers.append(buffer)
             arrays.append(array)
-        try:
-            ticket = session.dispatch(program, groups=tuple(entry["groups"]), buffers=arrays, push=push_bytes(entry))
+        try:  # past a descriptor's 8 buffers, through a bind group (freed with its buffers' session objects)
+            bound = session.bind_group(program, arrays) if len(arrays) > C.MAX_BUFFERS else arrays
+            ticket = session.dispatch(program, groups=tuple(entry["groups"]), buffers=bound, push=push_bytes(entry))
             ticket.wait(timeout)
         except libshare.LibshareError as exc:
             return Outcome(False, f"dispatch: {type(exc).__name__}: {exc}", load_s=load_s)

@@ -74,6 +74,7 @@
 #define LS_CONSTANT_FLOAT 4             /* value.f */
 #define LS_MAX_CONSTANTS 64             /* most constants one ls_load_program_constants() sets */
 #define LS_MAX_LIST 1024                /* most commands in one command list (ls_load_list) */
+#define LS_MAX_BINDINGS 32              /* most buffers one program binds, through a bind group (ls_bind_group) */
 
 /* How to connect. Zero (or NULL) fields take the defaults given on each field. */
 struct ls_options {
@@ -98,7 +99,8 @@ struct ls_session_info {
 /* A program loaded with ls_load_program(); its interface is read from the SPIR-V. */
 struct ls_program {
     uint32_t id;                        /* the arbiter's id: pass it to ls_dispatch() */
-    uint32_t bindings;                  /* storage buffers it takes (bindings 0..N-1 of set 0) */
+    uint32_t bindings;                  /* buffers it takes: one per binding (an array of buffers: its
+                                           length); past 8, through a bind group (ls_bind_group) */
     uint32_t push_size;                 /* bytes of push constants it declares */
     uint32_t local_size[3];             /* its workgroup size */
 };
@@ -122,6 +124,15 @@ struct ls_buffer {
     uint64_t size;                      /* bytes, rounded up to whole pages */
     void *data;                         /* the shared buffer's mapping in this process, owned by
                                            the session until ls_free_buffer(); NULL for a device buffer */
+};
+
+/* One binding of a bind group (ls_bind_group): a buffer, the byte offset it binds from, the bytes bound. */
+struct ls_binding {
+    uint32_t buffer;                    /* a buffer id from ls_alloc (at a texel buffer: a view id from
+                                           ls_texel_view, offset and range 0) */
+    uint32_t pad;                       /* 0 */
+    uint64_t offset;                    /* aligned as the device wants (a uniform buffer's: its own alignment) */
+    uint64_t range;                     /* bytes bound; 0: to the buffer's end */
 };
 
 /* The arbiter's counters for one session. */
@@ -239,8 +250,33 @@ int ls_copy(ls_session *session, uint32_t src, uint64_t src_offset, uint32_t dst
             uint64_t nbytes, uint64_t *ticket);
 
 /*
- * Command lists (docs/programs.md, "Command lists"): dispatches and copies recorded once and run
- * in order by one descriptor, answered by one ticket. ls_list_dispatch() and ls_list_copy() encode
+ * Queue a fill of nbytes of buffer from offset (both multiples of 4) with the 32-bit value, or a
+ * write of nbytes of data (4..128, a multiple of 4, carried in the descriptor) into buffer at
+ * offset (a multiple of 4). Return at once with *ticket, like ls_dispatch() (-EINVAL: data NULL,
+ * or more than 128 bytes); a range past the buffer is reported by ls_wait() (-LS_ERANGE). Run in C.
+ */
+int ls_fill(ls_session *session, uint32_t buffer, uint64_t offset, uint64_t nbytes, uint32_t value,
+            uint64_t *ticket);
+int ls_update(ls_session *session, uint32_t buffer, uint64_t offset, const void *data, uint32_t nbytes,
+              uint64_t *ticket);
+
+/*
+ * Queue program on nbuffers buffers, as ls_dispatch(), over the workgroup counts the device reads
+ * when it runs: three uint32 at byte counts_offset (a multiple of 4) of buffer counts. The arbiter
+ * clamps them on the device (docs/programs.md, "Indirect dispatches"): counts of 0 run nothing;
+ * a count past the device's limit or a product past 2^32 - 1 runs nothing and ls_wait() returns
+ * -LS_EGROUPS. Runs in C.
+ */
+int ls_dispatch_indirect(ls_session *session, uint32_t program, uint32_t counts, uint64_t counts_offset,
+                         uint32_t nbuffers, const uint32_t *buffers, const uint64_t *offsets, const void *push,
+                         uint32_t push_size, uint64_t *ticket);
+
+/*
+ * Command lists (docs/programs.md, "Command lists"): commands recorded once and run in order by one
+ * descriptor, answered by one ticket. ls_list_dispatch(), ls_list_copy(), ls_list_fill(),
+ * ls_list_update(), ls_list_barrier() (checked; changes nothing, every command ending with a
+ * barrier already) and ls_list_dispatch_indirect() (its counts may be written by a command before
+ * it) encode
  * a command into a slot of the caller's array (the ring's one encoder and its check: -EINVAL for
  * what ls_dispatch() refuses); ls_load_list() hands count of them (1..LS_MAX_LIST) to the arbiter,
  * which checks each as it checks a dispatch (-LS_EINVALID names the first it refuses) and keeps
@@ -248,15 +284,51 @@ int ls_copy(ls_session *session, uint32_t src, uint64_t src_offset, uint32_t dst
  * on its ticket gives the device time of all its commands and the first failure among them.
  * ls_free_list() forgets it (a submitted run still completes). A session that reattaches hands
  * its lists to the new arbiter with its buffers and programs.
+ *
+ * Parameters: a command's buffer id LS_LIST_ARG | k (k < LS_MAX_BUFFERS) names slot k of each
+ * submission, and ls_list_submission_push() makes an encoded dispatch with no push bytes of its
+ * own (else -EINVAL) take each submission's. ls_submit_list_with() gives them: nbuffers buffers
+ * (slots 0 to the highest the list uses) at offsets (NULL: all 0), push_size push bytes (at most what
+ * every such command's program takes); ls_wait() then says -LS_EBINDINGS, -LS_EPUSH or
+ * -LS_ENOBUFFER for a submission that does not fit. ls_submit_list() submits with none.
  */
 int ls_list_dispatch(struct ls_desc *slot, uint32_t program, uint32_t groups_x, uint32_t groups_y,
                      uint32_t groups_z, uint32_t nbuffers, const uint32_t *buffers, const uint64_t *offsets,
                      const void *push, uint32_t push_size);
 int ls_list_copy(struct ls_desc *slot, uint32_t src, uint64_t src_offset, uint32_t dst, uint64_t dst_offset,
                  uint64_t nbytes);
+int ls_list_fill(struct ls_desc *slot, uint32_t buffer, uint64_t offset, uint64_t nbytes, uint32_t value);
+int ls_list_update(struct ls_desc *slot, uint32_t buffer, uint64_t offset, const void *data, uint32_t nbytes);
+int ls_list_barrier(struct ls_desc *slot);
+int ls_list_dispatch_indirect(struct ls_desc *slot, uint32_t program, uint32_t counts, uint64_t counts_offset,
+                              uint32_t nbuffers, const uint32_t *buffers, const uint64_t *offsets,
+                              const void *push, uint32_t push_size);
 int ls_load_list(ls_session *session, const struct ls_desc *commands, uint32_t count, uint32_t *list);
+int ls_list_submission_push(struct ls_desc *slot);
 int ls_submit_list(ls_session *session, uint32_t list, uint64_t *ticket);
+int ls_submit_list_with(ls_session *session, uint32_t list, uint32_t nbuffers, const uint32_t *buffers,
+                        const uint64_t *offsets, const void *push, uint32_t push_size, uint64_t *ticket);
 int ls_free_list(ls_session *session, uint32_t list);
+
+/*
+ * Bind groups (docs/programs.md, "Bind groups"): a program's buffers bound once, each with its own
+ * offset and range, named by one id. ls_bind_group() hands count bindings (the program's count, in
+ * its binding order; at most LS_MAX_BINDINGS) to the arbiter, which checks each (-LS_EINVALID names
+ * the first it refuses) and keeps them as *group, for every program of the same layout. A program with
+ * more than 8 buffers is dispatched only so. ls_dispatch_group() queues a dispatch over the group like
+ * ls_dispatch() (in C, one descriptor); ls_list_dispatch_group() encodes one into a command list's
+ * slot. A buffer (or texel view) of the group freed since fails the dispatch (-LS_ENOBUFFER from
+ * ls_wait()).
+ * ls_free_group() forgets it (queued dispatches still run). A session that reattaches hands its
+ * groups to the new arbiter with its buffers and programs.
+ */
+int ls_bind_group(ls_session *session, uint32_t program, const struct ls_binding *bindings, uint32_t count,
+                  uint32_t *group);
+int ls_dispatch_group(ls_session *session, uint32_t program, uint32_t groups_x, uint32_t groups_y,
+                      uint32_t groups_z, uint32_t group, const void *push, uint32_t push_size, uint64_t *ticket);
+int ls_list_dispatch_group(struct ls_desc *slot, uint32_t program, uint32_t groups_x, uint32_t groups_y,
+                           uint32_t groups_z, uint32_t group, const void *push, uint32_t push_size);
+int ls_free_group(ls_session *session, uint32_t group);
 
 /*
  * Wait until the ticket's work is done, at most timeout_ns (LS_FOREVER: no

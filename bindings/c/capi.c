@@ -260,10 +260,13 @@ static int push_locked(ls_session *s, uint64_t number, const struct lsx_op *op)
 {
     if (is_lost(s))
         return is_lost(s);
-    for (uint32_t i = 0; i < s->nlost; i++)
+    for (uint32_t i = 0; i < s->nlost; i++) {
         for (uint32_t b = 0; op->buffers && b < op->nbuffers; b++)
             if (op->buffers[b] == s->lost_ids[i])
                 return -LS_EBUFFERLOST;
+        if (op->opcode == LS_OP_DISPATCH_INDIRECT && op->groups[0] == s->lost_ids[i])
+            return -LS_EBUFFERLOST;     /* its counts' buffer */
+    }
     return ls_tickets_push(s->book, s->producer, number, op->opcode, op->program, op->groups[0], op->groups[1],
                            op->groups[2], op->nbuffers, op->buffers, op->noffsets, op->offsets, op->push,
                            op->push_size);
@@ -342,6 +345,18 @@ int ls_dispatch(ls_session *s, uint32_t program, uint32_t groups_x, uint32_t gro
     return submit(s, &op, ticket);
 }
 
+int ls_dispatch_group(ls_session *s, uint32_t program, uint32_t groups_x, uint32_t groups_y, uint32_t groups_z,
+                      uint32_t group, const void *push, uint32_t push_size, uint64_t *ticket)
+{
+    int rc = check_session(s);
+    if (rc < 0)
+        return rc;
+    struct lsx_op op = {.what = "ls_dispatch_group", .opcode = LS_OP_DISPATCH | LS_DESC_GROUP << 16,
+                        .program = program, .groups = {groups_x, groups_y, groups_z}, .nbuffers = 1,
+                        .buffers = &group, .push = push, .push_size = push_size};
+    return submit(s, &op, ticket);
+}
+
 int ls_copy(ls_session *s, uint32_t src, uint64_t src_offset, uint32_t dst, uint64_t dst_offset,
             uint64_t nbytes, uint64_t *ticket)
 {
@@ -357,6 +372,49 @@ int ls_copy(ls_session *s, uint32_t src, uint64_t src_offset, uint32_t dst, uint
         .buffers = buffers,
         .noffsets = 3,
         .offsets = offsets,
+    };
+    return submit(s, &op, ticket);
+}
+
+int ls_fill(ls_session *s, uint32_t buffer, uint64_t offset, uint64_t nbytes, uint32_t value, uint64_t *ticket)
+{
+    int rc = check_session(s);
+    if (rc < 0)
+        return rc;
+    uint64_t offsets[2] = {offset, nbytes};
+    struct lsx_op op = {.what = "ls_fill", .opcode = LS_OP_FILL, .nbuffers = 1, .buffers = &buffer, .noffsets = 2,
+                        .offsets = offsets, .push = &value, .push_size = sizeof value};
+    return submit(s, &op, ticket);
+}
+
+int ls_update(ls_session *s, uint32_t buffer, uint64_t offset, const void *data, uint32_t nbytes, uint64_t *ticket)
+{
+    int rc = check_session(s);
+    if (rc < 0)
+        return rc;
+    struct lsx_op op = {.what = "ls_update", .opcode = LS_OP_UPDATE, .nbuffers = 1, .buffers = &buffer,
+                        .noffsets = 1, .offsets = &offset, .push = data, .push_size = nbytes};
+    return submit(s, &op, ticket);
+}
+
+int ls_dispatch_indirect(ls_session *s, uint32_t program, uint32_t counts, uint64_t counts_offset, uint32_t nbuffers,
+                         const uint32_t *buffers, const uint64_t *offsets, const void *push, uint32_t push_size,
+                         uint64_t *ticket)
+{
+    int rc = check_session(s);
+    if (rc < 0)
+        return rc;
+    struct lsx_op op = {
+        .what = "ls_dispatch_indirect",
+        .opcode = LS_OP_DISPATCH_INDIRECT,
+        .program = program,
+        .groups = {counts, (uint32_t)counts_offset, (uint32_t)(counts_offset >> 32)},
+        .nbuffers = nbuffers,
+        .buffers = buffers,
+        .noffsets = offsets ? nbuffers : 0,
+        .offsets = offsets,
+        .push = push,
+        .push_size = push_size,
     };
     return submit(s, &op, ticket);
 }
@@ -382,6 +440,14 @@ int ls_list_dispatch(struct ls_desc *slot, uint32_t program, uint32_t groups_x, 
     return encoded(rc, "ls_list_dispatch", nbuffers, push_size);
 }
 
+int ls_list_dispatch_group(struct ls_desc *slot, uint32_t program, uint32_t groups_x, uint32_t groups_y,
+                           uint32_t groups_z, uint32_t group, const void *push, uint32_t push_size)
+{
+    int rc = ls_encode_op((char *)slot, LS_OP_DISPATCH | LS_DESC_GROUP << 16, program, groups_x, groups_y, groups_z,
+                          1, &group, 0, NULL, push, push_size);
+    return encoded(rc, "ls_list_dispatch_group", 0, push_size);
+}
+
 int ls_list_copy(struct ls_desc *slot, uint32_t src, uint64_t src_offset, uint32_t dst, uint64_t dst_offset,
                  uint64_t nbytes)
 {
@@ -391,12 +457,58 @@ int ls_list_copy(struct ls_desc *slot, uint32_t src, uint64_t src_offset, uint32
                    "ls_list_copy", 2, 0);
 }
 
+int ls_list_submission_push(struct ls_desc *slot)
+{
+    if (!slot || (slot->opcode != LS_OP_DISPATCH && slot->opcode != LS_OP_DISPATCH_INDIRECT) || slot->push_size)
+        return fail(-EINVAL, "ls_list_submission_push: an encoded dispatch with no push bytes of its own");
+    slot->flags |= LS_DESC_SUBMISSION_PUSH;
+    return 0;
+}
+
+int ls_list_fill(struct ls_desc *slot, uint32_t buffer, uint64_t offset, uint64_t nbytes, uint32_t value)
+{
+    uint64_t offsets[2] = {offset, nbytes};
+    return encoded(ls_encode_op((char *)slot, LS_OP_FILL, 0, 0, 0, 0, 1, &buffer, 2, offsets, &value, sizeof value),
+                   "ls_list_fill", 1, sizeof value);
+}
+
+int ls_list_update(struct ls_desc *slot, uint32_t buffer, uint64_t offset, const void *data, uint32_t nbytes)
+{
+    return encoded(ls_encode_op((char *)slot, LS_OP_UPDATE, 0, 0, 0, 0, 1, &buffer, 1, &offset, data, nbytes),
+                   "ls_list_update", 1, nbytes);
+}
+
+int ls_list_barrier(struct ls_desc *slot)
+{
+    return encoded(ls_encode_op((char *)slot, LS_OP_BARRIER, 0, 0, 0, 0, 0, NULL, 0, NULL, NULL, 0),
+                   "ls_list_barrier", 0, 0);
+}
+
+int ls_list_dispatch_indirect(struct ls_desc *slot, uint32_t program, uint32_t counts, uint64_t counts_offset,
+                              uint32_t nbuffers, const uint32_t *buffers, const uint64_t *offsets,
+                              const void *push, uint32_t push_size)
+{
+    uint64_t zeros[LS_MAX_BUFFERS] = {0};  /* offsets NULL: every offset 0, as ls_dispatch() */
+    int rc = ls_encode_op((char *)slot, LS_OP_DISPATCH_INDIRECT, program, counts, (uint32_t)counts_offset,
+                          (uint32_t)(counts_offset >> 32), nbuffers, buffers, nbuffers,
+                          offsets ? offsets : nbuffers <= LS_MAX_BUFFERS ? zeros : NULL, push, push_size);
+    return encoded(rc, "ls_list_dispatch_indirect", nbuffers, push_size);
+}
+
 int ls_submit_list(ls_session *s, uint32_t list, uint64_t *ticket)
+{
+    return ls_submit_list_with(s, list, 0, NULL, NULL, NULL, 0, ticket);
+}
+
+int ls_submit_list_with(ls_session *s, uint32_t list, uint32_t nbuffers, const uint32_t *buffers,
+                        const uint64_t *offsets, const void *push, uint32_t push_size, uint64_t *ticket)
 {
     int rc = check_session(s);
     if (rc < 0)
         return rc;
-    struct lsx_op op = {.what = "ls_submit_list", .opcode = LS_OP_LIST, .program = list};
+    struct lsx_op op = {.what = "ls_submit_list", .opcode = LS_OP_LIST, .program = list, .nbuffers = nbuffers,
+                        .buffers = buffers, .noffsets = offsets ? nbuffers : 0, .offsets = offsets,
+                        .push = push, .push_size = push_size};
     return submit(s, &op, ticket);
 }
 

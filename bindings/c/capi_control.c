@@ -199,6 +199,24 @@ int ls_free_list(ls_session *s, uint32_t list)
     return rc < 0 ? rc : CONTROL(s, lsx_py_free(s->handle, LSX_FREE_LIST, list));
 }
 
+int ls_bind_group(ls_session *s, uint32_t program, const struct ls_binding *bindings, uint32_t count,
+                  uint32_t *group)
+{
+    int rc = check_session(s);
+    if (rc < 0)
+        return rc;
+    if (bindings == NULL || group == NULL || count == 0 || count > LS_MAX_BINDINGS)
+        return fail(-EINVAL, "ls_bind_group: bindings or group is NULL, or %u bindings (1 to %d)", count,
+                    LS_MAX_BINDINGS);
+    return CONTROL(s, lsx_py_bind_group(s->handle, program, bindings, count, group));
+}
+
+int ls_free_group(ls_session *s, uint32_t group)
+{
+    int rc = check_session(s);
+    return rc < 0 ? rc : CONTROL(s, lsx_py_free(s->handle, LSX_FREE_GROUP, group));
+}
+
 int ls_alloc(ls_session *s, uint64_t nbytes, uint32_t kind, struct ls_buffer *out)
 {
     int rc = check_session(s);

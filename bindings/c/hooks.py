@@ -29,6 +29,7 @@ from _libshare_capi import ffi, lib  # noqa: E402 - the module this code initial
 import libshare  # noqa: E402
 from libshare.protocol import paths as _config
 from libshare import errors  # noqa: E402
+from libshare.client.groups import make_group  # noqa: E402
 
 OK = 1
 _handles = itertools.count(1)
@@ -229,9 +230,21 @@ def lsx_py_load_list(handle, commands, count, out):
 
 
 @_answer
+def lsx_py_bind_group(handle, program, bindings, count, out):
+    """Bind ``count`` (buffer id, offset, range) for ``program``'s layout as a bind group; the session keeps
+    it, to hand it to a new arbiter on reattach."""
+    session = _client(handle).session
+    loaded = session._objects.get(program)
+    if not isinstance(loaded, libshare.Program):
+        raise errors.InvalidSubmission(f"program {program} is not a live program of this session")
+    entries = [[bindings[k].buffer, bindings[k].offset, bindings[k].range] for k in range(count)]
+    out[0] = make_group(session, loaded, entries).id
+
+
+@_answer
 def lsx_py_free(handle, is_program, object_id):
-    """Free a program, a command list (is_program LSX_FREE_LIST), a texel view (LSX_FREE_VIEW) or a buffer (and
-    unmap it here, and forget its views)."""
+    """Free a program, a command list (is_program LSX_FREE_LIST), a bind group (LSX_FREE_GROUP), a texel view
+    (LSX_FREE_VIEW) or a buffer (and unmap it here, and forget its views)."""
     client = _client(handle)
     if is_program == lib.LSX_FREE_VIEW:
         view = client.views.pop(object_id, None)
@@ -239,10 +252,12 @@ def lsx_py_free(handle, is_program, object_id):
             raise errors.InvalidSubmission(f"texel view {object_id} is not a live view of this session")
         client.session.free(view)
         return
-    if is_program == lib.LSX_FREE_LIST:
+    if is_program in (lib.LSX_FREE_LIST, lib.LSX_FREE_GROUP):
+        kind = libshare.CommandList if is_program == lib.LSX_FREE_LIST else libshare.BindGroup
         listed = client.session._objects.get(object_id)
-        if not isinstance(listed, libshare.CommandList):
-            raise errors.InvalidSubmission(f"command list {object_id} is not a live list of this session")
+        if not isinstance(listed, kind):
+            raise errors.InvalidSubmission(f"{'command list' if kind is libshare.CommandList else 'bind group'} "
+                                           f"{object_id} is not a live one of this session")
         client.session.free(listed)
         return
     if is_program:

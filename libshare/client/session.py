@@ -21,7 +21,8 @@ it needs when the session is made:
 - the :class:`~libshare.client.submit.Submitter` (submit.py): numbering and pushing operations,
   and binding arrays to buffers.
 
-The Session keeps the live buffers, texel views and programs (which a reattach hands to a new arbiter) and
+The Session keeps the live buffers, texel views, programs, bind groups (groups.py) and command lists
+(which a reattach hands to a new arbiter) and
 makes control requests (exchange.py); a request that finds the arbiter gone records the loss.
 """
 
@@ -41,7 +42,9 @@ from libshare.client.attachment import Attachment
 from libshare.client.buffers import Buffer, Program, TexelView, byte_size, constant_pairs, find_buffer, workgroups
 from libshare.client.completions import Completions, Ticket
 from libshare.client.gate import Gate, closed_error, fresh
+from libshare.client.groups import BindGroup, group_entries, make_group
 from libshare.client.lists import CommandList
+from libshare.client.operations import fill_fields, indirect_fields, update_bytes, update_fields
 from libshare.client.reattach import Reattacher
 from libshare.client.submit import Submitter
 from libshare.protocol import wire as protocol
@@ -50,6 +53,35 @@ from libshare.ring import C, Region
 __all__ = ["Session"]
 
 _OP_DISPATCH, _OP_COPY = C.OP_DISPATCH, C.OP_COPY
+_OP_GROUP = C.OP_DISPATCH | C.DESC_GROUP << 16  # ls_push_op's opcode: the flags ride in its high 16 bits
+
+
+def make_texel_view(session: Session, buffer: Buffer | np.ndarray, format: str, offset: int = 0,
+                    nbytes: int | None = None) -> TexelView:
+    """A view of ``buffer`` (or of the buffer under an array, from the array's first byte) as texels of
+    ``format`` (``"r32f"``, ``"r32ui"``, ``"rgba8"``, ``"rgba32f"``, ...: libshare.protocol.texels), to pass
+    in a dispatch's buffers at a kernel's texel buffer (``uniform samplerBuffer``: a uniform one;
+    ``layout(r32f) uniform imageBuffer``: a storage one).
+
+    ``offset`` (bytes, from the buffer's or the array's start) must be a multiple of the device's
+    minTexelBufferOffsetAlignment; ``nbytes`` (default: the array's bytes, or whole texels to the buffer's
+    end) a whole number of texels within the buffer. The arbiter checks both, and that the device
+    supports the format; a read past the view's end reads zeros, a write there is dropped. Freeing the
+    buffer frees its views."""
+    if isinstance(buffer, Buffer):
+        base, owner = 0, buffer
+    else:
+        owner, base = find_buffer(buffer, session._by_mapping)
+        nbytes = buffer.nbytes if nbytes is None else nbytes
+    if owner.lost is not None:
+        raise fresh(owner.lost)
+    fields = {"buffer_id": owner.id, "format": format, "offset": base + int(offset)}
+    if nbytes is not None:
+        fields["size"] = int(nbytes)
+    reply = session._request("view", **fields).fields
+    view = TexelView(reply["view_id"], owner, format, reply["offset"], reply["size"])
+    session._objects[view.id] = view
+    return view
 
 
 class Session:
@@ -63,7 +95,7 @@ class Session:
         self._by_mapping: dict[int, Buffer] = {}
         self._objects: dict[int, Buffer | Program | TexelView] = {}  # id -> each live object (for a reattach)
         self._seen: dict = {}  # the bindings of arrays to buffers (submit.py)
-        self._gate = Gate(Attachment(sock, welcome), self._tear_down)
+        self._gate = Gate(Attachment(sock, welcome), lambda: _tear_down(self))
         self._completions = Completions(self._gate)
         self._restarts = Reattacher(self._gate, self._completions, self._objects, self._seen, hello, socket_path,
                                     timeout, embedded)
@@ -107,16 +139,6 @@ class Session:
     def _region(self) -> Region:
         """The ring (the C API and tests reach it: the region a C client would write)."""
         return self._gate.attached.region
-
-    @property
-    def _sock(self) -> socket.socket:
-        """The control socket."""
-        return self._gate.attached.sock
-
-    @property
-    def _lost(self) -> errors.LibshareError | None:
-        """The sticky loss, once known (gate.py)."""
-        return self._gate.lost
 
     # ---------------------------------------------------------------- control requests
 
@@ -175,32 +197,7 @@ class Session:
         self._objects[buffer.id] = buffer
         return buffer
 
-    def texel_view(self, buffer: Buffer | np.ndarray, format: str, offset: int = 0,
-                   nbytes: int | None = None) -> TexelView:
-        """A view of ``buffer`` (or of the buffer under an array, from the array's first byte) as texels of
-        ``format`` (``"r32f"``, ``"r32ui"``, ``"rgba8"``, ``"rgba32f"``, ...: libshare.protocol.texels), to pass
-        in a dispatch's buffers at a kernel's texel buffer (``uniform samplerBuffer``: a uniform one;
-        ``layout(r32f) uniform imageBuffer``: a storage one).
-
-        ``offset`` (bytes, from the buffer's or the array's start) must be a multiple of the device's
-        minTexelBufferOffsetAlignment; ``nbytes`` (default: the array's bytes, or whole texels to the buffer's
-        end) a whole number of texels within the buffer. The arbiter checks both, and that the device
-        supports the format; a read past the view's end reads zeros, a write there is dropped. Freeing the
-        buffer frees its views."""
-        if isinstance(buffer, Buffer):
-            base, owner = 0, buffer
-        else:
-            owner, base = find_buffer(buffer, self._by_mapping)
-            nbytes = buffer.nbytes if nbytes is None else nbytes
-        if owner.lost is not None:
-            raise fresh(owner.lost)
-        fields = {"buffer_id": owner.id, "format": format, "offset": base + int(offset)}
-        if nbytes is not None:
-            fields["size"] = int(nbytes)
-        reply = self._request("view", **fields).fields
-        view = TexelView(reply["view_id"], owner, format, reply["offset"], reply["size"])
-        self._objects[view.id] = view
-        return view
+    texel_view = make_texel_view  # (a module function: Session keeps within about 25 methods)
 
     def array(self, shape, dtype=np.float32) -> np.ndarray:
         """A zero-copy numpy array on a new shared buffer."""
@@ -209,22 +206,40 @@ class Session:
         return self.alloc(nbytes).array(shape, dtype)
 
     def record(self) -> CommandList:
-        """A command list: ``with session.record() as commands:`` records ``commands.dispatch(...)``
-        and ``commands.copy(...)`` over this session's objects, checked and kept by the arbiter when
-        the block ends; ``commands.submit()`` then runs them all in order from one descriptor and
-        returns one Ticket (the device time of all, the first failure among them)."""
+        """A command list: ``with session.record() as commands:`` records ``commands.dispatch(...)``,
+        ``copy``, ``fill``, ``update``, ``barrier`` and ``dispatch_indirect`` over this session's
+        objects, checked and kept by the arbiter when the block ends; ``commands.submit()`` then runs
+        them all in order from one descriptor and returns one Ticket (the device time of all, the
+        first failure among them). A command may bind ``commands.argument(k)`` and take
+        ``push=commands.SUBMISSION_PUSH``, which each ``commands.submit(push, buffers)`` fills
+        (client/lists.py, "Parameters")."""
         return CommandList(self)
 
-    def free(self, obj: Buffer | np.ndarray | Program | CommandList | TexelView) -> None:
+    def bind_group(self, program: Program, buffers) -> BindGroup:
+        """Bind ``buffers`` once for ``program``'s layout: a dispatch given the group as its ``buffers``
+        binds them all from one descriptor (up to the device's limit, past a descriptor's 8).
+
+        ``buffers`` lists, in the program's binding order (as :meth:`dispatch` takes them; an array
+        of buffers takes its length of them), a buffer or array of this session, or ``(it, offset,
+        range)``: the byte offset from where it binds and the bytes bound (None: to its end), and a
+        TexelView (:meth:`texel_view`, whole: no offset or range) at each texel buffer. The arbiter
+        checks each now and at every dispatch that names the group."""
+        if program.lost is not None:
+            raise fresh(program.lost)
+        return make_group(self, program, group_entries(self._binding, program, buffers))
+
+    def free(self, obj: Buffer | np.ndarray | Program | CommandList | BindGroup | TexelView) -> None:
         """Release a buffer (or the buffer under an array, with its texel views), a program, a command
-        list or a texel view.
+        list, a bind group or a texel view.
 
         Work already submitted that uses it still completes: the arbiter destroys it
         after the device is done. Arrays on a freed buffer stay readable here.
         """
-        if isinstance(obj, (Program, CommandList)):
+        if isinstance(obj, (Program, CommandList, BindGroup)):
             if obj.lost is None and obj.id:  # (a lost one is unknown to this arbiter, which may give its id to another)
-                self._request("free", **{"program_id" if isinstance(obj, Program) else "list_id": obj.id})
+                name = "program_id" if isinstance(obj, Program) else "list_id" if isinstance(obj, CommandList) \
+                    else "group_id"
+                self._request("free", **{name: obj.id})
                 self._objects.pop(obj.id, None)
             return
         if isinstance(obj, TexelView):
@@ -261,8 +276,9 @@ class Session:
         """Queue ``program`` over ``groups`` workgroups on ``buffers``; returns a Ticket at once.
 
         ``buffers`` are arrays from :meth:`array` (a slice binds from its first element)
-        or Buffer objects, and a TexelView (:meth:`texel_view`) at each texel buffer; ``push`` is the
-        push-constant bytes (``struct.pack``).
+        or Buffer objects, and a TexelView (:meth:`texel_view`) at each texel buffer, or a
+        :class:`BindGroup` (:meth:`bind_group`; a program with more than 8 buffers binds them only so);
+        ``push`` is the push-constant bytes (``struct.pack``).
         """
         if program.lost is not None:
             raise fresh(program.lost)
@@ -270,6 +286,10 @@ class Session:
             gx, gy, gz = groups, 1, 1
         else:
             gx, gy, gz = workgroups(groups)
+        if buffers.__class__ is BindGroup:
+            return self._submit(_OP_GROUP, program.id, gx, gy, gz, *bound_group(buffers), bytes(push))
+        if program.bindings > C.MAX_BUFFERS:
+            raise errors.InvalidSubmission(too_many(program))
         ids, offsets = [], []
         seen = self._seen
         for item in buffers:  # the hot path of Submitter.binding, inline
@@ -291,6 +311,32 @@ class Session:
         offsets = [src_base + src_offset, dst_base + dst_offset, int(nbytes)]
         return self._submit(_OP_COPY, 0, 0, 0, 0, [src_id, dst_id], offsets, b"")
 
+    def fill(self, buffer, value, nbytes: int | None = None, offset: int = 0) -> Ticket:
+        """Queue a fill of ``nbytes`` of ``buffer`` (an array or a Buffer; by default to its end) from
+        byte ``offset`` with the 32-bit ``value`` (an int, or a float written as float32); offset and
+        size multiples of 4. Returns a Ticket at once."""
+        opcode, program, groups, ids, offsets, push = fill_fields(self._binding, buffer, value, nbytes, offset)
+        return self._submit(opcode, program, *groups, ids, offsets, push)
+
+    def update(self, buffer, data, offset: int = 0) -> Ticket:
+        """Queue a write of ``data`` (bytes-like or an array: 4 to 128 bytes, a multiple of 4, carried in
+        the descriptor itself) into ``buffer`` at byte ``offset``; more is refused (copy from a shared
+        buffer instead, or record a list: ``CommandList.update`` splits). Returns a Ticket at once."""
+        fields = update_fields(self._binding, buffer, update_bytes(data), offset)
+        opcode, program, groups, ids, offsets, push = fields
+        return self._submit(opcode, program, *groups, ids, offsets, push)
+
+    def dispatch_indirect(self, program: Program, counts_buffer, buffers=(), push: bytes = b"",
+                          offset: int = 0) -> Ticket:
+        """Queue ``program`` on ``buffers`` over the workgroup counts the device reads when it runs: three
+        uint32 at byte ``offset`` of ``counts_buffer`` (an array or a Buffer). The arbiter clamps them on
+        the device: counts of 0 run nothing; a count past the device's limit, or a product past
+        2^32 - 1, runs nothing and fails the Ticket with InvalidSubmission (LS_EGROUPS). Returns a
+        Ticket at once."""
+        fields = indirect_fields(self._binding, program, counts_buffer, buffers, push, offset)
+        opcode, program_id, groups, ids, offsets, push = fields
+        return self._submit(opcode, program_id, *groups, ids, offsets, push)
+
     def wait_idle(self, timeout: float | None = None) -> None:
         """Wait until every submitted ticket is done; errors stay with their tickets.
 
@@ -307,18 +353,32 @@ class Session:
         SessionClosed; the ring is unmapped only once no thread is inside it."""
         self._gate.close()
 
-    def _tear_down(self) -> None:
-        """Let go of everything, once no thread is inside the ring (the gate calls it once)."""
-        for item in self._objects.values():
-            if isinstance(item, Buffer):
-                item.close_memfd()
-        self._gate.attached.close(lock=self._request_lock)
-
     def __enter__(self) -> Session:
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _tear_down(session: Session) -> None:
+    """Let go of everything of ``session``, once no thread is inside the ring (its gate calls it once)."""
+    for item in session._objects.values():
+        if isinstance(item, Buffer):
+            item.close_memfd()
+    session._gate.attached.close(lock=session._request_lock)
+
+
+def bound_group(group: BindGroup) -> tuple[list[int], list[int]]:
+    """The ids and offsets ls_push_op takes for a dispatch over ``group``: its id, as buffers[0]."""
+    if group.lost is not None:
+        raise fresh(group.lost)
+    return [group.id], []
+
+
+def too_many(program: Program) -> str:
+    """Why a dispatch of ``program`` names a bind group, not its buffers."""
+    return (f"program {program.id} binds {program.bindings} buffers, more than a descriptor's {C.MAX_BUFFERS}: "
+            "dispatch it through a bind group (session.bind_group)")
 
 
 def _read_module(path: Path) -> bytes:

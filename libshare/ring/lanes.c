@@ -25,7 +25,8 @@
  * copied out before they are looked at, so a producer rewriting a slot cannot
  * change what was checked; a slot whose fields are out of range is handed over
  * with opcode LS_OP_BAD so the caller answers its ticket with an error. That
- * range check (fields_check) is the one a push applies to its arguments too.
+ * range check (fields_check) is the one a push applies to its arguments too; a push gives the
+ * descriptor's flags in the high 16 bits of its opcode argument (LS_DESC_GROUP: ring.h).
  *
  * A push wakes a sleeping consumer through ring_notify_consumer (wake.c).
  */
@@ -38,7 +39,9 @@
  * slot's copy, ls_push_op to its arguments before they are narrowed into a slot. */
 static int fields_check(uint32_t opcode, uint32_t nbuffers, uint32_t push_size, uint32_t flags)
 {
-    if (opcode > LS_OP_MAX || nbuffers > LS_MAX_BUFFERS || push_size > LS_MAX_PUSH || flags != 0)
+    if (opcode > LS_OP_MAX || nbuffers > LS_MAX_BUFFERS || push_size > LS_MAX_PUSH || (flags & ~LS_DESC_GROUP))
+        return -LS_EBADSLOT;
+    if ((flags & LS_DESC_GROUP) && ((opcode != LS_OP_DISPATCH && opcode != LS_OP_DISPATCH_INDIRECT) || nbuffers))
         return -LS_EBADSLOT;
     return 0;
 }
@@ -192,7 +195,9 @@ int ls_commit(ls_producer *p, uint32_t count)
 static int op_check(uint32_t opcode, uint32_t nbuffers, const uint32_t *buffers, uint32_t noffsets,
                     const uint64_t *offsets, const void *push, uint32_t push_size)
 {
-    if (fields_check(opcode, nbuffers, push_size, 0) < 0 || noffsets > LS_MAX_BUFFERS)
+    uint32_t flags = opcode >> 16, group = flags & LS_DESC_GROUP;  /* a group's id rides as buffers[0] */
+    if ((group && nbuffers != 1) || fields_check(opcode & 0xffff, group ? 0 : nbuffers, push_size, flags) < 0 ||
+        noffsets > LS_MAX_BUFFERS)
         return -LS_EBADSLOT;
     if ((nbuffers && buffers == NULL) || (noffsets && offsets == NULL) || (push_size && push == NULL))
         return -EINVAL;
@@ -206,13 +211,13 @@ static void encode(struct ls_desc *d, uint64_t ticket, uint32_t opcode, uint32_t
 {
     d->ticket = ticket;
     d->program = program;
-    d->opcode = (uint16_t)opcode;
-    d->nbuffers = (uint8_t)nbuffers;
+    d->opcode = (uint16_t)opcode;       /* the low 16 bits; the high 16 are the flags (op_check) */
+    d->flags = opcode >> 16;
+    d->nbuffers = d->flags & LS_DESC_GROUP ? 0 : (uint8_t)nbuffers;
     d->push_size = (uint8_t)push_size;
     d->groups[0] = groups_x;
     d->groups[1] = groups_y;
     d->groups[2] = groups_z;
-    d->flags = 0;
     for (uint32_t i = 0; i < LS_MAX_BUFFERS; i++) {
         d->buffer[i] = i < nbuffers ? buffers[i] : 0;
         d->offset[i] = i < noffsets ? offsets[i] : 0;

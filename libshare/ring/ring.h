@@ -37,8 +37,25 @@
 #define LS_OP_DISPATCH 1
 #define LS_OP_COPY 2                    /* buffer[0] -> buffer[1], size in offset[2] */
 #define LS_OP_LIST 3                    /* runs command list `program` (load_list): its commands, one answer */
-#define LS_OP_MAX 3
+#define LS_OP_FILL 4                    /* buffer[0] from offset[0], offset[1] bytes (multiples of 4): the
+                                           32-bit value in push[0..4), push_size 4 (vkCmdFillBuffer) */
+#define LS_OP_UPDATE 5                  /* push[0..push_size) written into buffer[0] at offset[0]; push_size a
+                                           multiple of 4, 4..LS_MAX_PUSH (vkCmdUpdateBuffer) */
+#define LS_OP_BARRIER 6                 /* no fields: in a list, a barrier (every command already ends with
+                                           one: it costs nothing); alone, answered in order like a NOP */
+#define LS_OP_DISPATCH_INDIRECT 7       /* a dispatch (program, buffer[], offset[], push[]) whose three uint32
+                                           group counts the device reads at run time from buffer groups[0] at
+                                           byte offset groups[1] | (uint64)groups[2] << 32, clamped by the
+                                           engine (recordings.c, "Indirect dispatches") */
+#define LS_OP_MAX 7
 #define LS_OP_BAD 0xffff               /* set by the consumer on a slot that failed ls_desc_check */
+#define LS_DESC_GROUP 1                 /* flags: a dispatch whose bindings come from bind group buffer[0]
+                                           (nbuffers 0; engine/validate.c) */
+
+#define LS_DESC_SUBMISSION_PUSH 2       /* flags: a list's dispatch takes the push constants of the LS_OP_LIST
+                                           that submits it (its own push_size 0) */
+#define LS_LIST_ARG 0x80000000          /* a list command's buffer id LS_LIST_ARG | k: the buffer in slot k of the
+                                           LS_OP_LIST that submits it (no object id has this bit) */
 
 #define LS_SPIN_NS 50000                /* a waiter polls this long, yielding its core at each look,
                                            before it sleeps (see ring_wait_for in wake.c) */
@@ -62,7 +79,8 @@
 #define LS_EBINDINGS 1006               /* buffer count differs from the program's bindings */
 #define LS_ERANGE 1007                  /* offset or size outside the buffer, or misaligned */
 #define LS_EGROUPS 1008                 /* a group count is 0 or beyond the device limit, or their product
-                                           is past 2^32 - 1 */
+                                           is past 2^32 - 1 (an indirect dispatch's, read on the device: past
+                                           the limit or the product; it ran nothing) */
 #define LS_EPUSH 1009                   /* more push-constant bytes than the program declares */
 #define LS_EFAULT 1010                  /* the device faulted while running it */
 #define LS_ECANCELED 1011               /* cancelled: the client was terminated or closed */
@@ -75,8 +93,9 @@ struct ls_desc {
     uint16_t opcode;                    /* LS_OP_* */
     uint8_t  nbuffers;                  /* buffers used, 0..LS_MAX_BUFFERS */
     uint8_t  push_size;                 /* bytes of push[] used, 0..LS_MAX_PUSH */
-    uint32_t groups[3];                 /* workgroup counts x, y, z */
-    uint32_t flags;                     /* reserved, must be 0 */
+    uint32_t groups[3];                 /* workgroup counts x, y, z (LS_OP_DISPATCH_INDIRECT: their buffer,
+                                           and their byte offset's low and high words) */
+    uint32_t flags;                     /* LS_DESC_* bits; 0 unless one says otherwise */
     uint32_t buffer[8];                 /* buffer ids */
     uint64_t offset[8];                 /* byte offset into each buffer */
     uint8_t  push[128];                 /* inline push constants */
@@ -193,6 +212,8 @@ int ls_push(ls_producer *p, const char *descs, uint32_t count);
 int ls_reserve(ls_producer *p, uint32_t count, struct ls_desc **slots);
 int ls_commit(ls_producer *p, uint32_t count);
 /* Encode one operation into the lane's next slot and publish it (the client's one encoder):
+ * opcode, LS_OP_* in its low 16 bits and the descriptor's flags (LS_DESC_*) in its high 16 (with
+ * LS_DESC_GROUP, nbuffers is 1 and buffers[0] the bind group's id: the slot's nbuffers is 0),
  * buffers[nbuffers] ids, offsets[noffsets] byte offsets (LS_OP_COPY: source, destination, size),
  * push[push_size] bytes; the rest of the slot is zeroed. Returns 1, 0 when the lane is full,
  * -LS_EBADSLOT (opcode, nbuffers, noffsets or push_size out of range), -EINVAL (a NULL array

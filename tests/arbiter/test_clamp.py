@@ -1,4 +1,5 @@
-"""Indices past a shared or private array are clamped: a hostile kernel cannot reach the arbiter.
+"""Indices past a shared or private array, or an array of buffers, are clamped: a hostile kernel
+cannot reach the arbiter.
 
 On lavapipe a kernel's shared and private arrays are the heap and stacks of the arbiter's own
 threads, and robustBufferAccess bounds buffers only. The kernel below writes far past both
@@ -91,3 +92,24 @@ def test_the_result_typed_opcodes_are_the_grammars():
     assert _clamp._RESULT_TYPED <= typed  # none taken for typed that is not
     # A newer grammar may add opcodes: an index such an instruction makes is refused, not unclamped.
     assert _clamp._RESULT_TYPED == typed or (grammar["major_version"], grammar["minor_version"]) > (1, 6)
+
+
+ARRAY_OF_BUFFERS = """#version 450
+layout(local_size_x = 64) in;
+layout(push_constant) uniform P { uint k; uint i; } p;
+layout(set = 0, binding = 0) buffer In { float x[]; } ins[4];
+layout(set = 0, binding = 1) buffer Out { float y[]; } o;
+void main() { o.y[p.i] = ins[p.k].x[p.i]; }
+"""
+
+
+def test_the_choice_of_a_buffer_in_an_array_of_them_is_clamped_not_the_index_inside_it(tmp_path):
+    """robustBufferAccess bounds ins[k].x[i] and o.y[i]; nothing bounds k but the clamp."""
+    module = compile_glsl(tmp_path, ARRAY_OF_BUFFERS)
+    out = clamped(module)
+    assert reflect(out) == reflect(module) and reflect(out).arrays == (4, 1)
+    subprocess.run(["spirv-val", "--target-env", "vulkan1.1", "-"], input=out, check=True)
+    dis = subprocess.run(["spirv-dis", "-"], input=out, capture_output=True, check=True).stdout.decode()
+    umin = [line for line in dis.splitlines() if "UMin" in line]
+    assert len(umin) == 1 and umin[0].endswith("%uint_3")  # k alone, to the array's last element: i indexes
+    # inside a buffer, left to robustBufferAccess

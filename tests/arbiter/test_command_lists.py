@@ -41,6 +41,21 @@ def serving(tmp_path):
         arbiter.close()
 
 
+@contextlib.contextmanager
+def beside_a_stream(tmp_path, streams):
+    """An arbiter in this process, an honest streaming client of its own process served by it (the
+    ``streams`` fixture: it checks every result), and two sessions: (honest, attacker). On a clean exit the
+    stream is finished and must have seen no failure."""
+    with serving(tmp_path) as (_, pipe_dir), \
+            libshare.connect(mode="daemon", pipe_directory=pipe_dir) as honest, \
+            libshare.connect(mode="daemon", pipe_directory=pipe_dir) as attacker:
+        stream = streams(pipe_dir)
+        wait_until(lambda: stream.served_by(os.getpid()), 120, "the streaming client's first dispatch")
+        yield honest, attacker
+        end = stream.finish()
+        assert end["ok"] > 0 and end["restarted"] == 0
+
+
 def _steps(seed: int = 7):
     """STEPS dependent operations over three arrays: ("saxpy", x, y, a) and ("copy", src, dst, start, count)."""
     rng = np.random.default_rng(seed)
@@ -189,7 +204,7 @@ def test_hostile_lists_fail_their_own_client_only(tmp_path):
         good = np.zeros(2, DESC_DTYPE)
         good["opcode"], good["program"], good["nbuffers"], good["groups"] = C.OP_DISPATCH, saxpy.id, 2, 1
         good["buffer"][:, :2] = attacker._binding(x)[1]
-        for field, value in (("opcode", C.OP_NOP), ("opcode", C.OP_LIST), ("opcode", C.OP_LIST + 1),
+        for field, value in (("opcode", C.OP_NOP), ("opcode", C.OP_LIST), ("opcode", C.OP_DISPATCH_INDIRECT + 1),
                              ("opcode", C.OP_BAD), ("flags", 1)):
             bad = good.copy()
             bad[1][field] = value
@@ -204,6 +219,30 @@ def test_hostile_lists_fail_their_own_client_only(tmp_path):
         check()
         stats = attacker.stats()
         assert stats["errors"] == 3 and honest.stats()["errors"] == 0  # the three tickets above
+
+
+def test_barriers_in_a_list_cost_nothing_and_end_it_in_order(tmp_path):
+    """A barrier is checked and kept but records nothing (every command ends with one): a list of barriers
+    alone is answered at once, and a list that ends with one is answered once the command before it ran."""
+    with serving(tmp_path) as (_, pipe_dir), libshare.connect(mode="daemon", pipe_directory=pipe_dir) as session:
+        saxpy = session.load_program(libshare.shaders.path("saxpy"))
+        x = session.array(N)
+        with session.record() as only:
+            only.barrier()
+            only.barrier()
+        only.submit().wait(30)
+        assert session.stats()["listed"] == 0
+        with session.record() as commands:
+            commands.barrier()
+            commands.fill(x, 1.0)
+            commands.barrier()
+            commands.dispatch(saxpy, -(-N // 64), [x, x], struct.pack("If", N, 1.0))
+            commands.barrier()
+        for _ in range(3):
+            x[:] = 0.0
+            commands.submit().wait(30)
+            assert np.all(x == 2.0)
+        assert session.stats()["listed"] == 6  # two commands a run: the barriers put nothing in submissions
 
 
 def test_a_buffer_freed_after_its_list_was_submitted_lives_until_the_list_has_run(tmp_path):

@@ -31,6 +31,7 @@ def test_a_hundred_thousand_hostile_descriptors_beside_an_honest_client(daemon):
     statuses = {int(status) for status in tally["statuses"]}
     assert statuses <= _KNOWN, f"seed {_SEED}: statuses outside the documented ones: {tally['statuses']}"
     assert tally["statuses"].get("0", 0) > 0 and len(statuses) > 3, f"the fuzz reached too little: {tally}"
+    assert tally["group_ok"] > 0, f"seed {_SEED}: no dispatch through the bind group ran: {tally}"
     out, _ = honest.communicate(timeout=600)
     assert honest.returncode == 0 and out.strip() == "ok", out
     assert process.poll() is None

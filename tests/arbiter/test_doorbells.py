@@ -107,7 +107,7 @@ def test_a_client_reading_its_doorbell_steals_no_one_elses_wake_up(daemon):
         # stealer read nothing in all its reads (with one shared doorbell it swallowed wake-ups, and
         # the arbiter slept out its 2 s idle poll), and its doorbell is another socket than the
         # honest client's.
-        honest_bell = os.fstat(session._wake_fd).st_ino
+        honest_bell = os.fstat(session._gate.attached.wake_fd).st_ino
         assert all(count == 0 and inode != honest_bell for count, inode in read), read
     assert_no_traceback(pipe_dir)
 
@@ -257,8 +257,8 @@ def corrupt_lane_tail(session, lane: int) -> None:
 
 def raw_alloc(session) -> dict:
     """An alloc sent on the session's socket past the library (which refuses once it knows)."""
-    protocol.send(session._sock, {"op": "alloc", "size": 4096, "kind": "shared"})
-    reply = protocol.recv(session._sock, max_fds=1)
+    protocol.send(session._gate.attached.sock, {"op": "alloc", "size": 4096, "kind": "shared"})
+    reply = protocol.recv(session._gate.attached.sock, max_fds=1)
     reply.close_fds()
     return reply.fields
 
@@ -352,7 +352,7 @@ def steal(pipe_dir: str) -> None:
     """Read this session's doorbell in a loop, hoping to swallow the others' wake-ups; at EOF on
     stdin, print how many reads got something and the doorbell's inode, and exit."""
     session = libshare.connect(name="stealer", mode="daemon", pipe_directory=pipe_dir)
-    bell = session._wake_fd
+    bell = session._gate.attached.wake_fd
     got = [0]
 
     def report_at_eof():
@@ -406,7 +406,7 @@ def hammer(pipe_dir: str) -> None:
     session = libshare.connect(name="hammer", mode="daemon", pipe_directory=pipe_dir)
     program = session.load_program(SAXPY)
     x, y = session.array(64), session.array(64)
-    bell = session._wake_fd
+    bell = session._gate.attached.wake_fd
     flags = np.frombuffer(session._region._map, np.uint32, count=1,
                           offset=ffi.sizeof("struct ls_region_header") + ffi.offsetof("struct ls_bells", "sq_flags"))
 
@@ -461,7 +461,7 @@ def fill_completions(pipe_dir: str) -> None:
     print("ready", flush=True)
     for line in sys.stdin:
         if line.strip() == "ring":  # write its doorbell in a loop, as if its pushes rang
-            threading.Thread(target=_ring_for_ever, args=(session._wake_fd,), daemon=True).start()
+            threading.Thread(target=_ring_for_ever, args=(session._gate.attached.wake_fd,), daemon=True).start()
             print("ringing", flush=True)
         if line.strip() == "read":
             answered = set()
@@ -486,7 +486,7 @@ def test_descriptors_rung_through_a_doorbell_are_not_kept(daemon):
     with session:
         assert round_trips(session, program, x, y, 5)
         before = open_fds(process.pid)
-        bell = socket.socket(fileno=os.dup(session._wake_fd))
+        bell = socket.socket(fileno=os.dup(session._gate.attached.wake_fd))
         spare = [os.open(os.devnull, os.O_RDONLY) for _ in range(4)]
         try:
             sent = 0

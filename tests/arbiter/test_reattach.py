@@ -215,8 +215,8 @@ def test_a_ticket_waited_after_close_during_a_restart_fails_with_session_closed(
     before = supervised.arbiter()
     os.kill(before, signal.SIGKILL)
     # done() looks until it sees the death (a reattach is then due, and not made yet: the next look would make it)
-    wait_until(lambda: session._lost is not None or ticket.done(), 60, "the session to see the arbiter's death")
-    assert isinstance(session._lost, libshare.ArbiterRestarted) and not ticket._settled()
+    wait_until(lambda: session._gate.lost is not None or ticket.done(), 60, "the session to see the arbiter's death")
+    assert isinstance(session._gate.lost, libshare.ArbiterRestarted) and not ticket._settled()
     session.close()
     with pytest.raises(libshare.SessionClosed):
         ticket.wait(30)

@@ -247,7 +247,7 @@ def _view_after_its_buffer_was_freed(session, victim, program, rng):
     with pytest.raises(libshare.InvalidSubmission, match="unknown or freed buffer id"):
         _run(session, program, a, c, y, views=views)
     session.free(views[0])
-    with pytest.raises(libshare.InvalidSubmission, match="no such buffer, program, command list or texel view"):
+    with pytest.raises(libshare.InvalidSubmission, match="no such buffer, program, command list, bind group or texel view"):
         session._request("free", view_id=views[0].id)
 
 
@@ -323,7 +323,7 @@ def test_hostile_view_requests_are_refused_by_their_schema_beside_an_honest_clie
             _honest(honest, honest_program, rng)
         with pytest.raises(libshare.ProtocolError, match="carries no file descriptors"):
             session._request("view", fds=(buffer.memfd,), buffer_id=buffer.id, format="r32f")
-        with pytest.raises(libshare.ProtocolError, match="one buffer_id, program_id, list_id or view_id"):
+        with pytest.raises(libshare.ProtocolError, match="one buffer_id, program_id, list_id, group_id or view_id"):
             session._request("free", buffer_id=buffer.id, view_id=buffer.id)
         view = session.texel_view(buffer, "r32f")  # the session goes on
         assert (view.offset, view.nbytes) == (0, buffer.size)
@@ -378,4 +378,39 @@ def test_a_command_list_runs_through_views_and_refuses_a_freed_one(texel_module)
         session.free(views[0])
         with pytest.raises(libshare.InvalidSubmission, match="unknown or freed buffer id"):
             commands.submit().wait(60)
+        _honest(honest, honest_program, rng)
+
+
+def test_views_bind_through_a_bind_group_and_a_lists_parameters(texel_module):
+    """A view goes wherever a buffer is bound, at a texel binding: a bind group's entry (whole, checked when the
+    group is made and at each dispatch) and a command list's parameter slot (checked as its command runs: the
+    binding it lands at says view or buffer, engine/validate.c's check_binding); each refuses what a plain
+    dispatch would, to its client alone."""
+    rng = np.random.default_rng(11)
+    push = struct.pack("II", N, 0)
+    with libshare.connect(mode="embedded") as session, libshare.connect(mode="embedded") as honest:
+        program, honest_program = session.load_program(texel_module), honest.load_program(texel_module)
+        a, c, y = _inputs(session, rng)
+        views = (session.texel_view(a, "r32f"), session.texel_view(c, "rgba8"), session.texel_view(y, "r32ui"))
+        group = session.bind_group(program, views)
+        session.dispatch(program, N // 64, group, push).wait(60)
+        np.testing.assert_array_equal(y, _expected(a, c))
+        refused = [([a, views[1], views[2]], "unknown or freed buffer id"),  # a buffer at a texel binding
+                   ([(views[0], 16, None), views[1], views[2]], "outside the buffer"),  # a view has its own range
+                   ([session.texel_view(a, "r32ui"), views[1], views[2]], "number of buffers differs")]  # format
+        for entries, named in refused:
+            with pytest.raises(libshare.InvalidSubmission, match=named):
+                session.bind_group(program, entries)
+            _honest(honest, honest_program, rng)
+        y[:] = 0
+        with session.record() as commands:
+            commands.dispatch(program, N // 64, [commands.argument(0), views[1], views[2]], push)
+            commands.dispatch(program, N // 64, group, push)
+        commands.submit(buffers=[views[0]]).wait(60)
+        np.testing.assert_array_equal(y, _expected(a, c))
+        with pytest.raises(libshare.InvalidSubmission, match="unknown or freed buffer id"):
+            commands.submit(buffers=[a]).wait(60)  # a buffer given for a slot that lands at a texel binding
+        session.free(views[0])  # the group names it by id: its dispatches fail from now on
+        with pytest.raises(libshare.InvalidSubmission, match="unknown or freed buffer id"):
+            session.dispatch(program, N // 64, group, push).wait(60)
         _honest(honest, honest_program, rng)

@@ -204,6 +204,45 @@ TEST(dispatch_computes_saxpy)
     CHECK_RC(ls_free_buffer(S, y.id), 0);
 }
 
+TEST(bind_group_binds_offsets_and_ranges)
+{
+    struct ls_buffer x, y;
+    CHECK_RC(ls_alloc(S, 1024 * sizeof(float), LS_BUFFER_SHARED, &x), 0);
+    CHECK_RC(ls_alloc(S, 1024 * sizeof(float), LS_BUFFER_SHARED, &y), 0);
+    float *xs = x.data, *ys = y.data;
+    for (int i = 0; i < 1024; i++) {
+        xs[i] = (float)i;
+        ys[i] = 1.0f;
+    }
+    /* x from float 256, 128 of them (the rest reads zeros); y from float 64 to its end */
+    struct ls_binding bindings[2] = {{x.id, 0, 256 * sizeof(float), 128 * sizeof(float)}, {y.id, 0, 64 * sizeof(float), 0}};
+    uint32_t group = 0;
+    CHECK_RC(ls_bind_group(S, saxpy.id, bindings, 0, &group), -EINVAL);
+    CHECK_RC(ls_bind_group(S, saxpy.id, bindings, 2, &group), 0);
+    struct saxpy_push push = {1024, 2.0f};
+    uint64_t ticket = 0;
+    CHECK_RC(ls_dispatch_group(S, saxpy.id, 16, 1, 1, group, &push, sizeof push, &ticket), 0);
+    CHECK_RC(ls_wait(S, ticket, 30 * SECOND, NULL), 0);
+    for (int i = 0; i < 1024; i++)
+        CHECK(ys[i] == (i >= 64 && i < 64 + 128 ? 1.0f + 2.0f * (float)(i - 64 + 256) : 1.0f));
+    static struct ls_desc commands[1];
+    CHECK_RC(ls_list_dispatch_group(&commands[0], saxpy.id, 16, 1, 1, group, &push, sizeof push), 0);
+    uint32_t list = 0;
+    CHECK_RC(ls_load_list(S, commands, 1, &list), 0);
+    CHECK_RC(ls_submit_list(S, list, &ticket), 0);
+    CHECK_RC(ls_wait(S, ticket, 30 * SECOND, NULL), 0);
+    CHECK(ys[64] == 1.0f + 4.0f * 256.0f && ys[63] == 1.0f);
+    struct ls_binding past[2] = {{x.id, 0, 0, 1024 * sizeof(float) + 4}, {y.id, 0, 0, 0}};
+    CHECK_RC(ls_bind_group(S, saxpy.id, past, 2, &group), -LS_EINVALID);  /* a range past the buffer */
+    CHECK_RC(ls_free_group(S, group), 0);
+    CHECK_RC(ls_dispatch_group(S, saxpy.id, 16, 1, 1, group, &push, sizeof push, &ticket), 0);
+    CHECK_RC(ls_wait(S, ticket, 30 * SECOND, NULL), -LS_ENOBUFFER);  /* a freed group */
+    CHECK_RC(ls_free_group(S, group), -LS_EINVALID);
+    CHECK_RC(ls_free_list(S, list), 0);
+    CHECK_RC(ls_free_buffer(S, x.id), 0);
+    CHECK_RC(ls_free_buffer(S, y.id), 0);
+}
+
 TEST(command_list_runs_in_order_under_one_ticket)
 {
     struct ls_buffer x, y, z;
@@ -241,6 +280,42 @@ TEST(command_list_runs_in_order_under_one_ticket)
     CHECK_RC(ls_free_buffer(S, x.id), 0);
     CHECK_RC(ls_free_buffer(S, y.id), 0);
     CHECK_RC(ls_free_buffer(S, z.id), 0);
+}
+
+TEST(command_list_takes_buffers_and_push_constants_per_submission)
+{
+    struct ls_buffer x, y;
+    CHECK_RC(ls_alloc(S, 1024 * sizeof(float), LS_BUFFER_SHARED, &x), 0);
+    CHECK_RC(ls_alloc(S, 1024 * sizeof(float), LS_BUFFER_SHARED, &y), 0);
+    float *xs = x.data, *ys = y.data;
+    for (int i = 0; i < 1024; i++)
+        xs[i] = (float)i, ys[i] = 1.0f;
+    static struct ls_desc commands[1];
+    uint32_t slots[2] = {LS_LIST_ARG | 0, LS_LIST_ARG | 1};
+    CHECK_RC(ls_list_dispatch(&commands[0], saxpy.id, 16, 1, 1, 2, slots, NULL, NULL, 0), 0);
+    CHECK_RC(ls_list_submission_push(&commands[0]), 0);            /* slot 1 += a * slot 0, a per submission */
+    uint32_t list = 0;
+    CHECK_RC(ls_load_list(S, commands, 1, &list), 0);
+    struct saxpy_push push = {1024, 2.0f};
+    uint32_t xy[2] = {x.id, y.id}, yx[2] = {y.id, x.id};
+    uint64_t ticket = 0;
+    CHECK_RC(ls_submit_list_with(S, list, 2, xy, NULL, &push, sizeof push, &ticket), 0);  /* y = 2x + 1 */
+    CHECK_RC(ls_wait(S, ticket, 30 * SECOND, NULL), 0);
+    push.a = 3.0f;
+    CHECK_RC(ls_submit_list_with(S, list, 2, yx, NULL, &push, sizeof push, &ticket), 0);  /* x = 3y + x */
+    CHECK_RC(ls_wait(S, ticket, 30 * SECOND, NULL), 0);
+    for (int i = 0; i < 1024; i++)
+        CHECK(ys[i] == 2.0f * (float)i + 1.0f && xs[i] == 3.0f * ys[i] + (float)i);
+    CHECK_RC(ls_submit_list(S, list, &ticket), 0);                /* no parameters: too few */
+    CHECK_RC(ls_wait(S, ticket, 30 * SECOND, NULL), -LS_EBINDINGS);
+    uint8_t wide[16] = {0};
+    CHECK_RC(ls_submit_list_with(S, list, 2, xy, NULL, wide, sizeof wide, &ticket), 0);  /* past saxpy's 8 */
+    CHECK_RC(ls_wait(S, ticket, 30 * SECOND, NULL), -LS_EPUSH);
+    CHECK_RC(ls_list_dispatch(&commands[0], saxpy.id, 16, 1, 1, 2, slots, NULL, &push, sizeof push), 0);
+    CHECK_RC(ls_list_submission_push(&commands[0]), -EINVAL);    /* push bytes of its own */
+    CHECK_RC(ls_free_list(S, list), 0);
+    CHECK_RC(ls_free_buffer(S, x.id), 0);
+    CHECK_RC(ls_free_buffer(S, y.id), 0);
 }
 
 TEST(dispatch_binds_from_offsets)
@@ -474,6 +549,8 @@ int main(int argc, char **argv)
         T(alloc_and_free_refuse_bad_requests),
         T(dispatch_computes_saxpy),
         T(command_list_runs_in_order_under_one_ticket),
+        T(command_list_takes_buffers_and_push_constants_per_submission),
+        T(bind_group_binds_offsets_and_ranges),
         T(dispatch_binds_from_offsets),
         T(rejected_tickets_carry_the_arbiters_status),
         T(dispatch_checks_its_arguments),

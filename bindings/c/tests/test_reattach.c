@@ -272,6 +272,8 @@ TEST(work_the_dead_arbiter_never_took_runs_on_the_new_one)
     for (int i = 0; i < 2; i++)
         CHECK_RC(ls_copy(session, x.id, 0, scratch.id, 0, N * 4, &ticket), -LS_EBUFFERLOST);
     CHECK(strstr(ls_error_message(), "died with the arbiter") != NULL);
+    uint32_t xy[2] = {x.id, y.id};      /* as the counts' buffer of an indirect dispatch too */
+    CHECK_RC(ls_dispatch_indirect(session, saxpy.id, scratch.id, 0, 2, xy, NULL, NULL, 0, &ticket), -LS_EBUFFERLOST);
     CHECK_RC(ls_free_buffer(session, scratch.id), 0);
     CHECK_RC(ls_alloc(session, N * 4, LS_BUFFER_DEVICE, &again), 0);
     CHECK_RC(ls_copy(session, x.id, 0, again.id, 0, N * 4, &ticket), 0);

@@ -19,6 +19,7 @@ from __future__ import annotations
 import time
 from typing import Callable, Sequence
 
+from libshare import shaders
 from libshare.arbiter.device._binding import _load_binding
 from libshare.arbiter.device._instance import Instance
 from libshare.arbiter.device._memory import DeviceBuffer, DeviceView, Memory
@@ -73,7 +74,9 @@ class Device:
         self.max_workgroup_size: tuple[int, int, int] = instance.max_workgroup_size
         self.max_workgroup_invocations: int = instance.max_workgroup_invocations
         self.max_shared_memory: int = instance.max_shared_memory
+        self.binding_limits: dict[str, int] = instance.binding_limits
         self.timestamp_period_ns: float = instance.timestamp_period_ns
+        self._clamp: Pipeline | None = None  # the engine's clamp program for indirect dispatches (native_handles)
 
     def submit(self, commands: Sequence[Command], *, timed: bool = True) -> Submission:
         """Run ``commands`` in order with one vkQueueSubmit and one fence (see :meth:`Submissions.submit`)."""
@@ -127,8 +130,15 @@ class Device:
 
     def native_handles(self) -> dict:
         """The raw handles and limits a native engine records and submits with (see
-        :meth:`Instance.native_handles`)."""
-        return self.instance.native_handles()
+        :meth:`Instance.native_handles`), and ``clamp``: the (VkPipeline, VkPipelineLayout) of the
+        engine's own program that clamps an indirect dispatch's group counts on the device
+        (``shaders/indirect_clamp.comp``; the engine's recordings.c, "Indirect dispatches"), made
+        at the first call and destroyed with the other pipelines."""
+        handles = self.instance.native_handles()
+        if self._clamp is None:
+            self._clamp = self.pipelines.create(shaders.path("indirect_clamp").read_bytes(), 2, 20)
+        handles["clamp"] = self._clamp.native
+        return handles
 
     def route_submissions(self, submit: Callable[[int, int], int]) -> None:
         """Send this device's own queue submissions through ``submit(info_address, fence) -> VkResult``

@@ -67,6 +67,8 @@ class Instance:
         self.max_workgroup_size: tuple[int, int, int] = info.max_workgroup_size
         self.max_workgroup_invocations: int = info.max_workgroup_invocations
         self.max_shared_memory: int = info.max_shared_memory
+        self.binding_limits: dict[str, int] = info.binding_limits
+        """The device's limits on the buffers one kernel binds, by name (a program's admission)."""
         self.timestamp_period_ns: float = info.timestamp_period
         self.cpu: bool = info.cpu
         """True for a device that runs on the host's CPU (lavapipe): its memory is the host's."""
@@ -224,6 +226,10 @@ class _PhysicalInfo:
         self.max_shared_memory = limits.maxComputeSharedMemorySize
         self.texel_offset_alignment = limits.minTexelBufferOffsetAlignment
         self.max_texel_elements = limits.maxTexelBufferElements
+        self.binding_limits = {"push descriptors": self.max_push_descriptors,
+                               "per-stage storage buffers": limits.maxPerStageDescriptorStorageBuffers,
+                               "per-stage uniform buffers": limits.maxPerStageDescriptorUniformBuffers,
+                               "per-stage resources": limits.maxPerStageResources}
         features = _ffi.new("VkPhysicalDeviceFeatures*")
         _lib.vkGetPhysicalDeviceFeatures(self.handle, features)
         self.robust_buffer_access = bool(features.robustBufferAccess)

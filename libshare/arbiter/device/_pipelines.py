@@ -4,7 +4,9 @@ Every module is compiled with its buffers renumbered 0..N-1 in set 0, in the ord
 (set, binding) (``libshare.arbiter.programs.spirv.bound_in_set_zero``), so that one push-descriptor
 set binds them all whatever sets and bindings the kernel declared; each binding of the set
 layout is a storage or a uniform buffer, or a storage or a uniform texel buffer, as the kernel declared it
-(:attr:`Pipeline.uniform`, :attr:`Pipeline.texel`).
+(:attr:`Pipeline.uniform`, :attr:`Pipeline.texel`), one descriptor or, for an array of buffers, its
+length of them (``buffer_layout``): the pipeline's buffers are its bindings' descriptors one after the
+other (:attr:`Pipeline.continued`).
 Its shared, private and function variables are zero-initialized
 (``libshare.arbiter.programs.spirv.zero_initialized``): what a kernel did not write reads as zeros, never as
 what another client's kernel left in that memory.
@@ -24,7 +26,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from libshare.arbiter.programs.spirv import bound_in_set_zero, texel_buffers, uniform_buffers, zero_initialized
+from libshare.arbiter.programs.spirv import bound_in_set_zero, buffer_layout, zero_initialized
 from libshare.errors import InvalidSubmission
 
 from libshare.arbiter.device._binding import _address, _check, _create, _struct, _uses_binding
@@ -43,16 +45,21 @@ class Pipeline:
     """A compute pipeline: SPIR-V, ``binding_count`` buffers in set 0 (those in ``uniform`` uniform
     buffers, the others storage buffers; those in ``texel`` texel buffers of those kinds), push size."""
 
-    __slots__ = ("binding_count", "push_size", "uniform", "texel", "_device", "_pipeline", "_layout", "_set_layout")
+    __slots__ = ("binding_count", "push_size", "uniform", "texel", "continued", "_device", "_pipeline", "_layout",
+                 "_set_layout")
 
     def __init__(self, device: Instance, binding_count: int, push_size: int, pipeline: Any, layout: Any,
-                 set_layout: Any, uniform: frozenset[int] = frozenset(), texel: dict | None = None):
+                 set_layout: Any, uniform: frozenset[int] = frozenset(), texel: dict | None = None,
+                 counts: tuple[int, ...] = ()):
         self.binding_count = binding_count
         self.push_size = push_size
         self.uniform = uniform
-        """The bindings that are uniform buffers or uniform texel buffers."""
+        """The buffers that are uniform buffers or uniform texel buffers."""
         self.texel: dict[int, tuple[str, ...]] = texel or {}
-        """The bindings that are texel buffers, each with the view formats it takes (libshare.protocol.texels)."""
+        """The buffers that are texel buffers, each with the view formats it takes (libshare.protocol.texels)."""
+        firsts = {sum(counts[:k]) for k in range(len(counts))}
+        self.continued = frozenset(k for k in range(sum(counts)) if k not in firsts)
+        """The buffers that are the next element of an array of buffers (after buffer k - 1)."""
         self._device: Instance | None = device  # the device it lives on; None once destroyed
         self._pipeline, self._layout, self._set_layout = pipeline, layout, set_layout
 
@@ -87,7 +94,9 @@ class Pipelines:
         """
         self._check_pipeline_args(spirv, binding_count, push_size)
         spirv = bound_in_set_zero(spirv)  # one push-descriptor set binds every buffer
-        uniform, texel = uniform_buffers(spirv), texel_buffers(spirv)
+        counts, uniform, texel = buffer_layout(spirv)
+        if sum(counts) != binding_count:
+            raise InvalidSubmission(f"the module binds {sum(counts)} buffers, not {binding_count}")
         # no kernel reads memory it did not write
         spirv = zero_initialized(spirv, self._instance.zero_workgroup_memory)
         with self._compile_guard:
@@ -95,7 +104,7 @@ class Pipelines:
             self._compiles += 1
         result = None
         try:
-            result = self._build_pipeline(spirv, binding_count, push_size, entry, uniform, texel)
+            result = self._build_pipeline(spirv, counts, push_size, entry, uniform, texel)
         finally:
             with self._compile_guard:  # closing waits for this, so it destroys the new pipeline too
                 if result is not None:
@@ -104,10 +113,10 @@ class Pipelines:
                 self._compile_guard.notify_all()
         return result
 
-    def _build_pipeline(self, spirv: bytes, binding_count: int, push_size: int, entry: str,
+    def _build_pipeline(self, spirv: bytes, counts: tuple[int, ...], push_size: int, entry: str,
                         uniform: frozenset[int], texel: dict[int, tuple[str, ...]]) -> Pipeline:
         """Create the set layout, layout, module and pipeline; destroy the parts on failure."""
-        set_layout = self._create_set_layout(binding_count, uniform, texel)
+        set_layout = self._create_set_layout(counts, uniform, texel)
         layout = module = None
         try:
             layout = self._create_layout(set_layout, push_size)
@@ -121,7 +130,7 @@ class Pipelines:
         finally:
             if module is not None:
                 _lib.vkDestroyShaderModule(self._device, module, _ffi.NULL)
-        return Pipeline(self._instance, binding_count, push_size, pipeline, layout, set_layout, uniform, texel)
+        return Pipeline(self._instance, sum(counts), push_size, pipeline, layout, set_layout, uniform, texel, counts)
 
     def destroyable(self, p: Pipeline) -> bool:
         """Whether :meth:`destroy` would destroy ``p``: it is alive and the device open."""
@@ -159,14 +168,17 @@ class Pipelines:
         if push_size < 0 or push_size % 4 or push_size > most:
             raise InvalidSubmission(f"push_size must be a multiple of 4 up to {most} bytes (got {push_size})")
 
-    def _create_set_layout(self, binding_count: int, uniform: frozenset[int], texel: dict | frozenset = frozenset()) -> Any:
-        """A push-descriptor set layout of ``binding_count`` buffers: uniform ones at ``uniform``,
-        storage ones elsewhere; texel buffers at ``texel``, buffers elsewhere."""
+    def _create_set_layout(self, counts: tuple[int, ...], uniform: frozenset[int], texel: dict) -> Any:
+        """A push-descriptor set layout of ``len(counts)`` bindings, binding i ``counts[i]`` buffers:
+        uniform ones at ``uniform`` (of the buffers, counted one after the other), storage ones elsewhere;
+        texel buffers at ``texel``, buffers elsewhere."""
+        binding_count = len(counts)
         bindings = _ffi.new("VkDescriptorSetLayoutBinding[]", max(binding_count, 1))
         for i in range(binding_count):
+            first = sum(counts[:i])
             bindings[i].binding = i
-            bindings[i].descriptorType = _DESCRIPTOR_TYPES[i in texel, i in uniform]
-            bindings[i].descriptorCount = 1
+            bindings[i].descriptorType = _DESCRIPTOR_TYPES[first in texel, first in uniform]
+            bindings[i].descriptorCount = counts[i]
             bindings[i].stageFlags = _vk.VK_SHADER_STAGE_COMPUTE_BIT
         info = _struct(
             "VkDescriptorSetLayoutCreateInfo", "DESCRIPTOR_SET_LAYOUT_CREATE_INFO",

@@ -327,6 +327,8 @@ class Recordings:
             raise InvalidSubmission(f"dispatch names a pipeline that is destroyed or not of this device: {pipeline!r}")
         if len(buffers) != pipeline.binding_count:
             raise InvalidSubmission(f"pipeline takes {pipeline.binding_count} buffers, dispatch binds {len(buffers)}")
+        if pipeline.continued:
+            raise InvalidSubmission("a pipeline with an array of buffers runs through the engine only")
         for i, pair in enumerate(buffers):
             if len(pair) != 2:
                 raise InvalidSubmission(f"a binding is a (buffer, offset) pair, not {pair!r}")

@@ -57,10 +57,11 @@ import threading
 
 from libshare.errors import RingCorrupted, ServerNotReady
 from libshare.ring._binding import check as ring_check
-from libshare.arbiter.serve.clients import BufferRecord, Client, Counters, ListRecord, ProgramRecord, ViewRecord
+from libshare.arbiter.serve.clients import (BufferRecord, Client, Counters, GroupRecord, ListRecord, ProgramRecord,
+                                           ViewRecord)
 from libshare.arbiter.drain.containment import Containment
 from libshare.arbiter.drain.planner import Planner
-from libshare.arbiter.engine.binding import BUFFER, EVENTS, LIST, PROGRAM, VIEW, Engine
+from libshare.arbiter.engine.binding import BUFFER, EVENTS, GROUP, LIST, PROGRAM, VIEW, Engine
 from libshare.arbiter.policy.placement import place_device_threads
 from libshare.arbiter.programs.loading import SharedPipelines
 from libshare.arbiter.drain import emergency as _emergency
@@ -277,7 +278,7 @@ class Drainer:
             return False
         client.closing = True
         outstanding = self.engine.close_client(client.slot)
-        for record in _records(client):
+        for record in client.records():
             self.free(client, record)
         return outstanding == 0 and self._maybe_reclaim(client, reclaimed)
 
@@ -307,7 +308,7 @@ class Drainer:
             self._reclaiming.discard(client.id)
         if client.id not in self.clients:
             return False  # an event reclaimed it meanwhile
-        for record in _records(client):
+        for record in client.records():
             self.free(client, record)  # made by a request that was under way when it disconnected
         self.refresh(client)
         self.engine.remove_client(client.slot)
@@ -342,6 +343,9 @@ class Drainer:
         if isinstance(record, ListRecord):
             self.engine.put_list(client.slot, record.id, commands)
             client.lists[record.id] = record
+        elif isinstance(record, GroupRecord):  # its entries checked there: refused, nothing is added
+            self.engine.put_group(client.slot, record.id, record.program, list(record.entries))
+            client.groups[record.id] = record
         elif isinstance(record, BufferRecord):
             client.buffers[record.id] = record
             self.engine.put_buffer(client.slot, record.id, record.device_buffer, record.size)
@@ -362,8 +366,9 @@ class Drainer:
             for view in [view for view in client.views.values() if view.buffer_id == record.id]:
                 self.free(client, view)
         record.freed = True
-        table, kind = {BufferRecord: (client.buffers, BUFFER), ListRecord: (client.lists, LIST),
-                       ProgramRecord: (client.programs, PROGRAM), ViewRecord: (client.views, VIEW)}[type(record)]
+        table, kind = {BufferRecord: (client.buffers, BUFFER), ProgramRecord: (client.programs, PROGRAM),
+                       ListRecord: (client.lists, LIST), GroupRecord: (client.groups, GROUP),
+                       ViewRecord: (client.views, VIEW)}[type(record)]
         table.pop(record.id, None)
         if self.engine.drop(client.slot, kind, record.id):
             self.released[(client.slot, kind, record.id)] = (client, record)
@@ -372,8 +377,8 @@ class Drainer:
             self._destroy(client, record)
 
     def _destroy(self, client: Client, record: BufferRecord | ProgramRecord | ListRecord) -> None:
-        if isinstance(record, ListRecord):
-            return  # the engine freed it with its commands
+        if isinstance(record, (ListRecord, GroupRecord)):
+            return  # the engine freed it with its commands or entries
         if isinstance(record, ViewRecord):
             if self.containment.state != "FAULT":  # (else recreating the device frees all)
                 self.device.destroy_view(record.device_view)
@@ -392,11 +397,6 @@ class Drainer:
             client.counters.memory_bytes -= record.size
         else:
             self.pipelines.release(self.device, record.pipeline)
-
-
-def _records(client: Client) -> list:
-    """Every record of ``client``, its texel views before the buffers they hold."""
-    return [*client.views.values(), *client.buffers.values(), *client.programs.values(), *client.lists.values()]
 
 
 def _ring_failure(code: int, region) -> str:

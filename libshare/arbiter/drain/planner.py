@@ -111,7 +111,7 @@ class Planner:
             for client in list(self._clients.values()):
                 if client.closing:
                     continue
-                usage = engine.take_usage(client.slot)
+                usage = engine.stats(client.slot, take=True)
                 if usage is None:
                     continue
                 if usage.popped_since:

@@ -100,12 +100,15 @@ void finish_entry(ls_engine *e, struct entry *en, int32_t status, uint64_t ns, u
     uint64_t charge = held_ns > ns ? held_ns : ns;  /* a piece's: the gaps between pieces are its own */
     int answers = 1;
     if (en->listed) {                   /* a list's command: billed as it retires, answered by the last (lists.c) */
-        if (!status && ns && en->groups && (double)ns / en->groups > c->ns_per_group)
-            c->ns_per_group = (double)ns / en->groups;
+        int32_t whole_status = status;  /* a piece's: the whole command's, at its last piece */
+        uint64_t whole_ns = ns, whole_charge = charge;
+        int whole = !en->piece || book_piece(c, en, &whole_status, &whole_ns, &whole_charge);
+        if (whole && !whole_status && whole_ns && en->groups && (double)whole_ns / en->groups > c->ns_per_group)
+            c->ns_per_group = (double)whole_ns / en->groups;
         if (!status) {
             c->stats.device_ns += ns;
-            c->stats.charged_since++;
-            c->stats.charged_ns_since += ns;
+            c->stats.charged_since += whole;
+            c->stats.charged_ns_since += en->piece ? charge : ns;
         }
         answers = book_list(c, en, &status, &ns);
     } else if (en->piece) {

@@ -1,7 +1,8 @@
 /*
  * The engine's entry points: every ls_engine_* function that engine.h declares. Creating,
  * starting, placing, stopping and destroying the engine; adding, closing and removing clients;
- * their objects and counters; faults, plans and events. Each takes the engine's mutex for a
+ * their objects (programs, buffers, command lists and bind groups, each list's commands and each
+ * group's entries checked as they are put) and counters; faults, plans and events. Each takes the engine's mutex for a
  * short while (ls_engine_dropped takes none: see there), and the engine's thread holds it for
  * one step of its loop at most (loop.c), so a call never waits for a device.
  */
@@ -34,7 +35,7 @@ static int load_vulkan(ls_engine *e)
     LOAD(CmdPushConstants) LOAD(CmdDispatch) LOAD(CmdCopyBuffer) LOAD(CmdPipelineBarrier) LOAD(CmdExecuteCommands)
     LOAD(CreateQueryPool)
     LOAD(DestroyQueryPool) LOAD(CmdResetQueryPool) LOAD(CmdWriteTimestamp) LOAD(CmdCopyQueryPoolResults)
-    LOAD(CmdFillBuffer)
+    LOAD(CmdFillBuffer) LOAD(CmdUpdateBuffer) LOAD(CmdDispatchIndirect)
     LOAD(CreateBuffer) LOAD(DestroyBuffer) LOAD(GetBufferMemoryRequirements) LOAD(AllocateMemory) LOAD(FreeMemory)
     LOAD(BindBufferMemory) LOAD(MapMemory)
 #undef LOAD
@@ -342,7 +343,8 @@ static int put_object(ls_engine *e, uint32_t slot, struct object *o)
 {
     pthread_mutex_lock(&e->lock);
     struct client *c = client_at(e, slot);
-    int rc = !c ? -ENOENT : table_find(&c->objects, o->kind, o->id) ? -EEXIST : table_put(&c->objects, o);
+    int rc = o->id & LS_LIST_ARG ? -EINVAL  /* a list's parameter, never an object (lists.c) */
+             : !c ? -ENOENT : table_find(&c->objects, o->kind, o->id) ? -EEXIST : table_put(&c->objects, o);
     pthread_mutex_unlock(&e->lock);
     if (rc)
         free(o);
@@ -350,17 +352,19 @@ static int put_object(ls_engine *e, uint32_t slot, struct object *o)
 }
 
 int ls_engine_put_program(ls_engine *e, uint32_t slot, uint32_t id, uint64_t pipeline, uint64_t layout,
-                          uint32_t bindings, uint32_t uniform_mask, uint32_t push_size, uint32_t flags,
-                          const uint16_t *formats)
+                          uint32_t bindings, uint32_t uniform_mask, uint32_t array_mask, uint32_t push_size,
+                          uint32_t flags, const uint16_t *formats)
 {
-    if (!pipeline || !layout || bindings > LS_MAX_BUFFERS || push_size > LS_MAX_PUSH || (flags & ~LS_ENGINE_CUTTABLE)
-        || (uniform_mask >> bindings))
+    uint64_t past = bindings < 32 ? ~0u << bindings : 0;   /* the mask bits past its bindings */
+    if (!pipeline || !layout || bindings > LS_ENGINE_MAX_BINDINGS || push_size > LS_MAX_PUSH ||
+        (flags & ~LS_ENGINE_CUTTABLE) || (uniform_mask & past) || (array_mask & (past | 1)))
         return -EINVAL;
     struct object *o = calloc(1, sizeof *o);
     if (!o)
         return -ENOMEM;
     *o = (struct object){.id = id, .kind = LS_KIND_PROGRAM, .handle = pipeline, .layout = layout,
-                         .bindings = bindings, .uniform_mask = uniform_mask, .push_size = push_size, .client = slot,
+                         .bindings = bindings, .uniform_mask = uniform_mask, .array_mask = array_mask,
+                         .push_size = push_size, .client = slot,
                          .cuttable = flags & LS_ENGINE_CUTTABLE};
     for (uint32_t k = 0; formats && k < bindings; k++)
         if (formats[k])
@@ -396,7 +400,7 @@ int ls_engine_put_list(ls_engine *e, uint32_t slot, uint32_t id, const char *com
                        uint32_t *bad)
 {
     *bad = 0;
-    if (!commands || !count || count > LS_ENGINE_MAX_LIST)
+    if (!commands || !count || count > LS_ENGINE_MAX_LIST || id & LS_LIST_ARG)
         return -EINVAL;
     struct object *o = new_list(commands, count);
     if (!o)
@@ -405,6 +409,37 @@ int ls_engine_put_list(ls_engine *e, uint32_t slot, uint32_t id, const char *com
     pthread_mutex_lock(&e->lock);
     struct client *c = client_at(e, slot);
     int rc = !c ? -ENOENT : table_find(&c->objects, LS_KIND_LIST, id) ? -EEXIST : check_list(e, c, o, bad);
+    if (!rc)
+        rc = table_put(&c->objects, o);
+    pthread_mutex_unlock(&e->lock);
+    if (rc)
+        free(o);
+    return rc;
+}
+
+int ls_engine_put_group(ls_engine *e, uint32_t slot, uint32_t id, uint32_t program, const uint32_t *buffers,
+                        const uint64_t *offsets, const uint64_t *ranges, uint32_t count, uint32_t *bad)
+{
+    *bad = 0;
+    if (!buffers || !offsets || !ranges || count > LS_ENGINE_MAX_BINDINGS)
+        return -EINVAL;
+    struct object *o = calloc(1, sizeof *o + (size_t)count * sizeof(struct group_entry));
+    if (!o)
+        return -ENOMEM;
+    *o = (struct object){.id = id, .kind = LS_KIND_GROUP, .bindings = count, .client = slot};
+    for (uint32_t k = 0; k < count; k++)
+        group_entries(o)[k] = (struct group_entry){.buffer = buffers[k], .offset = offsets[k], .range = ranges[k]};
+    pthread_mutex_lock(&e->lock);
+    struct client *c = client_at(e, slot);
+    struct object **p = c ? table_find(&c->objects, LS_KIND_PROGRAM, program) : NULL;
+    struct object *found[LS_ENGINE_MAX_BINDINGS];
+    int rc = !c ? -ENOENT : !p ? -LS_ENOPROGRAM : (*p)->bindings != count ? -LS_EBINDINGS
+           : table_find(&c->objects, LS_KIND_GROUP, id) ? -EEXIST : 0;
+    if (!rc) {                          /* the program's layout, then each entry against it */
+        o->uniform_mask = (*p)->uniform_mask, o->array_mask = (*p)->array_mask, o->texel_mask = (*p)->texel_mask;
+        memcpy(o->formats, (*p)->formats, sizeof o->formats);
+        rc = check_group(e, c, o, group_entries(o), count, found, bad);
+    }
     if (!rc)
         rc = table_put(&c->objects, o);
     pthread_mutex_unlock(&e->lock);

@@ -19,9 +19,12 @@ from libshare.arbiter.engine._engine_cffi import ffi, lib
 
 log = logging.getLogger("libshare.arbiter")
 
-BUFFER, PROGRAM, LIST, VIEW = lib.LS_KIND_BUFFER, lib.LS_KIND_PROGRAM, lib.LS_KIND_LIST, lib.LS_KIND_VIEW
+BUFFER, PROGRAM, LIST = lib.LS_KIND_BUFFER, lib.LS_KIND_PROGRAM, lib.LS_KIND_LIST
+GROUP, VIEW = lib.LS_KIND_GROUP, lib.LS_KIND_VIEW
 MOST_COMMANDS = lib.LS_ENGINE_MAX_LIST
 """The most commands in one command list (engine/lists.c)."""
+MOST_BINDINGS = lib.LS_ENGINE_MAX_BINDINGS
+"""The most buffers one program binds, through a bind group past ring.h's LS_MAX_BUFFERS (engine/validate.c)."""
 EVENTS = {name: getattr(lib, f"LS_EV_{name}") for name in
           ("RELEASED", "IDLE", "DROPPED", "WATCHDOG", "SUSPECT", "DEVICE", "MUTED")}
 POP = lib.LS_ENGINE_POP
@@ -106,6 +109,7 @@ class Engine:
             "max_uniform_range": handles["max_uniform_range"],
             "uniform_offset_alignment": handles["uniform_offset_alignment"],
             "max_groups": list(handles["max_group_count"]), "max_clients": max_clients, "event_fd": event_fd,
+            "clamp_pipeline": handles["clamp"][0], "clamp_layout": handles["clamp"][1],
         })
         out = ffi.new("ls_engine **")
         check(lib.ls_engine_create(config, out), "creating the engine")
@@ -190,10 +194,27 @@ class Engine:
         handle, layout = pipeline.native
         flags = lib.LS_ENGINE_CUTTABLE if cuttable else 0
         uniform_mask = sum(1 << k for k in pipeline.uniform)
+        array_mask = sum(1 << k for k in pipeline.continued)
         formats = ffi.new("uint16_t[]", [sum(1 << format_code(name) for name in pipeline.texel.get(k, ()))
                                          for k in range(max(bindings, 1))])  # 0: a buffer binding
-        check(lib.ls_engine_put_program(self._e, slot, program_id, handle, layout, bindings, uniform_mask, push_size,
-                                        flags, formats), "registering a program")
+        check(lib.ls_engine_put_program(self._e, slot, program_id, handle, layout, bindings, uniform_mask,
+                                        array_mask, push_size, flags, formats), "registering a program")
+
+    def put_group(self, slot: int, group_id: int, program_id: int,
+                  entries: list[tuple[int, int, int]]) -> None:
+        """Let ``slot``'s dispatches of programs laid out as ``program_id`` bind ``entries`` (buffer id,
+        offset, range: 0 to its end; one per binding) as bind group ``group_id``; each is checked now
+        (engine/validate.c), a refusal names the first bad one."""
+        count = len(entries)
+        buffers = ffi.new("uint32_t[]", [e[0] for e in entries] or [0])
+        offsets = ffi.new("uint64_t[]", [e[1] for e in entries] or [0])
+        ranges = ffi.new("uint64_t[]", [e[2] for e in entries] or [0])
+        bad = ffi.new("uint32_t *")
+        rc = lib.ls_engine_put_group(self._e, slot, group_id, program_id, buffers, offsets, ranges, count, bad)
+        if rc == -errno.EINVAL:
+            raise code_error(errno.EINVAL, f"a bind group holds at most {MOST_BINDINGS} buffers (got {count})",
+                             unknown=LibshareError)
+        check(rc, f"making a bind group (at its binding {bad[0]}, or its program)")
 
     def put_list(self, slot: int, list_id: int, commands: bytes) -> None:
         """Let ``slot``'s LS_OP_LIST descriptors run ``commands`` (whole descriptors, 256 bytes each) as
@@ -223,20 +244,17 @@ class Engine:
         rc = lib.ls_engine_drop(self._e, slot, kind, object_id)
         return rc == 1
 
-    def stats(self, slot: int) -> Stats | None:
-        """``slot``'s counters, or None for an unknown slot. Any thread: each call reads into its own
-        struct (the C call releases the GIL: a shared struct could be overwritten by another thread's
-        call before it is read, giving one client another's counters)."""
-        return _read_stats(lib.ls_engine_stats, self._e, slot)
+    def stats(self, slot: int, take: bool = False) -> Stats | None:
+        """``slot``'s counters, or None for an unknown slot; with ``take``, the *_since ones start again
+        from 0 (the planner's, on the engine thread). Any thread: each call reads into its own struct
+        (the C call releases the GIL: a shared struct could be overwritten by another thread's call
+        before it is read, giving one client another's counters)."""
+        return _read_stats(lib.ls_engine_take_usage if take else lib.ls_engine_stats, self._e, slot)
 
     def dropped(self, slot: int) -> bool:
         """True once the engine closed ``slot``'s ring as corrupt (its DROPPED event may still wait);
         False for a client not added yet (slot -1)."""
         return slot >= 0 and lib.ls_engine_dropped(self._e, slot) == 1
-
-    def take_usage(self, slot: int) -> Stats | None:
-        """``slot``'s counters; the *_since ones start again from 0 (the planner's, on the engine thread)."""
-        return _read_stats(lib.ls_engine_take_usage, self._e, slot)
 
     # ---------------------------------------------------------------- faults, plans, events
 

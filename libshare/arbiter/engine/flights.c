@@ -6,12 +6,12 @@
  * fence. A timed flight (policy.timed, on a queue with timestamps) writes a timestamp
  * before its first recording and after each, into a mapped buffer, which is each command's
  * device time; a batch also carries a progress word that the device bumps after each command,
- * the watchdog's measure of it (check_watchdog). Retiring the head flight answers its entries
- * (answers.c) and releases what they held.
+ * the watchdog's measure of it (check_watchdog). The same mapped buffer holds a 16-byte slot per
+ * entry for an indirect dispatch's clamped counts and verdict (recordings.c, "Indirect
+ * dispatches"): retiring reads the verdict, and a refused count answers LS_EGROUPS. Retiring
+ * the head flight answers its entries (answers.c) and releases what they held.
  */
 #include "internal.h"
-
-#define PROGRESS_OFFSET (8 * (LS_ENGINE_MAX_BATCH + 1))  /* the progress word, past the timestamps */
 
 /* ------------------------------------------------------------------ submitting */
 
@@ -141,8 +141,13 @@ static void retire_head(ls_engine *e, int32_t status, int keep)
     static uint64_t ns[LS_ENGINE_MAX_BATCH];  /* the engine thread's, or a stopped engine's caller */
     read_times(e, f, ns);
     uint64_t held = f->count && f->head_since ? (uint64_t)(ls_now_ns() - f->head_since) / f->count : 0;
-    for (uint32_t k = 0; k < f->count; k++)
-        finish_entry(e, &f->entries[k], status, status ? 0 : ns[k], held, keep);
+    const volatile uint32_t *slots = f->stamps ? (const uint32_t *)((char *)f->stamps + SCRATCH_OFFSET) : NULL;
+    for (uint32_t k = 0; k < f->count; k++) {
+        int32_t s = status;             /* an indirect dispatch whose counts the clamp refused ran nothing */
+        if (!s && f->entries[k].indirect && slots && slots[4 * k + 3])
+            s = -LS_EGROUPS;
+        finish_entry(e, &f->entries[k], s, s ? 0 : ns[k], held, keep);
+    }
     flush_posts(e);
     f->count = 0;
     e->vk.ResetFences(e->device, 1, &f->fence);
@@ -240,18 +245,20 @@ void check_watchdog(ls_engine *e)
 
 /* ------------------------------------------------------------------ setup */
 
-/* A query pool and a mapped buffer for a flight's timestamps; without them the flight is untimed. */
+/* A query pool and a mapped buffer for a flight's timestamps, progress word and indirect dispatches' slots
+ * (recordings.c, "Indirect dispatches"); without the pool the flight is untimed, without the buffer it is
+ * also unmarked and refuses indirect dispatches (LS_EFAULT). */
 void create_timing(ls_engine *e, struct flight *f)
 {
     uint32_t count = LS_ENGINE_MAX_BATCH + 1;
     VkQueryPoolCreateInfo qinfo = {VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO, NULL, 0, VK_QUERY_TYPE_TIMESTAMP, count,
                                    0};
-    VkBufferCreateInfo binfo = {VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO, NULL, 0, PROGRESS_OFFSET + 8,
-                                VK_BUFFER_USAGE_TRANSFER_DST_BIT, VK_SHARING_MODE_EXCLUSIVE, 0, NULL};
-    if (e->vk.CreateQueryPool(e->device, &qinfo, NULL, &f->queries) != VK_SUCCESS) {
+    VkBufferCreateInfo binfo = {VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO, NULL, 0, SCRATCH_OFFSET + SCRATCH_SIZE,
+                                VK_BUFFER_USAGE_TRANSFER_DST_BIT | VK_BUFFER_USAGE_STORAGE_BUFFER_BIT |
+                                    VK_BUFFER_USAGE_INDIRECT_BUFFER_BIT,
+                                VK_SHARING_MODE_EXCLUSIVE, 0, NULL};
+    if (e->vk.CreateQueryPool(e->device, &qinfo, NULL, &f->queries) != VK_SUCCESS)
         f->queries = VK_NULL_HANDLE;
-        return;
-    }
     VkMemoryRequirements req;
     void *mapped = NULL;
     if (e->vk.CreateBuffer(e->device, &binfo, NULL, &f->results) == VK_SUCCESS) {

@@ -7,7 +7,7 @@
  *   loop.c        run(): retire, drain, wait; take() pops, checks and records a client's work
  *   wait.c        how the loop waits: fence polls and naps, spins, ppoll on the doorbells
  *                 and their budget, yielding a shared core ("Cores", "Doorbells")
- *   validate.c    check_desc, the one descriptor validator
+ *   validate.c    check_desc, the one descriptor validator; bind groups (check_group)
  *   recordings.c  descriptors recorded into secondary command buffers, each client's cache
  *   flights.c     submissions: opening, submitting, retiring, timestamps, the watchdog
  *   answers.c     completions and fences to clients, events to the control plane
@@ -48,17 +48,27 @@
 #define LIST_COMMAND 1                  /* entry.listed: a command of a list, answers nothing */
 #define LIST_LAST 2                     /* ... its last (or the one on the device when it ended): answers for all */
 #define UNRANKED INT32_MAX
+#define MOST_USERS (LS_ENGINE_MAX_BINDINGS + 3)  /* a command's objects: its buffers, its group, an indirect
+                                                   dispatch's counts, its program */
+/* In each flight's mapped results buffer, past its timestamps and progress word: one 16-byte slot per
+ * entry for an indirect dispatch's clamped counts and verdict (recordings.c, "Indirect dispatches"),
+ * at an offset any storage-buffer alignment divides (Vulkan's largest is 256). */
+#define PROGRESS_OFFSET (8 * (LS_ENGINE_MAX_BATCH + 1))
+#define SCRATCH_OFFSET ((PROGRESS_OFFSET + 8 + 255) / 256 * 256)
+#define SCRATCH_SIZE (16 * LS_ENGINE_MAX_BATCH)
 
-/* A client's program, buffer, list or view, counted in use by the commands and cuts that hold it (objects.c). */
+/* A client's program, buffer, list, bind group or texel view, counted in use by the commands and cuts that hold
+ * it (objects.c). */
 struct object {
     uint32_t id, kind;
     uint32_t in_flight;                 /* commands submitted and not retired (and a buffer's views) */
     uint32_t freed;                     /* dropped by the control plane */
     uint64_t handle, layout, size;      /* VkBuffer + size, VkPipeline + layout, or VkBufferView + range */
     uint32_t bindings, push_size;
-    uint32_t uniform_mask;              /* a program's bindings that are uniform (bit k: binding k) */
-    uint32_t texel_mask;                /* ... that are texel buffers */
-    uint16_t formats[LS_MAX_BUFFERS];   /* ... each texel binding's view format codes (bit f: code f) */
+    uint32_t uniform_mask;              /* a program's (or group's) bindings that are uniform (bit k: binding k) */
+    uint32_t array_mask;                /* ... that are the next element of an array of buffers (bit k: k - 1's) */
+    uint32_t texel_mask;                /* ... that are texel buffers (their ids name views) */
+    uint16_t formats[LS_ENGINE_MAX_BINDINGS];  /* ... each texel binding's view format codes (bit f: code f) */
     uint32_t format, uses;              /* a view's format code and its uses (LS_VIEW_*) */
     struct object *of;                  /* a view's buffer, held while the view lives */
     uint32_t client;
@@ -68,6 +78,15 @@ struct object {
 
 /* The commands of a list object (LS_KIND_LIST), allocated with it. */
 static inline struct ls_desc *list_commands(struct object *o) { return (struct ls_desc *)(o + 1); }
+
+/* One buffer of a bind group (LS_KIND_GROUP, validate.c): an id of its client's, its offset and range. */
+struct group_entry {
+    uint32_t buffer, pad;
+    uint64_t offset, range;             /* range 0: to the buffer's end */
+};
+
+/* The entries of a group object, its `bindings` of them, allocated with it. */
+static inline struct group_entry *group_entries(struct object *o) { return (struct group_entry *)(o + 1); }
 
 /* A client's objects, by (kind, id): open addressing with linear probes and a keyed hash (objects.c). */
 struct table {
@@ -86,7 +105,7 @@ struct recording {
     uint64_t last;                      /* the engine's count of lookups at its last use (LRU) */
     uint32_t uses;                      /* flight entries that run it, not yet retired */
     uint32_t cached;                    /* in its client's table; else spare once unused */
-    struct object *objects[LS_MAX_BUFFERS + 1];
+    struct object *objects[MOST_USERS];
     uint32_t nobjects;
     struct ls_desc key;                 /* the descriptor it records, ticket 0 */
 };
@@ -99,8 +118,9 @@ struct entry {
     uint32_t groups;                    /* its dispatch's workgroups, on the entry that answers (0: a copy) */
     uint32_t piece;                     /* PIECE: answers nothing; LAST_PIECE: answers for every piece */
     uint32_t listed;                    /* LIST_COMMAND or LIST_LAST (lists.c); 0: not a list's */
+    uint32_t indirect;                  /* an indirect dispatch: its verdict is read as it retires */
     int32_t list_status;                /* LIST_LAST: why its list ended early (0: it did not) */
-    struct object *users[LS_MAX_BUFFERS + 1];
+    struct object *users[MOST_USERS];
     uint32_t nusers;
     int32_t fences;                     /* first fence node answered after it, or NO_FENCE */
     int32_t fences_tail;
@@ -120,8 +140,9 @@ struct cut {
     int32_t rank;                       /* its turn's */
     int64_t waited_from;                /* when its last piece went in (or it began): piece_now's order */
     struct ls_desc desc;
-    struct object *users[LS_MAX_BUFFERS + 1];
+    struct object *users[MOST_USERS];
     uint32_t nusers;
+    uint32_t listed;                    /* a command of its client's run (lists.c): it answers into the list */
     struct entry *tail;                 /* its piece on the device, or NULL */
 };
 
@@ -131,6 +152,7 @@ struct run {
     uint32_t next, added;               /* its next command; those put in flights */
     uint64_t ticket;
     struct entry *tail;                 /* its latest command in a flight and not retired, or NULL */
+    struct ls_desc args;                /* the LS_OP_LIST that submitted it: its parameters */
 };
 
 /* A client slot: its ring, doorbell, objects, recordings, counters and cut. */
@@ -214,6 +236,8 @@ struct vk {
     PFN_vkCmdPushConstants CmdPushConstants;
     PFN_vkCmdDispatch CmdDispatch;
     PFN_vkCmdDispatchBase CmdDispatchBase;
+    PFN_vkCmdDispatchIndirect CmdDispatchIndirect;
+    PFN_vkCmdUpdateBuffer CmdUpdateBuffer;
     PFN_vkCmdCopyBuffer CmdCopyBuffer;
     PFN_vkCmdPipelineBarrier CmdPipelineBarrier;
     PFN_vkCmdExecuteCommands CmdExecuteCommands;
@@ -305,12 +329,16 @@ void wait_for_work(ls_engine *e);
 
 /* validate.c */
 int check_desc(ls_engine *e, struct client *c, const struct ls_desc *d, struct object **users, uint32_t *nusers);
+int check_group(ls_engine *e, struct client *c, const struct object *layout, const struct group_entry *entries,
+                uint32_t count, struct object **buffers, uint32_t *bad);
 
 /* recordings.c */
 struct recording *record(ls_engine *e, struct client *c, const struct ls_desc *d, struct object **users,
                          uint32_t nusers, const uint32_t *base, const uint32_t *count);
 struct recording *recording_for(ls_engine *e, struct client *c, const struct ls_desc *d, struct object **users,
                                 uint32_t nusers);
+struct recording *recording_in(ls_engine *e, struct client *c, const struct ls_desc *d, struct object **users,
+                               uint32_t nusers, struct flight *f);
 void forget_recordings(ls_engine *e, struct client *c, const struct object *o);
 void unuse(ls_engine *e, struct recording *r);
 
@@ -341,8 +369,9 @@ void settle_drops(ls_engine *e, uint32_t slot);
 /* lists.c */
 struct object *new_list(const char *commands, uint32_t count);
 int check_list(ls_engine *e, struct client *c, struct object *list, uint32_t *bad);
-void start_run(ls_engine *e, uint32_t slot, struct object *list, uint64_t ticket);
-int run_list(ls_engine *e, uint32_t slot, int64_t budget);
+int check_args(struct client *c, const struct object *list, const struct ls_desc *d);
+void start_run(ls_engine *e, uint32_t slot, struct object *list, const struct ls_desc *d);
+int run_list(ls_engine *e, uint32_t slot, int64_t budget, uint32_t cut_us);
 void end_run(ls_engine *e, uint32_t slot, int32_t status);
 void close_run(ls_engine *e, struct client *c);
 int continue_runs(ls_engine *e);

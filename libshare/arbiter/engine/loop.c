@@ -47,20 +47,23 @@
 /* ------------------------------------------------------------------ drain */
 
 /* Check and record one popped descriptor d of client slot into the open flight (or answer it, a
- * fence or a refusal); a dispatch may begin a cut, an LS_OP_LIST a run (lists.c): 1 then. */
+ * fence (an LS_OP_NOP, or a checked LS_OP_BARRIER: every command before it already ends with one) or a
+ * refusal); a dispatch may begin a cut, an LS_OP_LIST a run (lists.c): 1 then. */
 static int take_one(ls_engine *e, uint32_t slot, const struct ls_desc *d, uint32_t cut_us, int streaming)
 {
     struct client *c = &e->clients[slot];
-    if (d->opcode == LS_OP_NOP && !d->flags) {  /* a fence */
+    struct object *users[MOST_USERS];
+    uint32_t nusers = 0;
+    int status = d->opcode == LS_OP_BARRIER ? check_desc(e, c, d, users, &nusers) : 0;
+    if (!status && (d->opcode == LS_OP_NOP || d->opcode == LS_OP_BARRIER) && !d->flags) {  /* a fence */
         if (!c->last || add_fence(e, c->last, d->ticket))
             answer(e, slot, d->ticket, 0, 0);
         return 0;
     }
-    struct object *users[LS_MAX_BUFFERS + 1];
-    uint32_t nusers = 0;
-    int status = check_desc(e, c, d, users, &nusers);
+    if (!status)
+        status = check_desc(e, c, d, users, &nusers);
     if (!status && d->opcode == LS_OP_LIST) {
-        start_run(e, slot, users[0], d->ticket);
+        start_run(e, slot, users[0], d);
         return 1;
     }
     struct flight *f = status ? NULL : flight_with_room(e);
@@ -70,7 +73,7 @@ static int take_one(ls_engine *e, uint32_t slot, const struct ls_desc *d, uint32
         add_piece(e, slot, 0);
         return 1;
     }
-    struct recording *r = f ? recording_for(e, c, d, users, nusers) : NULL;
+    struct recording *r = f ? recording_in(e, c, d, users, nusers, f) : NULL;
     if (!r) {
         answer(e, slot, d->ticket, status ? status : -LS_EFAULT, 0);
         return 0;
@@ -85,6 +88,7 @@ static int take_one(ls_engine *e, uint32_t slot, const struct ls_desc *d, uint32
     en->groups = d->opcode == LS_OP_DISPATCH ? d->groups[0] * d->groups[1] * d->groups[2] : 0;
     en->piece = 0;
     en->listed = 0;
+    en->indirect = d->opcode == LS_OP_DISPATCH_INDIRECT;
     en->list_status = 0;
     en->nusers = nusers;
     en->fences = NO_FENCE;
@@ -113,7 +117,7 @@ static int take_after(ls_engine *e, uint32_t slot, int64_t budget, uint32_t cut_
     if (busy)
         *busy = slot + 1;               /* as in take(): a crash recording it is this client's */
     int ran = c->run.list != NULL;
-    int n = ran ? run_list(e, slot, budget) : 0;
+    int n = ran ? run_list(e, slot, budget, cut_us) : 0;
     ran = ran && !c->run.list;          /* it ended (and was answered, when it ended early) */
     while (!c->run.list && !c->cut.active && n < budget && c->after_at < c->nafter) {
         n++;
@@ -180,7 +184,7 @@ static int take(ls_engine *e, uint32_t slot, uint32_t limit, uint32_t cut_us)
         int kept = i + 1 < n ? stash_after(c, &e->descs[i + 1], (uint32_t)(n - i - 1)) : 0;  /* they wait for it */
         for (int k = i + 1; kept && k < n; k++)
             answer(e, slot, e->descs[k].ticket, kept, 0);
-        run_list(e, slot, within_room(e, budget - i));  /* its first commands, in this turn */
+        run_list(e, slot, within_room(e, budget - i), cut_us);  /* its first commands, in this turn */
         break;
     }
     if (busy)
@@ -305,13 +309,14 @@ static void shutdown_engine(ls_engine *e)
         if (!e->clients[slot].closing)
             cancel_queued(e, slot, -LS_ECANCELED);
         cancel_after(e, slot, -LS_ECANCELED);
-        if (e->clients[slot].run.list && !e->faulted && !e->device_lost)
-            run_list(e, slot, room(e));  /* it runs: what the flights take */
-        end_run(e, slot, e->faulted || e->device_lost ? -LS_EFAULT : -LS_ECANCELED);
-        if (e->clients[slot].cut.active && (e->faulted || e->device_lost))
+        int gone = e->faulted || e->device_lost;
+        if (e->clients[slot].cut.active && gone)
             end_cut(e, slot, -LS_EFAULT);
         else if (e->clients[slot].cut.active)
-            finish_cut(e, slot);        /* it runs: it gets the time running work gets */
+            finish_cut(e, slot);        /* it runs: it gets the time running work gets (a list's goes on) */
+        if (e->clients[slot].run.list && !gone)
+            run_list(e, slot, room(e), 0);  /* it runs: what the flights take */
+        end_run(e, slot, gone ? -LS_EFAULT : -LS_ECANCELED);
     }
     flush_posts(e);
     submit(e);

@@ -1,5 +1,5 @@
 /*
- * Each client's objects: its programs, buffers, command lists and texel views, by the ids it
+ * Each client's objects: its programs, buffers, command lists, bind groups and texel views, by the ids it
  * chose, in a table of its own.
  *
  * Lifetime. Every command holds a count on the program and buffers it names (hold_objects);

@@ -1,8 +1,8 @@
 /*
  * Recordings. Each client's descriptors are recorded once per distinct content
  * (everything but the ticket): bind, push descriptors (a buffer's range, or a texel view's
- * VkBufferView), push constants, dispatch
- * or copy and one barrier, into a secondary command buffer with
+ * VkBufferView), push constants, dispatch, copy, fill or update, and one barrier, into a secondary
+ * command buffer with
  * SIMULTANEOUS_USE (so several submissions may run it at once), cached by a hash
  * of the content in the client's table of at most CACHE_MAX, least recently used
  * first out (never one still in flight: past CACHE_MAX with all in flight, a
@@ -15,8 +15,48 @@
  * the client) forgets every recording that names the object, before its handle
  * can be destroyed; one still in flight is reused only once it retires.
  *
+ * A dispatch through a bind group (validate.c) has the group's id as its key's only
+ * buffer id, but its recording binds the group's buffers: its objects are every
+ * buffer the group named when it was recorded, the group and the program (the
+ * users check_desc found), so dropping any of them, the group's buffers included,
+ * forgets it. A group's entries never change under its id (a new group is a new
+ * object, and a dropped one forgets its recordings), so a hit binds what the
+ * group names now: the key's ids name the same objects for as long as the
+ * recording lives, through a group as directly.
+ *
  * A piece of a dispatch run in pieces (policy/engine_policy.c, "Pieces") is recorded
  * on its own, uncached, with vkCmdDispatchBase over its slice of the workgroups.
+ *
+ * Fills and updates record vkCmdFillBuffer and vkCmdUpdateBuffer (its bytes are the
+ * descriptor's push[], copied into the recording, so a cached one replays the same bytes).
+ * A barrier records nothing: every recording ends with record_barrier, so the commands of a
+ * list and the descriptors of a session are already ordered and visible as across a barrier.
+ *
+ * Indirect dispatches. An LS_OP_DISPATCH_INDIRECT's group counts are in a client buffer when
+ * it runs, maybe written by the command before it, so they are clamped on the device: its
+ * recording runs the engine's clamp program (shaders/indirect_clamp.comp, one workgroup; its
+ * pipeline is made by the device side and handed over as clamp_pipeline) over the client's
+ * three counts, which writes them, or (0, 0, 0) and a verdict of 1 when one is past the
+ * device's limit (max_groups) or their product past 2^32 - 1 (lavapipe counts workgroups in 32
+ * bits: see check_desc), into a slot of the engine's own; then a barrier (shader write ->
+ * indirect command read), the client's bindings and push constants, vkCmdDispatchIndirect
+ * from that slot, and the usual barrier. The slot is the entry's own: 16 bytes at
+ * SCRATCH_OFFSET + 16 * k of the mapped results buffer of the flight whose entry k runs it
+ * (flights.c), never bound to a client's program (only the clamp program writes it and only
+ * vkCmdDispatchIndirect reads it), and used again only once that flight has retired, so no
+ * client reads, writes or observes another's counts. Since the slot belongs to a flight's
+ * entry, an indirect dispatch's recording is made for that one entry, uncached (as a piece's
+ * is): no two executions of one recording ever share a slot (SIMULTANEOUS_USE never applies
+ * to one), and within the recording the clamp's write comes before the indirect read by its
+ * barrier. (Counts alone would survive a shared slot: there is one queue, and every recording
+ * ends with record_barrier, whose first scope holds the compute stage and the indirect read
+ * before it, so one execution's read ends before the next one's clamp writes. Its verdict
+ * would not: read as the flight retires, a shared slot holds the last execution's, so a
+ * refused dispatch beside an accepted one would answer wrongly; test_indirect.py performs
+ * that.) As the flight retires (retire_head) a verdict of 1 answers the command
+ * LS_EGROUPS, having dispatched nothing; counts of 0 dispatch nothing and succeed (Vulkan's
+ * rule). An indirect dispatch never runs in pieces (its size is unknown when it is recorded:
+ * pieces_for takes only LS_OP_DISPATCH) but runs under the watchdog like any command.
  */
 #include "internal.h"
 
@@ -49,34 +89,44 @@ static void record_barrier(ls_engine *e, VkCommandBuffer cb)
     e->vk.CmdPipelineBarrier(cb, work, work | VK_PIPELINE_STAGE_HOST_BIT, 0, 1, &barrier, 0, NULL, 0, NULL);
 }
 
-/* Record dispatch d; with base, only its groups base..base+count-1 (a piece: engine_policy.c, "Pieces"). */
-static void record_dispatch(ls_engine *e, VkCommandBuffer cb, const struct ls_desc *d, struct object *program,
-                            struct object **buffers, const uint32_t *base, const uint32_t *count)
+/* Bind dispatch d's program, buffers and push constants. buffers[]: the program's bindings, then d's
+ * group when it names one (validate.c). */
+static void record_bindings(ls_engine *e, VkCommandBuffer cb, const struct ls_desc *d, struct object *program,
+                            struct object **buffers)
 {
     e->vk.CmdBindPipeline(cb, VK_PIPELINE_BIND_POINT_COMPUTE, (VkPipeline)program->handle);
-    if (d->nbuffers) {
-        VkDescriptorBufferInfo infos[LS_MAX_BUFFERS];
-        VkBufferView views[LS_MAX_BUFFERS];
-        VkWriteDescriptorSet writes[LS_MAX_BUFFERS];
-        for (uint32_t k = 0; k < d->nbuffers; k++) {  /* the range: to the buffer's end, at most the limit */
-            int uniform = program->uniform_mask >> k & 1;
-            if (program->texel_mask >> k & 1) {   /* a texel buffer: the view, with its own range (validate.c) */
+    uint32_t n = program->bindings;
+    if (n) {
+        const struct group_entry *group = d->flags & LS_DESC_GROUP ? group_entries(buffers[n]) : NULL;
+        VkDescriptorBufferInfo infos[LS_ENGINE_MAX_BINDINGS];
+        VkBufferView views[LS_ENGINE_MAX_BINDINGS];
+        VkWriteDescriptorSet writes[LS_ENGINE_MAX_BINDINGS];
+        uint32_t nwrites = 0;
+        for (uint32_t k = 0; k < n; k++) {  /* the range: the group's, else to the buffer's end, at most the limit */
+            int uniform = program->uniform_mask >> k & 1, texel = program->texel_mask >> k & 1;
+            VkDescriptorType type = texel ? (uniform ? VK_DESCRIPTOR_TYPE_UNIFORM_TEXEL_BUFFER
+                                                     : VK_DESCRIPTOR_TYPE_STORAGE_TEXEL_BUFFER)
+                                          : uniform ? VK_DESCRIPTOR_TYPE_UNIFORM_BUFFER
+                                                    : VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
+            if (texel) {                /* a texel buffer: the view, with its own range (validate.c) */
                 views[k] = (VkBufferView)buffers[k]->handle;
-                writes[k] = (VkWriteDescriptorSet){VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET, NULL, VK_NULL_HANDLE, k, 0, 1,
-                                                   uniform ? VK_DESCRIPTOR_TYPE_UNIFORM_TEXEL_BUFFER
-                                                           : VK_DESCRIPTOR_TYPE_STORAGE_TEXEL_BUFFER, NULL, NULL,
-                                                   &views[k]};
+            } else {
+                uint64_t offset = group ? group[k].offset : d->offset[k];
+                uint64_t range = group && group[k].range ? group[k].range : buffers[k]->size - offset;
+                uint64_t most = uniform ? e->cfg.max_uniform_range : e->cfg.max_storage_range;
+                infos[k] = (VkDescriptorBufferInfo){(VkBuffer)buffers[k]->handle, offset, range < most ? range : most};
+            }
+            if (k && program->array_mask >> k & 1) {   /* the next element of the array: one write for all */
+                writes[nwrites - 1].descriptorCount++;
                 continue;
             }
-            uint64_t range = buffers[k]->size - d->offset[k];
-            uint64_t most = uniform ? e->cfg.max_uniform_range : e->cfg.max_storage_range;
-            infos[k] = (VkDescriptorBufferInfo){(VkBuffer)buffers[k]->handle, d->offset[k], range < most ? range : most};
-            writes[k] = (VkWriteDescriptorSet){VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET, NULL, VK_NULL_HANDLE, k, 0, 1,
-                                               uniform ? VK_DESCRIPTOR_TYPE_UNIFORM_BUFFER
-                                                       : VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, NULL, &infos[k], NULL};
+            writes[nwrites] = (VkWriteDescriptorSet){VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET, NULL, VK_NULL_HANDLE,
+                                                     nwrites, 0, 1, type, NULL, texel ? NULL : &infos[k],
+                                                     texel ? &views[k] : NULL};
+            nwrites++;
         }
         e->vk.CmdPushDescriptorSetKHR(cb, VK_PIPELINE_BIND_POINT_COMPUTE, (VkPipelineLayout)program->layout, 0,
-                                      d->nbuffers, writes);
+                                      nwrites, writes);
     }
     if (program->push_size) {
         /* Every byte the program declares, zeros past the client's own: push constants keep what the last
@@ -86,16 +136,60 @@ static void record_dispatch(ls_engine *e, VkCommandBuffer cb, const struct ls_de
         e->vk.CmdPushConstants(cb, (VkPipelineLayout)program->layout, VK_SHADER_STAGE_COMPUTE_BIT, 0,
                                program->push_size, push);
     }
+}
+
+/* Record dispatch d; with base, only its groups base..base+count-1 (a piece: engine_policy.c, "Pieces"). */
+static void record_dispatch(ls_engine *e, VkCommandBuffer cb, const struct ls_desc *d, struct object *program,
+                            struct object **buffers, const uint32_t *base, const uint32_t *count)
+{
+    record_bindings(e, cb, d, program, buffers);
     if (base)
         e->vk.CmdDispatchBase(cb, base[0], base[1], base[2], count[0], count[1], count[2]);
     else
         e->vk.CmdDispatch(cb, d->groups[0], d->groups[1], d->groups[2]);
 }
 
-static void record_copy(ls_engine *e, VkCommandBuffer cb, const struct ls_desc *d, struct object **buffers)
+/* Record copy, fill or update d (a barrier records nothing: every recording ends with one). */
+static void record_transfer(ls_engine *e, VkCommandBuffer cb, const struct ls_desc *d, struct object **buffers)
 {
-    VkBufferCopy region = {d->offset[0], d->offset[1], d->offset[2]};
-    e->vk.CmdCopyBuffer(cb, (VkBuffer)buffers[0]->handle, (VkBuffer)buffers[1]->handle, 1, &region);
+    VkBuffer first = (VkBuffer)buffers[0]->handle;
+    if (d->opcode == LS_OP_COPY) {
+        VkBufferCopy region = {d->offset[0], d->offset[1], d->offset[2]};
+        e->vk.CmdCopyBuffer(cb, first, (VkBuffer)buffers[1]->handle, 1, &region);
+    } else if (d->opcode == LS_OP_FILL) {
+        uint32_t value;
+        memcpy(&value, d->push, sizeof value);
+        e->vk.CmdFillBuffer(cb, first, d->offset[0], d->offset[1], value);
+    } else if (d->opcode == LS_OP_UPDATE) {
+        e->vk.CmdUpdateBuffer(cb, first, d->offset[0], d->push_size, d->push);
+    }
+}
+
+/* Record the clamp of indirect dispatch d's counts (in buffer counts) into slot k of flight f's results,
+ * and the barrier that makes them the indirect read's ("Indirect dispatches" above). */
+static void record_clamp(ls_engine *e, VkCommandBuffer cb, const struct ls_desc *d, struct object *counts,
+                         const struct flight *f, uint32_t k)
+{
+    uint64_t at = d->groups[1] | (uint64_t)d->groups[2] << 32;
+    uint64_t base = at - at % e->cfg.offset_alignment, range = counts->size - base;
+    VkDescriptorBufferInfo infos[2] = {
+        {(VkBuffer)counts->handle, base, range < e->cfg.max_storage_range ? range : e->cfg.max_storage_range},
+        {f->results, SCRATCH_OFFSET, SCRATCH_SIZE}};
+    VkWriteDescriptorSet writes[2];
+    for (uint32_t b = 0; b < 2; b++)
+        writes[b] = (VkWriteDescriptorSet){VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET, NULL, VK_NULL_HANDLE, b, 0, 1,
+                                           VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, NULL, &infos[b], NULL};
+    uint32_t push[5] = {(uint32_t)((at - base) / 4), k, e->cfg.max_groups[0], e->cfg.max_groups[1],
+                        e->cfg.max_groups[2]};
+    VkPipelineLayout layout = (VkPipelineLayout)e->cfg.clamp_layout;
+    e->vk.CmdBindPipeline(cb, VK_PIPELINE_BIND_POINT_COMPUTE, (VkPipeline)e->cfg.clamp_pipeline);
+    e->vk.CmdPushDescriptorSetKHR(cb, VK_PIPELINE_BIND_POINT_COMPUTE, layout, 0, 2, writes);
+    e->vk.CmdPushConstants(cb, layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, sizeof push, push);
+    e->vk.CmdDispatch(cb, 1, 1, 1);
+    VkMemoryBarrier barrier = {VK_STRUCTURE_TYPE_MEMORY_BARRIER, NULL, VK_ACCESS_SHADER_WRITE_BIT,
+                               VK_ACCESS_INDIRECT_COMMAND_READ_BIT};
+    e->vk.CmdPipelineBarrier(cb, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_PIPELINE_STAGE_DRAW_INDIRECT_BIT, 0, 1,
+                             &barrier, 0, NULL, 0, NULL);
 }
 
 /* The descriptor's content past its ticket, hashed a word at a time. */
@@ -166,9 +260,10 @@ static struct recording *free_recording(ls_engine *e, struct client *c)
 }
 
 /* A new recording, uncached, of checked descriptor d of client c (with base and count, of those groups
- * of the dispatch only); NULL when Vulkan cannot record it. */
-struct recording *record(ls_engine *e, struct client *c, const struct ls_desc *d, struct object **users,
-                         uint32_t nusers, const uint32_t *base, const uint32_t *count)
+ * of the dispatch only; an indirect dispatch's for entry k of flight f); NULL when Vulkan cannot record it. */
+static struct recording *record_in(ls_engine *e, struct client *c, const struct ls_desc *d, struct object **users,
+                                   uint32_t nusers, const uint32_t *base, const uint32_t *count,
+                                   const struct flight *f, uint32_t k)
 {
     struct recording *r = free_recording(e, c);
     if (!r)
@@ -180,10 +275,15 @@ struct recording *record(ls_engine *e, struct client *c, const struct ls_desc *d
         spare_recording(e, r);
         return NULL;
     }
-    if (d->opcode == LS_OP_DISPATCH)
+    if (d->opcode == LS_OP_DISPATCH) {
         record_dispatch(e, r->cb, d, users[nusers - 1], users, base, count);
-    else
-        record_copy(e, r->cb, d, users);
+    } else if (d->opcode == LS_OP_DISPATCH_INDIRECT) {
+        record_clamp(e, r->cb, d, users[nusers - 2], f, k);
+        record_bindings(e, r->cb, d, users[nusers - 1], users);
+        e->vk.CmdDispatchIndirect(r->cb, f->results, SCRATCH_OFFSET + 16 * (uint64_t)k);
+    } else {
+        record_transfer(e, r->cb, d, users);
+    }
     record_barrier(e, r->cb);
     if (e->vk.EndCommandBuffer(r->cb) != VK_SUCCESS) {
         spare_recording(e, r);
@@ -194,6 +294,12 @@ struct recording *record(ls_engine *e, struct client *c, const struct ls_desc *d
     r->nobjects = nusers;
     memcpy(r->objects, users, nusers * sizeof *users);
     return r;
+}
+
+struct recording *record(ls_engine *e, struct client *c, const struct ls_desc *d, struct object **users,
+                         uint32_t nusers, const uint32_t *base, const uint32_t *count)
+{
+    return record_in(e, c, d, users, nusers, base, count, NULL, 0);
 }
 
 /*
@@ -229,4 +335,17 @@ struct recording *recording_for(ls_engine *e, struct client *c, const struct ls_
         c->nrecordings++;
     }
     return r;
+}
+
+/* The recording of checked descriptor d of client c for the next entry of flight f: an indirect dispatch's
+ * own, made for that entry (its counts' slot is the entry's: "Indirect dispatches" above; NULL without
+ * the clamp program or f's mapped results buffer), else recording_for's. */
+struct recording *recording_in(ls_engine *e, struct client *c, const struct ls_desc *d, struct object **users,
+                               uint32_t nusers, struct flight *f)
+{
+    if (d->opcode != LS_OP_DISPATCH_INDIRECT)
+        return recording_for(e, c, d, users, nusers);
+    if (!e->cfg.clamp_pipeline || !f->stamps)
+        return NULL;
+    return record_in(e, c, d, users, nusers, NULL, NULL, f, f->count);
 }

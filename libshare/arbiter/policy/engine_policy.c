@@ -91,7 +91,11 @@
  * watchdog bounds) is the least a realtime dispatch may wait. The cut holds the
  * dispatch's objects until its last piece is in a flight; each piece's entry
  * holds them too, and only the last answers, with the device time of all (and
- * the first failure among them: book_piece). A client closed or dropped mid-cut: the
+ * the first failure among them: book_piece). A command of a list is cut the same way
+ * (run_list, engine/lists.c): its pieces answer into the list (each an entry of the list, its
+ * device time and failure booked by book_list; the list's next command waits for its last
+ * piece), and the end of such a cut is the end of its list (end_cut hands it to end_run).
+ * A client closed or dropped mid-cut: the
  * rest never runs, and the ticket is answered (LS_ECANCELED, or the close's reason)
  * as the piece on the device retires; a hand-over (LS_EMOVED) runs the rest piece by
  * piece (continue_cuts: what runs is finished, and the retiring arbiter waits for it); a stop
@@ -260,7 +264,20 @@ int add_piece(ls_engine *e, uint32_t slot, int rest)
                          .piece = last ? LAST_PIECE : PIECE, .nusers = k->nusers, .fences = NO_FENCE};
     hold_objects(en->users, k->users, k->nusers);
     c->stats.pieces++;
-    if (en->piece == LAST_PIECE) {
+    if (k->listed) {                    /* a list's command: its pieces answer into the list (lists.c) */
+        int ends = last && c->run.next == c->run.list->count;
+        en->listed = ends ? LIST_LAST : LIST_COMMAND;
+        c->run.added++;
+        c->run.tail = ends ? NULL : en;
+        if (last)
+            close_cut(e, c);
+        else
+            k->tail = en;
+        if (ends) {
+            c->last = en;
+            close_run(e, c);
+        }
+    } else if (en->piece == LAST_PIECE) {
         c->last = en;                   /* fences popped after it wait for it */
         close_cut(e, c);
     } else {
@@ -287,6 +304,10 @@ void end_cut(ls_engine *e, uint32_t slot, int32_t status)
     struct client *c = &e->clients[slot];
     if (!c->cut.active)
         return;
+    if (c->cut.listed) {                /* a list's command: the list ends with it */
+        end_run(e, slot, status);
+        return;
+    }
     if (!c->cut_status)
         c->cut_status = status;
     if (c->cut.tail) {

@@ -15,7 +15,9 @@ reaches ``vkCreateShaderModule`` only after all of these, cheapest first:
    buffers needs. ``PhysicalStorageBufferAddresses`` (pointers made from integers) is
    the one that matters most.
 3. **Device limits**: workgroup size and invocations, shared memory, push-constant
-   bytes, and a ceiling on per-invocation private memory (on lavapipe it lives on the
+   bytes, the buffers it binds (at most :func:`most_bindings`: the device's push-descriptor
+   and per-stage limits and the engine's ``LS_ENGINE_MAX_BINDINGS``, 32; a program with more
+   than a descriptor's 8 is dispatched through a bind group), and a ceiling on per-invocation private memory (on lavapipe it lives on the
    stack of the arbiter thread that runs the kernel); and **device features**
    (``capabilities.py``): a SPIR-V version the device runs, and for every capability the
    module declares, a feature the device was created with (``Float16``: ``shaderFloat16``); and for
@@ -46,8 +48,8 @@ import threading
 from libshare.arbiter.programs.capabilities import check_device_features, target_env
 from libshare.arbiter.programs.spirv import ShaderInterface, reflect
 from libshare.errors import InvalidSubmission, VulkanUnavailable
+from libshare.arbiter.engine.binding import MOST_BINDINGS
 from libshare.protocol.texels import TEXEL_STORAGE, TEXEL_UNIFORM
-from libshare.ring import C
 
 __all__ = ["MAX_MODULE_BYTES", "MAX_PRIVATE_BYTES", "admit", "check_texel_formats", "validator_path"]
 
@@ -117,10 +119,32 @@ def check_device_limits(interface: ShaderInterface, device) -> None:
     if interface.push_constant_size > device.max_push_constants_size:
         raise InvalidSubmission(f"program declares {interface.push_constant_size} bytes of push constants; "
                                 f"the device allows {device.max_push_constants_size}")
-    if len(interface.bindings) > C.MAX_BUFFERS:
-        raise InvalidSubmission(f"program declares {len(interface.bindings)} buffers (at (set, binding) "
-                                f"{', '.join(map(str, interface.resources))}); a dispatch binds at most "
-                                f"{C.MAX_BUFFERS}")
+    check_binding_limits(interface, device.binding_limits)
+
+
+def check_binding_limits(interface: ShaderInterface, limits: dict[str, int]) -> None:
+    """Refuse a kernel that binds more buffers than :func:`most_bindings` allows, naming the count and the
+    limit (a program with more than ring.h's LS_MAX_BUFFERS is dispatched through a bind group)."""
+    texel = {k for k, _ in interface.texel}   # (texel buffers count against the device's image limits)
+    total, uniform = len(interface.bindings), len(interface.uniform - texel)
+    counts = {"buffers": (total, most_bindings(limits)),
+              "storage buffers": (total - uniform - len(texel), limits["per-stage storage buffers"]),
+              "uniform buffers": (uniform, limits["per-stage uniform buffers"])}
+    for what, (count, limit) in counts.items():
+        if count > limit:
+            raise InvalidSubmission(f"program declares {count} {what} (at (set, binding) "
+                                    f"{', '.join(map(str, interface.resources))}); a kernel binds at most {limit} "
+                                    f"here ({_limits_text(limits)}, libshare's {MOST_BINDINGS})")
+
+
+def most_bindings(limits: dict[str, int]) -> int:
+    """The most buffers a program binds on a device with these ``binding_limits``: the least of its
+    push-descriptor and per-stage resource limits and the engine's LS_ENGINE_MAX_BINDINGS."""
+    return min(limits["push descriptors"], limits["per-stage resources"], MOST_BINDINGS)
+
+
+def _limits_text(limits: dict[str, int]) -> str:
+    return ", ".join(f"{name} {value}" for name, value in limits.items())
 
 
 def check_texel_formats(interface: ShaderInterface, device) -> None:
@@ -129,10 +153,20 @@ def check_texel_formats(interface: ShaderInterface, device) -> None:
         uniform = binding in interface.uniform
         use = TEXEL_UNIFORM if uniform else TEXEL_STORAGE
         if not any(device.texel_formats.get(name, 0) & use for name in formats):
-            place = interface.resources[binding]
+            place = interface.resources[_resource_of(interface.arrays, binding)]
             raise InvalidSubmission(f"the {'uniform' if uniform else 'storage'} texel buffer at (set, binding) "
                                     f"{place} takes views of format {' or '.join(formats)}, which {device.name} "
                                     f"does not support in a {'uniform' if uniform else 'storage'} texel buffer")
+
+
+def _resource_of(arrays: tuple[int, ...], binding: int) -> int:
+    """The index into a ShaderInterface's resources of its buffer ``binding`` (arrays of buffers take several)."""
+    first = 0
+    for k, count in enumerate(arrays):
+        if binding < first + count:
+            return k
+        first += count
+    return binding
 
 
 def validator_path() -> str:

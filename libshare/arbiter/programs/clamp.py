@@ -11,7 +11,13 @@ unsigned, so a negative index clamps too), computed just before the access. A ke
 indexes out of bounds then computes nonsense in its own buffers, and nothing else.
 
 Buffers are left to ``robustBufferAccess``: clamping there would turn a dropped out-of-bounds
-write into a write of the buffer's last element. Pointer access chains
+write into a write of the buffer's last element. Not the choice of a buffer: an index into an
+array of buffers (``b[i].x[j]``, an access chain whose base points to an array of ``Block`` or
+``BufferBlock`` structs in ``Uniform`` or ``StorageBuffer`` memory) picks a descriptor, and
+``robustBufferAccess`` bounds an access through a descriptor, not the choice of one: past the
+array, a driver reads whatever lies beside the pushed descriptors (another binding, or memory
+that holds no descriptor of this kernel). So that first index is clamped like a shared array's,
+and the indices after it, inside the buffer, are left to ``robustBufferAccess``. Pointer access chains
 (``OpPtrAccessChain``) into such memory need variable pointers, which the whitelist refuses;
 one found here is refused too. To know an index's integer type the pass needs, for every
 instruction, whether its first operand is a result type: :data:`_RESULT_TYPED`, the opcodes
@@ -49,6 +55,8 @@ _OP_TYPE_INT, _OP_TYPE_VECTOR, _OP_TYPE_MATRIX, _OP_TYPE_ARRAY, _OP_TYPE_STRUCT 
 _OP_TYPE_POINTER, _OP_CONSTANT = 32, 43
 _OP_ACCESS_CHAIN, _OP_IN_BOUNDS_ACCESS_CHAIN, _OP_PTR_ACCESS_CHAIN, _OP_IN_BOUNDS_PTR_ACCESS_CHAIN = 65, 66, 67, 70
 _CLAMPED_CLASSES = {4: "Workgroup", 6: "Private", 7: "Function"}
+_BUFFER_CLASSES = (2, 12)  # Uniform, StorageBuffer
+_OP_DECORATE, _DEC_BLOCK, _DEC_BUFFER_BLOCK = 71, 2, 3
 _GLSL_UMIN = 38
 _GLSL = "GLSL.std.450"
 
@@ -69,6 +77,7 @@ class _Clamper:
         self.types: dict[int, tuple[int, tuple[int, ...]]] = {}
         self.constants: dict[int, tuple[int, ...]] = {}  # id -> OpConstant operands
         self.type_of: dict[int, int] = {}
+        self.blocks: set[int] = set()  # the struct types decorated Block or BufferBlock
         self.glsl: int | None = None  # the GLSL.std.450 import the module has
         self.new_glsl: int | None = None  # ... or the one this pass adds
         for opcode, ops in self.instructions:
@@ -79,6 +88,8 @@ class _Clamper:
                 self.glsl = ops[0]
             if opcode == _OP_CONSTANT:
                 self.constants[ops[1]] = ops
+            if opcode == _OP_DECORATE and len(ops) >= 2 and ops[1] in (_DEC_BLOCK, _DEC_BUFFER_BLOCK):
+                self.blocks.add(ops[0])
             if opcode in _RESULT_TYPED and len(ops) >= 2:
                 self.type_of[ops[1]] = ops[0]
         self.new_constants: list[tuple[int, tuple[int, ...]]] = []
@@ -93,6 +104,10 @@ class _Clamper:
                 ops = self._clamp_chain(ops, body)
             elif opcode in (_OP_PTR_ACCESS_CHAIN, _OP_IN_BOUNDS_PTR_ACCESS_CHAIN) and self._clamped_class(ops[2]):
                 raise InvalidSubmission("a pointer access chain into shared or private memory is not allowed")
+            elif opcode in (_OP_ACCESS_CHAIN, _OP_IN_BOUNDS_ACCESS_CHAIN) and len(ops) > 3:
+                length = self._buffers_length(ops[2])
+                if length is not None:  # the choice of a buffer in an array of them: clamped
+                    ops = (*ops[:3], self._clamp(ops[3], length, body), *ops[4:])
             body.append((opcode, ops))
         if not self.clamps:
             return _pack(self.header, self.instructions)
@@ -115,6 +130,17 @@ class _Clamper:
         """Whether the pointer ``base`` points into Workgroup, Private or Function memory."""
         pointer = self.types.get(self.type_of.get(base, -1))
         return pointer is not None and pointer[0] == _OP_TYPE_POINTER and pointer[1][1] in _CLAMPED_CLASSES
+
+    def _buffers_length(self, base: int) -> int | None:
+        """The length of the array of buffers that the pointer ``base`` points to, or None when it points to
+        anything else."""
+        pointer = self.types.get(self.type_of.get(base, -1))
+        if pointer is None or pointer[0] != _OP_TYPE_POINTER or pointer[1][1] not in _BUFFER_CLASSES:
+            return None
+        array = self.types.get(pointer[1][2])
+        if array is None or array[0] != _OP_TYPE_ARRAY or array[1][1] not in self.blocks:
+            return None
+        return self._constant_value(array[1][2])
 
     def _clamp_chain(self, ops: tuple[int, ...], body: list) -> tuple[int, ...]:
         """An access chain's operands with each out-of-range-able index replaced by its clamp,

@@ -24,9 +24,13 @@ variables (typed views) on one binding allowed when they agree on its kind. A pr
 are its distinct (set, binding) pairs in that order: the client passes one buffer (or, at a texel
 buffer, one texel view: arbiter/serve/views.py) for each, and :func:`bound_in_set_zero` renumbers
 them 0..N-1 in set 0 before a driver sees the module, so that one push-descriptor set binds them
-all (:func:`uniform_buffers` and :func:`texel_buffers` say each binding's kind). Images of any
-other dimension, samplers and arrays of descriptors are refused: the arbiter binds buffers and
-views of buffers only.
+all (:func:`buffer_layout` says each binding's kind). A binding declared as a fixed-size array of
+blocks (``layout(binding=0) buffer B { float x[]; } b[4];``) takes that many buffers, one after the
+other in the client's list (its descriptors' count: :func:`buffer_layout`); an index into such an
+array is clamped to its length (programs/clamp.py), so no kernel reaches a descriptor past it.
+Runtime-sized arrays of blocks (``b[]``, descriptor indexing), arrays of arrays of blocks, arrays of
+texel buffers, images of any other dimension and samplers are refused: the arbiter binds buffers
+and views of buffers only, each one the client named.
 
 What a module may use (the whitelist)
 -------------------------------------
@@ -78,10 +82,10 @@ from typing import Iterator
 
 from libshare.arbiter.programs.capabilities import capability_name
 from libshare.errors import InvalidSubmission
-from libshare.protocol.texels import TEXEL_FORMATS
+from libshare.arbiter.programs.texel_kinds import texel_kind
 
-__all__ = ["ALLOWED_CAPABILITIES", "ALLOWED_EXTENSIONS", "ShaderInterface", "bound_in_set_zero", "reflect",
-           "texel_buffers", "uniform_buffers", "zero_initialized"]
+__all__ = ["ALLOWED_CAPABILITIES", "ALLOWED_EXTENSIONS", "ShaderInterface", "bound_in_set_zero", "buffer_layout",
+           "reflect", "zero_initialized"]
 
 _MAGIC = 0x07230203
 _MAGIC_SWAPPED = 0x03022307  # the magic number read in the wrong byte order
@@ -125,9 +129,6 @@ _BUILTIN_NUM_WORKGROUPS, _BUILTIN_WORKGROUP_SIZE = 24, 25
 _SC_UNIFORM_CONSTANT, _SC_UNIFORM, _SC_PUSH_CONSTANT, _SC_STORAGE_BUFFER = 0, 2, 9, 12
 _SC_INPUT, _SC_WORKGROUP, _SC_PRIVATE, _SC_FUNCTION = 1, 4, 6, 7
 _BUFFER_CLASSES = (_SC_UNIFORM_CONSTANT, _SC_UNIFORM, _SC_STORAGE_BUFFER)  # the classes of bound resources
-_DIM_BUFFER = 5
-_IMAGE_FORMAT_NAMES = {0: "Unknown", 1: "Rgba32f", 2: "Rgba16f", 3: "R32f", 4: "Rgba8", 5: "Rgba8Snorm", 6: "Rg32f",
-                       9: "R16f", 21: "Rgba32i", 23: "Rgba8i", 24: "R32i", 30: "Rgba32ui", 32: "Rgba8ui", 33: "R32ui"}
 
 ALLOWED_CAPABILITIES = {number: capability_name(number) for number in (
     0, 1, 9, 10, 11, 12, 22, 39,  # Matrix, Shader, Float16, Float64, Int64, Int64Atomics, Int16, Int8
@@ -172,8 +173,8 @@ class ShaderInterface:
     local_size: tuple[int, int, int]
     """Workgroup size (x, y, z)."""
     bindings: tuple[int, ...]
-    """The binding numbers the pipeline sees: 0..N-1 in set 0, one per buffer the client passes
-    (:func:`bound_in_set_zero`)."""
+    """The buffers the client passes, 0..N-1: one per binding, or per element of an array of buffers
+    (the binding numbers the pipeline sees are those of :func:`bound_in_set_zero`, see :attr:`arrays`)."""
     push_constant_size: int
     """Bytes of the push-constant block up to the end of its last member, rounded up to whole words;
     0 when none."""
@@ -185,9 +186,11 @@ class ShaderInterface:
     """Whether it reads the ``NumWorkgroups`` built-in: its dispatches then never run in pieces, each of
     which would see its own count (policy/engine_policy.c, "Pieces")."""
     resources: tuple[tuple[int, int], ...] = ()
-    """The module's own (descriptor set, binding) of each buffer, in the order of :attr:`bindings`."""
+    """The module's own (descriptor set, binding) of each binding, in the order of :attr:`bindings`."""
     uniform: frozenset[int] = frozenset()
     """Which of :attr:`bindings` are uniform buffers or uniform texel buffers (the others are storage ones)."""
+    arrays: tuple[int, ...] = ()
+    """The buffers each of :attr:`resources` takes: 1, or the length of its array of buffers."""
     texel: tuple[tuple[int, tuple[str, ...]], ...] = ()
     """The texel buffers among :attr:`bindings`: (binding, the view formats it reads or writes,
     libshare.protocol.texels names), in binding order."""
@@ -207,13 +210,15 @@ def reflect(spirv: bytes) -> ShaderInterface:
     module.check_whitelist()
     entry_id, name = module.entry_point()
     resources = module.resources()
+    counts, uniform, texel = _layout(resources)
     return ShaderInterface(
         entry_point=name,
         local_size=module.local_size(entry_id),
-        bindings=tuple(range(len(resources))),
-        resources=tuple(place for place, _ in resources),
-        uniform=frozenset(k for k, (_, (uniform, _)) in enumerate(resources) if uniform),
-        texel=tuple((k, formats) for k, (_, (_, formats)) in enumerate(resources) if formats is not None),
+        bindings=tuple(range(sum(counts))),
+        resources=tuple(place for place, _, _, _ in resources),
+        uniform=uniform,
+        arrays=counts,
+        texel=tuple(sorted(texel.items())),
         push_constant_size=module.push_constant_size(),
         workgroup_bytes=module.variable_bytes((_SC_WORKGROUP,)),
         private_bytes=module.variable_bytes((_SC_PRIVATE, _SC_FUNCTION)),
@@ -267,7 +272,7 @@ def bound_in_set_zero(spirv: bytes) -> bytes:
     sharing it. Little-endian words; the module itself when it is so numbered already."""
     words = _words(bytes(spirv))
     module = _Module(words)
-    places = [place for place, _ in module.resources()]
+    places = [place for place, _, _, _ in module.resources()]
     if places == [(0, k) for k in range(len(places))]:
         return bytes(spirv) if spirv[:4] == b"\x03\x02\x23\x07" else struct.pack(f"<{len(words)}I", *words)
     number = {place: k for k, place in enumerate(places)}
@@ -280,16 +285,24 @@ def bound_in_set_zero(spirv: bytes) -> bytes:
     return struct.pack(f"<{len(out)}I", *out)
 
 
-def uniform_buffers(spirv: bytes) -> frozenset[int]:
-    """Which buffers of ``spirv`` (0..N-1, in (set, binding) order) are uniform buffers or uniform texel buffers."""
-    resources = _Module(_words(bytes(spirv))).resources()
-    return frozenset(k for k, (_, (uniform, _)) in enumerate(resources) if uniform)
+def buffer_layout(spirv: bytes) -> tuple[tuple[int, ...], frozenset[int], dict[int, tuple[str, ...]]]:
+    """The descriptors' count of each binding of ``spirv`` in (set, binding) order (1, or an array of
+    buffers' length), which of its buffers (0..N-1, an array's elements one after the other) are
+    uniform buffers or uniform texel buffers, and which are texel buffers: buffer -> the view formats
+    it takes (libshare.protocol.texels names)."""
+    return _layout(_Module(_words(bytes(spirv))).resources())
 
 
-def texel_buffers(spirv: bytes) -> dict[int, tuple[str, ...]]:
-    """The texel buffers of ``spirv`` (0..N-1, in (set, binding) order): binding -> the view formats it takes."""
-    resources = _Module(_words(bytes(spirv))).resources()
-    return {k: formats for k, (_, (_, formats)) in enumerate(resources) if formats is not None}
+def _layout(resources: list) -> tuple[tuple[int, ...], frozenset[int], dict[int, tuple[str, ...]]]:
+    counts = tuple(count for _, _, count, _ in resources)
+    uniform, texel, first = set(), {}, 0
+    for (_, is_uniform, count, formats) in resources:
+        if is_uniform:
+            uniform.update(range(first, first + count))
+        if formats is not None:
+            texel.update((k, formats) for k in range(first, first + count))
+        first += count
+    return counts, frozenset(uniform), texel
 
 
 def _invalid(message: str) -> InvalidSubmission:
@@ -484,11 +497,12 @@ class _Module:
             raise _invalid(f"local size {sizes} has a zero dimension")
         return x, y, z
 
-    def resources(self) -> list[tuple[tuple[int, int], tuple[bool, tuple[str, ...] | None]]]:
-        """Each distinct (set, binding) of the module's buffers, sorted, with its kind: (whether it is
-        uniform, None for a buffer or the view formats of a texel buffer); raises on any other
-        resource, and on a binding whose views disagree on its kind."""
-        found: dict[tuple[int, int], tuple[bool, tuple[str, ...] | None]] = {}
+    def resources(self) -> list[tuple[tuple[int, int], bool, int, tuple[str, ...] | None]]:
+        """Each distinct (set, binding) of the module's buffers, sorted, with its kind: whether it is
+        uniform, how many buffers it takes (an array of buffers' length, else 1), and None for a buffer
+        or the view formats of a texel buffer; raises on any other resource, and on a binding whose
+        views disagree on its kind or length."""
+        found: dict[tuple[int, int], tuple[bool, int, tuple[str, ...] | None]] = {}
         for pointer, var, storage in self.variables:
             if storage in _BUFFER_CLASSES:
                 kind = self._buffer_kind(pointer, storage)
@@ -496,7 +510,7 @@ class _Module:
                 if found.setdefault(place, kind) != kind:
                     raise _invalid(f"binding {place[1]} of set {place[0]} is declared as two kinds of resource "
                                    f"({_kind_name(found[place])} and {_kind_name(kind)})")
-        return sorted(found.items())
+        return sorted((place, *kind) for place, kind in found.items())
 
     def push_constant_size(self) -> int:
         """Byte size of the push-constant block, 0 when there is none."""
@@ -506,53 +520,31 @@ class _Module:
         size = self._size(self._pointee(blocks[0]), {}, 0) if blocks else 0
         return (size + 3) & ~3  # a push-constant range is whole words (a block of one int8_t: 4 bytes)
 
-    def _buffer_kind(self, pointer: int, storage: int) -> tuple[bool, tuple[str, ...] | None]:
-        """(uniform, None) for a buffer, (uniform, its view formats) for a texel buffer; raises on any
-        other resource."""
-        pointee = self._pointee(pointer)
+    def _buffer_kind(self, pointer: int, storage: int) -> tuple[bool, int, tuple[str, ...] | None]:
+        """(True for a uniform buffer or texel buffer; how many: an array of buffers' length, else 1; None
+        for a buffer, or a texel buffer's view formats); raises on any other resource."""
         if storage == _SC_UNIFORM_CONSTANT:
-            return self._texel_kind(pointee)
+            return texel_kind(self._type, self._pointee(pointer))
+        pointee, count = self._pointee(pointer), 1
+        kind, ops = self._type(pointee)
+        if kind == _OP_TYPE_RUNTIME_ARRAY:
+            raise InvalidSubmission("runtime-sized arrays of buffers (b[], descriptor indexing) are not supported: "
+                                    "declare an array of a fixed length (b[4]) or one buffer per binding")
+        if kind == _OP_TYPE_ARRAY:
+            pointee, count = ops[1], self._scalar(ops[2])
+            if count < 1:
+                raise _invalid(f"array of buffers %{ops[0]} has length {count}")
         if self._type(pointee)[0] != _OP_TYPE_STRUCT:
-            raise InvalidSubmission("arrays of buffers are not supported: declare one buffer per binding")
+            raise InvalidSubmission("arrays of arrays of buffers are not supported: declare one array of buffers "
+                                    "(b[4]) or one buffer per binding")
         decorations = self.decorations.get(pointee, {})
         if storage == _SC_STORAGE_BUFFER and _DEC_BLOCK in decorations:
-            return False, None
+            return False, count, None
         if storage == _SC_UNIFORM and _DEC_BUFFER_BLOCK in decorations:
-            return False, None
+            return False, count, None
         if storage == _SC_UNIFORM and _DEC_BLOCK in decorations:
-            return True, None
+            return True, count, None
         raise _invalid(f"buffer type %{pointee} has neither a Block nor a BufferBlock decoration")
-
-    def _texel_kind(self, type_id: int) -> tuple[bool, tuple[str, ...]]:
-        """(uniform, the view formats it takes) of a texel buffer: an image of Dim Buffer, alone or with a
-        sampler (``samplerBuffer``); raises, naming it, on any other image, a sampler or an array of them."""
-        kind, ops = self._type(type_id)
-        if kind == _OP_TYPE_SAMPLED_IMAGE:
-            kind, ops = self._type(ops[1])
-        if kind in (_OP_TYPE_ARRAY, _OP_TYPE_RUNTIME_ARRAY):
-            raise InvalidSubmission("arrays of texel buffers are not supported: declare one per binding")
-        if kind != _OP_TYPE_IMAGE or ops[2] != _DIM_BUFFER:
-            raise InvalidSubmission("storage images, sampled images and samplers are not supported: libshare binds "
-                                    "buffers only, and images only over buffers (imageBuffer, samplerBuffer)")
-        sampled, image_format = ops[6], ops[7]
-        scalar, texel = self._type(ops[1])
-        if scalar not in (_OP_TYPE_FLOAT, _OP_TYPE_INT) or texel[1] != 32:
-            raise InvalidSubmission(f"a texel buffer's sampled type %{ops[1]} is not a 32-bit float or integer")
-        numeric = "float" if scalar == _OP_TYPE_FLOAT else "sint" if texel[2] else "uint"
-        if sampled == 1:  # a uniform texel buffer: any format of its numeric class (texelFetch converts)
-            return True, tuple(name for name, f in TEXEL_FORMATS.items() if f.numeric == numeric)
-        if sampled != 2:
-            raise _invalid(f"texel buffer type %{type_id} has Sampled {sampled} (1 or 2 for a Vulkan texel buffer)")
-        named = _IMAGE_FORMAT_NAMES.get(image_format, f"number {image_format}")
-        if image_format == 0:
-            raise InvalidSubmission("a storage texel buffer of format Unknown is not supported: declare its format "
-                                    "(layout(r32f) uniform imageBuffer)")
-        formats = tuple(name for name, f in TEXEL_FORMATS.items()
-                        if f.spirv_format == image_format and f.numeric == numeric)
-        if not formats:
-            raise InvalidSubmission(f"a storage texel buffer of format {named} is not supported: libshare views "
-                                    f"{', '.join(TEXEL_FORMATS)}")
-        return False, formats
 
     def place(self, var: int) -> tuple[int, int]:
         """A resource variable's (descriptor set, binding)."""
@@ -635,9 +627,10 @@ class _Module:
         return end
 
 
-def _kind_name(kind: tuple[bool, tuple[str, ...] | None]) -> str:
+def _kind_name(kind: tuple[bool, int, tuple[str, ...] | None]) -> str:
     """A binding's kind in words, for a refusal."""
-    return f"{'a uniform' if kind[0] else 'a storage'} {'buffer' if kind[1] is None else 'texel buffer'}"
+    what = f"{'a uniform' if kind[0] else 'a storage'} {'buffer' if kind[2] is None else 'texel buffer'}"
+    return what if kind[1] == 1 else f"an array of {kind[1]} of {what[2:]}s"
 
 
 def _first(decorations: dict[int, tuple[int, ...]], decoration: int, what: str) -> int:

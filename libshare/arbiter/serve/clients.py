@@ -14,11 +14,13 @@ from collections import Counter
 from dataclasses import dataclass, field, fields
 
 from libshare.protocol.wire import trusted_uid
-from libshare.errors import InvalidSubmission
+from libshare.errors import InvalidSubmission, QuotaExceeded
 from libshare.ring import Region
 from libshare.ring._region import SharedMapping
 from libshare.arbiter.device import DeviceBuffer, DeviceView
 from libshare.arbiter.device import Pipeline
+
+MOST_ID = (1 << 31) - 1  # the highest object id: a list's buffer id LS_LIST_ARG | k is a parameter (lists.c)
 
 
 @dataclass
@@ -117,6 +119,17 @@ class ListRecord:
 
 
 @dataclass
+class GroupRecord:
+    """One bind group of one client: for the layout of program ``program``, (buffer id, offset, range: 0 to
+    its end) per binding; the engine holds the same entries and checks them (engine/validate.c)."""
+
+    id: int
+    program: int
+    entries: tuple[tuple[int, int, int], ...]
+    freed: bool = False
+
+
+@dataclass
 class ProgramRecord:
     """One loaded program of one client."""
 
@@ -178,6 +191,7 @@ class Client:
     programs: dict[int, ProgramRecord] = field(default_factory=dict)
     lists: dict[int, ListRecord] = field(default_factory=dict)
     views: dict[int, ViewRecord] = field(default_factory=dict)
+    groups: dict[int, GroupRecord] = field(default_factory=dict)
     releasing: Counter = field(default_factory=Counter)  # freed and not yet destroyed, by record type:
     # they wait for their last use (LS_EV_RELEASED), and the client's limits count them (held)
     counters: Counters = field(default_factory=Counters)
@@ -200,17 +214,26 @@ class Client:
         (a free waits for them), past its count limits, where its memory was counted all along."""
         return len(self.buffers if kind is BufferRecord else self.programs) + self.releasing[kind]
 
+    def records(self) -> list:
+        """Every texel view, buffer, program, command list and bind group it holds (its views before the
+        buffers they hold)."""
+        return [*self.views.values(), *self.buffers.values(), *self.programs.values(), *self.lists.values(),
+                *self.groups.values()]
+
     def describe(self) -> str:
         """"client 3 (name, pid 1234)" for logs and errors."""
         return f"client {self.id} ({self.name}, pid {self.pid})"
 
     def new_id(self, wanted: int | None = None) -> int:
-        """A fresh buffer or program id (never reused within this client): the next one, or
-        ``wanted`` (a session that reattaches keeps its ids) if this client never had it here."""
+        """A fresh buffer, program or list id (never reused within this client): the next one, or
+        ``wanted`` (a session that reattaches keeps its ids) if this client never had it here. Every
+        id is below 2^31: a command list's buffer id with the high bit set is a parameter (LS_LIST_ARG)."""
         if wanted is None:
             wanted = self.next_id
         elif wanted < self.next_id:
             raise InvalidSubmission(f"id {wanted} was given out already; a kept id must be above {self.next_id - 1}")
+        if wanted > MOST_ID:
+            raise QuotaExceeded(f"this session has used all {MOST_ID} object ids; open a new session")
         self.next_id = wanted + 1
         return wanted
 

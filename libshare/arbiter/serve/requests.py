@@ -20,17 +20,26 @@ and identified by the quarantine is that specialized one, and no driver is ever 
 
 Command lists. ``load_list`` carries a list's commands as its payload: whole descriptors (``struct
 ls_desc``, 256 bytes each, their tickets ignored), 1 to ``LS_ENGINE_MAX_LIST``, each a dispatch or a
-copy that the engine checks as it checks a popped descriptor (engine/lists.c), at most
-:data:`LISTS_PER_CLIENT` lists a client. ``free`` forgets one by ``list_id``.
+copy that the engine checks as it checks a popped descriptor (engine/lists.c; one with parameters,
+``LS_LIST_ARG | k`` buffers or ``LS_DESC_SUBMISSION_PUSH``, as far as it can be before a submission
+gives them), at most :data:`LISTS_PER_CLIENT` lists a client. ``free`` forgets one by ``list_id``.
 
 Texel views. ``view`` makes a texel view of one of the client's buffers (serve/views.py: its
 fields, checks and limits); ``free`` forgets one by ``view_id``, and freeing a buffer frees its views.
 
-Reattaching. A session whose arbiter died hands the new one what it kept: ``import`` (one
+Bind groups. ``bind_group`` names a program (``program_id``: its layout) and, per binding, a buffer,
+an offset and a range (``buffers``: ``[[buffer_id, offset, range], ...]``, range 0: to the buffer's
+end; :func:`entries_rule`), at most ``LS_ENGINE_MAX_BINDINGS``; at a texel binding the entry names a
+texel view, offset and range 0; the engine checks each entry as a dispatch checks a buffer or view
+(engine/validate.c) and keeps them as a group object, which a dispatch names by id (``LS_DESC_GROUP``).
+At most :data:`GROUPS_PER_CLIENT` a client; ``free`` forgets one by ``group_id``.
+
+Reattaching. A session whose arbiter died hands the new one what it kept (its bind groups through ``bind_group`` with their ``id``): ``import`` (one
 descriptor: a shared buffer's memfd, checked by ``check_sealed_memfd`` to be a memfd of the
 size it says, writable, sealed against shrinking, growing and new seals, so that mapping it
 can never fault; counted against the client's limits like an alloc) and ``load_program``,
-each with the ``id`` it had (Client.new_id takes one only above every id it gave out).
+each with the ``id`` it had (Client.new_id takes one only above every id it gave out, and none
+past 2^31 - 1: a list's buffer id with the high bit is a parameter).
 
 Memory a client receives is its own and nothing else: a shared buffer is a fresh memfd (its
 pages start as zeros), sealed against resizing before it is sent, so that a client cannot
@@ -52,14 +61,14 @@ import socket
 from libshare.errors import InvalidSubmission, LibshareError, ProtocolError, QuotaExceeded, ServerNotReady
 from libshare.protocol import wire as protocol
 from libshare.ring._region import SharedMapping, check_sealed_memfd, sealed_memfd
-from libshare.arbiter.engine.binding import MOST_COMMANDS
-from libshare.arbiter.serve.clients import BufferRecord, Client, ListRecord, ProgramRecord, SharedMemory
+from libshare.arbiter.engine.binding import MOST_BINDINGS, MOST_COMMANDS
+from libshare.arbiter.serve.clients import BufferRecord, Client, GroupRecord, ListRecord, ProgramRecord, SharedMemory
 from libshare.arbiter.serve.views import VIEW_FIELDS, make_view
 from libshare.arbiter.programs.loading import check_program_quota
 from libshare.arbiter.programs.specialize import constants_rule
 from libshare.arbiter.drain.quarantine import COMPILE
 
-__all__ = ["LISTS_PER_CLIENT", "REQUESTS", "Requests", "reply_error", "SCARCE"]
+__all__ = ["GROUPS_PER_CLIENT", "LISTS_PER_CLIENT", "REQUESTS", "entries_rule", "Requests", "reply_error", "SCARCE"]
 
 log = logging.getLogger("libshare.arbiter")
 
@@ -69,9 +78,24 @@ SCARCE = (errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS)  # out of des
 _ID = protocol.integer(0, (1 << 63) - 1)
 _KEPT_ID = protocol.integer(1, (1 << 31) - 1)  # an id a reattaching session asks to keep (Client.new_id)
 _DESC_SIZE = 256  # struct ls_desc (ring.h; the engine's ls_engine_put_list reads whole ones)
-_FREED = {"buffer_id": "buffers", "program_id": "programs", "list_id": "lists", "view_id": "views"}  # free's field: table
 LISTS_PER_CLIENT = 64
 """Command lists a client holds at once, freed ones still running included (each up to 256 KiB)."""
+GROUPS_PER_CLIENT = 4096
+"""Bind groups a client holds at once, freed ones still in use included (each under 1 KiB)."""
+
+
+def entries_rule(name: str, value):
+    """A rule: a bind group's entries, 1 to LS_ENGINE_MAX_BINDINGS lists of [buffer_id, offset, range]
+    (integers: an id, a byte offset and a byte count, 0 for to the buffer's end)."""
+    if not isinstance(value, list) or not 0 < len(value) <= MOST_BINDINGS:
+        raise InvalidSubmission(f"{name} must be a list of 1 to {MOST_BINDINGS} [buffer_id, offset, range] "
+                                f"(got {protocol.short(value)})")
+    for k, entry in enumerate(value):
+        if not isinstance(entry, list) or len(entry) != 3:
+            raise InvalidSubmission(f"{name}[{k}] must be [buffer_id, offset, range] (got {protocol.short(entry)})")
+        for part, most in zip(entry, ((1 << 32) - 1, (1 << 64) - 1, (1 << 64) - 1)):
+            protocol.integer(0, most)(f"{name}[{k}]", part)
+    return value
 
 
 def _op(name: str) -> dict:
@@ -87,8 +111,10 @@ REQUESTS = {
                "id": (_KEPT_ID, False)},
     "load_list": {**_op("load_list"), "id": (_KEPT_ID, False)},  # the commands are the payload
     "view": {**_op("view"), **VIEW_FIELDS},  # a texel view of a buffer (serve/views.py)
+    "bind_group": {**_op("bind_group"), "program_id": (protocol.integer(0, (1 << 32) - 1), True), "buffers": (entries_rule, True),
+                   "id": (_KEPT_ID, False)},
     "free": {**_op("free"), "buffer_id": (_ID, False), "program_id": (_ID, False), "list_id": (_ID, False),
-             "view_id": (_ID, False)},
+             "group_id": (_ID, False), "view_id": (_ID, False)},
     "stats": _op("stats"),
 }
 """The schema of each request of a session (see protocol.wire.check_fields)."""
@@ -110,7 +136,8 @@ class Requests:
     def __init__(self, arbiter, attached):
         self._arbiter, self._attached = arbiter, attached
         self._handlers = {"load_program": self._load_program, "alloc": self._alloc, "import": self._import,
-                          "load_list": self._load_list, "free": self._free, "stats": self._stats, "view": self._view}
+                          "load_list": self._load_list, "bind_group": self._bind_group, "free": self._free,
+                          "stats": self._stats, "view": self._view}
 
     def answer(self, conn: socket.socket, client: Client, frame: protocol.Frame) -> None:
         """Answer one request of ``client``: its reply, or its refusal. The frame's descriptors are
@@ -159,7 +186,7 @@ class Requests:
             raise ProtocolError(f"unknown request {protocol.short(op)}; the requests are {', '.join(REQUESTS)}")
         protocol.check_fields(frame.fields, schema, op)
         if op == "free" and sum(name in frame.fields for name in _FREED) != 1:
-            raise ProtocolError("free names one buffer_id, program_id, list_id or view_id")
+            raise ProtocolError("free names one buffer_id, program_id, list_id, group_id or view_id")
         if op == "load_program" and not frame.payload:
             raise InvalidSubmission("load_program carries a SPIR-V module as its payload (got none)")
         if op == "load_list" and (not 0 < len(frame.payload) <= MOST_COMMANDS * _DESC_SIZE
@@ -224,6 +251,21 @@ class Requests:
 
         list_id = drainer.call(register, policy=False)  # a record: the engine's policy stays
         return {"list_id": list_id, "commands": len(commands) // _DESC_SIZE}, ()
+
+    def _bind_group(self, client: Client, frame: protocol.Frame):
+        drainer = self._arbiter.drainer
+        entries = tuple(tuple(entry) for entry in frame.fields["buffers"])
+
+        def register():
+            _require_attached(client)
+            if len(client.groups) + client.releasing[GroupRecord] >= GROUPS_PER_CLIENT:
+                raise QuotaExceeded(f"a session holds at most {GROUPS_PER_CLIENT} bind groups; free one first")
+            record = GroupRecord(client.new_id(frame.fields.get("id")), frame.fields["program_id"], entries)
+            drainer.adopt(client, record)  # each entry checked there: refused, nothing is added
+            return record.id
+
+        group_id = drainer.call(register, policy=False)  # a record: the engine's policy stays
+        return {"group_id": group_id}, ()
 
     def _alloc(self, client: Client, frame: protocol.Frame):
         size, kind = frame.fields.get("size"), frame.fields.get("kind", "shared")
@@ -295,7 +337,7 @@ class Requests:
             name = next(name for name in _FREED if name in fields)
             record = getattr(client, _FREED[name]).get(fields[name])
             if record is None:
-                raise InvalidSubmission(f"no such buffer, program, command list or texel view: {fields}")
+                raise InvalidSubmission(f"no such buffer, program, command list, bind group or texel view: {fields}")
             drainer.free(client, record)
 
         drainer.call(free, policy=False)  # records: the engine's policy stays
@@ -312,6 +354,11 @@ class Requests:
                 "control_bytes": c.control_bytes,
                 "memory_bytes": c.memory_bytes,
                 "clients": self._attached()}, ()  # connections: the control thread may not have added this one yet
+
+
+_FREED = {"buffer_id": "buffers", "program_id": "programs", "list_id": "lists", "group_id": "groups",
+          "view_id": "views"}  # free's field: the table it names
+"""What ``free`` names, and the client's table of it."""
 
 
 def _require_attached(client: Client) -> None:
