@@ -8,6 +8,7 @@ from libshare.client.completions import Ticket
 from libshare.client.connect import connect
 from libshare.client.buffers import Buffer
 from libshare.client.buffers import Program
+from libshare.client.buffers import TexelView
 from libshare.client.groups import BindGroup
 from libshare.client.lists import CommandList
 from libshare.compiling import compile
@@ -42,6 +43,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Buffer",
     "Program",
+    "TexelView",
     "BindGroup",
     "CommandList",
     "Session",

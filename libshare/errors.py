@@ -169,9 +169,10 @@ TABLE: tuple[Code, ...] = (
     Code("LS_EPEERDEAD", ArbiterLost, "the process on the other side of the ring exited or closed it"),
     Code("LS_EBADSLOT", InvalidSubmission, "descriptor fields out of range"),
     Code("LS_ENOPROGRAM", InvalidSubmission, "unknown program id (never loaded, or freed)"),
-    Code("LS_ENOBUFFER", InvalidSubmission, "unknown or freed buffer id (or bind group id)"),
+    Code("LS_ENOBUFFER", InvalidSubmission, "unknown or freed buffer id (or bind group id, or texel view id: a texel "
+         "binding takes a view, a buffer binding a buffer)"),
     Code("LS_EBINDINGS", InvalidSubmission, "number of buffers differs from the program's bindings (or a bind "
-         "group of another layout)"),
+         "group of another layout, or a texel view's format or kind is not its binding's)"),
     Code("LS_ERANGE", InvalidSubmission, "offset or size outside the buffer, or misaligned"),
     Code("LS_EGROUPS", InvalidSubmission, "group count is 0 or beyond the device limit, or the three multiply "
          "past 2^32 - 1"),

@@ -198,6 +198,30 @@ def test_c_load_program_constants_against_a_daemon(constants_test, daemon):
     assert check_run(run_c(binary, daemon_env(daemon[1]), str(kernel))) == 3
 
 
+TEXEL = """#version 450
+layout(local_size_x = 64) in;
+layout(set = 0, binding = 0) uniform samplerBuffer a;
+layout(set = 0, binding = 1, r32ui) uniform writeonly uimageBuffer y;
+void main() { int i = int(gl_GlobalInvocationID.x); imageStore(y, i, uvec4(uint(texelFetch(a, i).x * 2.0))); }
+"""
+
+
+@pytest.fixture(scope="session")
+def texel_test(library, tmp_path_factory) -> tuple[Path, Path]:
+    """test_texel.c built, and its kernel (TEXEL) compiled."""
+    if shutil.which("glslangValidator") is None:
+        pytest.skip("glslangValidator is not installed (apt-get install glslang-tools)")
+    folder = tmp_path_factory.mktemp("c-texel")
+    kernel = folder / "texel.spv"
+    kernel.write_bytes(libshare.compile(TEXEL))
+    return compile_c(library, C_DIR / "tests" / "test_texel.c", folder), kernel
+
+
+def test_c_texel_views_embedded(texel_test, tmp_path):
+    binary, kernel = texel_test
+    assert check_run(run_c(binary, embedded_env(tmp_path), str(kernel))) == 2
+
+
 @pytest.fixture(scope="session")
 def indirect_test(library, tmp_path_factory) -> Path:
     """test_indirect.c built: fills, updates and indirect dispatches, single and in a list."""

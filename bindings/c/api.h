@@ -128,7 +128,8 @@ struct ls_buffer {
 
 /* One binding of a bind group (ls_bind_group): a buffer, the byte offset it binds from, the bytes bound. */
 struct ls_binding {
-    uint32_t buffer;                    /* a buffer id from ls_alloc */
+    uint32_t buffer;                    /* a buffer id from ls_alloc (at a texel buffer: a view id from
+                                           ls_texel_view, offset and range 0) */
     uint32_t pad;                       /* 0 */
     uint64_t offset;                    /* aligned as the device wants (a uniform buffer's: its own alignment) */
     uint64_t range;                     /* bytes bound; 0: to the buffer's end */
@@ -208,9 +209,24 @@ int ls_alloc(ls_session *session, uint64_t nbytes, uint32_t kind, struct ls_buff
 int ls_free_buffer(ls_session *session, uint32_t buffer_id);
 
 /*
+ * A texel view (docs/programs.md, "Texel buffers"): nbytes of buffer (0: whole texels to its end)
+ * from byte offset, seen as texels of format ("r32f", "r32ui", "rgba8", "rgba32f", ...: the names
+ * of libshare/protocol/texels.py), to pass in ls_dispatch()'s buffers (offset 0) at a kernel's
+ * texel buffer (uniform samplerBuffer, layout(r32f) uniform imageBuffer). *view receives its id.
+ * The arbiter checks that the buffer is this session's, the format one the device supports, the
+ * offset a multiple of its minTexelBufferOffsetAlignment and the range whole texels within the
+ * buffer: -LS_EINVALID names what it refuses; -EINVAL (format or view NULL). ls_free_view()
+ * forgets one (a submitted dispatch still completes); freeing a buffer frees its views.
+ */
+int ls_texel_view(ls_session *session, uint32_t buffer, const char *format, uint64_t offset, uint64_t nbytes,
+                  uint32_t *view);
+int ls_free_view(ls_session *session, uint32_t view);
+
+/*
  * Queue program over groups_x * groups_y * groups_z workgroups on nbuffers
- * buffers (ids from ls_alloc, bound at bindings 0..nbuffers-1, each from the
- * byte offset in offsets[i]; offsets may be NULL for all 0) with push_size
+ * buffers (ids from ls_alloc, or from ls_texel_view at texel buffers, bound at
+ * bindings 0..nbuffers-1, each from the byte offset in offsets[i], 0 for a view;
+ * offsets may be NULL for all 0) with push_size
  * bytes of push constants. Returns at once: *ticket receives the ticket to
  * wait on. Runs in C (no Python): one descriptor pushed into the ring.
  * Returns 0, -EINVAL (more than 8 buffers or 128 push bytes, buffers or push
@@ -301,7 +317,8 @@ int ls_free_list(ls_session *session, uint32_t list);
  * the first it refuses) and keeps them as *group, for every program of the same layout. A program with
  * more than 8 buffers is dispatched only so. ls_dispatch_group() queues a dispatch over the group like
  * ls_dispatch() (in C, one descriptor); ls_list_dispatch_group() encodes one into a command list's
- * slot. A buffer of the group freed since fails the dispatch (-LS_ENOBUFFER from ls_wait()).
+ * slot. A buffer (or texel view) of the group freed since fails the dispatch (-LS_ENOBUFFER from
+ * ls_wait()).
  * ls_free_group() forgets it (queued dispatches still run). A session that reattaches hands its
  * groups to the new arbiter with its buffers and programs.
  */

@@ -239,6 +239,27 @@ int ls_free_buffer(ls_session *s, uint32_t buffer_id)
     return rc;
 }
 
+int ls_texel_view(ls_session *s, uint32_t buffer, const char *format, uint64_t offset, uint64_t nbytes,
+                  uint32_t *view)
+{
+    int rc = check_session(s);
+    if (rc < 0)
+        return rc;
+    if (format == NULL || view == NULL)
+        return fail(-EINVAL, "ls_texel_view: format or view is NULL");
+    if ((rc = CONTROL(s, lsx_py_texel_view(s->handle, buffer, format, offset, nbytes, view))) == 0)
+        forget_lost(s, *view);          /* (the new arbiter gave a lost id out again) */
+    return rc;
+}
+
+int ls_free_view(ls_session *s, uint32_t view)
+{
+    int rc = check_session(s);
+    if (rc == 0 && (rc = CONTROL(s, lsx_py_free(s->handle, LSX_FREE_VIEW, view))) == 0)
+        forget_lost(s, view);
+    return rc;
+}
+
 int ls_stats(ls_session *s, struct ls_stats *out)
 {
     int rc = check_session(s);

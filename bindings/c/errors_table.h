@@ -15,8 +15,8 @@ static const char *lsx_code_message(int code)
     case LS_EPEERDEAD: return "the process on the other side of the ring exited or closed it";
     case LS_EBADSLOT: return "descriptor fields out of range";
     case LS_ENOPROGRAM: return "unknown program id (never loaded, or freed)";
-    case LS_ENOBUFFER: return "unknown or freed buffer id (or bind group id)";
-    case LS_EBINDINGS: return "number of buffers differs from the program's bindings (or a bind group of another layout)";
+    case LS_ENOBUFFER: return "unknown or freed buffer id (or bind group id, or texel view id: a texel binding takes a view, a buffer binding a buffer)";
+    case LS_EBINDINGS: return "number of buffers differs from the program's bindings (or a bind group of another layout, or a texel view's format or kind is not its binding's)";
     case LS_ERANGE: return "offset or size outside the buffer, or misaligned";
     case LS_EGROUPS: return "group count is 0 or beyond the device limit, or the three multiply past 2^32 - 1";
     case LS_EPUSH: return "more push-constant bytes than the program declares (or not a multiple of 4)";

@@ -51,11 +51,14 @@ LSX_HOOK int lsx_py_load_program(int32_t handle, const char *code, uint64_t nbyt
                                  const struct ls_constant *constants, uint32_t count, struct ls_program *out);
 #define LSX_FREE_LIST 2                 /* lsx_py_free's is_program for a command list */
 #define LSX_FREE_GROUP 3                /* ... for a bind group */
+#define LSX_FREE_VIEW 4                 /* ... for a texel view */
 LSX_HOOK int lsx_py_free(int32_t handle, uint32_t is_program, uint32_t id);
 LSX_HOOK int lsx_py_load_list(int32_t handle, const char *commands, uint32_t count, uint32_t *out);
 LSX_HOOK int lsx_py_bind_group(int32_t handle, uint32_t program, const struct ls_binding *bindings, uint32_t count,
                                uint32_t *out);
 LSX_HOOK int lsx_py_alloc(int32_t handle, uint64_t nbytes, uint32_t kind, struct ls_buffer *out);
+LSX_HOOK int lsx_py_texel_view(int32_t handle, uint32_t buffer, const char *format, uint64_t offset,
+                               uint64_t nbytes, uint32_t *out);
 LSX_HOOK int lsx_py_stats(int32_t handle, struct ls_stats *out);
 LSX_HOOK int lsx_py_serve(const char *pipe_directory);
 LSX_HOOK int lsx_py_serve_stop(void);

@@ -45,6 +45,8 @@ class _Client:
         self.session = session
         self.buffers = {}
         """buffer id -> libshare.Buffer, kept so that the mapping C points into stays."""
+        self.views = {}
+        """view id -> libshare.TexelView (ls_texel_view)."""
 
 
 def _code_of(exc: BaseException) -> int:
@@ -154,8 +156,9 @@ def lsx_py_reattach(handle, flights, count, out):
 
 @_answer
 def lsx_py_lost_buffers(handle, ids, capacity, count):
-    """The buffers the last reattach could not hand to the new arbiter (device buffers)."""
-    lost = [buffer_id for buffer_id, buffer in _client(handle).buffers.items() if buffer.lost is not None]
+    """The buffers the last reattach could not hand to the new arbiter (device buffers), and their views."""
+    client = _client(handle)
+    lost = [object_id for object_id, item in [*client.buffers.items(), *client.views.items()] if item.lost is not None]
     for i, buffer_id in enumerate(lost[:capacity]):
         ids[i] = buffer_id
     count[0] = len(lost)
@@ -206,6 +209,18 @@ def lsx_py_alloc(handle, nbytes, kind, out):
 
 
 @_answer
+def lsx_py_texel_view(handle, buffer_id, format, offset, nbytes, out):
+    """A texel view of a buffer of the session (nbytes 0: whole texels to its end)."""
+    client = _client(handle)
+    buffer = client.buffers.get(buffer_id)
+    if buffer is None:
+        raise errors.InvalidSubmission(f"buffer {buffer_id} is not a live buffer of this session")
+    view = client.session.texel_view(buffer, ffi.string(format, 64).decode(errors="replace"), offset, nbytes or None)
+    client.views[view.id] = view
+    out[0] = view.id
+
+
+@_answer
 def lsx_py_load_list(handle, commands, count, out):
     """Register ``count`` encoded commands (ls_list_dispatch, ls_list_copy) as a command list; the
     session keeps it, to hand it to a new arbiter on reattach."""
@@ -228,9 +243,15 @@ def lsx_py_bind_group(handle, program, bindings, count, out):
 
 @_answer
 def lsx_py_free(handle, is_program, object_id):
-    """Free a program, a command list (is_program LSX_FREE_LIST), a bind group (LSX_FREE_GROUP) or a buffer
-    (and unmap it here)."""
+    """Free a program, a command list (is_program LSX_FREE_LIST), a bind group (LSX_FREE_GROUP), a texel view
+    (LSX_FREE_VIEW) or a buffer (and unmap it here, and forget its views)."""
     client = _client(handle)
+    if is_program == lib.LSX_FREE_VIEW:
+        view = client.views.pop(object_id, None)
+        if view is None:
+            raise errors.InvalidSubmission(f"texel view {object_id} is not a live view of this session")
+        client.session.free(view)
+        return
     if is_program in (lib.LSX_FREE_LIST, lib.LSX_FREE_GROUP):
         kind = libshare.CommandList if is_program == lib.LSX_FREE_LIST else libshare.BindGroup
         listed = client.session._objects.get(object_id)
@@ -247,6 +268,8 @@ def lsx_py_free(handle, is_program, object_id):
         raise errors.InvalidSubmission(f"buffer {object_id} is not a live buffer of this session")
     client.session.free(buffer)
     del client.buffers[object_id]
+    for view_id in [view_id for view_id, view in client.views.items() if view.buffer is buffer]:
+        del client.views[view_id]
     _unmap(buffer)
 
 

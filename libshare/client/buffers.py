@@ -11,6 +11,10 @@ A shared buffer keeps its memfd open (one descriptor per buffer) and a program k
 its SPIR-V and its specialization constants: that is what a session hands a new arbiter when it reattaches after a
 restart, so that the same memory and the same programs carry on under new ids. A
 device buffer's contents live only on the device: after a restart it is ``lost``.
+
+A :class:`TexelView` (``Session.texel_view``) is part of a buffer seen as texels of a format
+(libshare/protocol/texels.py), which a dispatch binds at a kernel's texel buffer; it keeps what
+a new arbiter needs to make it again (its buffer, format, offset and size).
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import numpy as np
 from libshare import errors
 from libshare.ring import C
 
-__all__ = ["Buffer", "Program", "TOO_BIG", "byte_size", "constant_pairs", "workgroups"]
+__all__ = ["Buffer", "Program", "TOO_BIG", "TexelView", "byte_size", "constant_pairs", "workgroups"]
 
 TOO_BIG = (f"at most {C.MAX_BUFFERS} buffers, {C.MAX_PUSH} push bytes and 3 group counts, each count "
            "and offset not negative and within 32 bits (offsets and sizes: 64 bits)")
@@ -81,6 +85,32 @@ class Buffer:
     def __repr__(self) -> str:
         state = " freed" if self.freed else " lost" if self.lost else ""
         return f"<libshare.Buffer id={self.id} {self.kind} {self.size} bytes{state}>"
+
+
+class TexelView:
+    """Part of a buffer seen as texels of one format: what a dispatch binds at a kernel's texel buffer
+    (``uniform samplerBuffer``, ``layout(r32f) uniform imageBuffer``). Made by :meth:`Session.texel_view`."""
+
+    def __init__(self, view_id: int, buffer: Buffer, format: str, offset: int, nbytes: int):
+        self.id = view_id
+        """The arbiter's id for this view."""
+        self.buffer = buffer
+        """The buffer it views (freeing that buffer frees the view)."""
+        self.format = format
+        """Its texel format's name (``"r32f"``, ``"rgba8"``, ...: libshare.protocol.texels)."""
+        self.offset = offset
+        """The byte offset of its first texel in the buffer."""
+        self.nbytes = nbytes
+        """Its bytes: a whole number of texels."""
+        self.freed = False
+        """True once it, or its buffer, was freed."""
+        self.lost: Exception | None = None
+        """Why it no longer exists at the arbiter (its buffer was lost on a restart), or None."""
+
+    def __repr__(self) -> str:
+        state = " freed" if self.freed else " lost" if self.lost else ""
+        return (f"<libshare.TexelView id={self.id} {self.format} of buffer {self.buffer.id} "
+                f"[{self.offset}:{self.offset + self.nbytes}]{state}>")
 
 
 class Program:

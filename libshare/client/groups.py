@@ -7,9 +7,10 @@ device's limit (``LS_ENGINE_MAX_BINDINGS``, 32, or less); a dispatch that passes
 ``buffers`` (``session.dispatch(program, groups, buffers=group)``, or in a command list) is one
 descriptor whatever the count: flags ``LS_DESC_GROUP``, no buffer ids but the group's. The arbiter
 checks every entry when the group is made and again at each dispatch that names it (a buffer freed
-since refuses the dispatch with ``LS_ENOBUFFER``; engine/validate.c). A group serves every program
-of the same layout (buffer count, uniform or storage, arrays of buffers); a program with more than 8
-buffers is dispatched through one only.
+since refuses the dispatch with ``LS_ENOBUFFER``; engine/validate.c). At a texel binding the entry
+is a TexelView (buffers.py), whole (offset and range 0: a view has its own range). A group serves
+every program of the same layout (buffer count, uniform or storage, arrays of buffers, texel
+bindings and their formats); a program with more than 8 buffers is dispatched through one only.
 
 A group names buffers by their ids: a session that reattaches hands it to the new arbiter after its
 buffers and programs, under the same id (reattach.py), so that command lists recorded over it keep

@@ -5,10 +5,12 @@ arbiter that dies is replaced within about 50 ms, and a session reattaches inste
 plain loss becomes ArbiterRestarted (:meth:`Reattacher.record_loss`), and the next call or wait
 runs :meth:`Reattacher.reattach`. That keeps other threads out of the old ring (they wait at the
 gate's ``enter`` while it is moving), settles the tickets in flight, says hello to the new
-arbiter and hands it every live buffer, program, bind group and command list under the ids they
-had, in id order (a group after the buffers it names, a list after the groups; ``import`` sends the
+arbiter and hands it every live buffer, texel view, program, bind group and command list under the ids
+they had, in id order (a view after its buffer, a group after the buffers and views it names, a list
+after the groups; ``import`` sends the
 sealed memfd a shared buffer kept, so the arrays stay the same objects over the same pages; a
-program's SPIR-V is loaded again, with its specialization constants; a device buffer is lost:
+program's SPIR-V is loaded again, with its specialization constants; a texel view is made again
+over its buffer, with its format, offset and size, or lost with its buffer; a device buffer is lost:
 BufferLost), then swaps in the new attachment and resends, first and in ticket order, the work
 the old arbiter never ran:
 descriptors still unconsumed in the old lanes (the producer's own writes, read back) and, after
@@ -38,7 +40,7 @@ import numpy as np
 from libshare import errors
 from libshare.client import exchange as _exchange
 from libshare.client.attachment import Attachment, Moved
-from libshare.client.buffers import Buffer, Program, constant_pairs
+from libshare.client.buffers import Buffer, Program, TexelView, constant_pairs
 from libshare.client.completions import Completions, Ticket
 from libshare.client.gate import Gate, closed_error, fresh
 from libshare.client.groups import BindGroup
@@ -275,10 +277,18 @@ class Reattacher:
             time.sleep(_REDIAL_PAUSE)
 
     def register_objects(self, sock: socket.socket) -> None:
-        """Hand a new arbiter every live buffer, program, group and list, in id order (ids are kept); what it
-        refuses is marked lost with the reason. EOFError or OSError when it goes away too."""
+        """Hand a new arbiter every live buffer, texel view, program, group and list, in id order (ids are
+        kept: a view's is above its buffer's); what it refuses is marked lost with the reason. EOFError or
+        OSError when it goes away too."""
         for object_id, item in sorted(self.objects.items()):
-            if isinstance(item, CommandList):  # after the buffers, programs and groups it names (their ids are lower)
+            if isinstance(item, TexelView):
+                if item.buffer.lost is not None:
+                    item.lost = item.buffer.lost
+                else:
+                    reply = _exchange.exchange(sock, {"op": "view", "id": object_id, "buffer_id": item.buffer.id,
+                                                      "format": item.format, "offset": item.offset,
+                                                      "size": item.nbytes})
+            elif isinstance(item, CommandList):  # after the buffers, views, programs and groups it names
                 reply = _exchange.exchange(sock, {"op": "load_list", "id": object_id}, item.commands)
             elif isinstance(item, BindGroup):  # after its buffers and program, as made
                 reply = _exchange.exchange(sock, {"op": "bind_group", "id": object_id, "program_id": item.program.id,
@@ -296,7 +306,7 @@ class Reattacher:
                                               "restart keeps shared buffers only): allocate it again")
             if item.lost is None and not reply.fields.get("ok"):
                 refusal = errors.remote_error(reply.fields)
-                item.lost = refusal if isinstance(item, (Program, CommandList, BindGroup)) else errors.BufferLost(
+                item.lost = refusal if isinstance(item, (Program, CommandList, BindGroup, TexelView)) else errors.BufferLost(
                     f"buffer {object_id} could not be handed to the new arbiter: {refusal}")
             if item.lost is not None:  # the new arbiter may give its id to a new object
                 del self.objects[object_id]

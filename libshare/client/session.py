@@ -21,8 +21,8 @@ it needs when the session is made:
 - the :class:`~libshare.client.submit.Submitter` (submit.py): numbering and pushing operations,
   and binding arrays to buffers.
 
-The Session keeps the live buffers, programs, bind groups (groups.py) and command lists (which a
-reattach hands to a new arbiter) and
+The Session keeps the live buffers, texel views, programs, bind groups (groups.py) and command lists
+(which a reattach hands to a new arbiter) and
 makes control requests (exchange.py); a request that finds the arbiter gone records the loss.
 """
 
@@ -39,7 +39,7 @@ import numpy as np
 from libshare import errors
 from libshare.client import exchange as _exchange
 from libshare.client.attachment import Attachment
-from libshare.client.buffers import Buffer, Program, byte_size, constant_pairs, find_buffer, workgroups
+from libshare.client.buffers import Buffer, Program, TexelView, byte_size, constant_pairs, find_buffer, workgroups
 from libshare.client.completions import Completions, Ticket
 from libshare.client.gate import Gate, closed_error, fresh
 from libshare.client.groups import BindGroup, group_entries, make_group
@@ -56,6 +56,34 @@ _OP_DISPATCH, _OP_COPY = C.OP_DISPATCH, C.OP_COPY
 _OP_GROUP = C.OP_DISPATCH | C.DESC_GROUP << 16  # ls_push_op's opcode: the flags ride in its high 16 bits
 
 
+def make_texel_view(session: Session, buffer: Buffer | np.ndarray, format: str, offset: int = 0,
+                    nbytes: int | None = None) -> TexelView:
+    """A view of ``buffer`` (or of the buffer under an array, from the array's first byte) as texels of
+    ``format`` (``"r32f"``, ``"r32ui"``, ``"rgba8"``, ``"rgba32f"``, ...: libshare.protocol.texels), to pass
+    in a dispatch's buffers at a kernel's texel buffer (``uniform samplerBuffer``: a uniform one;
+    ``layout(r32f) uniform imageBuffer``: a storage one).
+
+    ``offset`` (bytes, from the buffer's or the array's start) must be a multiple of the device's
+    minTexelBufferOffsetAlignment; ``nbytes`` (default: the array's bytes, or whole texels to the buffer's
+    end) a whole number of texels within the buffer. The arbiter checks both, and that the device
+    supports the format; a read past the view's end reads zeros, a write there is dropped. Freeing the
+    buffer frees its views."""
+    if isinstance(buffer, Buffer):
+        base, owner = 0, buffer
+    else:
+        owner, base = find_buffer(buffer, session._by_mapping)
+        nbytes = buffer.nbytes if nbytes is None else nbytes
+    if owner.lost is not None:
+        raise fresh(owner.lost)
+    fields = {"buffer_id": owner.id, "format": format, "offset": base + int(offset)}
+    if nbytes is not None:
+        fields["size"] = int(nbytes)
+    reply = session._request("view", **fields).fields
+    view = TexelView(reply["view_id"], owner, format, reply["offset"], reply["size"])
+    session._objects[view.id] = view
+    return view
+
+
 class Session:
     """A client's connection to an arbiter. Use ``libshare.connect()`` to make one."""
 
@@ -65,7 +93,7 @@ class Session:
         """True when the arbiter runs inside this process."""
         self._request_lock = threading.RLock()  # re-entrant: close() from a finalizer inside a request
         self._by_mapping: dict[int, Buffer] = {}
-        self._objects: dict[int, Buffer | Program] = {}  # id -> each live buffer and program (for a reattach)
+        self._objects: dict[int, Buffer | Program | TexelView] = {}  # id -> each live object (for a reattach)
         self._seen: dict = {}  # the bindings of arrays to buffers (submit.py)
         self._gate = Gate(Attachment(sock, welcome), lambda: _tear_down(self))
         self._completions = Completions(self._gate)
@@ -169,6 +197,8 @@ class Session:
         self._objects[buffer.id] = buffer
         return buffer
 
+    texel_view = make_texel_view  # (a module function: Session keeps within about 25 methods)
+
     def array(self, shape, dtype=np.float32) -> np.ndarray:
         """A zero-copy numpy array on a new shared buffer."""
         shape = (shape,) if isinstance(shape, int) else tuple(shape)
@@ -191,14 +221,16 @@ class Session:
 
         ``buffers`` lists, in the program's binding order (as :meth:`dispatch` takes them; an array
         of buffers takes its length of them), a buffer or array of this session, or ``(it, offset,
-        range)``: the byte offset from where it binds and the bytes bound (None: to its end). The
-        arbiter checks each now and at every dispatch that names the group."""
+        range)``: the byte offset from where it binds and the bytes bound (None: to its end), and a
+        TexelView (:meth:`texel_view`, whole: no offset or range) at each texel buffer. The arbiter
+        checks each now and at every dispatch that names the group."""
         if program.lost is not None:
             raise fresh(program.lost)
         return make_group(self, program, group_entries(self._binding, program, buffers))
 
-    def free(self, obj: Buffer | np.ndarray | Program | CommandList | BindGroup) -> None:
-        """Release a buffer (or the buffer under an array), a program, a command list or a bind group.
+    def free(self, obj: Buffer | np.ndarray | Program | CommandList | BindGroup | TexelView) -> None:
+        """Release a buffer (or the buffer under an array, with its texel views), a program, a command
+        list, a bind group or a texel view.
 
         Work already submitted that uses it still completes: the arbiter destroys it
         after the device is done. Arrays on a freed buffer stay readable here.
@@ -210,17 +242,27 @@ class Session:
                 self._request("free", **{name: obj.id})
                 self._objects.pop(obj.id, None)
             return
-        buffer = obj if isinstance(obj, Buffer) else find_buffer(obj, self._by_mapping)[0]
-        if buffer.lost is None:
-            self._request("free", buffer_id=buffer.id)
-            self._objects.pop(buffer.id, None)
-        buffer.freed = True
-        buffer.close_memfd()
-        for key, (_, buffer_id, _) in list(self._seen.items()):  # its arrays bind nothing any more
-            if buffer_id == buffer.id:
-                self._seen.pop(key, None)
-        if buffer.mapping is not None:
-            self._by_mapping.pop(id(buffer.mapping), None)
+        if isinstance(obj, TexelView):
+            if obj.lost is None and not obj.freed:
+                self._request("free", view_id=obj.id)
+            views = [obj]
+        else:
+            buffer = obj if isinstance(obj, Buffer) else find_buffer(obj, self._by_mapping)[0]
+            if buffer.lost is None:
+                self._request("free", buffer_id=buffer.id)
+                self._objects.pop(buffer.id, None)
+            buffer.freed = True
+            buffer.close_memfd()
+            for key, (_, buffer_id, _) in list(self._seen.items()):  # its arrays bind nothing any more
+                if buffer_id == buffer.id:
+                    self._seen.pop(key, None)
+            if buffer.mapping is not None:
+                self._by_mapping.pop(id(buffer.mapping), None)
+            views = [item for item in self._objects.values() if isinstance(item, TexelView) and item.buffer is buffer]
+        for view in views:  # (a buffer's: the arbiter freed them with it)
+            view.freed = True
+            self._objects.pop(view.id, None)
+            self._seen.pop(id(view), None)
 
     def stats(self) -> dict:
         """The arbiter's counters for this client (dispatches, device time, bytes, ...)."""
@@ -234,8 +276,9 @@ class Session:
         """Queue ``program`` over ``groups`` workgroups on ``buffers``; returns a Ticket at once.
 
         ``buffers`` are arrays from :meth:`array` (a slice binds from its first element)
-        or Buffer objects, or a :class:`BindGroup` (:meth:`bind_group`; a program with more than 8
-        buffers binds them only so); ``push`` is the push-constant bytes (``struct.pack``).
+        or Buffer objects, and a TexelView (:meth:`texel_view`) at each texel buffer, or a
+        :class:`BindGroup` (:meth:`bind_group`; a program with more than 8 buffers binds them only so);
+        ``push`` is the push-constant bytes (``struct.pack``).
         """
         if program.lost is not None:
             raise fresh(program.lost)

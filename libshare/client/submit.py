@@ -23,7 +23,7 @@ import weakref
 import numpy as np
 
 from libshare import errors
-from libshare.client.buffers import TOO_BIG, Buffer, find_buffer
+from libshare.client.buffers import TOO_BIG, Buffer, TexelView, find_buffer
 from libshare.client.completions import Completions, Ticket
 from libshare.client.gate import WAIT_SLICE, Gate, closed_error, fresh
 from libshare.client.reattach import TRIES, Reattacher
@@ -45,14 +45,15 @@ class Submitter:
         self.seen: dict[int, tuple[weakref.ref, int, int]] = seen  # id(item) -> (the item, buffer id, offset)
         self.by_mapping = by_mapping  # id(mapping) -> its shared Buffer
 
-    def binding(self, item: Buffer | np.ndarray) -> tuple[weakref.ref, int, int]:
-        """(a weak reference to ``item``, the buffer id it binds, the byte offset it binds from),
+    def binding(self, item: Buffer | np.ndarray | TexelView) -> tuple[weakref.ref, int, int]:
+        """(a weak reference to ``item``, the buffer or view id it binds, the byte offset it binds from: 0 for a
+        view, which has its own range),
         remembered per live item until its buffer is freed (walking an array's ``.base`` chain is
         most of what binding costs)."""
         known = self.seen.get(id(item))
         if known is not None and known[0]() is item:
             return known
-        if isinstance(item, Buffer):
+        if isinstance(item, (Buffer, TexelView)):
             buffer, offset = item, 0
         else:
             buffer, offset = find_buffer(item, self.by_mapping)

@@ -18,7 +18,7 @@ the design; a module imports only the modules above it in this list:
 * ``_queue.py``: :class:`~._queue.Queue`: submission to the queue (routed through a native
   engine's lock), the command pool, pooled fences, the barrier every command ends with.
 * ``_memory.py``: :class:`DeviceBuffer` and :class:`~._memory.Memory`: imported host memory and
-  device memory, which reads as zeros.
+  device memory, which reads as zeros; :class:`DeviceView`, a texel view of part of a buffer.
 * ``_pipelines.py``: :class:`Pipeline` and :class:`~._pipelines.Pipelines`: compute
   pipelines, created on any thread under the compile guard.
 * ``_timestamps.py``: :class:`~._timestamps.Timestamps`: query pools, and timestamps the
@@ -53,9 +53,9 @@ Device's methods; a part is reached through the Device only for what it does not
 """
 
 from libshare.arbiter.device._device import Device
-from libshare.arbiter.device._memory import DeviceBuffer
+from libshare.arbiter.device._memory import DeviceBuffer, DeviceView
 from libshare.arbiter.device._pipelines import Pipeline
 from libshare.arbiter.device._recordings import Command, Copy, Dispatch
 from libshare.arbiter.device._submission import Submission
 
-__all__ = ["DeviceBuffer", "Command", "Copy", "Device", "Dispatch", "Pipeline", "Submission"]
+__all__ = ["DeviceBuffer", "DeviceView", "Command", "Copy", "Device", "Dispatch", "Pipeline", "Submission"]

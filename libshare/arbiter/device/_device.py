@@ -22,7 +22,7 @@ from typing import Callable, Sequence
 from libshare import shaders
 from libshare.arbiter.device._binding import _load_binding
 from libshare.arbiter.device._instance import Instance
-from libshare.arbiter.device._memory import DeviceBuffer, Memory
+from libshare.arbiter.device._memory import DeviceBuffer, DeviceView, Memory
 from libshare.arbiter.device._pipelines import Pipeline, Pipelines
 from libshare.arbiter.device._queue import Queue
 from libshare.arbiter.device._recordings import Command, Recordings
@@ -62,6 +62,9 @@ class Device:
         self.local_heap_size: int = instance.local_heap_size
         self.driver_threads: frozenset[int] = instance.driver_threads
         self.zero_workgroup_memory: bool = instance.zero_workgroup_memory
+        self.texel_formats: dict[str, int] = instance.texel_formats
+        self.texel_offset_alignment: int = instance.texel_offset_alignment
+        self.max_texel_elements: int = instance.max_texel_elements
         self.features: frozenset[str] = instance.features
         self.api_version: tuple[int, int] = instance.api_version
         self.max_group_count: tuple[int, int, int] = instance.max_group_count
@@ -101,6 +104,14 @@ class Device:
         if self.memory.destroyable(buf):
             self.recordings.drop_users(buf, "buffer")
             self.memory.destroy(buf)
+
+    def create_view(self, buf: DeviceBuffer, vk_format: int, offset: int, nbytes: int) -> DeviceView:
+        """A texel view of part of ``buf`` (see :meth:`Memory.create_view`)."""
+        return self.memory.create_view(buf, vk_format, offset, nbytes)
+
+    def destroy_view(self, view: DeviceView) -> None:
+        """Destroy a texel view that no command names (see :meth:`Memory.destroy_view`)."""
+        self.memory.destroy_view(view)
 
     def create_pipeline(self, spirv: bytes, binding_count: int, push_size: int, entry: str = "main") -> Pipeline:
         """A compute pipeline of ``binding_count`` storage buffers and ``push_size`` bytes of push

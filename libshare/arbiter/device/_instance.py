@@ -23,6 +23,7 @@ from typing import Any
 
 from libshare.errors import InvalidSubmission, QuotaExceeded, VulkanUnavailable
 from libshare._proc import thread_ids
+from libshare.protocol.texels import TEXEL_FORMATS, TEXEL_STORAGE, TEXEL_UNIFORM
 
 from libshare.arbiter.device._binding import (_INSTALL_HINT, _address, _create, _enumerate, _result_name, _struct, _text, _uses_binding)
 
@@ -85,6 +86,12 @@ class Instance:
         """The names of the features the device was created with, of the subgroup operations it supports in
         the compute stage and of its float controls (see :func:`_create_device`)."""
         self.zero_workgroup_memory: bool = "shaderZeroInitializeWorkgroupMemory" in features
+        self.texel_formats: dict[str, int] = info.texel_formats()
+        """The texel view formats (libshare.protocol.texels) the device supports in a buffer view, by name: a
+        mask of TEXEL_STORAGE (a storage texel buffer) and TEXEL_UNIFORM (a uniform texel buffer); a format
+        it supports for neither is left out."""
+        self.texel_offset_alignment: int = info.texel_offset_alignment
+        self.max_texel_elements: int = info.max_texel_elements
         """True when the device zeroes shared memory that a kernel's initializers say to
         (shaderZeroInitializeWorkgroupMemory; see libshare/arbiter/programs/spirv.py)."""
         self.driver_threads: frozenset[int] = frozenset(thread_ids() - before)
@@ -217,6 +224,8 @@ class _PhysicalInfo:
         self.max_workgroup_size = tuple(limits.maxComputeWorkGroupSize)
         self.max_workgroup_invocations = limits.maxComputeWorkGroupInvocations
         self.max_shared_memory = limits.maxComputeSharedMemorySize
+        self.texel_offset_alignment = limits.minTexelBufferOffsetAlignment
+        self.max_texel_elements = limits.maxTexelBufferElements
         self.binding_limits = {"push descriptors": self.max_push_descriptors,
                                "per-stage storage buffers": limits.maxPerStageDescriptorStorageBuffers,
                                "per-stage uniform buffers": limits.maxPerStageDescriptorUniformBuffers,
@@ -224,6 +233,19 @@ class _PhysicalInfo:
         features = _ffi.new("VkPhysicalDeviceFeatures*")
         _lib.vkGetPhysicalDeviceFeatures(self.handle, features)
         self.robust_buffer_access = bool(features.robustBufferAccess)
+
+    def texel_formats(self) -> dict[str, int]:
+        """Each texel view format the device supports in a buffer view (vkGetPhysicalDeviceFormatProperties'
+        bufferFeatures): its TEXEL_STORAGE and TEXEL_UNIFORM bits."""
+        found = {}
+        for name, texel_format in TEXEL_FORMATS.items():
+            props = _ffi.new("VkFormatProperties*")
+            _lib.vkGetPhysicalDeviceFormatProperties(self.handle, texel_format.vk_format, props)
+            uses = ((TEXEL_STORAGE if props.bufferFeatures & _vk.VK_FORMAT_FEATURE_STORAGE_TEXEL_BUFFER_BIT else 0)
+                    | (TEXEL_UNIFORM if props.bufferFeatures & _vk.VK_FORMAT_FEATURE_UNIFORM_TEXEL_BUFFER_BIT else 0))
+            if uses:
+                found[name] = uses
+        return found
 
     def local_heap_size(self) -> int:
         """Bytes in the largest device-local memory heap (0 if none is marked device-local)."""

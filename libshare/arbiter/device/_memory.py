@@ -69,6 +69,21 @@ class DeviceBuffer:
         return f"<DeviceBuffer {self.kind} size={self.size}{state}>"
 
 
+class DeviceView:
+    """A VkBufferView: ``nbytes`` bytes of ``buffer`` from ``offset``, as texels of Vulkan format ``vk_format``."""
+
+    __slots__ = ("buffer", "vk_format", "offset", "nbytes", "_handle")
+
+    def __init__(self, buffer: DeviceBuffer, vk_format: int, offset: int, nbytes: int, handle: Any):
+        self.buffer, self.vk_format, self.offset, self.nbytes = buffer, vk_format, offset, nbytes
+        self._handle = handle  # None once destroyed
+
+    @property
+    def native(self) -> int:
+        """The VkBufferView handle as an integer, for a native engine."""
+        return _address(self._handle)
+
+
 class Memory:
     """Buffers of a Device: import, allocation, zero fills, destruction (a part of a Device)."""
 
@@ -82,6 +97,7 @@ class Memory:
         self._buffers: set[DeviceBuffer] = set()
         self._fills: list[tuple[DeviceBuffer, _Fence, Any]] = []  # zero fills queued: (buffer, fence, command buffer)
         self._doomed: set[DeviceBuffer] = set()  # destroyed by the caller while their zero fill runs
+        self._views: set[DeviceView] = set()
 
     def import_host(self, address: int, size: int) -> DeviceBuffer:
         """Wrap ``size`` bytes of host memory at ``address`` in a storage buffer, zero-copy.
@@ -228,11 +244,35 @@ class Memory:
         self._buffers.discard(buf)
         _destroy_buffer_handles(self._device, buf)
 
+    def create_view(self, buf: DeviceBuffer, vk_format: int, offset: int, nbytes: int) -> DeviceView:
+        """A texel view of ``nbytes`` bytes of ``buf`` from ``offset``. The caller checked the format, the
+        offset's alignment and the range (the arbiter's view request: serve/views.py); the view must be
+        destroyed before its buffer, once no command names it."""
+        self._instance.require_open()
+        if not buf.alive or offset < 0 or nbytes <= 0 or offset + nbytes > buf.size:
+            raise InvalidSubmission(f"a view of {nbytes} bytes from {offset} does not fit its buffer of {buf.size}")
+        info = _struct("VkBufferViewCreateInfo", "BUFFER_VIEW_CREATE_INFO", buffer=buf._handle, format=vk_format,
+                       offset=offset, range=nbytes)
+        handle = _create(_lib.vkCreateBufferView, "VkBufferView", "vkCreateBufferView", self._device, info, _ffi.NULL)
+        view = DeviceView(buf, vk_format, offset, nbytes, handle)
+        self._views.add(view)
+        return view
+
+    def destroy_view(self, view: DeviceView) -> None:
+        """Destroy ``view`` (no command names it any more). Idempotent."""
+        if view._handle is None or self._instance.closed:  # (closing destroys every view left)
+            return
+        _lib.vkDestroyBufferView(self._device, view._handle, _ffi.NULL)
+        view._handle = None
+        self._views.discard(view)
+
     def _create_buffer(self, size: int, handle_types: int) -> Any:
         """A storage/transfer VkBuffer, external for ``handle_types`` when non-zero."""
         usage = (
             _vk.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT
             | _vk.VK_BUFFER_USAGE_UNIFORM_BUFFER_BIT  # a kernel may read any buffer as a uniform buffer
+            | _vk.VK_BUFFER_USAGE_STORAGE_TEXEL_BUFFER_BIT  # ... or through a texel view (create_view)
+            | _vk.VK_BUFFER_USAGE_UNIFORM_TEXEL_BUFFER_BIT
             | _vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT
             | _vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT
         )
@@ -305,7 +345,11 @@ class Memory:
         return tracked, np.frombuffer(_ffi.buffer(pointer[0], size), np.uint8)
 
     def close(self) -> None:
-        """Destroy every buffer (Device.close, on an idle device)."""
+        """Destroy every view and buffer (Device.close, on an idle device)."""
+        for view in self._views:
+            _lib.vkDestroyBufferView(self._device, view._handle, _ffi.NULL)
+            view._handle = None
+        self._views.clear()
         for buf in self._buffers:
             _destroy_buffer_handles(self._device, buf)
         self._buffers.clear()

@@ -3,9 +3,10 @@
 Every module is compiled with its buffers renumbered 0..N-1 in set 0, in the order of their
 (set, binding) (``libshare.arbiter.programs.spirv.bound_in_set_zero``), so that one push-descriptor
 set binds them all whatever sets and bindings the kernel declared; each binding of the set
-layout is a storage or a uniform buffer as the kernel declared it (:attr:`Pipeline.uniform`), one
-descriptor or, for an array of buffers, its length of them (``buffer_layout``): the pipeline's
-buffers are its bindings' descriptors one after the other (:attr:`Pipeline.continued`).
+layout is a storage or a uniform buffer, or a storage or a uniform texel buffer, as the kernel declared it
+(:attr:`Pipeline.uniform`, :attr:`Pipeline.texel`), one descriptor or, for an array of buffers, its
+length of them (``buffer_layout``): the pipeline's buffers are its bindings' descriptors one after the
+other (:attr:`Pipeline.continued`).
 Its shared, private and function variables are zero-initialized
 (``libshare.arbiter.programs.spirv.zero_initialized``): what a kernel did not write reads as zeros, never as
 what another client's kernel left in that memory.
@@ -35,21 +36,27 @@ _vk, _ffi, _lib = _uses_binding(globals())  # set when the first Device loads th
 # VK_PIPELINE_CREATE_DISPATCH_BASE_BIT (core in Vulkan 1.1; the vulkan package's name for it is None): the
 # engine may run a dispatch in pieces, each with vkCmdDispatchBase (policy/engine_policy.c, "Pieces")
 _DISPATCH_BASE = 0x10
+_DESCRIPTOR_TYPES = {(False, False): 7, (False, True): 6, (True, False): 5, (True, True): 4}
+"""A binding's VkDescriptorType by (texel, uniform): STORAGE_BUFFER, UNIFORM_BUFFER, STORAGE_TEXEL_BUFFER,
+UNIFORM_TEXEL_BUFFER."""
 
 
 class Pipeline:
     """A compute pipeline: SPIR-V, ``binding_count`` buffers in set 0 (those in ``uniform`` uniform
-    buffers, the others storage buffers), push size."""
+    buffers, the others storage buffers; those in ``texel`` texel buffers of those kinds), push size."""
 
-    __slots__ = ("binding_count", "push_size", "uniform", "continued", "_device", "_pipeline", "_layout",
+    __slots__ = ("binding_count", "push_size", "uniform", "texel", "continued", "_device", "_pipeline", "_layout",
                  "_set_layout")
 
     def __init__(self, device: Instance, binding_count: int, push_size: int, pipeline: Any, layout: Any,
-                 set_layout: Any, uniform: frozenset[int] = frozenset(), counts: tuple[int, ...] = ()):
+                 set_layout: Any, uniform: frozenset[int] = frozenset(), texel: dict | None = None,
+                 counts: tuple[int, ...] = ()):
         self.binding_count = binding_count
         self.push_size = push_size
         self.uniform = uniform
-        """The buffers that are uniform buffers."""
+        """The buffers that are uniform buffers or uniform texel buffers."""
+        self.texel: dict[int, tuple[str, ...]] = texel or {}
+        """The buffers that are texel buffers, each with the view formats it takes (libshare.protocol.texels)."""
         firsts = {sum(counts[:k]) for k in range(len(counts))}
         self.continued = frozenset(k for k in range(sum(counts)) if k not in firsts)
         """The buffers that are the next element of an array of buffers (after buffer k - 1)."""
@@ -87,7 +94,7 @@ class Pipelines:
         """
         self._check_pipeline_args(spirv, binding_count, push_size)
         spirv = bound_in_set_zero(spirv)  # one push-descriptor set binds every buffer
-        counts, uniform = buffer_layout(spirv)
+        counts, uniform, texel = buffer_layout(spirv)
         if sum(counts) != binding_count:
             raise InvalidSubmission(f"the module binds {sum(counts)} buffers, not {binding_count}")
         # no kernel reads memory it did not write
@@ -97,7 +104,7 @@ class Pipelines:
             self._compiles += 1
         result = None
         try:
-            result = self._build_pipeline(spirv, counts, push_size, entry, uniform)
+            result = self._build_pipeline(spirv, counts, push_size, entry, uniform, texel)
         finally:
             with self._compile_guard:  # closing waits for this, so it destroys the new pipeline too
                 if result is not None:
@@ -107,9 +114,9 @@ class Pipelines:
         return result
 
     def _build_pipeline(self, spirv: bytes, counts: tuple[int, ...], push_size: int, entry: str,
-                        uniform: frozenset[int]) -> Pipeline:
+                        uniform: frozenset[int], texel: dict[int, tuple[str, ...]]) -> Pipeline:
         """Create the set layout, layout, module and pipeline; destroy the parts on failure."""
-        set_layout = self._create_set_layout(counts, uniform)
+        set_layout = self._create_set_layout(counts, uniform, texel)
         layout = module = None
         try:
             layout = self._create_layout(set_layout, push_size)
@@ -123,7 +130,7 @@ class Pipelines:
         finally:
             if module is not None:
                 _lib.vkDestroyShaderModule(self._device, module, _ffi.NULL)
-        return Pipeline(self._instance, sum(counts), push_size, pipeline, layout, set_layout, uniform, counts)
+        return Pipeline(self._instance, sum(counts), push_size, pipeline, layout, set_layout, uniform, texel, counts)
 
     def destroyable(self, p: Pipeline) -> bool:
         """Whether :meth:`destroy` would destroy ``p``: it is alive and the device open."""
@@ -161,16 +168,16 @@ class Pipelines:
         if push_size < 0 or push_size % 4 or push_size > most:
             raise InvalidSubmission(f"push_size must be a multiple of 4 up to {most} bytes (got {push_size})")
 
-    def _create_set_layout(self, counts: tuple[int, ...], uniform: frozenset[int]) -> Any:
+    def _create_set_layout(self, counts: tuple[int, ...], uniform: frozenset[int], texel: dict) -> Any:
         """A push-descriptor set layout of ``len(counts)`` bindings, binding i ``counts[i]`` buffers:
-        uniform buffers at ``uniform`` (of the buffers, counted one after the other), storage buffers
-        elsewhere."""
+        uniform ones at ``uniform`` (of the buffers, counted one after the other), storage ones elsewhere;
+        texel buffers at ``texel``, buffers elsewhere."""
         binding_count = len(counts)
         bindings = _ffi.new("VkDescriptorSetLayoutBinding[]", max(binding_count, 1))
         for i in range(binding_count):
+            first = sum(counts[:i])
             bindings[i].binding = i
-            bindings[i].descriptorType = (_vk.VK_DESCRIPTOR_TYPE_UNIFORM_BUFFER if sum(counts[:i]) in uniform
-                                          else _vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER)
+            bindings[i].descriptorType = _DESCRIPTOR_TYPES[first in texel, first in uniform]
             bindings[i].descriptorCount = counts[i]
             bindings[i].stageFlags = _vk.VK_SHADER_STAGE_COMPUTE_BIT
         info = _struct(

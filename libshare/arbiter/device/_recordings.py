@@ -1,7 +1,8 @@
 """Recordings: each distinct command is recorded once, cached, and afterwards only resubmitted.
 
 * **Recordings keyed by content.** A :class:`Dispatch` is fully described by its
-  pipeline, its ``(buffer, offset)`` bindings, its group counts and its push-constant
+  pipeline, its ``(buffer, offset)`` bindings (a ``(DeviceView, 0)`` at a texel buffer), its group counts
+  and its push-constant
   bytes; a :class:`Copy` by its buffers, offsets and size. That tuple is the command's
   ``key``. A command buffer may not be pending twice (we do not pay for
   ``SIMULTANEOUS_USE``), so a key keeps *lists* of idle recordings and a submission
@@ -44,8 +45,8 @@ from libshare.errors import InvalidSubmission
 
 from libshare.arbiter.device._binding import _check, _struct, _uses_binding
 from libshare.arbiter.device._instance import Instance
-from libshare.arbiter.device._memory import DeviceBuffer
-from libshare.arbiter.device._pipelines import Pipeline
+from libshare.arbiter.device._memory import DeviceBuffer, DeviceView
+from libshare.arbiter.device._pipelines import _DESCRIPTOR_TYPES, Pipeline
 from libshare.arbiter.device._queue import Queue
 from libshare.arbiter.device._timestamps import Timestamps
 
@@ -328,30 +329,39 @@ class Recordings:
             raise InvalidSubmission(f"pipeline takes {pipeline.binding_count} buffers, dispatch binds {len(buffers)}")
         if pipeline.continued:
             raise InvalidSubmission("a pipeline with an array of buffers runs through the engine only")
-        for pair in buffers:
+        for i, pair in enumerate(buffers):
             if len(pair) != 2:
                 raise InvalidSubmission(f"a binding is a (buffer, offset) pair, not {pair!r}")
+            if i in pipeline.texel:
+                if not isinstance(pair[0], DeviceView) or pair[0]._handle is None or pair[1] != 0:
+                    raise InvalidSubmission(f"binding {i} is a texel buffer: it takes a live (DeviceView, 0)")
+                continue
             self._check_range(pair[0], pair[1], 1, self._instance.storage_offset_alignment)
         if len(self._bindings) >= 4 * self._cache_size:
             self._bindings.clear()
-        writes = self._bindings[(pipeline, buffers)] = self._descriptor_writes(buffers)
+        writes = self._bindings[(pipeline, buffers)] = self._descriptor_writes(pipeline, buffers)
         return writes
 
-    def _descriptor_writes(self, buffers: tuple[tuple[DeviceBuffer, int], ...]) -> tuple[Any, Any]:
-        """VkWriteDescriptorSet[] for storage buffers at bindings 0..n-1, and their infos."""
-        limit = self._instance.physical.max_storage_range
-        infos = _ffi.new("VkDescriptorBufferInfo[]", [
-            {"buffer": buf._handle, "offset": offset, "range": min(buf.size - offset, limit)} for buf, offset in buffers
-        ])
+    def _descriptor_writes(self, pipeline: Pipeline, buffers: tuple[tuple[Any, int], ...]) -> tuple[Any, Any]:
+        """VkWriteDescriptorSet[] for bindings 0..n-1, each of the pipeline's kind, and their infos (and views)."""
+        physical = self._instance.physical
+        infos = _ffi.new("VkDescriptorBufferInfo[]", len(buffers))
+        views = _ffi.new("VkBufferView[]", len(buffers))
         writes = _ffi.new("VkWriteDescriptorSet[]", len(buffers))
-        for i in range(len(buffers)):
+        for i, (item, offset) in enumerate(buffers):
             w = writes[i]
             w.sType = _vk.VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET
             w.dstBinding = i
             w.descriptorCount = 1
-            w.descriptorType = _vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER
+            w.descriptorType = _DESCRIPTOR_TYPES[i in pipeline.texel, i in pipeline.uniform]
+            if i in pipeline.texel:
+                views[i] = item._handle
+                w.pTexelBufferView = views + i
+                continue
+            limit = physical.max_uniform_range if i in pipeline.uniform else physical.max_storage_range
+            infos[i] = {"buffer": item._handle, "offset": offset, "range": min(item.size - offset, limit)}
             w.pBufferInfo = infos + i
-        return writes, infos
+        return writes, (infos, views)
 
     def _record_copy(self, cb: Any, c: Copy) -> None:
         """vkCmdCopyBuffer of one region."""
@@ -455,7 +465,8 @@ class Recordings:
             raise InvalidSubmission(f"{what} {obj!r} is used by {busy} command(s) of unreleased submissions")
         for entry in named:
             self._drop_entry(entry)
-        stale = [key for key in self._bindings if obj is key[0] or any(obj is buf for buf, _ in key[1])]
+        stale = [key for key in self._bindings
+                 if obj is key[0] or any(obj is buf or obj is getattr(buf, "buffer", None) for buf, _ in key[1])]
         for key in stale:
             del self._bindings[key]
 
@@ -469,8 +480,9 @@ class Recordings:
 
 
 def _named_objects(command: Command) -> tuple[Any, ...]:
-    """The pipeline and buffers a cached command names."""
+    """The pipeline and buffers a cached command names (a texel view names its buffer too)."""
     if isinstance(command, Dispatch):
-        return (command.pipeline, *(buf for buf, _ in command.buffers))
+        return (command.pipeline, *(buf for buf, _ in command.buffers),
+                *(buf.buffer for buf, _ in command.buffers if isinstance(buf, DeviceView)))
     assert isinstance(command, Copy)
     return (command.src, command.dst)

@@ -32,10 +32,12 @@ clients' records, and three objects, each of one concept, that it hands what the
 
 What the Drainer does itself:
 
-* **Object tables.** A buffer or program a client may name is put into the engine's table
-  for that client (:meth:`Drainer.adopt`); a free drops it there first. The engine counts the
-  commands that use each object, so a freed object still in use is destroyed only when the
-  engine says the last of them retired (``RELEASED``).
+* **Object tables.** A buffer, program, command list or texel view a client may name is put
+  into the engine's table for that client (:meth:`Drainer.adopt`); a free drops it there first.
+  The engine counts the commands that use each object, so a freed object still in use is
+  destroyed only when the engine says the last of them retired (``RELEASED``). A texel view
+  holds its buffer in the engine; freeing a buffer frees its views first, so a buffer's
+  ``RELEASED`` comes after its views' (engine/objects.c, "Views").
 * **Events.** The engine writes the same wake eventfd when it queues events: an object
   released, a closing client with nothing outstanding (``IDLE``: reclaim it), a ring that
   failed validation (``DROPPED``), the watchdog (``WATCHDOG`` and one ``SUSPECT`` per client
@@ -55,10 +57,11 @@ import threading
 
 from libshare.errors import RingCorrupted, ServerNotReady
 from libshare.ring._binding import check as ring_check
-from libshare.arbiter.serve.clients import BufferRecord, Client, Counters, GroupRecord, ListRecord, ProgramRecord
+from libshare.arbiter.serve.clients import (BufferRecord, Client, Counters, GroupRecord, ListRecord, ProgramRecord,
+                                           ViewRecord)
 from libshare.arbiter.drain.containment import Containment
 from libshare.arbiter.drain.planner import Planner
-from libshare.arbiter.engine.binding import BUFFER, EVENTS, GROUP, LIST, PROGRAM, Engine
+from libshare.arbiter.engine.binding import BUFFER, EVENTS, GROUP, LIST, PROGRAM, VIEW, Engine
 from libshare.arbiter.policy.placement import place_device_threads
 from libshare.arbiter.programs.loading import SharedPipelines
 from libshare.arbiter.drain import emergency as _emergency
@@ -346,6 +349,10 @@ class Drainer:
         elif isinstance(record, BufferRecord):
             client.buffers[record.id] = record
             self.engine.put_buffer(client.slot, record.id, record.device_buffer, record.size)
+        elif isinstance(record, ViewRecord):
+            self.engine.put_buffer(client.slot, record.id, record.device_view, record.device_view.nbytes,
+                                   (record.buffer_id, record.format, self.device.texel_formats[record.format]))
+            client.views[record.id] = record
         else:
             client.programs[record.id] = record
             self.engine.put_program(client.slot, record.id, record.pipeline, record.bindings, record.push_size,
@@ -353,10 +360,15 @@ class Drainer:
 
     def free(self, client: Client, record: BufferRecord | ProgramRecord) -> None:
         """Forget a buffer or program; destroy it now, or once the descriptors the client pushed before
-        the free are popped and the last command that uses it retires (LS_EV_RELEASED)."""
+        the free are popped and the last command that uses it retires (LS_EV_RELEASED). A buffer's
+        texel views are freed first."""
+        if isinstance(record, BufferRecord):
+            for view in [view for view in client.views.values() if view.buffer_id == record.id]:
+                self.free(client, view)
         record.freed = True
         table, kind = {BufferRecord: (client.buffers, BUFFER), ProgramRecord: (client.programs, PROGRAM),
-                       ListRecord: (client.lists, LIST), GroupRecord: (client.groups, GROUP)}[type(record)]
+                       ListRecord: (client.lists, LIST), GroupRecord: (client.groups, GROUP),
+                       ViewRecord: (client.views, VIEW)}[type(record)]
         table.pop(record.id, None)
         if self.engine.drop(client.slot, kind, record.id):
             self.released[(client.slot, kind, record.id)] = (client, record)
@@ -367,6 +379,10 @@ class Drainer:
     def _destroy(self, client: Client, record: BufferRecord | ProgramRecord | ListRecord) -> None:
         if isinstance(record, (ListRecord, GroupRecord)):
             return  # the engine freed it with its commands or entries
+        if isinstance(record, ViewRecord):
+            if self.containment.state != "FAULT":  # (else recreating the device frees all)
+                self.device.destroy_view(record.device_view)
+            return
         buffer = isinstance(record, BufferRecord)
         if self.containment.state == "FAULT":  # the device may still hold unfinished work; recreating it frees all
             if buffer:  # its host memory stays mapped until the device is closed

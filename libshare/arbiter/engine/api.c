@@ -353,7 +353,7 @@ static int put_object(ls_engine *e, uint32_t slot, struct object *o)
 
 int ls_engine_put_program(ls_engine *e, uint32_t slot, uint32_t id, uint64_t pipeline, uint64_t layout,
                           uint32_t bindings, uint32_t uniform_mask, uint32_t array_mask, uint32_t push_size,
-                          uint32_t flags)
+                          uint32_t flags, const uint16_t *formats)
 {
     uint64_t past = bindings < 32 ? ~0u << bindings : 0;   /* the mask bits past its bindings */
     if (!pipeline || !layout || bindings > LS_ENGINE_MAX_BINDINGS || push_size > LS_MAX_PUSH ||
@@ -366,7 +366,34 @@ int ls_engine_put_program(ls_engine *e, uint32_t slot, uint32_t id, uint64_t pip
                          .bindings = bindings, .uniform_mask = uniform_mask, .array_mask = array_mask,
                          .push_size = push_size, .client = slot,
                          .cuttable = flags & LS_ENGINE_CUTTABLE};
+    for (uint32_t k = 0; formats && k < bindings; k++)
+        if (formats[k])
+            o->formats[k] = formats[k], o->texel_mask |= 1u << k;
     return put_object(e, slot, o);
+}
+
+int ls_engine_put_view(ls_engine *e, uint32_t slot, uint32_t id, uint32_t buffer, uint64_t view, uint64_t offset,
+                       uint64_t range, uint32_t format, uint32_t uses)
+{
+    if (!view || !range || format >= 16 || !uses || (uses & ~(LS_VIEW_STORAGE | LS_VIEW_UNIFORM)))
+        return -EINVAL;
+    struct object *o = calloc(1, sizeof *o);
+    if (!o)
+        return -ENOMEM;
+    *o = (struct object){.id = id, .kind = LS_KIND_VIEW, .handle = view, .size = range, .format = format,
+                         .uses = uses, .client = slot};
+    pthread_mutex_lock(&e->lock);
+    struct client *c = client_at(e, slot);
+    struct object **found = c ? table_find(&c->objects, LS_KIND_BUFFER, buffer) : NULL;
+    struct object *of = found ? *found : NULL;  /* (table_put may move the slots) */
+    int rc = !of ? -ENOENT : table_find(&c->objects, LS_KIND_VIEW, id) ? -EEXIST
+           : offset > of->size || range > of->size - offset ? -ERANGE : table_put(&c->objects, o);
+    if (!rc)
+        hold_objects(&o->of, &of, 1);   /* the buffer lives while its view does (objects.c, "Views") */
+    pthread_mutex_unlock(&e->lock);
+    if (rc)
+        free(o);
+    return rc;
 }
 
 int ls_engine_put_list(ls_engine *e, uint32_t slot, uint32_t id, const char *commands, uint32_t count,
@@ -409,7 +436,8 @@ int ls_engine_put_group(ls_engine *e, uint32_t slot, uint32_t id, uint32_t progr
     int rc = !c ? -ENOENT : !p ? -LS_ENOPROGRAM : (*p)->bindings != count ? -LS_EBINDINGS
            : table_find(&c->objects, LS_KIND_GROUP, id) ? -EEXIST : 0;
     if (!rc) {                          /* the program's layout, then each entry against it */
-        o->uniform_mask = (*p)->uniform_mask, o->array_mask = (*p)->array_mask;
+        o->uniform_mask = (*p)->uniform_mask, o->array_mask = (*p)->array_mask, o->texel_mask = (*p)->texel_mask;
+        memcpy(o->formats, (*p)->formats, sizeof o->formats);
         rc = check_group(e, c, o, group_entries(o), count, found, bad);
     }
     if (!rc)

@@ -12,13 +12,15 @@ import logging
 from dataclasses import dataclass
 
 from libshare.errors import LibshareError
+from libshare.protocol.texels import TEXEL_STORAGE, TEXEL_UNIFORM, format_code
 from libshare.ring._binding import code_error
 from libshare.ring._binding import ffi as ring_ffi
 from libshare.arbiter.engine._engine_cffi import ffi, lib
 
 log = logging.getLogger("libshare.arbiter")
 
-BUFFER, PROGRAM, LIST, GROUP = lib.LS_KIND_BUFFER, lib.LS_KIND_PROGRAM, lib.LS_KIND_LIST, lib.LS_KIND_GROUP
+BUFFER, PROGRAM, LIST = lib.LS_KIND_BUFFER, lib.LS_KIND_PROGRAM, lib.LS_KIND_LIST
+GROUP, VIEW = lib.LS_KIND_GROUP, lib.LS_KIND_VIEW
 MOST_COMMANDS = lib.LS_ENGINE_MAX_LIST
 """The most commands in one command list (engine/lists.c)."""
 MOST_BINDINGS = lib.LS_ENGINE_MAX_BINDINGS
@@ -28,6 +30,7 @@ EVENTS = {name: getattr(lib, f"LS_EV_{name}") for name in
 POP = lib.LS_ENGINE_POP
 MOST_PIECES = lib.LS_ENGINE_MAX_PIECES
 """The most pieces one dispatch is cut into (policy/engine_policy.c, "Pieces")."""
+assert (TEXEL_STORAGE, TEXEL_UNIFORM) == (lib.LS_VIEW_STORAGE, lib.LS_VIEW_UNIFORM)  # one meaning for the bits
 _LOST = -4  # VK_ERROR_DEVICE_LOST: what a submission through a destroyed engine returns
 _ENGINES: dict[int, Engine] = {}  # by the ls_engine address, for the planning callback
 
@@ -192,8 +195,10 @@ class Engine:
         flags = lib.LS_ENGINE_CUTTABLE if cuttable else 0
         uniform_mask = sum(1 << k for k in pipeline.uniform)
         array_mask = sum(1 << k for k in pipeline.continued)
+        formats = ffi.new("uint16_t[]", [sum(1 << format_code(name) for name in pipeline.texel.get(k, ()))
+                                         for k in range(max(bindings, 1))])  # 0: a buffer binding
         check(lib.ls_engine_put_program(self._e, slot, program_id, handle, layout, bindings, uniform_mask,
-                                        array_mask, push_size, flags), "registering a program")
+                                        array_mask, push_size, flags, formats), "registering a program")
 
     def put_group(self, slot: int, group_id: int, program_id: int,
                   entries: list[tuple[int, int, int]]) -> None:
@@ -222,9 +227,17 @@ class Engine:
                              unknown=LibshareError)
         check(rc, f"registering a command list (its command {bad[0]})")
 
-    def put_buffer(self, slot: int, buffer_id: int, buffer, size: int) -> None:
-        """Let ``slot``'s descriptors name ``buffer`` (a device Buffer) as ``buffer_id``."""
-        check(lib.ls_engine_put_buffer(self._e, slot, buffer_id, buffer.native, size), "registering a buffer")
+    def put_buffer(self, slot: int, buffer_id: int, buffer, size: int, view_of: tuple[int, str, int] | None = None) -> None:
+        """Let ``slot``'s descriptors name ``buffer`` (a device Buffer) as ``buffer_id``; with ``view_of`` (its
+        buffer's id, its texel format's name, its uses: LS_VIEW_* bits, libshare.protocol.texels' TEXEL_STORAGE
+        and TEXEL_UNIFORM), ``buffer`` is a DeviceView that its dispatches name at texel bindings of those uses
+        (``size``: its bytes), and it holds its buffer (engine/objects.c, "Views")."""
+        if view_of is None:
+            check(lib.ls_engine_put_buffer(self._e, slot, buffer_id, buffer.native, size), "registering a buffer")
+            return
+        of, format_name, uses = view_of
+        check(lib.ls_engine_put_view(self._e, slot, buffer_id, of, buffer.native, buffer.offset, size,
+                                     format_code(format_name), uses), "registering a texel view")
 
     def drop(self, slot: int, kind: int, object_id: int) -> bool:
         """Forget an object; True when commands still use it (an LS_EV_RELEASED event follows)."""

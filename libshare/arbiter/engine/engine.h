@@ -26,6 +26,9 @@
 #define LS_KIND_LIST 3                  /* a command list (engine/lists.c) */
 #define LS_ENGINE_MAX_LIST 1024         /* the most commands in one list */
 #define LS_KIND_GROUP 4                 /* a bind group: a program layout's buffers, offsets and ranges (validate.c) */
+#define LS_KIND_VIEW 5                  /* a texel view of a buffer of the client's (objects.c, "Views") */
+#define LS_VIEW_STORAGE 1               /* a view's uses: in a storage texel buffer binding */
+#define LS_VIEW_UNIFORM 2               /* ... in a uniform texel buffer binding */
 #define LS_ENGINE_MAX_BINDINGS 32       /* the most buffers one program binds (more than LS_MAX_BUFFERS: through a group) */
 
 #define LS_ENGINE_CUTTABLE 1            /* put_program flag: its dispatches may run in pieces (engine_policy.c, "Pieces") */
@@ -147,20 +150,29 @@ int ls_engine_dropped(ls_engine *e, uint32_t client);
 int ls_engine_take_usage(ls_engine *e, uint32_t client, struct ls_engine_stats *out);
 
 /* Object tables. A program's handles come from Pipeline.native, a buffer's from Buffer.native;
- * bindings: its buffers, 0..LS_ENGINE_MAX_BINDINGS (bit k of uniform_mask: buffer k is a uniform one;
- * of array_mask: buffer k is the next element of the array of buffers that k - 1 is in);
- * flags: LS_ENGINE_CUTTABLE or 0. */
+ * bindings: its bindings, 0..LS_ENGINE_MAX_BINDINGS (bit k of uniform_mask: binding k is uniform, a
+ * uniform buffer or a uniform texel buffer; of array_mask: binding k is the next element of the array of
+ * buffers that k - 1 is in); flags: LS_ENGINE_CUTTABLE or 0. formats (NULL: none) holds, for each binding
+ * k that is a texel buffer, the mask of the view format codes it takes (libshare/protocol/texels.py; 0: a
+ * buffer): its dispatches name a view (LS_KIND_VIEW) there. */
 int ls_engine_put_program(ls_engine *e, uint32_t client, uint32_t id, uint64_t pipeline,
                           uint64_t layout, uint32_t bindings, uint32_t uniform_mask, uint32_t array_mask,
-                          uint32_t push_size, uint32_t flags);
-/* A bind group for the layout of program `program` (validate.c): count (its bindings) buffer ids with
- * their byte offsets and ranges (0: to the buffer's end), each checked now as a dispatch checks it (and
- * again at each dispatch that names the group). 0, -LS_E* of the first bad entry (its index in *bad),
- * -LS_ENOPROGRAM, -LS_EBINDINGS (count is not the program's bindings), -EINVAL (count past
- * LS_ENGINE_MAX_BINDINGS or a NULL array), -EEXIST, -ENOENT or -ENOMEM. */
+                          uint32_t push_size, uint32_t flags, const uint16_t *formats);
+/* A bind group for the layout of program `program` (validate.c): count (its bindings) buffer ids (a view's
+ * id at a texel binding) with their byte offsets and ranges (0: to the buffer's end; both 0 at a texel
+ * binding, a view has its own range), each checked now as a dispatch checks it (and again at each dispatch
+ * that names the group). 0, -LS_E* of the first bad entry (its index in *bad), -LS_ENOPROGRAM,
+ * -LS_EBINDINGS (count is not the program's bindings), -EINVAL (count past LS_ENGINE_MAX_BINDINGS or a
+ * NULL array), -EEXIST, -ENOENT or -ENOMEM. */
 int ls_engine_put_group(ls_engine *e, uint32_t client, uint32_t id, uint32_t program, const uint32_t *buffers,
                         const uint64_t *offsets, const uint64_t *ranges, uint32_t count, uint32_t *bad);
 int ls_engine_put_buffer(ls_engine *e, uint32_t client, uint32_t id, uint64_t buffer, uint64_t size);
+/* A texel view (a VkBufferView from DeviceView.native) of range bytes from offset of the client's
+ * buffer id buffer, in view format code format (below 16), for uses (LS_VIEW_*): it holds the
+ * buffer until it is dropped and idle. -ENOENT (no such buffer), -ERANGE (past the buffer),
+ * -EINVAL, -EEXIST or -ENOMEM. */
+int ls_engine_put_view(ls_engine *e, uint32_t client, uint32_t id, uint32_t buffer, uint64_t view,
+                       uint64_t offset, uint64_t range, uint32_t format, uint32_t uses);
 /* A command list: count descriptors (struct ls_desc, 256 bytes each; any opcode but LS_OP_NOP and LS_OP_LIST),
  * each checked now as a popped one is (and again as it runs). 0, -LS_E* of the first bad command
  * (its index in *bad), -EINVAL (count 0 or past LS_ENGINE_MAX_LIST), -EEXIST, -ENOENT or -ENOMEM. */

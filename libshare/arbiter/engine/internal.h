@@ -11,7 +11,7 @@
  *   recordings.c  descriptors recorded into secondary command buffers, each client's cache
  *   flights.c     submissions: opening, submitting, retiring, timestamps, the watchdog
  *   answers.c     completions and fences to clients, events to the control plane
- *   objects.c     each client's object table, objects held by commands, deferred drops
+ *   objects.c     each client's object table, objects held by commands, deferred drops, views
  *   lists.c       command lists: registered once, run command by command under one ticket
  *   api.c         the ls_engine_* entry points
  *   ../policy/engine_policy.c  the scheduling policy's C part: plans, ranks, lingering, pieces
@@ -57,15 +57,20 @@
 #define SCRATCH_OFFSET ((PROGRESS_OFFSET + 8 + 255) / 256 * 256)
 #define SCRATCH_SIZE (16 * LS_ENGINE_MAX_BATCH)
 
-/* A client's program, buffer, list or bind group, counted in use by the commands and cuts that hold it (objects.c). */
+/* A client's program, buffer, list, bind group or texel view, counted in use by the commands and cuts that hold
+ * it (objects.c). */
 struct object {
     uint32_t id, kind;
-    uint32_t in_flight;                 /* commands submitted and not retired */
+    uint32_t in_flight;                 /* commands submitted and not retired (and a buffer's views) */
     uint32_t freed;                     /* dropped by the control plane */
-    uint64_t handle, layout, size;      /* VkBuffer + size, or VkPipeline + layout */
+    uint64_t handle, layout, size;      /* VkBuffer + size, VkPipeline + layout, or VkBufferView + range */
     uint32_t bindings, push_size;
-    uint32_t uniform_mask;              /* a program's (or group's) buffers that are uniform buffers (bit k: buffer k) */
+    uint32_t uniform_mask;              /* a program's (or group's) bindings that are uniform (bit k: binding k) */
     uint32_t array_mask;                /* ... that are the next element of an array of buffers (bit k: k - 1's) */
+    uint32_t texel_mask;                /* ... that are texel buffers (their ids name views) */
+    uint16_t formats[LS_ENGINE_MAX_BINDINGS];  /* ... each texel binding's view format codes (bit f: code f) */
+    uint32_t format, uses;              /* a view's format code and its uses (LS_VIEW_*) */
+    struct object *of;                  /* a view's buffer, held while the view lives */
     uint32_t client;
     uint32_t cuttable;                  /* a program whose dispatches may run in pieces (LS_ENGINE_CUTTABLE) */
     uint32_t count;                     /* a list's commands, stored after the object (list_commands) */

@@ -21,8 +21,9 @@
  * command is checked as far as it can be (check_template: its own objects, its program's bindings,
  * a slot under LS_MAX_BUFFERS, a program that takes push constants); the list records the slots its
  * commands use (bindings: one past the highest) and the push bytes all of them take (push_size:
- * the least of their programs'). Each submission must give exactly that many slots, each a buffer of
- * its client (LS_EBINDINGS, LS_ENOBUFFER), and push bytes its commands take (LS_EPUSH): check_args,
+ * the least of their programs'). Each submission must give exactly that many slots, each a buffer or a
+ * texel view of its client (LS_EBINDINGS, LS_ENOBUFFER; which one a slot must be is told as each
+ * command runs, by the binding it lands at), and push bytes its commands take (LS_EPUSH): check_args,
  * from check_desc, before anything runs. Each command then runs with the parameters substituted
  * into a private copy (bind_args), a plain descriptor that passes check_desc as any other; that copy
  * is what is recorded and cached, so the recording cache (keyed by content) serves a list with
@@ -79,6 +80,13 @@ struct object *new_list(const char *commands, uint32_t count)
     return o;
 }
 
+/* Whether id names a buffer or a texel view of client c: what a list's template or parameter may name
+ * before the command it lands in says which (check_binding tells, as the command runs). */
+static int is_bindable(struct client *c, uint32_t id)
+{
+    return table_find(&c->objects, LS_KIND_BUFFER, id) || table_find(&c->objects, LS_KIND_VIEW, id);
+}
+
 /* 0 when command d of list may run for client c as far as it can be told before its submission: a
  * command with parameters (LS_LIST_ARG buffers, LS_DESC_SUBMISSION_PUSH) names only its own objects, a
  * slot under LS_MAX_BUFFERS, its program's bindings, and push constants its program takes; its ranges and
@@ -92,7 +100,7 @@ static int check_template(ls_engine *e, struct client *c, struct object *list, c
         return -LS_EPUSH;
     for (uint32_t k = 0; k < d->nbuffers; k++) {
         uint32_t slot = d->buffer[k] & ~(uint32_t)LS_LIST_ARG;
-        if (!(d->buffer[k] & LS_LIST_ARG) && !table_find(&c->objects, LS_KIND_BUFFER, d->buffer[k]))
+        if (!(d->buffer[k] & LS_LIST_ARG) && !is_bindable(c, d->buffer[k]))
             return -LS_ENOBUFFER;
         if (d->buffer[k] & LS_LIST_ARG && slot >= LS_MAX_BUFFERS)
             return -LS_EBINDINGS;
@@ -155,7 +163,7 @@ int check_args(struct client *c, const struct object *list, const struct ls_desc
     if (d->push_size > list->push_size || d->push_size % 4)
         return -LS_EPUSH;
     for (uint32_t k = 0; k < d->nbuffers; k++)
-        if (!table_find(&c->objects, LS_KIND_BUFFER, d->buffer[k]))
+        if (!is_bindable(c, d->buffer[k]))
             return -LS_ENOBUFFER;
     return 0;
 }

@@ -1,6 +1,6 @@
 /*
- * Each client's objects: its programs, buffers, command lists and bind groups, by the ids it chose, in a
- * table of its own.
+ * Each client's objects: its programs, buffers, command lists, bind groups and texel views, by the ids it
+ * chose, in a table of its own.
  *
  * Lifetime. Every command holds a count on the program and buffers it names (hold_objects);
  * ls_engine_drop of an object still counted marks it, and the last retirement
@@ -8,6 +8,13 @@
  * while descriptors that the client published before it still wait in its ring
  * waits for them to be popped (defer_drop), as the plan pops them, so that they
  * find the object (and for a command list that runs, and what was popped behind it: lists.c).
+ *
+ * Views. A texel view (LS_KIND_VIEW, ls_engine_put_view) is a VkBufferView over a range of one of
+ * the client's buffers. It holds that buffer as a command does (one count of in_flight, from its
+ * put until it is freed), so a buffer is never destroyed under a view, nor under a command that
+ * names only the view: its LS_EV_RELEASED follows the view's. The control plane drops a buffer's
+ * views before the buffer (drain/drainer.py); a descriptor that names a view whose buffer was
+ * dropped all the same is refused (check_desc).
  *
  * The table. Open addressing, keyed by (kind, id), with linear probes. A removed slot holds the
  * table's own address (a tombstone), so probes go on past it. Live entries and tombstones together
@@ -113,19 +120,38 @@ static void table_remove(struct table *t, struct object **slot)
     t->live--;
 }
 
+/* Free o, and let go of the buffer a view holds: the last hold of a freed buffer destroys it too. */
+static void free_object(ls_engine *e, struct object *o)
+{
+    struct object *of = o->of;
+    free(o);
+    if (of)
+        release(e, of);
+}
+
 /* Free the objects of table t, of client slot being removed, and the table's slots; one that
- * work still names (a stopped engine's abandoned work) is marked freed and leaked, never freed. */
+ * work still names (a stopped engine's abandoned work) is marked freed and leaked, never freed.
+ * Idle views go first, so that their buffers are idle too (a buffer out of the table, held by
+ * a view only, goes with it). */
 void free_objects(struct table *t, uint32_t slot)
 {
-    for (uint32_t i = 0; i < t->cap; i++) {
-        struct object *o = t->slots[i];
-        if (is_taken(t, o)) {
-            if (o->in_flight)
+    for (int views = 1; views >= 0; views--)
+        for (uint32_t i = 0; i < t->cap; i++) {
+            struct object *o = t->slots[i];
+            if (!is_taken(t, o) || (o->kind == LS_KIND_VIEW) != views)
+                continue;
+            t->slots[i] = NULL;
+            if (o->in_flight) {
                 o->freed = 1, o->client = slot;  /* abandoned work still names it: leak, never free */
-            else
+            } else if (o->of) {
+                struct object *of = o->of;
                 free(o);
+                if (--of->in_flight == 0 && of->freed)
+                    free(of);
+            } else {
+                free(o);
+            }
         }
-    }
     free(t->slots);
 }
 
@@ -145,7 +171,7 @@ void release(ls_engine *e, struct object *o)
 {
     if (--o->in_flight == 0 && o->freed) {
         emit(e, LS_EV_RELEASED, o->client, 0, o->kind, o->id, 0);
-        free(o);
+        free_object(e, o);
     }
 }
 
@@ -167,7 +193,7 @@ static int drop_now(ls_engine *e, uint32_t slot, uint32_t kind, uint32_t id, int
     }
     if (emit_idle)
         emit(e, LS_EV_RELEASED, slot, 0, kind, id, 0);
-    free(o);
+    free_object(e, o);
     return 0;
 }
 

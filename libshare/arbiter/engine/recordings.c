@@ -1,7 +1,8 @@
 /*
  * Recordings. Each client's descriptors are recorded once per distinct content
- * (everything but the ticket): bind, push descriptors, push constants, dispatch,
- * copy, fill or update, and one barrier, into a secondary command buffer with
+ * (everything but the ticket): bind, push descriptors (a buffer's range, or a texel view's
+ * VkBufferView), push constants, dispatch, copy, fill or update, and one barrier, into a secondary
+ * command buffer with
  * SIMULTANEOUS_USE (so several submissions may run it at once), cached by a hash
  * of the content in the client's table of at most CACHE_MAX, least recently used
  * first out (never one still in flight: past CACHE_MAX with all in flight, a
@@ -98,22 +99,30 @@ static void record_bindings(ls_engine *e, VkCommandBuffer cb, const struct ls_de
     if (n) {
         const struct group_entry *group = d->flags & LS_DESC_GROUP ? group_entries(buffers[n]) : NULL;
         VkDescriptorBufferInfo infos[LS_ENGINE_MAX_BINDINGS];
+        VkBufferView views[LS_ENGINE_MAX_BINDINGS];
         VkWriteDescriptorSet writes[LS_ENGINE_MAX_BINDINGS];
         uint32_t nwrites = 0;
         for (uint32_t k = 0; k < n; k++) {  /* the range: the group's, else to the buffer's end, at most the limit */
-            int uniform = program->uniform_mask >> k & 1;
-            uint64_t offset = group ? group[k].offset : d->offset[k];
-            uint64_t range = group && group[k].range ? group[k].range : buffers[k]->size - offset;
-            uint64_t most = uniform ? e->cfg.max_uniform_range : e->cfg.max_storage_range;
-            infos[k] = (VkDescriptorBufferInfo){(VkBuffer)buffers[k]->handle, offset, range < most ? range : most};
+            int uniform = program->uniform_mask >> k & 1, texel = program->texel_mask >> k & 1;
+            VkDescriptorType type = texel ? (uniform ? VK_DESCRIPTOR_TYPE_UNIFORM_TEXEL_BUFFER
+                                                     : VK_DESCRIPTOR_TYPE_STORAGE_TEXEL_BUFFER)
+                                          : uniform ? VK_DESCRIPTOR_TYPE_UNIFORM_BUFFER
+                                                    : VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
+            if (texel) {                /* a texel buffer: the view, with its own range (validate.c) */
+                views[k] = (VkBufferView)buffers[k]->handle;
+            } else {
+                uint64_t offset = group ? group[k].offset : d->offset[k];
+                uint64_t range = group && group[k].range ? group[k].range : buffers[k]->size - offset;
+                uint64_t most = uniform ? e->cfg.max_uniform_range : e->cfg.max_storage_range;
+                infos[k] = (VkDescriptorBufferInfo){(VkBuffer)buffers[k]->handle, offset, range < most ? range : most};
+            }
             if (k && program->array_mask >> k & 1) {   /* the next element of the array: one write for all */
                 writes[nwrites - 1].descriptorCount++;
                 continue;
             }
             writes[nwrites] = (VkWriteDescriptorSet){VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET, NULL, VK_NULL_HANDLE,
-                                                     nwrites, 0, 1, uniform ? VK_DESCRIPTOR_TYPE_UNIFORM_BUFFER
-                                                                            : VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
-                                                     NULL, &infos[k], NULL};
+                                                     nwrites, 0, 1, type, NULL, texel ? NULL : &infos[k],
+                                                     texel ? &views[k] : NULL};
             nwrites++;
         }
         e->vk.CmdPushDescriptorSetKHR(cb, VK_PIPELINE_BIND_POINT_COMPUTE, (VkPipelineLayout)program->layout, 0,

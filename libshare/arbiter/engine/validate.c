@@ -26,6 +26,16 @@
  * dispatch's program must have the group's layout (else LS_EBINDINGS); its objects are its buffers,
  * the group, then the program, each held until it retires.
  *
+ * Texel buffers. At a binding its program declares a texel buffer, a dispatch (or a bind group's
+ * entry, or a command list's parameter slot substituted there) names a view (LS_KIND_VIEW,
+ * objects.c) of the client's own, and check_binding looks it up as a view, never as a buffer (and a
+ * buffer binding's id never as a view), so a view passed for a buffer, or a buffer for a view, is an
+ * unknown id (LS_ENOBUFFER). The view's uses must include the binding's kind (storage or uniform)
+ * and its format must be one the binding takes (LS_EBINDINGS); its offset and range in the
+ * descriptor or the group are 0 (the view has its own range: LS_ERANGE); a view whose buffer was
+ * dropped is refused (LS_ENOBUFFER). A group copies its program's texel bindings and their formats
+ * into its layout, so a program must match those too.
+ *
  * What each opcode must hold (every refusal goes to that client's ticket alone):
  *   LS_OP_DISPATCH   its program's bindings (its own or a bind group's, below) and push size, aligned
  *                    offsets inside each buffer, each group count 1..the device's limit and their
@@ -44,16 +54,26 @@
  */
 #include "internal.h"
 
-/* Buffer id as binding k of layout (a program or a group) at offset, range bytes (0: to its end), with
- * the buffer in *out; else LS_ENOBUFFER or LS_ERANGE. The one check of a bound buffer. */
+/* Buffer id (a view's at a texel binding) as binding k of layout (a program or a group) at offset, range
+ * bytes (0: to its end), with the buffer or view in *out; else LS_ENOBUFFER, LS_EBINDINGS or LS_ERANGE.
+ * The one check of a bound object. */
 static int check_binding(ls_engine *e, struct client *c, const struct object *layout, uint32_t k, uint32_t id,
                          uint64_t offset, uint64_t range, struct object **out)
 {
-    struct object **slot = table_find(&c->objects, LS_KIND_BUFFER, id);
-    if (!slot)
+    int texel = layout->texel_mask >> k & 1, uniform = layout->uniform_mask >> k & 1;
+    struct object **slot = table_find(&c->objects, texel ? LS_KIND_VIEW : LS_KIND_BUFFER, id);
+    if (!slot || (texel && (*slot)->of->freed))
         return -LS_ENOBUFFER;
     struct object *buffer = *slot;
-    int uniform = layout->uniform_mask >> k & 1;
+    if (texel) {                        /* a view: of the binding's uses and formats, with its own range */
+        if (!(buffer->uses & (uniform ? LS_VIEW_UNIFORM : LS_VIEW_STORAGE)) ||
+            !(layout->formats[k] >> buffer->format & 1))
+            return -LS_EBINDINGS;
+        if (offset || range)
+            return -LS_ERANGE;
+        *out = buffer;
+        return 0;
+    }
     uint64_t alignment = uniform ? e->cfg.uniform_offset_alignment : e->cfg.offset_alignment;
     uint64_t most = uniform ? e->cfg.max_uniform_range : e->cfg.max_storage_range;
     if (offset >= buffer->size || offset % alignment || range > buffer->size - offset || range > most)
@@ -98,7 +118,8 @@ static int check_bindings(ls_engine *e, struct client *c, const struct ls_desc *
         return -LS_ENOBUFFER;
     struct object *group = *slot;
     if (group->bindings != program->bindings || group->uniform_mask != program->uniform_mask ||
-        group->array_mask != program->array_mask)
+        group->array_mask != program->array_mask || group->texel_mask != program->texel_mask ||
+        memcmp(group->formats, program->formats, sizeof group->formats))
         return -LS_EBINDINGS;
     users[program->bindings] = group;
     return check_group(e, c, group, group_entries(group), group->bindings, users, &bad);

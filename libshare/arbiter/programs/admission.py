@@ -9,8 +9,8 @@ reaches ``vkCreateShaderModule`` only after all of these, cheapest first:
    the module could use (twice its word count, plus slack). A larger bound is never
    needed by a real module and is what made Mesa allocate for seconds.
 2. **Reflection and the whitelist** (:func:`libshare.arbiter.programs.spirv.reflect`): one GLCompute
-   entry point, buffers (storage and uniform, any sets and bindings) as its only resources, and only
-   the capabilities, extensions,
+   entry point, buffers (storage and uniform, any sets and bindings) and texel buffers (storage ones of a
+   declared format, uniform ones) as its only resources, and only the capabilities, extensions,
    addressing and memory models and storage classes a compute kernel over its bound
    buffers needs. ``PhysicalStorageBufferAddresses`` (pointers made from integers) is
    the one that matters most.
@@ -20,7 +20,9 @@ reaches ``vkCreateShaderModule`` only after all of these, cheapest first:
    than a descriptor's 8 is dispatched through a bind group), and a ceiling on per-invocation private memory (on lavapipe it lives on the
    stack of the arbiter thread that runs the kernel); and **device features**
    (``capabilities.py``): a SPIR-V version the device runs, and for every capability the
-   module declares, a feature the device was created with (``Float16``: ``shaderFloat16``).
+   module declares, a feature the device was created with (``Float16``: ``shaderFloat16``); and for
+   every texel buffer, a view format of its kind that the device supports in a buffer view
+   (``bufferFeatures``: ``STORAGE_TEXEL_BUFFER`` for a storage one: ``r32f`` for ``layout(r32f)``).
 4. **The SPIR-V validator**: ``spirv-val`` from SPIRV-Tools (Debian's ``spirv-tools``),
    for the Vulkan environment the arbiter's device runs (1.1, 1.2 or 1.3), in a subprocess with a
    time limit, so that a validator bug costs a child process, not the arbiter; at most
@@ -47,8 +49,9 @@ from libshare.arbiter.programs.capabilities import check_device_features, target
 from libshare.arbiter.programs.spirv import ShaderInterface, reflect
 from libshare.errors import InvalidSubmission, VulkanUnavailable
 from libshare.arbiter.engine.binding import MOST_BINDINGS
+from libshare.protocol.texels import TEXEL_STORAGE, TEXEL_UNIFORM
 
-__all__ = ["MAX_MODULE_BYTES", "MAX_PRIVATE_BYTES", "admit", "validator_path"]
+__all__ = ["MAX_MODULE_BYTES", "MAX_PRIVATE_BYTES", "admit", "check_texel_formats", "validator_path"]
 
 MAX_MODULE_BYTES = 1 << 20
 """Largest module accepted (1 MiB; the shipped kernels are 1-3 kB)."""
@@ -74,6 +77,7 @@ def admit(spirv: bytes, device) -> ShaderInterface:
     except (ArithmeticError, LookupError, RecursionError, TypeError, ValueError) as exc:  # a parser bug: refuse
         raise InvalidSubmission(f"invalid SPIR-V: reflection could not read it ({type(exc).__name__})") from None
     check_device_limits(interface, device)
+    check_texel_formats(interface, device)
     check_device_features(spirv, device)
     validate(spirv, target_env(device))
     return interface
@@ -121,9 +125,10 @@ def check_device_limits(interface: ShaderInterface, device) -> None:
 def check_binding_limits(interface: ShaderInterface, limits: dict[str, int]) -> None:
     """Refuse a kernel that binds more buffers than :func:`most_bindings` allows, naming the count and the
     limit (a program with more than ring.h's LS_MAX_BUFFERS is dispatched through a bind group)."""
-    total, uniform = len(interface.bindings), len(interface.uniform)
+    texel = {k for k, _ in interface.texel}   # (texel buffers count against the device's image limits)
+    total, uniform = len(interface.bindings), len(interface.uniform - texel)
     counts = {"buffers": (total, most_bindings(limits)),
-              "storage buffers": (total - uniform, limits["per-stage storage buffers"]),
+              "storage buffers": (total - uniform - len(texel), limits["per-stage storage buffers"]),
               "uniform buffers": (uniform, limits["per-stage uniform buffers"])}
     for what, (count, limit) in counts.items():
         if count > limit:
@@ -140,6 +145,28 @@ def most_bindings(limits: dict[str, int]) -> int:
 
 def _limits_text(limits: dict[str, int]) -> str:
     return ", ".join(f"{name} {value}" for name, value in limits.items())
+
+
+def check_texel_formats(interface: ShaderInterface, device) -> None:
+    """Refuse a kernel with a texel buffer that no view format the device supports for its kind can serve."""
+    for binding, formats in interface.texel:
+        uniform = binding in interface.uniform
+        use = TEXEL_UNIFORM if uniform else TEXEL_STORAGE
+        if not any(device.texel_formats.get(name, 0) & use for name in formats):
+            place = interface.resources[_resource_of(interface.arrays, binding)]
+            raise InvalidSubmission(f"the {'uniform' if uniform else 'storage'} texel buffer at (set, binding) "
+                                    f"{place} takes views of format {' or '.join(formats)}, which {device.name} "
+                                    f"does not support in a {'uniform' if uniform else 'storage'} texel buffer")
+
+
+def _resource_of(arrays: tuple[int, ...], binding: int) -> int:
+    """The index into a ShaderInterface's resources of its buffer ``binding`` (arrays of buffers take several)."""
+    first = 0
+    for k, count in enumerate(arrays):
+        if binding < first + count:
+            return k
+        first += count
+    return binding
 
 
 def validator_path() -> str:

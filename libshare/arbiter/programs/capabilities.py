@@ -140,6 +140,8 @@ FEATURES_NEEDED: dict[int, tuple[str, ...]] = {
     12: ("shaderBufferInt64Atomics", "shaderSharedInt64Atomics"),  # Int64Atomics
     22: ("shaderInt16",),  # Int16
     39: ("shaderInt8",),  # Int8
+    46: ("VK_VERSION_1_0",),  # SampledBuffer
+    47: ("VK_VERSION_1_0",),  # ImageBuffer
     61: ("subgroupBasic",),  # GroupNonUniform
     62: ("subgroupVote",),  # GroupNonUniformVote
     63: ("subgroupArithmetic",),  # GroupNonUniformArithmetic

@@ -65,6 +65,7 @@ import time
 
 from libshare import settings as _settings
 from libshare.errors import InvalidSubmission, ServerFault, Timeout
+from libshare.protocol.texels import TEXEL_FORMATS, TEXEL_STORAGE, TEXEL_UNIFORM
 
 log = logging.getLogger("libshare.arbiter")
 
@@ -357,7 +358,8 @@ def _take_arbiters_cores() -> None:
 
 
 def _trial(device, spirv: bytes, bindings: int, push_size: int, entry: str) -> None:
-    """Create the pipeline and run it once, on one workgroup over small zeroed buffers.
+    """Create the pipeline and run it once, on one workgroup over small zeroed buffers (at a texel buffer, a
+    view of one, of a format the binding takes: :func:`_trial_view`).
 
     llvmpipe compiles a kernel's machine code at its first dispatch, not at pipeline
     creation, so only a dispatch shows what the compile costs. It also fills Mesa's
@@ -368,15 +370,27 @@ def _trial(device, spirv: bytes, bindings: int, push_size: int, entry: str) -> N
 
     pipeline = device.create_pipeline(spirv, bindings, push_size, entry)
     buffers = [device.alloc_device(_TRIAL_BUFFER) for _ in range(bindings)]
+    views = {k: _trial_view(device, buffers[k], formats, k in pipeline.uniform) for k, formats in pipeline.texel.items()}
     try:
-        submission = device.submit([Dispatch(pipeline, [(b, 0) for b in buffers], (1, 1, 1), bytes(push_size))],
-                                   timed=False)
+        bound = [(views[k], 0) if k in views else (b, 0) for k, b in enumerate(buffers)]
+        submission = device.submit([Dispatch(pipeline, bound, (1, 1, 1), bytes(push_size))], timed=False)
         submission.wait()
         submission.release()
     finally:
+        for view in views.values():
+            device.destroy_view(view)
         for buffer in buffers:
             device.destroy_buffer(buffer)
         device.destroy_pipeline(pipeline)
+
+
+def _trial_view(device, buffer, formats: tuple[str, ...], uniform: bool):
+    """A view of the trial buffer for a texel binding: the first of its formats the device supports for its kind
+    (admission made sure there is one)."""
+    use = TEXEL_UNIFORM if uniform else TEXEL_STORAGE
+    name = next(name for name in formats if device.texel_formats.get(name, 0) & use)
+    texel = TEXEL_FORMATS[name]
+    return device.create_view(buffer, texel.vk_format, 0, _TRIAL_BUFFER // texel.texel_bytes * texel.texel_bytes)
 
 
 def _die_with_parent() -> None:

@@ -2,7 +2,7 @@
 
 The arbiter needs four facts about a client's shader before it builds a
 pipeline: the entry point name, the workgroup size, which descriptor bindings
-the shader uses and how many bytes of push constants it reads. ``reflect()``
+the shader uses (and the kind of each) and how many bytes of push constants it reads. ``reflect()``
 reads them straight from the SPIR-V word stream.
 
 The module comes from an untrusted client, so parsing never trusts a count or
@@ -15,17 +15,22 @@ validator.
 
 Supported resources are buffers: storage buffers, declared either the SPIR-V 1.3+ way
 (``StorageBuffer`` storage class) or the SPIR-V 1.0 way (``Uniform`` storage class with a
-``BufferBlock`` struct), and uniform buffers (``Uniform`` with a ``Block`` struct), in any
-descriptor set, at any binding numbers, gaps allowed, several variables (typed views) on one
-binding allowed when they agree on its kind. A program's buffers are its distinct (set,
-binding) pairs in that order: the client passes one buffer for each, and
-:func:`bound_in_set_zero` renumbers them 0..N-1 in set 0 before a driver sees the module, so
-that one push-descriptor set binds them all. A binding declared as a fixed-size array of blocks
-(``layout(binding=0) buffer B { float x[]; } b[4];``) takes that many buffers, one after the other
-in the client's list (its descriptors' count: :func:`buffer_layout`); an index into such an array
-is clamped to its length (programs/clamp.py), so no kernel reaches a descriptor past it.
-Runtime-sized arrays of blocks (``b[]``, descriptor indexing), arrays of arrays of blocks, images
-and samplers are refused: the arbiter binds buffers only, each one the client named.
+``BufferBlock`` struct), and uniform buffers (``Uniform`` with a ``Block`` struct), and texel
+buffers (``UniformConstant`` variables of an ``OpTypeImage`` of ``Dim Buffer``: ``Sampled 1``, alone
+or in an ``OpTypeSampledImage``, a uniform texel buffer, any view format of its sampled type's
+numeric class; ``Sampled 2`` a storage texel buffer, only views of the ``ImageFormat`` it declares,
+and ``Unknown`` is refused), in any descriptor set, at any binding numbers, gaps allowed, several
+variables (typed views) on one binding allowed when they agree on its kind. A program's buffers
+are its distinct (set, binding) pairs in that order: the client passes one buffer (or, at a texel
+buffer, one texel view: arbiter/serve/views.py) for each, and :func:`bound_in_set_zero` renumbers
+them 0..N-1 in set 0 before a driver sees the module, so that one push-descriptor set binds them
+all (:func:`buffer_layout` says each binding's kind). A binding declared as a fixed-size array of
+blocks (``layout(binding=0) buffer B { float x[]; } b[4];``) takes that many buffers, one after the
+other in the client's list (its descriptors' count: :func:`buffer_layout`); an index into such an
+array is clamped to its length (programs/clamp.py), so no kernel reaches a descriptor past it.
+Runtime-sized arrays of blocks (``b[]``, descriptor indexing), arrays of arrays of blocks, arrays of
+texel buffers, images of any other dimension and samplers are refused: the arbiter binds buffers
+and views of buffers only, each one the client named.
 
 What a module may use (the whitelist)
 -------------------------------------
@@ -37,10 +42,12 @@ explicit list of what a compute kernel over its bound storage buffers needs, and
 the first thing that is not:
 
 * **capabilities** in :data:`ALLOWED_CAPABILITIES` (``Shader``, the 8/16/64-bit scalar
-  types and storage, subgroup operations, the Vulkan memory model). Refused, among
-  others: ``PhysicalStorageBufferAddresses`` (``GL_EXT_buffer_reference``: a pointer made
-  from an integer reads and writes any memory of the process), ``VariablePointers``,
-  ``Addresses``, ``Kernel``, ``Linkage``, ``Int64ImageEXT`` and everything for images.
+  types and storage, subgroup operations, the Vulkan memory model, ``ImageBuffer`` and
+  ``SampledBuffer`` for texel buffers). Refused, among others: ``PhysicalStorageBufferAddresses``
+  (``GL_EXT_buffer_reference``: a pointer made from an integer reads and writes any memory of
+  the process), ``VariablePointers``, ``Addresses``, ``Kernel``, ``Linkage``, ``Int64ImageEXT``
+  and every other image capability (``ImageQuery``, ``StorageImageReadWithoutFormat``, ...);
+  and ``OpImageTexelPointer`` (an atomic on a texel), by name.
 * **extensions** in :data:`ALLOWED_EXTENSIONS`, and extended instruction sets
   ``GLSL.std.450`` and ``NonSemantic.*`` (which by definition change nothing);
 * the **addressing model** ``Logical`` and the **memory models** ``GLSL450`` and
@@ -75,9 +82,10 @@ from typing import Iterator
 
 from libshare.arbiter.programs.capabilities import capability_name
 from libshare.errors import InvalidSubmission
+from libshare.arbiter.programs.texel_kinds import texel_kind
 
-__all__ = ["ALLOWED_CAPABILITIES", "ALLOWED_EXTENSIONS", "ShaderInterface", "bound_in_set_zero", "buffer_layout", "reflect",
-           "zero_initialized"]
+__all__ = ["ALLOWED_CAPABILITIES", "ALLOWED_EXTENSIONS", "ShaderInterface", "bound_in_set_zero", "buffer_layout",
+           "reflect", "zero_initialized"]
 
 _MAGIC = 0x07230203
 _MAGIC_SWAPPED = 0x03022307  # the magic number read in the wrong byte order
@@ -94,6 +102,7 @@ _OP_CONSTANT_COMPOSITE, _OP_SPEC_CONSTANT_COMPOSITE, _OP_SPEC_CONSTANT_OP = 44, 
 _OP_EXTENSION, _OP_EXT_INST_IMPORT, _OP_MEMORY_MODEL, _OP_CAPABILITY = 10, 11, 14, 17
 _OP_TYPE_BOOL, _OP_TYPE_FORWARD_POINTER = 20, 39
 _OP_CONSTANT_NULL, _OP_FUNCTION = 46, 54
+_OP_TYPE_IMAGE, _OP_TYPE_SAMPLER, _OP_TYPE_SAMPLED_IMAGE, _OP_IMAGE_TEXEL_POINTER = 25, 26, 27, 60
 _MIN_OPERANDS = {
     _OP_ENTRY_POINT: 3, _OP_EXECUTION_MODE: 2, _OP_EXECUTION_MODE_ID: 2,
     _OP_DECORATE: 2, _OP_MEMBER_DECORATE: 3, _OP_VARIABLE: 3,
@@ -103,9 +112,11 @@ _MIN_OPERANDS = {
     _OP_CONSTANT_COMPOSITE: 2, _OP_SPEC_CONSTANT_COMPOSITE: 2, _OP_SPEC_CONSTANT_OP: 3,
     _OP_EXTENSION: 1, _OP_EXT_INST_IMPORT: 2, _OP_MEMORY_MODEL: 2, _OP_CAPABILITY: 1,
     _OP_TYPE_FORWARD_POINTER: 2, _OP_TYPE_BOOL: 1,
+    _OP_TYPE_IMAGE: 8, _OP_TYPE_SAMPLER: 1, _OP_TYPE_SAMPLED_IMAGE: 2, _OP_IMAGE_TEXEL_POINTER: 5,
 }
 _TYPE_OPS = {_OP_TYPE_BOOL, _OP_TYPE_INT, _OP_TYPE_FLOAT, _OP_TYPE_VECTOR, _OP_TYPE_MATRIX, _OP_TYPE_ARRAY,
-             _OP_TYPE_RUNTIME_ARRAY, _OP_TYPE_STRUCT, _OP_TYPE_POINTER}
+             _OP_TYPE_RUNTIME_ARRAY, _OP_TYPE_STRUCT, _OP_TYPE_POINTER, _OP_TYPE_IMAGE, _OP_TYPE_SAMPLER,
+             _OP_TYPE_SAMPLED_IMAGE}
 _CONSTANT_OPS = {_OP_CONSTANT, _OP_SPEC_CONSTANT, _OP_CONSTANT_COMPOSITE,
                  _OP_SPEC_CONSTANT_COMPOSITE, _OP_SPEC_CONSTANT_OP}
 
@@ -121,6 +132,7 @@ _BUFFER_CLASSES = (_SC_UNIFORM_CONSTANT, _SC_UNIFORM, _SC_STORAGE_BUFFER)  # the
 
 ALLOWED_CAPABILITIES = {number: capability_name(number) for number in (
     0, 1, 9, 10, 11, 12, 22, 39,  # Matrix, Shader, Float16, Float64, Int64, Int64Atomics, Int16, Int8
+    46, 47,  # SampledBuffer, ImageBuffer: uniform and storage texel buffers (no other image capability)
     61, 62, 63, 64, 65, 66, 67, 68,  # the GroupNonUniform operations
     4423, 4431,  # SubgroupBallotKHR, SubgroupVoteKHR
     4433, 4434, 4435, 4448, 4449, 4450,  # 16- and 8-bit storage
@@ -176,9 +188,12 @@ class ShaderInterface:
     resources: tuple[tuple[int, int], ...] = ()
     """The module's own (descriptor set, binding) of each binding, in the order of :attr:`bindings`."""
     uniform: frozenset[int] = frozenset()
-    """Which of :attr:`bindings` are uniform buffers (the others are storage buffers)."""
+    """Which of :attr:`bindings` are uniform buffers or uniform texel buffers (the others are storage ones)."""
     arrays: tuple[int, ...] = ()
     """The buffers each of :attr:`resources` takes: 1, or the length of its array of buffers."""
+    texel: tuple[tuple[int, tuple[str, ...]], ...] = ()
+    """The texel buffers among :attr:`bindings`: (binding, the view formats it reads or writes,
+    libshare.protocol.texels names), in binding order."""
 
 
 def reflect(spirv: bytes) -> ShaderInterface:
@@ -195,14 +210,15 @@ def reflect(spirv: bytes) -> ShaderInterface:
     module.check_whitelist()
     entry_id, name = module.entry_point()
     resources = module.resources()
-    counts, uniform = _layout(resources)
+    counts, uniform, texel = _layout(resources)
     return ShaderInterface(
         entry_point=name,
         local_size=module.local_size(entry_id),
         bindings=tuple(range(sum(counts))),
-        resources=tuple(place for place, _, _ in resources),
+        resources=tuple(place for place, _, _, _ in resources),
         uniform=uniform,
         arrays=counts,
+        texel=tuple(sorted(texel.items())),
         push_constant_size=module.push_constant_size(),
         workgroup_bytes=module.variable_bytes((_SC_WORKGROUP,)),
         private_bytes=module.variable_bytes((_SC_PRIVATE, _SC_FUNCTION)),
@@ -256,7 +272,7 @@ def bound_in_set_zero(spirv: bytes) -> bytes:
     sharing it. Little-endian words; the module itself when it is so numbered already."""
     words = _words(bytes(spirv))
     module = _Module(words)
-    places = [place for place, _, _ in module.resources()]
+    places = [place for place, _, _, _ in module.resources()]
     if places == [(0, k) for k in range(len(places))]:
         return bytes(spirv) if spirv[:4] == b"\x03\x02\x23\x07" else struct.pack(f"<{len(words)}I", *words)
     number = {place: k for k, place in enumerate(places)}
@@ -269,21 +285,24 @@ def bound_in_set_zero(spirv: bytes) -> bytes:
     return struct.pack(f"<{len(out)}I", *out)
 
 
-def buffer_layout(spirv: bytes) -> tuple[tuple[int, ...], frozenset[int]]:
+def buffer_layout(spirv: bytes) -> tuple[tuple[int, ...], frozenset[int], dict[int, tuple[str, ...]]]:
     """The descriptors' count of each binding of ``spirv`` in (set, binding) order (1, or an array of
-    buffers' length), and which of its buffers (0..N-1, an array's elements one after the other) are
-    uniform buffers."""
+    buffers' length), which of its buffers (0..N-1, an array's elements one after the other) are
+    uniform buffers or uniform texel buffers, and which are texel buffers: buffer -> the view formats
+    it takes (libshare.protocol.texels names)."""
     return _layout(_Module(_words(bytes(spirv))).resources())
 
 
-def _layout(resources: list[tuple[tuple[int, int], bool, int]]) -> tuple[tuple[int, ...], frozenset[int]]:
-    counts = tuple(count for _, _, count in resources)
-    uniform, first = set(), 0
-    for (_, is_uniform, count) in resources:
+def _layout(resources: list) -> tuple[tuple[int, ...], frozenset[int], dict[int, tuple[str, ...]]]:
+    counts = tuple(count for _, _, count, _ in resources)
+    uniform, texel, first = set(), {}, 0
+    for (_, is_uniform, count, formats) in resources:
         if is_uniform:
             uniform.update(range(first, first + count))
+        if formats is not None:
+            texel.update((k, formats) for k in range(first, first + count))
         first += count
-    return counts, frozenset(uniform)
+    return counts, frozenset(uniform), texel
 
 
 def _invalid(message: str) -> InvalidSubmission:
@@ -359,6 +378,7 @@ class _Module:
         self.models: list[tuple[int, int]] = []  # (addressing, memory)
         self.pointer_classes: list[int] = []  # storage classes of OpTypePointer / OpTypeForwardPointer
         self.builtins: set[int] = set()  # every BuiltIn decoration's value, on any id or member
+        self.texel_pointers = False  # an OpImageTexelPointer (an atomic on a texel): refused
         for opcode, ops in _instructions(words):
             self._record(opcode, ops)
 
@@ -375,6 +395,8 @@ class _Module:
             self.pointer_classes.append(ops[1])
         if opcode == _OP_TYPE_POINTER:
             self.pointer_classes.append(ops[1])
+        elif opcode == _OP_IMAGE_TEXEL_POINTER:
+            self.texel_pointers = True
         if opcode == _OP_ENTRY_POINT and ops[0] == _GL_COMPUTE:
             self.entry_points.append((ops[1], _string(ops[2:])))
         elif opcode in (_OP_EXECUTION_MODE, _OP_EXECUTION_MODE_ID):
@@ -413,6 +435,8 @@ class _Module:
             raise _refused(f"addressing model {_ADDRESSING_NAMES.get(addressing, addressing)}")
         if memory not in _MEMORY_MODELS:
             raise _refused(f"memory model number {memory}")
+        if self.texel_pointers:  # (its pointer's class is Image: named here first)
+            raise _refused("an atomic on a texel buffer (OpImageTexelPointer: imageAtomic*)")
         for storage in self.pointer_classes + [storage for _, _, storage in self.variables]:
             if storage not in _ALLOWED_STORAGE and storage != _SC_UNIFORM_CONSTANT:  # images: refused later, by name
                 raise _refused(f"storage class {_STORAGE_NAMES.get(storage, storage)}")
@@ -473,19 +497,20 @@ class _Module:
             raise _invalid(f"local size {sizes} has a zero dimension")
         return x, y, z
 
-    def resources(self) -> list[tuple[tuple[int, int], bool, int]]:
-        """Each distinct (set, binding) of the module's buffers, sorted, with whether it is a
-        uniform buffer and how many buffers it takes (an array of buffers' length, else 1); raises
-        on any other resource, and on a binding whose views disagree on its kind or length."""
-        found: dict[tuple[int, int], tuple[bool, int]] = {}
+    def resources(self) -> list[tuple[tuple[int, int], bool, int, tuple[str, ...] | None]]:
+        """Each distinct (set, binding) of the module's buffers, sorted, with its kind: whether it is
+        uniform, how many buffers it takes (an array of buffers' length, else 1), and None for a buffer
+        or the view formats of a texel buffer; raises on any other resource, and on a binding whose
+        views disagree on its kind or length."""
+        found: dict[tuple[int, int], tuple[bool, int, tuple[str, ...] | None]] = {}
         for pointer, var, storage in self.variables:
             if storage in _BUFFER_CLASSES:
                 kind = self._buffer_kind(pointer, storage)
                 place = self.place(var)
                 if found.setdefault(place, kind) != kind:
-                    raise _invalid(f"binding {place[1]} of set {place[0]} is declared both a uniform and a storage "
-                                   "buffer, or as arrays of buffers of different lengths")
-        return sorted((place, uniform, count) for place, (uniform, count) in found.items())
+                    raise _invalid(f"binding {place[1]} of set {place[0]} is declared as two kinds of resource "
+                                   f"({_kind_name(found[place])} and {_kind_name(kind)})")
+        return sorted((place, *kind) for place, kind in found.items())
 
     def push_constant_size(self) -> int:
         """Byte size of the push-constant block, 0 when there is none."""
@@ -495,12 +520,11 @@ class _Module:
         size = self._size(self._pointee(blocks[0]), {}, 0) if blocks else 0
         return (size + 3) & ~3  # a push-constant range is whole words (a block of one int8_t: 4 bytes)
 
-    def _buffer_kind(self, pointer: int, storage: int) -> tuple[bool, int]:
-        """(True for a uniform buffer, False for a storage buffer; how many: an array of buffers'
-        length, else 1); raises on any other resource."""
+    def _buffer_kind(self, pointer: int, storage: int) -> tuple[bool, int, tuple[str, ...] | None]:
+        """(True for a uniform buffer or texel buffer; how many: an array of buffers' length, else 1; None
+        for a buffer, or a texel buffer's view formats); raises on any other resource."""
         if storage == _SC_UNIFORM_CONSTANT:
-            raise InvalidSubmission("storage images, sampled images and samplers are not supported: libshare binds "
-                                    "buffers only (use storage or uniform buffers)")
+            return texel_kind(self._type, self._pointee(pointer))
         pointee, count = self._pointee(pointer), 1
         kind, ops = self._type(pointee)
         if kind == _OP_TYPE_RUNTIME_ARRAY:
@@ -515,11 +539,11 @@ class _Module:
                                     "(b[4]) or one buffer per binding")
         decorations = self.decorations.get(pointee, {})
         if storage == _SC_STORAGE_BUFFER and _DEC_BLOCK in decorations:
-            return False, count
+            return False, count, None
         if storage == _SC_UNIFORM and _DEC_BUFFER_BLOCK in decorations:
-            return False, count
+            return False, count, None
         if storage == _SC_UNIFORM and _DEC_BLOCK in decorations:
-            return True, count
+            return True, count, None
         raise _invalid(f"buffer type %{pointee} has neither a Block nor a BufferBlock decoration")
 
     def place(self, var: int) -> tuple[int, int]:
@@ -601,6 +625,12 @@ class _Module:
             offset = _first(layout, _DEC_OFFSET, f"Offset on member {index} of struct %{struct_id}")
             end = max(end, offset + self._size(member, layout, depth + 1))
         return end
+
+
+def _kind_name(kind: tuple[bool, int, tuple[str, ...] | None]) -> str:
+    """A binding's kind in words, for a refusal."""
+    what = f"{'a uniform' if kind[0] else 'a storage'} {'buffer' if kind[2] is None else 'texel buffer'}"
+    return what if kind[1] == 1 else f"an array of {kind[1]} of {what[2:]}s"
 
 
 def _first(decorations: dict[int, tuple[int, ...]], decoration: int, what: str) -> int:

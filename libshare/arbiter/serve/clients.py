@@ -1,4 +1,4 @@
-"""What the arbiter holds for each client: its ring region, buffers, programs and counters.
+"""What the arbiter holds for each client: its ring region, buffers, texel views, programs and counters.
 
 Everything here is owned by the control thread (see _drain.py); connection threads reach
 it through tasks. The native engine keeps its own table of each client's buffers and
@@ -17,7 +17,7 @@ from libshare.protocol.wire import trusted_uid
 from libshare.errors import InvalidSubmission, QuotaExceeded
 from libshare.ring import Region
 from libshare.ring._region import SharedMapping
-from libshare.arbiter.device import DeviceBuffer
+from libshare.arbiter.device import DeviceBuffer, DeviceView
 from libshare.arbiter.device import Pipeline
 
 MOST_ID = (1 << 31) - 1  # the highest object id: a list's buffer id LS_LIST_ARG | k is a parameter (lists.c)
@@ -96,6 +96,17 @@ class BufferRecord:
     memory: SharedMemory | None
     in_flight: int = 0  # submitted commands that use it and have not retired
     freed: bool = False  # the client let go; destroy once in_flight reaches 0
+
+
+@dataclass
+class ViewRecord:
+    """One texel view of one client: part of one of its buffers, seen as texels (serve/views.py)."""
+
+    id: int
+    buffer_id: int
+    format: str  # a name of libshare.protocol.texels.TEXEL_FORMATS
+    device_view: DeviceView
+    freed: bool = False
 
 
 @dataclass
@@ -179,6 +190,7 @@ class Client:
     buffers: dict[int, BufferRecord] = field(default_factory=dict)
     programs: dict[int, ProgramRecord] = field(default_factory=dict)
     lists: dict[int, ListRecord] = field(default_factory=dict)
+    views: dict[int, ViewRecord] = field(default_factory=dict)
     groups: dict[int, GroupRecord] = field(default_factory=dict)
     releasing: Counter = field(default_factory=Counter)  # freed and not yet destroyed, by record type:
     # they wait for their last use (LS_EV_RELEASED), and the client's limits count them (held)
@@ -203,8 +215,10 @@ class Client:
         return len(self.buffers if kind is BufferRecord else self.programs) + self.releasing[kind]
 
     def records(self) -> list:
-        """Every buffer, program, command list and bind group it holds."""
-        return [*self.buffers.values(), *self.programs.values(), *self.lists.values(), *self.groups.values()]
+        """Every texel view, buffer, program, command list and bind group it holds (its views before the
+        buffers they hold)."""
+        return [*self.views.values(), *self.buffers.values(), *self.programs.values(), *self.lists.values(),
+                *self.groups.values()]
 
     def describe(self) -> str:
         """"client 3 (name, pid 1234)" for logs and errors."""

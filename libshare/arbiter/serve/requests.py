@@ -24,12 +24,15 @@ copy that the engine checks as it checks a popped descriptor (engine/lists.c; on
 ``LS_LIST_ARG | k`` buffers or ``LS_DESC_SUBMISSION_PUSH``, as far as it can be before a submission
 gives them), at most :data:`LISTS_PER_CLIENT` lists a client. ``free`` forgets one by ``list_id``.
 
+Texel views. ``view`` makes a texel view of one of the client's buffers (serve/views.py: its
+fields, checks and limits); ``free`` forgets one by ``view_id``, and freeing a buffer frees its views.
+
 Bind groups. ``bind_group`` names a program (``program_id``: its layout) and, per binding, a buffer,
 an offset and a range (``buffers``: ``[[buffer_id, offset, range], ...]``, range 0: to the buffer's
-end; :func:`entries_rule`), at most ``LS_ENGINE_MAX_BINDINGS``; the engine checks each entry as a
-dispatch checks a buffer (engine/validate.c) and keeps them as a group object, which a dispatch
-names by id (``LS_DESC_GROUP``). At most :data:`GROUPS_PER_CLIENT` a client; ``free`` forgets one
-by ``group_id``.
+end; :func:`entries_rule`), at most ``LS_ENGINE_MAX_BINDINGS``; at a texel binding the entry names a
+texel view, offset and range 0; the engine checks each entry as a dispatch checks a buffer or view
+(engine/validate.c) and keeps them as a group object, which a dispatch names by id (``LS_DESC_GROUP``).
+At most :data:`GROUPS_PER_CLIENT` a client; ``free`` forgets one by ``group_id``.
 
 Reattaching. A session whose arbiter died hands the new one what it kept (its bind groups through ``bind_group`` with their ``id``): ``import`` (one
 descriptor: a shared buffer's memfd, checked by ``check_sealed_memfd`` to be a memfd of the
@@ -60,6 +63,7 @@ from libshare.protocol import wire as protocol
 from libshare.ring._region import SharedMapping, check_sealed_memfd, sealed_memfd
 from libshare.arbiter.engine.binding import MOST_BINDINGS, MOST_COMMANDS
 from libshare.arbiter.serve.clients import BufferRecord, Client, GroupRecord, ListRecord, ProgramRecord, SharedMemory
+from libshare.arbiter.serve.views import VIEW_FIELDS, make_view
 from libshare.arbiter.programs.loading import check_program_quota
 from libshare.arbiter.programs.specialize import constants_rule
 from libshare.arbiter.drain.quarantine import COMPILE
@@ -106,10 +110,11 @@ REQUESTS = {
     "import": {**_op("import"), "size": (protocol.integer(_PAGE, _MAX_BUFFER), True),  # the memfd rides along
                "id": (_KEPT_ID, False)},
     "load_list": {**_op("load_list"), "id": (_KEPT_ID, False)},  # the commands are the payload
+    "view": {**_op("view"), **VIEW_FIELDS},  # a texel view of a buffer (serve/views.py)
     "bind_group": {**_op("bind_group"), "program_id": (protocol.integer(0, (1 << 32) - 1), True), "buffers": (entries_rule, True),
                    "id": (_KEPT_ID, False)},
     "free": {**_op("free"), "buffer_id": (_ID, False), "program_id": (_ID, False), "list_id": (_ID, False),
-             "group_id": (_ID, False)},
+             "group_id": (_ID, False), "view_id": (_ID, False)},
     "stats": _op("stats"),
 }
 """The schema of each request of a session (see protocol.wire.check_fields)."""
@@ -132,7 +137,7 @@ class Requests:
         self._arbiter, self._attached = arbiter, attached
         self._handlers = {"load_program": self._load_program, "alloc": self._alloc, "import": self._import,
                           "load_list": self._load_list, "bind_group": self._bind_group, "free": self._free,
-                          "stats": self._stats}
+                          "stats": self._stats, "view": self._view}
 
     def answer(self, conn: socket.socket, client: Client, frame: protocol.Frame) -> None:
         """Answer one request of ``client``: its reply, or its refusal. The frame's descriptors are
@@ -181,7 +186,7 @@ class Requests:
             raise ProtocolError(f"unknown request {protocol.short(op)}; the requests are {', '.join(REQUESTS)}")
         protocol.check_fields(frame.fields, schema, op)
         if op == "free" and sum(name in frame.fields for name in _FREED) != 1:
-            raise ProtocolError("free names one buffer_id, program_id, list_id or group_id")
+            raise ProtocolError("free names one buffer_id, program_id, list_id, group_id or view_id")
         if op == "load_program" and not frame.payload:
             raise InvalidSubmission("load_program carries a SPIR-V module as its payload (got none)")
         if op == "load_list" and (not 0 < len(frame.payload) <= MOST_COMMANDS * _DESC_SIZE
@@ -332,11 +337,15 @@ class Requests:
             name = next(name for name in _FREED if name in fields)
             record = getattr(client, _FREED[name]).get(fields[name])
             if record is None:
-                raise InvalidSubmission(f"no such buffer, program, command list or bind group: {fields}")
+                raise InvalidSubmission(f"no such buffer, program, command list, bind group or texel view: {fields}")
             drainer.free(client, record)
 
         drainer.call(free, policy=False)  # records: the engine's policy stays
         return {}, ()
+
+    def _view(self, client: Client, frame: protocol.Frame):
+        drainer = self._arbiter.drainer
+        return drainer.call(make_view, drainer, client, frame.fields, _require_attached, policy=False), ()
 
     def _stats(self, client: Client, frame: protocol.Frame):
         c = self._arbiter.drainer.refresh(client)
@@ -347,7 +356,8 @@ class Requests:
                 "clients": self._attached()}, ()  # connections: the control thread may not have added this one yet
 
 
-_FREED = {"buffer_id": "buffers", "program_id": "programs", "list_id": "lists", "group_id": "groups"}
+_FREED = {"buffer_id": "buffers", "program_id": "programs", "list_id": "lists", "group_id": "groups",
+          "view_id": "views"}  # free's field: the table it names
 """What ``free`` names, and the client's table of it."""
 
 
