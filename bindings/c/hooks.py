@@ -94,7 +94,7 @@ def _region_view(session) -> tuple[int, int, int, int]:
 
     These are the Session's private attributes: the one place that knows them.
     """
-    region = session._region
+    region = session._gate.attached.region
     view = ffi.from_buffer(region._map)
     try:
         address = int(ffi.cast("uintptr_t", view))

@@ -48,7 +48,7 @@ from libshare.client.operations import fill_fields, indirect_fields, update_byte
 from libshare.client.reattach import Reattacher
 from libshare.client.submit import Submitter
 from libshare.protocol import wire as protocol
-from libshare.ring import C, Region
+from libshare.ring import C
 
 __all__ = ["Session"]
 
@@ -135,11 +135,6 @@ class Session:
         """How many times this session reattached to a new arbiter."""
         return self._restarts.count
 
-    @property
-    def _region(self) -> Region:
-        """The ring (the C API and tests reach it: the region a C client would write)."""
-        return self._gate.attached.region
-
     # ---------------------------------------------------------------- control requests
 
     def _request(self, op: str, payload: bytes = b"", max_fds: int = 0, fds: tuple[int, ...] = (),
@@ -197,7 +192,11 @@ class Session:
         self._objects[buffer.id] = buffer
         return buffer
 
-    texel_view = make_texel_view  # (a module function: Session keeps within about 25 methods)
+    def texel_view(self, buffer: Buffer | np.ndarray, format: str, offset: int = 0,
+                   nbytes: int | None = None) -> TexelView:
+        """A view of ``buffer`` as texels of ``format``, for a kernel's texel buffer (see
+        :func:`make_texel_view`, which makes it)."""
+        return make_texel_view(self, buffer, format, offset, nbytes)
 
     def array(self, shape, dtype=np.float32) -> np.ndarray:
         """A zero-copy numpy array on a new shared buffer."""

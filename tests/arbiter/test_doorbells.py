@@ -127,7 +127,7 @@ def asking_for_every_wake_up(pipe_dir):
     wake-up, the doorbell socket's too, which it never reads), pushes 64 dispatches and waits for
     the last, again and again; yields (the thread, the session, its y); stops it at the end."""
     hostile, program, x, y = honest(pipe_dir)
-    bells = lib.ls_region_bells(hostile._region._handle)
+    bells = lib.ls_region_bells(hostile._gate.attached.region._handle)
     stop = threading.Event()
 
     def ask():
@@ -233,26 +233,26 @@ def assert_rests(pid: int, what: str) -> None:
 
 def header(session, name: str) -> int:
     """A u64 field of the session's ring header (lanes_offset, lane_stride, cq_offset)."""
-    return struct.unpack_from("<Q", session._region._map, ffi.offsetof("struct ls_region_header", name))[0]
+    return struct.unpack_from("<Q", session._gate.attached.region._map, ffi.offsetof("struct ls_region_header", name))[0]
 
 
 def overwrite(session, offset: int, value: int) -> None:
     """Write a u32 into the session's ring region, as a buggy or hostile client could."""
-    struct.pack_into("<I", session._region._map, offset, value & 0xFFFFFFFF)
+    struct.pack_into("<I", session._gate.attached.region._map, offset, value & 0xFFFFFFFF)
 
 
 def corrupt_completion_head(session) -> None:
     """Move the completion ring's head one past its tail: more completions seen than posted."""
     cq = header(session, "cq_offset")
-    tail = struct.unpack_from("<I", session._region._map, cq + ffi.offsetof("struct ls_cq", "tail"))[0]
+    tail = struct.unpack_from("<I", session._gate.attached.region._map, cq + ffi.offsetof("struct ls_cq", "tail"))[0]
     overwrite(session, cq + ffi.offsetof("struct ls_cq", "head"), tail + 1)
 
 
 def corrupt_lane_tail(session, lane: int) -> None:
     """Publish more slots in ``lane`` than it has: its tail a whole lane and one past its head."""
     base = header(session, "lanes_offset") + lane * header(session, "lane_stride")
-    head = struct.unpack_from("<I", session._region._map, base + ffi.offsetof("struct ls_lane", "head"))[0]
-    overwrite(session, base + ffi.offsetof("struct ls_lane", "tail"), head + session._region.lane_entries + 1)
+    head = struct.unpack_from("<I", session._gate.attached.region._map, base + ffi.offsetof("struct ls_lane", "head"))[0]
+    overwrite(session, base + ffi.offsetof("struct ls_lane", "tail"), head + session._gate.attached.region.lane_entries + 1)
 
 
 def raw_alloc(session) -> dict:
@@ -288,7 +288,7 @@ def test_a_corrupted_completion_head_drops_its_client_with_a_sticky_error(daemon
             ticket = session.dispatch(own, 1, [a, b], PUSH)  # rings the doorbell: the arbiter looks, drops it
             with pytest.raises(libshare.RingCorrupted, match="dropped this session"):
                 ticket.wait(10)
-            assert session._region.peers.close_reason() == C.ECORRUPT
+            assert session._gate.attached.region.peers.close_reason() == C.ECORRUPT
             assert_dropped(session, own, a, b, pipe_dir, "completion ring")
             assert round_trips(bystander, program, x, y, 5), "the others are served as before"
         wait_until(lambda: open_fds(process.pid) <= before, 30,
@@ -303,10 +303,10 @@ def test_a_corrupted_lane_tail_found_by_the_drain_pass_drops_its_client(daemon):
         own = session.load_program(SAXPY)
         a, b = session.array(64), session.array(64)
         session.dispatch(own, 1, [a, b], PUSH).wait(10)
-        lane = session._region.lane_count - 1  # not the one this thread pushes from
+        lane = session._gate.attached.region.lane_count - 1  # not the one this thread pushes from
         corrupt_lane_tail(session, lane)
         bystander.alloc(4096)  # a task: the drain pass after it looks at every ring
-        wait_until(lambda: session._region.peers.close_reason() == C.ECORRUPT, 30, "the arbiter to drop the client")
+        wait_until(lambda: session._gate.attached.region.peers.close_reason() == C.ECORRUPT, 30, "the arbiter to drop the client")
         assert_dropped(session, own, a, b, pipe_dir, f"submission lane {lane}")
         assert round_trips(bystander, program, x, y, 5), "the others are served as before"
     assert_no_traceback(pipe_dir)  # a drop during the drain pass's look at every ring raised there
@@ -331,7 +331,7 @@ def test_a_request_right_after_the_drop_is_refused_before_the_control_thread_hea
             assert started.wait(30), "the control thread did not take the blocking task"
             corrupt_completion_head(session)
             session.dispatch(own, 1, [a, b], PUSH)  # rings the doorbell: the engine drops the ring
-            wait_until(lambda: session._region.peers.close_reason() == C.ECORRUPT, 30, "the engine to drop the client")
+            wait_until(lambda: session._gate.attached.region.peers.close_reason() == C.ECORRUPT, 30, "the engine to drop the client")
             replies = []
             sender = threading.Thread(target=lambda: replies.append(raw_alloc(session)))
             sender.start()
@@ -407,7 +407,7 @@ def hammer(pipe_dir: str) -> None:
     program = session.load_program(SAXPY)
     x, y = session.array(64), session.array(64)
     bell = session._gate.attached.wake_fd
-    flags = np.frombuffer(session._region._map, np.uint32, count=1,
+    flags = np.frombuffer(session._gate.attached.region._map, np.uint32, count=1,
                           offset=ffi.sizeof("struct ls_region_header") + ffi.offsetof("struct ls_bells", "sq_flags"))
 
     def ring():
@@ -444,7 +444,7 @@ def fill_completions(pipe_dir: str) -> None:
     'read', read them all (every ticket must be answered, the ones that waited too) and print
     'ok N'. Exits at EOF."""
     session = libshare.connect(name="filler", mode="daemon", pipe_directory=pipe_dir)
-    region = session._region
+    region = session._gate.attached.region
     producers = []
     for lane in range(region.lane_count):  # every lane, under made-up thread ids
         out = ffi.new("ls_producer **")

@@ -374,7 +374,7 @@ def test_hostile_templates_and_submissions_beside_an_honest_client(tmp_path, str
         with attacker.record() as target:
             target.dispatch(saxpy, 1, [target.argument(0), target.argument(1)], push=target.SUBMISSION_PUSH)
             target.copy(target.argument(1), target.argument(0), 256)
-        producer = attacker._region.lanes.producer()  # past the session's own checks
+        producer = attacker._gate.attached.region.lanes.producer()  # past the session's own checks
         count, answers, statuses = 3000, {}, {}
         batch = _hostile_submissions(rng, count, target.id, own)
         pushed = [0]
@@ -383,7 +383,7 @@ def test_hostile_templates_and_submissions_beside_an_honest_client(tmp_path, str
             """Push the next few while at most 256 wait for answers, take the answers; how many came."""
             if pushed[0] < count and pushed[0] - len(answers) < 256:
                 pushed[0] += producer.try_push(batch[pushed[0]:pushed[0] + 64])
-            for cqe in attacker._region.completions.take():
+            for cqe in attacker._gate.attached.region.completions.take():
                 ticket, status = int(cqe["ticket"]), int(cqe["status"])
                 answers[ticket] = answers.get(ticket, 0) + 1
                 statuses[status] = statuses.get(status, 0) + 1

@@ -109,7 +109,7 @@ def shrinker(pipe_dir: str) -> None:
     n, iterations = 1 << 14, 200
     expected = workloads.busy_reference(n, iterations)
     with libshare.connect(name="shrinker", mode="daemon", pipe_directory=pipe_dir) as session:
-        ring = session._region.fd
+        ring = session._gate.attached.region.fd
         refused(ring, 0)  # no dispatch yet: the arbiter reads the ring all the same
         program = session.load_program(libshare.shaders.path("busy"))
         buffer, fd = hostile_alloc(session, 4 * n)
@@ -125,7 +125,7 @@ def shrinker(pipe_dir: str) -> None:
         for ticket in tickets:
             ticket.wait(60)
         assert (buffer.array(n, np.uint32) == expected).all()
-        assert os.fstat(fd).st_size == 4 * n and os.fstat(ring).st_size == session._region.size
+        assert os.fstat(fd).st_size == 4 * n and os.fstat(ring).st_size == session._gate.attached.region.size
     print("ok", flush=True)
 
 

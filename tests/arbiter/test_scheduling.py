@@ -759,7 +759,7 @@ def test_a_sessions_waits_spin_as_its_priority_says(daemon):
             libshare.connect(mode="daemon", pipe_directory=pipe_dir, priority="low") as low:
         assert (realtime.priority, normal.priority, low.priority) == ("realtime", "normal", "low")
         from libshare.ring import C
-        assert (realtime._region.peers.spin_mode, normal._region.peers.spin_mode, low._region.peers.spin_mode) == (
+        assert (realtime._gate.attached.region.peers.spin_mode, normal._gate.attached.region.peers.spin_mode, low._gate.attached.region.peers.spin_mode) == (
             C.SPIN_KEEP, C.SPIN_YIELD, C.SPIN_NONE)
         for session in (realtime, normal, low):
             program = session.load_program(saxpy)
