@@ -505,3 +505,25 @@ def _layered_child(folder: Path, features: bool) -> None:
 
 if __name__ == "__main__":
     _layered_child(Path(sys.argv[1]), sys.argv[2] == "features")
+
+
+PUSH_132 = """#version 450
+layout(local_size_x = 64) in;
+layout(push_constant) uniform Push { uint words[33]; } p;
+layout(binding = 0) buffer Out { uint y[]; };
+void main() { y[gl_GlobalInvocationID.x] = p.words[32]; }
+"""
+
+
+def test_push_constants_past_what_a_descriptor_carries_are_refused_on_a_device_that_allows_more(
+        tmp_path, device, monkeypatch):
+    """A GPU may allow 256 bytes of push constants (lavapipe allows 128); a descriptor carries 128, and the
+    engine pushes from it: a program declaring more is refused by admission and by pipeline creation."""
+    module = compile_glsl(tmp_path, "push132", PUSH_132)
+    monkeypatch.setattr(device, "max_push_constants_size", 256)
+    monkeypatch.setattr(device.instance, "max_push_constants_size", 256)
+    with pytest.raises(InvalidSubmission, match="132 bytes of push constants; the device allows 256 and a "
+                                                "descriptor carries 128"):
+        admission.admit(module, device)
+    with pytest.raises(InvalidSubmission, match="push_size must be a multiple of 4 up to 128"):
+        device.create_pipeline(module, 1, 132)

@@ -28,6 +28,7 @@ from typing import Any
 
 from libshare.arbiter.programs.spirv import bound_in_set_zero, buffer_layout, zero_initialized
 from libshare.errors import InvalidSubmission
+from libshare.ring import C
 
 from libshare.arbiter.device._binding import _address, _check, _create, _struct, _uses_binding
 from libshare.arbiter.device._instance import Instance
@@ -164,7 +165,7 @@ class Pipelines:
         limit = self._instance.physical.max_push_descriptors
         if not 0 <= binding_count <= limit:
             raise InvalidSubmission(f"binding_count must be 0..{limit} (got {binding_count})")
-        most = self._instance.max_push_constants_size
+        most = min(self._instance.max_push_constants_size, C.MAX_PUSH)  # what a descriptor carries
         if push_size < 0 or push_size % 4 or push_size > most:
             raise InvalidSubmission(f"push_size must be a multiple of 4 up to {most} bytes (got {push_size})")
 

@@ -48,6 +48,7 @@ import threading
 from libshare.arbiter.programs.capabilities import check_device_features, target_env
 from libshare.arbiter.programs.spirv import ShaderInterface, reflect
 from libshare.errors import InvalidSubmission, VulkanUnavailable
+from libshare.ring import C
 from libshare.arbiter.engine.binding import MOST_BINDINGS
 from libshare.protocol.texels import TEXEL_STORAGE, TEXEL_UNIFORM
 
@@ -116,9 +117,10 @@ def check_device_limits(interface: ShaderInterface, device) -> None:
     if interface.private_bytes > MAX_PRIVATE_BYTES:
         raise InvalidSubmission(f"kernel declares {interface.private_bytes} bytes of private variables; "
                                 f"libshare allows {MAX_PRIVATE_BYTES}")
-    if interface.push_constant_size > device.max_push_constants_size:
+    if interface.push_constant_size > min(device.max_push_constants_size, C.MAX_PUSH):
         raise InvalidSubmission(f"program declares {interface.push_constant_size} bytes of push constants; "
-                                f"the device allows {device.max_push_constants_size}")
+                                f"the device allows {device.max_push_constants_size} and a descriptor carries "
+                                f"{C.MAX_PUSH}")
     check_binding_limits(interface, device.binding_limits)
 
 
