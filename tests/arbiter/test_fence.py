@@ -33,7 +33,8 @@ def test_a_nop_is_answered_after_the_work_pushed_before_it_and_at_once_alone(dae
     with libshare.connect(mode="daemon", pipe_directory=pipe_dir) as session:
         busy = session.load_program(libshare.shaders.path("busy"))
         data = session.alloc(4096)
-        region, producer = session._region, session._region.lanes.producer()  # raw, as a C client would
+        region = session._gate.attached.region
+        producer = region.lanes.producer()  # raw, as a C client would
         base = 1 << 40
         assert producer.try_push(descriptor(base, C.OP_NOP)) == 1
         assert answers(region, 1) == [(base, 0)], "a fence with nothing before it is answered at once"
