@@ -219,6 +219,13 @@ class _PhysicalInfo:
         _lib.vkGetPhysicalDeviceFeatures(self.handle, features)
         self.robust_buffer_access = bool(features.robustBufferAccess)
 
+    def properties_bytes(self) -> bytes:
+        """The device's VkPhysicalDeviceProperties as the driver writes it, byte for byte: what the
+        libshare Vulkan driver reports as its own (serve/device_info.py)."""
+        props = _ffi.new("VkPhysicalDeviceProperties*")
+        _lib.vkGetPhysicalDeviceProperties(self.handle, props)
+        return bytes(_ffi.buffer(props))
+
     def local_heap_size(self) -> int:
         """Bytes in the largest device-local memory heap (0 if none is marked device-local)."""
         heaps = self.memory.memoryHeaps
