@@ -1,0 +1,111 @@
+"""libshare's Vulkan driver under an unmodified program (tests/icd/_probe.py), through the real loader.
+
+The program runs under ``libshare-run`` against a real arbiter (lavapipe behind it) and must see one
+physical device named after the arbiter's, with the real device's limits, a heap the size of its
+session's memory limit and one compute queue family; with no arbiter it sees no driver and does not
+crash; ``libshare-run --manifest`` names a manifest the loader takes.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from libshare.icd import API_VERSION, LIBRARY
+
+from tests.conftest import ROOT
+from tests.control.conftest import control
+from tests.icd.conftest import PROBE, environment, libshare_run, probe
+
+QUEUE_COMPUTE, QUEUE_TRANSFER = 0x2, 0x4
+HEAP_DEVICE_LOCAL = 0x1
+HOST_VISIBLE, HOST_COHERENT = 0x2, 0x4
+
+
+def real_device(name: str) -> dict:
+    """What the probe sees of device ``name`` on the real driver, without libshare."""
+    seen = probe([sys.executable, str(PROBE)], environment(Path("/nonexistent")))
+    return next(d for d in seen["devices"] if d["name"] == name)
+
+
+def test_a_program_sees_one_device_named_after_the_arbiters(daemon, vulkan_device_name):
+    _process, pipe_dir = daemon
+    seen = probe(libshare_run("--name", "probe", "--", sys.executable, str(PROBE)),
+                 environment(pipe_dir, LIBSHARE_DEVICE_MEM_LIMIT="96M"))
+    assert len(seen["devices"]) == 1, seen
+    device = seen["devices"][0]
+    real = real_device(vulkan_device_name)
+    assert device["name"] == f"libshare: {vulkan_device_name}"
+    assert device["limits"] == real["limits"]
+    assert (device["vendor_id"], device["device_id"], device["device_type"]) == \
+        (real["vendor_id"], real["device_id"], real["device_type"])
+    assert device["heaps"] == [[96 << 20, HEAP_DEVICE_LOCAL]]  # the session's memory limit
+    assert any(flags & HOST_VISIBLE and flags & HOST_COHERENT for flags, _heap in device["types"])
+    assert len(device["families"]) == 1
+    flags, count, _bits = device["families"][0]
+    assert flags == QUEUE_COMPUTE | QUEUE_TRANSFER and count == 1
+    assert device["features"]["robustBufferAccess"] == 1
+    assert device["device_extensions"] == []
+    assert device["api_version"] >> 12 == (1 << 10 | 1)  # Vulkan 1.1: what the driver implements
+
+
+def test_the_heap_is_the_groups_limit_and_ps_shows_the_program(daemon):
+    _process, pipe_dir = daemon
+    assert control("--pipe-directory", str(pipe_dir), "set_group_mem_limit", "icd-tests", "40M").returncode == 0
+    with subprocess.Popen(
+            libshare_run("--name", "held-probe", "--group", "icd-tests", "--", sys.executable, str(PROBE), "hold"),
+            env=environment(pipe_dir), cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) as program:
+        try:
+            seen = json.loads(program.stdout.readline())
+            assert program.stdout.readline() == "holding\n"
+            assert seen["devices"][0]["heaps"] == [[40 << 20, HEAP_DEVICE_LOCAL]]  # its group's limit binds it
+            table = control("--pipe-directory", str(pipe_dir), "ps").stdout
+            assert any(line.split()[:1] == [str(program.pid)] and "held-probe" in line.split() for line in
+                       table.splitlines()), table
+        finally:
+            program.stdin.close()
+            program.wait(60)
+    assert program.returncode == 0
+    table = control("--pipe-directory", str(pipe_dir), "ps").stdout
+    assert "held-probe" not in table  # the session ended with the instance
+
+
+def test_with_no_arbiter_the_program_sees_no_driver_and_does_not_crash(tmp_path):
+    seen = probe(libshare_run("--mode", "daemon", "--", sys.executable, str(PROBE)), environment(tmp_path / "none"))
+    assert seen["error"] == "VkErrorIncompatibleDriver"  # the loader's answer when its only driver failed
+    assert "no arbiter answers" in seen["stderr"]
+
+
+def test_the_manifest_names_the_driver_and_the_loader_takes_it(daemon, vulkan_device_name):
+    _process, pipe_dir = daemon
+    printed = subprocess.run(libshare_run("--manifest"), env=environment(pipe_dir), cwd=ROOT, capture_output=True,
+                             text=True, timeout=60)
+    assert printed.returncode == 0, printed.stderr
+    manifest = Path(printed.stdout.strip())
+    driver = json.loads(manifest.read_text())
+    assert driver["file_format_version"] == "1.0.0"
+    assert driver["ICD"]["api_version"] == API_VERSION
+    library = Path(driver["ICD"]["library_path"])
+    assert library.is_absolute() and library.name == LIBRARY and library.is_file()
+    seen = probe([sys.executable, str(PROBE)], environment(pipe_dir, VK_DRIVER_FILES=str(manifest)))
+    assert [d["name"] for d in seen["devices"]] == [f"libshare: {vulkan_device_name}"]
+
+
+def test_embedded_mode_starts_a_helper_arbiter_for_the_programs_lifetime(tmp_path, vulkan_device_name):
+    seen = probe(libshare_run("--mode", "embedded", "--", sys.executable, str(PROBE)), environment(tmp_path / "none"))
+    assert [d["name"] for d in seen["devices"]] == [f"libshare: {vulkan_device_name}"]
+    assert not list(Path("/tmp").glob("libshare-run-*/control"))  # the helper's directory went with it
+
+
+def test_an_instance_extension_not_offered_is_refused(daemon):
+    _process, pipe_dir = daemon
+    code = ("import vulkan as vk\n"
+            "try:\n"
+            "    vk.vkCreateInstance(vk.VkInstanceCreateInfo(ppEnabledExtensionNames=['VK_KHR_surface']), None)\n"
+            "except vk.VkError as exc:\n"
+            "    print(type(exc).__name__)\n")
+    done = subprocess.run(libshare_run("--", sys.executable, "-c", code), env=environment(pipe_dir), cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout.strip()) == (0, "VkErrorExtensionNotPresent"), done.stderr
