@@ -8,13 +8,13 @@ the Python modules (in place for an editable install), and writes its manifest
 (libshare/icd/_build.py).
 """
 
-import sys
+import importlib.util
 from pathlib import Path
 
 from setuptools import find_packages, setup
 from setuptools.command.build_ext import build_ext
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # libshare.icd, before libshare is installed
+ROOT = Path(__file__).resolve().parent
 
 
 class BuildWithDriver(build_ext):
@@ -22,9 +22,10 @@ class BuildWithDriver(build_ext):
 
     def run(self):
         super().run()
-        from libshare.icd import _build
-        root = Path(__file__).resolve().parent if self.inplace else Path(self.build_lib)
-        _build.build(root / "libshare" / "icd")
+        spec = importlib.util.spec_from_file_location("libshare_icd_build", ROOT / "libshare" / "icd" / "_build.py")
+        driver = importlib.util.module_from_spec(spec)  # by its path: libshare is not importable here
+        spec.loader.exec_module(driver)
+        driver.build((ROOT if self.inplace else Path(self.build_lib)) / "libshare" / "icd")
 
 
 setup(

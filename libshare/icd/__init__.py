@@ -16,21 +16,16 @@ is not writable, it goes to the temporary directory instead, one per user.
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 from pathlib import Path
 
 from libshare.errors import VulkanUnavailable
+from libshare.icd._build import API_VERSION, LIBRARY, MANIFEST, manifest_text, write_manifest
 
-__all__ = ["LIBRARY", "API_VERSION", "library_path", "manifest_path", "manifest_text", "write_manifest"]
+__all__ = ["LIBRARY", "API_VERSION", "library_path", "manifest_path"]
 
 HERE = Path(__file__).resolve().parent
-LIBRARY = "libshare_icd.so"
-"""The driver's file name, in this folder."""
-MANIFEST = "libshare_icd.json"
-API_VERSION = "1.1.0"
-"""The Vulkan version the driver reports (LS_ICD_API_VERSION in icd.h)."""
 
 
 def library_path() -> Path:
@@ -40,22 +35,6 @@ def library_path() -> Path:
         raise VulkanUnavailable(f"libshare's Vulkan driver was not built ({library} is missing): install "
                                 "libcjson-dev and run `pip install -e .` again (sh tools/setup.sh does both)")
     return library
-
-
-def manifest_text(library: Path) -> str:
-    """The manifest of the driver at ``library`` (the loader's file_format_version 1.0.0)."""
-    return json.dumps({"file_format_version": "1.0.0",
-                       "ICD": {"library_path": str(library), "api_version": API_VERSION}}, indent=4) + "\n"
-
-
-def write_manifest(library: Path, path: Path | None = None) -> Path:
-    """Write the manifest of ``library`` to ``path`` (beside the library by default), whole or not at
-    all (a loader reading it meanwhile sees the old one or the new one); its path."""
-    path = path or library.parent / MANIFEST
-    partial = path.with_name(f".{path.name}.{os.getpid()}")
-    partial.write_text(manifest_text(library))
-    os.replace(partial, path)
-    return path
 
 
 def manifest_path() -> Path:

@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from libshare.icd import API_VERSION, LIBRARY
+from libshare.icd import API_VERSION, LIBRARY, library_path, manifest_path
 
 from tests.conftest import ROOT
 from tests.control.conftest import control
@@ -109,3 +109,9 @@ def test_an_instance_extension_not_offered_is_refused(daemon):
     done = subprocess.run(libshare_run("--", sys.executable, "-c", code), env=environment(pipe_dir), cwd=ROOT,
                           capture_output=True, text=True, timeout=60)
     assert (done.returncode, done.stdout.strip()) == (0, "VkErrorExtensionNotPresent"), done.stderr
+
+
+def test_a_manifest_that_names_another_library_is_written_again():
+    path = manifest_path()
+    path.write_text(path.read_text().replace(str(library_path()), "/elsewhere/libshare_icd.so"))
+    assert json.loads(manifest_path().read_text())["ICD"]["library_path"] == str(library_path())

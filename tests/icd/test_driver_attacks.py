@@ -1,9 +1,11 @@
-"""Hostile input around the Vulkan driver, each beside an honest client whose results are checked.
+"""Hostile input around the Vulkan driver.
 
-Toward the arbiter: a hello whose ``device_info`` is not a flag is refused, and the connection may say
-hello again; the honest answer is the description device_info.py defines. Toward the driver: a listener
-in the pipe directory that answers the driver's hello with a broken welcome (bad framing, lengths,
-JSON, descriptors, fields) must leave the program with no device and an explanation, never a crash.
+Toward the arbiter: a hello whose ``device_info`` is not a flag is refused beside an honest client, and
+the connection may say hello again; the honest answer is the description device_info.py defines.
+Toward the driver: a listener in the pipe directory that answers the driver's hello with a broken
+welcome (bad framing, lengths, JSON, descriptors, fields) must leave the program with no device and
+an explanation, never a crash; the same listener's good welcome gives a device
+(tests/icd/test_c_program.py, where the driver runs under the sanitizers).
 """
 
 from __future__ import annotations
@@ -45,9 +47,8 @@ def test_a_hostile_device_info_flag_is_refused_beside_an_honest_client(daemon):
 
 
 @pytest.mark.parametrize("case", sorted(BROKEN))
-def test_a_broken_welcome_leaves_the_program_no_device_and_no_crash(tmp_path, daemon, case):
-    _process, honest_pipe = daemon
-    honest = start_client("mixed", honest_pipe, 5, 4)
+def test_a_broken_welcome_leaves_the_program_no_device_and_no_crash(tmp_path, case):
+    # The program is the one at risk here; the same listener's good welcome is test_c_program.py's honest case.
     answer, fds = BROKEN[case]
     arbiter = BrokenArbiter(tmp_path / "broken", answer, fds)
     try:
@@ -59,4 +60,3 @@ def test_a_broken_welcome_leaves_the_program_no_device_and_no_crash(tmp_path, da
     assert "libshare Vulkan driver:" in seen["stderr"]
     assert arbiter.hello == {"op": "hello", "name": "victim", "version": 1, "device_info": True, "group": "g",
                              "mem_limit": {"0": 1 << 30, "": 2 << 20}}
-    assert honest.communicate(timeout=300)[0].strip() == "ok"
