@@ -52,18 +52,20 @@ def test_a_program_sees_one_device_named_after_the_arbiters(daemon, vulkan_devic
 
 
 def test_the_heap_is_the_groups_limit_and_ps_shows_the_program(daemon):
+    """The group is seen through its limit (ps has no group column), the name and priority in ps."""
     _process, pipe_dir = daemon
     assert control("--pipe-directory", str(pipe_dir), "set_group_mem_limit", "icd-tests", "40M").returncode == 0
     with subprocess.Popen(
-            libshare_run("--name", "held-probe", "--group", "icd-tests", "--", sys.executable, str(PROBE), "hold"),
+            libshare_run("--name", "held-probe", "--group", "icd-tests", "--priority", "low", "--", sys.executable,
+                         str(PROBE), "hold"),
             env=environment(pipe_dir), cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) as program:
         try:
             seen = json.loads(program.stdout.readline())
             assert program.stdout.readline() == "holding\n"
             assert seen["devices"][0]["heaps"] == [[40 << 20, HEAP_DEVICE_LOCAL]]  # its group's limit binds it
             table = control("--pipe-directory", str(pipe_dir), "ps").stdout
-            assert any(line.split()[:1] == [str(program.pid)] and "held-probe" in line.split() for line in
-                       table.splitlines()), table
+            row = next((line.split() for line in table.splitlines() if line.split()[:1] == [str(program.pid)]), [])
+            assert row[2] == "held-probe" and row[5] == "low", table  # NAME and PRIORITY
         finally:
             program.stdin.close()
             program.wait(60)
@@ -115,3 +117,26 @@ def test_a_manifest_that_names_another_library_is_written_again():
     path = manifest_path()
     path.write_text(path.read_text().replace(str(library_path()), "/elsewhere/libshare_icd.so"))
     assert json.loads(manifest_path().read_text())["ICD"]["library_path"] == str(library_path())
+
+
+def test_libshare_run_refuses_a_bad_option_before_running_anything(tmp_path):
+    marker = tmp_path / "ran"
+    done = subprocess.run(libshare_run("--priority", "urgent", "--", "touch", str(marker)),
+                          env=environment(tmp_path / "none"), cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "--priority" in done.stderr and not marker.exists()
+
+
+def test_the_properties2_extension_may_be_enabled_and_answers(daemon, vulkan_device_name):
+    _process, pipe_dir = daemon
+    code = ("import vulkan as vk\n"
+            "name = 'VK_KHR_get_physical_device_properties2'\n"
+            "assert name in [e.extensionName for e in vk.vkEnumerateInstanceExtensionProperties(None)]\n"
+            "instance = vk.vkCreateInstance(vk.VkInstanceCreateInfo(ppEnabledExtensionNames=[name]), None)\n"
+            "get = vk.vkGetInstanceProcAddr(instance, 'vkGetPhysicalDeviceProperties2KHR')\n"
+            "props = vk.VkPhysicalDeviceProperties2()\n"
+            "get(vk.vkEnumeratePhysicalDevices(instance)[0], props)\n"
+            "print(vk.ffi.string(props.properties.deviceName).decode())\n"
+            "vk.vkDestroyInstance(instance, None)\n")
+    done = subprocess.run(libshare_run("--", sys.executable, "-c", code), env=environment(pipe_dir), cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout.strip()) == (0, f"libshare: {vulkan_device_name}"), done.stderr
