@@ -66,6 +66,11 @@ struct ls_icd_physical {
     struct ls_icd_instance *instance;
     VkPhysicalDeviceProperties properties; /* the real device's, name and version ours */
     VkPhysicalDeviceFeatures features;     /* what the arbiter keeps safe */
+    VkPhysicalDevice16BitStorageFeatures storage16; /* (its sType and pNext unused) */
+    VkSubgroupFeatureFlags subgroup_operations;     /* in the compute stage */
+    uint32_t subgroup_size;
+    uint32_t max_per_set_descriptors;
+    uint64_t max_allocation;
     uint8_t uuid[VK_UUID_SIZE];
     uint32_t timestamp_valid_bits;
     uint64_t memory; /* the device-local heap: the session's memory limit */
@@ -103,7 +108,7 @@ VKAPI_ATTR VkResult VKAPI_CALL ls_icd_EnumeratePhysicalDeviceGroups(VkInstance i
                                                                     VkPhysicalDeviceGroupProperties *groups);
 
 /* ---- physical.c */
-int ls_icd_feature_set(VkPhysicalDeviceFeatures *features, const char *name);
+int ls_icd_feature_set(struct ls_icd_physical *physical, const char *name);
 VKAPI_ATTR void VKAPI_CALL ls_icd_GetPhysicalDeviceProperties(VkPhysicalDevice pd, VkPhysicalDeviceProperties *out);
 VKAPI_ATTR void VKAPI_CALL ls_icd_GetPhysicalDeviceProperties2(VkPhysicalDevice pd, VkPhysicalDeviceProperties2 *out);
 VKAPI_ATTR void VKAPI_CALL ls_icd_GetPhysicalDeviceFeatures(VkPhysicalDevice pd, VkPhysicalDeviceFeatures *out);

@@ -1,11 +1,14 @@
 /* VkPhysicalDevice: what the driver reports of the arbiter's device.
  *
  * Properties: the real device's (the arbiter sends them, device_info.py), named
- * "libshare: NAME", its Vulkan version at most LS_ICD_API_VERSION. Features: the VkDevice
- * features the arbiter was created with among those of VkPhysicalDeviceFeatures that compute
- * uses (FEATURES below), robustBufferAccess always; structures chained to Features2 and
- * Properties2 are left as the application wrote them, except those named below (buffer device
- * address is reported off, the ID properties filled). One queue family: compute and transfer,
+ * "libshare: NAME", its Vulkan version at most LS_ICD_API_VERSION; chained to Properties2, the
+ * Vulkan 1.1 structures: the device's UUID, its subgroup size and operations in the compute
+ * stage, Maintenance3's bounds (an allocation at most the heap), no multiview, protected memory
+ * or point clipping. Features: the VkDevice features the arbiter was created with among those
+ * compute uses (FEATURES below), robustBufferAccess always; chained to Features2,
+ * the Vulkan 1.1 structures (16-bit storage as the arbiter has it, the others off) and buffer
+ * device address, off. A structure of a later version or an extension not offered is left as
+ * the application wrote it. One queue family: compute and transfer,
  * one queue, the arbiter's queue's timestamp bits. Memory: one device-local heap whose size is
  * the session's memory limit, with a device-local type (a libshare device buffer) and a
  * host-visible, coherent, cached type (a libshare shared buffer: a memfd mapped by both sides).
@@ -24,23 +27,79 @@ static const struct ls_icd_physical *physical_of(VkPhysicalDevice pd)
     return (const struct ls_icd_physical *)pd;
 }
 
+/* The feature names of the arbiter (device_info.py) that the driver reports, and where each goes:
+ * a VkBool32 of VkPhysicalDeviceFeatures or of VkPhysicalDevice16BitStorageFeatures, or a subgroup
+ * operation. */
+enum where { CORE, STORAGE16, SUBGROUP };
+
 static const struct {
     const char *name;
-    size_t offset;
+    enum where where;
+    size_t at; /* the offset of the VkBool32, or the subgroup operation's bit */
 } FEATURES[] = {
-    {"robustBufferAccess", offsetof(VkPhysicalDeviceFeatures, robustBufferAccess)},
-    {"shaderFloat64", offsetof(VkPhysicalDeviceFeatures, shaderFloat64)},
-    {"shaderInt64", offsetof(VkPhysicalDeviceFeatures, shaderInt64)},
-    {"shaderInt16", offsetof(VkPhysicalDeviceFeatures, shaderInt16)},
+    {"robustBufferAccess", CORE, offsetof(VkPhysicalDeviceFeatures, robustBufferAccess)},
+    {"shaderFloat64", CORE, offsetof(VkPhysicalDeviceFeatures, shaderFloat64)},
+    {"shaderInt64", CORE, offsetof(VkPhysicalDeviceFeatures, shaderInt64)},
+    {"shaderInt16", CORE, offsetof(VkPhysicalDeviceFeatures, shaderInt16)},
+    {"storageBuffer16BitAccess", STORAGE16, offsetof(VkPhysicalDevice16BitStorageFeatures, storageBuffer16BitAccess)},
+    {"uniformAndStorageBuffer16BitAccess", STORAGE16,
+     offsetof(VkPhysicalDevice16BitStorageFeatures, uniformAndStorageBuffer16BitAccess)},
+    {"storagePushConstant16", STORAGE16, offsetof(VkPhysicalDevice16BitStorageFeatures, storagePushConstant16)},
+    {"subgroupBasic", SUBGROUP, VK_SUBGROUP_FEATURE_BASIC_BIT},
+    {"subgroupVote", SUBGROUP, VK_SUBGROUP_FEATURE_VOTE_BIT},
+    {"subgroupArithmetic", SUBGROUP, VK_SUBGROUP_FEATURE_ARITHMETIC_BIT},
+    {"subgroupBallot", SUBGROUP, VK_SUBGROUP_FEATURE_BALLOT_BIT},
+    {"subgroupShuffle", SUBGROUP, VK_SUBGROUP_FEATURE_SHUFFLE_BIT},
+    {"subgroupShuffleRelative", SUBGROUP, VK_SUBGROUP_FEATURE_SHUFFLE_RELATIVE_BIT},
+    {"subgroupClustered", SUBGROUP, VK_SUBGROUP_FEATURE_CLUSTERED_BIT},
+    {"subgroupQuad", SUBGROUP, VK_SUBGROUP_FEATURE_QUAD_BIT},
 };
 
-/* Turn on feature ``name`` of VkPhysicalDeviceFeatures; 1 if it is one of FEATURES, else 0. */
-int ls_icd_feature_set(VkPhysicalDeviceFeatures *features, const char *name)
+/* Report feature ``name`` of the arbiter's; 1 if the driver reports it, else 0. */
+int ls_icd_feature_set(struct ls_icd_physical *physical, const char *name)
 {
+    const VkBool32 on = VK_TRUE;
     for (size_t i = 0; i < sizeof(FEATURES) / sizeof(FEATURES[0]); i++) {
-        if (strcmp(name, FEATURES[i].name) == 0) {
-            VkBool32 on = VK_TRUE;
-            memcpy((char *)features + FEATURES[i].offset, &on, sizeof(on));
+        if (strcmp(name, FEATURES[i].name) != 0)
+            continue;
+        if (FEATURES[i].where == CORE)
+            memcpy((char *)&physical->features + FEATURES[i].at, &on, sizeof(on));
+        else if (FEATURES[i].where == STORAGE16)
+            memcpy((char *)&physical->storage16 + FEATURES[i].at, &on, sizeof(on));
+        else
+            physical->subgroup_operations |= (VkSubgroupFeatureFlags)FEATURES[i].at;
+        return 1;
+    }
+    return 0;
+}
+
+/* The chained output structures the driver answers with nothing: features off, properties of none.
+ * Any other structure of a later version or of an extension not offered is left as it was. */
+static const struct {
+    VkStructureType type;
+    size_t size;
+} OFF[] = {
+    {VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MULTIVIEW_PROPERTIES, sizeof(VkPhysicalDeviceMultiviewProperties)},
+    {VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_POINT_CLIPPING_PROPERTIES, sizeof(VkPhysicalDevicePointClippingProperties)},
+    {VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROTECTED_MEMORY_PROPERTIES, sizeof(VkPhysicalDeviceProtectedMemoryProperties)},
+    {VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MULTIVIEW_FEATURES, sizeof(VkPhysicalDeviceMultiviewFeatures)},
+    {VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROTECTED_MEMORY_FEATURES, sizeof(VkPhysicalDeviceProtectedMemoryFeatures)},
+    {VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SAMPLER_YCBCR_CONVERSION_FEATURES,
+     sizeof(VkPhysicalDeviceSamplerYcbcrConversionFeatures)},
+    {VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_DRAW_PARAMETERS_FEATURES,
+     sizeof(VkPhysicalDeviceShaderDrawParametersFeatures)},
+    {VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VARIABLE_POINTERS_FEATURES, sizeof(VkPhysicalDeviceVariablePointersFeatures)},
+    /* a raw device address would escape the arbiter's bounds */
+    {VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_BUFFER_DEVICE_ADDRESS_FEATURES,
+     sizeof(VkPhysicalDeviceBufferDeviceAddressFeatures)},
+};
+
+/* Zero everything after sType and pNext of ``next`` if it is one of OFF; 1 if it was, else 0. */
+static int clear_if_off(VkBaseOutStructure *next)
+{
+    for (size_t i = 0; i < sizeof(OFF) / sizeof(OFF[0]); i++) {
+        if (next->sType == OFF[i].type) {
+            memset((char *)next + sizeof(VkBaseOutStructure), 0, OFF[i].size - sizeof(VkBaseOutStructure));
             return 1;
         }
     }
@@ -57,13 +116,33 @@ VKAPI_ATTR void VKAPI_CALL ls_icd_GetPhysicalDeviceProperties2(VkPhysicalDevice 
     const struct ls_icd_physical *physical = physical_of(pd);
     out->properties = physical->properties;
     for (VkBaseOutStructure *next = out->pNext; next != NULL; next = next->pNext) {
-        if (next->sType == VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_ID_PROPERTIES) {
+        switch (next->sType) {
+        case VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_ID_PROPERTIES: {
             VkPhysicalDeviceIDProperties *ids = (VkPhysicalDeviceIDProperties *)next;
             memcpy(ids->deviceUUID, physical->uuid, VK_UUID_SIZE);
             memset(ids->driverUUID, 0, VK_UUID_SIZE);
             memset(ids->deviceLUID, 0, VK_LUID_SIZE);
             ids->deviceNodeMask = 0;
             ids->deviceLUIDValid = VK_FALSE;
+            break;
+        }
+        case VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES: {
+            VkPhysicalDeviceSubgroupProperties *subgroup = (VkPhysicalDeviceSubgroupProperties *)next;
+            subgroup->subgroupSize = physical->subgroup_size;
+            subgroup->supportedStages = physical->subgroup_operations ? VK_SHADER_STAGE_COMPUTE_BIT : 0;
+            subgroup->supportedOperations = physical->subgroup_operations;
+            subgroup->quadOperationsInAllStages = VK_FALSE;
+            break;
+        }
+        case VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MAINTENANCE_3_PROPERTIES: {
+            VkPhysicalDeviceMaintenance3Properties *bounds = (VkPhysicalDeviceMaintenance3Properties *)next;
+            bounds->maxPerSetDescriptors = physical->max_per_set_descriptors;
+            bounds->maxMemoryAllocationSize = physical->max_allocation; /* at most the heap */
+            break;
+        }
+        default:
+            clear_if_off(next);
+            break;
         }
     }
 }
@@ -75,13 +154,21 @@ VKAPI_ATTR void VKAPI_CALL ls_icd_GetPhysicalDeviceFeatures(VkPhysicalDevice pd,
 
 VKAPI_ATTR void VKAPI_CALL ls_icd_GetPhysicalDeviceFeatures2(VkPhysicalDevice pd, VkPhysicalDeviceFeatures2 *out)
 {
-    out->features = physical_of(pd)->features;
+    const struct ls_icd_physical *physical = physical_of(pd);
+    out->features = physical->features;
     for (VkBaseOutStructure *next = out->pNext; next != NULL; next = next->pNext) {
-        if (next->sType == VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_BUFFER_DEVICE_ADDRESS_FEATURES) {
-            VkPhysicalDeviceBufferDeviceAddressFeatures *address = (VkPhysicalDeviceBufferDeviceAddressFeatures *)next;
-            address->bufferDeviceAddress = VK_FALSE; /* a raw address would escape the arbiter's bounds */
-            address->bufferDeviceAddressCaptureReplay = VK_FALSE;
-            address->bufferDeviceAddressMultiDevice = VK_FALSE;
+        switch (next->sType) {
+        case VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_16BIT_STORAGE_FEATURES: {
+            VkPhysicalDevice16BitStorageFeatures *storage = (VkPhysicalDevice16BitStorageFeatures *)next;
+            storage->storageBuffer16BitAccess = physical->storage16.storageBuffer16BitAccess;
+            storage->uniformAndStorageBuffer16BitAccess = physical->storage16.uniformAndStorageBuffer16BitAccess;
+            storage->storagePushConstant16 = physical->storage16.storagePushConstant16;
+            storage->storageInputOutput16 = VK_FALSE; /* no graphics */
+            break;
+        }
+        default:
+            clear_if_off(next);
+            break;
         }
     }
 }

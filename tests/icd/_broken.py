@@ -23,7 +23,8 @@ def frame(body: bytes, payload: bytes = b"", magic: int = protocol.MAGIC, json_l
 
 GOOD = {"ok": True, "client_id": 1, "physical_device": {
     "name": "fake", "uuid": "00112233-4455-6677-8899-aabbccddeeff", "features": ["robustBufferAccess"],
-    "timestamp_valid_bits": 64, "memory": 1 << 30}}
+    "timestamp_valid_bits": 64, "memory": 1 << 30, "subgroup_size": 8, "max_per_set_descriptors": 1024,
+    "max_memory_allocation_size": 1 << 31}}
 
 
 def welcome(**changes) -> bytes:
@@ -51,6 +52,12 @@ BROKEN = {
     "negative memory": (frame(welcome(physical_device={"memory": -1}), bytes(PROPERTIES_SIZE)), 2),
     "fractional memory": (frame(welcome(physical_device={"memory": 1.5}), bytes(PROPERTIES_SIZE)), 2),
     "timestamp bits past 64": (frame(welcome(physical_device={"timestamp_valid_bits": 65}), bytes(PROPERTIES_SIZE)), 2),
+    "a subgroup size not a power of two": (frame(welcome(physical_device={"subgroup_size": 12}), bytes(PROPERTIES_SIZE)), 2),
+    "no subgroup size": (frame(welcome(physical_device={"subgroup_size": None}), bytes(PROPERTIES_SIZE)), 2),
+    "descriptors past 32 bits": (frame(welcome(physical_device={"max_per_set_descriptors": 1 << 32}),
+                                       bytes(PROPERTIES_SIZE)), 2),
+    "an allocation size not a number": (frame(welcome(physical_device={"max_memory_allocation_size": "2G"}),
+                                              bytes(PROPERTIES_SIZE)), 2),
     "a client id not a number": (frame(welcome(client_id="1"), bytes(PROPERTIES_SIZE)), 2),
 }
 

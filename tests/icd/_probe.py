@@ -40,7 +40,25 @@ def describe(device) -> dict:
                      for f in vk.vkGetPhysicalDeviceQueueFamilyProperties(device)],
         "features": {name: getattr(features, name) for name, _ in vk.ffi.typeof("VkPhysicalDeviceFeatures").fields},
         "device_extensions": [e.extensionName for e in vk.vkEnumerateDeviceExtensionProperties(device, None)],
+        **core11(device),
     }
+
+
+def core11(device) -> dict:
+    """Vulkan 1.1's structures chained to Properties2 and Features2 (filled with a canary first)."""
+    subgroup = vk.VkPhysicalDeviceSubgroupProperties(subgroupSize=0xDEAD)
+    bounds = vk.VkPhysicalDeviceMaintenance3Properties(pNext=subgroup)
+    vk.vkGetPhysicalDeviceProperties2(device, vk.VkPhysicalDeviceProperties2(pNext=bounds))
+    storage = vk.VkPhysicalDevice16BitStorageFeatures(storageInputOutput16=7)
+    address = vk.VkPhysicalDeviceBufferDeviceAddressFeatures(bufferDeviceAddress=7, pNext=storage)
+    pointers = vk.VkPhysicalDeviceVariablePointersFeatures(variablePointers=7, pNext=address)
+    vk.vkGetPhysicalDeviceFeatures2(device, vk.VkPhysicalDeviceFeatures2(pNext=pointers))
+    return {"subgroup": [subgroup.subgroupSize, subgroup.supportedOperations, subgroup.supportedStages],
+            "max_per_set_descriptors": bounds.maxPerSetDescriptors,
+            "max_allocation": bounds.maxMemoryAllocationSize,
+            "storage16": [storage.storageBuffer16BitAccess, storage.uniformAndStorageBuffer16BitAccess,
+                          storage.storagePushConstant16, storage.storageInputOutput16],
+            "variable_pointers": pointers.variablePointers, "buffer_device_address": address.bufferDeviceAddress}
 
 
 def main() -> None:

@@ -22,6 +22,8 @@ from tests.icd.conftest import PROBE, environment, libshare_run, probe
 QUEUE_COMPUTE, QUEUE_TRANSFER = 0x2, 0x4
 HEAP_DEVICE_LOCAL = 0x1
 HOST_VISIBLE, HOST_COHERENT = 0x2, 0x4
+SHADER_STAGE_COMPUTE = 0x20
+KNOWN_SUBGROUP_OPERATIONS = 0xFF  # VK_SUBGROUP_FEATURE_BASIC_BIT to QUAD_BIT
 
 
 def real_device(name: str) -> dict:
@@ -49,6 +51,14 @@ def test_a_program_sees_one_device_named_after_the_arbiters(daemon, vulkan_devic
     assert device["features"]["robustBufferAccess"] == 1
     assert device["device_extensions"] == []
     assert device["api_version"] >> 12 == (1 << 10 | 1)  # Vulkan 1.1: what the driver implements
+    size, operations, stages = device["subgroup"]
+    assert size == real["subgroup"][0] and operations == real["subgroup"][1] & KNOWN_SUBGROUP_OPERATIONS
+    assert stages == SHADER_STAGE_COMPUTE
+    assert device["max_per_set_descriptors"] == real["max_per_set_descriptors"]
+    assert device["max_allocation"] == min(real["max_allocation"], 96 << 20)  # at most the heap
+    assert device["storage16"][:3] == real["storage16"][:3] and device["storage16"][3] == 0  # no graphics
+    assert device["variable_pointers"] == 0  # the arbiter does not enable them
+    assert device["buffer_device_address"] == 0  # a raw address would escape the arbiter's bounds
 
 
 def test_the_heap_is_the_groups_limit_and_ps_shows_the_program(daemon):

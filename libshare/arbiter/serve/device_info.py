@@ -11,8 +11,11 @@ The object carries what the struct does not:
 
 * ``name``: the arbiter's device name (the driver reports ``libshare: NAME``);
 * ``uuid``: the device's UUID (``VkPhysicalDeviceIDProperties``);
-* ``features``: the names of what the arbiter's VkDevice was created with (device/_instance.py:
-  never ``bufferDeviceAddress``; ``robustBufferAccess`` always), which the driver reports and no more;
+* ``features``: the names of what the arbiter's VkDevice was created with and of the subgroup
+  operations it supports in the compute stage (device/_instance.py: never ``bufferDeviceAddress``;
+  ``robustBufferAccess`` always), which the driver reports and no more;
+* ``subgroup_size``, ``max_per_set_descriptors``, ``max_memory_allocation_size``: the device's
+  Vulkan 1.1 properties (VkPhysicalDeviceSubgroupProperties, ...Maintenance3Properties);
 * ``timestamp_valid_bits``: the valid bits of the arbiter's queue's timestamps;
 * ``memory``: the bytes this session may hold: the lowest of its own limit, its group's and the
   arbiter's total (policy/limits.py), which the driver reports as the size of its device-local
@@ -40,5 +43,5 @@ def physical_device(arbiter, client: Client) -> tuple[dict, bytes]:
     device = arbiter.device
     fields = {"name": device.name, "uuid": device.uuid, "features": sorted(device.features),
               "timestamp_valid_bits": device.instance.timestamp_mask.bit_length(),
-              "memory": session_memory(arbiter, client)}
+              "memory": session_memory(arbiter, client), **device.instance.physical.core11_properties()}
     return fields, device.instance.physical.properties_bytes()
