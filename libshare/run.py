@@ -14,7 +14,9 @@ Modes, as ``connect()``'s (``--mode``, else LIBSHARE_MODE): ``daemon`` runs the 
 the arbiter of the pipe directory (LIBSHARE_PIPE_DIRECTORY), in place of this process (exec);
 ``embedded`` starts a helper arbiter of its own, on a private pipe directory, for the program's
 lifetime, and stops it when the program ends: the way to embed one in a process that is not
-Python, where the driver must not start an interpreter. ``auto`` (the default) is ``daemon``
+Python, where the driver must not start an interpreter. The helper runs in a session of its own (a
+terminal's ^C goes to the program alone); the signals that end a process (:data:`FORWARDED`)
+are passed on to the program, and the helper is stopped once the program has ended. ``auto`` (the default) is ``daemon``
 when an arbiter answers, else ``embedded``. The helper is started with the environment
 libshare-run was given, so that it opens the real device, not libshare's driver.
 
@@ -46,6 +48,9 @@ DRIVER_VARIABLES = ("VK_DRIVER_FILES", "VK_ICD_FILENAMES")
 """The loader's variables that name the only drivers it loads (the second for loaders before 1.3.207)."""
 HELPER_START = 60.0
 """Seconds an embedded helper arbiter may take to listen."""
+FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+"""Signals libshare-run passes on to the program in embedded mode (and then stops the helper when the
+program ends); the terminal's SIGINT reaches the program itself."""
 _POLL = 0.01
 
 
@@ -92,7 +97,8 @@ def _start_helper(env: dict[str, str], directory: Path) -> subprocess.Popen:
     log = directory / "helper.stderr"  # a file: a full pipe would stall it
     with open(log, "w") as stderr:
         helper = subprocess.Popen([sys.executable, "-m", "libshare.arbiter", "--pipe-directory", str(directory)],
-                                  env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr)
+                                  env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr,
+                                  start_new_session=True)  # the terminal's ^C is the program's, not the helper's
     deadline = time.monotonic() + HELPER_START
     while not _paths.socket_path(directory).exists():
         if helper.poll() is not None or time.monotonic() > deadline:
@@ -122,6 +128,9 @@ def _run_embedded(command: list[str], env: dict[str, str], own_env: dict[str, st
             env = {**env, _settings.SETTINGS["pipe_directory"].env: str(directory),
                    _settings.SETTINGS["mode"].env: "daemon"}
             program = subprocess.Popen(command, env=env)
+            forward = lambda signum, _frame: program.send_signal(signum)  # noqa: E731
+            for signum in FORWARDED:
+                signal.signal(signum, forward)
             while True:
                 try:
                     status = program.wait()

@@ -9,10 +9,13 @@ crash; ``libshare-run --manifest`` names a manifest the loader takes.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
+from libshare._proc import parent_of, running
 from libshare.icd import API_VERSION, LIBRARY, library_path, manifest_path
 
 from tests.conftest import ROOT
@@ -150,3 +153,24 @@ def test_the_properties2_extension_may_be_enabled_and_answers(daemon, vulkan_dev
     done = subprocess.run(libshare_run("--", sys.executable, "-c", code), env=environment(pipe_dir), cwd=ROOT,
                           capture_output=True, text=True, timeout=60)
     assert (done.returncode, done.stdout.strip()) == (0, f"libshare: {vulkan_device_name}"), done.stderr
+
+
+def test_embedded_mode_passes_sigterm_on_and_stops_its_helper(tmp_path, vulkan_device_name):
+    with subprocess.Popen(libshare_run("--mode", "embedded", "--", sys.executable, str(PROBE), "hold"),
+                          env=environment(tmp_path / "none"), cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                          text=True) as runner:
+        try:
+            assert json.loads(runner.stdout.readline())["devices"][0]["name"] == f"libshare: {vulkan_device_name}"
+            assert runner.stdout.readline() == "holding\n"
+            program = next(int(pid) for pid in os.listdir("/proc") if pid.isdigit() and parent_of(int(pid)) == runner.pid
+                           and "_probe.py" in Path(f"/proc/{pid}/cmdline").read_text())
+            directory = Path(dict(line.split("=", 1) for line in Path(f"/proc/{program}/environ").read_text()
+                                  .split("\0") if "=" in line)["LIBSHARE_PIPE_DIRECTORY"])
+            helper = int((directory / "arbiter.pid").read_text())
+            runner.send_signal(signal.SIGTERM)
+            assert runner.wait(120) == 128 + signal.SIGTERM  # the program's end, passed on
+        finally:
+            runner.stdin.close()
+            if runner.poll() is None:
+                runner.kill()
+    assert not running(helper) and not directory.exists()  # stopped, and its directory gone
