@@ -217,7 +217,7 @@ VkResult ls_icd_hello(struct ls_icd_session *session, struct ls_icd_physical *ph
     text = hello_text(&settings, why, why_size);
     if (text == NULL)
         return why[0] ? VK_ERROR_INITIALIZATION_FAILED : VK_ERROR_OUT_OF_HOST_MEMORY;
-    session->sock = ls_icd_dial(settings.socket_path);
+    session->sock = ls_icd_dial(settings.socket_path, settings.supervisor_lock, LS_ICD_DIAL_MS);
     if (session->sock < 0) {
         char detail[4200];
         snprintf(detail, sizeof(detail), "%s (%s)", settings.socket_path, strerror(-session->sock));

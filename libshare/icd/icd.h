@@ -29,6 +29,7 @@
 #define LS_ICD_MAX_FRAME (4u << 20)           /* wire.py's MAX_FRAME */
 #define LS_ICD_REPLY_MS 60000                 /* client/exchange.py's REPLY_TIMEOUT */
 #define LS_ICD_WHY 512                        /* bytes of a failure's explanation */
+#define LS_ICD_DIAL_MS 10000                  /* connect()'s timeout: a supervised directory's wait */
 
 /* ---- wire.c: one received frame (the caller frees it with ls_icd_frame_free) */
 struct ls_icd_frame {
@@ -40,7 +41,7 @@ struct ls_icd_frame {
     int nfds;
 };
 
-int ls_icd_dial(const char *path);
+int ls_icd_dial(const char *path, const char *supervisor_lock, int wait_ms);
 int ls_icd_send(int sock, const char *json, size_t json_len);
 int ls_icd_recv(int sock, struct ls_icd_frame *frame, int max_fds, int timeout_ms);
 void ls_icd_frame_free(struct ls_icd_frame *frame);
@@ -48,6 +49,7 @@ void ls_icd_frame_free(struct ls_icd_frame *frame);
 /* ---- settings.c: the session's options from the environment */
 struct ls_icd_settings {
     char socket_path[4096];
+    char supervisor_lock[4096]; /* the control daemon's lock file in the pipe directory */
     const char *name;      /* LIBSHARE_CLIENT_NAME, or NULL */
     const char *group;     /* LIBSHARE_GROUP, or NULL */
     const char *priority;  /* LIBSHARE_CLIENT_PRIORITY, or NULL */

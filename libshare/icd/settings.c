@@ -1,7 +1,8 @@
 /* The session's options, read from the environment as libshare/settings.py's client rows say.
  *
  * LIBSHARE_PIPE_DIRECTORY (else $XDG_RUNTIME_DIR/libshare when that directory is writable, else
- * /tmp/libshare-UID) holds the arbiter's socket, "control". LIBSHARE_CLIENT_NAME,
+ * /tmp/libshare-UID) holds the arbiter's socket, "control", and the control daemon's lock file,
+ * "control-daemon.pid" (libshare/protocol/paths.py). LIBSHARE_CLIENT_NAME,
  * LIBSHARE_GROUP, LIBSHARE_CLIENT_PRIORITY and LIBSHARE_ACTIVE_THREAD_PERCENTAGE go into the
  * hello as text, and the arbiter checks them as it checks libshare.connect()'s;
  * LIBSHARE_DEVICE_MEM_LIMIT ("1G", "unlimited", or per device "0=1G,UUID=512M") is read here
@@ -23,19 +24,21 @@ static const char *variable(const char *name)
 
 int ls_icd_read_settings(struct ls_icd_settings *settings)
 {
-    const char *directory = variable("LIBSHARE_PIPE_DIRECTORY");
+    const char *given = variable("LIBSHARE_PIPE_DIRECTORY");
     const char *runtime = variable("XDG_RUNTIME_DIR");
+    char directory[4000];
     int n;
     memset(settings, 0, sizeof(*settings));
-    if (directory != NULL)
-        n = snprintf(settings->socket_path, sizeof(settings->socket_path), "%s/control", directory);
+    if (given != NULL)
+        n = snprintf(directory, sizeof(directory), "%s", given);
     else if (runtime != NULL && access(runtime, W_OK) == 0)
-        n = snprintf(settings->socket_path, sizeof(settings->socket_path), "%s/libshare/control", runtime);
+        n = snprintf(directory, sizeof(directory), "%s/libshare", runtime);
     else
-        n = snprintf(settings->socket_path, sizeof(settings->socket_path), "/tmp/libshare-%u/control",
-                     (unsigned)getuid());
-    if (n < 0 || (size_t)n >= sizeof(settings->socket_path))
+        n = snprintf(directory, sizeof(directory), "/tmp/libshare-%u", (unsigned)getuid());
+    if (n < 0 || (size_t)n >= sizeof(directory))
         return -ENAMETOOLONG;
+    snprintf(settings->socket_path, sizeof(settings->socket_path), "%s/control", directory);
+    snprintf(settings->supervisor_lock, sizeof(settings->supervisor_lock), "%s/control-daemon.pid", directory);
     settings->name = variable("LIBSHARE_CLIENT_NAME");
     settings->group = variable("LIBSHARE_GROUP");
     settings->priority = variable("LIBSHARE_CLIENT_PRIORITY");

@@ -5,8 +5,9 @@
  * with SCM_RIGHTS. The driver trusts nothing it reads: a bad magic or version, a length past
  * LS_ICD_MAX_FRAME or more descriptors than the caller expects end the exchange with a negative
  * code (descriptors beyond the expected ones are closed at once), and every read is bounded by
- * the caller's timeout. ls_icd_dial checks that the listener runs as this user or root, as
- * wire.py's dial does. Functions return 0 (or a descriptor) or a negative errno. */
+ * the caller's timeout. ls_icd_dial checks that the listener runs as this user or root, and
+ * while a control daemon supervises the pipe directory it waits for an arbiter that is not
+ * listening yet (one is on its way), up to the caller's bound, as wire.py's dial does. Functions return 0 (or a descriptor) or a negative errno. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -14,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <time.h>
@@ -63,7 +65,20 @@ static int connect_path(int sock, const char *path)
     return rc;
 }
 
-int ls_icd_dial(const char *path)
+/* Whether a control daemon supervises the directory of ``lock`` (it holds the lock): then no arbiter
+ * listening means that a new one is on its way (paths.py's supervised). */
+static int supervised(const char *lock)
+{
+    int fd = open(lock, O_RDONLY | O_CLOEXEC);
+    int held;
+    if (fd < 0)
+        return 0;
+    held = flock(fd, LOCK_SH | LOCK_NB) < 0 && errno == EWOULDBLOCK;
+    close(fd); /* (a lock taken here goes with the descriptor) */
+    return held;
+}
+
+static int dial_once(const char *path)
 {
     struct ucred peer;
     socklen_t size = sizeof(peer);
@@ -81,6 +96,19 @@ int ls_icd_dial(const char *path)
         return rc;
     }
     return sock;
+}
+
+int ls_icd_dial(const char *path, const char *supervisor_lock, int wait_ms)
+{
+    const struct timespec pause = {.tv_sec = 0, .tv_nsec = 10 * 1000 * 1000};
+    int64_t deadline = now_ms() + wait_ms;
+    for (;;) {
+        int sock = dial_once(path);
+        if (sock >= 0 || (sock != -ENOENT && sock != -ECONNREFUSED) || now_ms() >= deadline ||
+            !supervised(supervisor_lock))
+            return sock;
+        nanosleep(&pause, NULL);
+    }
 }
 
 static void put32(uint8_t *at, uint32_t value)

@@ -2,7 +2,8 @@
 
 ``python _probe.py [hold]`` creates an instance, enumerates the physical devices and prints one JSON
 line: each device's name, Vulkan version, ids, every limit, its memory heaps and types, queue families,
-features; or ``{"error": NAME}`` when the instance cannot be made. With ``hold`` it then prints
+features; or ``{"error": NAME}`` when the instance cannot be made. It says on stderr when it begins
+creating its instance. With ``hold`` it then prints
 ``holding`` and keeps its instance until its standard input closes. It knows nothing of libshare.
 """
 
@@ -64,6 +65,7 @@ def core11(device) -> dict:
 def main() -> None:
     info = vk.VkInstanceCreateInfo(pApplicationInfo=vk.VkApplicationInfo(
         pApplicationName="probe", apiVersion=vk.VK_MAKE_VERSION(1, 1, 0)))
+    print("creating an instance", file=sys.stderr, flush=True)
     try:
         instance = vk.vkCreateInstance(info, None)
     except vk.VkError as exc:

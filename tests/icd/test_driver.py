@@ -8,6 +8,8 @@ crash; ``libshare-run --manifest`` names a manifest the loader takes.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import signal
@@ -19,6 +21,7 @@ from libshare._proc import parent_of, running
 from libshare.icd import API_VERSION, LIBRARY, library_path, manifest_path
 
 from tests.conftest import ROOT
+from tests.arbiter.conftest import run_daemon
 from tests.control.conftest import control
 from tests.icd.conftest import PROBE, environment, libshare_run, probe
 
@@ -174,3 +177,17 @@ def test_embedded_mode_passes_sigterm_on_and_stops_its_helper(tmp_path, vulkan_d
             if runner.poll() is None:
                 runner.kill()
     assert not running(helper) and not directory.exists()  # stopped, and its directory gone
+
+
+def test_under_a_control_daemon_the_driver_waits_for_the_arbiter_on_its_way(tmp_path, vulkan_device_name):
+    pipe_dir = tmp_path / "pipe"
+    pipe_dir.mkdir(mode=0o700)
+    with open(pipe_dir / "control-daemon.pid", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # as a control daemon holds it: an arbiter is on its way
+        with subprocess.Popen(libshare_run("--mode", "daemon", "--", sys.executable, str(PROBE)),
+                              env=environment(pipe_dir), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) as program:
+            assert program.stderr.readline() == "creating an instance\n"  # dialing now, with no arbiter there
+            with contextlib.contextmanager(run_daemon)(pipe_dir):
+                out, err = program.communicate(timeout=120)
+    assert [d["name"] for d in json.loads(out)["devices"]] == [f"libshare: {vulkan_device_name}"], err
