@@ -125,7 +125,7 @@ VKAPI_ATTR VkResult VKAPI_CALL ls_icd_EnumeratePhysicalDeviceGroups(VkInstance h
         return VK_SUCCESS;
     }
     if (*count == 0)
-        return VK_INCOMPLETE;
+        return VK_INCOMPLETE; /* (no room: none written, *count stays 0) */
     groups[0].physicalDeviceCount = 1;
     groups[0].physicalDevices[0] = (VkPhysicalDevice)&instance->physical;
     groups[0].subsetAllocation = VK_FALSE;
