@@ -11,6 +11,7 @@
  * arbiter's {"ok": false, "error", "message"}) or anything malformed is
  * VK_ERROR_INITIALIZATION_FAILED, with the reason written into ``why``. */
 #define _GNU_SOURCE
+#include <ctype.h>
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -32,41 +33,49 @@ static VkResult refuse(char *why, size_t why_size, const char *what, const char 
     return VK_ERROR_INITIALIZATION_FAILED;
 }
 
-/* LIBSHARE_DEVICE_MEM_LIMIT as the hello's {device: bytes}; 0, or -EINVAL. */
+/* LIBSHARE_DEVICE_MEM_LIMIT as the hello's {device: bytes}, read as settings.py's
+ * parse_device_limits reads it: parts split at commas, each "SIZE" (key "") or "DEVICE=SIZE" (split
+ * at its last "="; the key stripped, lowercase, without dashes). 0, or -EINVAL. */
 static int add_limits(cJSON *hello, const char *text)
 {
-    char copy[1024];
-    char *save = NULL;
+    cJSON *limits = cJSON_AddObjectToObject(hello, "mem_limit");
     int count = 0;
-    cJSON *limits;
-    if (strcasecmp(text, "unlimited") == 0 || strcasecmp(text, "none") == 0)
-        return 0;
-    if (strlen(text) >= sizeof(copy))
-        return -EINVAL;
-    strcpy(copy, text);
-    limits = cJSON_AddObjectToObject(hello, "mem_limit");
     if (limits == NULL)
         return -ENOMEM;
-    for (char *part = strtok_r(copy, ",", &save); part != NULL; part = strtok_r(NULL, ",", &save)) {
-        char key[65] = "";
-        char *equals = strrchr(part, '=');
-        const char *size = equals ? equals + 1 : part;
+    for (const char *part = text;; part++) {
+        const char *comma = strchr(part, ',');
+        size_t length = comma ? (size_t)(comma - part) : strlen(part);
+        char copy[256], key[65], number[24];
+        char *equals, *from;
         size_t k = 0;
         uint64_t bytes;
-        if (ls_icd_parse_size(size, &bytes) < 0 || ++count > MOST_LIMITS)
+        if (length >= sizeof(copy) || ++count > MOST_LIMITS)
             return -EINVAL;
-        for (char *c = part; equals != NULL && c < equals; c++) { /* the key: lowercase, no dashes or spaces */
-            if (*c == '-' || *c == ' ')
+        memcpy(copy, part, length);
+        copy[length] = '\0';
+        equals = strrchr(copy, '=');
+        if (ls_icd_parse_size(equals ? equals + 1 : copy, &bytes) < 0)
+            return -EINVAL;
+        from = copy;
+        while (equals && from < equals && isspace((unsigned char)*from))
+            from++;
+        while (equals && equals > from && isspace((unsigned char)equals[-1]))
+            equals--;
+        for (; equals && from < equals; from++) {
+            if (*from == '-')
                 continue;
             if (k + 1 >= sizeof(key))
                 return -EINVAL;
-            key[k++] = (char)(*c >= 'A' && *c <= 'Z' ? *c - 'A' + 'a' : *c);
+            key[k++] = (char)tolower((unsigned char)*from);
         }
         key[k] = '\0';
-        if (cJSON_AddNumberToObject(limits, key, (double)bytes) == NULL)
+        snprintf(number, sizeof(number), "%llu", (unsigned long long)bytes); /* exact: a double is not */
+        if (cJSON_AddRawToObject(limits, key, number) == NULL)
             return -ENOMEM;
+        if (comma == NULL)
+            return 0;
+        part = comma;
     }
-    return 0;
 }
 
 static char *hello_text(const struct ls_icd_settings *settings, char *why, size_t why_size)

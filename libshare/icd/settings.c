@@ -8,6 +8,7 @@
  * LIBSHARE_DEVICE_MEM_LIMIT ("1G", "unlimited", or per device "0=1G,UUID=512M") is read here
  * into the hello's byte counts (hello.c) by ls_icd_parse_size. Returns 0 or a negative errno. */
 #define _GNU_SOURCE
+#include <ctype.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,10 +17,14 @@
 
 #include "icd.h"
 
+/* The variable's value; NULL when it is unset or blank (settings.py's reading). */
 static const char *variable(const char *name)
 {
     const char *value = secure_getenv(name);
-    return value != NULL && value[0] != '\0' ? value : NULL;
+    for (const char *c = value; c != NULL && *c != '\0'; c++)
+        if (!isspace((unsigned char)*c))
+            return value;
+    return NULL;
 }
 
 int ls_icd_read_settings(struct ls_icd_settings *settings)
@@ -47,33 +52,56 @@ int ls_icd_read_settings(struct ls_icd_settings *settings)
     return 0;
 }
 
-/* Bytes in ``text`` as settings.py's parse_size reads it: a number (a fraction allowed) and an
- * optional unit K, M, G or T (binary), then an optional B or iB. -EINVAL when it is not one. */
+/* Bytes in ``text`` as settings.py's parse_size reads it, exactly: spaces around, digits with an
+ * optional fraction (up to 18 decimals here; settings.py takes more, this refuses them), spaces, an optional unit K, M, G or T (binary, any
+ * case), an optional B or iB; the value truncated to whole bytes, at most settings.py's MAX_SIZE
+ * (2^60). -EINVAL when it is not one. */
 int ls_icd_parse_size(const char *text, uint64_t *bytes)
 {
-    const uint64_t most = (uint64_t)1 << 62; /* settings.py's MAX_SIZE bound, at most this */
-    char *end = NULL;
-    double number, scale = 1;
-    while (*text == ' ')
-        text++;
-    if (*text < '0' || *text > '9')
-        return -EINVAL;
-    number = strtod(text, &end);
-    switch (*end) {
-    case 'k': case 'K': scale = 1024.0; end++; break;
-    case 'm': case 'M': scale = 1048576.0; end++; break;
-    case 'g': case 'G': scale = 1073741824.0; end++; break;
-    case 't': case 'T': scale = 1099511627776.0; end++; break;
-    default: break;
+    const unsigned __int128 most = (unsigned __int128)1 << 60;
+    unsigned __int128 whole = 0, fraction = 0, scale = 1, unit = 1, value;
+    const char *c = text, *end = text + strlen(text);
+    int digits = 0, decimals = 0;
+    while (c < end && isspace((unsigned char)*c))
+        c++;
+    while (end > c && isspace((unsigned char)end[-1]))
+        end--;
+    for (; c < end && isdigit((unsigned char)*c); c++, digits++) {
+        whole = whole * 10 + (unsigned)(*c - '0');
+        if (whole > most)
+            return -EINVAL;
     }
-    if (scale > 1 && (end[0] == 'i' || end[0] == 'I') && (end[1] == 'b' || end[1] == 'B'))
-        end += 2;
-    else if (end[0] == 'b' || end[0] == 'B')
-        end++;
-    while (*end == ' ')
-        end++;
-    if (*end != '\0' || !(number * scale <= (double)most))
+    if (digits == 0)
         return -EINVAL;
-    *bytes = (uint64_t)(number * scale);
+    if (c < end && *c == '.') {
+        for (c++; c < end && isdigit((unsigned char)*c); c++, decimals++) {
+            if (decimals == 18)
+                return -EINVAL;
+            fraction = fraction * 10 + (unsigned)(*c - '0');
+            scale *= 10;
+        }
+        if (decimals == 0)
+            return -EINVAL;
+    }
+    while (c < end && isspace((unsigned char)*c))
+        c++;
+    if (c < end && strchr("kKmMgGtT", *c) != NULL) {
+        int shift = *c == 'k' || *c == 'K' ? 10 : *c == 'm' || *c == 'M' ? 20 : *c == 'g' || *c == 'G' ? 30 : 40;
+        unit = (unsigned __int128)1 << shift;
+        c++;
+    }
+    if (c < end && (*c == 'i' || *c == 'I')) { /* iB */
+        if (c + 1 >= end || (c[1] != 'b' && c[1] != 'B'))
+            return -EINVAL;
+        c += 2;
+    } else if (c < end && (*c == 'b' || *c == 'B')) {
+        c++;
+    }
+    if (c != end)
+        return -EINVAL;
+    value = whole * unit + fraction * unit / scale;
+    if (value > most)
+        return -EINVAL;
+    *bytes = (uint64_t)value;
     return 0;
 }

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import array
 import json
+import os
+import select
 import socket
 import struct
 import threading
@@ -64,7 +66,7 @@ BROKEN = {
 
 class BrokenArbiter:
     """A listener at a pipe directory's socket that answers one hello with ``answer`` and ``fds`` descriptors
-    (of /dev/null); it keeps the hello it read."""
+    (of /dev/null); it keeps the hello it read (None: no one said hello)."""
 
     def __init__(self, pipe_dir: Path, answer: bytes, fds: int):
         pipe_dir.mkdir(mode=0o700)
@@ -73,10 +75,13 @@ class BrokenArbiter:
         self._listener.listen(1)
         self._answer, self._fds = answer, fds
         self.hello: dict | None = None
+        self._stop_reader, self._stop = os.pipe()  # written by close(): no connection will come
         self._thread = threading.Thread(target=self._serve, daemon=True)
         self._thread.start()
 
     def _serve(self) -> None:
+        if self._listener not in select.select([self._listener, self._stop_reader], [], [])[0]:
+            return
         conn, _ = self._listener.accept()
         with conn:
             conn.settimeout(60)
@@ -90,5 +95,9 @@ class BrokenArbiter:
                 pass
 
     def close(self) -> None:
+        """Stop listening, once the hello (if one came) was answered and its connection closed."""
+        os.write(self._stop, b"x")
         self._thread.join(60)
         self._listener.close()
+        os.close(self._stop)
+        os.close(self._stop_reader)

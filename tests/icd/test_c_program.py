@@ -65,7 +65,8 @@ def test_the_driver_reads_every_welcome_without_a_memory_error(tmp_path):
         pipe_dir = tmp_path / f"pipe{i}"
         arbiter = BrokenArbiter(pipe_dir, answer, fds)
         try:
-            done = subprocess.run([str(program)], env=environment(pipe_dir, VK_DRIVER_FILES=str(manifest)),
+            done = subprocess.run([str(program)], env=environment(pipe_dir, VK_DRIVER_FILES=str(manifest),
+                                                                  LIBSHARE_DEVICE_MEM_LIMIT=" Ab-c = 3M,2=1.5G"),
                                   capture_output=True, text=True, timeout=120)
         finally:
             arbiter.close()
