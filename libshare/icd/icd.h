@@ -10,6 +10,7 @@
  *   hello.c     the hello that opens a session, and the welcome's physical device read and checked
  *   instance.c  VkInstance: creation (one session each), extensions, layers, the physical device
  *   physical.c  VkPhysicalDevice: properties, features, queue family, memory, formats
+ *   device.c    VkDevice: what vkCreateDevice checks (it refuses every device for now)
  *
  * Dispatchable objects (VkInstance, VkPhysicalDevice) begin with the loader's VK_LOADER_DATA
  * slot, set to ICD_LOADER_MAGIC when made; the loader writes its dispatch table there.
@@ -111,6 +112,7 @@ VKAPI_ATTR VkResult VKAPI_CALL ls_icd_EnumeratePhysicalDeviceGroups(VkInstance i
 
 /* ---- physical.c */
 int ls_icd_feature_set(struct ls_icd_physical *physical, const char *name);
+size_t ls_icd_off_size(VkStructureType type);
 VKAPI_ATTR void VKAPI_CALL ls_icd_GetPhysicalDeviceProperties(VkPhysicalDevice pd, VkPhysicalDeviceProperties *out);
 VKAPI_ATTR void VKAPI_CALL ls_icd_GetPhysicalDeviceProperties2(VkPhysicalDevice pd, VkPhysicalDeviceProperties2 *out);
 VKAPI_ATTR void VKAPI_CALL ls_icd_GetPhysicalDeviceFeatures(VkPhysicalDevice pd, VkPhysicalDeviceFeatures *out);
@@ -147,6 +149,8 @@ VKAPI_ATTR void VKAPI_CALL ls_icd_GetPhysicalDeviceExternalSemaphoreProperties(
 VKAPI_ATTR VkResult VKAPI_CALL ls_icd_EnumerateDeviceExtensionProperties(VkPhysicalDevice pd, const char *layer,
                                                                         uint32_t *count,
                                                                         VkExtensionProperties *out);
+/* ---- device.c */
+VkResult ls_icd_check_device(const struct ls_icd_physical *physical, const VkDeviceCreateInfo *info);
 VKAPI_ATTR VkResult VKAPI_CALL ls_icd_CreateDevice(VkPhysicalDevice pd, const VkDeviceCreateInfo *info,
                                                    const VkAllocationCallbacks *allocator, VkDevice *out);
 

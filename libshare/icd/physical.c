@@ -13,11 +13,9 @@
  * the session's memory limit, with a device-local type (a libshare device buffer) and a
  * host-visible, coherent, cached type (a libshare shared buffer: a memfd mapped by both sides).
  * Formats: no format features yet (no images; buffer views are not offered yet), and no
- * device extensions. vkCreateDevice answers VK_ERROR_INITIALIZATION_FAILED until the device
- * layer is built (docs/icd.md). */
+ * device extensions. vkCreateDevice is device.c's. */
 #define _GNU_SOURCE
 #include <stddef.h>
-#include <stdio.h>
 #include <string.h>
 
 #include "icd.h"
@@ -94,16 +92,21 @@ static const struct {
      sizeof(VkPhysicalDeviceBufferDeviceAddressFeatures)},
 };
 
-/* Zero everything after sType and pNext of ``next`` if it is one of OFF; 1 if it was, else 0. */
-static int clear_if_off(VkBaseOutStructure *next)
+/* The size of structure ``type`` if OFF lists it (the driver offers nothing of it), else 0. */
+size_t ls_icd_off_size(VkStructureType type)
 {
-    for (size_t i = 0; i < sizeof(OFF) / sizeof(OFF[0]); i++) {
-        if (next->sType == OFF[i].type) {
-            memset((char *)next + sizeof(VkBaseOutStructure), 0, OFF[i].size - sizeof(VkBaseOutStructure));
-            return 1;
-        }
-    }
+    for (size_t i = 0; i < sizeof(OFF) / sizeof(OFF[0]); i++)
+        if (type == OFF[i].type)
+            return OFF[i].size;
     return 0;
+}
+
+/* Zero everything after sType and pNext of ``next`` if it is one of OFF. */
+static void clear_if_off(VkBaseOutStructure *next)
+{
+    size_t size = ls_icd_off_size(next->sType);
+    if (size != 0)
+        memset((char *)next + sizeof(VkBaseOutStructure), 0, size - sizeof(VkBaseOutStructure));
 }
 
 VKAPI_ATTR void VKAPI_CALL ls_icd_GetPhysicalDeviceProperties(VkPhysicalDevice pd, VkPhysicalDeviceProperties *out)
@@ -299,12 +302,4 @@ VKAPI_ATTR VkResult VKAPI_CALL ls_icd_EnumerateDeviceExtensionProperties(VkPhysi
         return VK_ERROR_LAYER_NOT_PRESENT;
     *count = 0;
     return VK_SUCCESS;
-}
-
-VKAPI_ATTR VkResult VKAPI_CALL ls_icd_CreateDevice(VkPhysicalDevice pd, const VkDeviceCreateInfo *info,
-                                                   const VkAllocationCallbacks *allocator, VkDevice *out)
-{
-    (void)pd, (void)info, (void)allocator, (void)out;
-    fprintf(stderr, "libshare Vulkan driver: devices are not implemented yet (docs/icd.md)\n");
-    return VK_ERROR_INITIALIZATION_FAILED;
 }

@@ -190,3 +190,50 @@ def test_under_a_control_daemon_the_driver_waits_for_the_arbiter_on_its_way(tmp_
             with contextlib.contextmanager(run_daemon)(pipe_dir):
                 out, err = program.communicate(timeout=120)
     assert [d["name"] for d in json.loads(out)["devices"]] == [f"libshare: {vulkan_device_name}"], err
+
+
+CREATE_DEVICE = """
+import sys
+import vulkan as vk
+instance = vk.vkCreateInstance(vk.VkInstanceCreateInfo(
+    pApplicationInfo=vk.VkApplicationInfo(apiVersion=vk.VK_MAKE_VERSION(1, 1, 0))), None)
+device = vk.vkEnumeratePhysicalDevices(instance)[0]
+queue = vk.VkDeviceQueueCreateInfo(queueFamilyIndex=0, queueCount=1, pQueuePriorities=[1.0])
+asks = {
+    "honest": {},
+    "geometry shader": {"pEnabledFeatures": vk.VkPhysicalDeviceFeatures(geometryShader=1)},
+    "geometry shader, features2": {"pNext": vk.VkPhysicalDeviceFeatures2(
+        features=vk.VkPhysicalDeviceFeatures(geometryShader=1))},
+    "buffer device address": {"pNext": vk.VkPhysicalDeviceBufferDeviceAddressFeatures(bufferDeviceAddress=1)},
+    "16-bit input/output": {"pNext": vk.VkPhysicalDevice16BitStorageFeatures(storageInputOutput16=1)},
+    "a second queue family": {"queue": vk.VkDeviceQueueCreateInfo(queueFamilyIndex=1, queueCount=1,
+                                                                   pQueuePriorities=[1.0])},
+    "two queues": {"queue": vk.VkDeviceQueueCreateInfo(queueFamilyIndex=0, queueCount=2,
+                                                       pQueuePriorities=[1.0, 1.0])},
+}
+for name, ask in asks.items():
+    info = vk.VkDeviceCreateInfo(queueCreateInfoCount=1, pQueueCreateInfos=[ask.pop("queue", queue)], **ask)
+    try:
+        vk.vkCreateDevice(device, info, None)
+        print(name, "created")
+    except vk.VkError as exc:
+        print(name, type(exc).__name__, sep=": ")
+vk.vkDestroyInstance(instance, None)
+"""
+
+
+def test_create_device_answers_the_specifications_errors_and_no_device_yet(daemon):
+    _process, pipe_dir = daemon
+    done = subprocess.run(libshare_run("--", sys.executable, "-c", CREATE_DEVICE), env=environment(pipe_dir),
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "honest: VkErrorInitializationFailed",  # every check passed: no device layer yet
+        "geometry shader: VkErrorFeatureNotPresent",
+        "geometry shader, features2: VkErrorFeatureNotPresent",
+        "buffer device address: VkErrorFeatureNotPresent",
+        "16-bit input/output: VkErrorFeatureNotPresent",
+        "a second queue family: VkErrorInitializationFailed",
+        "two queues: VkErrorInitializationFailed",
+    ]
+    assert done.stderr.count("devices are not implemented yet") == 1  # said for the honest one alone
