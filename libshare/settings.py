@@ -357,6 +357,8 @@ TABLE: tuple[Setting, ...] = (
             bounds="`low`, `normal`, `high`, `realtime`, MPS `0`, `1`", who="client"),
     Setting("group", "client: the group it joins", "", _text, env="LIBSHARE_GROUP", shown_default="none",
             who="client"),
+    Setting("client_name", "client: the name `ps` shows, for a program under the Vulkan driver (`connect()` takes "
+            "`name=`)", "", _text, env="LIBSHARE_CLIENT_NAME", shown_default="`pidPID`", who="client"),
     # the defaults of the configuration file, in the order get_config shows them
     Setting("active_thread_percentage", "client: lowers its own compute share; arbiter: the default compute "
             "share", 100, percentage, env="LIBSHARE_ACTIVE_THREAD_PERCENTAGE", file_key="active_thread_percentage",

@@ -33,8 +33,9 @@ cd "$root"
 venv=${venv:-$root/.venv}
 
 # Debian packages. run: the Vulkan loader and headers, Mesa's lavapipe (a CPU Vulkan driver),
-# the SPIR-V tools the arbiter needs, a C compiler and Python's venv and headers.
-packages="libvulkan1 libvulkan-dev mesa-vulkan-drivers glslang-tools spirv-tools gcc python3-venv python3-dev"
+# the SPIR-V tools the arbiter needs, a C compiler, cJSON (the Vulkan driver reads the arbiter's
+# JSON with it) and Python's venv and headers.
+packages="libvulkan1 libvulkan-dev mesa-vulkan-drivers glslang-tools spirv-tools gcc libcjson-dev python3-venv python3-dev"
 case "$mode" in
     test|bench) packages="$packages g++ pkg-config slurm-wlm munge vulkan-validationlayers spirv-headers" ;;
 esac

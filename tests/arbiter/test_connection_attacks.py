@@ -376,7 +376,7 @@ def hostile_hello(rng: random.Random):
     elif kind == 7:
         fields["op"] = rng.choice(["HELLO", "hello ", "stats", hostile_value(rng)])
     elif kind == 8:
-        fields["reattach"] = rng.choice([1, 0, "true", None, [True], {"": True}])  # a flag: true or false only
+        fields[rng.choice(["reattach", "device_info"])] = rng.choice([1, 0, "true", None, [True], {"": True}])  # flags
     else:
         return rng.choice([_DEEP_LIST, b"[]", b"\x00"]) if rng.random() < 0.5 else fields, b"payload"
     return fields, b""

@@ -247,6 +247,24 @@ class _PhysicalInfo:
                 found[name] = uses
         return found
 
+    def properties_bytes(self) -> bytes:
+        """The device's VkPhysicalDeviceProperties as the driver writes it, byte for byte: what the
+        libshare Vulkan driver reports as its own (serve/device_info.py)."""
+        props = _ffi.new("VkPhysicalDeviceProperties*")
+        _lib.vkGetPhysicalDeviceProperties(self.handle, props)
+        return bytes(_ffi.buffer(props))
+
+    def core11_properties(self) -> dict:
+        """The Vulkan 1.1 properties the libshare Vulkan driver reports beside :meth:`properties_bytes`:
+        the subgroup size, and VkPhysicalDeviceMaintenance3Properties's bounds."""
+        maintenance = _struct("VkPhysicalDeviceMaintenance3Properties", "PHYSICAL_DEVICE_MAINTENANCE_3_PROPERTIES")
+        subgroup = _struct("VkPhysicalDeviceSubgroupProperties", "PHYSICAL_DEVICE_SUBGROUP_PROPERTIES",
+                           pNext=maintenance)
+        _lib.vkGetPhysicalDeviceProperties2(self.handle, _struct(
+            "VkPhysicalDeviceProperties2", "PHYSICAL_DEVICE_PROPERTIES_2", pNext=subgroup))
+        return {"subgroup_size": subgroup.subgroupSize, "max_per_set_descriptors": maintenance.maxPerSetDescriptors,
+                "max_memory_allocation_size": maintenance.maxMemoryAllocationSize}
+
     def local_heap_size(self) -> int:
         """Bytes in the largest device-local memory heap (0 if none is marked device-local)."""
         heaps = self.memory.memoryHeaps

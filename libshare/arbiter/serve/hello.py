@@ -6,8 +6,9 @@ type and range of each field; a bad one is answered and may be sent again) and t
 rules, and takes a client slot (:meth:`Hellos.admit`). The gate's thread then makes the client
 and sends its welcome (:meth:`Hellos.welcome`, called by sessions.py): a ring region (one of
 the :class:`SpareRegions` made ahead when there is one), the client's doorbell, its record,
-queued for the control thread; the welcome carries the ring's memfd and the doorbell. Nothing
-in that waits on the peer. The peer's pid and uid come from SO_PEERCRED, never from a message.
+queued for the control thread; the welcome carries the ring's memfd and the doorbell, and, for a
+hello that asks (``device_info``: the Vulkan driver's), the physical device the driver reports
+(device_info.py). Nothing in that waits on the peer. The peer's pid and uid come from SO_PEERCRED, never from a message.
 
 Slots. ``--max-clients`` bounds the clients attached at once; one share socket serves at
 most a quarter of them (:attr:`Arbiter.share_clients`), and one uid other than root's and the
@@ -43,6 +44,7 @@ from libshare.arbiter.policy.limits import device_limit
 from libshare.arbiter.policy.scheduler import outranks, percentage, priority_name
 from libshare.arbiter.serve.clients import Client, trusted_peer
 from libshare.arbiter.serve.commands import FIELDS as _CONTROL
+from libshare.arbiter.serve.device_info import physical_device
 from libshare.arbiter.serve.share_sockets import check_share_hello
 
 __all__ = ["HELLO", "Hellos", "SpareRegions", "check_priority_allowed", "check_group_allowed"]
@@ -66,7 +68,8 @@ def _group_name(name: str, value):
 HELLO = {**_op("hello"), "name": (protocol.text(1024), False), "version": (protocol.integer(0, 65535), False),
          "priority": (protocol.text(32), False), "group": (_group_name, False),
          "share": (protocol.either(protocol.text(16), protocol.integer(0, 100)), False),
-         "mem_limit": (protocol.byte_counts(16, 64, 1 << 62), False), "reattach": (protocol.flag(), False)}
+         "mem_limit": (protocol.byte_counts(16, 64, 1 << 62), False), "reattach": (protocol.flag(), False),
+         "device_info": (protocol.flag(), False)}
 """The schema of a hello (checked by the gate: a bad one is answered and may be sent again)."""
 
 
@@ -195,10 +198,14 @@ class Hellos:
             client.doorbell.close()
             raise
         try:
+            extra, payload = ({}, b"")
+            if fields.get("device_info"):  # the Vulkan driver's (device_info.py)
+                described, payload = physical_device(arbiter, client)
+                extra = {"physical_device": described}
             protocol.send(conn, {"ok": True, "client_id": client_id, "arbiter_pid": os.getpid(),
                                  "device": arbiter.device.name, "priority": priority,
                                  "load_timeout": arbiter.load_bound(), "supervised": arbiter.supervised,
-                                 "share": share},
+                                 "share": share, **extra}, payload,
                           fds=(region.fd, client.doorbell.writer))
             log.info("%s connected (uid %d%s)", client.describe(), uid, f", group {group}" if group else "")
             region.forget_fd()  # the client has them now: the mappings and the arbiter's own bell stay

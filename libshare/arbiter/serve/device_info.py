@@ -1,0 +1,47 @@
+"""What the libshare Vulkan driver reports as its physical device: one definition, sent in the welcome.
+
+A hello that says ``"device_info": true`` (the driver's, libshare/icd/hello.c) gets this in its
+welcome (hello.py): the JSON object :func:`physical_device` under ``"physical_device"``, and as the
+frame's payload the real device's ``VkPhysicalDeviceProperties``, byte for byte as the arbiter's
+Vulkan driver wrote it (the limits, sparse properties, vendor and device ids, pipeline cache UUID).
+Driver and arbiter run on one host under one Vulkan ABI, so the struct needs no translation; the
+driver checks its size and overwrites what it reports differently (the name, the Vulkan version).
+
+The object carries what the struct does not:
+
+* ``name``: the arbiter's device name (the driver reports ``libshare: NAME``);
+* ``uuid``: the device's UUID (``VkPhysicalDeviceIDProperties``);
+* ``features``: the names of what the arbiter's VkDevice was created with and of the subgroup
+  operations it supports in the compute stage (device/_instance.py: never ``bufferDeviceAddress``;
+  ``robustBufferAccess`` always), which the driver reports and no more;
+* ``subgroup_size``, ``max_per_set_descriptors``, ``max_memory_allocation_size``: the device's
+  Vulkan 1.1 properties (VkPhysicalDeviceSubgroupProperties, ...Maintenance3Properties);
+* ``timestamp_valid_bits``: the valid bits of the arbiter's queue's timestamps;
+* ``memory``: the bytes this session may hold: the lowest of its own limit, its group's and the
+  arbiter's total (policy/limits.py), which the driver reports as the size of its device-local
+  heap, so that an application sizes itself to its share.
+"""
+
+from __future__ import annotations
+
+from libshare.arbiter.serve.clients import Client
+
+__all__ = ["physical_device", "session_memory"]
+
+
+def session_memory(arbiter, client: Client) -> int:
+    """The bytes ``client`` may hold on ``arbiter``: the lowest limit that binds it (its own, its group's,
+    the total), else the device's device-local heap."""
+    limits = arbiter.limits
+    found = [limit.value for limit in (limits.client_limit(client), limits.group_limit(client.group), limits.total)
+             if limit is not None]
+    return min(found) if found else arbiter.device.local_heap_size
+
+
+def physical_device(arbiter, client: Client) -> tuple[dict, bytes]:
+    """The welcome's ``physical_device`` object for ``client``, and its payload (see the module's essay)."""
+    device = arbiter.device
+    fields = {"name": device.name, "uuid": device.uuid, "features": sorted(device.features),
+              "timestamp_valid_bits": device.instance.timestamp_mask.bit_length(),
+              "memory": session_memory(arbiter, client), **device.instance.physical.core11_properties()}
+    return fields, device.instance.physical.properties_bytes()
