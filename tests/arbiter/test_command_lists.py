@@ -6,6 +6,7 @@ checked."""
 from __future__ import annotations
 
 import contextlib
+import mmap
 import os
 import signal
 import struct
@@ -126,6 +127,50 @@ def test_a_list_of_200_dependent_commands_gives_the_bytes_of_the_same_commands_o
         session.free(commands)
         with pytest.raises(InvalidSubmission, match="unknown program"):
             C_list_again(session, commands.id).wait(10)
+
+
+def test_the_same_200_commands_in_one_direct_command_buffer_give_the_same_bytes(tmp_path):
+    """The list's bytes equal those of the same commands recorded into one command buffer on a device of
+    the test's own (Device.submit: one primary running each command's recording, a barrier after each,
+    one fence), on the same starting bytes."""
+    from libshare.arbiter.device import Copy, Device, Dispatch
+
+    ops = _steps()
+    with serving(tmp_path) as (_, pipe_dir), libshare.connect(mode="daemon", pipe_directory=pipe_dir) as session, \
+            Device() as device:
+        saxpy = session.load_program(libshare.shaders.path("saxpy"))
+        groups = -(-N // 64)
+        listed = [session.array(N) for _ in range(3)]
+        with session.record() as commands:
+            _apply(ops, listed, lambda x, y, push: commands.dispatch(saxpy, groups, [x, y], push), commands.copy)
+        _start(listed)
+        commands.submit().wait(60)
+
+        size = -(-N * 4 // device.host_import_alignment) * device.host_import_alignment
+        memory = [mmap.mmap(-1, size) for _ in range(3)]
+        direct = [np.frombuffer(m, np.float32)[:N] for m in memory]
+        _start(direct)
+        buffers = [device.import_host(np.frombuffer(m, np.uint8).ctypes.data, size) for m in memory]
+        pipeline = device.create_pipeline(libshare.shaders.path("saxpy").read_bytes(), 2, 8)
+        recorded = []
+        for op in ops:
+            if op[0] == "saxpy":
+                _, i, j, a = op
+                recorded.append(Dispatch(pipeline, [(buffers[i], 0), (buffers[j], 0)], (groups, 1, 1),
+                                         struct.pack("If", N, a)))
+            else:
+                _, i, j, start, count = op
+                recorded.append(Copy(buffers[i], 4 * start, buffers[j], 4 * start, 4 * count))
+        submission = device.submit(recorded, timed=False)
+        submission.wait(60)
+        submission.release()
+        try:
+            for a, b in zip(listed, direct):
+                assert a.tobytes() == b.tobytes()
+        finally:
+            for buffer in buffers:
+                device.destroy_buffer(buffer)
+            device.destroy_pipeline(pipeline)
 
 
 def C_list_again(session, list_id: int):
