@@ -14,7 +14,8 @@
  * refusal (QuotaExceeded: a group's or the arbiter's limit, shared with other sessions) is
  * VK_ERROR_OUT_OF_DEVICE_MEMORY too; any other refusal or a broken reply is
  * VK_ERROR_OUT_OF_DEVICE_MEMORY with one line on stderr (vkAllocateMemory has no other error
- * to give). vkFreeMemory sends "free" and unmaps; buffers still bound to that memory keep a
+ * to give); an exchange that failed (no answer in time, a broken frame, the arbiter gone) shuts
+ * the session's socket, so every later request fails at once rather than read a stale reply. vkFreeMemory sends "free" and unmaps; buffers still bound to that memory keep a
  * handle that no longer finds it (buffer.c). Invalid input (a wrong handle, a memory type that
  * does not exist, mapping memory that is not host-visible or already mapped, a range past the
  * memory) is an error, never a crash: LS_ICD_INVALID, or VK_ERROR_MEMORY_MAP_FAILED for maps. */
@@ -23,6 +24,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -49,8 +51,9 @@ static VkResult ask(struct ls_icd_device *device, const char *text, struct ls_ic
     memset(frame, 0, sizeof(*frame));
     if (rc == 0)
         rc = ls_icd_recv(device->session.sock, frame, max_fds, LS_ICD_REPLY_MS);
-    if (rc < 0) {
+    if (rc < 0) { /* the exchange is out of step: no later reply could be trusted to match */
         fprintf(stderr, "libshare Vulkan driver: the arbiter did not answer (%s)\n", strerror(-rc));
+        shutdown(device->session.sock, SHUT_RDWR);
         return VK_ERROR_OUT_OF_DEVICE_MEMORY;
     }
     *reply = cJSON_ParseWithLength(frame->json, frame->json_len);
