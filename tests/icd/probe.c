@@ -10,6 +10,29 @@
 #include <string.h>
 #include <vulkan/vulkan.h>
 
+/* Commands outside the driver's slice: an error where they return one, nothing where they do not. */
+static void refused(VkDevice device, VkQueue queue)
+{
+    VkCommandPoolCreateInfo pool = {.sType = VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO};
+    uint32_t code = 0x07230203;
+    VkShaderModuleCreateInfo module = {.sType = VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO, .codeSize = 4,
+                                       .pCode = &code};
+    VkImageCreateInfo image = {.sType = VK_STRUCTURE_TYPE_IMAGE_CREATE_INFO, .imageType = VK_IMAGE_TYPE_2D,
+                               .format = VK_FORMAT_R8G8B8A8_UNORM, .extent = {4, 4, 1}, .mipLevels = 1,
+                               .arrayLayers = 1, .samples = VK_SAMPLE_COUNT_1_BIT,
+                               .usage = VK_IMAGE_USAGE_SAMPLED_BIT};
+    VkSubmitInfo submit = {.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO};
+    VkCommandPool made_pool;
+    VkShaderModule made_module;
+    VkImage made_image;
+    printf("command_pool %d\n", vkCreateCommandPool(device, &pool, NULL, &made_pool));
+    printf("shader_module %d\n", vkCreateShaderModule(device, &module, NULL, &made_module));
+    printf("image %d\n", vkCreateImage(device, &image, NULL, &made_image));
+    printf("submit %d\n", vkQueueSubmit(queue, 1, &submit, VK_NULL_HANDLE));
+    vkUpdateDescriptorSets(device, 0, NULL, 0, NULL);
+    vkDestroyCommandPool(device, VK_NULL_HANDLE, NULL);
+}
+
 /* Host-visible memory written through its mapping and read back through a second one; buffers bound in
  * it, one past its end; hostile calls (a wrong handle, mapping twice, memory freed under a buffer). */
 static void use_device(VkDevice device)
@@ -59,6 +82,7 @@ static void use_device(VkDevice device)
     printf("submit_empty %d\n", vkQueueSubmit(queue, 0, NULL, fence));
     printf("wait %d\n", vkWaitForFences(device, 1, &fence, VK_TRUE, UINT64_MAX));
     printf("idle %d\n", vkDeviceWaitIdle(device));
+    refused(device, queue);
     vkFreeMemory(device, memory, NULL); /* while the buffer is bound to it */
     printf("bind_freed %d\n", vkBindBufferMemory(device, past, memory, 0));
     vkFreeMemory(device, wrong, NULL);

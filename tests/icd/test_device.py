@@ -5,18 +5,23 @@ real arbiter with lavapipe behind it) creates a device and its queue, writes hos
 through a mapping and reads it back, binds buffers and uses fences; the session's memory limit and a
 group's limit shared with a Python session refuse allocations past them with
 VK_ERROR_OUT_OF_DEVICE_MEMORY; ``ps`` shows the device's session while it lives; hostile use ends in a
-Vulkan error for that program only, beside an honest client whose results are checked.
+Vulkan error for that program only, beside an honest client whose results are checked; and every core
+Vulkan 1.0 and 1.1 device-level command of the system's headers is offered by the driver.
 """
 
 from __future__ import annotations
 
+import ctypes
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 import libshare
+from libshare.icd import library_path
 from tests.conftest import ROOT, stop_process
 from tests.arbiter.conftest import start_client
 from tests.control.conftest import control
@@ -104,3 +109,32 @@ def test_hostile_use_ends_in_vulkan_errors_beside_an_honest_client(daemon):
         "bound twice": invalid, "mapped twice": "VkErrorMemoryMapFailed",
         "map freed memory": "VkErrorMemoryMapFailed", "bind to freed memory": invalid, "still works": True,
     }
+
+
+def core_device_commands() -> list[str]:
+    """Every core Vulkan 1.0 and 1.1 device-level command, read from the system's vulkan_core.h."""
+    path = Path("/usr/include/vulkan/vulkan_core.h")
+    if not path.exists():
+        pytest.skip("no Vulkan headers (libvulkan-dev)")
+    header = path.read_text()
+    names = []
+    for version in ("VK_VERSION_1_0", "VK_VERSION_1_1"):
+        section = header[header.index(f"#define {version} 1"):]
+        section = section[section.index("#ifndef VK_NO_PROTOTYPES"):]
+        section = section[:section.index("#endif")]
+        names += re.findall(r"VKAPI_ATTR \w+ VKAPI_CALL (vk\w+)\(\s*(?:VkDevice|VkQueue|VkCommandBuffer)\s", section)
+    return names
+
+
+def test_every_core_device_command_is_offered():
+    """The loader's trampolines call what the driver gives them unchecked: none may be missing."""
+    names = core_device_commands()
+    assert len(names) > 130 and "vkCmdDispatch" in names and "vkGetDeviceQueue2" in names
+    driver = ctypes.CDLL(str(library_path()))
+    lookup = driver.vk_icdGetInstanceProcAddr
+    lookup.restype, lookup.argtypes = ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_char_p]
+    device_lookup = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_char_p)(
+        lookup(None, b"vkGetDeviceProcAddr"))
+    assert [name for name in names if not device_lookup(None, name.encode())] == []
+    assert [name for name in names if not lookup(None, name.encode())] == []
+    assert device_lookup(None, b"vkCmdDrawMeshTasksEXT") is None  # an extension not offered: absent
