@@ -2,8 +2,8 @@
 
 ``python _memory.py MODE`` prints one JSON line of what Vulkan answered (an error by its class name):
 
-- ``honest``: creates a device and gets its queue; allocates host-visible memory, maps it, writes a
-  pattern, unmaps, maps again and reads it back; binds two buffers side by side in it (their
+- ``honest``: creates a device and gets its queue; allocates host-visible memory, maps it (saying what
+  /proc/self/maps shows there), writes a pattern, unmaps, maps again and reads it back; binds two buffers side by side in it (their
   requirements, then vkBindBufferMemory and vkBindBufferMemory2); a device-local allocation; fences
   (made signaled or not, reset, waited, signaled by an empty submission); idle waits.
 - ``limit SIZE``: allocates SIZE bytes of host-visible memory twice, as long as it is given any.
@@ -51,6 +51,17 @@ def allocate(device, size, kind):
     return vk.vkAllocateMemory(device, vk.VkMemoryAllocateInfo(allocationSize=size, memoryTypeIndex=kind), None)
 
 
+def mapping_of(address: int) -> str:
+    """What /proc/self/maps says is mapped at ``address`` (its path, or "" for anonymous memory)."""
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split(maxsplit=5)
+            start, end = (int(bound, 16) for bound in fields[0].split("-"))
+            if start <= address < end:
+                return fields[5].strip() if len(fields) > 5 else ""
+    return "unmapped"
+
+
 def make_buffer(device, size):
     return vk.vkCreateBuffer(device, vk.VkBufferCreateInfo(size=size, usage=vk.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT,
                                                            sharingMode=vk.VK_SHARING_MODE_EXCLUSIVE), None)
@@ -64,6 +75,7 @@ def honest() -> dict:
     pattern = bytes((i * 7) % 251 for i in range(size))
     mapped = vk.vkMapMemory(device, memory, 0, size, 0)
     mapped[:size] = pattern
+    seen["mapping"] = mapping_of(int(vk.ffi.cast("uintptr_t", vk.ffi.from_buffer(mapped))))
     vk.vkFlushMappedMemoryRanges(device, 1, [vk.VkMappedMemoryRange(memory=memory, offset=0, size=size)])
     vk.vkUnmapMemory(device, memory)
     again = vk.vkMapMemory(device, memory, 4096, size - 4096, 0)

@@ -39,6 +39,7 @@ def test_a_program_maps_writes_and_reads_back_memory_and_binds_buffers(daemon):
     _process, pipe_dir = daemon
     seen = run_memory(pipe_dir, "honest")
     assert seen["queue"] and seen["read_back"] and seen["bound"], seen
+    assert seen["mapping"].startswith("/memfd:libshare-buffer"), seen  # the arbiter's memfd itself: zero copy
     size, alignment, types = seen["requirements"]
     assert alignment >= 16 and alignment & (alignment - 1) == 0 and size == -(-1000 // alignment) * alignment
     assert types == 0b11  # device-local and host-visible memory both hold a buffer
