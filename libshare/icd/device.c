@@ -1,16 +1,24 @@
-/* VkDevice: what vkCreateDevice checks, before the device layer exists.
+/* VkDevice and its VkQueue: what vkCreateDevice checks, the device's session, the queue.
  *
- * The checks are those the finished device keeps: one queue of family 0 (the only family, one
- * queue), no device extension (none is offered), and no feature the physical device does not
- * report (VkPhysicalDeviceFeatures, through pEnabledFeatures or a chained VkPhysicalDeviceFeatures2,
- * and VkPhysicalDevice16BitStorageFeatures); a chained structure that asks for a feature the
- * driver reports all off (physical.c's OFF: buffer device address, variable pointers,
- * multiview...) is VK_ERROR_FEATURE_NOT_PRESENT too. Every request that passes is then refused with
- * VK_ERROR_INITIALIZATION_FAILED: a device would have to offer every core device-level command,
- * since the loader's trampolines call what the driver gives them unchecked (docs/icd.md). */
+ * The checks: one queue of family 0 (the only family, one queue), no device extension (none is
+ * offered), and no feature the physical device does not report (VkPhysicalDeviceFeatures, through
+ * pEnabledFeatures or a chained VkPhysicalDeviceFeatures2, and VkPhysicalDevice16BitStorageFeatures);
+ * a chained structure that asks for a feature the driver reports all off (physical.c's OFF: buffer
+ * device address, variable pointers, multiview...) is VK_ERROR_FEATURE_NOT_PRESENT too.
+ *
+ * A device that passes says hello to the arbiter again: each VkDevice is a session of its own,
+ * from vkCreateDevice to vkDestroyDevice, so that destroying it lets the arbiter free all of its
+ * memory at once (its socket closes), its memory limit is counted per device as a Python
+ * session's is, and an error that ends its session ends that device alone. `libshare-control ps`
+ * shows it, beside the instance's session, while it lives. Its welcome's memory is the device's
+ * limit (memory.c). The loader's trampolines call whatever the driver's tables hold unchecked,
+ * so every core device-level command is in loader.c's table (refused.c holds those refused).
+ * With no command buffers yet, nothing is ever pending: the waits for idle answer at once. */
 #define _GNU_SOURCE
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "icd.h"
 
@@ -75,13 +83,112 @@ VkResult ls_icd_check_device(const struct ls_icd_physical *physical, const VkDev
     return check_features(physical, info);
 }
 
+/* The alignment of a buffer's memory: the largest of the device's offset alignments that are powers
+ * of two up to 64 KiB (they came from the arbiter, and are bounded like everything it sends), and 16. */
+static uint64_t buffer_alignment(const VkPhysicalDeviceLimits *limits)
+{
+    const uint64_t asked[] = {limits->minStorageBufferOffsetAlignment, limits->minUniformBufferOffsetAlignment,
+                              limits->minTexelBufferOffsetAlignment, limits->nonCoherentAtomSize};
+    uint64_t alignment = 16;
+    for (size_t i = 0; i < sizeof(asked) / sizeof(asked[0]); i++)
+        if (asked[i] > alignment && asked[i] <= 65536 && (asked[i] & (asked[i] - 1)) == 0)
+            alignment = asked[i];
+    return alignment;
+}
+
+static void release(struct ls_icd_device *device)
+{
+    if (device->has_allocator)
+        device->allocator.pfnFree(device->allocator.pUserData, device);
+    else
+        free(device);
+}
+
 VKAPI_ATTR VkResult VKAPI_CALL ls_icd_CreateDevice(VkPhysicalDevice pd, const VkDeviceCreateInfo *info,
                                                    const VkAllocationCallbacks *allocator, VkDevice *out)
 {
+    struct ls_icd_device *device;
+    char why[LS_ICD_WHY] = "";
     VkResult result = ls_icd_check_device((const struct ls_icd_physical *)pd, info);
-    (void)allocator, (void)out;
     if (result != VK_SUCCESS)
         return result;
-    fprintf(stderr, "libshare Vulkan driver: devices are not implemented yet (docs/icd.md)\n");
-    return VK_ERROR_INITIALIZATION_FAILED;
+    device = allocator ? allocator->pfnAllocation(allocator->pUserData, sizeof(*device), 16,
+                                                  VK_SYSTEM_ALLOCATION_SCOPE_DEVICE)
+                       : malloc(sizeof(*device));
+    if (device == NULL)
+        return VK_ERROR_OUT_OF_HOST_MEMORY;
+    memset(device, 0, sizeof(*device));
+    set_loader_magic_value(device);
+    set_loader_magic_value(&device->queue);
+    device->queue.device = device;
+    if (allocator) {
+        device->allocator = *allocator;
+        device->has_allocator = 1;
+    }
+    result = ls_icd_hello(&device->session, &device->seen, why, sizeof(why));
+    if (result != VK_SUCCESS) {
+        fprintf(stderr, "libshare Vulkan driver: no device: %s\n", why[0] ? why : "no session");
+        release(device);
+        return VK_ERROR_INITIALIZATION_FAILED;
+    }
+    if (pthread_mutex_init(&device->lock, NULL) != 0) {
+        ls_icd_session_close(&device->session);
+        release(device);
+        return VK_ERROR_OUT_OF_HOST_MEMORY;
+    }
+    device->alignment = buffer_alignment(&device->seen.properties.limits);
+    *out = (VkDevice)device;
+    return VK_SUCCESS;
+}
+
+VKAPI_ATTR void VKAPI_CALL ls_icd_DestroyDevice(VkDevice handle, const VkAllocationCallbacks *allocator)
+{
+    struct ls_icd_device *device = (struct ls_icd_device *)handle;
+    (void)allocator; /* the one it was made with is kept */
+    if (device == NULL)
+        return;
+    ls_icd_session_close(&device->session); /* the arbiter frees the session's buffers with it */
+    for (uint32_t i = 0; i < device->objects.used; i++) {
+        struct ls_icd_object *object = &device->objects.slots[i];
+        if (object->kind == LS_ICD_MEMORY && object->u.memory.address != NULL)
+            munmap(object->u.memory.address, object->u.memory.rounded);
+    }
+    ls_icd_objects_free(&device->objects);
+    pthread_mutex_destroy(&device->lock);
+    release(device);
+}
+
+VKAPI_ATTR void VKAPI_CALL ls_icd_GetDeviceQueue(VkDevice handle, uint32_t family, uint32_t index, VkQueue *out)
+{
+    struct ls_icd_device *device = (struct ls_icd_device *)handle;
+    *out = family == 0 && index == 0 ? (VkQueue)&device->queue : VK_NULL_HANDLE; /* the only one */
+}
+
+VKAPI_ATTR void VKAPI_CALL ls_icd_GetDeviceQueue2(VkDevice handle, const VkDeviceQueueInfo2 *info, VkQueue *out)
+{
+    if (info->flags != 0) { /* no protected queue was made */
+        *out = VK_NULL_HANDLE;
+        return;
+    }
+    ls_icd_GetDeviceQueue(handle, info->queueFamilyIndex, info->queueIndex, out);
+}
+
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_DeviceWaitIdle(VkDevice device)
+{
+    (void)device; /* nothing can be pending before command buffers */
+    return VK_SUCCESS;
+}
+
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_QueueWaitIdle(VkQueue queue)
+{
+    (void)queue;
+    return VK_SUCCESS;
+}
+
+VKAPI_ATTR void VKAPI_CALL ls_icd_GetDeviceGroupPeerMemoryFeatures(VkDevice device, uint32_t heap, uint32_t local,
+                                                                   uint32_t remote, VkPeerMemoryFeatureFlags *out)
+{
+    (void)device, (void)heap, (void)local, (void)remote; /* one device: its own memory is all there is */
+    *out = VK_PEER_MEMORY_FEATURE_COPY_SRC_BIT | VK_PEER_MEMORY_FEATURE_COPY_DST_BIT |
+           VK_PEER_MEMORY_FEATURE_GENERIC_SRC_BIT | VK_PEER_MEMORY_FEATURE_GENERIC_DST_BIT;
 }

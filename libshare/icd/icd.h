@@ -10,15 +10,21 @@
  *   hello.c     the hello that opens a session, and the welcome's physical device read and checked
  *   instance.c  VkInstance: creation (one session each), extensions, layers, the physical device
  *   physical.c  VkPhysicalDevice: properties, features, queue family, memory, formats
- *   device.c    VkDevice: what vkCreateDevice checks (it refuses every device for now)
+ *   device.c    VkDevice and VkQueue: the checks of vkCreateDevice, one session each, the queue
+ *   objects.c   the device's table of non-dispatchable handles (memory, buffers, fences), checked
+ *   memory.c    VkDeviceMemory: the arbiter's shared (memfd, mapped) and device buffers
+ *   buffer.c    VkBuffer: a (memory, offset, size) view, its requirements and binding
+ *   sync.c      VkFence, and the waits and submissions there can be before command buffers
+ *   refused.c   every other core device-level command: refused with an error, or nothing
  *
- * Dispatchable objects (VkInstance, VkPhysicalDevice) begin with the loader's VK_LOADER_DATA
+ * Dispatchable objects (VkInstance, VkPhysicalDevice, VkDevice, VkQueue) begin with the loader's VK_LOADER_DATA
  * slot, set to ICD_LOADER_MAGIC when made; the loader writes its dispatch table there.
  * Functions return a VkResult, or a count, 0 or a negative errno. No Python runs in here.
  * docs/icd.md has the design. */
 #ifndef LIBSHARE_ICD_H
 #define LIBSHARE_ICD_H
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <vulkan/vulkan.h>
@@ -149,9 +155,136 @@ VKAPI_ATTR void VKAPI_CALL ls_icd_GetPhysicalDeviceExternalSemaphoreProperties(
 VKAPI_ATTR VkResult VKAPI_CALL ls_icd_EnumerateDeviceExtensionProperties(VkPhysicalDevice pd, const char *layer,
                                                                         uint32_t *count,
                                                                         VkExtensionProperties *out);
+/* ---- objects.c: a device's non-dispatchable handles. A handle is (generation << 32 | kind << 24 |
+ * slot): looking one up checks its slot, kind and generation, so a wrong or stale handle is found
+ * wanting, never followed. */
+#define LS_ICD_INVALID VK_ERROR_UNKNOWN   /* invalid input the driver detects (the spec's meaning of it) */
+#define LS_ICD_MOST_OBJECTS (1u << 20)    /* handles a device holds at once */
+
+enum ls_icd_kind { LS_ICD_FREE = 0, LS_ICD_MEMORY, LS_ICD_BUFFER, LS_ICD_FENCE };
+
+struct ls_icd_memory {
+    uint64_t size;      /* as allocated (allocationSize) */
+    uint64_t rounded;   /* the arbiter's buffer: whole pages */
+    int64_t buffer_id;  /* the arbiter's */
+    uint32_t type;      /* 0 device-local, 1 host-visible */
+    uint8_t *address;   /* the memfd's mapping (host-visible), or NULL */
+    int mapped;         /* vkMapMemory'd */
+};
+
+struct ls_icd_buffer {
+    uint64_t size;
+    uint64_t memory;    /* its VkDeviceMemory's handle once bound, else 0 */
+    uint64_t offset;
+};
+
+struct ls_icd_fence {
+    int signaled;
+};
+
+struct ls_icd_object {
+    uint32_t kind;       /* enum ls_icd_kind */
+    uint32_t generation; /* bumped each time the slot is reused */
+    union {
+        struct ls_icd_memory memory;
+        struct ls_icd_buffer buffer;
+        struct ls_icd_fence fence;
+    } u;
+};
+
+struct ls_icd_objects {
+    struct ls_icd_object *slots;
+    uint32_t used, capacity; /* slots[0, used) were ever used */
+};
+
+uint64_t ls_icd_object_new(struct ls_icd_objects *objects, uint32_t kind);
+struct ls_icd_object *ls_icd_object_find(struct ls_icd_objects *objects, uint64_t handle, uint32_t kind);
+void ls_icd_object_drop(struct ls_icd_objects *objects, uint64_t handle);
+void ls_icd_objects_free(struct ls_icd_objects *objects);
+
 /* ---- device.c */
+struct ls_icd_device;
+
+struct ls_icd_queue {
+    VK_LOADER_DATA loader; /* first: the loader's slot */
+    struct ls_icd_device *device;
+};
+
+struct ls_icd_device {
+    VK_LOADER_DATA loader; /* first: the loader's slot */
+    struct ls_icd_session session;  /* the device's own, from vkCreateDevice to vkDestroyDevice */
+    struct ls_icd_physical seen;    /* what that session's welcome described (its memory limit) */
+    struct ls_icd_queue queue;
+    pthread_mutex_t lock;           /* over the session's socket and the objects */
+    struct ls_icd_objects objects;
+    uint64_t held;                  /* bytes of memory allocated */
+    uint64_t alignment;             /* of a buffer's memory */
+    VkAllocationCallbacks allocator;
+    int has_allocator;
+};
+
 VkResult ls_icd_check_device(const struct ls_icd_physical *physical, const VkDeviceCreateInfo *info);
 VKAPI_ATTR VkResult VKAPI_CALL ls_icd_CreateDevice(VkPhysicalDevice pd, const VkDeviceCreateInfo *info,
                                                    const VkAllocationCallbacks *allocator, VkDevice *out);
+VKAPI_ATTR void VKAPI_CALL ls_icd_DestroyDevice(VkDevice device, const VkAllocationCallbacks *allocator);
+VKAPI_ATTR void VKAPI_CALL ls_icd_GetDeviceQueue(VkDevice device, uint32_t family, uint32_t index, VkQueue *out);
+VKAPI_ATTR void VKAPI_CALL ls_icd_GetDeviceQueue2(VkDevice device, const VkDeviceQueueInfo2 *info, VkQueue *out);
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_DeviceWaitIdle(VkDevice device);
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_QueueWaitIdle(VkQueue queue);
+VKAPI_ATTR void VKAPI_CALL ls_icd_GetDeviceGroupPeerMemoryFeatures(VkDevice device, uint32_t heap, uint32_t local,
+                                                                   uint32_t remote, VkPeerMemoryFeatureFlags *out);
+
+/* ---- memory.c */
+void ls_icd_memory_release(struct ls_icd_device *device, struct ls_icd_memory *memory);
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_AllocateMemory(VkDevice device, const VkMemoryAllocateInfo *info,
+                                                     const VkAllocationCallbacks *allocator, VkDeviceMemory *out);
+VKAPI_ATTR void VKAPI_CALL ls_icd_FreeMemory(VkDevice device, VkDeviceMemory memory,
+                                             const VkAllocationCallbacks *allocator);
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_MapMemory(VkDevice device, VkDeviceMemory memory, VkDeviceSize offset,
+                                                VkDeviceSize size, VkMemoryMapFlags flags, void **out);
+VKAPI_ATTR void VKAPI_CALL ls_icd_UnmapMemory(VkDevice device, VkDeviceMemory memory);
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_FlushMappedMemoryRanges(VkDevice device, uint32_t count,
+                                                              const VkMappedMemoryRange *ranges);
+VKAPI_ATTR void VKAPI_CALL ls_icd_GetDeviceMemoryCommitment(VkDevice device, VkDeviceMemory memory,
+                                                            VkDeviceSize *out);
+
+/* ---- buffer.c */
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_CreateBuffer(VkDevice device, const VkBufferCreateInfo *info,
+                                                   const VkAllocationCallbacks *allocator, VkBuffer *out);
+VKAPI_ATTR void VKAPI_CALL ls_icd_DestroyBuffer(VkDevice device, VkBuffer buffer,
+                                                const VkAllocationCallbacks *allocator);
+VKAPI_ATTR void VKAPI_CALL ls_icd_GetBufferMemoryRequirements(VkDevice device, VkBuffer buffer,
+                                                              VkMemoryRequirements *out);
+VKAPI_ATTR void VKAPI_CALL ls_icd_GetBufferMemoryRequirements2(VkDevice device,
+                                                               const VkBufferMemoryRequirementsInfo2 *info,
+                                                               VkMemoryRequirements2 *out);
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_BindBufferMemory(VkDevice device, VkBuffer buffer, VkDeviceMemory memory,
+                                                       VkDeviceSize offset);
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_BindBufferMemory2(VkDevice device, uint32_t count,
+                                                        const VkBindBufferMemoryInfo *infos);
+
+/* ---- sync.c */
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_CreateFence(VkDevice device, const VkFenceCreateInfo *info,
+                                                  const VkAllocationCallbacks *allocator, VkFence *out);
+VKAPI_ATTR void VKAPI_CALL ls_icd_DestroyFence(VkDevice device, VkFence fence, const VkAllocationCallbacks *allocator);
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_ResetFences(VkDevice device, uint32_t count, const VkFence *fences);
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_GetFenceStatus(VkDevice device, VkFence fence);
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_WaitForFences(VkDevice device, uint32_t count, const VkFence *fences,
+                                                    VkBool32 all, uint64_t timeout);
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_QueueSubmit(VkQueue queue, uint32_t count, const VkSubmitInfo *submits,
+                                                  VkFence fence);
+
+/* ---- refused.c: the rest of the core device-level commands (loader.c's table) */
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_refused(void);
+VKAPI_ATTR void VKAPI_CALL ls_icd_nothing(void);
+VKAPI_ATTR void VKAPI_CALL ls_icd_GetImageSparseMemoryRequirements(VkDevice device, VkImage image, uint32_t *count,
+                                                                  VkSparseImageMemoryRequirements *out);
+VKAPI_ATTR void VKAPI_CALL ls_icd_GetImageSparseMemoryRequirements2(VkDevice device,
+                                                                   const VkImageSparseMemoryRequirementsInfo2 *info,
+                                                                   uint32_t *count,
+                                                                   VkSparseImageMemoryRequirements2 *out);
+VKAPI_ATTR void VKAPI_CALL ls_icd_GetDescriptorSetLayoutSupport(VkDevice device,
+                                                                const VkDescriptorSetLayoutCreateInfo *info,
+                                                                VkDescriptorSetLayoutSupport *out);
 
 #endif

@@ -4,9 +4,12 @@
  * calls the three exported functions of the loader-driver interface (the Vulkan-Loader's
  * LoaderDriverInterface.md): vk_icdNegotiateLoaderICDInterfaceVersion (version 5 at most:
  * the loader checks our apiVersion, and wants nothing Windows-only), vk_icdGetInstanceProcAddr
- * and vk_icdGetPhysicalDeviceProcAddr. Every entry point the driver offers is in ENTRY_POINTS
- * (core and KHR-suffixed aliases side by side); any other name answers NULL, so the loader
- * reports it absent. Global commands (those with no instance) are answered for any instance,
+ * and vk_icdGetPhysicalDeviceProcAddr. Every entry point the driver offers is in a table (core
+ * and KHR-suffixed aliases side by side): global, instance, physical-device and device commands
+ * (DEVICE_ENTRY_POINTS: every core Vulkan 1.0 and 1.1 device-level command, implemented or
+ * refused.c's, since the loader's trampolines call them unchecked). vk_icdGetInstanceProcAddr
+ * answers all of them, vkGetDeviceProcAddr the device's; any other name answers NULL, so the
+ * loader reports it absent. Global commands (those with no instance) are answered for any instance,
  * as the interface requires. */
 #include <string.h>
 
@@ -55,6 +58,146 @@ static const struct entry PHYSICAL_ENTRY_POINTS[] = {
     ENTRY("vkCreateDevice", ls_icd_CreateDevice),
 };
 
+/* Every core Vulkan 1.0 and 1.1 device-level command: those implemented, then the rest (refused.c). */
+static const struct entry DEVICE_ENTRY_POINTS[] = {
+    ENTRY("vkDestroyDevice", ls_icd_DestroyDevice),
+    ENTRY("vkGetDeviceQueue", ls_icd_GetDeviceQueue),
+    ENTRY("vkQueueSubmit", ls_icd_QueueSubmit),
+    ENTRY("vkQueueWaitIdle", ls_icd_QueueWaitIdle),
+    ENTRY("vkDeviceWaitIdle", ls_icd_DeviceWaitIdle),
+    ENTRY("vkAllocateMemory", ls_icd_AllocateMemory),
+    ENTRY("vkFreeMemory", ls_icd_FreeMemory),
+    ENTRY("vkMapMemory", ls_icd_MapMemory),
+    ENTRY("vkUnmapMemory", ls_icd_UnmapMemory),
+    ENTRY("vkFlushMappedMemoryRanges", ls_icd_FlushMappedMemoryRanges),
+    ENTRY("vkInvalidateMappedMemoryRanges", ls_icd_FlushMappedMemoryRanges),
+    ENTRY("vkGetDeviceMemoryCommitment", ls_icd_GetDeviceMemoryCommitment),
+    ENTRY("vkBindBufferMemory", ls_icd_BindBufferMemory),
+    ENTRY("vkGetBufferMemoryRequirements", ls_icd_GetBufferMemoryRequirements),
+    ENTRY("vkGetImageSparseMemoryRequirements", ls_icd_GetImageSparseMemoryRequirements),
+    ENTRY("vkCreateFence", ls_icd_CreateFence),
+    ENTRY("vkDestroyFence", ls_icd_DestroyFence),
+    ENTRY("vkResetFences", ls_icd_ResetFences),
+    ENTRY("vkGetFenceStatus", ls_icd_GetFenceStatus),
+    ENTRY("vkWaitForFences", ls_icd_WaitForFences),
+    ENTRY("vkCreateBuffer", ls_icd_CreateBuffer),
+    ENTRY("vkDestroyBuffer", ls_icd_DestroyBuffer),
+    ENTRY("vkBindBufferMemory2", ls_icd_BindBufferMemory2),
+    ENTRY("vkGetDeviceGroupPeerMemoryFeatures", ls_icd_GetDeviceGroupPeerMemoryFeatures),
+    ENTRY("vkGetBufferMemoryRequirements2", ls_icd_GetBufferMemoryRequirements2),
+    ENTRY("vkGetImageSparseMemoryRequirements2", ls_icd_GetImageSparseMemoryRequirements2),
+    ENTRY("vkGetDeviceQueue2", ls_icd_GetDeviceQueue2),
+    ENTRY("vkGetDescriptorSetLayoutSupport", ls_icd_GetDescriptorSetLayoutSupport),
+    ENTRY("vkBindImageMemory", ls_icd_refused),
+    ENTRY("vkGetImageMemoryRequirements", ls_icd_nothing),
+    ENTRY("vkQueueBindSparse", ls_icd_refused),
+    ENTRY("vkCreateSemaphore", ls_icd_refused),
+    ENTRY("vkDestroySemaphore", ls_icd_nothing),
+    ENTRY("vkCreateEvent", ls_icd_refused),
+    ENTRY("vkDestroyEvent", ls_icd_nothing),
+    ENTRY("vkGetEventStatus", ls_icd_refused),
+    ENTRY("vkSetEvent", ls_icd_refused),
+    ENTRY("vkResetEvent", ls_icd_refused),
+    ENTRY("vkCreateQueryPool", ls_icd_refused),
+    ENTRY("vkDestroyQueryPool", ls_icd_nothing),
+    ENTRY("vkGetQueryPoolResults", ls_icd_refused),
+    ENTRY("vkCreateBufferView", ls_icd_refused),
+    ENTRY("vkDestroyBufferView", ls_icd_nothing),
+    ENTRY("vkCreateImage", ls_icd_refused),
+    ENTRY("vkDestroyImage", ls_icd_nothing),
+    ENTRY("vkGetImageSubresourceLayout", ls_icd_nothing),
+    ENTRY("vkCreateImageView", ls_icd_refused),
+    ENTRY("vkDestroyImageView", ls_icd_nothing),
+    ENTRY("vkCreateShaderModule", ls_icd_refused),
+    ENTRY("vkDestroyShaderModule", ls_icd_nothing),
+    ENTRY("vkCreatePipelineCache", ls_icd_refused),
+    ENTRY("vkDestroyPipelineCache", ls_icd_nothing),
+    ENTRY("vkGetPipelineCacheData", ls_icd_refused),
+    ENTRY("vkMergePipelineCaches", ls_icd_refused),
+    ENTRY("vkCreateGraphicsPipelines", ls_icd_refused),
+    ENTRY("vkCreateComputePipelines", ls_icd_refused),
+    ENTRY("vkDestroyPipeline", ls_icd_nothing),
+    ENTRY("vkCreatePipelineLayout", ls_icd_refused),
+    ENTRY("vkDestroyPipelineLayout", ls_icd_nothing),
+    ENTRY("vkCreateSampler", ls_icd_refused),
+    ENTRY("vkDestroySampler", ls_icd_nothing),
+    ENTRY("vkCreateDescriptorSetLayout", ls_icd_refused),
+    ENTRY("vkDestroyDescriptorSetLayout", ls_icd_nothing),
+    ENTRY("vkCreateDescriptorPool", ls_icd_refused),
+    ENTRY("vkDestroyDescriptorPool", ls_icd_nothing),
+    ENTRY("vkResetDescriptorPool", ls_icd_refused),
+    ENTRY("vkAllocateDescriptorSets", ls_icd_refused),
+    ENTRY("vkFreeDescriptorSets", ls_icd_refused),
+    ENTRY("vkUpdateDescriptorSets", ls_icd_nothing),
+    ENTRY("vkCreateFramebuffer", ls_icd_refused),
+    ENTRY("vkDestroyFramebuffer", ls_icd_nothing),
+    ENTRY("vkCreateRenderPass", ls_icd_refused),
+    ENTRY("vkDestroyRenderPass", ls_icd_nothing),
+    ENTRY("vkGetRenderAreaGranularity", ls_icd_nothing),
+    ENTRY("vkCreateCommandPool", ls_icd_refused),
+    ENTRY("vkDestroyCommandPool", ls_icd_nothing),
+    ENTRY("vkResetCommandPool", ls_icd_refused),
+    ENTRY("vkAllocateCommandBuffers", ls_icd_refused),
+    ENTRY("vkFreeCommandBuffers", ls_icd_nothing),
+    ENTRY("vkBeginCommandBuffer", ls_icd_refused),
+    ENTRY("vkEndCommandBuffer", ls_icd_refused),
+    ENTRY("vkResetCommandBuffer", ls_icd_refused),
+    ENTRY("vkCmdBindPipeline", ls_icd_nothing),
+    ENTRY("vkCmdSetViewport", ls_icd_nothing),
+    ENTRY("vkCmdSetScissor", ls_icd_nothing),
+    ENTRY("vkCmdSetLineWidth", ls_icd_nothing),
+    ENTRY("vkCmdSetDepthBias", ls_icd_nothing),
+    ENTRY("vkCmdSetBlendConstants", ls_icd_nothing),
+    ENTRY("vkCmdSetDepthBounds", ls_icd_nothing),
+    ENTRY("vkCmdSetStencilCompareMask", ls_icd_nothing),
+    ENTRY("vkCmdSetStencilWriteMask", ls_icd_nothing),
+    ENTRY("vkCmdSetStencilReference", ls_icd_nothing),
+    ENTRY("vkCmdBindDescriptorSets", ls_icd_nothing),
+    ENTRY("vkCmdBindIndexBuffer", ls_icd_nothing),
+    ENTRY("vkCmdBindVertexBuffers", ls_icd_nothing),
+    ENTRY("vkCmdDraw", ls_icd_nothing),
+    ENTRY("vkCmdDrawIndexed", ls_icd_nothing),
+    ENTRY("vkCmdDrawIndirect", ls_icd_nothing),
+    ENTRY("vkCmdDrawIndexedIndirect", ls_icd_nothing),
+    ENTRY("vkCmdDispatch", ls_icd_nothing),
+    ENTRY("vkCmdDispatchIndirect", ls_icd_nothing),
+    ENTRY("vkCmdCopyBuffer", ls_icd_nothing),
+    ENTRY("vkCmdCopyImage", ls_icd_nothing),
+    ENTRY("vkCmdBlitImage", ls_icd_nothing),
+    ENTRY("vkCmdCopyBufferToImage", ls_icd_nothing),
+    ENTRY("vkCmdCopyImageToBuffer", ls_icd_nothing),
+    ENTRY("vkCmdUpdateBuffer", ls_icd_nothing),
+    ENTRY("vkCmdFillBuffer", ls_icd_nothing),
+    ENTRY("vkCmdClearColorImage", ls_icd_nothing),
+    ENTRY("vkCmdClearDepthStencilImage", ls_icd_nothing),
+    ENTRY("vkCmdClearAttachments", ls_icd_nothing),
+    ENTRY("vkCmdResolveImage", ls_icd_nothing),
+    ENTRY("vkCmdSetEvent", ls_icd_nothing),
+    ENTRY("vkCmdResetEvent", ls_icd_nothing),
+    ENTRY("vkCmdWaitEvents", ls_icd_nothing),
+    ENTRY("vkCmdPipelineBarrier", ls_icd_nothing),
+    ENTRY("vkCmdBeginQuery", ls_icd_nothing),
+    ENTRY("vkCmdEndQuery", ls_icd_nothing),
+    ENTRY("vkCmdResetQueryPool", ls_icd_nothing),
+    ENTRY("vkCmdWriteTimestamp", ls_icd_nothing),
+    ENTRY("vkCmdCopyQueryPoolResults", ls_icd_nothing),
+    ENTRY("vkCmdPushConstants", ls_icd_nothing),
+    ENTRY("vkCmdBeginRenderPass", ls_icd_nothing),
+    ENTRY("vkCmdNextSubpass", ls_icd_nothing),
+    ENTRY("vkCmdEndRenderPass", ls_icd_nothing),
+    ENTRY("vkCmdExecuteCommands", ls_icd_nothing),
+    ENTRY("vkBindImageMemory2", ls_icd_refused),
+    ENTRY("vkCmdSetDeviceMask", ls_icd_nothing),
+    ENTRY("vkCmdDispatchBase", ls_icd_nothing),
+    ENTRY("vkGetImageMemoryRequirements2", ls_icd_nothing),
+    ENTRY("vkTrimCommandPool", ls_icd_nothing),
+    ENTRY("vkCreateSamplerYcbcrConversion", ls_icd_refused),
+    ENTRY("vkDestroySamplerYcbcrConversion", ls_icd_nothing),
+    ENTRY("vkCreateDescriptorUpdateTemplate", ls_icd_refused),
+    ENTRY("vkDestroyDescriptorUpdateTemplate", ls_icd_nothing),
+    ENTRY("vkUpdateDescriptorSetWithTemplate", ls_icd_nothing),
+};
+
 static VKAPI_ATTR PFN_vkVoidFunction VKAPI_CALL ls_icd_GetDeviceProcAddr(VkDevice device, const char *name);
 
 static const struct entry INSTANCE_ENTRY_POINTS[] = {
@@ -75,12 +218,15 @@ static PFN_vkVoidFunction find(const struct entry *table, size_t count, const ch
     return NULL;
 }
 
-/* No device can exist yet (ls_icd_CreateDevice refuses): no device-level entry point. The loader
- * wants the function itself all the same. */
+/* A device-level command by name (no device extension is offered, so no other name is one). */
 static VKAPI_ATTR PFN_vkVoidFunction VKAPI_CALL ls_icd_GetDeviceProcAddr(VkDevice device, const char *name)
 {
-    (void)device, (void)name;
-    return NULL;
+    (void)device;
+    if (name == NULL)
+        return NULL;
+    if (strcmp(name, "vkGetDeviceProcAddr") == 0)
+        return (PFN_vkVoidFunction)ls_icd_GetDeviceProcAddr;
+    return find(DEVICE_ENTRY_POINTS, COUNT(DEVICE_ENTRY_POINTS), name);
 }
 
 LS_ICD_EXPORT VKAPI_ATTR VkResult VKAPI_CALL vk_icdNegotiateLoaderICDInterfaceVersion(uint32_t *version)
@@ -112,5 +258,7 @@ LS_ICD_EXPORT VKAPI_ATTR PFN_vkVoidFunction VKAPI_CALL vk_icdGetInstanceProcAddr
         function = find(INSTANCE_ENTRY_POINTS, COUNT(INSTANCE_ENTRY_POINTS), name);
     if (function == NULL)
         function = find(PHYSICAL_ENTRY_POINTS, COUNT(PHYSICAL_ENTRY_POINTS), name);
+    if (function == NULL)
+        function = find(DEVICE_ENTRY_POINTS, COUNT(DEVICE_ENTRY_POINTS), name);
     return function;
 }

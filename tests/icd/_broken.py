@@ -65,8 +65,9 @@ BROKEN = {
 
 
 class BrokenArbiter:
-    """A listener at a pipe directory's socket that answers one hello with ``answer`` and ``fds`` descriptors
-    (of /dev/null); it keeps the hello it read (None: no one said hello)."""
+    """A listener at a pipe directory's socket that answers each hello (an instance's, then a device's) with
+    ``answer`` and ``fds`` descriptors (of /dev/null), and any request after it by closing the connection;
+    it keeps the first hello it read (None: no one said hello)."""
 
     def __init__(self, pipe_dir: Path, answer: bytes, fds: int):
         pipe_dir.mkdir(mode=0o700)
@@ -80,12 +81,19 @@ class BrokenArbiter:
         self._thread.start()
 
     def _serve(self) -> None:
-        if self._listener not in select.select([self._listener, self._stop_reader], [], [])[0]:
-            return
-        conn, _ = self._listener.accept()
+        answering = []
+        while self._listener in select.select([self._listener, self._stop_reader], [], [])[0]:
+            conn, _ = self._listener.accept()  # the instance's hello, then a device's
+            answering.append(threading.Thread(target=self._answer_one, args=(conn,), daemon=True))
+            answering[-1].start()
+        for thread in answering:
+            thread.join(60)
+
+    def _answer_one(self, conn: socket.socket) -> None:
         with conn:
             conn.settimeout(60)
-            self.hello = protocol.recv(conn).fields
+            hello = protocol.recv(conn).fields
+            self.hello = self.hello or hello
             try:
                 with open("/dev/null") as null:
                     fds = array.array("i", [null.fileno()] * self._fds)

@@ -2,9 +2,94 @@
  *
  * Prints one line per physical device: "device NAME|HEAP_BYTES|FAMILIES|QUEUE_FLAGS|MAX_GROUP_X", then
  * "create_device RESULT" for its first device, or "instance RESULT" when the instance cannot be made.
- * Exit status 0 whatever Vulkan answered: a crash is the failure. It knows nothing of libshare. */
+ * With a device, it then uses its queue, memory and buffers (use_device) and prints one line
+ * "NAME RESULT" a step. Exit status 0 whatever Vulkan answered: a crash is the failure. It knows nothing
+ * of libshare. */
+#include <stdint.h>
 #include <stdio.h>
+#include <string.h>
 #include <vulkan/vulkan.h>
+
+/* Commands outside the driver's slice: an error where they return one, nothing where they do not. */
+static void refused(VkDevice device, VkQueue queue)
+{
+    VkCommandPoolCreateInfo pool = {.sType = VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO};
+    uint32_t code = 0x07230203;
+    VkShaderModuleCreateInfo module = {.sType = VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO, .codeSize = 4,
+                                       .pCode = &code};
+    VkImageCreateInfo image = {.sType = VK_STRUCTURE_TYPE_IMAGE_CREATE_INFO, .imageType = VK_IMAGE_TYPE_2D,
+                               .format = VK_FORMAT_R8G8B8A8_UNORM, .extent = {4, 4, 1}, .mipLevels = 1,
+                               .arrayLayers = 1, .samples = VK_SAMPLE_COUNT_1_BIT,
+                               .usage = VK_IMAGE_USAGE_SAMPLED_BIT};
+    VkSubmitInfo submit = {.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO};
+    VkCommandPool made_pool;
+    VkShaderModule made_module;
+    VkImage made_image;
+    printf("command_pool %d\n", vkCreateCommandPool(device, &pool, NULL, &made_pool));
+    printf("shader_module %d\n", vkCreateShaderModule(device, &module, NULL, &made_module));
+    printf("image %d\n", vkCreateImage(device, &image, NULL, &made_image));
+    printf("submit %d\n", vkQueueSubmit(queue, 1, &submit, VK_NULL_HANDLE));
+    vkUpdateDescriptorSets(device, 0, NULL, 0, NULL);
+    vkDestroyCommandPool(device, VK_NULL_HANDLE, NULL);
+}
+
+/* Host-visible memory written through its mapping and read back through a second one; buffers bound in
+ * it, one past its end; hostile calls (a wrong handle, mapping twice, memory freed under a buffer). */
+static void use_device(VkDevice device)
+{
+    const VkDeviceSize size = 65536;
+    VkMemoryAllocateInfo allocate = {.sType = VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO, .allocationSize = size,
+                                     .memoryTypeIndex = 1};
+    VkBufferCreateInfo info = {.sType = VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO, .size = 4096,
+                               .usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT};
+    VkFenceCreateInfo fence_info = {.sType = VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
+    VkDeviceMemory memory, wrong = (VkDeviceMemory)(uintptr_t)0x4242424242ull;
+    VkBuffer buffer, past;
+    VkFence fence;
+    VkQueue queue = VK_NULL_HANDLE;
+    uint32_t *words;
+    void *twice;
+    int same = 1;
+    vkGetDeviceQueue(device, 0, 0, &queue);
+    printf("queue %d\n", queue != VK_NULL_HANDLE);
+    VkResult result = vkAllocateMemory(device, &allocate, NULL, &memory);
+    printf("allocate %d\n", result);
+    if (result != VK_SUCCESS)
+        return;
+    result = vkMapMemory(device, memory, 0, size, 0, (void **)&words);
+    printf("map %d\n", result);
+    if (result != VK_SUCCESS)
+        return;
+    for (uint32_t i = 0; i < size / 4; i++)
+        words[i] = i * 2654435761u;
+    printf("map_twice %d\n", vkMapMemory(device, memory, 0, size, 0, &twice));
+    vkUnmapMemory(device, memory);
+    result = vkMapMemory(device, memory, 0, VK_WHOLE_SIZE, 0, (void **)&words);
+    printf("map_again %d\n", result);
+    if (result != VK_SUCCESS)
+        return;
+    for (uint32_t i = 0; i < size / 4; i++)
+        same &= words[i] == i * 2654435761u;
+    printf("read_back %d\n", same);
+    printf("map_wrong %d\n", vkMapMemory(device, wrong, 0, 16, 0, &twice));
+    vkCreateBuffer(device, &info, NULL, &buffer);
+    vkCreateBuffer(device, &info, NULL, &past);
+    printf("bind %d\n", vkBindBufferMemory(device, buffer, memory, 0));
+    printf("bind_past %d\n", vkBindBufferMemory(device, past, memory, size - 256));
+    printf("bind_wrong %d\n", vkBindBufferMemory(device, past, wrong, 0));
+    vkCreateFence(device, &fence_info, NULL, &fence);
+    printf("fence %d\n", vkGetFenceStatus(device, fence));
+    printf("submit_empty %d\n", vkQueueSubmit(queue, 0, NULL, fence));
+    printf("wait %d\n", vkWaitForFences(device, 1, &fence, VK_TRUE, UINT64_MAX));
+    printf("idle %d\n", vkDeviceWaitIdle(device));
+    refused(device, queue);
+    vkFreeMemory(device, memory, NULL); /* while the buffer is bound to it */
+    printf("bind_freed %d\n", vkBindBufferMemory(device, past, memory, 0));
+    vkFreeMemory(device, wrong, NULL);
+    vkDestroyBuffer(device, buffer, NULL);
+    vkDestroyBuffer(device, past, NULL);
+    vkDestroyFence(device, fence, NULL);
+}
 
 int main(void)
 {
@@ -41,8 +126,10 @@ int main(void)
         VkDevice device;
         result = vkCreateDevice(devices[0], &create, NULL, &device);
         printf("create_device %d\n", result);
-        if (result == VK_SUCCESS)
+        if (result == VK_SUCCESS) {
+            use_device(device);
             vkDestroyDevice(device, NULL);
+        }
     }
     vkDestroyInstance(instance, NULL);
     return 0;

@@ -1,9 +1,12 @@
 """libshare's Vulkan driver under an unmodified C program (tests/icd/probe.c, the loader's vulkan.h).
 
-The program, compiled here against the loader, sees the arbiter's device through ``libshare-run``, and
-``vkCreateDevice`` is answered with an error (devices are not built yet), not a crash. Then the driver
-and the program, both built with AddressSanitizer and UndefinedBehaviorSanitizer, read a good welcome and
-every broken one of tests/icd/_broken.py without a memory error or undefined behaviour.
+The program, compiled here against the loader, sees the arbiter's device through ``libshare-run``, creates
+a device, writes host-visible memory through a mapping and reads it back, binds a buffer, uses a fence, and
+its hostile calls (mapping twice, a wrong handle, a buffer bound past its memory, memory freed under a
+buffer) are answered with errors. The driver and the program, both built with AddressSanitizer and
+UndefinedBehaviorSanitizer, do the same against the real arbiter, and read a good welcome (whose arbiter
+then drops the device's requests) and every broken one of tests/icd/_broken.py, without a memory error or
+undefined behaviour.
 """
 
 from __future__ import annotations
@@ -22,8 +25,14 @@ from tests.icd._broken import BROKEN, GOOD, PROPERTIES_SIZE, BrokenArbiter, fram
 from tests.icd.conftest import environment, libshare_run
 
 PROBE_C = Path(__file__).resolve().parent / "probe.c"
-VK_ERROR_INITIALIZATION_FAILED = -3
+USED = ["create_device 0", "queue 1", "allocate 0", "map 0", "map_twice -5", "map_again 0", "read_back 1",
+        "map_wrong -5", "bind 0", "bind_past -13", "bind_wrong -13", "fence 1", "submit_empty 0", "wait 0",
+        "idle 0", "command_pool -8", "shader_module -8", "image -8", "submit -8", "bind_freed -13"]
+"""What probe.c prints after its device line: VK_ERROR_MEMORY_MAP_FAILED (-5) for the maps refused,
+VK_ERROR_UNKNOWN (-13) for invalid bindings, VK_NOT_READY (1) for a fence not yet signaled,
+VK_ERROR_FEATURE_NOT_PRESENT (-8) for commands outside the driver's slice."""
 VK_ERROR_INCOMPATIBLE_DRIVER = -9
+VK_ERROR_OUT_OF_DEVICE_MEMORY = -2
 SANITIZE = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-fno-sanitize-recover=undefined"]
 
 
@@ -34,7 +43,7 @@ def compile_probe(out: Path, *flags: str) -> Path:
     return out
 
 
-def test_a_c_program_sees_the_arbiters_device_and_no_device_yet(tmp_path, daemon, vulkan_device_name):
+def test_a_c_program_uses_a_device_its_memory_and_buffers(tmp_path, daemon, vulkan_device_name):
     _process, pipe_dir = daemon
     program = compile_probe(tmp_path / "probe")
     done = subprocess.run(libshare_run("--", str(program)), env=environment(pipe_dir, LIBSHARE_DEVICE_MEM_LIMIT="64M"),
@@ -42,7 +51,7 @@ def test_a_c_program_sees_the_arbiters_device_and_no_device_yet(tmp_path, daemon
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0].startswith(f"device libshare: {vulkan_device_name}|{64 << 20}|1|6|"), lines
-    assert lines[1:] == [f"create_device {VK_ERROR_INITIALIZATION_FAILED}"]
+    assert lines[1:] == USED
 
 
 def sanitized_driver(tmp_path: Path) -> Path:
@@ -55,6 +64,21 @@ def sanitized_driver(tmp_path: Path) -> Path:
     manifest.write_text(json.dumps({"file_format_version": "1.0.0",
                                     "ICD": {"library_path": str(library), "api_version": "1.1.0"}}))
     return manifest
+
+
+def sanitized_run(program: Path, env: dict[str, str]) -> list[str]:
+    done = subprocess.run([str(program)], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "Sanitizer" not in done.stderr and "runtime error" not in done.stderr, \
+        done.stderr[-3000:]
+    return done.stdout.splitlines()
+
+
+def test_the_sanitized_driver_uses_a_device_against_the_real_arbiter(tmp_path, daemon, vulkan_device_name):
+    _process, pipe_dir = daemon
+    manifest = sanitized_driver(tmp_path)
+    program = compile_probe(tmp_path / "probe", *SANITIZE)
+    lines = sanitized_run(program, environment(pipe_dir, VK_DRIVER_FILES=str(manifest)))
+    assert lines[0].startswith(f"device libshare: {vulkan_device_name}|") and lines[1:] == USED, lines
 
 
 def test_the_driver_reads_every_welcome_without_a_memory_error(tmp_path):
@@ -74,6 +98,8 @@ def test_the_driver_reads_every_welcome_without_a_memory_error(tmp_path):
             (case, done.stderr[-3000:])
         if case == "good":
             heap = GOOD["physical_device"]["memory"]
-            assert done.stdout.splitlines()[0].startswith(f"device libshare: fake|{heap}|1|6|"), done.stdout
+            lines = done.stdout.splitlines()
+            assert lines[0].startswith(f"device libshare: fake|{heap}|1|6|"), done.stdout
+            assert lines[1:] == ["create_device 0", "queue 1", f"allocate {VK_ERROR_OUT_OF_DEVICE_MEMORY}"]
         else:
             assert done.stdout.splitlines() == [f"instance {VK_ERROR_INCOMPATIBLE_DRIVER}"], (case, done.stdout)

@@ -214,21 +214,21 @@ asks = {
 for name, ask in asks.items():
     info = vk.VkDeviceCreateInfo(queueCreateInfoCount=1, pQueueCreateInfos=[ask.pop("queue", queue)], **ask)
     try:
-        vk.vkCreateDevice(device, info, None)
-        print(name, "created")
+        vk.vkDestroyDevice(vk.vkCreateDevice(device, info, None), None)
+        print(name, "created", sep=": ")
     except vk.VkError as exc:
         print(name, type(exc).__name__, sep=": ")
 vk.vkDestroyInstance(instance, None)
 """
 
 
-def test_create_device_answers_the_specifications_errors_and_no_device_yet(daemon):
+def test_create_device_answers_the_specifications_errors_and_makes_an_honest_device(daemon):
     _process, pipe_dir = daemon
     done = subprocess.run(libshare_run("--", sys.executable, "-c", CREATE_DEVICE), env=environment(pipe_dir),
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == [
-        "honest: VkErrorInitializationFailed",  # every check passed: no device layer yet
+        "honest: created",
         "geometry shader: VkErrorFeatureNotPresent",
         "geometry shader, features2: VkErrorFeatureNotPresent",
         "buffer device address: VkErrorFeatureNotPresent",
@@ -236,4 +236,3 @@ def test_create_device_answers_the_specifications_errors_and_no_device_yet(daemo
         "a second queue family: VkErrorInitializationFailed",
         "two queues: VkErrorInitializationFailed",
     ]
-    assert done.stderr.count("devices are not implemented yet") == 1  # said for the honest one alone

@@ -1,0 +1,48 @@
+/* The core device-level commands outside what the driver implements: refused, or nothing.
+ *
+ * The loader's trampolines call what vkGetDeviceProcAddr gave them without a check, so every core
+ * Vulkan 1.0 and 1.1 device-level command must be in loader.c's table. Those the driver does not
+ * implement (graphics, images, sparse binding, and the compute commands of the slices to come:
+ * shader modules, pipelines, descriptors, command pools and buffers, semaphores, events, queries)
+ * point at ls_icd_refused, which answers VK_ERROR_FEATURE_NOT_PRESENT, when they return a
+ * VkResult, and at ls_icd_nothing when they return nothing. Both take no parameters and are called
+ * with the command's: on the System V x86-64 and AArch64 calling conventions (the platforms the
+ * driver builds on) the caller owns its arguments' registers and stack, so a callee that reads
+ * none is called safely. Since no object those commands make can exist, a command that would act
+ * on one (vkCmd*, vkEndCommandBuffer...) is never given a real one. The few void queries that
+ * the application reads an answer from write an honest empty one: no sparse requirements, no
+ * descriptor set layout supported yet. */
+#include "icd.h"
+
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_refused(void)
+{
+    return VK_ERROR_FEATURE_NOT_PRESENT;
+}
+
+VKAPI_ATTR void VKAPI_CALL ls_icd_nothing(void)
+{
+}
+
+VKAPI_ATTR void VKAPI_CALL ls_icd_GetImageSparseMemoryRequirements(VkDevice device, VkImage image, uint32_t *count,
+                                                                  VkSparseImageMemoryRequirements *out)
+{
+    (void)device, (void)image, (void)out;
+    *count = 0; /* no image exists */
+}
+
+VKAPI_ATTR void VKAPI_CALL ls_icd_GetImageSparseMemoryRequirements2(VkDevice device,
+                                                                   const VkImageSparseMemoryRequirementsInfo2 *info,
+                                                                   uint32_t *count,
+                                                                   VkSparseImageMemoryRequirements2 *out)
+{
+    (void)device, (void)info, (void)out;
+    *count = 0;
+}
+
+VKAPI_ATTR void VKAPI_CALL ls_icd_GetDescriptorSetLayoutSupport(VkDevice device,
+                                                                const VkDescriptorSetLayoutCreateInfo *info,
+                                                                VkDescriptorSetLayoutSupport *out)
+{
+    (void)device, (void)info;
+    out->supported = VK_FALSE; /* descriptor set layouts are the next slice */
+}
