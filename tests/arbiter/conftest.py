@@ -109,6 +109,28 @@ class AtRest:
         return self.streak >= self.looks
 
 
+def rest_seen_during(pid: int, tids, start_work, what: str, looks: int = 5, tries: int = 3) -> list:
+    """Wait for ``looks`` looks in a row finding ``asleep(pid, tids)`` while work runs, and return
+    the tickets of that work. ``start_work(size)`` starts ``size`` units of it (1, then 8, 64...)
+    and returns their tickets; the work runs until the last one is done. Work that ends before
+    the rest is seen (a device or a machine faster than the sizes were written for) says nothing
+    either way, so eight times as much is started, up to ``tries`` sizes; a thread that never
+    rests while work runs fails at every size."""
+    for attempt in range(tries):
+        tickets = start_work(8 ** attempt)
+        rest = AtRest(pid, tids, looks)
+
+        def outcome():
+            at_rest = rest()
+            return "ended" if tickets[-1].done() else "rest" if at_rest else None
+
+        if wait_until(outcome, 60, what) == "rest":
+            return tickets
+        for ticket in tickets:
+            ticket.wait(120)
+    pytest.fail(f"the work ended before {what} at each of {tries} sizes ({rest.streak} look(s) at rest in a row last)")
+
+
 def start_client(role: str, pipe_dir, *args) -> subprocess.Popen:
     """Start ``tests/arbiter/_client.py ROLE PIPE_DIR ARGS`` with its stdout piped."""
     return subprocess.Popen([sys.executable, "-m", "tests.arbiter._client", role, str(pipe_dir), *map(str, args)],

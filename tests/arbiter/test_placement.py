@@ -27,7 +27,7 @@ from libshare.arbiter import Arbiter
 
 from tests._busy import busy_iterations
 from tests.conftest import ROOT, stop_process
-from tests.arbiter.conftest import AtRest, run_daemon, wait_until
+from tests.arbiter.conftest import rest_seen_during, run_daemon, wait_until
 
 ALL_CORES = frozenset(os.sched_getaffinity(0))
 needs_two_cores = pytest.mark.skipif(len(ALL_CORES) < 2, reason="placement needs at least two cores")
@@ -237,10 +237,12 @@ def test_the_engine_sleeps_while_a_long_dispatch_runs(tmp_path, vulkan_device_na
             data = session.array(1 << 16, np.uint32)
             session.dispatch(program, 1024, [data], struct.pack("II", 1 << 16, 16)).wait(30)  # compiled
             (engine,) = [tid for tid, (name, _) in threads(process.pid).items() if name == "libshare-engine"]
-            ticket = session.dispatch(program, 1024, [data], struct.pack("II", 1 << 16, busy_iterations(60000)))
-            wait_until(AtRest(process.pid, [engine], during=lambda: not ticket.done()), 60,
-                       "the engine to sleep while the dispatch runs")
-            ticket.wait(120)
+            push = struct.pack("II", 1 << 16, busy_iterations(60000))  # ~1.5 s on this VM's lavapipe
+            tickets = rest_seen_during(process.pid, [engine],
+                                       lambda size: [session.dispatch(program, 1024, [data], push) for _ in range(size)],
+                                       "the engine to sleep while the dispatch runs")
+            for ticket in tickets:
+                ticket.wait(120)
     finally:
         next(running, None)
 

@@ -24,7 +24,7 @@ from libshare.workloads import busy_reference
 from tests._busy import busy_iterations, long_queue
 from tests.conftest import ROOT
 from tests.arbiter._spirv_attacks import compile_glsl
-from tests.arbiter.conftest import AtRest, run_daemon, wait_until
+from tests.arbiter.conftest import rest_seen_during, run_daemon, wait_until
 
 
 def control(pipe_dir, command: str, *args: str) -> str:
@@ -416,12 +416,22 @@ def test_the_engine_sleeps_while_the_plan_keeps_the_waiting_work_waiting(tmp_pat
     CPU it uses meanwhile is a figure of bench/test_engine_mechanism_bench.py."""
     with low_and_realtime(tmp_path / "pipe") as pair:
         engine, slot = pair.arbiter.drainer.engine, low_slot(pair.arbiter)
-        long_run = pair.realtime_running(1_000_000)  # ~1 s on lavapipe
-        waiting = pair.low_busy(1, 64, 1)  # withheld: a higher priority runs
-        wait_until(AtRest(os.getpid(), [engine.thread_id], during=lambda: not long_run.done()), 60,
-                   "the engine to sleep while the low work waits")
-        assert not waiting.done() and engine.stats(slot).submitted == 0, "the low work was not withheld"
-        long_run.wait(120)
+        low_work = []  # (the withheld dispatch, the low slot's submissions before it) per size tried
+
+        def realtime_work(size: int) -> list:
+            for waiting, _ in low_work:
+                waiting.wait(30)  # (it ran once the realtime work of a size too small ended)
+            runs = [pair.realtime_running(1_000_000)]  # ~1 s on lavapipe
+            runs += [pair.realtime_busy(16, 1024, busy_iterations(1_000_000)) for _ in range(size - 1)]
+            low_work.append((pair.low_busy(1, 64, 1), engine.stats(slot).submitted))  # withheld: a higher priority runs
+            return runs
+
+        long_runs = rest_seen_during(os.getpid(), [engine.thread_id], realtime_work,
+                                     "the engine to sleep while the low work waits")
+        waiting, submitted_before = low_work[-1]
+        assert not waiting.done() and engine.stats(slot).submitted == submitted_before, "the low work was not withheld"
+        for long_run in long_runs:
+            long_run.wait(120)
         waiting.wait(30)
 
 
