@@ -234,7 +234,7 @@ VkResult ls_icd_hello(struct ls_icd_session *session, struct ls_icd_physical *ph
         session->sock = -1;
         return refuse(why, why_size, "no arbiter answers (start one with libshare-control -d, or use libshare-run)", detail);
     }
-    rc = ls_icd_send(session->sock, text, strlen(text));
+    rc = ls_icd_send(session->sock, text, strlen(text), NULL, 0);
     free(text);
     if (rc == 0)
         rc = ls_icd_recv(session->sock, &frame, 2, LS_ICD_REPLY_MS);

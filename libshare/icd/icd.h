@@ -12,9 +12,14 @@
  *   physical.c  VkPhysicalDevice: properties, features, queue family, memory, formats
  *   device.c    VkDevice and VkQueue: the checks of vkCreateDevice, one session each, the queue
  *   objects.c   the device's table of non-dispatchable handles (memory, buffers, fences), checked
+ *   control.c   the device session's control requests: one frame sent, its reply read and checked
  *   memory.c    VkDeviceMemory: the arbiter's shared (memfd, mapped) and device buffers
  *   buffer.c    VkBuffer: a (memory, offset, size) view, its requirements and binding
  *   sync.c      VkFence, and the waits and submissions there can be before command buffers
+ *   pipeline.c  VkShaderModule, VkPipelineLayout, VkPipeline (the arbiter's programs), VkPipelineCache
+ *   descriptor.c  VkDescriptorSetLayout, VkDescriptorPool, VkDescriptorSet and their updates, templates
+ *   commands.c  VkCommandPool and VkCommandBuffer: vkCmd* recorded into the arbiter's command lists
+ *   queue.c     the data path: the session's ring, tickets, vkQueueSubmit(2) and what waits on it
  *   refused.c   every other core device-level command: refused with an error, or nothing
  *
  * Dispatchable objects (VkInstance, VkPhysicalDevice, VkDevice, VkQueue) begin with the loader's VK_LOADER_DATA
@@ -29,6 +34,8 @@
 #include <stdint.h>
 #include <vulkan/vulkan.h>
 #include <vulkan/vk_icd.h>
+
+#include <cjson/cJSON.h>
 
 #define LS_ICD_API_VERSION VK_API_VERSION_1_1 /* what the driver implements of the physical-device queries */
 #define LS_ICD_DEVICE_PREFIX "libshare: "
@@ -49,7 +56,7 @@ struct ls_icd_frame {
 };
 
 int ls_icd_dial(const char *path, const char *supervisor_lock, int wait_ms);
-int ls_icd_send(int sock, const char *json, size_t json_len);
+int ls_icd_send(int sock, const char *json, size_t json_len, const void *payload, size_t payload_len);
 int ls_icd_recv(int sock, struct ls_icd_frame *frame, int max_fds, int timeout_ms);
 void ls_icd_frame_free(struct ls_icd_frame *frame);
 
@@ -161,7 +168,11 @@ VKAPI_ATTR VkResult VKAPI_CALL ls_icd_EnumerateDeviceExtensionProperties(VkPhysi
 #define LS_ICD_INVALID VK_ERROR_UNKNOWN   /* invalid input the driver detects (the spec's meaning of it) */
 #define LS_ICD_MOST_OBJECTS (1u << 20)    /* handles a device holds at once */
 
-enum ls_icd_kind { LS_ICD_FREE = 0, LS_ICD_MEMORY, LS_ICD_BUFFER, LS_ICD_FENCE };
+enum ls_icd_kind {
+    LS_ICD_FREE = 0, LS_ICD_MEMORY, LS_ICD_BUFFER, LS_ICD_FENCE, LS_ICD_SEMAPHORE, LS_ICD_EVENT, LS_ICD_SHADER,
+    LS_ICD_SET_LAYOUT, LS_ICD_PIPELINE_LAYOUT, LS_ICD_PIPELINE, LS_ICD_PIPELINE_CACHE, LS_ICD_DESCRIPTOR_POOL,
+    LS_ICD_DESCRIPTOR_SET, LS_ICD_UPDATE_TEMPLATE, LS_ICD_COMMAND_POOL, LS_ICD_QUERY_POOL
+};
 
 struct ls_icd_memory {
     uint64_t size;      /* as allocated (allocationSize) */
@@ -182,6 +193,83 @@ struct ls_icd_fence {
     int signaled;
 };
 
+/* pipeline.c: a VkShaderModule is its SPIR-V, kept until a pipeline is made from it */
+struct ls_icd_shader {
+    uint32_t *code;
+    size_t size;        /* bytes */
+};
+
+/* descriptor.c: a set layout's bindings, sorted by binding number; a binding's descriptors are
+ * entries [first, first + count) of a set made with it. Pipeline layouts and sets keep copies
+ * (ls_icd_set_layout_copy): a layout may be destroyed while they live. */
+struct ls_icd_layout_binding {
+    uint32_t binding;
+    VkDescriptorType type;
+    uint32_t count;
+    uint32_t first;
+};
+
+struct ls_icd_set_layout {
+    struct ls_icd_layout_binding *bindings;
+    uint32_t nbindings;
+    uint32_t nentries;  /* the descriptors of a set made with it */
+    VkDescriptorSetLayoutCreateFlags flags;
+};
+
+struct ls_icd_pipeline_layout {
+    struct ls_icd_set_layout *sets; /* copies, nsets of them */
+    uint32_t nsets;
+    uint32_t push_size;             /* the end of its last push-constant range */
+};
+
+/* pipeline.c: what the arbiter's load_program reply says of the program a compute pipeline is */
+struct ls_icd_resource {
+    uint32_t set, binding, count;   /* the module's (set, binding), the buffers it takes */
+};
+
+struct ls_icd_pipeline {
+    int64_t program_id;             /* the arbiter's */
+    struct ls_icd_resource *resources; /* in the order a bind group names its buffers */
+    uint32_t nresources;
+    uint32_t nbuffers;              /* the sum of the resources' counts: a bind group's entries */
+    uint32_t push_size;
+    uint32_t local_size[3];
+};
+
+/* descriptor.c: one descriptor of a set; buffer 0 until written */
+struct ls_icd_descriptor {
+    VkDescriptorType type;
+    uint64_t buffer;                /* its VkBuffer's handle, or 0: never written */
+    uint64_t offset, range;         /* range VK_WHOLE_SIZE: to the buffer's end */
+};
+
+struct ls_icd_descriptor_set {
+    uint64_t pool;                  /* its VkDescriptorPool's handle */
+    struct ls_icd_set_layout layout; /* a copy */
+    struct ls_icd_descriptor *entries; /* layout.nentries of them */
+};
+
+struct ls_icd_descriptor_pool {
+    uint64_t *sets;                 /* the handles of the sets made from it and not freed */
+    uint32_t nsets, capacity;
+    uint32_t max_sets;
+    VkDescriptorPoolCreateFlags flags;
+};
+
+struct ls_icd_update_template {
+    VkDescriptorUpdateTemplateEntry *entries;
+    uint32_t nentries;
+};
+
+/* commands.c: a pool's command buffers (dispatchable: each allocated on its own) */
+struct ls_icd_command_buffer;
+
+struct ls_icd_command_pool {
+    struct ls_icd_command_buffer **buffers;
+    uint32_t nbuffers, capacity;
+    VkCommandPoolCreateFlags flags;
+};
+
 struct ls_icd_object {
     uint32_t kind;       /* enum ls_icd_kind */
     uint32_t generation; /* bumped each time the slot is reused */
@@ -189,6 +277,14 @@ struct ls_icd_object {
         struct ls_icd_memory memory;
         struct ls_icd_buffer buffer;
         struct ls_icd_fence fence;
+        struct ls_icd_shader shader;
+        struct ls_icd_set_layout set_layout;
+        struct ls_icd_pipeline_layout pipeline_layout;
+        struct ls_icd_pipeline pipeline;
+        struct ls_icd_descriptor_set set;
+        struct ls_icd_descriptor_pool descriptor_pool;
+        struct ls_icd_update_template update_template;
+        struct ls_icd_command_pool command_pool;
     } u;
 };
 
@@ -233,6 +329,34 @@ VKAPI_ATTR VkResult VKAPI_CALL ls_icd_DeviceWaitIdle(VkDevice device);
 VKAPI_ATTR VkResult VKAPI_CALL ls_icd_QueueWaitIdle(VkQueue queue);
 VKAPI_ATTR void VKAPI_CALL ls_icd_GetDeviceGroupPeerMemoryFeatures(VkDevice device, uint32_t heap, uint32_t local,
                                                                    uint32_t remote, VkPeerMemoryFeatureFlags *out);
+
+/* ---- control.c: the device session's requests (the device's lock held) */
+VkResult ls_icd_ask(struct ls_icd_device *device, const char *text, const void *payload, size_t payload_len,
+                    struct ls_icd_frame *frame, int max_fds, cJSON **reply, VkResult refused);
+int64_t ls_icd_whole_field(const cJSON *reply, const char *name, double least, double most);
+void ls_icd_forget(struct ls_icd_device *device, const char *field, int64_t id);
+
+/* ---- commands.c: a command buffer, recorded into the arbiter's command lists (engine/lists.c) */
+enum ls_icd_cb_state { LS_ICD_CB_INITIAL = 0, LS_ICD_CB_RECORDING, LS_ICD_CB_EXECUTABLE, LS_ICD_CB_INVALID };
+
+struct ls_icd_command_buffer {
+    VK_LOADER_DATA loader;          /* first: the loader's slot */
+    struct ls_icd_device *device;
+    uint64_t pool;                  /* its VkCommandPool's handle */
+    enum ls_icd_cb_state state;
+    VkCommandBufferUsageFlags usage;
+    uint32_t *lists;                /* once ended: the arbiter's lists it submits, in order */
+    uint32_t nlists;
+    uint32_t pending;               /* submissions of it not yet answered (queue.c) */
+    int freed;                      /* freed while pending: released by the last ls_icd_command_buffer_done */
+    struct ls_icd_recording *recording; /* commands.c's own: what is being recorded and bound */
+};
+
+/* For a submission (queue.c, the device's lock held): ``cb``'s lists, VK_SUCCESS, and it counts as
+ * pending; LS_ICD_INVALID when it is not executable, or pending without SIMULTANEOUS_USE. */
+VkResult ls_icd_command_buffer_take(struct ls_icd_command_buffer *cb, const uint32_t **lists, uint32_t *nlists);
+/* A submission of ``cb`` was answered (ONE_TIME_SUBMIT: it becomes invalid; freed: released). */
+void ls_icd_command_buffer_done(struct ls_icd_command_buffer *cb);
 
 /* ---- memory.c */
 void ls_icd_memory_release(struct ls_icd_device *device, struct ls_icd_memory *memory);

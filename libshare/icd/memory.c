@@ -40,43 +40,6 @@ static struct ls_icd_device *device_of(VkDevice handle)
     return (struct ls_icd_device *)handle;
 }
 
-/* Send ``text`` and read the reply (up to ``max_fds`` descriptors) into ``frame`` and ``*reply``.
- * VK_SUCCESS when the arbiter said ok; else the reply's refusal, mapped, or a broken exchange. */
-static VkResult ask(struct ls_icd_device *device, const char *text, struct ls_icd_frame *frame, int max_fds,
-                    cJSON **reply)
-{
-    const cJSON *ok, *error;
-    int rc = ls_icd_send(device->session.sock, text, strlen(text));
-    *reply = NULL;
-    memset(frame, 0, sizeof(*frame));
-    if (rc == 0)
-        rc = ls_icd_recv(device->session.sock, frame, max_fds, LS_ICD_REPLY_MS);
-    if (rc < 0) { /* the exchange is out of step: no later reply could be trusted to match */
-        fprintf(stderr, "libshare Vulkan driver: the arbiter did not answer (%s)\n", strerror(-rc));
-        shutdown(device->session.sock, SHUT_RDWR);
-        return VK_ERROR_OUT_OF_DEVICE_MEMORY;
-    }
-    *reply = cJSON_ParseWithLength(frame->json, frame->json_len);
-    ok = cJSON_GetObjectItemCaseSensitive(*reply, "ok");
-    if (cJSON_IsTrue(ok))
-        return VK_SUCCESS;
-    error = cJSON_GetObjectItemCaseSensitive(*reply, "error");
-    if (cJSON_IsString(error) && strcmp(error->valuestring, "QuotaExceeded") == 0)
-        return VK_ERROR_OUT_OF_DEVICE_MEMORY;
-    fprintf(stderr, "libshare Vulkan driver: the arbiter refused a request (%.200s)\n", frame->json);
-    return VK_ERROR_OUT_OF_DEVICE_MEMORY;
-}
-
-/* A whole number in [least, most] from ``reply``'s ``name``, or -EINVAL. */
-static int64_t whole_field(const cJSON *reply, const char *name, double least, double most)
-{
-    const cJSON *item = cJSON_GetObjectItemCaseSensitive(reply, name);
-    if (!cJSON_IsNumber(item) || !(item->valuedouble >= least) || item->valuedouble > most ||
-        (double)(int64_t)item->valuedouble != item->valuedouble)
-        return -EINVAL;
-    return (int64_t)item->valuedouble;
-}
-
 /* The arbiter's buffer for ``memory`` (its size and type set): buffer id, rounded size, mapping. */
 static VkResult alloc_buffer(struct ls_icd_device *device, struct ls_icd_memory *memory)
 {
@@ -89,10 +52,10 @@ static VkResult alloc_buffer(struct ls_icd_device *device, struct ls_icd_memory 
     VkResult result;
     snprintf(text, sizeof(text), "{\"op\":\"alloc\",\"size\":%llu,\"kind\":\"%s\"}",
              (unsigned long long)memory->size, shared ? "shared" : "device");
-    result = ask(device, text, &frame, 1, &reply);
+    result = ls_icd_ask(device, text, NULL, 0, &frame, 1, &reply, VK_ERROR_OUT_OF_DEVICE_MEMORY);
     if (result == VK_SUCCESS) {
-        id = whole_field(reply, "buffer_id", 0, 2147483647.0);
-        size = whole_field(reply, "size", (double)memory->size, (double)(memory->size + MOST_SLACK));
+        id = ls_icd_whole_field(reply, "buffer_id", 0, 2147483647.0);
+        size = ls_icd_whole_field(reply, "size", (double)memory->size, (double)(memory->size + MOST_SLACK));
         if (id < 0 || size < 0 || size % PAGE != 0 || frame.nfds != (shared ? 1 : 0) ||
             (shared && (fstat(frame.fds[0], &status) < 0 || status.st_size < size))) {
             fprintf(stderr, "libshare Vulkan driver: the arbiter's alloc reply is malformed\n");
@@ -121,13 +84,7 @@ static VkResult alloc_buffer(struct ls_icd_device *device, struct ls_icd_memory 
 /* Give the arbiter's buffer back and unmap it (the device's lock held). */
 void ls_icd_memory_release(struct ls_icd_device *device, struct ls_icd_memory *memory)
 {
-    char text[96];
-    struct ls_icd_frame frame;
-    cJSON *reply;
-    snprintf(text, sizeof(text), "{\"op\":\"free\",\"buffer_id\":%lld}", (long long)memory->buffer_id);
-    ask(device, text, &frame, 0, &reply); /* a refusal leaves the arbiter's to the session's end */
-    cJSON_Delete(reply);
-    ls_icd_frame_free(&frame);
+    ls_icd_forget(device, "buffer_id", memory->buffer_id);
     if (memory->address != NULL)
         munmap(memory->address, memory->rounded);
     memory->address = NULL;

@@ -122,27 +122,31 @@ static uint32_t get32(const uint8_t *at)
     return (uint32_t)at[0] | (uint32_t)at[1] << 8 | (uint32_t)at[2] << 16 | (uint32_t)at[3] << 24;
 }
 
-int ls_icd_send(int sock, const char *json, size_t json_len)
+int ls_icd_send(int sock, const char *json, size_t json_len, const void *payload, size_t payload_len)
 {
     uint8_t header[HEADER];
-    size_t sent = 0;
-    if (json_len > LS_ICD_MAX_FRAME)
+    const struct {
+        const void *bytes;
+        size_t length;
+    } parts[3] = {{header, HEADER}, {json, json_len}, {payload, payload_len}};
+    if (json_len > LS_ICD_MAX_FRAME || payload_len > LS_ICD_MAX_FRAME - json_len)
         return -EMSGSIZE;
     put32(header, MAGIC);
     header[4] = VERSION & 0xff;
     header[5] = VERSION >> 8;
     header[6] = header[7] = 0;
     put32(header + 8, (uint32_t)json_len);
-    put32(header + 12, 0);
-    while (sent < HEADER + json_len) {
-        const void *from = sent < HEADER ? (const void *)(header + sent) : (const void *)(json + sent - HEADER);
-        size_t left = sent < HEADER ? HEADER - sent : HEADER + json_len - sent;
-        ssize_t n = send(sock, from, left, MSG_NOSIGNAL);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0)
-            return -errno;
-        sent += (size_t)n;
+    put32(header + 12, (uint32_t)payload_len);
+    for (int part = 0; part < 3; part++) {
+        size_t sent = 0;
+        while (sent < parts[part].length) {
+            ssize_t n = send(sock, (const uint8_t *)parts[part].bytes + sent, parts[part].length - sent, MSG_NOSIGNAL);
+            if (n < 0 && errno == EINTR)
+                continue;
+            if (n < 0)
+                return -errno;
+            sent += (size_t)n;
+        }
     }
     return 0;
 }
