@@ -357,6 +357,11 @@ struct ls_icd_command_buffer {
 VkResult ls_icd_command_buffer_take(struct ls_icd_command_buffer *cb, const uint32_t **lists, uint32_t *nlists);
 /* A submission of ``cb`` was answered (ONE_TIME_SUBMIT: it becomes invalid; freed: released). */
 void ls_icd_command_buffer_done(struct ls_icd_command_buffer *cb);
+/* Append one encoded command (libshare/ring/ring.h's struct ls_desc, made with ls_encode_op) to
+ * ``cb``'s recording: for the vkCmd* of other files (query.c's timestamps). VK_SUCCESS, or the
+ * error that vkEndCommandBuffer will answer (the recording keeps the first). */
+struct ls_desc;
+VkResult ls_icd_record(struct ls_icd_command_buffer *cb, const struct ls_desc *command);
 
 /* ---- memory.c */
 void ls_icd_memory_release(struct ls_icd_device *device, struct ls_icd_memory *memory);
