@@ -13,6 +13,13 @@ sides alternated ABBA, and is printed as the median over blocks with its range.
    compiled here: it enumerates and tries a device) with a helper arbiter of its own against the
    same with a warm daemon, one run a side per block. No target: it says what the embedded mode's
    helper arbiter costs a run (docs/icd.md).
+3. compute through the driver / on the real driver, one unmodified C program
+   (bench/c/vulkan_round_trip.c, compiled against the loader) run both ways, one run a side per
+   block: the tiny round trip (one saxpy workgroup recorded once, submitted and waited on with a
+   fence; target <= 1.2x) and a step of 100 dependent dispatches with barriers in one command
+   buffer (target <= 1.1x). Each run prints the median of 15 timed batches.
+4. eight such programs at once, aggregate round trips per second through the driver (one daemon)
+   / on the real driver (a device each): target >= 1.0x on lavapipe, >= 2x on a GPU.
 """
 
 from __future__ import annotations
@@ -25,13 +32,15 @@ import time
 
 import pytest
 
-from bench._compare import at_most, compare, interleave, ratio
+from bench._compare import at_least, at_most, compare, interleave, ratio
+from bench.test_c_bench import EightC, SAXPY
 from libshare.icd import manifest_path
-from tests.conftest import ROOT
+from tests.conftest import ROOT, vulkan_device_is_cpu  # noqa: F401 - a fixture
 from tests.arbiter.conftest import run_daemon
 
 STARTS_PER_BLOCK = 20
 PROBE_C = ROOT / "tests" / "icd" / "probe.c"
+ROUND_TRIP_C = ROOT / "bench" / "c" / "vulkan_round_trip.c"
 
 
 def _env(pipe_dir, **extra) -> dict[str, str]:
@@ -81,3 +90,51 @@ def test_libshare_run_embedded_against_daemon(tmp_path):
     ratio("libshare-run, embedded / daemon", values["embedded"], values["daemon"], names=("embedded", "daemon"),
           side_unit="s", side_scale=1.0, method="wall time of libshare-run around a C program that enumerates; "
           "embedded starts a helper arbiter per run")
+
+
+@pytest.fixture(scope="module")
+def round_trip_program(tmp_path_factory):
+    """bench/c/vulkan_round_trip.c compiled against the Vulkan loader."""
+    program = tmp_path_factory.mktemp("icd-bench") / "vulkan_round_trip"
+    subprocess.run(["cc", "-O2", "-o", str(program), str(ROUND_TRIP_C), "-lvulkan"], check=True)
+    return program
+
+
+def _run_c(program, env, *args: str) -> float:
+    """The nanoseconds the program printed ("NAME NS") for ``args``, run with ``env``."""
+    done = subprocess.run([str(program), str(SAXPY), *args], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return float(done.stdout.split()[1])
+
+
+@pytest.mark.vulkan
+@pytest.mark.parametrize("figure,args,target", [
+    ("tiny round trip", (), 1.2),
+    ("100-dispatch step", ("--chain", "100"), 1.1),
+], ids=["tiny", "chain"])
+def test_compute_through_the_driver(tmp_path, round_trip_program, figure, args, target):
+    with contextlib.contextmanager(run_daemon)(tmp_path / "pipe") as (_process, pipe_dir):
+        driver = _env(pipe_dir, VK_DRIVER_FILES=str(manifest_path()))
+        direct = _env(tmp_path / "none")
+        compare(f"{figure}, driver / direct (the same C program)", lambda: _run_c(round_trip_program, driver, *args),
+                lambda: _run_c(round_trip_program, direct, *args), target=at_most(target), a="driver", b="direct",
+                side_unit="us", side_scale=1e-3,
+                method="bench/c/vulkan_round_trip.c unmodified, run once a side per block; each run the median "
+                       "of 15 timed batches")
+
+
+@pytest.mark.vulkan
+def test_eight_programs_through_the_driver(tmp_path, round_trip_program, vulkan_device_is_cpu):
+    with contextlib.contextmanager(run_daemon)(tmp_path / "pipe") as (_process, pipe_dir):
+        groups = {}
+        try:
+            groups["driver"] = EightC(round_trip_program, _env(pipe_dir, VK_DRIVER_FILES=str(manifest_path())))
+            groups["direct"] = EightC(round_trip_program, _env(tmp_path / "none"))
+            values = interleave({name: group.window for name, group in groups.items()})
+        finally:
+            for group in groups.values():
+                group.close()
+    ratio("eight programs, aggregate tiny round trips/s, driver (one daemon) / direct (a device each)",
+          values["driver"], values["direct"], target=at_least(1.0 if vulkan_device_is_cpu else 2.0),
+          names=("driver", "direct"), side_unit="/s", side_scale=1,
+          method="8 copies of bench/c/vulkan_round_trip.c --for a window each side per block, alternated")

@@ -7,6 +7,13 @@
  *   vulkan_round_trip SAXPY_SPV --for SECONDS   after set-up prints "ready"; for each line on
  *                                               stdin does round trips for SECONDS and prints
  *                                               their rate per second
+ *   vulkan_round_trip SAXPY_SPV --chain N       prints "vulkan_chain NS": a step of N dependent
+ *                                               saxpy dispatches (a compute barrier between two)
+ *                                               recorded once in one command buffer, submitted
+ *                                               and waited on
+ *
+ * It knows nothing of libshare: bench/test_icd_bench.py runs it on the real driver and, unmodified,
+ * through libshare's Vulkan driver (VK_DRIVER_FILES).
  */
 #include "timing.h"
 
@@ -128,10 +135,28 @@ int main(int argc, char **argv)
     vkCmdPushConstants(d.commands, layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, sizeof push, &push);
     vkCmdDispatch(d.commands, 1, 1, 1);
     VK(vkEndCommandBuffer(d.commands));
+    int chain = argc > 3 && strcmp(argv[2], "--chain") == 0 ? atoi(argv[3]) : 0;
+    if (chain > 0) {    /* the step: chain dispatches in one command buffer, each after the one before */
+        VK(vkAllocateCommandBuffers(d.device, &command_alloc, &d.commands));
+        VK(vkBeginCommandBuffer(d.commands, &begin));
+        vkCmdBindPipeline(d.commands, VK_PIPELINE_BIND_POINT_COMPUTE, pipeline);
+        vkCmdBindDescriptorSets(d.commands, VK_PIPELINE_BIND_POINT_COMPUTE, layout, 0, 1, &set, 0, NULL);
+        vkCmdPushConstants(d.commands, layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, sizeof push, &push);
+        VkMemoryBarrier barrier = {.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER, .srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT,
+                                   .dstAccessMask = VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT};
+        for (int i = 0; i < chain; i++) {
+            if (i > 0)
+                vkCmdPipelineBarrier(d.commands, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
+                                     0, 1, &barrier, 0, NULL, 0, NULL);
+            vkCmdDispatch(d.commands, 1, 1, 1);
+        }
+        VK(vkEndCommandBuffer(d.commands));
+    }
     VkFenceCreateInfo fence_info = {.sType = VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
     VK(vkCreateFence(d.device, &fence_info, NULL, &d.fence));
     double seconds = bench_for_seconds(argc, argv);
     int failed = seconds > 0 ? bench_for("vulkan_round_trip", seconds, round_trip, &d)
+                 : chain > 0 ? bench("vulkan_chain", round_trip, &d, 20)
                              : bench("vulkan_round_trip", round_trip, &d, 200);
     vkDeviceWaitIdle(d.device);
     vkDestroyDevice(d.device, NULL);   /* the process ends here: the driver frees the rest */
