@@ -18,12 +18,15 @@
  *   sync.c      VkFence, and the waits and submissions there can be before command buffers
  *   pipeline.c  VkShaderModule, VkPipelineLayout, VkPipeline (the arbiter's programs), VkPipelineCache
  *   descriptor.c  VkDescriptorSetLayout, VkDescriptorPool, VkDescriptorSet and their updates, templates
- *   commands.c  VkCommandPool and VkCommandBuffer: vkCmd* recorded into the arbiter's command lists
+ *   commands.c  VkCommandPool and VkCommandBuffer: the lifecycle, a recording loaded as the arbiter's
+ *               command lists (commands.h: the recording's private shapes)
+ *   record.c    vkCmd* copies, fills, updates, barriers, events and secondary command buffers recorded
+ *   dispatch.c  vkCmd* pipelines, descriptor sets, push constants and dispatches (with bind groups)
  *   queue.c     the data path: the session's ring, tickets, vkQueueSubmit(2) and what waits on it
  *   refused.c   every other core device-level command: refused with an error, or nothing
  *
- * Dispatchable objects (VkInstance, VkPhysicalDevice, VkDevice, VkQueue) begin with the loader's VK_LOADER_DATA
- * slot, set to ICD_LOADER_MAGIC when made; the loader writes its dispatch table there.
+ * Dispatchable objects (VkInstance, VkPhysicalDevice, VkDevice, VkQueue, VkCommandBuffer) begin with
+ * the loader's VK_LOADER_DATA slot, set to ICD_LOADER_MAGIC when made; the loader writes its dispatch table there.
  * Functions return a VkResult, or a count, 0 or a negative errno. No Python runs in here.
  * docs/icd.md has the design. */
 #ifndef LIBSHARE_ICD_H
