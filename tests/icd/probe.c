@@ -31,6 +31,7 @@ static void refused(VkDevice device, VkQueue queue)
     printf("submit %d\n", vkQueueSubmit(queue, 1, &submit, VK_NULL_HANDLE));
     vkUpdateDescriptorSets(device, 0, NULL, 0, NULL);
     vkDestroyCommandPool(device, VK_NULL_HANDLE, NULL);
+    vkDestroyCommandPool(device, made_pool, NULL);
 }
 
 /* Submissions with no command buffer through the ring: a binary semaphore signaled then waited, a
