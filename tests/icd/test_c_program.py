@@ -27,9 +27,9 @@ from tests.icd.conftest import environment, libshare_run
 PROBE_C = Path(__file__).resolve().parent / "probe.c"
 USED = ["create_device 0", "queue 1", "allocate 0", "map 0", "map_twice -5", "map_again 0", "read_back 1",
         "map_wrong -5", "bind 0", "bind_past -13", "bind_wrong -13", "fence 1", "submit_empty 0", "wait 0",
-        "idle 0", "command_pool -8", "shader_module -8", "image -8", "submit -8", "bind_freed -13"]
+        "idle 0", "command_pool -8", "shader_module -13", "image -8", "submit -8", "bind_freed -13"]
 """What probe.c prints after its device line: VK_ERROR_MEMORY_MAP_FAILED (-5) for the maps refused,
-VK_ERROR_UNKNOWN (-13) for invalid bindings, VK_NOT_READY (1) for a fence not yet signaled,
+VK_ERROR_UNKNOWN (-13) for invalid bindings and a module of one word, VK_NOT_READY (1) for a fence not yet signaled,
 VK_ERROR_FEATURE_NOT_PRESENT (-8) for commands outside the driver's slice."""
 VK_ERROR_INCOMPATIBLE_DRIVER = -9
 VK_ERROR_OUT_OF_DEVICE_MEMORY = -2
