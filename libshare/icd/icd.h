@@ -11,7 +11,8 @@
  *   instance.c  VkInstance: creation (one session each), extensions, layers, the physical device
  *   physical.c  VkPhysicalDevice: properties, features, queue family, memory, formats
  *   device.c    VkDevice and VkQueue: the checks of vkCreateDevice, one session each, the queue
- *   objects.c   the device's table of non-dispatchable handles (memory, buffers, fences), checked
+ *   objects.c   the device's table of non-dispatchable handles (memory, buffers, fences, the compute
+ *               objects), checked
  *   control.c   the device session's control requests: one frame sent, its reply read and checked
  *   memory.c    VkDeviceMemory: the arbiter's shared (memfd, mapped) and device buffers
  *   buffer.c    VkBuffer: a (memory, offset, size) view, its requirements and binding
@@ -257,7 +258,7 @@ struct ls_icd_pipeline {
     uint32_t local_size[3];
 };
 
-/* descriptor.c: one descriptor of a set; buffer 0 until written */
+/* descriptor.c: one descriptor of a set; buffer 0 until written (ls_icd_descriptor_resolve reads it) */
 struct ls_icd_descriptor {
     VkDescriptorType type;
     uint64_t buffer;                /* its VkBuffer's handle, or 0: never written */
@@ -573,8 +574,83 @@ VKAPI_ATTR void VKAPI_CALL ls_icd_GetImageSparseMemoryRequirements2(VkDevice dev
                                                                    const VkImageSparseMemoryRequirementsInfo2 *info,
                                                                    uint32_t *count,
                                                                    VkSparseImageMemoryRequirements2 *out);
+
+/* ---- pipeline.c: shader modules, pipeline layouts, compute pipelines (the arbiter's programs), caches */
+#define LS_ICD_MOST_SPIRV (LS_ICD_MAX_FRAME - 8192) /* a module's bytes: a frame, less its request's JSON */
+/* Free what ``object`` (a shader, pipeline layout or pipeline) holds; a pipeline's program is freed at
+ * the arbiter unless ``device`` is NULL (its session is gone). The lock held; the slot stays. */
+void ls_icd_pipeline_object_free(struct ls_icd_device *device, struct ls_icd_object *object);
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_CreateShaderModule(VkDevice device, const VkShaderModuleCreateInfo *info,
+                                                         const VkAllocationCallbacks *allocator, VkShaderModule *out);
+VKAPI_ATTR void VKAPI_CALL ls_icd_DestroyShaderModule(VkDevice device, VkShaderModule module,
+                                                      const VkAllocationCallbacks *allocator);
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_CreatePipelineLayout(VkDevice device, const VkPipelineLayoutCreateInfo *info,
+                                                           const VkAllocationCallbacks *allocator,
+                                                           VkPipelineLayout *out);
+VKAPI_ATTR void VKAPI_CALL ls_icd_DestroyPipelineLayout(VkDevice device, VkPipelineLayout layout,
+                                                        const VkAllocationCallbacks *allocator);
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_CreateComputePipelines(VkDevice device, VkPipelineCache cache, uint32_t count,
+                                                             const VkComputePipelineCreateInfo *infos,
+                                                             const VkAllocationCallbacks *allocator,
+                                                             VkPipeline *out);
+VKAPI_ATTR void VKAPI_CALL ls_icd_DestroyPipeline(VkDevice device, VkPipeline pipeline,
+                                                  const VkAllocationCallbacks *allocator);
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_CreatePipelineCache(VkDevice device, const VkPipelineCacheCreateInfo *info,
+                                                          const VkAllocationCallbacks *allocator,
+                                                          VkPipelineCache *out);
+VKAPI_ATTR void VKAPI_CALL ls_icd_DestroyPipelineCache(VkDevice device, VkPipelineCache cache,
+                                                       const VkAllocationCallbacks *allocator);
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_GetPipelineCacheData(VkDevice device, VkPipelineCache cache, size_t *size,
+                                                           void *data);
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_MergePipelineCaches(VkDevice device, VkPipelineCache into, uint32_t count,
+                                                          const VkPipelineCache *caches);
+
+/* ---- descriptor.c: set layouts, pools, sets, their updates and templates */
+#define LS_ICD_MOST_DESCRIPTORS (1u << 16) /* a set layout's descriptors, at most (and maxPerSetDescriptors) */
+/* A deep copy of ``from`` into ``to`` (VK_SUCCESS or VK_ERROR_OUT_OF_HOST_MEMORY, ``to`` then empty). */
+VkResult ls_icd_set_layout_copy(struct ls_icd_set_layout *to, const struct ls_icd_set_layout *from);
+void ls_icd_set_layout_free(struct ls_icd_set_layout *layout);
+/* Free what ``object`` (a set layout, set, pool or template) holds; the lock held; the slot stays. */
+void ls_icd_descriptor_object_free(struct ls_icd_object *object);
+/* A set's descriptor in the arbiter's terms, for a bind group (commands.c, the lock held): the buffer's
+ * memory's arbiter ``buffer_id``; ``offset`` = the buffer's offset in its memory + ``d->offset`` +
+ * ``dynamic_offset`` (a dynamic descriptor's offset is applied here, at bind time: the descriptor's
+ * offset plus the dynamic offset); ``range``: ``d->range`` clipped to the buffer's end from there
+ * (VK_WHOLE_SIZE: to the buffer's end). LS_ICD_INVALID when the descriptor was never written, its
+ * buffer or that buffer's memory is gone or unbound, or the offsets reach past the buffer. */
+VkResult ls_icd_descriptor_resolve(struct ls_icd_device *device, const struct ls_icd_descriptor *d,
+                                   uint32_t dynamic_offset, uint32_t *buffer_id, uint64_t *offset, uint64_t *range);
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_CreateDescriptorSetLayout(VkDevice device,
+                                                                const VkDescriptorSetLayoutCreateInfo *info,
+                                                                const VkAllocationCallbacks *allocator,
+                                                                VkDescriptorSetLayout *out);
+VKAPI_ATTR void VKAPI_CALL ls_icd_DestroyDescriptorSetLayout(VkDevice device, VkDescriptorSetLayout layout,
+                                                             const VkAllocationCallbacks *allocator);
 VKAPI_ATTR void VKAPI_CALL ls_icd_GetDescriptorSetLayoutSupport(VkDevice device,
                                                                 const VkDescriptorSetLayoutCreateInfo *info,
                                                                 VkDescriptorSetLayoutSupport *out);
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_CreateDescriptorPool(VkDevice device, const VkDescriptorPoolCreateInfo *info,
+                                                           const VkAllocationCallbacks *allocator,
+                                                           VkDescriptorPool *out);
+VKAPI_ATTR void VKAPI_CALL ls_icd_DestroyDescriptorPool(VkDevice device, VkDescriptorPool pool,
+                                                        const VkAllocationCallbacks *allocator);
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_ResetDescriptorPool(VkDevice device, VkDescriptorPool pool,
+                                                          VkDescriptorPoolResetFlags flags);
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_AllocateDescriptorSets(VkDevice device, const VkDescriptorSetAllocateInfo *info,
+                                                             VkDescriptorSet *out);
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_FreeDescriptorSets(VkDevice device, VkDescriptorPool pool, uint32_t count,
+                                                         const VkDescriptorSet *sets);
+VKAPI_ATTR void VKAPI_CALL ls_icd_UpdateDescriptorSets(VkDevice device, uint32_t nwrites,
+                                                       const VkWriteDescriptorSet *writes, uint32_t ncopies,
+                                                       const VkCopyDescriptorSet *copies);
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_CreateDescriptorUpdateTemplate(VkDevice device,
+                                                                     const VkDescriptorUpdateTemplateCreateInfo *info,
+                                                                     const VkAllocationCallbacks *allocator,
+                                                                     VkDescriptorUpdateTemplate *out);
+VKAPI_ATTR void VKAPI_CALL ls_icd_DestroyDescriptorUpdateTemplate(VkDevice device, VkDescriptorUpdateTemplate template,
+                                                                  const VkAllocationCallbacks *allocator);
+VKAPI_ATTR void VKAPI_CALL ls_icd_UpdateDescriptorSetWithTemplate(VkDevice device, VkDescriptorSet set,
+                                                                  VkDescriptorUpdateTemplate template,
+                                                                  const void *data);
 
 #endif

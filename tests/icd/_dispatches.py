@@ -106,7 +106,7 @@ class Program:
         return answer, fence
 
     def close(self):
-        vk.vkDeviceWaitIdle(self.device)
+        outcome(vk.vkDeviceWaitIdle, self.device)  # (lost, after a hostile submission)
         vk.vkDestroyDevice(self.device, None)
         vk.vkDestroyInstance(self.instance, None)
 

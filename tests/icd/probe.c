@@ -10,7 +10,8 @@
 #include <string.h>
 #include <vulkan/vulkan.h>
 
-/* Commands outside the driver's slice: an error where they return one, nothing where they do not. */
+/* Commands outside the driver's slice: an error where they return one, nothing where they do not; and a
+ * shader module of one word, invalid (VK_ERROR_UNKNOWN). */
 static void refused(VkDevice device, VkQueue queue)
 {
     VkCommandPoolCreateInfo pool = {.sType = VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO};
