@@ -15,6 +15,7 @@
  * as the interface requires. */
 #include <string.h>
 
+#include "commands.h"
 #include "icd.h"
 
 #define LS_ICD_EXPORT __attribute__((visibility("default")))
