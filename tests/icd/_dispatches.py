@@ -7,6 +7,8 @@
   with barriers, copies, fills and updates between them, submitted three times; then a secondary
   command buffer executed twice by a primary, and a command buffer of more than 1024 commands; the
   buffers' contents after each are printed for numpy to check.
+- ``extras``: an indirect dispatch (its counts in a buffer), VK_KHR_synchronization2's barrier, event set
+  and wait, and an event reset; the events' states before and after, and the buffers.
 - ``dynamic``: one descriptor set whose output binding is a dynamic storage buffer, dispatched at two
   dynamic offsets with two push constants; the buffer printed.
 - ``hostile``: a dispatch whose set holds a descriptor never written, one with no set bound, a
@@ -35,11 +37,25 @@ STORAGE = vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER
 DYNAMIC = vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER_DYNAMIC
 
 
+def open_sync2_device():
+    """open_device's, with VK_KHR_synchronization2 enabled."""
+    instance = vk.vkCreateInstance(vk.VkInstanceCreateInfo(pApplicationInfo=vk.VkApplicationInfo(
+        apiVersion=vk.VK_MAKE_VERSION(1, 1, 0))), None)
+    physical = vk.vkEnumeratePhysicalDevices(instance)[0]
+    queue = vk.VkDeviceQueueCreateInfo(queueFamilyIndex=0, queueCount=1, pQueuePriorities=[1.0])
+    device = vk.vkCreateDevice(physical, vk.VkDeviceCreateInfo(
+        pNext=vk.VkPhysicalDeviceSynchronization2Features(synchronization2=vk.VK_TRUE), queueCreateInfoCount=1,
+        pQueueCreateInfos=[queue], enabledExtensionCount=1, ppEnabledExtensionNames=["VK_KHR_synchronization2"]),
+        None)
+    types = vk.vkGetPhysicalDeviceMemoryProperties(physical).memoryTypes
+    return instance, device, next(i for i in range(2) if types[i].propertyFlags & vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT)
+
+
 class Program:
     """A device, host-visible memory holding ``count`` buffers of SIZE bytes, and step.comp's pipeline."""
 
-    def __init__(self, spv: bytes, count: int, output: int = STORAGE):
-        self.instance, self.device, host = open_device()
+    def __init__(self, spv: bytes, count: int, output: int = STORAGE, sync2: bool = False):
+        self.instance, self.device, host = open_sync2_device() if sync2 else open_device()
         self.host = host
         self.queue = vk.vkGetDeviceQueue(self.device, 0, 0)
         self.buffers = [make_buffer(self.device, 2 * SIZE) for _ in range(count)]
@@ -180,6 +196,40 @@ def dynamic(spv: bytes) -> dict:
     return seen
 
 
+def extras(spv: bytes) -> dict:
+    """An indirect dispatch, VK_KHR_synchronization2's barrier and events, and vkCmdSetEvent/ResetEvent."""
+    p = Program(spv, 3, sync2=True)
+    barrier2 = vk.vkGetDeviceProcAddr(p.device, "vkCmdPipelineBarrier2KHR")
+    set_event2 = vk.vkGetDeviceProcAddr(p.device, "vkCmdSetEvent2KHR")
+    wait_events2 = vk.vkGetDeviceProcAddr(p.device, "vkCmdWaitEvents2KHR")
+    p.buffer_words(0)[:] = np.arange(N, dtype=np.uint32)
+    p.buffer_words(2)[4:7] = [N // 64, 1, 1]  # the indirect dispatch's counts, at byte 16
+    ab = p.new_set({0: (0, 0), 1: (1, 0)})
+    first, second = vk.vkCreateEvent(p.device, vk.VkEventCreateInfo(), None), \
+        vk.vkCreateEvent(p.device, vk.VkEventCreateInfo(), None)
+    vk.vkSetEvent(p.device, second)
+    dependency = vk.VkDependencyInfo(memoryBarrierCount=1, pMemoryBarriers=[vk.VkMemoryBarrier2(
+        srcStageMask=vk.VK_PIPELINE_STAGE_2_ALL_COMMANDS_BIT, dstStageMask=vk.VK_PIPELINE_STAGE_2_ALL_COMMANDS_BIT)])
+    cb, = command_buffers(p.device, p.pool)
+    begin(cb)
+    vk.vkCmdBindPipeline(cb, vk.VK_PIPELINE_BIND_POINT_COMPUTE, p.pipeline)
+    p.bind(cb, ab)
+    p.push(cb, 9)
+    vk.vkCmdDispatchIndirect(cb, p.buffers[2], 16)
+    barrier2(cb, dependency)
+    vk.vkCmdCopyBuffer(cb, p.buffers[1], p.buffers[0], 1, [vk.VkBufferCopy(srcOffset=0, dstOffset=0, size=SIZE)])
+    set_event2(cb, first, dependency)
+    wait_events2(cb, 1, [first], [dependency])
+    vk.vkCmdResetEvent(cb, second, vk.VK_PIPELINE_STAGE_ALL_COMMANDS_BIT)
+    seen = {"end": outcome(vk.vkEndCommandBuffer, cb), "events before": [
+        outcome(vk.vkGetEventStatus, p.device, first), outcome(vk.vkGetEventStatus, p.device, second)]}
+    seen["submit"] = p.submit([cb])[0]
+    seen["events after"] = [outcome(vk.vkGetEventStatus, p.device, e) for e in (first, second)]
+    seen["output"] = [p.buffer_words(k).tolist() for k in range(2)]
+    p.close()
+    return seen
+
+
 def recorded(p: Program, record) -> str:
     cb, = command_buffers(p.device, p.pool)
     begin(cb)
@@ -228,7 +278,7 @@ def hostile(spv: bytes) -> dict:
 def main() -> None:
     with open(sys.argv[2], "rb") as spv:
         code = spv.read()
-    print(json.dumps({"chain": chain, "dynamic": dynamic, "hostile": hostile}[sys.argv[1]](code)), flush=True)
+    print(json.dumps({"chain": chain, "dynamic": dynamic, "extras": extras, "hostile": hostile}[sys.argv[1]](code)), flush=True)
 
 
 if __name__ == "__main__":

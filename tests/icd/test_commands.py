@@ -142,6 +142,17 @@ def test_push_constants_and_dynamic_offsets_change_results(daemon, step):
     assert np.array_equal(np.array(seen["output"], np.uint32), np.concatenate([a * SCALE + 7, a * SCALE + 11]))
 
 
+def test_indirect_dispatches_synchronization2_and_events(daemon, step):
+    _process, pipe_dir = daemon
+    seen = run_dispatches(pipe_dir, "extras", step)
+    assert (seen["end"], seen["submit"]) == ("ok", "ok"), seen
+    assert seen["events before"] == ["VkEventReset", "VkEventSet"], seen  # the host set the second
+    assert seen["events after"] == ["VkEventSet", "VkEventReset"], seen  # applied when the submission was answered
+    b = np.arange(N, dtype=np.uint32) * SCALE + 9  # the indirect dispatch's (N / 64 groups), then copied back
+    assert np.array_equal(np.array(seen["output"][1], np.uint32), b)
+    assert np.array_equal(np.array(seen["output"][0], np.uint32), b)
+
+
 def test_hostile_dispatches_and_submissions_end_in_errors_beside_an_honest_client(daemon, step):
     _process, pipe_dir = daemon
     honest = start_client("mixed", pipe_dir, 5, 20)  # checks every result against numpy
