@@ -3,7 +3,7 @@
  * The loader's trampolines call what vkGetDeviceProcAddr gave them without a check, so every core
  * Vulkan 1.0 and 1.1 device-level command must be in loader.c's table. Those the driver does not
  * implement (graphics, images, sparse binding, and the compute commands of the slices to come:
- * shader modules, pipelines, descriptors, command pools and buffers, semaphores, events, queries)
+ * shader modules, pipelines, descriptors, command pools and buffers, queries)
  * point at ls_icd_refused, which answers VK_ERROR_FEATURE_NOT_PRESENT, when they return a
  * VkResult, and at ls_icd_nothing when they return nothing. Both take no parameters and are called
  * with the command's: on the System V x86-64 and AArch64 calling conventions (the platforms the
