@@ -342,8 +342,11 @@ struct ls_icd_device {
 };
 
 /* The device extensions offered (physical.c's list), as bits of ls_icd_device.extensions. The
- * integrator sets LS_ICD_OFFERS_SYNC2 once commands.c records the vkCmd*2 commands. */
+ * integrator sets LS_ICD_OFFERS_SYNC2 to 1 once commands.c records the vkCmd*2 commands (a test
+ * builds the driver with -DLS_ICD_OFFERS_SYNC2=1 to submit through vkQueueSubmit2KHR meanwhile). */
+#ifndef LS_ICD_OFFERS_SYNC2
 #define LS_ICD_OFFERS_SYNC2 0
+#endif
 #define LS_ICD_EXT_TIMELINE 1u      /* VK_KHR_timeline_semaphore */
 #define LS_ICD_EXT_SYNC2 2u         /* VK_KHR_synchronization2 */
 uint32_t ls_icd_extension_bit(const char *name); /* physical.c: the bit of an offered extension, else 0 */
