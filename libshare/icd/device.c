@@ -13,7 +13,9 @@
  * shows it, beside the instance's session, while it lives. Its welcome's memory is the device's
  * limit (memory.c). The loader's trampolines call whatever the driver's tables hold unchecked,
  * so every core device-level command is in loader.c's table (refused.c holds those refused).
- * With no command buffers yet, nothing is ever pending: the waits for idle answer at once. */
+ * With no command buffers yet, nothing is ever pending: the waits for idle answer at once.
+ * vkDestroyDevice closes the session (the arbiter frees its buffers and programs with it), then
+ * unmaps its memory and frees what its compute objects hold (pipeline.c's and descriptor.c's). */
 #define _GNU_SOURCE
 #include <stdio.h>
 #include <stdlib.h>

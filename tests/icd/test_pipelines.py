@@ -9,7 +9,10 @@ refused with the arbiter's reason on stderr and a null handle; a sampler layout 
 unsupported; pools refuse sets past maxSets and frees without their flag, and reset and free give sets
 back; descriptor writes misaligned, of the wrong type or past a binding are skipped and named on
 stderr. A hostile program (wrong handles of every new kind, a specialization entry past its data, a
-module of garbage) gets errors, beside an honest Python client whose results are checked.
+module of garbage) gets errors, beside an honest Python client whose results are checked. What no
+Vulkan program can read back (the program a pipeline recorded, descriptors resolved into the arbiter's
+terms after plain, template and copied writes) is read by tests/icd/pipelines_unit.c, built with the
+driver's sources and the sanitizers, against the real arbiter.
 """
 
 from __future__ import annotations
@@ -23,9 +26,11 @@ from pathlib import Path
 
 import pytest
 
+from libshare.icd import _build
 from tests.conftest import ROOT, stop_process
 from tests.arbiter.conftest import run_daemon, start_client
 from tests.icd.conftest import environment, libshare_run, probe
+from tests.icd.test_c_program import SANITIZE
 
 PIPELINES = Path(__file__).resolve().parent / "_pipelines.py"
 KERNEL = """#version 450
@@ -140,3 +145,36 @@ def test_hostile_pipelines_and_descriptors_end_in_errors_beside_an_honest_client
     }
     assert "invalid SPIR-V" in seen["stderr"]  # the arbiter's word on the junk module, passed on
     assert "write 0 skipped: no such buffer" in seen["stderr"]
+
+
+UNIT = Path(__file__).resolve().parent / "pipelines_unit.c"
+
+
+def test_the_driver_records_the_program_and_resolves_descriptors(tmp_path, daemon):
+    """pipelines_unit.c, built with the driver's sources and the sanitizers, reads what the driver keeps."""
+    _process, pipe_dir = daemon
+    if shutil.which("cc") is None:
+        pytest.skip("no C compiler")
+    program = tmp_path / "pipelines_unit"
+    subprocess.run(["cc", "-O1", "-g", "-std=gnu11", f"-I{_build.HERE}", *SANITIZE, "-o", str(program), str(UNIT),
+                    *map(str, _build.SOURCES), "-lcjson", "-lm", "-lpthread"], check=True)
+    done = subprocess.run([str(program), str(compiled(tmp_path, "kernel", KERNEL))], env=environment(pipe_dir),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "Sanitizer" not in done.stderr and "runtime error" not in done.stderr, \
+        done.stderr[-3000:]
+    seen = json.loads(done.stdout)
+    # The second create info names a wrong layout: it alone fails, its handle null; the first is made.
+    assert (seen["made"], seen["second"]) == (-13, 0)
+    assert seen["local_size"] == [48, 1, 1]  # local_size_x_id's constant, frozen by the arbiter
+    assert seen["buffers"] == 4 and seen["push_size"] == 4
+    assert seen["resources"] == [[0, 0, 1], [0, 2, 1], [1, 0, 1], [1, 1, 1]]  # (set, binding) order
+    buffer_id, memory_offset, other_offset, size = seen["buffer_id"], 65536, 131072, 8192
+    # A dynamic uniform buffer written at 256 for 1024 bytes: the dynamic offset added, the range clipped.
+    assert seen["dynamic"] == [[buffer_id, memory_offset + 256, 1024], [buffer_id, memory_offset + 512, 1024],
+                               [buffer_id, memory_offset + 7680, size - 7680], -13]
+    assert seen["never written"] == -13
+    # Three elements from binding 1 on: binding 1, then binding 4's two (binding 3 holds none).
+    written = [[buffer_id, memory_offset + 512, size - 512], [buffer_id, other_offset, 64],
+               [buffer_id, other_offset + 4096, 4096]]
+    assert seen["plain"] == written and seen["template"] == written and seen["copied"] == written
+    assert seen["buffer destroyed"] == -13 and seen["memory freed"] == -13
