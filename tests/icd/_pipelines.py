@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import struct
 import sys
+from pathlib import Path
 
 import vulkan as vk
 
@@ -137,7 +138,8 @@ def honest(kernel: bytes, image: bytes) -> None:
 
 
 def caches(device, physical) -> dict:
-    cache = vk.vkCreatePipelineCache(device, vk.VkPipelineCacheCreateInfo(initialDataSize=5, pInitialData=vk.ffi.from_buffer(b"hello")),
+    initial = vk.ffi.from_buffer(b"hello")  # any initial data: ignored
+    cache = vk.vkCreatePipelineCache(device, vk.VkPipelineCacheCreateInfo(initialDataSize=5, pInitialData=initial),
                                      None)
     get = vk._vulkan.lib.vkGetPipelineCacheData  # (the bindings wrap no vkGetPipelineCacheData)
     size = vk.ffi.new("size_t *")
@@ -249,6 +251,19 @@ def hostile(kernel: bytes) -> None:
     one = allocate(device, pool, [set0])[1][0]
     write(device, one, 0, STORAGE, [(wrong["VkBuffer"], 0, 64)])
     vk.vkUpdateDescriptorSetWithTemplate(device, one, wrong["VkDescriptorUpdateTemplate"], vk.ffi.NULL)
+    vk.vkUpdateDescriptorSets(device, 0, None, 1, [vk.VkCopyDescriptorSet(
+        srcSet=one, srcBinding=0, dstSet=one, dstBinding=0, descriptorCount=0xFFFFFFFF)])  # a count that wraps
+    entry = vk.VkDescriptorUpdateTemplateEntry(dstBinding=0, descriptorCount=1, descriptorType=STORAGE, stride=16)
+    huge = vk.VkDescriptorUpdateTemplateEntry(dstBinding=0, descriptorCount=0xFFFFFFFF, descriptorType=STORAGE,
+                                              stride=16)
+    seen["huge template"] = outcome(vk.vkCreateDescriptorUpdateTemplate, device,
+                                    vk.VkDescriptorUpdateTemplateCreateInfo(
+                                        descriptorUpdateEntryCount=1, pDescriptorUpdateEntries=[huge],
+                                        templateType=0, descriptorSetLayout=set0), None)
+    template = vk.vkCreateDescriptorUpdateTemplate(device, vk.VkDescriptorUpdateTemplateCreateInfo(
+        descriptorUpdateEntryCount=1, pDescriptorUpdateEntries=[entry], templateType=0, descriptorSetLayout=set0),
+        None)
+    vk.vkUpdateDescriptorSetWithTemplate(device, one, template, vk.ffi.NULL)  # no data to read
     for kind, destroy in (("VkShaderModule", vk.vkDestroyShaderModule), ("VkPipeline", vk.vkDestroyPipeline),
                           ("VkPipelineLayout", vk.vkDestroyPipelineLayout),
                           ("VkDescriptorSetLayout", vk.vkDestroyDescriptorSetLayout),
@@ -262,5 +277,5 @@ def hostile(kernel: bytes) -> None:
 
 
 if __name__ == "__main__":
-    MODE, KERNEL, IMAGE = sys.argv[1], open(sys.argv[2], "rb").read(), open(sys.argv[3], "rb").read()
+    MODE, KERNEL, IMAGE = sys.argv[1], Path(sys.argv[2]).read_bytes(), Path(sys.argv[3]).read_bytes()
     honest(KERNEL, IMAGE) if MODE == "honest" else hostile(KERNEL)

@@ -4,7 +4,9 @@
  * workgroup size its specialization constants gave, its resources in bind-group order, its buffers
  * and push size), and descriptors resolved into the arbiter's terms (ls_icd_descriptor_resolve) after
  * plain writes, a template's writes, copies, a dynamic offset, and a buffer destroyed or memory freed
- * under them. ``pipelines_unit KERNEL.spv`` prints one JSON object; exit status 0 unless a step that
+ * under them; and its answers to hostile create infos (a module of junk, a constant past its data,
+ * another entry point, a wrong layout beside a good one) and updates (a copy count that wraps, a
+ * template given no data), under the sanitizers. ``pipelines_unit KERNEL.spv`` prints one JSON object; exit status 0 unless a step that
  * must work did not. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -116,10 +118,32 @@ int main(int argc, char **argv)
     VkPipeline pipelines[2];
     infos[1].layout = (VkPipelineLayout)(uintptr_t)0x77; /* a wrong handle: that one fails, alone */
     VkResult made = ls_icd_CreateComputePipelines(dev, VK_NULL_HANDLE, 2, infos, NULL, pipelines);
+    /* Hostile create infos, each alone: a module of junk, a constant past its data, another entry point */
+    uint32_t junk[64] = {0x07230203, 0x10000, 0, 9, 0};
+    memset(junk + 5, 0xFF, sizeof(junk) - 20);
+    VkShaderModuleCreateInfo junk_info = {.sType = VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO,
+                                          .codeSize = sizeof(junk), .pCode = junk};
+    VkShaderModule junk_module;
+    VkResult hostile[3];
+    VkPipeline refused;
+    CHECK(ls_icd_CreateShaderModule(dev, &junk_info, NULL, &junk_module));
+    infos[1] = pipeline_info;
+    infos[1].stage.module = junk_module;
+    hostile[0] = ls_icd_CreateComputePipelines(dev, VK_NULL_HANDLE, 1, &infos[1], NULL, &refused);
+    VkSpecializationMapEntry past = {0, 14, 4};
+    VkSpecializationInfo past_spec = {1, &past, sizeof(data), &data};
+    infos[1] = pipeline_info;
+    infos[1].stage.pSpecializationInfo = &past_spec;
+    hostile[1] = ls_icd_CreateComputePipelines(dev, VK_NULL_HANDLE, 1, &infos[1], NULL, &refused);
+    infos[1] = pipeline_info;
+    infos[1].stage.pName = "other"; /* loaded, then freed: not the module's entry point */
+    hostile[2] = ls_icd_CreateComputePipelines(dev, VK_NULL_HANDLE, 1, &infos[1], NULL, &refused);
+    ls_icd_DestroyShaderModule(dev, junk_module, NULL);
     ls_icd_DestroyShaderModule(dev, module, NULL);
     const struct ls_icd_pipeline *pipeline =
         &ls_icd_object_find(&device->objects, (uint64_t)(uintptr_t)pipelines[0], LS_ICD_PIPELINE)->u.pipeline;
-    printf("{\"made\": %d, \"second\": %llu, \"local_size\": [%u, %u, %u], \"buffers\": %u, \"push_size\": %u, "
+    printf("{\"hostile\": [%d, %d, %d], ", hostile[0], hostile[1], hostile[2]);
+    printf("\"made\": %d, \"second\": %llu, \"local_size\": [%u, %u, %u], \"buffers\": %u, \"push_size\": %u, "
            "\"resources\": [", made, (unsigned long long)(uintptr_t)pipelines[1], pipeline->local_size[0],
            pipeline->local_size[1], pipeline->local_size[2], pipeline->nbuffers, pipeline->push_size);
     for (uint32_t i = 0; i < pipeline->nresources; i++)
@@ -174,6 +198,10 @@ int main(int argc, char **argv)
     VkCopyDescriptorSet copy = {.sType = VK_STRUCTURE_TYPE_COPY_DESCRIPTOR_SET, .srcSet = s[1], .srcBinding = 1,
                                 .dstSet = s[3], .dstBinding = 1, .descriptorCount = 3};
     ls_icd_UpdateDescriptorSets(dev, 0, NULL, 1, &copy);
+    VkCopyDescriptorSet wrapping = copy; /* a count that wraps, a template with no data: skipped */
+    wrapping.descriptorCount = 0xFFFFFFFFu;
+    ls_icd_UpdateDescriptorSets(dev, 0, NULL, 1, &wrapping);
+    ls_icd_UpdateDescriptorSetWithTemplate(dev, s[3], template, NULL);
     printf("\"buffer_id\": %lld, \"dynamic\": [", (long long)buffer_id_of(memory));
     print_resolved(s[0], 1, 0, ", ");    /* binding 2: the set's second entry */
     print_resolved(s[0], 1, 256, ", ");
