@@ -8,7 +8,8 @@ pipeline is refused while it lives, and one is made again once it is destroyed);
 refused with the arbiter's reason on stderr and a null handle; a sampler layout is refused and reported
 unsupported; pools refuse sets past maxSets and frees without their flag, and reset and free give sets
 back; descriptor writes misaligned, of the wrong type or past a binding are skipped and named on
-stderr. A hostile program (wrong handles of every new kind, a specialization entry past its data, a
+stderr. Constants of every width (int64, double, int16, uint8, float16, uint64) reach the arbiter typed
+as the module declares them. A hostile program (wrong handles of every new kind, a specialization entry past its data, a
 module of garbage) gets errors, beside an honest Python client whose results are checked. What no
 Vulkan program can read back (the program a pipeline recorded, descriptors resolved into the arbiter's
 terms after plain, template and copied writes) is read by tests/icd/pipelines_unit.c, built with the
@@ -54,6 +55,18 @@ IMAGE = """#version 450
 layout(local_size_x = 1) in;
 layout(set = 0, binding = 0, rgba8) uniform writeonly image2D img;
 void main() { imageStore(img, ivec2(0), vec4(1)); }
+"""
+WIDE = """#version 450
+#extension GL_EXT_shader_explicit_arithmetic_types : require
+layout(local_size_x = 1) in;
+layout(constant_id = 0) const int64_t BIG = 0;
+layout(constant_id = 1) const double D = 0.0;
+layout(constant_id = 2) const int16_t SMALL = int16_t(0);
+layout(constant_id = 3) const uint8_t TINY = uint8_t(0);
+layout(constant_id = 4) const float16_t HALF = float16_t(0);
+layout(constant_id = 5) const uint64_t UBIG = 0;
+layout(set = 0, binding = 0) buffer Out { double o[]; };
+void main() { o[0] = double(BIG) + D + double(SMALL) + double(TINY) + double(HALF) + double(UBIG); }
 """
 INVALID = "VkErrorUnknown"  # VK_ERROR_UNKNOWN: invalid input the driver detected
 VK_ERROR_OUT_OF_POOL_MEMORY = -1000069000
@@ -147,6 +160,16 @@ def test_hostile_pipelines_and_descriptors_end_in_errors_beside_an_honest_client
     assert "write 0 skipped: no such buffer" in seen["stderr"]
     assert "copy 0 skipped: more descriptors than a set holds" in seen["stderr"]
     assert "vkUpdateDescriptorSetWithTemplate: entry 0 skipped: no data" in seen["stderr"]
+
+
+def test_constants_of_every_width_are_sent_as_the_module_types_them(tmp_path, daemon):
+    """The arbiter refuses a value its type cannot hold (-7 sent as 65529 for an int16, say): these pass."""
+    _process, pipe_dir = daemon
+    wide = compiled(tmp_path, "wide", WIDE)
+    seen = probe(libshare_run("--", sys.executable, str(PIPELINES), "widths", str(wide), str(wide)),
+                 environment(pipe_dir))
+    assert {key: value for key, value in seen.items() if key != "stderr"} == {
+        "every width": "ok", "not a number": INVALID, "int64 of 4 bytes": INVALID}
 
 
 UNIT = Path(__file__).resolve().parent / "pipelines_unit.c"
