@@ -181,8 +181,8 @@ def test_the_driver_records_the_program_and_resolves_descriptors(tmp_path, daemo
     if shutil.which("cc") is None:
         pytest.skip("no C compiler")
     program = tmp_path / "pipelines_unit"
-    subprocess.run(["cc", "-O1", "-g", "-std=gnu11", f"-I{_build.HERE}", *SANITIZE, "-o", str(program), str(UNIT),
-                    *map(str, _build.SOURCES), "-lcjson", "-lm", "-lpthread"], check=True)
+    subprocess.run(["cc", "-O1", "-g", "-std=gnu11", f"-I{_build.HERE}", f"-I{_build.RING}", *SANITIZE, "-o",
+                    str(program), str(UNIT), *map(str, _build.SOURCES), "-lcjson", "-lm", "-lpthread"], check=True)
     done = subprocess.run([str(program), str(compiled(tmp_path, "kernel", KERNEL))], env=environment(pipe_dir),
                           capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0 and "Sanitizer" not in done.stderr and "runtime error" not in done.stderr, \
