@@ -253,8 +253,8 @@ struct ls_icd_pipeline {
     struct ls_icd_resource *resources; /* in the order a bind group names its buffers */
     uint32_t nresources;
     uint32_t nbuffers;              /* the sum of the resources' counts: a bind group's entries */
-    uint32_t push_size;
-    uint32_t local_size[3];
+    uint32_t push_size;             /* the program's push constants, whole words (its layout's may be more) */
+    uint32_t local_size[3];         /* as specialized */
 };
 
 /* descriptor.c: one descriptor of a set; buffer 0 until written (ls_icd_descriptor_resolve reads it) */
