@@ -347,8 +347,8 @@ static VkResult load(struct ls_icd_command_buffer *cb)
         struct ls_icd_frame frame;
         cJSON *reply;
         int64_t id;
-        result = ls_icd_ask(cb->device, "{\"op\":\"load_list\"}", rec->commands + first, (size_t)n * sizeof(struct ls_desc),
-                            &frame, 0, &reply, LS_ICD_INVALID);
+        result = ls_icd_ask(cb->device, "{\"op\":\"load_list\"}", rec->commands + first,
+                            (size_t)n * sizeof(struct ls_desc), &frame, 0, &reply, LS_ICD_INVALID);
         id = result == VK_SUCCESS ? ls_icd_whole_field(reply, "list_id", 0, 2147483647.0) : -1;
         if (result == VK_SUCCESS && id < 0) {
             fprintf(stderr, "libshare Vulkan driver: the arbiter's load_list reply is malformed\n");
@@ -407,7 +407,8 @@ static void apply_events(struct ls_icd_command_buffer *cb)
 VkResult ls_icd_command_buffer_take(struct ls_icd_command_buffer *cb, const uint32_t **lists, uint32_t *nlists)
 {
     struct ls_icd_recording *rec = cb->recording;
-    if (cb->state != LS_ICD_CB_EXECUTABLE || rec->error != VK_SUCCESS || rec->level != VK_COMMAND_BUFFER_LEVEL_PRIMARY || rec->spent ||
+    if (cb->state != LS_ICD_CB_EXECUTABLE || rec->error != VK_SUCCESS ||
+        rec->level != VK_COMMAND_BUFFER_LEVEL_PRIMARY || rec->spent ||
         (cb->pending && !(cb->usage & VK_COMMAND_BUFFER_USAGE_SIMULTANEOUS_USE_BIT)))
         return LS_ICD_INVALID;
     if (cb->usage & VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT)

@@ -13,11 +13,13 @@
  * submission completes, so a snapshot then is what the device would read), one entry an element,
  * in the pipeline's ``resources`` order, each resolved by descriptor.c's ls_icd_descriptor_resolve:
  * its buffer's arbiter buffer, absolute offset (plus its dynamic offset) and range (clipped to the
- * VkBuffer's end; VK_WHOLE_SIZE: to it). The group is {"op":"bind_group","program_id":P,"buffers":[[id,offset,range],...]}
+ * VkBuffer's end; VK_WHOLE_SIZE: to it). The group is
+ * {"op":"bind_group","program_id":P,"buffers":[[id,offset,range],...]}
  * (ls_icd_ask), reused for a later dispatch of the same program over the same entries within the
  * command buffer, and freed with the recording (commands.c). vkCmdDispatchBase runs only from base
- * (0,0,0): a base is a pipeline's VK_PIPELINE_CREATE_DISPATCH_BASE_BIT, which no pipeline of this
- * driver has, so any other base is invalid. vkCmdDispatchIndirect is one LS_OP_DISPATCH_INDIRECT
+ * (0,0,0): the engine's dispatches start at group 0, so another base (valid on a pipeline made with
+ * VK_PIPELINE_CREATE_DISPATCH_BASE_BIT, which pipeline.c accepts) fails the recording with
+ * LS_ICD_INVALID, the one error vkEndCommandBuffer may give for it. vkCmdDispatchIndirect is one LS_OP_DISPATCH_INDIRECT
  * whose counts are the VkBuffer's memory at its absolute offset (12 bytes inside the buffer, the
  * offset a multiple of 4), clamped by the engine. No pipeline bound, a set not bound, freed or
  * of another layout's shape, a descriptor never written, a range past its buffer, or a group
@@ -188,7 +190,8 @@ static int group_of(struct ls_icd_command_buffer *cb, const struct ls_icd_pipeli
         ls_icd_fail(cb, result != VK_SUCCESS ? result : LS_ICD_INVALID, "the arbiter refused a dispatch's bind group");
         return -1;
     }
-    rec->groups[rec->ngroups] = (struct ls_icd_group){id, pipeline->program_id, n, malloc(3 * n * sizeof(*entries) + 1)};
+    rec->groups[rec->ngroups] =
+        (struct ls_icd_group){id, pipeline->program_id, n, malloc(3 * n * sizeof(*entries) + 1)};
     if (rec->groups[rec->ngroups].entries == NULL) {
         ls_icd_forget(cb->device, "group_id", id);
         ls_icd_fail(cb, VK_ERROR_OUT_OF_HOST_MEMORY, "out of memory");
@@ -242,7 +245,7 @@ VKAPI_ATTR void VKAPI_CALL ls_icd_CmdDispatchBase(VkCommandBuffer handle, uint32
 {
     if (base_x || base_y || base_z)
         ls_icd_fail(ls_icd_command_buffer_of(handle), LS_ICD_INVALID,
-                    "vkCmdDispatchBase: a base other than 0 (no pipeline has VK_PIPELINE_CREATE_DISPATCH_BASE_BIT)");
+                    "vkCmdDispatchBase: a base other than 0 is not offered");
     else
         ls_icd_CmdDispatch(handle, x, y, z);
 }

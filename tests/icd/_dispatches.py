@@ -48,7 +48,8 @@ def open_sync2_device():
         pQueueCreateInfos=[queue], enabledExtensionCount=1, ppEnabledExtensionNames=["VK_KHR_synchronization2"]),
         None)
     types = vk.vkGetPhysicalDeviceMemoryProperties(physical).memoryTypes
-    return instance, device, next(i for i in range(2) if types[i].propertyFlags & vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT)
+    host = next(i for i in range(2) if types[i].propertyFlags & vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT)
+    return instance, device, host
 
 
 class Program:
@@ -278,7 +279,8 @@ def hostile(spv: bytes) -> dict:
 def main() -> None:
     with open(sys.argv[2], "rb") as spv:
         code = spv.read()
-    print(json.dumps({"chain": chain, "dynamic": dynamic, "extras": extras, "hostile": hostile}[sys.argv[1]](code)), flush=True)
+    mode = {"chain": chain, "dynamic": dynamic, "extras": extras, "hostile": hostile}[sys.argv[1]]
+    print(json.dumps(mode(code)), flush=True)
 
 
 if __name__ == "__main__":
