@@ -45,7 +45,6 @@ struct ls_icd_recording {
 };
 
 struct ls_icd_command_buffer *ls_icd_command_buffer_of(VkCommandBuffer handle);
-struct ls_icd_command_buffer *ls_icd_command_buffer_find(struct ls_icd_device *device, const void *handle);
 VkResult ls_icd_fail(struct ls_icd_command_buffer *cb, VkResult result, const char *why);
 int ls_icd_grow(void **items, uint32_t *capacity, uint32_t wanted, size_t size);
 /* record.c: the arbiter's buffer and absolute offset of a VkBuffer's range, checked inside it; its size */

@@ -399,6 +399,9 @@ void ls_icd_command_buffer_done(struct ls_icd_command_buffer *cb);
  * error that vkEndCommandBuffer will answer (the recording keeps the first). */
 struct ls_desc;
 VkResult ls_icd_record(struct ls_icd_command_buffer *cb, const struct ls_desc *command);
+/* ``handle`` when it is one of the device's command buffers (in one of its pools), else NULL: a pointer
+ * the application gives (vkQueueSubmit's, vkCmdExecuteCommands') is followed only then (the lock held). */
+struct ls_icd_command_buffer *ls_icd_command_buffer_find(struct ls_icd_device *device, const void *handle);
 /* vkDestroyDevice, the session closed: what a command pool ``object`` holds is freed (other kinds: nothing). */
 void ls_icd_command_pool_free(struct ls_icd_object *object);
 /* The entry points of commands.c, record.c and dispatch.c: commands.h. */

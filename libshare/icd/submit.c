@@ -10,7 +10,8 @@
  * unsignaled; a timeline one needs its values (VkTimelineSemaphoreSubmitInfo's, one a semaphore,
  * or VkSemaphoreSubmitInfo's), a signal greater than what is reached and promised. A timeline wait
  * the value of which is reached already is dropped; the rest may hold the submission (queue.c).
- * Then each command buffer is taken (ls_icd_command_buffer_take, commands.c: executable, not
+ * Then each command buffer is found among the device's (ls_icd_command_buffer_find: a pointer that
+ * is not one is never followed) and taken (ls_icd_command_buffer_take, commands.c: executable, not
  * pending without SIMULTANEOUS_USE); one that cannot be hands back those taken. Any of these wrong
  * is LS_ICD_INVALID with the submission not queued (those before it in the call are); protected
  * submissions are refused the same way (no protected queue exists). */
@@ -139,11 +140,10 @@ static VkResult take_command_buffers(struct ls_icd_device *device, const struct 
     if (r->ncbs && s->cbs == NULL)
         return VK_ERROR_OUT_OF_HOST_MEMORY;
     for (uint32_t i = 0; i < r->ncbs; i++) {
-        struct ls_icd_command_buffer *cb = (struct ls_icd_command_buffer *)(r->cb_infos ? r->cb_infos[i].commandBuffer
-                                                                                          : r->cbs[i]);
-        VkResult result = cb == NULL || cb->device != device ? LS_ICD_INVALID
-                                                             : ls_icd_command_buffer_take(cb, &s->cbs[i].lists,
-                                                                                          &s->cbs[i].nlists);
+        struct ls_icd_command_buffer *cb = ls_icd_command_buffer_find(
+            device, r->cb_infos ? (const void *)r->cb_infos[i].commandBuffer : (const void *)r->cbs[i]);
+        VkResult result = cb == NULL ? LS_ICD_INVALID /* not one of the device's: never followed */
+                                     : ls_icd_command_buffer_take(cb, &s->cbs[i].lists, &s->cbs[i].nlists);
         if (result != VK_SUCCESS) {
             for (uint32_t j = 0; j < i; j++)
                 ls_icd_command_buffer_done(s->cbs[j].cb);

@@ -12,8 +12,8 @@
 - ``dynamic``: one descriptor set whose output binding is a dynamic storage buffer, dispatched at two
   dynamic offsets with two push constants; the buffer printed.
 - ``hostile``: a dispatch whose set holds a descriptor never written, one with no set bound, a
-  command buffer submitted twice while pending, and one whose buffer's memory was freed before its
-  submission; what Vulkan answered for each.
+  command buffer submitted twice while pending, a pointer that is no command buffer submitted, and
+  one whose buffer's memory was freed before its submission; what Vulkan answered for each.
 
 It knows nothing of libshare.
 """
@@ -260,6 +260,8 @@ def hostile(spv: bytes) -> dict:
     seen["submitted"] = first
     seen["submitted again while pending"] = p.submit([busy], wait=False)[0]
     seen["first waited"] = outcome(vk.vkWaitForFences, p.device, 1, [fence], vk.VK_TRUE, 60 * 10 ** 9)
+    unmapped = vk.ffi.cast("VkCommandBuffer", 0x1000)  # no command buffer: following it would crash
+    seen["not a command buffer"] = p.submit([unmapped])[0]
     # A buffer whose memory is freed while a recorded command buffer still names it.
     doomed_buffer = make_buffer(p.device, SIZE)
     doomed = allocate(p.device, p.step, p.host)

@@ -164,4 +164,5 @@ def test_hostile_dispatches_and_submissions_end_in_errors_beside_an_honest_clien
     assert (seen["unwritten descriptor"], seen["no set bound"], seen["dispatch base"]) == (INVALID,) * 3, seen
     assert (seen["submitted"], seen["submitted again while pending"], seen["first waited"]) == \
         ("ok", INVALID, "ok"), seen
+    assert seen["not a command buffer"] == INVALID, seen  # found among the device's, never followed
     assert seen["freed end"] == "ok" and seen["freed submit"] == "VkErrorDeviceLost", seen
