@@ -11,19 +11,24 @@
  *   instance.c  VkInstance: creation (one session each), extensions, layers, the physical device
  *   physical.c  VkPhysicalDevice: properties, features, queue family, memory, formats
  *   device.c    VkDevice and VkQueue: the checks of vkCreateDevice, one session each, the queue
- *   objects.c   the device's table of non-dispatchable handles (memory, buffers, fences), checked
+ *   objects.c   the device's table of non-dispatchable handles, checked; the create/destroy shape
  *   control.c   the device session's control requests: one frame sent, its reply read and checked
  *   memory.c    VkDeviceMemory: the arbiter's shared (memfd, mapped) and device buffers
  *   buffer.c    VkBuffer: a (memory, offset, size) view, its requirements and binding
- *   sync.c      VkFence, and the waits and submissions there can be before command buffers
+ *   sync.c      VkFence and VkEvent (the host's side of them)
+ *   semaphore.c VkSemaphore: binary, and timeline (VK_KHR_timeline_semaphore) with the host's signal and wait
  *   pipeline.c  VkShaderModule, VkPipelineLayout, VkPipeline (the arbiter's programs), VkPipelineCache
  *   descriptor.c  VkDescriptorSetLayout, VkDescriptorPool, VkDescriptorSet and their updates, templates
- *   commands.c  VkCommandPool and VkCommandBuffer: vkCmd* recorded into the arbiter's command lists
- *   queue.c     the data path: the session's ring, tickets, vkQueueSubmit(2) and what waits on it
+ *   commands.c  VkCommandPool and VkCommandBuffer: the lifecycle, a recording loaded as the arbiter's
+ *               command lists (commands.h: the recording's private shapes)
+ *   record.c    vkCmd* copies, fills, updates, barriers, events and secondary command buffers recorded
+ *   dispatch.c  vkCmd* pipelines, descriptor sets, push constants and dispatches (with bind groups)
+ *   queue.c     the data path: the session's ring, its tickets, the submissions in flight, the waits
+ *   submit.c    vkQueueSubmit and vkQueueSubmit2KHR: a submission read, checked and handed to queue.c
  *   refused.c   every other core device-level command: refused with an error, or nothing
  *
- * Dispatchable objects (VkInstance, VkPhysicalDevice, VkDevice, VkQueue) begin with the loader's VK_LOADER_DATA
- * slot, set to ICD_LOADER_MAGIC when made; the loader writes its dispatch table there.
+ * Dispatchable objects (VkInstance, VkPhysicalDevice, VkDevice, VkQueue, VkCommandBuffer) begin with
+ * the loader's VK_LOADER_DATA slot, set to ICD_LOADER_MAGIC when made; the loader writes its dispatch table there.
  * Functions return a VkResult, or a count, 0 or a negative errno. No Python runs in here.
  * docs/icd.md has the design. */
 #ifndef LIBSHARE_ICD_H
@@ -97,6 +102,7 @@ struct ls_icd_session {
     int ring_fd;  /* the ring's memfd (kept for the data path to map) */
     int bell_fd;  /* the doorbell */
     int64_t client_id;
+    int64_t arbiter_pid; /* the welcome's: the data path watches it for the arbiter's death */
 };
 
 VkResult ls_icd_hello(struct ls_icd_session *session, struct ls_icd_physical *physical, char *why, size_t why_size);
@@ -191,6 +197,21 @@ struct ls_icd_buffer {
 
 struct ls_icd_fence {
     int signaled;
+    int pending;        /* a submission not yet answered will signal it (queue.c) */
+};
+
+/* semaphore.c: binary (value 1 once a submission that signals it is submitted, 0 once a submission
+ * waits on it) or timeline (value: reached; promised: the largest a submission not yet answered will
+ * signal) */
+struct ls_icd_semaphore {
+    int timeline;
+    uint64_t value;
+    uint64_t promised;
+};
+
+/* sync.c: an event's state as the host sees it */
+struct ls_icd_event {
+    int set;
 };
 
 /* pipeline.c: a VkShaderModule is its SPIR-V, kept until a pipeline is made from it */
@@ -232,11 +253,11 @@ struct ls_icd_pipeline {
     struct ls_icd_resource *resources; /* in the order a bind group names its buffers */
     uint32_t nresources;
     uint32_t nbuffers;              /* the sum of the resources' counts: a bind group's entries */
-    uint32_t push_size;
-    uint32_t local_size[3];
+    uint32_t push_size;             /* the program's push constants, whole words (its layout's may be more) */
+    uint32_t local_size[3];         /* as specialized */
 };
 
-/* descriptor.c: one descriptor of a set; buffer 0 until written */
+/* descriptor.c: one descriptor of a set; buffer 0 until written (ls_icd_descriptor_resolve reads it) */
 struct ls_icd_descriptor {
     VkDescriptorType type;
     uint64_t buffer;                /* its VkBuffer's handle, or 0: never written */
@@ -277,6 +298,8 @@ struct ls_icd_object {
         struct ls_icd_memory memory;
         struct ls_icd_buffer buffer;
         struct ls_icd_fence fence;
+        struct ls_icd_semaphore semaphore;
+        struct ls_icd_event event;
         struct ls_icd_shader shader;
         struct ls_icd_set_layout set_layout;
         struct ls_icd_pipeline_layout pipeline_layout;
@@ -317,7 +340,23 @@ struct ls_icd_device {
     uint64_t alignment;             /* of a buffer's memory */
     VkAllocationCallbacks allocator;
     int has_allocator;
+    uint32_t extensions;            /* LS_ICD_EXT_* enabled at vkCreateDevice */
+    struct ls_icd_path *path;       /* queue.c's: the ring and the submissions in flight */
 };
+
+/* The device extensions offered (physical.c's list), as bits of ls_icd_device.extensions.
+ * VK_KHR_synchronization2 is offered: commands.c records its vkCmd*2 commands (record.c). */
+#define LS_ICD_OFFERS_SYNC2 1
+#define LS_ICD_EXT_TIMELINE 1u      /* VK_KHR_timeline_semaphore */
+#define LS_ICD_EXT_SYNC2 2u         /* VK_KHR_synchronization2 */
+uint32_t ls_icd_extension_bit(const char *name); /* physical.c: the bit of an offered extension, else 0 */
+
+/* objects.c, for the devices' create and destroy commands: a new object of ``kind`` whose union
+ * starts as ``init`` (``size`` bytes; NULL: zeroed), made under the device's lock (VK_SUCCESS or
+ * VK_ERROR_OUT_OF_HOST_MEMORY), and one dropped if ``handle`` is one of ``kind`` (1, else 0). */
+VkResult ls_icd_object_create(struct ls_icd_device *device, uint32_t kind, const void *init, size_t size,
+                              uint64_t *out);
+int ls_icd_object_destroy(struct ls_icd_device *device, uint64_t handle, uint32_t kind);
 
 VkResult ls_icd_check_device(const struct ls_icd_physical *physical, const VkDeviceCreateInfo *info);
 VKAPI_ATTR VkResult VKAPI_CALL ls_icd_CreateDevice(VkPhysicalDevice pd, const VkDeviceCreateInfo *info,
@@ -325,8 +364,6 @@ VKAPI_ATTR VkResult VKAPI_CALL ls_icd_CreateDevice(VkPhysicalDevice pd, const Vk
 VKAPI_ATTR void VKAPI_CALL ls_icd_DestroyDevice(VkDevice device, const VkAllocationCallbacks *allocator);
 VKAPI_ATTR void VKAPI_CALL ls_icd_GetDeviceQueue(VkDevice device, uint32_t family, uint32_t index, VkQueue *out);
 VKAPI_ATTR void VKAPI_CALL ls_icd_GetDeviceQueue2(VkDevice device, const VkDeviceQueueInfo2 *info, VkQueue *out);
-VKAPI_ATTR VkResult VKAPI_CALL ls_icd_DeviceWaitIdle(VkDevice device);
-VKAPI_ATTR VkResult VKAPI_CALL ls_icd_QueueWaitIdle(VkQueue queue);
 VKAPI_ATTR void VKAPI_CALL ls_icd_GetDeviceGroupPeerMemoryFeatures(VkDevice device, uint32_t heap, uint32_t local,
                                                                    uint32_t remote, VkPeerMemoryFeatureFlags *out);
 
@@ -362,6 +399,12 @@ void ls_icd_command_buffer_done(struct ls_icd_command_buffer *cb);
  * error that vkEndCommandBuffer will answer (the recording keeps the first). */
 struct ls_desc;
 VkResult ls_icd_record(struct ls_icd_command_buffer *cb, const struct ls_desc *command);
+/* ``handle`` when it is one of the device's command buffers (in one of its pools), else NULL: a pointer
+ * the application gives (vkQueueSubmit's, vkCmdExecuteCommands') is followed only then (the lock held). */
+struct ls_icd_command_buffer *ls_icd_command_buffer_find(struct ls_icd_device *device, const void *handle);
+/* vkDestroyDevice, the session closed: what a command pool ``object`` holds is freed (other kinds: nothing). */
+void ls_icd_command_pool_free(struct ls_icd_object *object);
+/* The entry points of commands.c, record.c and dispatch.c: commands.h. */
 
 /* ---- memory.c */
 void ls_icd_memory_release(struct ls_icd_device *device, struct ls_icd_memory *memory);
@@ -400,8 +443,78 @@ VKAPI_ATTR VkResult VKAPI_CALL ls_icd_ResetFences(VkDevice device, uint32_t coun
 VKAPI_ATTR VkResult VKAPI_CALL ls_icd_GetFenceStatus(VkDevice device, VkFence fence);
 VKAPI_ATTR VkResult VKAPI_CALL ls_icd_WaitForFences(VkDevice device, uint32_t count, const VkFence *fences,
                                                     VkBool32 all, uint64_t timeout);
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_CreateEvent(VkDevice device, const VkEventCreateInfo *info,
+                                                  const VkAllocationCallbacks *allocator, VkEvent *out);
+VKAPI_ATTR void VKAPI_CALL ls_icd_DestroyEvent(VkDevice device, VkEvent event, const VkAllocationCallbacks *allocator);
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_GetEventStatus(VkDevice device, VkEvent event);
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_SetEvent(VkDevice device, VkEvent event);
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_ResetEvent(VkDevice device, VkEvent event);
+/* For commands.c, when a submission that sets or resets event ``handle`` was answered (the device's
+ * lock held): its state becomes ``value`` (1 set, 0 reset); a handle no longer an event is ignored. */
+void ls_icd_event_set(struct ls_icd_device *device, uint64_t handle, int value);
+
+/* ---- semaphore.c */
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_CreateSemaphore(VkDevice device, const VkSemaphoreCreateInfo *info,
+                                                      const VkAllocationCallbacks *allocator, VkSemaphore *out);
+VKAPI_ATTR void VKAPI_CALL ls_icd_DestroySemaphore(VkDevice device, VkSemaphore semaphore,
+                                                   const VkAllocationCallbacks *allocator);
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_GetSemaphoreCounterValue(VkDevice device, VkSemaphore semaphore,
+                                                               uint64_t *value);
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_WaitSemaphores(VkDevice device, const VkSemaphoreWaitInfo *info,
+                                                     uint64_t timeout);
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_SignalSemaphore(VkDevice device, const VkSemaphoreSignalInfo *info);
+
+/* ---- queue.c: the data path (docs/icd.md). A submission as submit.c hands it over: */
+struct ls_icd_signal {
+    uint64_t semaphore;             /* its handle */
+    uint64_t value;                 /* timeline: the value; binary: 0 */
+};
+
+struct ls_icd_taken {
+    struct ls_icd_command_buffer *cb;
+    const uint32_t *lists;          /* from ls_icd_command_buffer_take */
+    uint32_t nlists;
+};
+
+struct ls_icd_submission {
+    struct ls_icd_taken *cbs;       /* malloc'd, owned by queue.c once handed over */
+    uint32_t ncbs;
+    struct ls_icd_signal *waits;    /* timeline waits alone (binary ones are settled at submit) */
+    uint32_t nwaits;
+    struct ls_icd_signal *signals;
+    uint32_t nsignals;
+    uint64_t fence;                 /* its handle, or 0 */
+    uint64_t first, end;            /* its tickets, [first, end) once pushed */
+    uint64_t next;                  /* its first ticket not yet answered */
+    int pushed;
+};
+
+/* A wait's condition, looked at with the device's lock held: VK_SUCCESS (met), VK_NOT_READY, or an
+ * error answered as is. */
+typedef VkResult (*ls_icd_ready)(struct ls_icd_device *device, const void *arg);
+
+VkResult ls_icd_path_open(struct ls_icd_device *device);
+void ls_icd_path_close(struct ls_icd_device *device);
+/* The device's lock held: VK_SUCCESS (queued: pushed, or held behind a timeline wait), else
+ * VK_ERROR_DEVICE_LOST or VK_ERROR_OUT_OF_HOST_MEMORY with its command buffers handed back
+ * (ls_icd_command_buffer_done); either way ``s``'s arrays are queue.c's. */
+VkResult ls_icd_path_submit(struct ls_icd_device *device, struct ls_icd_submission *s);
+/* The device's lock held: push the held submissions whose timeline waits are now reachable. */
+void ls_icd_path_release(struct ls_icd_device *device);
+/* The device's lock held: the answers read so far filed, answered submissions retired; 1 when lost. */
+int ls_icd_path_poll(struct ls_icd_device *device);
+/* Wait (the device's lock held, released while sleeping) until ``ready`` says VK_SUCCESS or an error,
+ * up to ``timeout`` ns: VK_TIMEOUT; VK_ERROR_DEVICE_LOST once the device is lost. An infinite wait
+ * with nothing queued that could end it answers VK_TIMEOUT (nothing ever would). */
+VkResult ls_icd_path_wait(struct ls_icd_device *device, uint64_t timeout, ls_icd_ready ready, const void *arg);
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_DeviceWaitIdle(VkDevice device);
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_QueueWaitIdle(VkQueue queue);
+
+/* ---- submit.c */
 VKAPI_ATTR VkResult VKAPI_CALL ls_icd_QueueSubmit(VkQueue queue, uint32_t count, const VkSubmitInfo *submits,
                                                   VkFence fence);
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_QueueSubmit2(VkQueue queue, uint32_t count, const VkSubmitInfo2 *submits,
+                                                   VkFence fence);
 
 /* ---- refused.c: the rest of the core device-level commands (loader.c's table) */
 VKAPI_ATTR VkResult VKAPI_CALL ls_icd_refused(void);
@@ -412,8 +525,83 @@ VKAPI_ATTR void VKAPI_CALL ls_icd_GetImageSparseMemoryRequirements2(VkDevice dev
                                                                    const VkImageSparseMemoryRequirementsInfo2 *info,
                                                                    uint32_t *count,
                                                                    VkSparseImageMemoryRequirements2 *out);
+
+/* ---- pipeline.c: shader modules, pipeline layouts, compute pipelines (the arbiter's programs), caches */
+#define LS_ICD_MOST_SPIRV (LS_ICD_MAX_FRAME - 8192) /* a module's bytes: a frame, less its request's JSON */
+/* Free what ``object`` (a shader, pipeline layout or pipeline) holds; a pipeline's program is freed at
+ * the arbiter unless ``device`` is NULL (its session is gone). The lock held; the slot stays. */
+void ls_icd_pipeline_object_free(struct ls_icd_device *device, struct ls_icd_object *object);
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_CreateShaderModule(VkDevice device, const VkShaderModuleCreateInfo *info,
+                                                         const VkAllocationCallbacks *allocator, VkShaderModule *out);
+VKAPI_ATTR void VKAPI_CALL ls_icd_DestroyShaderModule(VkDevice device, VkShaderModule module,
+                                                      const VkAllocationCallbacks *allocator);
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_CreatePipelineLayout(VkDevice device, const VkPipelineLayoutCreateInfo *info,
+                                                           const VkAllocationCallbacks *allocator,
+                                                           VkPipelineLayout *out);
+VKAPI_ATTR void VKAPI_CALL ls_icd_DestroyPipelineLayout(VkDevice device, VkPipelineLayout layout,
+                                                        const VkAllocationCallbacks *allocator);
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_CreateComputePipelines(VkDevice device, VkPipelineCache cache, uint32_t count,
+                                                             const VkComputePipelineCreateInfo *infos,
+                                                             const VkAllocationCallbacks *allocator,
+                                                             VkPipeline *out);
+VKAPI_ATTR void VKAPI_CALL ls_icd_DestroyPipeline(VkDevice device, VkPipeline pipeline,
+                                                  const VkAllocationCallbacks *allocator);
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_CreatePipelineCache(VkDevice device, const VkPipelineCacheCreateInfo *info,
+                                                          const VkAllocationCallbacks *allocator,
+                                                          VkPipelineCache *out);
+VKAPI_ATTR void VKAPI_CALL ls_icd_DestroyPipelineCache(VkDevice device, VkPipelineCache cache,
+                                                       const VkAllocationCallbacks *allocator);
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_GetPipelineCacheData(VkDevice device, VkPipelineCache cache, size_t *size,
+                                                           void *data);
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_MergePipelineCaches(VkDevice device, VkPipelineCache into, uint32_t count,
+                                                          const VkPipelineCache *caches);
+
+/* ---- descriptor.c: set layouts, pools, sets, their updates and templates */
+#define LS_ICD_MOST_DESCRIPTORS (1u << 16) /* a set layout's descriptors, at most (and maxPerSetDescriptors) */
+/* A deep copy of ``from`` into ``to`` (VK_SUCCESS or VK_ERROR_OUT_OF_HOST_MEMORY, ``to`` then empty). */
+VkResult ls_icd_set_layout_copy(struct ls_icd_set_layout *to, const struct ls_icd_set_layout *from);
+void ls_icd_set_layout_free(struct ls_icd_set_layout *layout);
+/* Free what ``object`` (a set layout, set, pool or template) holds; the lock held; the slot stays. */
+void ls_icd_descriptor_object_free(struct ls_icd_object *object);
+/* A set's descriptor in the arbiter's terms, for a bind group (commands.c, the lock held): the buffer's
+ * memory's arbiter ``buffer_id``; ``offset`` = the buffer's offset in its memory + ``d->offset`` +
+ * ``dynamic_offset`` (a dynamic descriptor's offset is applied here, at bind time: the descriptor's
+ * offset plus the dynamic offset); ``range``: ``d->range`` clipped to the buffer's end from there
+ * (VK_WHOLE_SIZE: to the buffer's end). LS_ICD_INVALID when the descriptor was never written, its
+ * buffer or that buffer's memory is gone or unbound, or the offsets reach past the buffer. */
+VkResult ls_icd_descriptor_resolve(struct ls_icd_device *device, const struct ls_icd_descriptor *d,
+                                   uint32_t dynamic_offset, uint32_t *buffer_id, uint64_t *offset, uint64_t *range);
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_CreateDescriptorSetLayout(VkDevice device,
+                                                                const VkDescriptorSetLayoutCreateInfo *info,
+                                                                const VkAllocationCallbacks *allocator,
+                                                                VkDescriptorSetLayout *out);
+VKAPI_ATTR void VKAPI_CALL ls_icd_DestroyDescriptorSetLayout(VkDevice device, VkDescriptorSetLayout layout,
+                                                             const VkAllocationCallbacks *allocator);
 VKAPI_ATTR void VKAPI_CALL ls_icd_GetDescriptorSetLayoutSupport(VkDevice device,
                                                                 const VkDescriptorSetLayoutCreateInfo *info,
                                                                 VkDescriptorSetLayoutSupport *out);
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_CreateDescriptorPool(VkDevice device, const VkDescriptorPoolCreateInfo *info,
+                                                           const VkAllocationCallbacks *allocator,
+                                                           VkDescriptorPool *out);
+VKAPI_ATTR void VKAPI_CALL ls_icd_DestroyDescriptorPool(VkDevice device, VkDescriptorPool pool,
+                                                        const VkAllocationCallbacks *allocator);
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_ResetDescriptorPool(VkDevice device, VkDescriptorPool pool,
+                                                          VkDescriptorPoolResetFlags flags);
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_AllocateDescriptorSets(VkDevice device, const VkDescriptorSetAllocateInfo *info,
+                                                             VkDescriptorSet *out);
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_FreeDescriptorSets(VkDevice device, VkDescriptorPool pool, uint32_t count,
+                                                         const VkDescriptorSet *sets);
+VKAPI_ATTR void VKAPI_CALL ls_icd_UpdateDescriptorSets(VkDevice device, uint32_t nwrites,
+                                                       const VkWriteDescriptorSet *writes, uint32_t ncopies,
+                                                       const VkCopyDescriptorSet *copies);
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_CreateDescriptorUpdateTemplate(VkDevice device,
+                                                                     const VkDescriptorUpdateTemplateCreateInfo *info,
+                                                                     const VkAllocationCallbacks *allocator,
+                                                                     VkDescriptorUpdateTemplate *out);
+VKAPI_ATTR void VKAPI_CALL ls_icd_DestroyDescriptorUpdateTemplate(VkDevice device, VkDescriptorUpdateTemplate template,
+                                                                  const VkAllocationCallbacks *allocator);
+VKAPI_ATTR void VKAPI_CALL ls_icd_UpdateDescriptorSetWithTemplate(VkDevice device, VkDescriptorSet set,
+                                                                  VkDescriptorUpdateTemplate template,
+                                                                  const void *data);
 
 #endif

@@ -7,12 +7,15 @@
  * and vk_icdGetPhysicalDeviceProcAddr. Every entry point the driver offers is in a table (core
  * and KHR-suffixed aliases side by side): global, instance, physical-device and device commands
  * (DEVICE_ENTRY_POINTS: every core Vulkan 1.0 and 1.1 device-level command, implemented or
- * refused.c's, since the loader's trampolines call them unchecked). vk_icdGetInstanceProcAddr
- * answers all of them, vkGetDeviceProcAddr the device's; any other name answers NULL, so the
+ * refused.c's, since the loader's trampolines call them unchecked), and the commands of the device
+ * extensions offered (TIMELINE_ENTRY_POINTS, SYNC2_ENTRY_POINTS). vk_icdGetInstanceProcAddr
+ * answers all of them, vkGetDeviceProcAddr the device's core commands and those of the extensions
+ * it enabled; any other name answers NULL, so the
  * loader reports it absent. Global commands (those with no instance) are answered for any instance,
  * as the interface requires. */
 #include <string.h>
 
+#include "commands.h"
 #include "icd.h"
 
 #define LS_ICD_EXPORT __attribute__((visibility("default")))
@@ -80,6 +83,13 @@ static const struct entry DEVICE_ENTRY_POINTS[] = {
     ENTRY("vkResetFences", ls_icd_ResetFences),
     ENTRY("vkGetFenceStatus", ls_icd_GetFenceStatus),
     ENTRY("vkWaitForFences", ls_icd_WaitForFences),
+    ENTRY("vkCreateSemaphore", ls_icd_CreateSemaphore),
+    ENTRY("vkDestroySemaphore", ls_icd_DestroySemaphore),
+    ENTRY("vkCreateEvent", ls_icd_CreateEvent),
+    ENTRY("vkDestroyEvent", ls_icd_DestroyEvent),
+    ENTRY("vkGetEventStatus", ls_icd_GetEventStatus),
+    ENTRY("vkSetEvent", ls_icd_SetEvent),
+    ENTRY("vkResetEvent", ls_icd_ResetEvent),
     ENTRY("vkCreateBuffer", ls_icd_CreateBuffer),
     ENTRY("vkDestroyBuffer", ls_icd_DestroyBuffer),
     ENTRY("vkBindBufferMemory2", ls_icd_BindBufferMemory2),
@@ -88,16 +98,30 @@ static const struct entry DEVICE_ENTRY_POINTS[] = {
     ENTRY("vkGetImageSparseMemoryRequirements2", ls_icd_GetImageSparseMemoryRequirements2),
     ENTRY("vkGetDeviceQueue2", ls_icd_GetDeviceQueue2),
     ENTRY("vkGetDescriptorSetLayoutSupport", ls_icd_GetDescriptorSetLayoutSupport),
+    ENTRY("vkCreateShaderModule", ls_icd_CreateShaderModule),
+    ENTRY("vkDestroyShaderModule", ls_icd_DestroyShaderModule),
+    ENTRY("vkCreatePipelineCache", ls_icd_CreatePipelineCache),
+    ENTRY("vkDestroyPipelineCache", ls_icd_DestroyPipelineCache),
+    ENTRY("vkGetPipelineCacheData", ls_icd_GetPipelineCacheData),
+    ENTRY("vkMergePipelineCaches", ls_icd_MergePipelineCaches),
+    ENTRY("vkCreateComputePipelines", ls_icd_CreateComputePipelines),
+    ENTRY("vkDestroyPipeline", ls_icd_DestroyPipeline),
+    ENTRY("vkCreatePipelineLayout", ls_icd_CreatePipelineLayout),
+    ENTRY("vkDestroyPipelineLayout", ls_icd_DestroyPipelineLayout),
+    ENTRY("vkCreateDescriptorSetLayout", ls_icd_CreateDescriptorSetLayout),
+    ENTRY("vkDestroyDescriptorSetLayout", ls_icd_DestroyDescriptorSetLayout),
+    ENTRY("vkCreateDescriptorPool", ls_icd_CreateDescriptorPool),
+    ENTRY("vkDestroyDescriptorPool", ls_icd_DestroyDescriptorPool),
+    ENTRY("vkResetDescriptorPool", ls_icd_ResetDescriptorPool),
+    ENTRY("vkAllocateDescriptorSets", ls_icd_AllocateDescriptorSets),
+    ENTRY("vkFreeDescriptorSets", ls_icd_FreeDescriptorSets),
+    ENTRY("vkUpdateDescriptorSets", ls_icd_UpdateDescriptorSets),
+    ENTRY("vkCreateDescriptorUpdateTemplate", ls_icd_CreateDescriptorUpdateTemplate),
+    ENTRY("vkDestroyDescriptorUpdateTemplate", ls_icd_DestroyDescriptorUpdateTemplate),
+    ENTRY("vkUpdateDescriptorSetWithTemplate", ls_icd_UpdateDescriptorSetWithTemplate),
     ENTRY("vkBindImageMemory", ls_icd_refused),
     ENTRY("vkGetImageMemoryRequirements", ls_icd_nothing),
     ENTRY("vkQueueBindSparse", ls_icd_refused),
-    ENTRY("vkCreateSemaphore", ls_icd_refused),
-    ENTRY("vkDestroySemaphore", ls_icd_nothing),
-    ENTRY("vkCreateEvent", ls_icd_refused),
-    ENTRY("vkDestroyEvent", ls_icd_nothing),
-    ENTRY("vkGetEventStatus", ls_icd_refused),
-    ENTRY("vkSetEvent", ls_icd_refused),
-    ENTRY("vkResetEvent", ls_icd_refused),
     ENTRY("vkCreateQueryPool", ls_icd_refused),
     ENTRY("vkDestroyQueryPool", ls_icd_nothing),
     ENTRY("vkGetQueryPoolResults", ls_icd_refused),
@@ -108,41 +132,23 @@ static const struct entry DEVICE_ENTRY_POINTS[] = {
     ENTRY("vkGetImageSubresourceLayout", ls_icd_nothing),
     ENTRY("vkCreateImageView", ls_icd_refused),
     ENTRY("vkDestroyImageView", ls_icd_nothing),
-    ENTRY("vkCreateShaderModule", ls_icd_refused),
-    ENTRY("vkDestroyShaderModule", ls_icd_nothing),
-    ENTRY("vkCreatePipelineCache", ls_icd_refused),
-    ENTRY("vkDestroyPipelineCache", ls_icd_nothing),
-    ENTRY("vkGetPipelineCacheData", ls_icd_refused),
-    ENTRY("vkMergePipelineCaches", ls_icd_refused),
     ENTRY("vkCreateGraphicsPipelines", ls_icd_refused),
-    ENTRY("vkCreateComputePipelines", ls_icd_refused),
-    ENTRY("vkDestroyPipeline", ls_icd_nothing),
-    ENTRY("vkCreatePipelineLayout", ls_icd_refused),
-    ENTRY("vkDestroyPipelineLayout", ls_icd_nothing),
     ENTRY("vkCreateSampler", ls_icd_refused),
     ENTRY("vkDestroySampler", ls_icd_nothing),
-    ENTRY("vkCreateDescriptorSetLayout", ls_icd_refused),
-    ENTRY("vkDestroyDescriptorSetLayout", ls_icd_nothing),
-    ENTRY("vkCreateDescriptorPool", ls_icd_refused),
-    ENTRY("vkDestroyDescriptorPool", ls_icd_nothing),
-    ENTRY("vkResetDescriptorPool", ls_icd_refused),
-    ENTRY("vkAllocateDescriptorSets", ls_icd_refused),
-    ENTRY("vkFreeDescriptorSets", ls_icd_refused),
-    ENTRY("vkUpdateDescriptorSets", ls_icd_nothing),
     ENTRY("vkCreateFramebuffer", ls_icd_refused),
     ENTRY("vkDestroyFramebuffer", ls_icd_nothing),
     ENTRY("vkCreateRenderPass", ls_icd_refused),
     ENTRY("vkDestroyRenderPass", ls_icd_nothing),
     ENTRY("vkGetRenderAreaGranularity", ls_icd_nothing),
-    ENTRY("vkCreateCommandPool", ls_icd_refused),
-    ENTRY("vkDestroyCommandPool", ls_icd_nothing),
-    ENTRY("vkResetCommandPool", ls_icd_refused),
-    ENTRY("vkAllocateCommandBuffers", ls_icd_refused),
-    ENTRY("vkFreeCommandBuffers", ls_icd_nothing),
-    ENTRY("vkBeginCommandBuffer", ls_icd_refused),
-    ENTRY("vkEndCommandBuffer", ls_icd_refused),
-    ENTRY("vkResetCommandBuffer", ls_icd_refused),
-    ENTRY("vkCmdBindPipeline", ls_icd_nothing),
+    ENTRY("vkCreateCommandPool", ls_icd_CreateCommandPool),
+    ENTRY("vkDestroyCommandPool", ls_icd_DestroyCommandPool),
+    ENTRY("vkResetCommandPool", ls_icd_ResetCommandPool),
+    ENTRY("vkAllocateCommandBuffers", ls_icd_AllocateCommandBuffers),
+    ENTRY("vkFreeCommandBuffers", ls_icd_FreeCommandBuffers),
+    ENTRY("vkBeginCommandBuffer", ls_icd_BeginCommandBuffer),
+    ENTRY("vkEndCommandBuffer", ls_icd_EndCommandBuffer),
+    ENTRY("vkResetCommandBuffer", ls_icd_ResetCommandBuffer),
+    ENTRY("vkCmdBindPipeline", ls_icd_CmdBindPipeline),
     ENTRY("vkCmdSetViewport", ls_icd_nothing),
     ENTRY("vkCmdSetScissor", ls_icd_nothing),
     ENTRY("vkCmdSetLineWidth", ls_icd_nothing),
@@ -152,50 +158,73 @@ static const struct entry DEVICE_ENTRY_POINTS[] = {
     ENTRY("vkCmdSetStencilCompareMask", ls_icd_nothing),
     ENTRY("vkCmdSetStencilWriteMask", ls_icd_nothing),
     ENTRY("vkCmdSetStencilReference", ls_icd_nothing),
-    ENTRY("vkCmdBindDescriptorSets", ls_icd_nothing),
+    ENTRY("vkCmdBindDescriptorSets", ls_icd_CmdBindDescriptorSets),
     ENTRY("vkCmdBindIndexBuffer", ls_icd_nothing),
     ENTRY("vkCmdBindVertexBuffers", ls_icd_nothing),
     ENTRY("vkCmdDraw", ls_icd_nothing),
     ENTRY("vkCmdDrawIndexed", ls_icd_nothing),
     ENTRY("vkCmdDrawIndirect", ls_icd_nothing),
     ENTRY("vkCmdDrawIndexedIndirect", ls_icd_nothing),
-    ENTRY("vkCmdDispatch", ls_icd_nothing),
-    ENTRY("vkCmdDispatchIndirect", ls_icd_nothing),
-    ENTRY("vkCmdCopyBuffer", ls_icd_nothing),
+    ENTRY("vkCmdDispatch", ls_icd_CmdDispatch),
+    ENTRY("vkCmdDispatchIndirect", ls_icd_CmdDispatchIndirect),
+    ENTRY("vkCmdCopyBuffer", ls_icd_CmdCopyBuffer),
     ENTRY("vkCmdCopyImage", ls_icd_nothing),
     ENTRY("vkCmdBlitImage", ls_icd_nothing),
     ENTRY("vkCmdCopyBufferToImage", ls_icd_nothing),
     ENTRY("vkCmdCopyImageToBuffer", ls_icd_nothing),
-    ENTRY("vkCmdUpdateBuffer", ls_icd_nothing),
-    ENTRY("vkCmdFillBuffer", ls_icd_nothing),
+    ENTRY("vkCmdUpdateBuffer", ls_icd_CmdUpdateBuffer),
+    ENTRY("vkCmdFillBuffer", ls_icd_CmdFillBuffer),
     ENTRY("vkCmdClearColorImage", ls_icd_nothing),
     ENTRY("vkCmdClearDepthStencilImage", ls_icd_nothing),
     ENTRY("vkCmdClearAttachments", ls_icd_nothing),
     ENTRY("vkCmdResolveImage", ls_icd_nothing),
-    ENTRY("vkCmdSetEvent", ls_icd_nothing),
-    ENTRY("vkCmdResetEvent", ls_icd_nothing),
-    ENTRY("vkCmdWaitEvents", ls_icd_nothing),
-    ENTRY("vkCmdPipelineBarrier", ls_icd_nothing),
+    ENTRY("vkCmdSetEvent", ls_icd_CmdSetEvent),
+    ENTRY("vkCmdResetEvent", ls_icd_CmdResetEvent),
+    ENTRY("vkCmdWaitEvents", ls_icd_CmdWaitEvents),
+    ENTRY("vkCmdPipelineBarrier", ls_icd_CmdPipelineBarrier),
     ENTRY("vkCmdBeginQuery", ls_icd_nothing),
     ENTRY("vkCmdEndQuery", ls_icd_nothing),
     ENTRY("vkCmdResetQueryPool", ls_icd_nothing),
     ENTRY("vkCmdWriteTimestamp", ls_icd_nothing),
     ENTRY("vkCmdCopyQueryPoolResults", ls_icd_nothing),
-    ENTRY("vkCmdPushConstants", ls_icd_nothing),
+    ENTRY("vkCmdPushConstants", ls_icd_CmdPushConstants),
     ENTRY("vkCmdBeginRenderPass", ls_icd_nothing),
     ENTRY("vkCmdNextSubpass", ls_icd_nothing),
     ENTRY("vkCmdEndRenderPass", ls_icd_nothing),
-    ENTRY("vkCmdExecuteCommands", ls_icd_nothing),
+    ENTRY("vkCmdExecuteCommands", ls_icd_CmdExecuteCommands),
     ENTRY("vkBindImageMemory2", ls_icd_refused),
     ENTRY("vkCmdSetDeviceMask", ls_icd_nothing),
-    ENTRY("vkCmdDispatchBase", ls_icd_nothing),
+    ENTRY("vkCmdDispatchBase", ls_icd_CmdDispatchBase),
     ENTRY("vkGetImageMemoryRequirements2", ls_icd_nothing),
-    ENTRY("vkTrimCommandPool", ls_icd_nothing),
+    ENTRY("vkTrimCommandPool", ls_icd_TrimCommandPool),
     ENTRY("vkCreateSamplerYcbcrConversion", ls_icd_refused),
     ENTRY("vkDestroySamplerYcbcrConversion", ls_icd_nothing),
-    ENTRY("vkCreateDescriptorUpdateTemplate", ls_icd_refused),
-    ENTRY("vkDestroyDescriptorUpdateTemplate", ls_icd_nothing),
-    ENTRY("vkUpdateDescriptorSetWithTemplate", ls_icd_nothing),
+};
+
+/* The commands of the device extensions offered (physical.c's list): answered by vkGetDeviceProcAddr
+ * for a device that enabled the extension (the loader's trampolines need them found that way). */
+static const struct entry TIMELINE_ENTRY_POINTS[] = {
+    ENTRY("vkGetSemaphoreCounterValue", ls_icd_GetSemaphoreCounterValue),
+    ENTRY("vkGetSemaphoreCounterValueKHR", ls_icd_GetSemaphoreCounterValue),
+    ENTRY("vkWaitSemaphores", ls_icd_WaitSemaphores),
+    ENTRY("vkWaitSemaphoresKHR", ls_icd_WaitSemaphores),
+    ENTRY("vkSignalSemaphore", ls_icd_SignalSemaphore),
+    ENTRY("vkSignalSemaphoreKHR", ls_icd_SignalSemaphore),
+};
+
+static const struct entry SYNC2_ENTRY_POINTS[] = {
+    ENTRY("vkQueueSubmit2", ls_icd_QueueSubmit2),
+    ENTRY("vkQueueSubmit2KHR", ls_icd_QueueSubmit2),
+    ENTRY("vkCmdPipelineBarrier2", ls_icd_CmdPipelineBarrier2),
+    ENTRY("vkCmdPipelineBarrier2KHR", ls_icd_CmdPipelineBarrier2),
+    ENTRY("vkCmdSetEvent2", ls_icd_CmdSetEvent2),
+    ENTRY("vkCmdSetEvent2KHR", ls_icd_CmdSetEvent2),
+    ENTRY("vkCmdResetEvent2", ls_icd_CmdResetEvent2),
+    ENTRY("vkCmdResetEvent2KHR", ls_icd_CmdResetEvent2),
+    ENTRY("vkCmdWaitEvents2", ls_icd_CmdWaitEvents2),
+    ENTRY("vkCmdWaitEvents2KHR", ls_icd_CmdWaitEvents2),
+    ENTRY("vkCmdWriteTimestamp2", ls_icd_CmdWriteTimestamp2),
+    ENTRY("vkCmdWriteTimestamp2KHR", ls_icd_CmdWriteTimestamp2),
 };
 
 static VKAPI_ATTR PFN_vkVoidFunction VKAPI_CALL ls_icd_GetDeviceProcAddr(VkDevice device, const char *name);
@@ -218,15 +247,21 @@ static PFN_vkVoidFunction find(const struct entry *table, size_t count, const ch
     return NULL;
 }
 
-/* A device-level command by name (no device extension is offered, so no other name is one). */
+/* A device-level command by name: a core one, or one of an extension ``device`` enabled. */
 static VKAPI_ATTR PFN_vkVoidFunction VKAPI_CALL ls_icd_GetDeviceProcAddr(VkDevice device, const char *name)
 {
-    (void)device;
+    uint32_t extensions = device ? ((const struct ls_icd_device *)device)->extensions : 0;
+    PFN_vkVoidFunction function;
     if (name == NULL)
         return NULL;
     if (strcmp(name, "vkGetDeviceProcAddr") == 0)
         return (PFN_vkVoidFunction)ls_icd_GetDeviceProcAddr;
-    return find(DEVICE_ENTRY_POINTS, COUNT(DEVICE_ENTRY_POINTS), name);
+    function = find(DEVICE_ENTRY_POINTS, COUNT(DEVICE_ENTRY_POINTS), name);
+    if (function == NULL && (extensions & LS_ICD_EXT_TIMELINE))
+        function = find(TIMELINE_ENTRY_POINTS, COUNT(TIMELINE_ENTRY_POINTS), name);
+    if (function == NULL && (extensions & LS_ICD_EXT_SYNC2))
+        function = find(SYNC2_ENTRY_POINTS, COUNT(SYNC2_ENTRY_POINTS), name);
+    return function;
 }
 
 LS_ICD_EXPORT VKAPI_ATTR VkResult VKAPI_CALL vk_icdNegotiateLoaderICDInterfaceVersion(uint32_t *version)
@@ -260,5 +295,9 @@ LS_ICD_EXPORT VKAPI_ATTR PFN_vkVoidFunction VKAPI_CALL vk_icdGetInstanceProcAddr
         function = find(PHYSICAL_ENTRY_POINTS, COUNT(PHYSICAL_ENTRY_POINTS), name);
     if (function == NULL)
         function = find(DEVICE_ENTRY_POINTS, COUNT(DEVICE_ENTRY_POINTS), name);
+    if (function == NULL)
+        function = find(TIMELINE_ENTRY_POINTS, COUNT(TIMELINE_ENTRY_POINTS), name);
+    if (function == NULL && LS_ICD_OFFERS_SYNC2)
+        function = find(SYNC2_ENTRY_POINTS, COUNT(SYNC2_ENTRY_POINTS), name);
     return function;
 }

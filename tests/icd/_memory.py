@@ -99,8 +99,9 @@ def honest() -> dict:
                       outcome(vk.vkWaitForFences, device, 2, [fence, done], vk.VK_FALSE, 0)]
     vk.vkResetFences(device, 1, [done])
     queue = vk.vkGetDeviceQueue(device, 0, 0)
-    vk.vkQueueSubmit(queue, 0, None, fence)  # an empty submission signals its fence
-    seen["fences"] += [outcome(vk.vkGetFenceStatus, device, done), outcome(vk.vkGetFenceStatus, device, fence)]
+    vk.vkQueueSubmit(queue, 0, None, fence)  # an empty submission signals its fence once the ring answers it
+    seen["fences"] += [outcome(vk.vkGetFenceStatus, device, done),
+                       outcome(vk.vkWaitForFences, device, 1, [fence], vk.VK_TRUE, 60 * 10 ** 9)]
     vk.vkQueueWaitIdle(queue)
     vk.vkDeviceWaitIdle(device)
     for made in (first, second):
