@@ -15,7 +15,7 @@ import os
 import subprocess
 from pathlib import Path
 
-__all__ = ["LIBRARY", "MANIFEST", "API_VERSION", "SOURCES", "FLAGS", "manifest_text", "write_manifest", "build"]
+__all__ = ["LIBRARY", "MANIFEST", "API_VERSION", "RING", "SOURCES", "FLAGS", "manifest_text", "write_manifest", "build"]
 
 HERE = Path(__file__).resolve().parent
 LIBRARY = "libshare_icd.so"
@@ -24,10 +24,12 @@ MANIFEST = "libshare_icd.json"
 """The manifest's file name, beside the driver."""
 API_VERSION = "1.1.0"
 """The Vulkan version the driver reports (LS_ICD_API_VERSION in icd.h)."""
-SOURCES = sorted(HERE.glob("*.c"))
-"""The driver's C files (icd.h maps them)."""
+RING = HERE.parent / "ring"
+"""The ring's C (ls_encode_op for the command lists, the data path's ring), compiled into the driver."""
+SOURCES = sorted(HERE.glob("*.c")) + sorted(RING.glob("*.c"))
+"""The driver's C files (icd.h maps them), and the ring's."""
 FLAGS = ["-O2", "-g", "-std=gnu11", "-Wall", "-Wextra", "-fPIC", "-shared", "-fvisibility=hidden",
-         "-Wl,-z,defs", "-Wl,-z,now"]
+         "-Wl,-z,defs", "-Wl,-z,now", f"-I{RING}"]
 """The compiler's flags (tests/icd/test_c_program.py adds the sanitizers to them)."""
 
 

@@ -18,12 +18,15 @@
  *   sync.c      VkFence, and the waits and submissions there can be before command buffers
  *   pipeline.c  VkShaderModule, VkPipelineLayout, VkPipeline (the arbiter's programs), VkPipelineCache
  *   descriptor.c  VkDescriptorSetLayout, VkDescriptorPool, VkDescriptorSet and their updates, templates
- *   commands.c  VkCommandPool and VkCommandBuffer: vkCmd* recorded into the arbiter's command lists
+ *   commands.c  VkCommandPool and VkCommandBuffer: the lifecycle, a recording loaded as the arbiter's
+ *               command lists (commands.h: the recording's private shapes)
+ *   record.c    vkCmd* copies, fills, updates, barriers, events and secondary command buffers recorded
+ *   dispatch.c  vkCmd* pipelines, descriptor sets, push constants and dispatches (with bind groups)
  *   queue.c     the data path: the session's ring, tickets, vkQueueSubmit(2) and what waits on it
  *   refused.c   every other core device-level command: refused with an error, or nothing
  *
- * Dispatchable objects (VkInstance, VkPhysicalDevice, VkDevice, VkQueue) begin with the loader's VK_LOADER_DATA
- * slot, set to ICD_LOADER_MAGIC when made; the loader writes its dispatch table there.
+ * Dispatchable objects (VkInstance, VkPhysicalDevice, VkDevice, VkQueue, VkCommandBuffer) begin with
+ * the loader's VK_LOADER_DATA slot, set to ICD_LOADER_MAGIC when made; the loader writes its dispatch table there.
  * Functions return a VkResult, or a count, 0 or a negative errno. No Python runs in here.
  * docs/icd.md has the design. */
 #ifndef LIBSHARE_ICD_H
@@ -362,6 +365,61 @@ void ls_icd_command_buffer_done(struct ls_icd_command_buffer *cb);
  * error that vkEndCommandBuffer will answer (the recording keeps the first). */
 struct ls_desc;
 VkResult ls_icd_record(struct ls_icd_command_buffer *cb, const struct ls_desc *command);
+/* commands.c (pools, the lifecycle), record.c (transfers, barriers, events, secondaries), dispatch.c */
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_CreateCommandPool(VkDevice handle, const VkCommandPoolCreateInfo *info,
+                                                        const VkAllocationCallbacks *allocator, VkCommandPool *out);
+VKAPI_ATTR void VKAPI_CALL ls_icd_DestroyCommandPool(VkDevice handle, VkCommandPool pool,
+                                                     const VkAllocationCallbacks *allocator);
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_ResetCommandPool(VkDevice handle, VkCommandPool pool,
+                                                       VkCommandPoolResetFlags flags);
+VKAPI_ATTR void VKAPI_CALL ls_icd_TrimCommandPool(VkDevice handle, VkCommandPool pool, VkCommandPoolTrimFlags flags);
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_AllocateCommandBuffers(VkDevice handle, const VkCommandBufferAllocateInfo *info,
+                                                             VkCommandBuffer *out);
+VKAPI_ATTR void VKAPI_CALL ls_icd_FreeCommandBuffers(VkDevice handle, VkCommandPool pool, uint32_t count,
+                                                     const VkCommandBuffer *buffers);
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_BeginCommandBuffer(VkCommandBuffer handle, const VkCommandBufferBeginInfo *info);
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_EndCommandBuffer(VkCommandBuffer handle);
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_ResetCommandBuffer(VkCommandBuffer handle, VkCommandBufferResetFlags flags);
+VKAPI_ATTR void VKAPI_CALL ls_icd_CmdCopyBuffer(VkCommandBuffer handle, VkBuffer src, VkBuffer dst, uint32_t count,
+                                                const VkBufferCopy *regions);
+VKAPI_ATTR void VKAPI_CALL ls_icd_CmdFillBuffer(VkCommandBuffer handle, VkBuffer dst, VkDeviceSize offset,
+                                                VkDeviceSize size, uint32_t data);
+VKAPI_ATTR void VKAPI_CALL ls_icd_CmdUpdateBuffer(VkCommandBuffer handle, VkBuffer dst, VkDeviceSize offset,
+                                                  VkDeviceSize size, const void *data);
+VKAPI_ATTR void VKAPI_CALL ls_icd_CmdPipelineBarrier(VkCommandBuffer handle, VkPipelineStageFlags src,
+                                                     VkPipelineStageFlags dst, VkDependencyFlags flags,
+                                                     uint32_t nmemory, const VkMemoryBarrier *memory,
+                                                     uint32_t nbuffer, const VkBufferMemoryBarrier *buffer,
+                                                     uint32_t nimage, const VkImageMemoryBarrier *image);
+VKAPI_ATTR void VKAPI_CALL ls_icd_CmdPipelineBarrier2(VkCommandBuffer handle, const VkDependencyInfo *info);
+VKAPI_ATTR void VKAPI_CALL ls_icd_CmdSetEvent(VkCommandBuffer handle, VkEvent event, VkPipelineStageFlags stages);
+VKAPI_ATTR void VKAPI_CALL ls_icd_CmdResetEvent(VkCommandBuffer handle, VkEvent event, VkPipelineStageFlags stages);
+VKAPI_ATTR void VKAPI_CALL ls_icd_CmdSetEvent2(VkCommandBuffer handle, VkEvent event, const VkDependencyInfo *info);
+VKAPI_ATTR void VKAPI_CALL ls_icd_CmdResetEvent2(VkCommandBuffer handle, VkEvent event, VkPipelineStageFlags2 stages);
+VKAPI_ATTR void VKAPI_CALL ls_icd_CmdWaitEvents(VkCommandBuffer handle, uint32_t count, const VkEvent *events,
+                                                VkPipelineStageFlags src, VkPipelineStageFlags dst, uint32_t nmemory,
+                                                const VkMemoryBarrier *memory, uint32_t nbuffer,
+                                                const VkBufferMemoryBarrier *buffer, uint32_t nimage,
+                                                const VkImageMemoryBarrier *image);
+VKAPI_ATTR void VKAPI_CALL ls_icd_CmdWaitEvents2(VkCommandBuffer handle, uint32_t count, const VkEvent *events,
+                                                 const VkDependencyInfo *infos);
+VKAPI_ATTR void VKAPI_CALL ls_icd_CmdWriteTimestamp2(VkCommandBuffer handle, VkPipelineStageFlags2 stage,
+                                                     VkQueryPool pool, uint32_t query);
+VKAPI_ATTR void VKAPI_CALL ls_icd_CmdExecuteCommands(VkCommandBuffer handle, uint32_t count,
+                                                     const VkCommandBuffer *secondaries);
+VKAPI_ATTR void VKAPI_CALL ls_icd_CmdBindPipeline(VkCommandBuffer handle, VkPipelineBindPoint point,
+                                                  VkPipeline pipeline);
+VKAPI_ATTR void VKAPI_CALL ls_icd_CmdBindDescriptorSets(VkCommandBuffer handle, VkPipelineBindPoint point,
+                                                        VkPipelineLayout layout, uint32_t first, uint32_t count,
+                                                        const VkDescriptorSet *sets, uint32_t ndynamic,
+                                                        const uint32_t *dynamic);
+VKAPI_ATTR void VKAPI_CALL ls_icd_CmdPushConstants(VkCommandBuffer handle, VkPipelineLayout layout,
+                                                   VkShaderStageFlags stages, uint32_t offset, uint32_t size,
+                                                   const void *values);
+VKAPI_ATTR void VKAPI_CALL ls_icd_CmdDispatch(VkCommandBuffer handle, uint32_t x, uint32_t y, uint32_t z);
+VKAPI_ATTR void VKAPI_CALL ls_icd_CmdDispatchBase(VkCommandBuffer handle, uint32_t base_x, uint32_t base_y,
+                                                  uint32_t base_z, uint32_t x, uint32_t y, uint32_t z);
+VKAPI_ATTR void VKAPI_CALL ls_icd_CmdDispatchIndirect(VkCommandBuffer handle, VkBuffer buffer, VkDeviceSize offset);
 
 /* ---- memory.c */
 void ls_icd_memory_release(struct ls_icd_device *device, struct ls_icd_memory *memory);
@@ -400,6 +458,9 @@ VKAPI_ATTR VkResult VKAPI_CALL ls_icd_ResetFences(VkDevice device, uint32_t coun
 VKAPI_ATTR VkResult VKAPI_CALL ls_icd_GetFenceStatus(VkDevice device, VkFence fence);
 VKAPI_ATTR VkResult VKAPI_CALL ls_icd_WaitForFences(VkDevice device, uint32_t count, const VkFence *fences,
                                                     VkBool32 all, uint64_t timeout);
+/* For commands.c, when a submission that sets or resets event ``handle`` was answered (the device's
+ * lock held): its state becomes ``value`` (1 set, 0 reset); a handle no longer an event is ignored. */
+void ls_icd_event_set(struct ls_icd_device *device, uint64_t handle, int value);
 VKAPI_ATTR VkResult VKAPI_CALL ls_icd_QueueSubmit(VkQueue queue, uint32_t count, const VkSubmitInfo *submits,
                                                   VkFence fence);
 

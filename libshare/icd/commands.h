@@ -1,0 +1,57 @@
+/* The command buffers' private shapes: shared by commands.c (pools, the lifecycle, transfers, events,
+ * secondary command buffers) and dispatch.c (pipelines, descriptor sets, push constants, dispatches).
+ * Nothing else includes it; other files append commands through icd.h's ls_icd_record. */
+#ifndef LIBSHARE_ICD_COMMANDS_H
+#define LIBSHARE_ICD_COMMANDS_H
+
+#include "icd.h"
+#include "ring.h"
+
+#define LS_ICD_MOST_SETS 32     /* descriptor sets bound at once (set numbers 0..31) */
+#define LS_ICD_MOST_DYNAMIC 32  /* dynamic offsets of one set */
+
+/* A bind group the arbiter made for a dispatch of the recording: reused by the next dispatch of the
+ * same program over the same entries. */
+struct ls_icd_group {
+    int64_t id;
+    int64_t program;
+    uint32_t nentries;
+    uint64_t *entries;          /* [buffer_id, offset, range] a binding's element */
+};
+
+/* vkCmdSetEvent (value 1) or vkCmdResetEvent (0), applied when a submission is answered. */
+struct ls_icd_event_op {
+    uint64_t event;
+    int value;
+};
+
+struct ls_icd_recording {
+    VkResult error;             /* the first failure while recording, answered by vkEndCommandBuffer */
+    int spent;                  /* ONE_TIME_SUBMIT, submitted once */
+    struct ls_desc *commands;   /* recorded (a primary's until loaded as lists at the end) */
+    uint32_t ncommands, capacity;
+    struct ls_icd_group *groups;
+    uint32_t ngroups, group_capacity;
+    struct ls_icd_event_op *events;
+    uint32_t nevents, event_capacity;
+    uint64_t pipeline;          /* the bound compute pipeline's handle, or 0 */
+    uint64_t sets[LS_ICD_MOST_SETS];                     /* bound descriptor sets' handles, or 0 */
+    uint32_t dynamic[LS_ICD_MOST_SETS][LS_ICD_MOST_DYNAMIC]; /* their dynamic offsets */
+    uint8_t push[LS_MAX_PUSH];  /* vkCmdPushConstants' bytes */
+    /* kept across resets (forget() clears everything above) */
+    VkCommandBufferLevel level;
+    VkCommandPoolCreateFlags pool_flags;
+};
+
+struct ls_icd_command_buffer *ls_icd_command_buffer_of(VkCommandBuffer handle);
+struct ls_icd_command_buffer *ls_icd_command_buffer_find(struct ls_icd_device *device, const void *handle);
+VkResult ls_icd_fail(struct ls_icd_command_buffer *cb, VkResult result, const char *why);
+int ls_icd_grow(void **items, uint32_t *capacity, uint32_t wanted, size_t size);
+/* record.c: the arbiter's buffer and absolute offset of a VkBuffer's range, checked inside it; its size */
+int ls_icd_buffer_range(struct ls_icd_device *device, uint64_t buffer, uint64_t offset, uint64_t size, uint32_t *id,
+                        uint64_t *at);
+uint64_t ls_icd_buffer_size(struct ls_icd_device *device, uint64_t buffer);
+VkResult ls_icd_record_barrier(struct ls_icd_command_buffer *cb);
+
+
+#endif

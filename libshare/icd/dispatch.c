@@ -1,0 +1,265 @@
+/* Dispatches recorded: the bound pipeline and descriptor sets, push constants, and the bind groups.
+ *
+ * vkCmdBindPipeline keeps the compute pipeline (the graphics bind point, or a wrong handle, is the
+ * recording's error); vkCmdBindDescriptorSets keeps each set's handle at its number (0..31) with its
+ * dynamic offsets (as many as the set's dynamic descriptors, in binding order, each element of an
+ * array one; the count given must be exactly theirs); vkCmdPushConstants keeps the bytes (within
+ * LS_MAX_PUSH, 128) for every later dispatch.
+ *
+ * vkCmdDispatch is one LS_OP_DISPATCH (nothing for a group count of 0, as Vulkan runs nothing) of
+ * the pipeline's program, with the pipeline's push_size bytes of the push constants, and, when the
+ * program binds buffers, flag LS_DESC_GROUP naming a bind group made for it: the descriptors of
+ * the bound sets are read at the dispatch (Vulkan forbids changing a bound set before the
+ * submission completes, so a snapshot then is what the device would read), one entry an element,
+ * in the pipeline's ``resources`` order, each its buffer's arbiter buffer, absolute offset (plus
+ * its dynamic offset) and range (VK_WHOLE_SIZE: to the VkBuffer's end), checked inside the
+ * VkBuffer. The group is {"op":"bind_group","program_id":P,"buffers":[[id,offset,range],...]}
+ * (ls_icd_ask), reused for a later dispatch of the same program over the same entries within the
+ * command buffer, and freed with the recording (commands.c). vkCmdDispatchBase runs only from base
+ * (0,0,0): a base is a pipeline's VK_PIPELINE_CREATE_DISPATCH_BASE_BIT, which no pipeline of this
+ * driver has, so any other base is invalid. vkCmdDispatchIndirect is one LS_OP_DISPATCH_INDIRECT
+ * whose counts are the VkBuffer's memory at its absolute offset (12 bytes inside the buffer, the
+ * offset a multiple of 4), clamped by the engine. No pipeline bound, a set not bound, freed or
+ * of another layout's shape, a descriptor never written, a range past its buffer, or a group
+ * the arbiter refused (QuotaExceeded: VK_ERROR_OUT_OF_DEVICE_MEMORY) is the recording's first
+ * error (commands.c). */
+#define _GNU_SOURCE
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "commands.h"
+
+#define MOST_ENTRIES 32u /* LS_ENGINE_MAX_BINDINGS: a bind group's entries */
+
+static int dynamic_type(VkDescriptorType type)
+{
+    return type == VK_DESCRIPTOR_TYPE_UNIFORM_BUFFER_DYNAMIC || type == VK_DESCRIPTOR_TYPE_STORAGE_BUFFER_DYNAMIC;
+}
+
+/* The dynamic descriptors of a set of ``layout``. */
+static uint32_t dynamic_count(const struct ls_icd_set_layout *layout)
+{
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < layout->nbindings; i++)
+        if (dynamic_type(layout->bindings[i].type))
+            n += layout->bindings[i].count;
+    return n;
+}
+
+VKAPI_ATTR void VKAPI_CALL ls_icd_CmdBindPipeline(VkCommandBuffer handle, VkPipelineBindPoint point,
+                                                  VkPipeline pipeline)
+{
+    struct ls_icd_command_buffer *cb = ls_icd_command_buffer_of(handle);
+    pthread_mutex_lock(&cb->device->lock);
+    if (point != VK_PIPELINE_BIND_POINT_COMPUTE ||
+        ls_icd_object_find(&cb->device->objects, (uint64_t)(uintptr_t)pipeline, LS_ICD_PIPELINE) == NULL)
+        ls_icd_fail(cb, LS_ICD_INVALID, "vkCmdBindPipeline: not a compute pipeline");
+    else
+        cb->recording->pipeline = (uint64_t)(uintptr_t)pipeline;
+    pthread_mutex_unlock(&cb->device->lock);
+}
+
+VKAPI_ATTR void VKAPI_CALL ls_icd_CmdBindDescriptorSets(VkCommandBuffer handle, VkPipelineBindPoint point,
+                                                        VkPipelineLayout layout, uint32_t first, uint32_t count,
+                                                        const VkDescriptorSet *sets, uint32_t ndynamic,
+                                                        const uint32_t *dynamic)
+{
+    struct ls_icd_command_buffer *cb = ls_icd_command_buffer_of(handle);
+    struct ls_icd_recording *rec = cb->recording;
+    uint32_t used = 0;
+    (void)layout; /* a set's own layout copy says what it holds */
+    pthread_mutex_lock(&cb->device->lock);
+    if (point != VK_PIPELINE_BIND_POINT_COMPUTE || first > LS_ICD_MOST_SETS || count > LS_ICD_MOST_SETS - first) {
+        ls_icd_fail(cb, LS_ICD_INVALID, "vkCmdBindDescriptorSets: not the compute bind point, or past set 31");
+        count = 0;
+    }
+    for (uint32_t k = 0; k < count; k++) {
+        struct ls_icd_object *set = ls_icd_object_find(&cb->device->objects, (uint64_t)(uintptr_t)sets[k],
+                                                       LS_ICD_DESCRIPTOR_SET);
+        uint32_t n = set ? dynamic_count(&set->u.set.layout) : 0;
+        if (set == NULL || n > LS_ICD_MOST_DYNAMIC || n > ndynamic - used) {
+            ls_icd_fail(cb, LS_ICD_INVALID, "vkCmdBindDescriptorSets: a wrong set, or too few dynamic offsets");
+            break;
+        }
+        rec->sets[first + k] = (uint64_t)(uintptr_t)sets[k];
+        if (n > 0)
+            memcpy(rec->dynamic[first + k], dynamic + used, n * sizeof(*dynamic));
+        used += n;
+    }
+    if (used != ndynamic)
+        ls_icd_fail(cb, LS_ICD_INVALID, "vkCmdBindDescriptorSets: more dynamic offsets than the sets' descriptors");
+    pthread_mutex_unlock(&cb->device->lock);
+}
+
+VKAPI_ATTR void VKAPI_CALL ls_icd_CmdPushConstants(VkCommandBuffer handle, VkPipelineLayout layout,
+                                                   VkShaderStageFlags stages, uint32_t offset, uint32_t size,
+                                                   const void *values)
+{
+    struct ls_icd_command_buffer *cb = ls_icd_command_buffer_of(handle);
+    (void)layout, (void)stages;
+    if (offset > LS_MAX_PUSH || size > LS_MAX_PUSH - offset || size == 0 || offset % 4 || size % 4 || !values)
+        ls_icd_fail(cb, LS_ICD_INVALID, "vkCmdPushConstants: a range past 128 bytes, or not of words");
+    else
+        memcpy(cb->recording->push + offset, values, size);
+}
+
+/* Element ``element`` of ``binding`` of bound set ``number`` as a bind group's entry (the device's lock
+ * held): 0, or -1 (the recording's error set). */
+static int entry_of(struct ls_icd_command_buffer *cb, uint32_t number, uint32_t binding, uint32_t element,
+                    uint64_t entry[3])
+{
+    struct ls_icd_recording *rec = cb->recording;
+    struct ls_icd_object *set = number < LS_ICD_MOST_SETS
+        ? ls_icd_object_find(&cb->device->objects, rec->sets[number], LS_ICD_DESCRIPTOR_SET) : NULL;
+    const struct ls_icd_set_layout *layout;
+    const struct ls_icd_descriptor *descriptor = NULL;
+    uint32_t dynamic = 0, id;
+    uint64_t offset, range, size;
+    if (set == NULL) {
+        ls_icd_fail(cb, LS_ICD_INVALID, "a dispatch: its pipeline's descriptor set is not bound (or was freed)");
+        return -1;
+    }
+    layout = &set->u.set.layout;
+    for (uint32_t i = 0; i < layout->nbindings && descriptor == NULL; i++) {
+        const struct ls_icd_layout_binding *b = &layout->bindings[i];
+        if (b->binding == binding && element < b->count)
+            descriptor = &set->u.set.entries[b->first + element];
+        else if (dynamic_type(b->type))
+            dynamic += b->count;
+    }
+    if (descriptor == NULL || descriptor->buffer == 0) {
+        ls_icd_fail(cb, LS_ICD_INVALID, "a dispatch: a descriptor its pipeline reads is missing or never written");
+        return -1;
+    }
+    offset = descriptor->offset + (dynamic_type(descriptor->type) ? rec->dynamic[number][dynamic + element] : 0);
+    size = ls_icd_buffer_size(cb->device, descriptor->buffer);
+    range = descriptor->range == VK_WHOLE_SIZE ? (offset < size ? size - offset : 0) : descriptor->range;
+    if (offset < descriptor->offset || range == 0 ||
+        ls_icd_buffer_range(cb->device, descriptor->buffer, offset, range, &id, &entry[1]) < 0) {
+        ls_icd_fail(cb, LS_ICD_INVALID, "a dispatch: a descriptor's range is outside its buffer, or it was freed");
+        return -1;
+    }
+    entry[0] = id;
+    entry[2] = range;
+    return 0;
+}
+
+/* The bind group of ``pipeline`` over what the bound sets hold now (the device's lock held): made, or
+ * one already made by this recording; 0, or -1 (the recording's error set). */
+static int group_of(struct ls_icd_command_buffer *cb, const struct ls_icd_pipeline *pipeline, uint32_t *group)
+{
+    struct ls_icd_recording *rec = cb->recording;
+    uint64_t entries[3 * MOST_ENTRIES];
+    uint32_t n = 0;
+    char text[160 + MOST_ENTRIES * 66];
+    size_t at;
+    struct ls_icd_frame frame;
+    cJSON *reply;
+    int64_t id;
+    VkResult result;
+    if (pipeline->nbuffers > MOST_ENTRIES) {
+        ls_icd_fail(cb, LS_ICD_INVALID, "a dispatch: its pipeline binds more than 32 buffers");
+        return -1;
+    }
+    for (uint32_t r = 0; r < pipeline->nresources; r++)
+        for (uint32_t e = 0; e < pipeline->resources[r].count && n < MOST_ENTRIES; e++, n++)
+            if (entry_of(cb, pipeline->resources[r].set, pipeline->resources[r].binding, e, &entries[3 * n]) < 0)
+                return -1;
+    for (uint32_t g = 0; g < rec->ngroups; g++) {
+        if (rec->groups[g].program == pipeline->program_id && rec->groups[g].nentries == n &&
+            memcmp(rec->groups[g].entries, entries, 3 * n * sizeof(*entries)) == 0) {
+            *group = (uint32_t)rec->groups[g].id;
+            return 0;
+        }
+    }
+    at = (size_t)snprintf(text, sizeof(text), "{\"op\":\"bind_group\",\"program_id\":%lld,\"buffers\":[",
+                          (long long)pipeline->program_id);
+    for (uint32_t k = 0; k < n; k++)
+        at += (size_t)snprintf(text + at, sizeof(text) - at, "%s[%llu,%llu,%llu]", k ? "," : "",
+                               (unsigned long long)entries[3 * k], (unsigned long long)entries[3 * k + 1],
+                               (unsigned long long)entries[3 * k + 2]);
+    snprintf(text + at, sizeof(text) - at, "]}");
+    if (ls_icd_grow((void **)&rec->groups, &rec->group_capacity, rec->ngroups + 1, sizeof(*rec->groups)) < 0) {
+        ls_icd_fail(cb, VK_ERROR_OUT_OF_HOST_MEMORY, "out of memory");
+        return -1;
+    }
+    result = ls_icd_ask(cb->device, text, NULL, 0, &frame, 0, &reply, LS_ICD_INVALID);
+    id = result == VK_SUCCESS ? ls_icd_whole_field(reply, "group_id", 0, 2147483647.0) : -1;
+    cJSON_Delete(reply);
+    ls_icd_frame_free(&frame);
+    if (result != VK_SUCCESS || id < 0) {
+        ls_icd_fail(cb, result != VK_SUCCESS ? result : LS_ICD_INVALID, "the arbiter refused a dispatch's bind group");
+        return -1;
+    }
+    rec->groups[rec->ngroups] = (struct ls_icd_group){id, pipeline->program_id, n, malloc(3 * n * sizeof(*entries) + 1)};
+    if (rec->groups[rec->ngroups].entries == NULL) {
+        ls_icd_forget(cb->device, "group_id", id);
+        ls_icd_fail(cb, VK_ERROR_OUT_OF_HOST_MEMORY, "out of memory");
+        return -1;
+    }
+    memcpy(rec->groups[rec->ngroups++].entries, entries, 3 * n * sizeof(*entries));
+    *group = (uint32_t)id;
+    return 0;
+}
+
+/* One dispatch of the bound pipeline (the device's lock held): LS_OP_DISPATCH with groups (x, y, z), or
+ * LS_OP_DISPATCH_INDIRECT with (buffer, offset low, offset high). */
+static void dispatch(struct ls_icd_command_buffer *cb, uint32_t opcode, uint32_t x, uint32_t y, uint32_t z)
+{
+    struct ls_icd_object *object = ls_icd_object_find(&cb->device->objects, cb->recording->pipeline, LS_ICD_PIPELINE);
+    const struct ls_icd_pipeline *pipeline;
+    uint32_t group = 0, nbuffers = 0;
+    struct ls_desc command;
+    if (cb->recording->error != VK_SUCCESS)
+        return;
+    if (object == NULL) {
+        ls_icd_fail(cb, LS_ICD_INVALID, "a dispatch with no compute pipeline bound (or one destroyed)");
+        return;
+    }
+    pipeline = &object->u.pipeline;
+    if (pipeline->nbuffers > 0) {
+        if (group_of(cb, pipeline, &group) < 0)
+            return;
+        opcode |= LS_DESC_GROUP << 16;
+        nbuffers = 1;
+    }
+    if (ls_encode_op((char *)&command, opcode, (uint32_t)pipeline->program_id, x, y, z, nbuffers, &group, 0, NULL,
+                     cb->recording->push, pipeline->push_size) < 0)
+        ls_icd_fail(cb, LS_ICD_INVALID, "a dispatch the ring cannot encode");
+    else
+        ls_icd_record(cb, &command);
+}
+
+VKAPI_ATTR void VKAPI_CALL ls_icd_CmdDispatch(VkCommandBuffer handle, uint32_t x, uint32_t y, uint32_t z)
+{
+    struct ls_icd_command_buffer *cb = ls_icd_command_buffer_of(handle);
+    if (x == 0 || y == 0 || z == 0)
+        return; /* Vulkan runs nothing */
+    pthread_mutex_lock(&cb->device->lock);
+    dispatch(cb, LS_OP_DISPATCH, x, y, z);
+    pthread_mutex_unlock(&cb->device->lock);
+}
+
+VKAPI_ATTR void VKAPI_CALL ls_icd_CmdDispatchBase(VkCommandBuffer handle, uint32_t base_x, uint32_t base_y,
+                                                  uint32_t base_z, uint32_t x, uint32_t y, uint32_t z)
+{
+    if (base_x || base_y || base_z)
+        ls_icd_fail(ls_icd_command_buffer_of(handle), LS_ICD_INVALID,
+                    "vkCmdDispatchBase: a base other than 0 (no pipeline has VK_PIPELINE_CREATE_DISPATCH_BASE_BIT)");
+    else
+        ls_icd_CmdDispatch(handle, x, y, z);
+}
+
+VKAPI_ATTR void VKAPI_CALL ls_icd_CmdDispatchIndirect(VkCommandBuffer handle, VkBuffer buffer, VkDeviceSize offset)
+{
+    struct ls_icd_command_buffer *cb = ls_icd_command_buffer_of(handle);
+    uint32_t id;
+    uint64_t at;
+    pthread_mutex_lock(&cb->device->lock);
+    if (offset % 4 || ls_icd_buffer_range(cb->device, (uint64_t)(uintptr_t)buffer, offset, 12, &id, &at) < 0)
+        ls_icd_fail(cb, LS_ICD_INVALID, "vkCmdDispatchIndirect: a wrong buffer, or its counts outside it");
+    else
+        dispatch(cb, LS_OP_DISPATCH_INDIRECT, id, (uint32_t)at, (uint32_t)(at >> 32));
+    pthread_mutex_unlock(&cb->device->lock);
+}

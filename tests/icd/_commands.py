@@ -1,0 +1,209 @@
+"""An unmodified Vulkan program on the ``vulkan`` bindings: command pools and command buffers.
+
+``python _commands.py MODE`` prints one JSON line of what Vulkan answered (an error by its class name):
+
+- ``lists``: command buffers of copies, fills, updates and barriers ended (the arbiter loads their
+  lists); one of 1500 commands (two lists); a secondary command buffer executed by a primary; pools
+  reset, trimmed and destroyed with their command buffers.
+- ``quota``: command buffers of one fill each ended until the arbiter's bound on a session's lists
+  refuses one; then one freed, and another ended.
+- ``hostile``: wrong use while recording (a copy past a buffer, a fill not of words, an update past
+  65536 bytes, a wrong buffer, a dispatch with no pipeline, a graphics bind point, a buffer destroyed
+  before its command, a secondary that is not executable), a reset without the pool's flag, a second
+  begin without it, an end twice; then an honest command buffer still ends.
+
+It knows nothing of libshare.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import vulkan as vk
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from _memory import allocate, make_buffer, open_device, outcome  # noqa: E402
+
+WHOLE_SIZE = (1 << 64) - 1  # VK_WHOLE_SIZE (the bindings spell it -1)
+RESETTABLE = vk.VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT
+
+
+def make_pool(device, flags=RESETTABLE):
+    return vk.vkCreateCommandPool(device, vk.VkCommandPoolCreateInfo(flags=flags, queueFamilyIndex=0), None)
+
+
+def command_buffers(device, pool, count=1, level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY):
+    return vk.vkAllocateCommandBuffers(device, vk.VkCommandBufferAllocateInfo(
+        commandPool=pool, level=level, commandBufferCount=count))
+
+
+def begin(cb, flags=0, secondary=False):
+    inheritance = vk.VkCommandBufferInheritanceInfo() if secondary else None
+    vk.vkBeginCommandBuffer(cb, vk.VkCommandBufferBeginInfo(flags=flags, pInheritanceInfo=inheritance))
+
+
+def end(cb):
+    return outcome(vk.vkEndCommandBuffer, cb)
+
+
+def bound_buffers(device, host, count, size):
+    """``count`` buffers of ``size`` bytes bound side by side in one host-visible memory."""
+    buffers = [make_buffer(device, size) for _ in range(count)]
+    step = vk.vkGetBufferMemoryRequirements(device, buffers[0]).size
+    memory = allocate(device, step * count, host)
+    for k, buffer in enumerate(buffers):
+        vk.vkBindBufferMemory(device, buffer, memory, k * step)
+    return memory, buffers
+
+
+def barrier(cb):
+    vk.vkCmdPipelineBarrier(cb, vk.VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, vk.VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, 0,
+                            0, None, 0, None, 0, None)
+
+
+def update(cb, buffer, offset, data: bytes):
+    vk.vkCmdUpdateBuffer(cb, buffer, offset, len(data), vk.ffi.from_buffer(data))
+
+
+def transfers(cb, a, b):
+    vk.vkCmdFillBuffer(cb, a, 0, WHOLE_SIZE, 7)
+    barrier(cb)
+    update(cb, a, 16, bytes(range(200)))
+    vk.vkCmdCopyBuffer(cb, a, b, 2, [vk.VkBufferCopy(srcOffset=0, dstOffset=64, size=256),
+                                     vk.VkBufferCopy(srcOffset=512, dstOffset=0, size=4)])
+
+
+def lists() -> dict:
+    instance, device, host = open_device()
+    memory, (a, b) = bound_buffers(device, host, 2, 4096)
+    pool = make_pool(device)
+    seen = {}
+    first, big = command_buffers(device, pool, 2)
+    begin(first)
+    transfers(first, a, b)
+    seen["transfers"] = end(first)
+    begin(big, vk.VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT)
+    for k in range(1500):
+        vk.vkCmdFillBuffer(big, a, 4 * (k % 1024), 4, k)
+    seen["1500 commands"] = end(big)
+    seen["empty"] = (begin(first), end(first))[1]  # an implicit reset: the pool allows it
+    secondary, = command_buffers(device, pool, 1, vk.VK_COMMAND_BUFFER_LEVEL_SECONDARY)
+    begin(secondary, secondary=True)
+    transfers(secondary, a, b)
+    seen["secondary"] = end(secondary)
+    primary, = command_buffers(device, pool)
+    begin(primary)
+    vk.vkCmdExecuteCommands(primary, 1, [secondary])
+    vk.vkCmdExecuteCommands(primary, 1, [secondary])
+    seen["executes"] = end(primary)
+    seen["reset"] = outcome(vk.vkResetCommandBuffer, big, 0)
+    seen["pool reset"] = outcome(vk.vkResetCommandPool, device, pool, 0)
+    vk.vkTrimCommandPool(device, pool, 0)
+    begin(first)
+    transfers(first, a, b)
+    seen["after pool reset"] = end(first)
+    vk.vkFreeCommandBuffers(device, pool, 2, [first, big])
+    vk.vkDestroyCommandPool(device, pool, None)  # with the secondary and the primary still in it
+    for buffer in (a, b):
+        vk.vkDestroyBuffer(device, buffer, None)
+    vk.vkFreeMemory(device, memory, None)
+    vk.vkDestroyDevice(device, None)
+    vk.vkDestroyInstance(instance, None)
+    return seen
+
+
+def quota() -> dict:
+    instance, device, host = open_device()
+    memory, (a,) = bound_buffers(device, host, 1, 4096)
+    pool = make_pool(device)
+    held, answers = [], []
+    for _ in range(70):
+        cb, = command_buffers(device, pool)
+        begin(cb)
+        vk.vkCmdFillBuffer(cb, a, 0, 4, 1)
+        answers.append(end(cb))
+        held.append(cb)
+    refused = answers.index("VkErrorOutOfDeviceMemory") if "VkErrorOutOfDeviceMemory" in answers else None
+    vk.vkFreeCommandBuffers(device, pool, 1, [held[0]])
+    again, = command_buffers(device, pool)
+    begin(again)
+    vk.vkCmdFillBuffer(again, a, 0, 4, 2)
+    seen = {"ended": answers.count("ok"), "first refused": refused, "after a free": end(again)}
+    vk.vkDestroyCommandPool(device, pool, None)
+    vk.vkDestroyBuffer(device, a, None)
+    vk.vkFreeMemory(device, memory, None)
+    vk.vkDestroyDevice(device, None)
+    vk.vkDestroyInstance(instance, None)
+    return seen
+
+
+def recorded(device, pool, record) -> str:
+    """What vkEndCommandBuffer answers for a command buffer ``record(cb)`` recorded."""
+    cb, = command_buffers(device, pool)
+    begin(cb)
+    record(cb)
+    return end(cb)
+
+
+def hostile() -> dict:
+    instance, device, host = open_device()
+    memory, (a, b) = bound_buffers(device, host, 2, 4096)
+    doomed = make_buffer(device, 4096)  # never bound
+    pool = make_pool(device)
+    wrong_buffer = vk.ffi.cast("VkBuffer", 0x0100_0000_0000_0001)
+    wrong_pipeline = vk.ffi.cast("VkPipeline", 0x0900_0000_0000_0001)
+    secondary, = command_buffers(device, pool, 1, vk.VK_COMMAND_BUFFER_LEVEL_SECONDARY)  # never recorded
+    seen = {
+        "copy past a buffer": recorded(device, pool, lambda cb: vk.vkCmdCopyBuffer(
+            cb, a, b, 1, [vk.VkBufferCopy(srcOffset=4000, dstOffset=0, size=200)])),
+        "copy of size 0": recorded(device, pool, lambda cb: vk.vkCmdCopyBuffer(
+            cb, a, b, 1, [vk.VkBufferCopy(srcOffset=0, dstOffset=0, size=0)])),
+        "fill not of words": recorded(device, pool, lambda cb: vk.vkCmdFillBuffer(cb, a, 2, 8, 0)),
+        "fill past a buffer": recorded(device, pool, lambda cb: vk.vkCmdFillBuffer(cb, a, 4092, 8, 0)),
+        "update past 65536 bytes": recorded(device, pool, lambda cb: update(cb, a, 0, bytes(65540))),
+        "wrong buffer": recorded(device, pool, lambda cb: vk.vkCmdFillBuffer(cb, wrong_buffer, 0, 4, 0)),
+        "unbound buffer": recorded(device, pool, lambda cb: vk.vkCmdFillBuffer(cb, doomed, 0, 4, 0)),
+        "dispatch with no pipeline": recorded(device, pool, lambda cb: vk.vkCmdDispatch(cb, 1, 1, 1)),
+        "indirect dispatch with no pipeline": recorded(device, pool, lambda cb: vk.vkCmdDispatchIndirect(cb, a, 0)),
+        "wrong pipeline": recorded(device, pool, lambda cb: vk.vkCmdBindPipeline(
+            cb, vk.VK_PIPELINE_BIND_POINT_COMPUTE, wrong_pipeline)),
+        "graphics bind point": recorded(device, pool, lambda cb: vk.vkCmdBindPipeline(
+            cb, vk.VK_PIPELINE_BIND_POINT_GRAPHICS, wrong_pipeline)),
+        "push constants past 128 bytes": recorded(device, pool, lambda cb: vk.vkCmdPushConstants(
+            cb, vk.ffi.cast("VkPipelineLayout", 0), vk.VK_SHADER_STAGE_COMPUTE_BIT, 124, 8, vk.ffi.new("char[8]"))),
+        "secondary not executable": recorded(device, pool, lambda cb: vk.vkCmdExecuteCommands(cb, 1, [secondary])),
+    }
+    destroyed = make_buffer(device, 4096)
+    vk.vkBindBufferMemory(device, destroyed, memory, 0)
+    vk.vkDestroyBuffer(device, destroyed, None)
+    seen["destroyed buffer"] = recorded(device, pool, lambda cb: vk.vkCmdFillBuffer(cb, destroyed, 0, 4, 0))
+    fixed = make_pool(device, 0)  # no RESET_COMMAND_BUFFER_BIT
+    cb, = command_buffers(device, fixed)
+    begin(cb)
+    vk.vkCmdFillBuffer(cb, a, 0, 4, 0)
+    seen["ended"] = end(cb)
+    seen["ended twice"] = end(cb)
+    seen["reset without the flag"] = outcome(vk.vkResetCommandBuffer, cb, 0)
+    seen["begin again without the flag"] = outcome(begin, cb)
+    seen["pool reset"] = outcome(vk.vkResetCommandPool, device, fixed, 0)  # allowed: the pool's own reset
+    seen["begin after the pool reset"] = outcome(begin, cb)
+    vk.vkFreeCommandBuffers(device, pool, 1, [cb])  # not this pool's: nothing happens
+    seen["still there"] = end(cb)
+    honest, = command_buffers(device, pool)
+    begin(honest)
+    transfers(honest, a, b)
+    seen["honest"] = end(honest)
+    vk.vkDestroyCommandPool(device, fixed, None)
+    vk.vkDestroyCommandPool(device, pool, None)
+    vk.vkDestroyDevice(device, None)
+    vk.vkDestroyInstance(instance, None)
+    return seen
+
+
+def main() -> None:
+    print(json.dumps({"lists": lists, "quota": quota, "hostile": hostile}[sys.argv[1]]()), flush=True)
+
+
+if __name__ == "__main__":
+    main()
