@@ -1,0 +1,117 @@
+"""An unmodified Vulkan program on the ``vulkan`` bindings: timestamp query pools.
+
+``python _queries.py MODE`` prints one JSON line of what Vulkan answered (an error by its class name):
+
+- ``pools``: pools of each query type made (timestamps alone offered); a new pool's results read
+  without and with availability and partial results; command buffers that reset the pool, write
+  timestamps around copies and copy the results (64- and 32-bit, with availability) ended (the
+  arbiter loads their lists); then wrong use while recording (queries outside the pool, a wrong pool,
+  a copy misaligned, past its buffer, or of several queries with a stride of 0, begin and end query)
+  and while reading (a wrong pool, a stride or data too small, a destroyed pool); then an honest
+  command buffer still ends.
+
+It knows nothing of libshare.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import vulkan as vk
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from _commands import begin, bound_buffers, command_buffers, end, make_pool, recorded  # noqa: E402
+from _memory import open_device, outcome  # noqa: E402
+
+QUERIES = 8
+WIDE = vk.VK_QUERY_RESULT_64_BIT
+AVAILABILITY = vk.VK_QUERY_RESULT_WITH_AVAILABILITY_BIT
+
+
+def query_pool(device, kind=vk.VK_QUERY_TYPE_TIMESTAMP, count=QUERIES):
+    return vk.vkCreateQueryPool(device, vk.VkQueryPoolCreateInfo(queryType=kind, queryCount=count), None)
+
+
+def results(device, pool, first, count, flags, stride=16, size=None):
+    """vkGetQueryPoolResults' answer and the words of its data (64-bit words, or 32-bit without WIDE), each
+    0xab... where it wrote nothing."""
+    size = stride * count if size is None else size
+    data = vk.ffi.new("char[]", b"\xab" * max(size, 1))  # a byte no result is made of: what was left alone
+    answer = outcome(vk.vkGetQueryPoolResults, device, pool, first, count, size, data, stride, flags)
+    kind = "uint64_t *" if flags & WIDE else "uint32_t *"
+    words = vk.ffi.cast(kind, data)
+    return answer, [int(words[k]) for k in range(size // vk.ffi.sizeof(kind[:-2]))]
+
+
+def stamps(cb, pool, a, b):
+    """A reset, then timestamps around copies, then the results copied into ``b``: 64-bit with
+    availability at 0, 32-bit with availability at 256."""
+    vk.vkCmdResetQueryPool(cb, pool, 0, QUERIES)
+    vk.vkCmdWriteTimestamp(cb, vk.VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, pool, 0)
+    vk.vkCmdCopyBuffer(cb, a, b, 1, [vk.VkBufferCopy(srcOffset=0, dstOffset=1024, size=1024)])
+    vk.vkCmdWriteTimestamp(cb, vk.VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, pool, 1)
+    vk.vkCmdCopyQueryPoolResults(cb, pool, 0, 2, b, 0, 16, WIDE | AVAILABILITY | vk.VK_QUERY_RESULT_WAIT_BIT)
+    vk.vkCmdCopyQueryPoolResults(cb, pool, 0, 2, b, 256, 8, AVAILABILITY)
+
+
+def pools() -> dict:
+    instance, device, host = open_device()
+    memory, (a, b) = bound_buffers(device, host, 2, 4096)
+    seen = {
+        "occlusion": outcome(query_pool, device, vk.VK_QUERY_TYPE_OCCLUSION),
+        "pipeline statistics": outcome(query_pool, device, vk.VK_QUERY_TYPE_PIPELINE_STATISTICS),
+        "no queries": outcome(query_pool, device, vk.VK_QUERY_TYPE_TIMESTAMP, 0),
+    }
+    pool = query_pool(device)
+    seen["new, waiting for none"] = results(device, pool, 0, QUERIES, WIDE, 8)
+    seen["new, with availability"] = results(device, pool, 0, 2, WIDE | AVAILABILITY)
+    seen["new, partial"] = results(device, pool, 6, 2, AVAILABILITY | vk.VK_QUERY_RESULT_PARTIAL_BIT, 8)
+    cpool = make_pool(device)
+    seen["recorded"] = recorded(device, cpool, lambda cb: stamps(cb, pool, a, b))
+    secondary, = command_buffers(device, cpool, 1, vk.VK_COMMAND_BUFFER_LEVEL_SECONDARY)
+    begin(secondary, secondary=True)
+    stamps(secondary, pool, a, b)
+    seen["secondary"] = end(secondary)
+    wrong = vk.ffi.cast("VkQueryPool", 0x0F00_0000_0000_0001)
+    hostile = {
+        "reset past the pool": lambda cb: vk.vkCmdResetQueryPool(cb, pool, 4, QUERIES),
+        "reset of none": lambda cb: vk.vkCmdResetQueryPool(cb, pool, 0, 0),
+        "timestamp past the pool": lambda cb: vk.vkCmdWriteTimestamp(
+            cb, vk.VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, pool, QUERIES),
+        "timestamp into a wrong pool": lambda cb: vk.vkCmdWriteTimestamp(
+            cb, vk.VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, wrong, 0),
+        "copy of queries past the pool": lambda cb: vk.vkCmdCopyQueryPoolResults(cb, pool, 7, 2, b, 0, 16, WIDE),
+        "copy past the buffer": lambda cb: vk.vkCmdCopyQueryPoolResults(cb, pool, 0, 2, b, 4088, 16, WIDE),
+        "copy misaligned": lambda cb: vk.vkCmdCopyQueryPoolResults(cb, pool, 0, 1, b, 4, 8, WIDE),
+        "copy with a stride of 0": lambda cb: vk.vkCmdCopyQueryPoolResults(cb, pool, 0, 2, b, 0, 0, WIDE),
+        "copy with a stride too small": lambda cb: vk.vkCmdCopyQueryPoolResults(
+            cb, pool, 0, 2, b, 0, 8, WIDE | AVAILABILITY),
+        "begin query": lambda cb: vk.vkCmdBeginQuery(cb, pool, 0, 0),
+        "end query": lambda cb: vk.vkCmdEndQuery(cb, pool, 0),
+    }
+    for what, record in hostile.items():
+        seen[what] = recorded(device, cpool, record)
+    seen["results of a wrong pool"] = results(device, wrong, 0, 1, WIDE, 8)[0]
+    seen["results past the pool"] = results(device, pool, 4, QUERIES, WIDE, 8)[0]
+    seen["results into too little"] = results(device, pool, 0, 2, WIDE, 8, 12)[0]
+    seen["results misaligned"] = results(device, pool, 0, 2, WIDE, 12)[0]
+    vk.vkDestroyQueryPool(device, pool, None)
+    seen["results of a destroyed pool"] = results(device, pool, 0, 1, WIDE, 8)[0]
+    seen["timestamp into a destroyed pool"] = recorded(device, cpool, lambda cb: vk.vkCmdWriteTimestamp(
+        cb, vk.VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, pool, 0))
+    again = query_pool(device)
+    seen["honest"] = recorded(device, cpool, lambda cb: stamps(cb, again, a, b))
+    vk.vkDestroyQueryPool(device, again, None)
+    vk.vkDestroyQueryPool(device, wrong, None)  # a wrong handle: nothing happens
+    vk.vkDestroyCommandPool(device, cpool, None)
+    for buffer in (a, b):
+        vk.vkDestroyBuffer(device, buffer, None)
+    vk.vkFreeMemory(device, memory, None)
+    vk.vkDestroyDevice(device, None)
+    vk.vkDestroyInstance(instance, None)
+    return seen
+
+
+if __name__ == "__main__":
+    print(json.dumps({"pools": pools}[sys.argv[1]]()), flush=True)

@@ -1,0 +1,50 @@
+"""The Vulkan driver's timestamp query pools under an unmodified program.
+
+tests/icd/_queries.py (the ``vulkan`` bindings, through the real loader and ``libshare-run``, against a
+real arbiter with lavapipe behind it) makes pools (timestamps alone offered), reads a new pool's results
+(unavailable: VK_NOT_READY, or zeros with PARTIAL; availability 0), records resets, timestamps and
+results copied (64- and 32-bit, with availability) into command buffers whose lists the arbiter
+accepts (it checks every command: LS_OP_FILL, LS_OP_TIMESTAMP, LS_OP_COPY), and finds wrong use an
+error of that program alone, beside an honest client whose results are checked.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from tests.conftest import stop_process
+from tests.arbiter.conftest import start_client
+from tests.icd.conftest import environment, libshare_run, probe
+
+QUERIES = Path(__file__).resolve().parent / "_queries.py"
+INVALID = "VkErrorUnknown"  # VK_ERROR_UNKNOWN: invalid input the driver detected
+ABSENT = "VkErrorFeatureNotPresent"
+
+
+def run_queries(pipe_dir: Path, *args: str) -> dict:
+    return probe(libshare_run("--name", "queries", "--", sys.executable, str(QUERIES), *args), environment(pipe_dir))
+
+
+def test_timestamp_pools_recorded_and_read_and_wrong_use_refused_beside_an_honest_client(daemon):
+    _process, pipe_dir = daemon
+    honest = start_client("mixed", pipe_dir, 5, 20)  # checks every result against numpy
+    try:
+        seen = run_queries(pipe_dir, "pools")
+        assert honest.communicate(timeout=300)[0].strip() == "ok"
+    finally:
+        stop_process(honest)
+    left = [0xABABABABABABABAB, 0xABABABAB]  # a word vkGetQueryPoolResults left alone (64- and 32-bit)
+    assert seen.pop("new, waiting for none") == ["VkNotReady", [left[0]] * 8], seen  # unavailable: left alone
+    assert seen.pop("new, with availability") == ["VkNotReady", [left[0], 0, left[0], 0]], seen
+    assert seen.pop("new, partial") == ["ok", [0] * 4], seen  # 32-bit: value 0, availability 0, twice
+    assert "vkCmdResetQueryPool: a wrong pool, or queries outside it" in seen.pop("stderr")
+    assert seen == {
+        "occlusion": ABSENT, "pipeline statistics": ABSENT, "no queries": INVALID, "recorded": "ok",
+        "secondary": "ok", "reset past the pool": INVALID, "reset of none": INVALID,
+        "timestamp past the pool": INVALID, "timestamp into a wrong pool": INVALID,
+        "copy of queries past the pool": INVALID, "copy past the buffer": INVALID, "copy misaligned": INVALID,
+        "copy with a stride of 0": INVALID, "copy with a stride too small": INVALID, "begin query": ABSENT,
+        "end query": ABSENT, "results of a wrong pool": INVALID, "results past the pool": INVALID,
+        "results into too little": INVALID, "results misaligned": INVALID, "results of a destroyed pool": INVALID,
+        "timestamp into a destroyed pool": INVALID, "honest": "ok"}, seen
