@@ -4,7 +4,7 @@ setup.py loads this file by its path (as cffi's build scripts are), before libsh
 in pip's isolated build environment, so it imports nothing of libshare: the manifest's format lives
 here, and libshare/icd/__init__.py imports it. The driver is a plain shared library, not a Python
 module: the Vulkan loader dlopens it inside any application, so it links only the C library, libm
-and cJSON (``libcjson-dev``), and exports the loader interface's three functions alone
+and cJSON (``libcjson-dev``), with the ring's C compiled in (the data path), and exports the loader interface's three functions alone
 (``-fvisibility=hidden``).
 """
 
@@ -25,11 +25,12 @@ MANIFEST = "libshare_icd.json"
 API_VERSION = "1.1.0"
 """The Vulkan version the driver reports (LS_ICD_API_VERSION in icd.h)."""
 RING = HERE.parent / "ring"
-"""The ring's C (ls_encode_op for the command lists, the data path's ring), compiled into the driver."""
-SOURCES = sorted(HERE.glob("*.c")) + sorted(RING.glob("*.c"))
-"""The driver's C files (icd.h maps them), and the ring's."""
+SOURCES = sorted(HERE.glob("*.c")) + [RING / name for name in ("ring.c", "lanes.c", "completions.c", "wake.c",
+                                                                "tickets.c")]
+"""The driver's C files (icd.h maps them), and the ring's a client compiles: its core and the ticket book
+(libshare/ring/_build.py's SOURCES), for the data path (queue.c) and ls_encode_op (the command lists)."""
 FLAGS = ["-O2", "-g", "-std=gnu11", "-Wall", "-Wextra", "-fPIC", "-shared", "-fvisibility=hidden",
-         "-Wl,-z,defs", "-Wl,-z,now", f"-I{RING}"]
+         f"-I{RING}", "-pthread", "-Wl,-z,defs", "-Wl,-z,now"]
 """The compiler's flags (tests/icd/test_c_program.py adds the sanitizers to them)."""
 
 

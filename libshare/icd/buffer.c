@@ -26,29 +26,22 @@ VKAPI_ATTR VkResult VKAPI_CALL ls_icd_CreateBuffer(VkDevice handle, const VkBuff
                                                    const VkAllocationCallbacks *allocator, VkBuffer *out)
 {
     struct ls_icd_device *device = device_of(handle);
-    uint64_t made;
+    struct ls_icd_buffer made = {.size = info->size};
+    uint64_t buffer;
+    VkResult result;
     (void)allocator;
     if (info->size == 0 || info->size > device->seen.max_allocation || info->flags != 0)
         return LS_ICD_INVALID; /* (flags: sparse or protected, neither offered) */
-    pthread_mutex_lock(&device->lock);
-    made = ls_icd_object_new(&device->objects, LS_ICD_BUFFER);
-    if (made)
-        ls_icd_object_find(&device->objects, made, LS_ICD_BUFFER)->u.buffer.size = info->size;
-    pthread_mutex_unlock(&device->lock);
-    if (!made)
-        return VK_ERROR_OUT_OF_HOST_MEMORY;
-    *out = (VkBuffer)(uintptr_t)made;
-    return VK_SUCCESS;
+    result = ls_icd_object_create(device, LS_ICD_BUFFER, &made, sizeof(made), &buffer);
+    if (result == VK_SUCCESS)
+        *out = (VkBuffer)(uintptr_t)buffer;
+    return result;
 }
 
 VKAPI_ATTR void VKAPI_CALL ls_icd_DestroyBuffer(VkDevice handle, VkBuffer buffer, const VkAllocationCallbacks *allocator)
 {
-    struct ls_icd_device *device = device_of(handle);
     (void)allocator;
-    pthread_mutex_lock(&device->lock);
-    if (ls_icd_object_find(&device->objects, (uint64_t)(uintptr_t)buffer, LS_ICD_BUFFER) != NULL)
-        ls_icd_object_drop(&device->objects, (uint64_t)(uintptr_t)buffer);
-    pthread_mutex_unlock(&device->lock);
+    ls_icd_object_destroy(device_of(handle), (uint64_t)(uintptr_t)buffer, LS_ICD_BUFFER);
 }
 
 VKAPI_ATTR void VKAPI_CALL ls_icd_GetBufferMemoryRequirements(VkDevice handle, VkBuffer buffer,

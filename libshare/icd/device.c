@@ -1,7 +1,8 @@
 /* VkDevice and its VkQueue: what vkCreateDevice checks, the device's session, the queue.
  *
- * The checks: one queue of family 0 (the only family, one queue), no device extension (none is
- * offered), and no feature the physical device does not report (VkPhysicalDeviceFeatures, through
+ * The checks: one queue of family 0 (the only family, one queue), no device extension but those
+ * physical.c offers (VK_KHR_timeline_semaphore; VK_KHR_synchronization2 once LS_ICD_OFFERS_SYNC2),
+ * and no feature the physical device does not report (VkPhysicalDeviceFeatures, through
  * pEnabledFeatures or a chained VkPhysicalDeviceFeatures2, and VkPhysicalDevice16BitStorageFeatures);
  * a chained structure that asks for a feature the driver reports all off (physical.c's OFF: buffer
  * device address, variable pointers, multiview...) is VK_ERROR_FEATURE_NOT_PRESENT too.
@@ -13,7 +14,8 @@
  * shows it, beside the instance's session, while it lives. Its welcome's memory is the device's
  * limit (memory.c). The loader's trampolines call whatever the driver's tables hold unchecked,
  * so every core device-level command is in loader.c's table (refused.c holds those refused).
- * With no command buffers yet, nothing is ever pending: the waits for idle answer at once. */
+ * The session's ring is opened with the device and closed with it (queue.c: the data path, and the
+ * waits for idle). */
 #define _GNU_SOURCE
 #include <stdio.h>
 #include <stdlib.h>
@@ -58,6 +60,10 @@ static VkResult check_features(const struct ls_icd_physical *physical, const VkD
                           (const VkBool32 *)&physical->features, core))
                 return VK_ERROR_FEATURE_NOT_PRESENT;
             break;
+        case VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SYNCHRONIZATION_2_FEATURES:
+            if (!LS_ICD_OFFERS_SYNC2 && ((const VkPhysicalDeviceSynchronization2Features *)next)->synchronization2)
+                return VK_ERROR_FEATURE_NOT_PRESENT;
+            break;
         case VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_16BIT_STORAGE_FEATURES:
             if (more_than(&((const VkPhysicalDevice16BitStorageFeatures *)next)->storageBuffer16BitAccess,
                           &physical->storage16.storageBuffer16BitAccess, 4)) /* its four VkBool32 */
@@ -73,9 +79,23 @@ static VkResult check_features(const struct ls_icd_physical *physical, const VkD
     return VK_SUCCESS;
 }
 
+/* The bits of the extensions ``info`` enables, or VK_ERROR_EXTENSION_NOT_PRESENT for one not offered. */
+static VkResult extensions_of(const VkDeviceCreateInfo *info, uint32_t *bits)
+{
+    *bits = 0;
+    for (uint32_t i = 0; i < info->enabledExtensionCount; i++) {
+        uint32_t bit = info->ppEnabledExtensionNames[i] ? ls_icd_extension_bit(info->ppEnabledExtensionNames[i]) : 0;
+        if (bit == 0)
+            return VK_ERROR_EXTENSION_NOT_PRESENT;
+        *bits |= bit;
+    }
+    return VK_SUCCESS;
+}
+
 VkResult ls_icd_check_device(const struct ls_icd_physical *physical, const VkDeviceCreateInfo *info)
 {
-    if (info->enabledExtensionCount > 0)
+    uint32_t bits;
+    if (extensions_of(info, &bits) != VK_SUCCESS)
         return VK_ERROR_EXTENSION_NOT_PRESENT;
     if (info->queueCreateInfoCount != 1 || info->pQueueCreateInfos == NULL ||
         info->pQueueCreateInfos[0].queueFamilyIndex != 0 || info->pQueueCreateInfos[0].queueCount != 1)
@@ -137,6 +157,15 @@ VKAPI_ATTR VkResult VKAPI_CALL ls_icd_CreateDevice(VkPhysicalDevice pd, const Vk
         return VK_ERROR_OUT_OF_HOST_MEMORY;
     }
     device->alignment = buffer_alignment(&device->seen.properties.limits);
+    extensions_of(info, &device->extensions);
+    result = ls_icd_path_open(device);
+    if (result != VK_SUCCESS) {
+        fprintf(stderr, "libshare Vulkan driver: no device: the arbiter's ring could not be opened\n");
+        pthread_mutex_destroy(&device->lock);
+        ls_icd_session_close(&device->session);
+        release(device);
+        return result;
+    }
     *out = (VkDevice)device;
     return VK_SUCCESS;
 }
@@ -147,6 +176,9 @@ VKAPI_ATTR void VKAPI_CALL ls_icd_DestroyDevice(VkDevice handle, const VkAllocat
     (void)allocator; /* the one it was made with is kept */
     if (device == NULL)
         return;
+    pthread_mutex_lock(&device->lock);
+    ls_icd_path_close(device); /* the ring unmapped, its lane and tickets gone, command buffers handed back */
+    pthread_mutex_unlock(&device->lock);
     ls_icd_session_close(&device->session); /* the arbiter frees the session's buffers with it */
     for (uint32_t i = 0; i < device->objects.used; i++) {
         struct ls_icd_object *object = &device->objects.slots[i];
@@ -171,18 +203,6 @@ VKAPI_ATTR void VKAPI_CALL ls_icd_GetDeviceQueue2(VkDevice handle, const VkDevic
         return;
     }
     ls_icd_GetDeviceQueue(handle, info->queueFamilyIndex, info->queueIndex, out);
-}
-
-VKAPI_ATTR VkResult VKAPI_CALL ls_icd_DeviceWaitIdle(VkDevice device)
-{
-    (void)device; /* nothing can be pending before command buffers */
-    return VK_SUCCESS;
-}
-
-VKAPI_ATTR VkResult VKAPI_CALL ls_icd_QueueWaitIdle(VkQueue queue)
-{
-    (void)queue;
-    return VK_SUCCESS;
 }
 
 VKAPI_ATTR void VKAPI_CALL ls_icd_GetDeviceGroupPeerMemoryFeatures(VkDevice device, uint32_t heap, uint32_t local,

@@ -3,7 +3,7 @@
  * ls_icd_hello dials the arbiter's socket (settings.c), says hello as libshare.connect() does
  * (name, group, priority, share, memory limit from the environment) with "device_info": true,
  * and reads the welcome: the ring's memfd and the doorbell (two descriptors, kept in the session
- * for the data path), and the physical device that libshare/arbiter/serve/device_info.py
+ * for the data path, queue.c) and the arbiter's pid (whose death the data path watches), and the physical device that libshare/arbiter/serve/device_info.py
  * describes: a JSON object (name, uuid, features, timestamp_valid_bits, memory, and the Vulkan 1.1
  * subgroup_size, max_per_set_descriptors, max_memory_allocation_size) and the real
  * device's VkPhysicalDeviceProperties as the payload. Everything is checked before it is used:
@@ -189,8 +189,9 @@ static VkResult read_welcome(struct ls_icd_session *session, struct ls_icd_physi
     cJSON *welcome = cJSON_ParseWithLength(frame->json, frame->json_len);
     const cJSON *ok = cJSON_GetObjectItemCaseSensitive(welcome, "ok");
     const cJSON *client = cJSON_GetObjectItemCaseSensitive(welcome, "client_id");
+    const cJSON *arbiter = cJSON_GetObjectItemCaseSensitive(welcome, "arbiter_pid");
     const char *wrong = NULL;
-    uint64_t id = 0;
+    uint64_t id = 0, pid = 0;
     VkResult result = VK_SUCCESS;
     if (!cJSON_IsObject(welcome)) {
         result = refuse(why, why_size, "the arbiter's welcome is not a JSON object", NULL);
@@ -198,8 +199,9 @@ static VkResult read_welcome(struct ls_icd_session *session, struct ls_icd_physi
         const cJSON *message = cJSON_GetObjectItemCaseSensitive(welcome, "message");
         result = refuse(why, why_size, "the arbiter refused the session",
                         cJSON_IsString(message) ? message->valuestring : "no reason given");
-    } else if (frame->nfds != 2 || whole(client, 2147483647.0, &id) < 0) {
-        result = refuse(why, why_size, "the arbiter's welcome did not carry a client id, ring and doorbell", NULL);
+    } else if (frame->nfds != 2 || whole(client, 2147483647.0, &id) < 0 || whole(arbiter, 4194304.0, &pid) < 0) {
+        result = refuse(why, why_size, "the arbiter's welcome did not carry a client id, its pid, ring and doorbell",
+                        NULL);
     } else if ((wrong = read_physical(cJSON_GetObjectItemCaseSensitive(welcome, "physical_device"), frame,
                                       physical)) != NULL) {
         result = refuse(why, why_size, "the arbiter's welcome described no usable device", wrong);
@@ -207,6 +209,7 @@ static VkResult read_welcome(struct ls_icd_session *session, struct ls_icd_physi
         session->ring_fd = frame->fds[0];
         session->bell_fd = frame->fds[1];
         session->client_id = (int64_t)id;
+        session->arbiter_pid = (int64_t)pid;
         frame->nfds = 0; /* the session keeps them */
     }
     cJSON_Delete(welcome);

@@ -15,7 +15,8 @@
  *   control.c   the device session's control requests: one frame sent, its reply read and checked
  *   memory.c    VkDeviceMemory: the arbiter's shared (memfd, mapped) and device buffers
  *   buffer.c    VkBuffer: a (memory, offset, size) view, its requirements and binding
- *   sync.c      VkFence, and the waits and submissions there can be before command buffers
+ *   sync.c      VkFence and VkEvent (the host's side of them)
+ *   semaphore.c VkSemaphore: binary, and timeline (VK_KHR_timeline_semaphore) with the host's signal and wait
  *   pipeline.c  VkShaderModule, VkPipelineLayout, VkPipeline (the arbiter's programs), VkPipelineCache
  *   descriptor.c  VkDescriptorSetLayout, VkDescriptorPool, VkDescriptorSet and their updates, templates
  *   commands.c  VkCommandPool and VkCommandBuffer: the lifecycle, a recording loaded as the arbiter's
@@ -23,7 +24,8 @@
  *   record.c    vkCmd* copies, fills, updates, barriers, events and secondary command buffers recorded
  *   dispatch.c  vkCmd* pipelines, descriptor sets, push constants and dispatches (with bind groups)
  *   query.c     VkQueryPool (timestamps): an arbiter shared buffer read on the host, vkCmd*Query* recorded
- *   queue.c     the data path: the session's ring, tickets, vkQueueSubmit(2) and what waits on it
+ *   queue.c     the data path: the session's ring, its tickets, the submissions in flight, the waits
+ *   submit.c    vkQueueSubmit and vkQueueSubmit2KHR: a submission read, checked and handed to queue.c
  *   refused.c   every other core device-level command: refused with an error, or nothing
  *
  * Dispatchable objects (VkInstance, VkPhysicalDevice, VkDevice, VkQueue, VkCommandBuffer) begin with
@@ -101,6 +103,7 @@ struct ls_icd_session {
     int ring_fd;  /* the ring's memfd (kept for the data path to map) */
     int bell_fd;  /* the doorbell */
     int64_t client_id;
+    int64_t arbiter_pid; /* the welcome's: the data path watches it for the arbiter's death */
 };
 
 VkResult ls_icd_hello(struct ls_icd_session *session, struct ls_icd_physical *physical, char *why, size_t why_size);
@@ -195,6 +198,21 @@ struct ls_icd_buffer {
 
 struct ls_icd_fence {
     int signaled;
+    int pending;        /* a submission not yet answered will signal it (queue.c) */
+};
+
+/* semaphore.c: binary (value 1 once a submission that signals it is submitted, 0 once a submission
+ * waits on it) or timeline (value: reached; promised: the largest a submission not yet answered will
+ * signal) */
+struct ls_icd_semaphore {
+    int timeline;
+    uint64_t value;
+    uint64_t promised;
+};
+
+/* sync.c: an event's state as the host sees it */
+struct ls_icd_event {
+    int set;
 };
 
 /* pipeline.c: a VkShaderModule is its SPIR-V, kept until a pipeline is made from it */
@@ -288,6 +306,8 @@ struct ls_icd_object {
         struct ls_icd_memory memory;
         struct ls_icd_buffer buffer;
         struct ls_icd_fence fence;
+        struct ls_icd_semaphore semaphore;
+        struct ls_icd_event event;
         struct ls_icd_shader shader;
         struct ls_icd_set_layout set_layout;
         struct ls_icd_pipeline_layout pipeline_layout;
@@ -329,7 +349,26 @@ struct ls_icd_device {
     uint64_t alignment;             /* of a buffer's memory */
     VkAllocationCallbacks allocator;
     int has_allocator;
+    uint32_t extensions;            /* LS_ICD_EXT_* enabled at vkCreateDevice */
+    struct ls_icd_path *path;       /* queue.c's: the ring and the submissions in flight */
 };
+
+/* The device extensions offered (physical.c's list), as bits of ls_icd_device.extensions. The
+ * integrator sets LS_ICD_OFFERS_SYNC2 to 1 once commands.c records the vkCmd*2 commands (a test
+ * builds the driver with -DLS_ICD_OFFERS_SYNC2=1 to submit through vkQueueSubmit2KHR meanwhile). */
+#ifndef LS_ICD_OFFERS_SYNC2
+#define LS_ICD_OFFERS_SYNC2 0
+#endif
+#define LS_ICD_EXT_TIMELINE 1u      /* VK_KHR_timeline_semaphore */
+#define LS_ICD_EXT_SYNC2 2u         /* VK_KHR_synchronization2 */
+uint32_t ls_icd_extension_bit(const char *name); /* physical.c: the bit of an offered extension, else 0 */
+
+/* objects.c, for the devices' create and destroy commands: a new object of ``kind`` whose union
+ * starts as ``init`` (``size`` bytes; NULL: zeroed), made under the device's lock (VK_SUCCESS or
+ * VK_ERROR_OUT_OF_HOST_MEMORY), and one dropped if ``handle`` is one of ``kind`` (1, else 0). */
+VkResult ls_icd_object_create(struct ls_icd_device *device, uint32_t kind, const void *init, size_t size,
+                              uint64_t *out);
+int ls_icd_object_destroy(struct ls_icd_device *device, uint64_t handle, uint32_t kind);
 
 VkResult ls_icd_check_device(const struct ls_icd_physical *physical, const VkDeviceCreateInfo *info);
 VKAPI_ATTR VkResult VKAPI_CALL ls_icd_CreateDevice(VkPhysicalDevice pd, const VkDeviceCreateInfo *info,
@@ -337,8 +376,6 @@ VKAPI_ATTR VkResult VKAPI_CALL ls_icd_CreateDevice(VkPhysicalDevice pd, const Vk
 VKAPI_ATTR void VKAPI_CALL ls_icd_DestroyDevice(VkDevice device, const VkAllocationCallbacks *allocator);
 VKAPI_ATTR void VKAPI_CALL ls_icd_GetDeviceQueue(VkDevice device, uint32_t family, uint32_t index, VkQueue *out);
 VKAPI_ATTR void VKAPI_CALL ls_icd_GetDeviceQueue2(VkDevice device, const VkDeviceQueueInfo2 *info, VkQueue *out);
-VKAPI_ATTR VkResult VKAPI_CALL ls_icd_DeviceWaitIdle(VkDevice device);
-VKAPI_ATTR VkResult VKAPI_CALL ls_icd_QueueWaitIdle(VkQueue queue);
 VKAPI_ATTR void VKAPI_CALL ls_icd_GetDeviceGroupPeerMemoryFeatures(VkDevice device, uint32_t heap, uint32_t local,
                                                                    uint32_t remote, VkPeerMemoryFeatureFlags *out);
 
@@ -489,11 +526,77 @@ VKAPI_ATTR VkResult VKAPI_CALL ls_icd_ResetFences(VkDevice device, uint32_t coun
 VKAPI_ATTR VkResult VKAPI_CALL ls_icd_GetFenceStatus(VkDevice device, VkFence fence);
 VKAPI_ATTR VkResult VKAPI_CALL ls_icd_WaitForFences(VkDevice device, uint32_t count, const VkFence *fences,
                                                     VkBool32 all, uint64_t timeout);
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_CreateEvent(VkDevice device, const VkEventCreateInfo *info,
+                                                  const VkAllocationCallbacks *allocator, VkEvent *out);
+VKAPI_ATTR void VKAPI_CALL ls_icd_DestroyEvent(VkDevice device, VkEvent event, const VkAllocationCallbacks *allocator);
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_GetEventStatus(VkDevice device, VkEvent event);
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_SetEvent(VkDevice device, VkEvent event);
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_ResetEvent(VkDevice device, VkEvent event);
 /* For commands.c, when a submission that sets or resets event ``handle`` was answered (the device's
  * lock held): its state becomes ``value`` (1 set, 0 reset); a handle no longer an event is ignored. */
 void ls_icd_event_set(struct ls_icd_device *device, uint64_t handle, int value);
+
+/* ---- semaphore.c */
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_CreateSemaphore(VkDevice device, const VkSemaphoreCreateInfo *info,
+                                                      const VkAllocationCallbacks *allocator, VkSemaphore *out);
+VKAPI_ATTR void VKAPI_CALL ls_icd_DestroySemaphore(VkDevice device, VkSemaphore semaphore,
+                                                   const VkAllocationCallbacks *allocator);
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_GetSemaphoreCounterValue(VkDevice device, VkSemaphore semaphore,
+                                                               uint64_t *value);
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_WaitSemaphores(VkDevice device, const VkSemaphoreWaitInfo *info,
+                                                     uint64_t timeout);
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_SignalSemaphore(VkDevice device, const VkSemaphoreSignalInfo *info);
+
+/* ---- queue.c: the data path (docs/icd.md). A submission as submit.c hands it over: */
+struct ls_icd_signal {
+    uint64_t semaphore;             /* its handle */
+    uint64_t value;                 /* timeline: the value; binary: 0 */
+};
+
+struct ls_icd_taken {
+    struct ls_icd_command_buffer *cb;
+    const uint32_t *lists;          /* from ls_icd_command_buffer_take */
+    uint32_t nlists;
+};
+
+struct ls_icd_submission {
+    struct ls_icd_taken *cbs;       /* malloc'd, owned by queue.c once handed over */
+    uint32_t ncbs;
+    struct ls_icd_signal *waits;    /* timeline waits alone (binary ones are settled at submit) */
+    uint32_t nwaits;
+    struct ls_icd_signal *signals;
+    uint32_t nsignals;
+    uint64_t fence;                 /* its handle, or 0 */
+    uint64_t first, end;            /* its tickets, [first, end) once pushed */
+    uint64_t next;                  /* its first ticket not yet answered */
+    int pushed;
+};
+
+/* A wait's condition, looked at with the device's lock held: VK_SUCCESS (met), VK_NOT_READY, or an
+ * error answered as is. */
+typedef VkResult (*ls_icd_ready)(struct ls_icd_device *device, const void *arg);
+
+VkResult ls_icd_path_open(struct ls_icd_device *device);
+void ls_icd_path_close(struct ls_icd_device *device);
+/* The device's lock held: VK_SUCCESS (queued: pushed, or held behind a timeline wait; ``s``'s arrays
+ * are queue.c's), VK_ERROR_DEVICE_LOST or VK_ERROR_OUT_OF_HOST_MEMORY (nothing kept). */
+VkResult ls_icd_path_submit(struct ls_icd_device *device, struct ls_icd_submission *s);
+/* The device's lock held: push the held submissions whose timeline waits are now reachable. */
+void ls_icd_path_release(struct ls_icd_device *device);
+/* The device's lock held: the answers read so far filed, answered submissions retired; 1 when lost. */
+int ls_icd_path_poll(struct ls_icd_device *device);
+/* Wait (the device's lock held, released while sleeping) until ``ready`` says VK_SUCCESS or an error,
+ * up to ``timeout`` ns: VK_TIMEOUT; VK_ERROR_DEVICE_LOST once the device is lost. An infinite wait
+ * with nothing queued that could end it answers VK_TIMEOUT (nothing ever would). */
+VkResult ls_icd_path_wait(struct ls_icd_device *device, uint64_t timeout, ls_icd_ready ready, const void *arg);
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_DeviceWaitIdle(VkDevice device);
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_QueueWaitIdle(VkQueue queue);
+
+/* ---- submit.c */
 VKAPI_ATTR VkResult VKAPI_CALL ls_icd_QueueSubmit(VkQueue queue, uint32_t count, const VkSubmitInfo *submits,
                                                   VkFence fence);
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_QueueSubmit2(VkQueue queue, uint32_t count, const VkSubmitInfo2 *submits,
+                                                   VkFence fence);
 
 /* ---- refused.c: the rest of the core device-level commands (loader.c's table) */
 VKAPI_ATTR VkResult VKAPI_CALL ls_icd_refused(void);

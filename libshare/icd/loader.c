@@ -7,8 +7,10 @@
  * and vk_icdGetPhysicalDeviceProcAddr. Every entry point the driver offers is in a table (core
  * and KHR-suffixed aliases side by side): global, instance, physical-device and device commands
  * (DEVICE_ENTRY_POINTS: every core Vulkan 1.0 and 1.1 device-level command, implemented or
- * refused.c's, since the loader's trampolines call them unchecked). vk_icdGetInstanceProcAddr
- * answers all of them, vkGetDeviceProcAddr the device's; any other name answers NULL, so the
+ * refused.c's, since the loader's trampolines call them unchecked), and the commands of the device
+ * extensions offered (TIMELINE_ENTRY_POINTS, SYNC2_ENTRY_POINTS). vk_icdGetInstanceProcAddr
+ * answers all of them, vkGetDeviceProcAddr the device's core commands and those of the extensions
+ * it enabled; any other name answers NULL, so the
  * loader reports it absent. Global commands (those with no instance) are answered for any instance,
  * as the interface requires. */
 #include <string.h>
@@ -80,6 +82,13 @@ static const struct entry DEVICE_ENTRY_POINTS[] = {
     ENTRY("vkResetFences", ls_icd_ResetFences),
     ENTRY("vkGetFenceStatus", ls_icd_GetFenceStatus),
     ENTRY("vkWaitForFences", ls_icd_WaitForFences),
+    ENTRY("vkCreateSemaphore", ls_icd_CreateSemaphore),
+    ENTRY("vkDestroySemaphore", ls_icd_DestroySemaphore),
+    ENTRY("vkCreateEvent", ls_icd_CreateEvent),
+    ENTRY("vkDestroyEvent", ls_icd_DestroyEvent),
+    ENTRY("vkGetEventStatus", ls_icd_GetEventStatus),
+    ENTRY("vkSetEvent", ls_icd_SetEvent),
+    ENTRY("vkResetEvent", ls_icd_ResetEvent),
     ENTRY("vkCreateBuffer", ls_icd_CreateBuffer),
     ENTRY("vkDestroyBuffer", ls_icd_DestroyBuffer),
     ENTRY("vkBindBufferMemory2", ls_icd_BindBufferMemory2),
@@ -98,13 +107,6 @@ static const struct entry DEVICE_ENTRY_POINTS[] = {
     ENTRY("vkBindImageMemory", ls_icd_refused),
     ENTRY("vkGetImageMemoryRequirements", ls_icd_nothing),
     ENTRY("vkQueueBindSparse", ls_icd_refused),
-    ENTRY("vkCreateSemaphore", ls_icd_refused),
-    ENTRY("vkDestroySemaphore", ls_icd_nothing),
-    ENTRY("vkCreateEvent", ls_icd_refused),
-    ENTRY("vkDestroyEvent", ls_icd_nothing),
-    ENTRY("vkGetEventStatus", ls_icd_refused),
-    ENTRY("vkSetEvent", ls_icd_refused),
-    ENTRY("vkResetEvent", ls_icd_refused),
     ENTRY("vkCreateQueryPool", ls_icd_CreateQueryPool),
     ENTRY("vkDestroyQueryPool", ls_icd_DestroyQueryPool),
     ENTRY("vkGetQueryPoolResults", ls_icd_GetQueryPoolResults),
@@ -205,6 +207,22 @@ static const struct entry DEVICE_ENTRY_POINTS[] = {
     ENTRY("vkUpdateDescriptorSetWithTemplate", ls_icd_nothing),
 };
 
+/* The commands of the device extensions offered (physical.c's list): answered by vkGetDeviceProcAddr
+ * for a device that enabled the extension (the loader's trampolines need them found that way). */
+static const struct entry TIMELINE_ENTRY_POINTS[] = {
+    ENTRY("vkGetSemaphoreCounterValue", ls_icd_GetSemaphoreCounterValue),
+    ENTRY("vkGetSemaphoreCounterValueKHR", ls_icd_GetSemaphoreCounterValue),
+    ENTRY("vkWaitSemaphores", ls_icd_WaitSemaphores),
+    ENTRY("vkWaitSemaphoresKHR", ls_icd_WaitSemaphores),
+    ENTRY("vkSignalSemaphore", ls_icd_SignalSemaphore),
+    ENTRY("vkSignalSemaphoreKHR", ls_icd_SignalSemaphore),
+};
+
+static const struct entry SYNC2_ENTRY_POINTS[] = {
+    ENTRY("vkQueueSubmit2", ls_icd_QueueSubmit2),
+    ENTRY("vkQueueSubmit2KHR", ls_icd_QueueSubmit2),
+};
+
 static VKAPI_ATTR PFN_vkVoidFunction VKAPI_CALL ls_icd_GetDeviceProcAddr(VkDevice device, const char *name);
 
 static const struct entry INSTANCE_ENTRY_POINTS[] = {
@@ -225,15 +243,21 @@ static PFN_vkVoidFunction find(const struct entry *table, size_t count, const ch
     return NULL;
 }
 
-/* A device-level command by name (no device extension is offered, so no other name is one). */
+/* A device-level command by name: a core one, or one of an extension ``device`` enabled. */
 static VKAPI_ATTR PFN_vkVoidFunction VKAPI_CALL ls_icd_GetDeviceProcAddr(VkDevice device, const char *name)
 {
-    (void)device;
+    uint32_t extensions = device ? ((const struct ls_icd_device *)device)->extensions : 0;
+    PFN_vkVoidFunction function;
     if (name == NULL)
         return NULL;
     if (strcmp(name, "vkGetDeviceProcAddr") == 0)
         return (PFN_vkVoidFunction)ls_icd_GetDeviceProcAddr;
-    return find(DEVICE_ENTRY_POINTS, COUNT(DEVICE_ENTRY_POINTS), name);
+    function = find(DEVICE_ENTRY_POINTS, COUNT(DEVICE_ENTRY_POINTS), name);
+    if (function == NULL && (extensions & LS_ICD_EXT_TIMELINE))
+        function = find(TIMELINE_ENTRY_POINTS, COUNT(TIMELINE_ENTRY_POINTS), name);
+    if (function == NULL && (extensions & LS_ICD_EXT_SYNC2))
+        function = find(SYNC2_ENTRY_POINTS, COUNT(SYNC2_ENTRY_POINTS), name);
+    return function;
 }
 
 LS_ICD_EXPORT VKAPI_ATTR VkResult VKAPI_CALL vk_icdNegotiateLoaderICDInterfaceVersion(uint32_t *version)
@@ -267,5 +291,9 @@ LS_ICD_EXPORT VKAPI_ATTR PFN_vkVoidFunction VKAPI_CALL vk_icdGetInstanceProcAddr
         function = find(PHYSICAL_ENTRY_POINTS, COUNT(PHYSICAL_ENTRY_POINTS), name);
     if (function == NULL)
         function = find(DEVICE_ENTRY_POINTS, COUNT(DEVICE_ENTRY_POINTS), name);
+    if (function == NULL)
+        function = find(TIMELINE_ENTRY_POINTS, COUNT(TIMELINE_ENTRY_POINTS), name);
+    if (function == NULL && LS_ICD_OFFERS_SYNC2)
+        function = find(SYNC2_ENTRY_POINTS, COUNT(SYNC2_ENTRY_POINTS), name);
     return function;
 }

@@ -1,4 +1,4 @@
-/* A device's table of non-dispatchable handles: its memory, buffers and fences.
+/* A device's table of non-dispatchable handles: its memory, buffers, fences, semaphores, events...
  *
  * An application hands handles back as 64-bit numbers, and any number may come (a stale handle, a
  * handle of another kind or device, garbage): the driver never follows one. A handle is
@@ -6,7 +6,8 @@
  * exists, holds an object of that kind, and the generation matches (each reuse of a slot bumps it,
  * so a destroyed object's handle stays wrong). The table grows by doubling up to
  * LS_ICD_MOST_OBJECTS; a pointer into it lasts until the next ls_icd_object_new. The device's
- * lock is held around every call. */
+ * lock is held around every call; ls_icd_object_create and ls_icd_object_destroy, the shape of the
+ * create and destroy commands of the simple kinds (buffers, fences, semaphores, events), take it. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -65,4 +66,30 @@ void ls_icd_objects_free(struct ls_icd_objects *objects)
 {
     free(objects->slots);
     memset(objects, 0, sizeof(*objects));
+}
+
+VkResult ls_icd_object_create(struct ls_icd_device *device, uint32_t kind, const void *init, size_t size,
+                              uint64_t *out)
+{
+    uint64_t made;
+    pthread_mutex_lock(&device->lock);
+    made = ls_icd_object_new(&device->objects, kind);
+    if (made && init != NULL)
+        memcpy(&ls_icd_object_find(&device->objects, made, kind)->u, init, size);
+    pthread_mutex_unlock(&device->lock);
+    if (!made)
+        return VK_ERROR_OUT_OF_HOST_MEMORY;
+    *out = made;
+    return VK_SUCCESS;
+}
+
+int ls_icd_object_destroy(struct ls_icd_device *device, uint64_t handle, uint32_t kind)
+{
+    int found;
+    pthread_mutex_lock(&device->lock);
+    found = ls_icd_object_find(&device->objects, handle, kind) != NULL;
+    if (found)
+        ls_icd_object_drop(&device->objects, handle);
+    pthread_mutex_unlock(&device->lock);
+    return found;
 }

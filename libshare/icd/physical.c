@@ -4,16 +4,16 @@
  * "libshare: NAME", its Vulkan version at most LS_ICD_API_VERSION; chained to Properties2, the
  * Vulkan 1.1 structures: the device's UUID, its subgroup size and operations in the compute
  * stage, Maintenance3's bounds (an allocation at most the heap), no multiview, protected memory
- * or point clipping. Features: the VkDevice features the arbiter was created with among those
+ * or point clipping, and VK_KHR_timeline_semaphore's (no bound on a value's difference). Features: the VkDevice features the arbiter was created with among those
  * compute uses (FEATURES below), robustBufferAccess always; chained to Features2,
- * the Vulkan 1.1 structures (16-bit storage as the arbiter has it, the others off) and buffer
- * device address, off. A structure of a later version or an extension not offered is left as
+ * the Vulkan 1.1 structures (16-bit storage as the arbiter has it, the others off), timeline
+ * semaphores on (synchronization2 as LS_ICD_OFFERS_SYNC2 says) and buffer device address, off. A structure of a later version or an extension not offered is left as
  * the application wrote it. One queue family: compute and transfer,
  * one queue, the arbiter's queue's timestamp bits. Memory: one device-local heap whose size is
  * the session's memory limit, with a device-local type (a libshare device buffer) and a
  * host-visible, coherent, cached type (a libshare shared buffer: a memfd mapped by both sides).
- * Formats: no format features yet (no images; buffer views are not offered yet), and no
- * device extensions. vkCreateDevice is device.c's. */
+ * Formats: no format features yet (no images; buffer views are not offered yet). Device
+ * extensions: EXTENSIONS below (semaphore.c, submit.c). vkCreateDevice is device.c's. */
 #define _GNU_SOURCE
 #include <stddef.h>
 #include <string.h>
@@ -143,6 +143,9 @@ VKAPI_ATTR void VKAPI_CALL ls_icd_GetPhysicalDeviceProperties2(VkPhysicalDevice 
             bounds->maxMemoryAllocationSize = physical->max_allocation; /* at most the heap */
             break;
         }
+        case VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_TIMELINE_SEMAPHORE_PROPERTIES:
+            ((VkPhysicalDeviceTimelineSemaphoreProperties *)next)->maxTimelineSemaphoreValueDifference = UINT64_MAX;
+            break;
         default:
             clear_if_off(next);
             break;
@@ -169,6 +172,13 @@ VKAPI_ATTR void VKAPI_CALL ls_icd_GetPhysicalDeviceFeatures2(VkPhysicalDevice pd
             storage->storageInputOutput16 = VK_FALSE; /* no graphics */
             break;
         }
+        case VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_TIMELINE_SEMAPHORE_FEATURES:
+            ((VkPhysicalDeviceTimelineSemaphoreFeatures *)next)->timelineSemaphore = VK_TRUE;
+            break;
+        case VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SYNCHRONIZATION_2_FEATURES:
+            ((VkPhysicalDeviceSynchronization2Features *)next)->synchronization2 = LS_ICD_OFFERS_SYNC2 ? VK_TRUE
+                                                                                                     : VK_FALSE;
+            break;
         default:
             clear_if_off(next);
             break;
@@ -294,12 +304,41 @@ VKAPI_ATTR void VKAPI_CALL ls_icd_GetPhysicalDeviceExternalSemaphoreProperties(
     out->externalSemaphoreFeatures = 0;
 }
 
+/* The device extensions offered, with their ls_icd_device.extensions bit. */
+static const struct {
+    VkExtensionProperties properties;
+    uint32_t bit;
+} EXTENSIONS[] = {
+    {{VK_KHR_TIMELINE_SEMAPHORE_EXTENSION_NAME, VK_KHR_TIMELINE_SEMAPHORE_SPEC_VERSION}, LS_ICD_EXT_TIMELINE},
+#if LS_ICD_OFFERS_SYNC2
+    {{VK_KHR_SYNCHRONIZATION_2_EXTENSION_NAME, VK_KHR_SYNCHRONIZATION_2_SPEC_VERSION}, LS_ICD_EXT_SYNC2},
+#endif
+};
+
+#define NEXTENSIONS ((uint32_t)(sizeof(EXTENSIONS) / sizeof(EXTENSIONS[0])))
+
+uint32_t ls_icd_extension_bit(const char *name)
+{
+    for (uint32_t i = 0; i < NEXTENSIONS; i++)
+        if (strcmp(name, EXTENSIONS[i].properties.extensionName) == 0)
+            return EXTENSIONS[i].bit;
+    return 0;
+}
+
 VKAPI_ATTR VkResult VKAPI_CALL ls_icd_EnumerateDeviceExtensionProperties(VkPhysicalDevice pd, const char *layer,
                                                                         uint32_t *count, VkExtensionProperties *out)
 {
-    (void)pd, (void)out;
+    uint32_t written;
+    (void)pd;
     if (layer != NULL)
         return VK_ERROR_LAYER_NOT_PRESENT;
-    *count = 0;
-    return VK_SUCCESS;
+    if (out == NULL) {
+        *count = NEXTENSIONS;
+        return VK_SUCCESS;
+    }
+    written = *count < NEXTENSIONS ? *count : NEXTENSIONS;
+    for (uint32_t i = 0; i < written; i++)
+        out[i] = EXTENSIONS[i].properties;
+    *count = written;
+    return written < NEXTENSIONS ? VK_INCOMPLETE : VK_SUCCESS;
 }

@@ -3,7 +3,7 @@
  * The loader's trampolines call what vkGetDeviceProcAddr gave them without a check, so every core
  * Vulkan 1.0 and 1.1 device-level command must be in loader.c's table. Those the driver does not
  * implement (graphics, images, sparse binding, and the compute commands of the slices to come:
- * shader modules, pipelines, descriptors, semaphores, events) point at ls_icd_refused,
+ * shader modules, pipelines, descriptors) point at ls_icd_refused,
  * which answers VK_ERROR_FEATURE_NOT_PRESENT, when they return a VkResult, and at ls_icd_nothing
  * when they return nothing: the graphics vkCmd* (draws, render passes, dynamic state, image copies
  * and clears), which record nothing into a command buffer (commands.c). Query pools and their

@@ -1,12 +1,17 @@
-/* VkFence, and vkQueueSubmit as far as it goes before command buffers exist.
+/* VkFence and VkEvent: the host's side of them.
  *
- * A fence is a flag: made signaled or not, reset by vkResetFences, set by a submission. With no
- * command buffers yet, the only submission is an empty one (no VkSubmitInfo), which signals its
- * fence at once; any other is VK_ERROR_FEATURE_NOT_PRESENT. So no work is ever pending: a wait
- * on fences that are signaled succeeds, and one on a fence nothing will signal can only end at
- * its timeout, which the driver answers at once with VK_TIMEOUT rather than sleep to it (an
- * infinite one would never return). A wrong fence handle is LS_ICD_INVALID (VK_ERROR_UNKNOWN),
- * with no fence reset or signaled. */
+ * A fence is a flag: made signaled or not, reset by vkResetFences, set when the submission it came
+ * with is wholly answered (queue.c retires it). Submitted (submit.c), it is pending until then: a
+ * pending fence submitted again or reset is LS_ICD_INVALID, as is a signaled one submitted. A
+ * status query reads the answers there are first (without sleeping); vkWaitForFences sleeps in
+ * queue.c's wait (on the ring while work is pending) up to its timeout, VK_TIMEOUT then; an infinite
+ * wait on a fence nothing queued will signal answers VK_TIMEOUT at once rather than never return.
+ * Once the device is lost (queue.c), the status and the waits answer VK_ERROR_DEVICE_LOST. A wrong
+ * fence handle is LS_ICD_INVALID (VK_ERROR_UNKNOWN), with no fence reset or signaled.
+ *
+ * An event is a flag the host sets and resets (vkSetEvent, vkResetEvent) and reads
+ * (vkGetEventStatus: VK_EVENT_SET or VK_EVENT_RESET); commands.c's vkCmdSetEvent and vkCmdResetEvent
+ * change it through ls_icd_event_set once their submission is answered. */
 #include "icd.h"
 
 static struct ls_icd_device *device_of(VkDevice handle)
@@ -23,28 +28,19 @@ static struct ls_icd_fence *fence_of(struct ls_icd_device *device, VkFence fence
 VKAPI_ATTR VkResult VKAPI_CALL ls_icd_CreateFence(VkDevice handle, const VkFenceCreateInfo *info,
                                                   const VkAllocationCallbacks *allocator, VkFence *out)
 {
-    struct ls_icd_device *device = device_of(handle);
-    uint64_t made;
+    struct ls_icd_fence made = {.signaled = (info->flags & VK_FENCE_CREATE_SIGNALED_BIT) != 0};
+    uint64_t fence;
+    VkResult result = ls_icd_object_create(device_of(handle), LS_ICD_FENCE, &made, sizeof(made), &fence);
     (void)allocator;
-    pthread_mutex_lock(&device->lock);
-    made = ls_icd_object_new(&device->objects, LS_ICD_FENCE);
-    if (made)
-        fence_of(device, (VkFence)(uintptr_t)made)->signaled = (info->flags & VK_FENCE_CREATE_SIGNALED_BIT) != 0;
-    pthread_mutex_unlock(&device->lock);
-    if (!made)
-        return VK_ERROR_OUT_OF_HOST_MEMORY;
-    *out = (VkFence)(uintptr_t)made;
-    return VK_SUCCESS;
+    if (result == VK_SUCCESS)
+        *out = (VkFence)(uintptr_t)fence;
+    return result;
 }
 
 VKAPI_ATTR void VKAPI_CALL ls_icd_DestroyFence(VkDevice handle, VkFence fence, const VkAllocationCallbacks *allocator)
 {
-    struct ls_icd_device *device = device_of(handle);
     (void)allocator;
-    pthread_mutex_lock(&device->lock);
-    if (fence_of(device, fence) != NULL)
-        ls_icd_object_drop(&device->objects, (uint64_t)(uintptr_t)fence);
-    pthread_mutex_unlock(&device->lock);
+    ls_icd_object_destroy(device_of(handle), (uint64_t)(uintptr_t)fence, LS_ICD_FENCE);
 }
 
 /* Every one of ``fences`` exists: VK_SUCCESS, else LS_ICD_INVALID (the device's lock held). */
@@ -61,59 +57,129 @@ VKAPI_ATTR VkResult VKAPI_CALL ls_icd_ResetFences(VkDevice handle, uint32_t coun
     struct ls_icd_device *device = device_of(handle);
     VkResult result;
     pthread_mutex_lock(&device->lock);
+    ls_icd_path_poll(device);
     result = all_exist(device, count, fences);
+    for (uint32_t i = 0; result == VK_SUCCESS && i < count; i++)
+        if (fence_of(device, fences[i])->pending)
+            result = LS_ICD_INVALID; /* a submission still holds it */
     for (uint32_t i = 0; result == VK_SUCCESS && i < count; i++)
         fence_of(device, fences[i])->signaled = 0;
     pthread_mutex_unlock(&device->lock);
     return result;
 }
 
+struct fences {
+    uint32_t count;
+    const VkFence *fences;
+    VkBool32 all;
+};
+
+/* The wait's condition: VK_SUCCESS when all (or any) are signaled. */
+static VkResult signaled(struct ls_icd_device *device, const void *arg)
+{
+    const struct fences *wait = arg;
+    uint32_t count = 0;
+    VkResult result = all_exist(device, wait->count, wait->fences);
+    if (result != VK_SUCCESS)
+        return result;
+    for (uint32_t i = 0; i < wait->count; i++)
+        count += (uint32_t)fence_of(device, wait->fences[i])->signaled;
+    return (wait->all ? count == wait->count : count > 0) ? VK_SUCCESS : VK_NOT_READY;
+}
+
 VKAPI_ATTR VkResult VKAPI_CALL ls_icd_GetFenceStatus(VkDevice handle, VkFence fence)
 {
+    struct fences wait = {1, &fence, VK_TRUE};
     struct ls_icd_device *device = device_of(handle);
-    struct ls_icd_fence *found;
     VkResult result;
     pthread_mutex_lock(&device->lock);
-    found = fence_of(device, fence);
-    result = found == NULL ? LS_ICD_INVALID : found->signaled ? VK_SUCCESS : VK_NOT_READY;
+    result = ls_icd_path_wait(device, 0, signaled, &wait);
     pthread_mutex_unlock(&device->lock);
-    return result;
+    return result == VK_TIMEOUT ? VK_NOT_READY : result;
 }
 
 VKAPI_ATTR VkResult VKAPI_CALL ls_icd_WaitForFences(VkDevice handle, uint32_t count, const VkFence *fences,
                                                     VkBool32 all, uint64_t timeout)
 {
+    struct fences wait = {count, fences, all};
     struct ls_icd_device *device = device_of(handle);
-    uint32_t signaled = 0;
     VkResult result;
-    (void)timeout; /* nothing is pending: waiting longer changes nothing */
+    if (count == 0 || fences == NULL)
+        return LS_ICD_INVALID;
     pthread_mutex_lock(&device->lock);
-    result = all_exist(device, count, fences);
-    for (uint32_t i = 0; result == VK_SUCCESS && i < count; i++)
-        signaled += (uint32_t)fence_of(device, fences[i])->signaled;
-    pthread_mutex_unlock(&device->lock);
-    if (result != VK_SUCCESS)
-        return result;
-    return (all ? signaled == count : signaled > 0) ? VK_SUCCESS : VK_TIMEOUT;
-}
-
-VKAPI_ATTR VkResult VKAPI_CALL ls_icd_QueueSubmit(VkQueue queue, uint32_t count, const VkSubmitInfo *submits,
-                                                  VkFence fence)
-{
-    struct ls_icd_device *device = ((struct ls_icd_queue *)queue)->device;
-    struct ls_icd_fence *found;
-    VkResult result = VK_SUCCESS;
-    (void)submits;
-    if (count > 0)
-        return VK_ERROR_FEATURE_NOT_PRESENT; /* command buffers are the next slice */
-    if (fence == VK_NULL_HANDLE)
-        return VK_SUCCESS;
-    pthread_mutex_lock(&device->lock);
-    found = fence_of(device, fence);
-    if (found == NULL)
-        result = LS_ICD_INVALID;
-    else
-        found->signaled = 1; /* the empty submission is done at once */
+    result = ls_icd_path_wait(device, timeout, signaled, &wait);
     pthread_mutex_unlock(&device->lock);
     return result;
+}
+
+/* ---- events */
+
+static struct ls_icd_event *event_of(struct ls_icd_device *device, VkEvent event)
+{
+    struct ls_icd_object *object = ls_icd_object_find(&device->objects, (uint64_t)(uintptr_t)event, LS_ICD_EVENT);
+    return object ? &object->u.event : NULL;
+}
+
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_CreateEvent(VkDevice handle, const VkEventCreateInfo *info,
+                                                  const VkAllocationCallbacks *allocator, VkEvent *out)
+{
+    uint64_t event;
+    VkResult result;
+    (void)allocator;
+    if (info->flags & ~(VkEventCreateFlags)VK_EVENT_CREATE_DEVICE_ONLY_BIT)
+        return LS_ICD_INVALID;
+    result = ls_icd_object_create(device_of(handle), LS_ICD_EVENT, NULL, 0, &event);
+    if (result == VK_SUCCESS)
+        *out = (VkEvent)(uintptr_t)event;
+    return result;
+}
+
+VKAPI_ATTR void VKAPI_CALL ls_icd_DestroyEvent(VkDevice handle, VkEvent event, const VkAllocationCallbacks *allocator)
+{
+    (void)allocator;
+    ls_icd_object_destroy(device_of(handle), (uint64_t)(uintptr_t)event, LS_ICD_EVENT);
+}
+
+void ls_icd_event_set(struct ls_icd_device *device, uint64_t handle, int value)
+{
+    struct ls_icd_event *event = event_of(device, (VkEvent)(uintptr_t)handle);
+    if (event != NULL)
+        event->set = value != 0;
+}
+
+/* Read (``value`` < 0) or change an event: VK_EVENT_SET/VK_EVENT_RESET, VK_SUCCESS, or LS_ICD_INVALID. */
+static VkResult event_do(VkDevice handle, VkEvent event, int value)
+{
+    struct ls_icd_device *device = device_of(handle);
+    struct ls_icd_event *found;
+    VkResult result = VK_SUCCESS;
+    int lost;
+    pthread_mutex_lock(&device->lock);
+    lost = value < 0 && ls_icd_path_poll(device); /* answered submissions set theirs */
+    found = event_of(device, event);
+    if (found == NULL)
+        result = LS_ICD_INVALID;
+    else if (lost)
+        result = VK_ERROR_DEVICE_LOST;
+    else if (value < 0)
+        result = found->set ? VK_EVENT_SET : VK_EVENT_RESET;
+    else
+        found->set = value;
+    pthread_mutex_unlock(&device->lock);
+    return result;
+}
+
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_GetEventStatus(VkDevice device, VkEvent event)
+{
+    return event_do(device, event, -1);
+}
+
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_SetEvent(VkDevice device, VkEvent event)
+{
+    return event_do(device, event, 1);
+}
+
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_ResetEvent(VkDevice device, VkEvent event)
+{
+    return event_do(device, event, 0);
 }

@@ -23,7 +23,7 @@ def frame(body: bytes, payload: bytes = b"", magic: int = protocol.MAGIC, json_l
         + body + payload
 
 
-GOOD = {"ok": True, "client_id": 1, "physical_device": {
+GOOD = {"ok": True, "client_id": 1, "arbiter_pid": 1, "physical_device": {
     "name": "fake", "uuid": "00112233-4455-6677-8899-aabbccddeeff", "features": ["robustBufferAccess"],
     "timestamp_valid_bits": 64, "memory": 1 << 30, "subgroup_size": 8, "max_per_set_descriptors": 1024,
     "max_memory_allocation_size": 1 << 31}}
@@ -61,6 +61,7 @@ BROKEN = {
     "an allocation size not a number": (frame(welcome(physical_device={"max_memory_allocation_size": "2G"}),
                                               bytes(PROPERTIES_SIZE)), 2),
     "a client id not a number": (frame(welcome(client_id="1"), bytes(PROPERTIES_SIZE)), 2),
+    "an arbiter pid not a pid": (frame(welcome(arbiter_pid=-5), bytes(PROPERTIES_SIZE)), 2),
 }
 
 

@@ -3,7 +3,7 @@
  * Prints one line per physical device: "device NAME|HEAP_BYTES|FAMILIES|QUEUE_FLAGS|MAX_GROUP_X", then
  * "create_device RESULT" for its first device, or "instance RESULT" when the instance cannot be made.
  * With a device, it then uses its queue, memory and buffers (use_device) and prints one line
- * "NAME RESULT" a step. Exit status 0 whatever Vulkan answered: a crash is the failure. It knows nothing
+ * "NAME RESULT" a step, then its semaphores, fences and events (use_sync). Exit status 0 whatever Vulkan answered: a crash is the failure. It knows nothing
  * of libshare. */
 #include <stdint.h>
 #include <stdio.h>
@@ -31,6 +31,83 @@ static void refused(VkDevice device, VkQueue queue)
     printf("submit %d\n", vkQueueSubmit(queue, 1, &submit, VK_NULL_HANDLE));
     vkUpdateDescriptorSets(device, 0, NULL, 0, NULL);
     vkDestroyCommandPool(device, VK_NULL_HANDLE, NULL);
+}
+
+/* Submissions with no command buffer through the ring: a binary semaphore signaled then waited, a
+ * timeline one whose wait holds a submission until the host signals it, events, and hostile calls (a
+ * wait nothing signals, a pending fence submitted or reset again, wrong handles). */
+static void use_sync(VkDevice device, VkQueue queue)
+{
+    PFN_vkWaitSemaphoresKHR wait_semaphores = (PFN_vkWaitSemaphoresKHR)vkGetDeviceProcAddr(device, "vkWaitSemaphoresKHR");
+    PFN_vkSignalSemaphoreKHR signal_semaphore =
+        (PFN_vkSignalSemaphoreKHR)vkGetDeviceProcAddr(device, "vkSignalSemaphoreKHR");
+    PFN_vkGetSemaphoreCounterValueKHR counter =
+        (PFN_vkGetSemaphoreCounterValueKHR)vkGetDeviceProcAddr(device, "vkGetSemaphoreCounterValueKHR");
+    VkSemaphoreTypeCreateInfo type = {.sType = VK_STRUCTURE_TYPE_SEMAPHORE_TYPE_CREATE_INFO,
+                                      .semaphoreType = VK_SEMAPHORE_TYPE_TIMELINE};
+    VkSemaphoreCreateInfo binary_info = {.sType = VK_STRUCTURE_TYPE_SEMAPHORE_CREATE_INFO};
+    VkSemaphoreCreateInfo timeline_info = {.sType = VK_STRUCTURE_TYPE_SEMAPHORE_CREATE_INFO, .pNext = &type};
+    VkFenceCreateInfo fence_info = {.sType = VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
+    VkEventCreateInfo event_info = {.sType = VK_STRUCTURE_TYPE_EVENT_CREATE_INFO};
+    VkPipelineStageFlags stage = VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT;
+    VkSemaphore binary, timeline, wrong = (VkSemaphore)(uintptr_t)0x4242424242ull;
+    VkFence fence, held;
+    VkEvent event;
+    uint64_t two = 2, three = 3, value = 0;
+    if (!wait_semaphores || !signal_semaphore || !counter) {
+        printf("timeline_commands 0\n");
+        return;
+    }
+    vkCreateSemaphore(device, &binary_info, NULL, &binary);
+    vkCreateSemaphore(device, &timeline_info, NULL, &timeline);
+    vkCreateFence(device, &fence_info, NULL, &fence);
+    vkCreateFence(device, &fence_info, NULL, &held);
+    VkSubmitInfo signal = {.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO, .signalSemaphoreCount = 1,
+                           .pSignalSemaphores = &binary};
+    VkSubmitInfo wait = {.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO, .waitSemaphoreCount = 1, .pWaitSemaphores = &binary,
+                         .pWaitDstStageMask = &stage};
+    printf("binary_signal %d\n", vkQueueSubmit(queue, 1, &signal, VK_NULL_HANDLE));
+    printf("binary_wait %d\n", vkQueueSubmit(queue, 1, &wait, fence));
+    printf("binary_fence %d\n", vkWaitForFences(device, 1, &fence, VK_TRUE, UINT64_MAX));
+    printf("binary_unsignaled %d\n", vkQueueSubmit(queue, 1, &wait, VK_NULL_HANDLE));
+    VkTimelineSemaphoreSubmitInfo values = {.sType = VK_STRUCTURE_TYPE_TIMELINE_SEMAPHORE_SUBMIT_INFO,
+                                            .waitSemaphoreValueCount = 1, .pWaitSemaphoreValues = &two,
+                                            .signalSemaphoreValueCount = 1, .pSignalSemaphoreValues = &three};
+    VkSubmitInfo timed = {.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO, .pNext = &values, .waitSemaphoreCount = 1,
+                          .pWaitSemaphores = &timeline, .pWaitDstStageMask = &stage, .signalSemaphoreCount = 1,
+                          .pSignalSemaphores = &timeline};
+    VkSemaphoreWaitInfo for_three = {.sType = VK_STRUCTURE_TYPE_SEMAPHORE_WAIT_INFO, .semaphoreCount = 1,
+                                     .pSemaphores = &timeline, .pValues = &three};
+    VkSemaphoreSignalInfo to_two = {.sType = VK_STRUCTURE_TYPE_SEMAPHORE_SIGNAL_INFO, .semaphore = timeline,
+                                    .value = 2};
+    VkSemaphoreSignalInfo to_wrong = {.sType = VK_STRUCTURE_TYPE_SEMAPHORE_SIGNAL_INFO, .semaphore = wrong,
+                                      .value = 9};
+    printf("timeline_held %d\n", vkQueueSubmit(queue, 1, &timed, held));
+    printf("held_status %d\n", vkGetFenceStatus(device, held));
+    printf("held_again %d\n", vkQueueSubmit(queue, 0, NULL, held));
+    printf("held_reset %d\n", vkResetFences(device, 1, &held));
+    printf("timeline_timeout %d\n", wait_semaphores(device, &for_three, 1000000));
+    printf("timeline_signal %d\n", signal_semaphore(device, &to_two));
+    printf("timeline_back %d\n", signal_semaphore(device, &to_two));
+    printf("timeline_wrong %d\n", signal_semaphore(device, &to_wrong));
+    printf("timeline_wait %d\n", wait_semaphores(device, &for_three, UINT64_MAX));
+    printf("held_fence %d\n", vkWaitForFences(device, 1, &held, VK_TRUE, UINT64_MAX));
+    VkResult read = counter(device, timeline, &value);
+    printf("counter %d %llu\n", read, (unsigned long long)value);
+    printf("fence_wrong %d\n", vkWaitForFences(device, 1, (VkFence *)&wrong, VK_TRUE, 0));
+    vkCreateEvent(device, &event_info, NULL, &event);
+    printf("event %d\n", vkGetEventStatus(device, event));
+    printf("event_set %d", vkSetEvent(device, event));
+    printf(" %d\n", vkGetEventStatus(device, event));
+    printf("event_reset %d", vkResetEvent(device, event));
+    printf(" %d\n", vkGetEventStatus(device, event));
+    printf("event_wrong %d\n", vkSetEvent(device, (VkEvent)(uintptr_t)wrong));
+    printf("idle_sync %d\n", vkQueueWaitIdle(queue));
+    vkDestroyEvent(device, event, NULL);
+    vkDestroyFence(device, held, NULL);
+    vkDestroyFence(device, fence, NULL);
+    vkDestroySemaphore(device, timeline, NULL);
+    vkDestroySemaphore(device, binary, NULL);
 }
 
 /* Host-visible memory written through its mapping and read back through a second one; buffers bound in
@@ -82,6 +159,7 @@ static void use_device(VkDevice device)
     printf("submit_empty %d\n", vkQueueSubmit(queue, 0, NULL, fence));
     printf("wait %d\n", vkWaitForFences(device, 1, &fence, VK_TRUE, UINT64_MAX));
     printf("idle %d\n", vkDeviceWaitIdle(device));
+    use_sync(device, queue);
     refused(device, queue);
     vkFreeMemory(device, memory, NULL); /* while the buffer is bound to it */
     printf("bind_freed %d\n", vkBindBufferMemory(device, past, memory, 0));
@@ -121,8 +199,12 @@ int main(void)
         float priority = 1.0f;
         VkDeviceQueueCreateInfo queue = {.sType = VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO, .queueFamilyIndex = 0,
                                          .queueCount = 1, .pQueuePriorities = &priority};
-        VkDeviceCreateInfo create = {.sType = VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO, .queueCreateInfoCount = 1,
-                                     .pQueueCreateInfos = &queue};
+        const char *timeline = VK_KHR_TIMELINE_SEMAPHORE_EXTENSION_NAME;
+        VkPhysicalDeviceTimelineSemaphoreFeatures features = {
+            .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_TIMELINE_SEMAPHORE_FEATURES, .timelineSemaphore = VK_TRUE};
+        VkDeviceCreateInfo create = {.sType = VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO, .pNext = &features,
+                                     .queueCreateInfoCount = 1, .pQueueCreateInfos = &queue,
+                                     .enabledExtensionCount = 1, .ppEnabledExtensionNames = &timeline};
         VkDevice device;
         result = vkCreateDevice(devices[0], &create, NULL, &device);
         printf("create_device %d\n", result);
