@@ -32,22 +32,19 @@
  * with the engine's record_barrier after vkCmdCopyQueryPoolResults, whose second scope holds the
  * host's reads), then its value; 64-bit or the low 32 bits, WITH_AVAILABILITY, PARTIAL (an unavailable
  * query's value written as 0). Without WAIT_BIT an unavailable query's value is left alone and the
- * answer is VK_NOT_READY. With WAIT_BIT it waits until every query asked is available: a bounded wait
- * (WAIT_MS, the device's lock released between looks, each look WAIT_STEP_US apart) until queue.c's
- * completions can be waited on here; past the bound, VK_NOT_READY with a line on stderr, never a hang
- * on a query that nothing will write. */
+ * answer is VK_NOT_READY. With WAIT_BIT it waits until every query asked is available, on the queue's
+ * completions (queue.c's ls_icd_path_wait, as vkQueueWaitIdle does: the device's lock released while it
+ * sleeps, each answer filed looked at again); when nothing queued could make them available (a query
+ * never written since its reset) it answers VK_NOT_READY rather than hang, and VK_ERROR_DEVICE_LOST
+ * once the device is lost. */
 #define _GNU_SOURCE
-#include <stdio.h>
 #include <string.h>
-#include <time.h>
 
 #include "commands.h"
 #include "sync.h"
 
 #define QUERY_BYTES 16u               /* a query's slot: the timestamp, then its availability */
 #define MOST_QUERIES 65536u           /* queries a pool holds (1 MiB of slots) */
-#define WAIT_MS LS_ICD_REPLY_MS       /* WAIT_BIT's bound */
-#define WAIT_STEP_US 100              /* ... and its looks' spacing */
 
 static struct ls_icd_device *device_of(VkDevice handle)
 {
@@ -129,22 +126,13 @@ static VkResult available(struct ls_icd_device *device, const void *arg)
     return VK_SUCCESS;
 }
 
-/* WAIT_BIT's wait (the device's lock held, released between looks): VK_SUCCESS, VK_NOT_READY past WAIT_MS,
- * or LS_ICD_INVALID. */
+/* WAIT_BIT's wait (the device's lock held, released while it sleeps on the queue's completions: queue.c's
+ * ls_icd_path_wait): VK_SUCCESS, VK_NOT_READY when nothing queued could make them available,
+ * VK_ERROR_DEVICE_LOST, or LS_ICD_INVALID. */
 static VkResult wait_available(struct ls_icd_device *device, const struct wanted *w)
 {
-    struct timespec step = {0, WAIT_STEP_US * 1000L};
-    int64_t deadline = ls_now_ns() + (int64_t)WAIT_MS * 1000000;
-    VkResult result;
-    while ((result = available(device, w)) == VK_NOT_READY && ls_now_ns() < deadline) {
-        pthread_mutex_unlock(&device->lock);
-        nanosleep(&step, NULL);
-        pthread_mutex_lock(&device->lock);
-    }
-    if (result == VK_NOT_READY)
-        fprintf(stderr, "libshare Vulkan driver: vkGetQueryPoolResults waited %d ms for queries nothing wrote\n",
-                WAIT_MS);
-    return result;
+    VkResult result = ls_icd_path_wait(device, UINT64_MAX, available, w);
+    return result == VK_TIMEOUT ? VK_NOT_READY : result;
 }
 
 /* Write ``value`` as a 32- or 64-bit result at ``at``. */
@@ -178,9 +166,9 @@ VKAPI_ATTR VkResult VKAPI_CALL ls_icd_GetQueryPoolResults(VkDevice handle, VkQue
     if (flags & VK_QUERY_RESULT_WAIT_BIT)
         result = wait_available(device, &w);
     found = pool_of(device, pool);      /* (the lock was let go while waiting) */
-    if (result == LS_ICD_INVALID || !inside(found, first, count)) {
+    if (result == VK_ERROR_DEVICE_LOST || result == LS_ICD_INVALID || !inside(found, first, count)) {
         pthread_mutex_unlock(&device->lock);
-        return LS_ICD_INVALID;
+        return result == VK_ERROR_DEVICE_LOST ? result : LS_ICD_INVALID;
     }
     result = VK_SUCCESS;
     const uint64_t *words = (const uint64_t *)found->memory.address;

@@ -9,6 +9,11 @@
   a copy misaligned, past its buffer, or of several queries with a stride of 0, begin and end query)
   and while reading (a wrong pool, a stride or data too small, a destroyed pool); then an honest
   command buffer still ends.
+- ``submitted``: a command buffer that resets the pool, writes timestamps around a chain of copies
+  and copies the results (64-bit with availability, 32-bit with availability, 64-bit alone) into a
+  buffer, submitted twice; the first time vkGetQueryPoolResults with WAIT_BIT at once (before the
+  fence); each time, after the fence, with WAIT_BIT, without it, 64- and 32-bit, and the copied results
+  read; then WAIT_BIT on queries never written.
 
 It knows nothing of libshare.
 """
@@ -21,7 +26,7 @@ import sys
 import vulkan as vk
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from _commands import begin, bound_buffers, command_buffers, end, make_pool, recorded  # noqa: E402
+from _commands import WHOLE_SIZE, begin, bound_buffers, command_buffers, end, make_pool, recorded  # noqa: E402
 from _memory import open_device, outcome  # noqa: E402
 
 QUERIES = 8
@@ -113,5 +118,64 @@ def pools() -> dict:
     return seen
 
 
+def words_of(device, memory, offset, count, kind="uint64_t *") -> list[int]:
+    """``count`` words at ``offset`` of host-visible ``memory``, read through a mapping."""
+    mapped = vk.vkMapMemory(device, memory, offset, count * 8, 0)
+    words = vk.ffi.cast(kind, vk.ffi.from_buffer(mapped))
+    size = vk.ffi.sizeof(kind[:-2])
+    values = [int(words[k]) for k in range(count)]
+    vk.vkUnmapMemory(device, memory)
+    return values
+
+
+def submitted() -> dict:
+    instance, device, host = open_device()
+    queue = vk.vkGetDeviceQueue(device, 0, 0)
+    step = 1 << 20
+    memory, (a, b, out) = bound_buffers(device, host, 3, step)
+    pool = query_pool(device)
+    cpool = make_pool(device)
+    cb, = command_buffers(device, cpool)
+    begin(cb, vk.VK_COMMAND_BUFFER_USAGE_SIMULTANEOUS_USE_BIT)
+    vk.vkCmdResetQueryPool(cb, pool, 0, QUERIES)
+    vk.vkCmdFillBuffer(cb, a, 0, WHOLE_SIZE, 0x01020304)
+    vk.vkCmdWriteTimestamp(cb, vk.VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, pool, 0)
+    for k in range(1, 4):  # a chain: each copy reads what the one before wrote
+        vk.vkCmdCopyBuffer(cb, a if k % 2 else b, b if k % 2 else a, 1, [vk.VkBufferCopy(size=step)])
+        vk.vkCmdWriteTimestamp(cb, vk.VK_PIPELINE_STAGE_TRANSFER_BIT, pool, k)
+    flags = WIDE | AVAILABILITY | vk.VK_QUERY_RESULT_WAIT_BIT
+    vk.vkCmdCopyQueryPoolResults(cb, pool, 0, 4, out, 0, 16, flags)  # 64-bit with availability, at 0
+    vk.vkCmdCopyQueryPoolResults(cb, pool, 0, 4, out, 256, 8, AVAILABILITY)  # 32-bit with availability, at 256
+    vk.vkCmdCopyQueryPoolResults(cb, pool, 0, 4, out, 512, 8, WIDE)  # 64-bit alone, at 512
+    seen = {"ended": end(cb)}
+    fence = vk.vkCreateFence(device, vk.VkFenceCreateInfo(), None)
+    runs = []
+    for k in range(2):  # the same command buffer twice: new stamps, later ones
+        vk.vkResetFences(device, 1, [fence])
+        submit = outcome(vk.vkQueueSubmit, queue, 1, [vk.VkSubmitInfo(commandBufferCount=1, pCommandBuffers=[cb])],
+                         fence)
+        if k == 0:  # WAIT_BIT at once on a new pool's queries: it waits on the queue's completions (the
+            seen["waited at once"] = results(device, pool, 0, 4, flags)  # second run's are the first's till reset)
+        fenced = outcome(vk.vkWaitForFences, device, 1, [fence], vk.VK_TRUE, 60 * 10**9)
+        runs.append({"submit": submit, "waited": results(device, pool, 0, 4, flags), "fence": fenced,
+                     "64-bit": results(device, pool, 0, 4, WIDE, 8),
+                     "32-bit": results(device, pool, 0, 4, AVAILABILITY, 8),
+                     "copied 64-bit": words_of(device, memory, 2 * step, 8),
+                     "copied 32-bit": words_of(device, memory, 2 * step + 256, 8, "uint32_t *"),
+                     "copied alone": words_of(device, memory, 2 * step + 512, 4),
+                     "chain": sorted(set(words_of(device, memory, step, step // 8)))})
+    seen["runs"] = runs
+    seen["never written"] = results(device, pool, 4, 4, flags)[0]  # nothing queued will write them
+    vk.vkDestroyFence(device, fence, None)
+    vk.vkDestroyCommandPool(device, cpool, None)
+    vk.vkDestroyQueryPool(device, pool, None)
+    for buffer in (a, b, out):
+        vk.vkDestroyBuffer(device, buffer, None)
+    vk.vkFreeMemory(device, memory, None)
+    vk.vkDestroyDevice(device, None)
+    vk.vkDestroyInstance(instance, None)
+    return seen
+
+
 if __name__ == "__main__":
-    print(json.dumps({"pools": pools}[sys.argv[1]]()), flush=True)
+    print(json.dumps({"pools": pools, "submitted": submitted}[sys.argv[1]]()), flush=True)

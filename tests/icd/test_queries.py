@@ -48,3 +48,22 @@ def test_timestamp_pools_recorded_and_read_and_wrong_use_refused_beside_an_hones
         "end query": ABSENT, "results of a wrong pool": INVALID, "results past the pool": INVALID,
         "results into too little": INVALID, "results misaligned": INVALID, "results of a destroyed pool": INVALID,
         "timestamp into a destroyed pool": INVALID, "honest": "ok"}, seen
+
+
+def test_timestamps_around_a_chain_of_copies_increase_and_every_way_to_read_them_agrees(daemon):
+    _process, pipe_dir = daemon
+    seen = run_queries(pipe_dir, "submitted")
+    assert seen["ended"] == "ok" and seen["never written"] == "VkNotReady", seen
+    assert seen["waited at once"] == seen["runs"][0]["waited"], seen  # WAIT_BIT before the fence: the same
+    last = 0
+    for run in seen["runs"]:
+        assert (run["submit"], run["fence"], run["waited"][0]) == ("ok", "ok", "ok"), run
+        words = run["waited"][1]  # WAIT_BIT with availability
+        stamps, available = words[0::2], words[1::2]
+        assert available == [1, 1, 1, 1] and last < stamps[0] < stamps[1] < stamps[2] < stamps[3], run
+        assert run["64-bit"] == ["ok", stamps], run
+        assert run["32-bit"] == ["ok", [word for stamp in stamps for word in (stamp & 0xFFFFFFFF, 1)]], run
+        assert run["copied 64-bit"] == words, run  # vkCmdCopyQueryPoolResults, recorded after the chain
+        assert run["copied 32-bit"] == run["32-bit"][1] and run["copied alone"] == stamps, run
+        assert run["chain"] == [0x0102030401020304], run  # the copies ran, each after the one before
+        last = stamps[3]  # the second submission's stamps come after the first's
