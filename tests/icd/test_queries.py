@@ -5,17 +5,21 @@ real arbiter with lavapipe behind it) makes pools (timestamps alone offered), re
 (unavailable: VK_NOT_READY, or zeros with PARTIAL; availability 0), records resets, timestamps and
 results copied (64- and 32-bit, with availability) into command buffers whose lists the arbiter
 accepts (it checks every command: LS_OP_FILL, LS_OP_TIMESTAMP, LS_OP_COPY), and finds wrong use an
-error of that program alone, beside an honest client whose results are checked.
+error of that program alone, beside an honest client whose results are checked. Submitted, the
+timestamps around a chain of copies increase, and WAIT_BIT, the host's reads (64- and 32-bit) and the
+copied results agree; tests/icd/queries.c does the same in C, it and the driver under the sanitizers.
 """
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
 from tests.conftest import stop_process
 from tests.arbiter.conftest import start_client
 from tests.icd.conftest import environment, libshare_run, probe
+from tests.icd.test_c_program import SANITIZE, sanitized_driver, sanitized_run
 
 QUERIES = Path(__file__).resolve().parent / "_queries.py"
 INVALID = "VkErrorUnknown"  # VK_ERROR_UNKNOWN: invalid input the driver detected
@@ -67,3 +71,20 @@ def test_timestamps_around_a_chain_of_copies_increase_and_every_way_to_read_them
         assert run["copied 32-bit"] == run["32-bit"][1] and run["copied alone"] == stamps, run
         assert run["chain"] == [0x0102030401020304], run  # the copies ran, each after the one before
         last = stamps[3]  # the second submission's stamps come after the first's
+
+
+QUERIES_C = Path(__file__).resolve().parent / "queries.c"
+SANITIZED_SEEN = [  # what queries.c prints: VkResults (-8 FEATURE_NOT_PRESENT, -13 UNKNOWN, 1 NOT_READY), checks 1
+    "occlusion -8", "pool 0", "end 0", "submit 0", "waited 0", "stamps 1", "fence 0", "copied 1", "copied_32 1",
+    "filled 1", "narrow 0", "narrow_value 1", "unwritten 1", "left_alone 1", "unwritten_wait 1", "partial 0",
+    "partial_zeros 1", "too_small -13", "past_pool -13", "null_data -13", "wrong_pool -13", "destroyed -13"]
+
+
+def test_a_sanitized_c_program_and_driver_read_timestamps_every_way(tmp_path, daemon):
+    """queries.c and the driver, both under AddressSanitizer and UndefinedBehaviorSanitizer: WAIT_BIT before
+    the fence, the copies in the buffer, 32-bit reads and wrong use, without a memory error."""
+    _process, pipe_dir = daemon
+    manifest = sanitized_driver(tmp_path)
+    program = tmp_path / "queries"
+    subprocess.run(["cc", "-O1", "-g", *SANITIZE, "-o", str(program), str(QUERIES_C), "-lvulkan"], check=True)
+    assert sanitized_run(program, environment(pipe_dir, VK_DRIVER_FILES=str(manifest))) == SANITIZED_SEEN
