@@ -125,12 +125,6 @@ static void release(struct ls_icd_command_buffer *cb)
     free(cb);
 }
 
-/* Until queue.c's sync.c is merged: the events' host state lives there. */
-__attribute__((weak)) void ls_icd_event_set(struct ls_icd_device *device, uint64_t handle, int value)
-{
-    (void)device, (void)handle, (void)value;
-}
-
 /* ---------------------------------------------------------------- pools */
 
 static struct ls_icd_command_pool *pool_of(struct ls_icd_device *device, VkCommandPool pool)

@@ -1,7 +1,8 @@
-/* The command buffers' private shapes: shared by commands.c (pools, the lifecycle, transfers, events,
- * secondary command buffers) and dispatch.c (pipelines, descriptor sets, push constants, dispatches).
- * query.c includes it too, for ls_icd_command_buffer_of, ls_icd_fail, ls_icd_buffer_range and
- * ls_icd_encode (icd.h's ls_icd_record, encoded). */
+/* The command buffers' private shapes: shared by commands.c (pools, the lifecycle, the lists), record.c
+ * (transfers, barriers, events, secondary command buffers) and dispatch.c (pipelines, descriptor sets,
+ * push constants, dispatches); query.c includes it for ls_icd_command_buffer_of, ls_icd_fail,
+ * ls_icd_buffer_range and ls_icd_encode.
+ * loader.c includes it for the entry points; other files append commands through icd.h's ls_icd_record. */
 #ifndef LIBSHARE_ICD_COMMANDS_H
 #define LIBSHARE_ICD_COMMANDS_H
 
@@ -58,5 +59,61 @@ VkResult ls_icd_record_barrier(struct ls_icd_command_buffer *cb);
 VkResult ls_icd_encode(struct ls_icd_command_buffer *cb, uint32_t opcode, uint32_t nbuffers, const uint32_t *buffers,
                        uint32_t noffsets, const uint64_t *offsets, const void *push, uint32_t push_size);
 
+
+/* The entry points (loader.c's table): commands.c (pools, the lifecycle), record.c, dispatch.c */
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_CreateCommandPool(VkDevice handle, const VkCommandPoolCreateInfo *info,
+                                                        const VkAllocationCallbacks *allocator, VkCommandPool *out);
+VKAPI_ATTR void VKAPI_CALL ls_icd_DestroyCommandPool(VkDevice handle, VkCommandPool pool,
+                                                     const VkAllocationCallbacks *allocator);
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_ResetCommandPool(VkDevice handle, VkCommandPool pool,
+                                                       VkCommandPoolResetFlags flags);
+VKAPI_ATTR void VKAPI_CALL ls_icd_TrimCommandPool(VkDevice handle, VkCommandPool pool, VkCommandPoolTrimFlags flags);
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_AllocateCommandBuffers(VkDevice handle, const VkCommandBufferAllocateInfo *info,
+                                                             VkCommandBuffer *out);
+VKAPI_ATTR void VKAPI_CALL ls_icd_FreeCommandBuffers(VkDevice handle, VkCommandPool pool, uint32_t count,
+                                                     const VkCommandBuffer *buffers);
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_BeginCommandBuffer(VkCommandBuffer handle, const VkCommandBufferBeginInfo *info);
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_EndCommandBuffer(VkCommandBuffer handle);
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_ResetCommandBuffer(VkCommandBuffer handle, VkCommandBufferResetFlags flags);
+VKAPI_ATTR void VKAPI_CALL ls_icd_CmdCopyBuffer(VkCommandBuffer handle, VkBuffer src, VkBuffer dst, uint32_t count,
+                                                const VkBufferCopy *regions);
+VKAPI_ATTR void VKAPI_CALL ls_icd_CmdFillBuffer(VkCommandBuffer handle, VkBuffer dst, VkDeviceSize offset,
+                                                VkDeviceSize size, uint32_t data);
+VKAPI_ATTR void VKAPI_CALL ls_icd_CmdUpdateBuffer(VkCommandBuffer handle, VkBuffer dst, VkDeviceSize offset,
+                                                  VkDeviceSize size, const void *data);
+VKAPI_ATTR void VKAPI_CALL ls_icd_CmdPipelineBarrier(VkCommandBuffer handle, VkPipelineStageFlags src,
+                                                     VkPipelineStageFlags dst, VkDependencyFlags flags,
+                                                     uint32_t nmemory, const VkMemoryBarrier *memory,
+                                                     uint32_t nbuffer, const VkBufferMemoryBarrier *buffer,
+                                                     uint32_t nimage, const VkImageMemoryBarrier *image);
+VKAPI_ATTR void VKAPI_CALL ls_icd_CmdPipelineBarrier2(VkCommandBuffer handle, const VkDependencyInfo *info);
+VKAPI_ATTR void VKAPI_CALL ls_icd_CmdSetEvent(VkCommandBuffer handle, VkEvent event, VkPipelineStageFlags stages);
+VKAPI_ATTR void VKAPI_CALL ls_icd_CmdResetEvent(VkCommandBuffer handle, VkEvent event, VkPipelineStageFlags stages);
+VKAPI_ATTR void VKAPI_CALL ls_icd_CmdSetEvent2(VkCommandBuffer handle, VkEvent event, const VkDependencyInfo *info);
+VKAPI_ATTR void VKAPI_CALL ls_icd_CmdResetEvent2(VkCommandBuffer handle, VkEvent event, VkPipelineStageFlags2 stages);
+VKAPI_ATTR void VKAPI_CALL ls_icd_CmdWaitEvents(VkCommandBuffer handle, uint32_t count, const VkEvent *events,
+                                                VkPipelineStageFlags src, VkPipelineStageFlags dst, uint32_t nmemory,
+                                                const VkMemoryBarrier *memory, uint32_t nbuffer,
+                                                const VkBufferMemoryBarrier *buffer, uint32_t nimage,
+                                                const VkImageMemoryBarrier *image);
+VKAPI_ATTR void VKAPI_CALL ls_icd_CmdWaitEvents2(VkCommandBuffer handle, uint32_t count, const VkEvent *events,
+                                                 const VkDependencyInfo *infos);
+VKAPI_ATTR void VKAPI_CALL ls_icd_CmdWriteTimestamp2(VkCommandBuffer handle, VkPipelineStageFlags2 stage,
+                                                     VkQueryPool pool, uint32_t query);
+VKAPI_ATTR void VKAPI_CALL ls_icd_CmdExecuteCommands(VkCommandBuffer handle, uint32_t count,
+                                                     const VkCommandBuffer *secondaries);
+VKAPI_ATTR void VKAPI_CALL ls_icd_CmdBindPipeline(VkCommandBuffer handle, VkPipelineBindPoint point,
+                                                  VkPipeline pipeline);
+VKAPI_ATTR void VKAPI_CALL ls_icd_CmdBindDescriptorSets(VkCommandBuffer handle, VkPipelineBindPoint point,
+                                                        VkPipelineLayout layout, uint32_t first, uint32_t count,
+                                                        const VkDescriptorSet *sets, uint32_t ndynamic,
+                                                        const uint32_t *dynamic);
+VKAPI_ATTR void VKAPI_CALL ls_icd_CmdPushConstants(VkCommandBuffer handle, VkPipelineLayout layout,
+                                                   VkShaderStageFlags stages, uint32_t offset, uint32_t size,
+                                                   const void *values);
+VKAPI_ATTR void VKAPI_CALL ls_icd_CmdDispatch(VkCommandBuffer handle, uint32_t x, uint32_t y, uint32_t z);
+VKAPI_ATTR void VKAPI_CALL ls_icd_CmdDispatchBase(VkCommandBuffer handle, uint32_t base_x, uint32_t base_y,
+                                                  uint32_t base_z, uint32_t x, uint32_t y, uint32_t z);
+VKAPI_ATTR void VKAPI_CALL ls_icd_CmdDispatchIndirect(VkCommandBuffer handle, VkBuffer buffer, VkDeviceSize offset);
 
 #endif

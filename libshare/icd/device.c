@@ -184,6 +184,8 @@ VKAPI_ATTR void VKAPI_CALL ls_icd_DestroyDevice(VkDevice handle, const VkAllocat
         struct ls_icd_object *object = &device->objects.slots[i];
         if (object->kind == LS_ICD_MEMORY && object->u.memory.address != NULL)
             munmap(object->u.memory.address, object->u.memory.rounded);
+        ls_icd_pipeline_object_free(NULL, object); /* what the compute objects hold (NULL: the session is */
+        ls_icd_descriptor_object_free(object);     /* closed, its programs freed with it) */
     }
     ls_icd_objects_free(&device->objects);
     pthread_mutex_destroy(&device->lock);

@@ -11,9 +11,9 @@
  * program binds buffers, flag LS_DESC_GROUP naming a bind group made for it: the descriptors of
  * the bound sets are read at the dispatch (Vulkan forbids changing a bound set before the
  * submission completes, so a snapshot then is what the device would read), one entry an element,
- * in the pipeline's ``resources`` order, each its buffer's arbiter buffer, absolute offset (plus
- * its dynamic offset) and range (VK_WHOLE_SIZE: to the VkBuffer's end), checked inside the
- * VkBuffer. The group is {"op":"bind_group","program_id":P,"buffers":[[id,offset,range],...]}
+ * in the pipeline's ``resources`` order, each resolved by descriptor.c's ls_icd_descriptor_resolve:
+ * its buffer's arbiter buffer, absolute offset (plus its dynamic offset) and range (clipped to the
+ * VkBuffer's end; VK_WHOLE_SIZE: to it). The group is {"op":"bind_group","program_id":P,"buffers":[[id,offset,range],...]}
  * (ls_icd_ask), reused for a later dispatch of the same program over the same entries within the
  * command buffer, and freed with the recording (commands.c). vkCmdDispatchBase runs only from base
  * (0,0,0): a base is a pipeline's VK_PIPELINE_CREATE_DISPATCH_BASE_BIT, which no pipeline of this
@@ -115,7 +115,6 @@ static int entry_of(struct ls_icd_command_buffer *cb, uint32_t number, uint32_t 
     const struct ls_icd_set_layout *layout;
     const struct ls_icd_descriptor *descriptor = NULL;
     uint32_t dynamic = 0, id;
-    uint64_t offset, range, size;
     if (set == NULL) {
         ls_icd_fail(cb, LS_ICD_INVALID, "a dispatch: its pipeline's descriptor set is not bound (or was freed)");
         return -1;
@@ -132,16 +131,13 @@ static int entry_of(struct ls_icd_command_buffer *cb, uint32_t number, uint32_t 
         ls_icd_fail(cb, LS_ICD_INVALID, "a dispatch: a descriptor its pipeline reads is missing or never written");
         return -1;
     }
-    offset = descriptor->offset + (dynamic_type(descriptor->type) ? rec->dynamic[number][dynamic + element] : 0);
-    size = ls_icd_buffer_size(cb->device, descriptor->buffer);
-    range = descriptor->range == VK_WHOLE_SIZE ? (offset < size ? size - offset : 0) : descriptor->range;
-    if (offset < descriptor->offset || range == 0 ||
-        ls_icd_buffer_range(cb->device, descriptor->buffer, offset, range, &id, &entry[1]) < 0) {
-        ls_icd_fail(cb, LS_ICD_INVALID, "a dispatch: a descriptor's range is outside its buffer, or it was freed");
+    if (ls_icd_descriptor_resolve(cb->device, descriptor,
+                                  dynamic_type(descriptor->type) ? rec->dynamic[number][dynamic + element] : 0, &id,
+                                  &entry[1], &entry[2]) != VK_SUCCESS || entry[2] == 0) {
+        ls_icd_fail(cb, LS_ICD_INVALID, "a dispatch: a descriptor's buffer is gone, or its offset past its end");
         return -1;
     }
     entry[0] = id;
-    entry[2] = range;
     return 0;
 }
 

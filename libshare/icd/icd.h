@@ -11,7 +11,8 @@
  *   instance.c  VkInstance: creation (one session each), extensions, layers, the physical device
  *   physical.c  VkPhysicalDevice: properties, features, queue family, memory, formats
  *   device.c    VkDevice and VkQueue: the checks of vkCreateDevice, one session each, the queue
- *   objects.c   the device's table of non-dispatchable handles (memory, buffers, fences), checked
+ *   objects.c   the device's table of non-dispatchable handles (memory, buffers, fences, the compute
+ *               objects), checked
  *   control.c   the device session's control requests: one frame sent, its reply read and checked
  *   memory.c    VkDeviceMemory: the arbiter's shared (memfd, mapped) and device buffers
  *   buffer.c    VkBuffer: a (memory, offset, size) view, its requirements and binding
@@ -258,7 +259,7 @@ struct ls_icd_pipeline {
     uint32_t local_size[3];
 };
 
-/* descriptor.c: one descriptor of a set; buffer 0 until written */
+/* descriptor.c: one descriptor of a set; buffer 0 until written (ls_icd_descriptor_resolve reads it) */
 struct ls_icd_descriptor {
     VkDescriptorType type;
     uint64_t buffer;                /* its VkBuffer's handle, or 0: never written */
@@ -353,12 +354,9 @@ struct ls_icd_device {
     struct ls_icd_path *path;       /* queue.c's: the ring and the submissions in flight */
 };
 
-/* The device extensions offered (physical.c's list), as bits of ls_icd_device.extensions. The
- * integrator sets LS_ICD_OFFERS_SYNC2 to 1 once commands.c records the vkCmd*2 commands (a test
- * builds the driver with -DLS_ICD_OFFERS_SYNC2=1 to submit through vkQueueSubmit2KHR meanwhile). */
-#ifndef LS_ICD_OFFERS_SYNC2
-#define LS_ICD_OFFERS_SYNC2 0
-#endif
+/* The device extensions offered (physical.c's list), as bits of ls_icd_device.extensions.
+ * VK_KHR_synchronization2 is offered: commands.c records its vkCmd*2 commands (record.c). */
+#define LS_ICD_OFFERS_SYNC2 1
 #define LS_ICD_EXT_TIMELINE 1u      /* VK_KHR_timeline_semaphore */
 #define LS_ICD_EXT_SYNC2 2u         /* VK_KHR_synchronization2 */
 uint32_t ls_icd_extension_bit(const char *name); /* physical.c: the bit of an offered extension, else 0 */
@@ -411,61 +409,7 @@ void ls_icd_command_buffer_done(struct ls_icd_command_buffer *cb);
  * error that vkEndCommandBuffer will answer (the recording keeps the first). */
 struct ls_desc;
 VkResult ls_icd_record(struct ls_icd_command_buffer *cb, const struct ls_desc *command);
-/* commands.c (pools, the lifecycle), record.c (transfers, barriers, events, secondaries), dispatch.c */
-VKAPI_ATTR VkResult VKAPI_CALL ls_icd_CreateCommandPool(VkDevice handle, const VkCommandPoolCreateInfo *info,
-                                                        const VkAllocationCallbacks *allocator, VkCommandPool *out);
-VKAPI_ATTR void VKAPI_CALL ls_icd_DestroyCommandPool(VkDevice handle, VkCommandPool pool,
-                                                     const VkAllocationCallbacks *allocator);
-VKAPI_ATTR VkResult VKAPI_CALL ls_icd_ResetCommandPool(VkDevice handle, VkCommandPool pool,
-                                                       VkCommandPoolResetFlags flags);
-VKAPI_ATTR void VKAPI_CALL ls_icd_TrimCommandPool(VkDevice handle, VkCommandPool pool, VkCommandPoolTrimFlags flags);
-VKAPI_ATTR VkResult VKAPI_CALL ls_icd_AllocateCommandBuffers(VkDevice handle, const VkCommandBufferAllocateInfo *info,
-                                                             VkCommandBuffer *out);
-VKAPI_ATTR void VKAPI_CALL ls_icd_FreeCommandBuffers(VkDevice handle, VkCommandPool pool, uint32_t count,
-                                                     const VkCommandBuffer *buffers);
-VKAPI_ATTR VkResult VKAPI_CALL ls_icd_BeginCommandBuffer(VkCommandBuffer handle, const VkCommandBufferBeginInfo *info);
-VKAPI_ATTR VkResult VKAPI_CALL ls_icd_EndCommandBuffer(VkCommandBuffer handle);
-VKAPI_ATTR VkResult VKAPI_CALL ls_icd_ResetCommandBuffer(VkCommandBuffer handle, VkCommandBufferResetFlags flags);
-VKAPI_ATTR void VKAPI_CALL ls_icd_CmdCopyBuffer(VkCommandBuffer handle, VkBuffer src, VkBuffer dst, uint32_t count,
-                                                const VkBufferCopy *regions);
-VKAPI_ATTR void VKAPI_CALL ls_icd_CmdFillBuffer(VkCommandBuffer handle, VkBuffer dst, VkDeviceSize offset,
-                                                VkDeviceSize size, uint32_t data);
-VKAPI_ATTR void VKAPI_CALL ls_icd_CmdUpdateBuffer(VkCommandBuffer handle, VkBuffer dst, VkDeviceSize offset,
-                                                  VkDeviceSize size, const void *data);
-VKAPI_ATTR void VKAPI_CALL ls_icd_CmdPipelineBarrier(VkCommandBuffer handle, VkPipelineStageFlags src,
-                                                     VkPipelineStageFlags dst, VkDependencyFlags flags,
-                                                     uint32_t nmemory, const VkMemoryBarrier *memory,
-                                                     uint32_t nbuffer, const VkBufferMemoryBarrier *buffer,
-                                                     uint32_t nimage, const VkImageMemoryBarrier *image);
-VKAPI_ATTR void VKAPI_CALL ls_icd_CmdPipelineBarrier2(VkCommandBuffer handle, const VkDependencyInfo *info);
-VKAPI_ATTR void VKAPI_CALL ls_icd_CmdSetEvent(VkCommandBuffer handle, VkEvent event, VkPipelineStageFlags stages);
-VKAPI_ATTR void VKAPI_CALL ls_icd_CmdResetEvent(VkCommandBuffer handle, VkEvent event, VkPipelineStageFlags stages);
-VKAPI_ATTR void VKAPI_CALL ls_icd_CmdSetEvent2(VkCommandBuffer handle, VkEvent event, const VkDependencyInfo *info);
-VKAPI_ATTR void VKAPI_CALL ls_icd_CmdResetEvent2(VkCommandBuffer handle, VkEvent event, VkPipelineStageFlags2 stages);
-VKAPI_ATTR void VKAPI_CALL ls_icd_CmdWaitEvents(VkCommandBuffer handle, uint32_t count, const VkEvent *events,
-                                                VkPipelineStageFlags src, VkPipelineStageFlags dst, uint32_t nmemory,
-                                                const VkMemoryBarrier *memory, uint32_t nbuffer,
-                                                const VkBufferMemoryBarrier *buffer, uint32_t nimage,
-                                                const VkImageMemoryBarrier *image);
-VKAPI_ATTR void VKAPI_CALL ls_icd_CmdWaitEvents2(VkCommandBuffer handle, uint32_t count, const VkEvent *events,
-                                                 const VkDependencyInfo *infos);
-VKAPI_ATTR void VKAPI_CALL ls_icd_CmdWriteTimestamp2(VkCommandBuffer handle, VkPipelineStageFlags2 stage,
-                                                     VkQueryPool pool, uint32_t query);
-VKAPI_ATTR void VKAPI_CALL ls_icd_CmdExecuteCommands(VkCommandBuffer handle, uint32_t count,
-                                                     const VkCommandBuffer *secondaries);
-VKAPI_ATTR void VKAPI_CALL ls_icd_CmdBindPipeline(VkCommandBuffer handle, VkPipelineBindPoint point,
-                                                  VkPipeline pipeline);
-VKAPI_ATTR void VKAPI_CALL ls_icd_CmdBindDescriptorSets(VkCommandBuffer handle, VkPipelineBindPoint point,
-                                                        VkPipelineLayout layout, uint32_t first, uint32_t count,
-                                                        const VkDescriptorSet *sets, uint32_t ndynamic,
-                                                        const uint32_t *dynamic);
-VKAPI_ATTR void VKAPI_CALL ls_icd_CmdPushConstants(VkCommandBuffer handle, VkPipelineLayout layout,
-                                                   VkShaderStageFlags stages, uint32_t offset, uint32_t size,
-                                                   const void *values);
-VKAPI_ATTR void VKAPI_CALL ls_icd_CmdDispatch(VkCommandBuffer handle, uint32_t x, uint32_t y, uint32_t z);
-VKAPI_ATTR void VKAPI_CALL ls_icd_CmdDispatchBase(VkCommandBuffer handle, uint32_t base_x, uint32_t base_y,
-                                                  uint32_t base_z, uint32_t x, uint32_t y, uint32_t z);
-VKAPI_ATTR void VKAPI_CALL ls_icd_CmdDispatchIndirect(VkCommandBuffer handle, VkBuffer buffer, VkDeviceSize offset);
+/* The entry points of commands.c, record.c and dispatch.c: commands.h. */
 
 /* ---- memory.c */
 void ls_icd_memory_release(struct ls_icd_device *device, struct ls_icd_memory *memory);
@@ -607,8 +551,83 @@ VKAPI_ATTR void VKAPI_CALL ls_icd_GetImageSparseMemoryRequirements2(VkDevice dev
                                                                    const VkImageSparseMemoryRequirementsInfo2 *info,
                                                                    uint32_t *count,
                                                                    VkSparseImageMemoryRequirements2 *out);
+
+/* ---- pipeline.c: shader modules, pipeline layouts, compute pipelines (the arbiter's programs), caches */
+#define LS_ICD_MOST_SPIRV (LS_ICD_MAX_FRAME - 8192) /* a module's bytes: a frame, less its request's JSON */
+/* Free what ``object`` (a shader, pipeline layout or pipeline) holds; a pipeline's program is freed at
+ * the arbiter unless ``device`` is NULL (its session is gone). The lock held; the slot stays. */
+void ls_icd_pipeline_object_free(struct ls_icd_device *device, struct ls_icd_object *object);
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_CreateShaderModule(VkDevice device, const VkShaderModuleCreateInfo *info,
+                                                         const VkAllocationCallbacks *allocator, VkShaderModule *out);
+VKAPI_ATTR void VKAPI_CALL ls_icd_DestroyShaderModule(VkDevice device, VkShaderModule module,
+                                                      const VkAllocationCallbacks *allocator);
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_CreatePipelineLayout(VkDevice device, const VkPipelineLayoutCreateInfo *info,
+                                                           const VkAllocationCallbacks *allocator,
+                                                           VkPipelineLayout *out);
+VKAPI_ATTR void VKAPI_CALL ls_icd_DestroyPipelineLayout(VkDevice device, VkPipelineLayout layout,
+                                                        const VkAllocationCallbacks *allocator);
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_CreateComputePipelines(VkDevice device, VkPipelineCache cache, uint32_t count,
+                                                             const VkComputePipelineCreateInfo *infos,
+                                                             const VkAllocationCallbacks *allocator,
+                                                             VkPipeline *out);
+VKAPI_ATTR void VKAPI_CALL ls_icd_DestroyPipeline(VkDevice device, VkPipeline pipeline,
+                                                  const VkAllocationCallbacks *allocator);
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_CreatePipelineCache(VkDevice device, const VkPipelineCacheCreateInfo *info,
+                                                          const VkAllocationCallbacks *allocator,
+                                                          VkPipelineCache *out);
+VKAPI_ATTR void VKAPI_CALL ls_icd_DestroyPipelineCache(VkDevice device, VkPipelineCache cache,
+                                                       const VkAllocationCallbacks *allocator);
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_GetPipelineCacheData(VkDevice device, VkPipelineCache cache, size_t *size,
+                                                           void *data);
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_MergePipelineCaches(VkDevice device, VkPipelineCache into, uint32_t count,
+                                                          const VkPipelineCache *caches);
+
+/* ---- descriptor.c: set layouts, pools, sets, their updates and templates */
+#define LS_ICD_MOST_DESCRIPTORS (1u << 16) /* a set layout's descriptors, at most (and maxPerSetDescriptors) */
+/* A deep copy of ``from`` into ``to`` (VK_SUCCESS or VK_ERROR_OUT_OF_HOST_MEMORY, ``to`` then empty). */
+VkResult ls_icd_set_layout_copy(struct ls_icd_set_layout *to, const struct ls_icd_set_layout *from);
+void ls_icd_set_layout_free(struct ls_icd_set_layout *layout);
+/* Free what ``object`` (a set layout, set, pool or template) holds; the lock held; the slot stays. */
+void ls_icd_descriptor_object_free(struct ls_icd_object *object);
+/* A set's descriptor in the arbiter's terms, for a bind group (commands.c, the lock held): the buffer's
+ * memory's arbiter ``buffer_id``; ``offset`` = the buffer's offset in its memory + ``d->offset`` +
+ * ``dynamic_offset`` (a dynamic descriptor's offset is applied here, at bind time: the descriptor's
+ * offset plus the dynamic offset); ``range``: ``d->range`` clipped to the buffer's end from there
+ * (VK_WHOLE_SIZE: to the buffer's end). LS_ICD_INVALID when the descriptor was never written, its
+ * buffer or that buffer's memory is gone or unbound, or the offsets reach past the buffer. */
+VkResult ls_icd_descriptor_resolve(struct ls_icd_device *device, const struct ls_icd_descriptor *d,
+                                   uint32_t dynamic_offset, uint32_t *buffer_id, uint64_t *offset, uint64_t *range);
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_CreateDescriptorSetLayout(VkDevice device,
+                                                                const VkDescriptorSetLayoutCreateInfo *info,
+                                                                const VkAllocationCallbacks *allocator,
+                                                                VkDescriptorSetLayout *out);
+VKAPI_ATTR void VKAPI_CALL ls_icd_DestroyDescriptorSetLayout(VkDevice device, VkDescriptorSetLayout layout,
+                                                             const VkAllocationCallbacks *allocator);
 VKAPI_ATTR void VKAPI_CALL ls_icd_GetDescriptorSetLayoutSupport(VkDevice device,
                                                                 const VkDescriptorSetLayoutCreateInfo *info,
                                                                 VkDescriptorSetLayoutSupport *out);
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_CreateDescriptorPool(VkDevice device, const VkDescriptorPoolCreateInfo *info,
+                                                           const VkAllocationCallbacks *allocator,
+                                                           VkDescriptorPool *out);
+VKAPI_ATTR void VKAPI_CALL ls_icd_DestroyDescriptorPool(VkDevice device, VkDescriptorPool pool,
+                                                        const VkAllocationCallbacks *allocator);
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_ResetDescriptorPool(VkDevice device, VkDescriptorPool pool,
+                                                          VkDescriptorPoolResetFlags flags);
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_AllocateDescriptorSets(VkDevice device, const VkDescriptorSetAllocateInfo *info,
+                                                             VkDescriptorSet *out);
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_FreeDescriptorSets(VkDevice device, VkDescriptorPool pool, uint32_t count,
+                                                         const VkDescriptorSet *sets);
+VKAPI_ATTR void VKAPI_CALL ls_icd_UpdateDescriptorSets(VkDevice device, uint32_t nwrites,
+                                                       const VkWriteDescriptorSet *writes, uint32_t ncopies,
+                                                       const VkCopyDescriptorSet *copies);
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_CreateDescriptorUpdateTemplate(VkDevice device,
+                                                                     const VkDescriptorUpdateTemplateCreateInfo *info,
+                                                                     const VkAllocationCallbacks *allocator,
+                                                                     VkDescriptorUpdateTemplate *out);
+VKAPI_ATTR void VKAPI_CALL ls_icd_DestroyDescriptorUpdateTemplate(VkDevice device, VkDescriptorUpdateTemplate template,
+                                                                  const VkAllocationCallbacks *allocator);
+VKAPI_ATTR void VKAPI_CALL ls_icd_UpdateDescriptorSetWithTemplate(VkDevice device, VkDescriptorSet set,
+                                                                  VkDescriptorUpdateTemplate template,
+                                                                  const void *data);
 
 #endif

@@ -15,6 +15,7 @@
  * as the interface requires. */
 #include <string.h>
 
+#include "commands.h"
 #include "icd.h"
 
 #define LS_ICD_EXPORT __attribute__((visibility("default")))
@@ -97,13 +98,27 @@ static const struct entry DEVICE_ENTRY_POINTS[] = {
     ENTRY("vkGetImageSparseMemoryRequirements2", ls_icd_GetImageSparseMemoryRequirements2),
     ENTRY("vkGetDeviceQueue2", ls_icd_GetDeviceQueue2),
     ENTRY("vkGetDescriptorSetLayoutSupport", ls_icd_GetDescriptorSetLayoutSupport),
-    ENTRY("vkCmdPipelineBarrier2KHR", ls_icd_CmdPipelineBarrier2),
-    ENTRY("vkCmdSetEvent2KHR", ls_icd_CmdSetEvent2),
-    ENTRY("vkCmdResetEvent2KHR", ls_icd_CmdResetEvent2),
-    ENTRY("vkCmdWaitEvents2KHR", ls_icd_CmdWaitEvents2),
-    ENTRY("vkCmdWriteTimestamp2KHR", ls_icd_CmdWriteTimestamp2),
-    ENTRY("vkCmdDispatchBaseKHR", ls_icd_CmdDispatchBase),
-    ENTRY("vkTrimCommandPoolKHR", ls_icd_TrimCommandPool),
+    ENTRY("vkCreateShaderModule", ls_icd_CreateShaderModule),
+    ENTRY("vkDestroyShaderModule", ls_icd_DestroyShaderModule),
+    ENTRY("vkCreatePipelineCache", ls_icd_CreatePipelineCache),
+    ENTRY("vkDestroyPipelineCache", ls_icd_DestroyPipelineCache),
+    ENTRY("vkGetPipelineCacheData", ls_icd_GetPipelineCacheData),
+    ENTRY("vkMergePipelineCaches", ls_icd_MergePipelineCaches),
+    ENTRY("vkCreateComputePipelines", ls_icd_CreateComputePipelines),
+    ENTRY("vkDestroyPipeline", ls_icd_DestroyPipeline),
+    ENTRY("vkCreatePipelineLayout", ls_icd_CreatePipelineLayout),
+    ENTRY("vkDestroyPipelineLayout", ls_icd_DestroyPipelineLayout),
+    ENTRY("vkCreateDescriptorSetLayout", ls_icd_CreateDescriptorSetLayout),
+    ENTRY("vkDestroyDescriptorSetLayout", ls_icd_DestroyDescriptorSetLayout),
+    ENTRY("vkCreateDescriptorPool", ls_icd_CreateDescriptorPool),
+    ENTRY("vkDestroyDescriptorPool", ls_icd_DestroyDescriptorPool),
+    ENTRY("vkResetDescriptorPool", ls_icd_ResetDescriptorPool),
+    ENTRY("vkAllocateDescriptorSets", ls_icd_AllocateDescriptorSets),
+    ENTRY("vkFreeDescriptorSets", ls_icd_FreeDescriptorSets),
+    ENTRY("vkUpdateDescriptorSets", ls_icd_UpdateDescriptorSets),
+    ENTRY("vkCreateDescriptorUpdateTemplate", ls_icd_CreateDescriptorUpdateTemplate),
+    ENTRY("vkDestroyDescriptorUpdateTemplate", ls_icd_DestroyDescriptorUpdateTemplate),
+    ENTRY("vkUpdateDescriptorSetWithTemplate", ls_icd_UpdateDescriptorSetWithTemplate),
     ENTRY("vkBindImageMemory", ls_icd_refused),
     ENTRY("vkGetImageMemoryRequirements", ls_icd_nothing),
     ENTRY("vkQueueBindSparse", ls_icd_refused),
@@ -117,27 +132,9 @@ static const struct entry DEVICE_ENTRY_POINTS[] = {
     ENTRY("vkGetImageSubresourceLayout", ls_icd_nothing),
     ENTRY("vkCreateImageView", ls_icd_refused),
     ENTRY("vkDestroyImageView", ls_icd_nothing),
-    ENTRY("vkCreateShaderModule", ls_icd_refused),
-    ENTRY("vkDestroyShaderModule", ls_icd_nothing),
-    ENTRY("vkCreatePipelineCache", ls_icd_refused),
-    ENTRY("vkDestroyPipelineCache", ls_icd_nothing),
-    ENTRY("vkGetPipelineCacheData", ls_icd_refused),
-    ENTRY("vkMergePipelineCaches", ls_icd_refused),
     ENTRY("vkCreateGraphicsPipelines", ls_icd_refused),
-    ENTRY("vkCreateComputePipelines", ls_icd_refused),
-    ENTRY("vkDestroyPipeline", ls_icd_nothing),
-    ENTRY("vkCreatePipelineLayout", ls_icd_refused),
-    ENTRY("vkDestroyPipelineLayout", ls_icd_nothing),
     ENTRY("vkCreateSampler", ls_icd_refused),
     ENTRY("vkDestroySampler", ls_icd_nothing),
-    ENTRY("vkCreateDescriptorSetLayout", ls_icd_refused),
-    ENTRY("vkDestroyDescriptorSetLayout", ls_icd_nothing),
-    ENTRY("vkCreateDescriptorPool", ls_icd_refused),
-    ENTRY("vkDestroyDescriptorPool", ls_icd_nothing),
-    ENTRY("vkResetDescriptorPool", ls_icd_refused),
-    ENTRY("vkAllocateDescriptorSets", ls_icd_refused),
-    ENTRY("vkFreeDescriptorSets", ls_icd_refused),
-    ENTRY("vkUpdateDescriptorSets", ls_icd_nothing),
     ENTRY("vkCreateFramebuffer", ls_icd_refused),
     ENTRY("vkDestroyFramebuffer", ls_icd_nothing),
     ENTRY("vkCreateRenderPass", ls_icd_refused),
@@ -202,9 +199,6 @@ static const struct entry DEVICE_ENTRY_POINTS[] = {
     ENTRY("vkTrimCommandPool", ls_icd_TrimCommandPool),
     ENTRY("vkCreateSamplerYcbcrConversion", ls_icd_refused),
     ENTRY("vkDestroySamplerYcbcrConversion", ls_icd_nothing),
-    ENTRY("vkCreateDescriptorUpdateTemplate", ls_icd_refused),
-    ENTRY("vkDestroyDescriptorUpdateTemplate", ls_icd_nothing),
-    ENTRY("vkUpdateDescriptorSetWithTemplate", ls_icd_nothing),
 };
 
 /* The commands of the device extensions offered (physical.c's list): answered by vkGetDeviceProcAddr
@@ -221,6 +215,16 @@ static const struct entry TIMELINE_ENTRY_POINTS[] = {
 static const struct entry SYNC2_ENTRY_POINTS[] = {
     ENTRY("vkQueueSubmit2", ls_icd_QueueSubmit2),
     ENTRY("vkQueueSubmit2KHR", ls_icd_QueueSubmit2),
+    ENTRY("vkCmdPipelineBarrier2", ls_icd_CmdPipelineBarrier2),
+    ENTRY("vkCmdPipelineBarrier2KHR", ls_icd_CmdPipelineBarrier2),
+    ENTRY("vkCmdSetEvent2", ls_icd_CmdSetEvent2),
+    ENTRY("vkCmdSetEvent2KHR", ls_icd_CmdSetEvent2),
+    ENTRY("vkCmdResetEvent2", ls_icd_CmdResetEvent2),
+    ENTRY("vkCmdResetEvent2KHR", ls_icd_CmdResetEvent2),
+    ENTRY("vkCmdWaitEvents2", ls_icd_CmdWaitEvents2),
+    ENTRY("vkCmdWaitEvents2KHR", ls_icd_CmdWaitEvents2),
+    ENTRY("vkCmdWriteTimestamp2", ls_icd_CmdWriteTimestamp2),
+    ENTRY("vkCmdWriteTimestamp2KHR", ls_icd_CmdWriteTimestamp2),
 };
 
 static VKAPI_ATTR PFN_vkVoidFunction VKAPI_CALL ls_icd_GetDeviceProcAddr(VkDevice device, const char *name);

@@ -3,14 +3,16 @@
  * Prints one line per physical device: "device NAME|HEAP_BYTES|FAMILIES|QUEUE_FLAGS|MAX_GROUP_X", then
  * "create_device RESULT" for its first device, or "instance RESULT" when the instance cannot be made.
  * With a device, it then uses its queue, memory and buffers (use_device) and prints one line
- * "NAME RESULT" a step, then its semaphores, fences and events (use_sync). Exit status 0 whatever Vulkan answered: a crash is the failure. It knows nothing
+ * "NAME RESULT" a step, then its semaphores, fences and events (use_sync), then command buffers
+ * (use_commands). Exit status 0 whatever Vulkan answered: a crash is the failure. It knows nothing
  * of libshare. */
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 #include <vulkan/vulkan.h>
 
-/* Commands outside the driver's slice: an error where they return one, nothing where they do not. */
+/* Commands outside the driver's slice: an error where they return one, nothing where they do not; and a
+ * shader module of one word, invalid (VK_ERROR_UNKNOWN). */
 static void refused(VkDevice device, VkQueue queue)
 {
     VkCommandPoolCreateInfo pool = {.sType = VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO};
@@ -31,6 +33,7 @@ static void refused(VkDevice device, VkQueue queue)
     printf("submit %d\n", vkQueueSubmit(queue, 1, &submit, VK_NULL_HANDLE));
     vkUpdateDescriptorSets(device, 0, NULL, 0, NULL);
     vkDestroyCommandPool(device, VK_NULL_HANDLE, NULL);
+    vkDestroyCommandPool(device, made_pool, NULL);
 }
 
 /* Submissions with no command buffer through the ring: a binary semaphore signaled then waited, a
@@ -110,6 +113,79 @@ static void use_sync(VkDevice device, VkQueue queue)
     vkDestroySemaphore(device, binary, NULL);
 }
 
+/* A command buffer of a fill, an update, a copy, a barrier, an event set and a secondary command buffer's
+ * fill, submitted and checked in the mapping; then one freed while its submission is pending (released
+ * when it is answered). */
+static void use_commands(VkDevice device, VkQueue queue, VkBuffer buffer, const uint32_t *words)
+{
+    VkCommandPoolCreateInfo pool_info = {.sType = VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO,
+                                         .flags = VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT};
+    VkCommandBufferAllocateInfo primary_info = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO,
+                                                .level = VK_COMMAND_BUFFER_LEVEL_PRIMARY, .commandBufferCount = 2};
+    VkCommandBufferAllocateInfo secondary_info = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO,
+                                                  .level = VK_COMMAND_BUFFER_LEVEL_SECONDARY,
+                                                  .commandBufferCount = 1};
+    VkCommandBufferInheritanceInfo inheritance = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_INHERITANCE_INFO};
+    VkCommandBufferBeginInfo begin = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
+    VkCommandBufferBeginInfo begin_secondary = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO,
+                                                .pInheritanceInfo = &inheritance};
+    VkEventCreateInfo event_info = {.sType = VK_STRUCTURE_TYPE_EVENT_CREATE_INFO};
+    VkFenceCreateInfo fence_info = {.sType = VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
+    VkBufferCopy region = {.srcOffset = 64, .dstOffset = 1024, .size = 16};
+    VkCommandPool pool;
+    VkCommandBuffer cbs[2], secondary;
+    VkEvent event;
+    VkFence fence;
+    uint32_t pattern[64];
+    int ran = 1;
+    for (uint32_t i = 0; i < 64; i++)
+        pattern[i] = i;
+    VkResult made = vkCreateCommandPool(device, &pool_info, NULL, &pool);
+    primary_info.commandPool = secondary_info.commandPool = pool;
+    if (made == VK_SUCCESS)
+        made = vkAllocateCommandBuffers(device, &primary_info, cbs);
+    if (made == VK_SUCCESS)
+        made = vkAllocateCommandBuffers(device, &secondary_info, &secondary);
+    if (made == VK_SUCCESS)
+        made = vkCreateEvent(device, &event_info, NULL, &event);
+    if (made == VK_SUCCESS)
+        made = vkCreateFence(device, &fence_info, NULL, &fence);
+    printf("command_buffers %d\n", made);
+    if (made != VK_SUCCESS)
+        return;
+    vkBeginCommandBuffer(secondary, &begin_secondary);
+    vkCmdFillBuffer(secondary, buffer, 0, 64, 5);
+    vkEndCommandBuffer(secondary);
+    vkBeginCommandBuffer(cbs[0], &begin);
+    vkCmdFillBuffer(cbs[0], buffer, 0, VK_WHOLE_SIZE, 0x11);
+    vkCmdUpdateBuffer(cbs[0], buffer, 64, sizeof(pattern), pattern);
+    vkCmdPipelineBarrier(cbs[0], VK_PIPELINE_STAGE_TRANSFER_BIT, VK_PIPELINE_STAGE_TRANSFER_BIT, 0, 0, NULL, 0, NULL,
+                         0, NULL);
+    vkCmdCopyBuffer(cbs[0], buffer, buffer, 1, &region);
+    vkCmdExecuteCommands(cbs[0], 1, &secondary);
+    vkCmdSetEvent(cbs[0], event, VK_PIPELINE_STAGE_TRANSFER_BIT);
+    printf("record %d\n", vkEndCommandBuffer(cbs[0]));
+    VkSubmitInfo submit = {.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO, .commandBufferCount = 1, .pCommandBuffers = cbs};
+    if (vkQueueSubmit(queue, 1, &submit, fence) == VK_SUCCESS)
+        vkWaitForFences(device, 1, &fence, VK_TRUE, UINT64_MAX);
+    for (uint32_t i = 0; i < 1024; i++)
+        ran &= words[i] == (i < 16 ? 5u : i < 80 ? i - 16 : i >= 256 && i < 260 ? i - 256 : 0x11u);
+    printf("commands_ran %d\n", ran);
+    printf("cmd_event %d\n", vkGetEventStatus(device, event));
+    vkResetFences(device, 1, &fence);
+    vkBeginCommandBuffer(cbs[1], &begin);
+    vkCmdFillBuffer(cbs[1], buffer, 0, 4096, 7);
+    vkEndCommandBuffer(cbs[1]);
+    submit.pCommandBuffers = &cbs[1];
+    if (vkQueueSubmit(queue, 1, &submit, fence) == VK_SUCCESS) {
+        vkFreeCommandBuffers(device, pool, 1, &cbs[1]); /* while pending: released once answered */
+        printf("freed_pending %d\n", vkWaitForFences(device, 1, &fence, VK_TRUE, UINT64_MAX));
+    }
+    vkDestroyFence(device, fence, NULL);
+    vkDestroyEvent(device, event, NULL);
+    vkDestroyCommandPool(device, pool, NULL);
+}
+
 /* Host-visible memory written through its mapping and read back through a second one; buffers bound in
  * it, one past its end; hostile calls (a wrong handle, mapping twice, memory freed under a buffer). */
 static void use_device(VkDevice device)
@@ -160,6 +236,7 @@ static void use_device(VkDevice device)
     printf("wait %d\n", vkWaitForFences(device, 1, &fence, VK_TRUE, UINT64_MAX));
     printf("idle %d\n", vkDeviceWaitIdle(device));
     use_sync(device, queue);
+    use_commands(device, queue, buffer, words);
     refused(device, queue);
     vkFreeMemory(device, memory, NULL); /* while the buffer is bound to it */
     printf("bind_freed %d\n", vkBindBufferMemory(device, past, memory, 0));

@@ -11,14 +11,20 @@ honest client whose results are checked.
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 import sys
 from pathlib import Path
+
+import numpy as np
+import pytest
 
 from tests.conftest import stop_process
 from tests.arbiter.conftest import start_client
 from tests.icd.conftest import environment, libshare_run, probe
 
 COMMANDS = Path(__file__).resolve().parent / "_commands.py"
+DISPATCHES = Path(__file__).resolve().parent / "_dispatches.py"
 INVALID = "VkErrorUnknown"  # VK_ERROR_UNKNOWN: invalid input the driver detected
 
 
@@ -60,3 +66,102 @@ def test_hostile_recording_ends_in_vulkan_errors_beside_an_honest_client(daemon)
         "begin again without the flag": INVALID, "pool reset": "ok", "begin after the pool reset": "ok",
         "still there": "ok", "honest": "ok"}, seen
     assert "a command buffer is invalid: vkCmdCopyBuffer" in seen["stderr"]  # each failure said once, on stderr
+
+
+STEP = """#version 450
+layout(local_size_x = 64) in;
+layout(constant_id = 0) const uint SCALE = 1;
+layout(set = 0, binding = 0) buffer Src { uint src[]; };
+layout(set = 0, binding = 1) buffer Dst { uint dst[]; };
+layout(push_constant) uniform Push { uint add; uint n; } p;
+void main()
+{
+    uint i = gl_GlobalInvocationID.x;
+    if (i < p.n)
+        dst[i] = src[i] * SCALE + p.add;
+}
+"""
+"""dst = src * SCALE + add, in uint32 (numpy's wrap-around is the device's)."""
+N, SCALE = 1024, 3  # as _dispatches.py
+
+
+@pytest.fixture
+def step(tmp_path):
+    if shutil.which("glslangValidator") is None:
+        pytest.skip("glslangValidator is not installed (apt-get install glslang-tools)")
+    source, spv = tmp_path / "step.comp", tmp_path / "step.spv"
+    source.write_text(STEP)
+    subprocess.run(["glslangValidator", "-V", str(source), "-o", str(spv)], check=True, capture_output=True)
+    return spv
+
+
+def run_dispatches(pipe_dir: Path, mode: str, spv: Path) -> dict:
+    return probe(libshare_run("--name", "dispatches", "--", sys.executable, str(DISPATCHES), mode, str(spv)),
+                 environment(pipe_dir))
+
+
+def step_once(a: np.ndarray, b: np.ndarray, k: int) -> None:
+    """The k-th dispatch of a chain: A -> B for an even k, B -> A for an odd one, adding k."""
+    if k % 2 == 0:
+        b[:] = a * SCALE + k
+    else:
+        a[:] = b * SCALE + k
+
+
+def test_a_chain_of_dispatches_copies_fills_and_updates_replays_as_numpy_says(daemon, step):
+    _process, pipe_dir = daemon
+    seen = run_dispatches(pipe_dir, "chain", step)
+    assert (seen["end"], seen["submit"], seen["secondary end"], seen["primary end"], seen["primary submit"],
+            seen["long end"], seen["long submit"]) == ("ok",) * 7, seen
+    a, b, c = np.arange(N, dtype=np.uint32), np.zeros(N, np.uint32), np.zeros(N, np.uint32)
+    for submitted in seen["rounds"]:  # the same command buffer, submitted three times: each from the last
+        for k in range(120):
+            step_once(a, b, k)
+            if k % 10 == 9:
+                c[k // 10:k // 10 + 16] = a[:16]
+                c[100 + k:104 + k] = k
+                a[2 * k:2 * k + 4] = k
+        assert [np.array_equal(np.array(got, np.uint32), want) for got, want in zip(submitted, (a, b, c))] == \
+            [True] * 3
+    for _ in range(2):  # the secondary, executed twice: B = A * 3 + 5, then A = B
+        b[:] = a * SCALE + 5
+        a[:] = b
+    assert np.array_equal(np.array(seen["after secondary"][0], np.uint32), a)
+    assert np.array_equal(np.array(seen["after secondary"][1], np.uint32), b)
+    for k in range(1100):  # more than a list's 1024 commands: two lists, in order
+        step_once(a, b, k)
+    assert np.array_equal(np.array(seen["after long"][0], np.uint32), a)
+    assert np.array_equal(np.array(seen["after long"][1], np.uint32), b)
+
+
+def test_push_constants_and_dynamic_offsets_change_results(daemon, step):
+    _process, pipe_dir = daemon
+    seen = run_dispatches(pipe_dir, "dynamic", step)
+    assert (seen["end"], seen["submit"]) == ("ok", "ok"), seen
+    a = np.arange(N, dtype=np.uint32)
+    assert np.array_equal(np.array(seen["output"], np.uint32), np.concatenate([a * SCALE + 7, a * SCALE + 11]))
+
+
+def test_indirect_dispatches_synchronization2_and_events(daemon, step):
+    _process, pipe_dir = daemon
+    seen = run_dispatches(pipe_dir, "extras", step)
+    assert (seen["end"], seen["submit"]) == ("ok", "ok"), seen
+    assert seen["events before"] == ["VkEventReset", "VkEventSet"], seen  # the host set the second
+    assert seen["events after"] == ["VkEventSet", "VkEventReset"], seen  # applied when the submission was answered
+    b = np.arange(N, dtype=np.uint32) * SCALE + 9  # the indirect dispatch's (N / 64 groups), then copied back
+    assert np.array_equal(np.array(seen["output"][1], np.uint32), b)
+    assert np.array_equal(np.array(seen["output"][0], np.uint32), b)
+
+
+def test_hostile_dispatches_and_submissions_end_in_errors_beside_an_honest_client(daemon, step):
+    _process, pipe_dir = daemon
+    honest = start_client("mixed", pipe_dir, 5, 20)  # checks every result against numpy
+    try:
+        seen = run_dispatches(pipe_dir, "hostile", step)
+        assert honest.communicate(timeout=300)[0].strip() == "ok"
+    finally:
+        stop_process(honest)
+    assert (seen["unwritten descriptor"], seen["no set bound"], seen["dispatch base"]) == (INVALID,) * 3, seen
+    assert (seen["submitted"], seen["submitted again while pending"], seen["first waited"]) == \
+        ("ok", INVALID, "ok"), seen
+    assert seen["freed end"] == "ok" and seen["freed submit"] == "VkErrorDeviceLost", seen

@@ -17,6 +17,12 @@ Programs. ``load_program`` carries the SPIR-V module as its payload and, optiona
 of its specialization constants (``constants``: ``[[id, value], ...]``, programs/specialize.py),
 which the arbiter freezes into the module before admission: the module admitted, vetted, compiled
 and identified by the quarantine is that specialized one, and no driver is ever given other values.
+Its reply says what the program is: ``program_id``, ``bindings`` (the buffers a bind group names),
+``push_size``, ``local_size``, ``entry_point`` (the module's one entry point's name) and
+``resources``: ``[[set, binding, count, kind], ...]``, the module's own (set, binding) of each
+resource in the order a bind group names its buffers, the buffers it takes (an array's length) and
+its kind (``storage``, ``uniform``, ``storage_texel``, ``uniform_texel``), which the Vulkan driver
+checks a pipeline layout against (libshare/icd/pipeline.c).
 
 Command lists. ``load_list`` carries a list's commands as its payload: whole descriptors (``struct
 ls_desc``, 256 bytes each, their tickets ignored), 1 to ``LS_ENGINE_MAX_LIST``, each a dispatch or a
@@ -234,8 +240,9 @@ class Requests:
             return record.id
 
         program_id = drainer.call(register, policy=False)  # a record: the engine's policy stays
-        return {"program_id": program_id, "bindings": len(interface.bindings),
-                "push_size": push_size, "local_size": list(interface.local_size)}, ()
+        return {"program_id": program_id, "bindings": len(interface.bindings), "push_size": push_size,
+                "local_size": list(interface.local_size), "entry_point": interface.entry_point,
+                "resources": _resources(interface)}, ()
 
     def _load_list(self, client: Client, frame: protocol.Frame):
         drainer = self._arbiter.drainer
@@ -359,6 +366,16 @@ class Requests:
 _FREED = {"buffer_id": "buffers", "program_id": "programs", "list_id": "lists", "group_id": "groups",
           "view_id": "views"}  # free's field: the table it names
 """What ``free`` names, and the client's table of it."""
+
+
+def _resources(interface) -> list:
+    """A program's resources as its reply names them: ``[set, binding, count, kind]`` each, in bind order."""
+    texel, first, named = dict(interface.texel), 0, []
+    for (descriptor_set, binding), count in zip(interface.resources, interface.arrays):
+        kind = "uniform" if first in interface.uniform else "storage"
+        named.append([descriptor_set, binding, count, f"{kind}_texel" if first in texel else kind])
+        first += count
+    return named
 
 
 def _require_attached(client: Client) -> None:

@@ -1,0 +1,615 @@
+/* VkDescriptorSetLayout, VkDescriptorPool, VkDescriptorSet, their updates and update templates.
+ *
+ * A set layout is its bindings sorted by number (gaps allowed), each of a buffer type: storage or
+ * uniform, dynamic or not. Any other type (samplers, images, texel buffers: buffer views are not
+ * offered; input attachments) with a count, immutable samplers, or flags (push descriptors, update
+ * after bind) make vkCreateDescriptorSetLayout answer LS_ICD_INVALID, since the specification
+ * gives that command no error for a layout the device cannot make (only running out of memory);
+ * vkGetDescriptorSetLayoutSupport, the specification's way to ask first, answers unsupported for
+ * exactly the layouts create refuses. A binding of count 0 is allowed and holds no descriptor;
+ * binding numbers are distinct; a layout holds at most the device's maxPerSetDescriptors (and
+ * LS_ICD_MOST_DESCRIPTORS) descriptors. Pipeline layouts and sets keep copies
+ * (ls_icd_set_layout_copy), so a layout may be destroyed while they live.
+ *
+ * A pool counts its sets against maxSets (past it: VK_ERROR_OUT_OF_POOL_MEMORY; its per-type sizes
+ * are not counted) and keeps their handles: vkResetDescriptorPool and vkDestroyDescriptorPool free
+ * them, vkFreeDescriptorSets only from a pool made with FREE_DESCRIPTOR_SET (else LS_ICD_INVALID,
+ * as is a set of another pool). A set is a copy of its layout and one ls_icd_descriptor an entry.
+ *
+ * vkUpdateDescriptorSets returns nothing, so a write or copy it cannot apply is skipped whole and
+ * named on stderr (one line), never half applied: a set, binding or buffer that does not exist
+ * (the buffer is looked up at write time), a type other than the binding's, an offset not aligned
+ * to the device's minStorage/UniformBufferOffsetAlignment, a range of 0, past the buffer or past
+ * maxStorage/UniformBufferRange, or elements past the last binding. Elements past a binding's
+ * count go on into the next binding (the next number in the layout, skipping those of count 0),
+ * which must be of the same type, as the specification describes. Writes come first, then copies.
+ * An update template (DESCRIPTOR_SET type only: push descriptors are not offered) keeps its entries,
+ * each of a buffer type; vkUpdateDescriptorSetWithTemplate reads each entry's
+ * VkDescriptorBufferInfo from pData at its offset and stride and applies it as a write.
+ *
+ * commands.c resolves a bound descriptor with ls_icd_descriptor_resolve: the buffer's memory's
+ * arbiter buffer_id, the buffer's offset in it plus the descriptor's plus the dynamic offset, and
+ * the range clipped to the buffer. The device's lock is held around every use of its table. */
+#define _GNU_SOURCE
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "icd.h"
+
+#define MOST_BINDINGS 4096 /* a layout's bindings, a template's entries */
+#define ANY_TYPE VK_DESCRIPTOR_TYPE_MAX_ENUM
+
+static struct ls_icd_device *device_of(VkDevice handle)
+{
+    return (struct ls_icd_device *)handle;
+}
+
+static struct ls_icd_object *find(struct ls_icd_device *device, uint64_t handle, uint32_t kind)
+{
+    return ls_icd_object_find(&device->objects, handle, kind);
+}
+
+static int is_buffer_type(VkDescriptorType type)
+{
+    return type == VK_DESCRIPTOR_TYPE_STORAGE_BUFFER || type == VK_DESCRIPTOR_TYPE_UNIFORM_BUFFER ||
+           type == VK_DESCRIPTOR_TYPE_STORAGE_BUFFER_DYNAMIC || type == VK_DESCRIPTOR_TYPE_UNIFORM_BUFFER_DYNAMIC;
+}
+
+static int is_uniform(VkDescriptorType type)
+{
+    return type == VK_DESCRIPTOR_TYPE_UNIFORM_BUFFER || type == VK_DESCRIPTOR_TYPE_UNIFORM_BUFFER_DYNAMIC;
+}
+
+/* ---- set layouts */
+
+VkResult ls_icd_set_layout_copy(struct ls_icd_set_layout *to, const struct ls_icd_set_layout *from)
+{
+    *to = *from;
+    to->bindings = NULL;
+    if (from->nbindings == 0)
+        return VK_SUCCESS;
+    to->bindings = malloc((size_t)from->nbindings * sizeof(*to->bindings));
+    if (to->bindings == NULL) {
+        to->nbindings = 0;
+        return VK_ERROR_OUT_OF_HOST_MEMORY;
+    }
+    memcpy(to->bindings, from->bindings, (size_t)from->nbindings * sizeof(*to->bindings));
+    return VK_SUCCESS;
+}
+
+void ls_icd_set_layout_free(struct ls_icd_set_layout *layout)
+{
+    free(layout->bindings);
+    layout->bindings = NULL;
+    layout->nbindings = 0;
+}
+
+static int by_number(const void *a, const void *b)
+{
+    uint32_t x = ((const struct ls_icd_layout_binding *)a)->binding;
+    uint32_t y = ((const struct ls_icd_layout_binding *)b)->binding;
+    return x < y ? -1 : x > y;
+}
+
+/* ``info`` read into ``layout`` (its bindings sorted, numbered): VK_SUCCESS, or why not. */
+static VkResult read_layout(const struct ls_icd_device *device, const VkDescriptorSetLayoutCreateInfo *info,
+                            struct ls_icd_set_layout *layout)
+{
+    uint64_t total = 0, most = device->seen.max_per_set_descriptors;
+    memset(layout, 0, sizeof(*layout));
+    if (info->flags != 0 || info->bindingCount > MOST_BINDINGS || (info->bindingCount && info->pBindings == NULL))
+        return LS_ICD_INVALID;
+    if (most == 0 || most > LS_ICD_MOST_DESCRIPTORS)
+        most = LS_ICD_MOST_DESCRIPTORS;
+    for (uint32_t i = 0; i < info->bindingCount; i++) {
+        const VkDescriptorSetLayoutBinding *binding = &info->pBindings[i];
+        if (binding->descriptorCount > 0 && (!is_buffer_type(binding->descriptorType) ||
+                                             binding->pImmutableSamplers != NULL))
+            return LS_ICD_INVALID; /* not a buffer: no error of the specification's fits */
+        total += binding->descriptorCount;
+    }
+    if (total > most)
+        return LS_ICD_INVALID;
+    if (info->bindingCount == 0)
+        return VK_SUCCESS;
+    layout->bindings = malloc((size_t)info->bindingCount * sizeof(*layout->bindings));
+    if (layout->bindings == NULL)
+        return VK_ERROR_OUT_OF_HOST_MEMORY;
+    for (uint32_t i = 0; i < info->bindingCount; i++)
+        layout->bindings[i] = (struct ls_icd_layout_binding){info->pBindings[i].binding,
+                                                             info->pBindings[i].descriptorType,
+                                                             info->pBindings[i].descriptorCount, 0};
+    layout->nbindings = info->bindingCount;
+    qsort(layout->bindings, layout->nbindings, sizeof(*layout->bindings), by_number);
+    for (uint32_t i = 0; i < layout->nbindings; i++) {
+        if (i > 0 && layout->bindings[i].binding == layout->bindings[i - 1].binding) {
+            ls_icd_set_layout_free(layout);
+            return LS_ICD_INVALID; /* a number given twice */
+        }
+        layout->bindings[i].first = layout->nentries;
+        layout->nentries += layout->bindings[i].count;
+    }
+    return VK_SUCCESS;
+}
+
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_CreateDescriptorSetLayout(VkDevice handle,
+                                                                const VkDescriptorSetLayoutCreateInfo *info,
+                                                                const VkAllocationCallbacks *allocator,
+                                                                VkDescriptorSetLayout *out)
+{
+    struct ls_icd_device *device = device_of(handle);
+    struct ls_icd_set_layout layout;
+    uint64_t made;
+    VkResult result = read_layout(device, info, &layout);
+    (void)allocator;
+    if (result != VK_SUCCESS)
+        return result;
+    pthread_mutex_lock(&device->lock);
+    made = ls_icd_object_new(&device->objects, LS_ICD_SET_LAYOUT);
+    if (made)
+        find(device, made, LS_ICD_SET_LAYOUT)->u.set_layout = layout;
+    pthread_mutex_unlock(&device->lock);
+    if (!made) {
+        ls_icd_set_layout_free(&layout);
+        return VK_ERROR_OUT_OF_HOST_MEMORY;
+    }
+    *out = (VkDescriptorSetLayout)(uintptr_t)made;
+    return VK_SUCCESS;
+}
+
+VKAPI_ATTR void VKAPI_CALL ls_icd_GetDescriptorSetLayoutSupport(VkDevice handle,
+                                                                const VkDescriptorSetLayoutCreateInfo *info,
+                                                                VkDescriptorSetLayoutSupport *out)
+{
+    struct ls_icd_set_layout layout;
+    out->supported = read_layout(device_of(handle), info, &layout) == VK_SUCCESS;
+    if (out->supported)
+        ls_icd_set_layout_free(&layout);
+}
+
+/* Free what ``object`` (a kind of this file) holds, its sets and their pool's list included. */
+static void release(struct ls_icd_device *device, uint64_t handle);
+
+void ls_icd_descriptor_object_free(struct ls_icd_object *object)
+{
+    switch (object->kind) {
+    case LS_ICD_SET_LAYOUT:
+        ls_icd_set_layout_free(&object->u.set_layout);
+        break;
+    case LS_ICD_DESCRIPTOR_SET:
+        ls_icd_set_layout_free(&object->u.set.layout);
+        free(object->u.set.entries);
+        object->u.set.entries = NULL;
+        break;
+    case LS_ICD_DESCRIPTOR_POOL:
+        free(object->u.descriptor_pool.sets);
+        object->u.descriptor_pool.sets = NULL;
+        break;
+    case LS_ICD_UPDATE_TEMPLATE:
+        free(object->u.update_template.entries);
+        object->u.update_template.entries = NULL;
+        break;
+    default:
+        break;
+    }
+}
+
+static void release(struct ls_icd_device *device, uint64_t handle)
+{
+    struct ls_icd_object *object = ls_icd_object_find(&device->objects, handle, LS_ICD_DESCRIPTOR_SET);
+    if (object == NULL)
+        object = ls_icd_object_find(&device->objects, handle, LS_ICD_SET_LAYOUT);
+    if (object == NULL)
+        object = ls_icd_object_find(&device->objects, handle, LS_ICD_UPDATE_TEMPLATE);
+    if (object == NULL)
+        return;
+    ls_icd_descriptor_object_free(object);
+    ls_icd_object_drop(&device->objects, handle);
+}
+
+VKAPI_ATTR void VKAPI_CALL ls_icd_DestroyDescriptorSetLayout(VkDevice handle, VkDescriptorSetLayout layout,
+                                                             const VkAllocationCallbacks *allocator)
+{
+    struct ls_icd_device *device = device_of(handle);
+    (void)allocator;
+    pthread_mutex_lock(&device->lock);
+    if (find(device, (uint64_t)(uintptr_t)layout, LS_ICD_SET_LAYOUT) != NULL)
+        release(device, (uint64_t)(uintptr_t)layout);
+    pthread_mutex_unlock(&device->lock);
+}
+
+/* ---- pools and sets */
+
+/* Free every set of ``pool`` (the lock held). */
+static void empty_pool(struct ls_icd_device *device, uint64_t pool)
+{
+    struct ls_icd_descriptor_pool *kept = &find(device, pool, LS_ICD_DESCRIPTOR_POOL)->u.descriptor_pool;
+    for (uint32_t i = 0; i < kept->nsets; i++)
+        release(device, kept->sets[i]);
+    kept->nsets = 0;
+}
+
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_CreateDescriptorPool(VkDevice handle, const VkDescriptorPoolCreateInfo *info,
+                                                           const VkAllocationCallbacks *allocator,
+                                                           VkDescriptorPool *out)
+{
+    struct ls_icd_device *device = device_of(handle);
+    uint64_t made;
+    (void)allocator;
+    if (info->maxSets == 0 || (info->flags & ~(VkDescriptorPoolCreateFlags)
+                                                  VK_DESCRIPTOR_POOL_CREATE_FREE_DESCRIPTOR_SET_BIT) != 0 ||
+        (info->poolSizeCount && info->pPoolSizes == NULL))
+        return LS_ICD_INVALID;
+    for (uint32_t i = 0; i < info->poolSizeCount; i++)
+        if (info->pPoolSizes[i].descriptorCount == 0)
+            return LS_ICD_INVALID;
+    pthread_mutex_lock(&device->lock);
+    made = ls_icd_object_new(&device->objects, LS_ICD_DESCRIPTOR_POOL);
+    if (made) {
+        struct ls_icd_descriptor_pool *pool = &find(device, made, LS_ICD_DESCRIPTOR_POOL)->u.descriptor_pool;
+        pool->max_sets = info->maxSets;
+        pool->flags = info->flags;
+    }
+    pthread_mutex_unlock(&device->lock);
+    if (!made)
+        return VK_ERROR_OUT_OF_HOST_MEMORY;
+    *out = (VkDescriptorPool)(uintptr_t)made;
+    return VK_SUCCESS;
+}
+
+VKAPI_ATTR void VKAPI_CALL ls_icd_DestroyDescriptorPool(VkDevice handle, VkDescriptorPool pool,
+                                                        const VkAllocationCallbacks *allocator)
+{
+    struct ls_icd_device *device = device_of(handle);
+    struct ls_icd_object *object;
+    (void)allocator;
+    pthread_mutex_lock(&device->lock);
+    object = find(device, (uint64_t)(uintptr_t)pool, LS_ICD_DESCRIPTOR_POOL);
+    if (object != NULL) {
+        empty_pool(device, (uint64_t)(uintptr_t)pool);
+        ls_icd_descriptor_object_free(object);
+        ls_icd_object_drop(&device->objects, (uint64_t)(uintptr_t)pool);
+    }
+    pthread_mutex_unlock(&device->lock);
+}
+
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_ResetDescriptorPool(VkDevice handle, VkDescriptorPool pool,
+                                                          VkDescriptorPoolResetFlags flags)
+{
+    struct ls_icd_device *device = device_of(handle);
+    VkResult result = LS_ICD_INVALID;
+    (void)flags; /* reserved */
+    pthread_mutex_lock(&device->lock);
+    if (find(device, (uint64_t)(uintptr_t)pool, LS_ICD_DESCRIPTOR_POOL) != NULL) {
+        empty_pool(device, (uint64_t)(uintptr_t)pool);
+        result = VK_SUCCESS;
+    }
+    pthread_mutex_unlock(&device->lock);
+    return result;
+}
+
+/* One set of ``layout`` in ``pool`` (the lock held; both found): its handle, or 0 out of memory. */
+static uint64_t make_set(struct ls_icd_device *device, uint64_t pool, uint64_t layout)
+{
+    struct ls_icd_set_layout copy;
+    struct ls_icd_descriptor *entries;
+    struct ls_icd_descriptor_pool *kept;
+    struct ls_icd_object *set;
+    uint64_t made;
+    if (ls_icd_set_layout_copy(&copy, &find(device, layout, LS_ICD_SET_LAYOUT)->u.set_layout) != VK_SUCCESS)
+        return 0;
+    entries = calloc(copy.nentries + 1, sizeof(*entries));
+    kept = &find(device, pool, LS_ICD_DESCRIPTOR_POOL)->u.descriptor_pool;
+    if (entries != NULL && kept->nsets == kept->capacity) {
+        uint32_t capacity = kept->capacity ? kept->capacity * 2 : 8;
+        uint64_t *grown = realloc(kept->sets, (size_t)capacity * sizeof(*grown));
+        if (grown != NULL) {
+            kept->sets = grown;
+            kept->capacity = capacity;
+        }
+    }
+    made = entries != NULL && kept->nsets < kept->capacity ? ls_icd_object_new(&device->objects, LS_ICD_DESCRIPTOR_SET)
+                                                           : 0;
+    if (!made) {
+        free(entries);
+        ls_icd_set_layout_free(&copy);
+        return 0;
+    }
+    kept = &find(device, pool, LS_ICD_DESCRIPTOR_POOL)->u.descriptor_pool; /* (the table may have moved) */
+    kept->sets[kept->nsets++] = made;
+    set = find(device, made, LS_ICD_DESCRIPTOR_SET);
+    set->u.set = (struct ls_icd_descriptor_set){pool, copy, entries};
+    for (uint32_t b = 0; b < copy.nbindings; b++)
+        for (uint32_t e = 0; e < copy.bindings[b].count; e++)
+            entries[copy.bindings[b].first + e].type = copy.bindings[b].type;
+    return made;
+}
+
+/* Take ``set`` out of its pool's list and free it (the lock held; found). */
+static void free_set(struct ls_icd_device *device, uint64_t set)
+{
+    uint64_t pool = find(device, set, LS_ICD_DESCRIPTOR_SET)->u.set.pool;
+    struct ls_icd_object *owner = find(device, pool, LS_ICD_DESCRIPTOR_POOL);
+    if (owner != NULL) {
+        struct ls_icd_descriptor_pool *kept = &owner->u.descriptor_pool;
+        for (uint32_t i = 0; i < kept->nsets; i++)
+            if (kept->sets[i] == set) {
+                kept->sets[i] = kept->sets[--kept->nsets];
+                break;
+            }
+    }
+    release(device, set);
+}
+
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_AllocateDescriptorSets(VkDevice handle, const VkDescriptorSetAllocateInfo *info,
+                                                             VkDescriptorSet *out)
+{
+    struct ls_icd_device *device = device_of(handle);
+    uint64_t pool = (uint64_t)(uintptr_t)info->descriptorPool;
+    struct ls_icd_object *object;
+    VkResult result = VK_SUCCESS;
+    uint32_t i, made = 0;
+    pthread_mutex_lock(&device->lock);
+    object = find(device, pool, LS_ICD_DESCRIPTOR_POOL);
+    if (object == NULL || (info->descriptorSetCount && info->pSetLayouts == NULL))
+        result = LS_ICD_INVALID;
+    for (i = 0; result == VK_SUCCESS && i < info->descriptorSetCount; i++)
+        if (find(device, (uint64_t)(uintptr_t)info->pSetLayouts[i], LS_ICD_SET_LAYOUT) == NULL)
+            result = LS_ICD_INVALID;
+    if (result == VK_SUCCESS && info->descriptorSetCount > object->u.descriptor_pool.max_sets -
+                                                               object->u.descriptor_pool.nsets)
+        result = VK_ERROR_OUT_OF_POOL_MEMORY;
+    for (; result == VK_SUCCESS && made < info->descriptorSetCount; made++) {
+        uint64_t set = make_set(device, pool, (uint64_t)(uintptr_t)info->pSetLayouts[made]);
+        out[made] = (VkDescriptorSet)(uintptr_t)set;
+        if (!set)
+            result = VK_ERROR_OUT_OF_HOST_MEMORY;
+    }
+    if (result != VK_SUCCESS) { /* none is made: those that were are freed */
+        for (i = 0; i < made; i++)
+            if (out[i] != VK_NULL_HANDLE)
+                free_set(device, (uint64_t)(uintptr_t)out[i]);
+        for (i = 0; i < info->descriptorSetCount; i++)
+            out[i] = VK_NULL_HANDLE;
+    }
+    pthread_mutex_unlock(&device->lock);
+    return result;
+}
+
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_FreeDescriptorSets(VkDevice handle, VkDescriptorPool pool, uint32_t count,
+                                                         const VkDescriptorSet *sets)
+{
+    struct ls_icd_device *device = device_of(handle);
+    struct ls_icd_object *object;
+    VkResult result = VK_SUCCESS;
+    pthread_mutex_lock(&device->lock);
+    object = find(device, (uint64_t)(uintptr_t)pool, LS_ICD_DESCRIPTOR_POOL);
+    if (object == NULL || !(object->u.descriptor_pool.flags & VK_DESCRIPTOR_POOL_CREATE_FREE_DESCRIPTOR_SET_BIT))
+        result = LS_ICD_INVALID;
+    for (uint32_t i = 0; result == VK_SUCCESS && i < count; i++) {
+        struct ls_icd_object *set = find(device, (uint64_t)(uintptr_t)sets[i], LS_ICD_DESCRIPTOR_SET);
+        if (sets[i] != VK_NULL_HANDLE && (set == NULL || set->u.set.pool != (uint64_t)(uintptr_t)pool))
+            result = LS_ICD_INVALID; /* checked whole before any is freed */
+    }
+    for (uint32_t i = 0; result == VK_SUCCESS && i < count; i++)
+        if (find(device, (uint64_t)(uintptr_t)sets[i], LS_ICD_DESCRIPTOR_SET) != NULL)
+            free_set(device, (uint64_t)(uintptr_t)sets[i]); /* (a handle given twice: freed once) */
+    pthread_mutex_unlock(&device->lock);
+    return result;
+}
+
+/* ---- updates */
+
+/* The entry of ``set``'s element ``element`` of binding ``binding``, counted on through the
+ * layout's consecutive bindings (those of count 0 skipped), which must be of ``type`` (or ANY_TYPE); NULL
+ * past the last, or at a binding of another type. */
+static struct ls_icd_descriptor *element_of(struct ls_icd_descriptor_set *set, uint32_t binding, uint64_t element,
+                                            VkDescriptorType type)
+{
+    const struct ls_icd_set_layout *layout = &set->layout;
+    uint32_t b = 0;
+    while (b < layout->nbindings && layout->bindings[b].binding != binding)
+        b++;
+    if (b == layout->nbindings)
+        return NULL;
+    while (b < layout->nbindings && element >= layout->bindings[b].count) {
+        element -= layout->bindings[b].count;
+        b++;
+    }
+    if (b == layout->nbindings || (type != ANY_TYPE && layout->bindings[b].type != type))
+        return NULL;
+    return &set->entries[layout->bindings[b].first + element];
+}
+
+/* Why ``info`` cannot be a descriptor of ``type`` (the lock held), or NULL when it can. */
+static const char *wrong_info(struct ls_icd_device *device, VkDescriptorType type, const VkDescriptorBufferInfo *info)
+{
+    const VkPhysicalDeviceLimits *limits = &device->seen.properties.limits;
+    struct ls_icd_object *buffer = find(device, (uint64_t)(uintptr_t)info->buffer, LS_ICD_BUFFER);
+    uint64_t alignment = is_uniform(type) ? limits->minUniformBufferOffsetAlignment
+                                          : limits->minStorageBufferOffsetAlignment;
+    uint64_t most = is_uniform(type) ? limits->maxUniformBufferRange : limits->maxStorageBufferRange;
+    uint64_t range;
+    if (buffer == NULL)
+        return "no such buffer";
+    if (alignment > 1 && info->offset % alignment != 0)
+        return "an offset not aligned to the device's minimum offset alignment";
+    if (info->offset >= buffer->u.buffer.size)
+        return "an offset past the buffer";
+    range = info->range == VK_WHOLE_SIZE ? buffer->u.buffer.size - info->offset : info->range;
+    if (range == 0 || range > buffer->u.buffer.size - info->offset)
+        return "a range of 0 or past the buffer";
+    if (range > most)
+        return "a range past the device's largest for its type";
+    return NULL;
+}
+
+static void skipped(const char *what, uint32_t index, const char *why)
+{
+    fprintf(stderr, "libshare Vulkan driver: %s %u skipped: %s\n", what, index, why);
+}
+
+/* Write ``count`` buffer infos into ``set_handle`` from (binding, element) on, all or none (the lock held). */
+static const char *write_buffers(struct ls_icd_device *device, uint64_t set_handle, uint32_t binding,
+                                 uint32_t element, VkDescriptorType type, uint32_t count,
+                                 const VkDescriptorBufferInfo *infos)
+{
+    struct ls_icd_object *object = find(device, set_handle, LS_ICD_DESCRIPTOR_SET);
+    const char *why = NULL;
+    if (object == NULL)
+        return "no such descriptor set";
+    if (!is_buffer_type(type) || (count && infos == NULL))
+        return "not a buffer descriptor";
+    for (uint32_t i = 0; i < count && why == NULL; i++)
+        why = element_of(&object->u.set, binding, (uint64_t)element + i, type) == NULL
+                  ? "no binding of that type holds its elements"
+                  : wrong_info(device, type, &infos[i]);
+    for (uint32_t i = 0; i < count && why == NULL; i++) {
+        struct ls_icd_descriptor *entry = element_of(&object->u.set, binding, (uint64_t)element + i, type);
+        *entry = (struct ls_icd_descriptor){type, (uint64_t)(uintptr_t)infos[i].buffer, infos[i].offset,
+                                            infos[i].range};
+    }
+    return why;
+}
+
+static const char *copy_descriptors(struct ls_icd_device *device, const VkCopyDescriptorSet *copy)
+{
+    struct ls_icd_object *from = find(device, (uint64_t)(uintptr_t)copy->srcSet, LS_ICD_DESCRIPTOR_SET);
+    struct ls_icd_object *to = find(device, (uint64_t)(uintptr_t)copy->dstSet, LS_ICD_DESCRIPTOR_SET);
+    struct ls_icd_descriptor *taken;
+    if (from == NULL || to == NULL)
+        return "no such descriptor set";
+    taken = calloc(copy->descriptorCount + 1, sizeof(*taken));
+    if (taken == NULL)
+        return "out of memory";
+    for (uint32_t i = 0; i < copy->descriptorCount; i++) {
+        const struct ls_icd_descriptor *source =
+            element_of(&from->u.set, copy->srcBinding, (uint64_t)copy->srcArrayElement + i, ANY_TYPE);
+        if (source == NULL ||
+            element_of(&to->u.set, copy->dstBinding, (uint64_t)copy->dstArrayElement + i, source->type) == NULL) {
+            free(taken);
+            return "its elements are past a binding, or of two types";
+        }
+        taken[i] = *source; /* (all read before any is written: a copy within one set) */
+    }
+    for (uint32_t i = 0; i < copy->descriptorCount; i++)
+        *element_of(&to->u.set, copy->dstBinding, (uint64_t)copy->dstArrayElement + i, taken[i].type) = taken[i];
+    free(taken);
+    return NULL;
+}
+
+VKAPI_ATTR void VKAPI_CALL ls_icd_UpdateDescriptorSets(VkDevice handle, uint32_t nwrites,
+                                                       const VkWriteDescriptorSet *writes, uint32_t ncopies,
+                                                       const VkCopyDescriptorSet *copies)
+{
+    struct ls_icd_device *device = device_of(handle);
+    pthread_mutex_lock(&device->lock);
+    for (uint32_t i = 0; i < nwrites; i++) {
+        const VkWriteDescriptorSet *write = &writes[i];
+        const char *why = write_buffers(device, (uint64_t)(uintptr_t)write->dstSet, write->dstBinding,
+                                        write->dstArrayElement, write->descriptorType, write->descriptorCount,
+                                        write->pBufferInfo);
+        if (why != NULL)
+            skipped("vkUpdateDescriptorSets: write", i, why);
+    }
+    for (uint32_t i = 0; i < ncopies; i++) {
+        const char *why = copy_descriptors(device, &copies[i]);
+        if (why != NULL)
+            skipped("vkUpdateDescriptorSets: copy", i, why);
+    }
+    pthread_mutex_unlock(&device->lock);
+}
+
+/* ---- update templates */
+
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_CreateDescriptorUpdateTemplate(VkDevice handle,
+                                                                     const VkDescriptorUpdateTemplateCreateInfo *info,
+                                                                     const VkAllocationCallbacks *allocator,
+                                                                     VkDescriptorUpdateTemplate *out)
+{
+    struct ls_icd_device *device = device_of(handle);
+    VkDescriptorUpdateTemplateEntry *entries;
+    uint64_t made = 0;
+    (void)allocator;
+    if (info->flags != 0 || info->templateType != VK_DESCRIPTOR_UPDATE_TEMPLATE_TYPE_DESCRIPTOR_SET ||
+        info->descriptorUpdateEntryCount > MOST_BINDINGS ||
+        (info->descriptorUpdateEntryCount && info->pDescriptorUpdateEntries == NULL))
+        return LS_ICD_INVALID; /* (push descriptors are not offered) */
+    for (uint32_t i = 0; i < info->descriptorUpdateEntryCount; i++)
+        if (!is_buffer_type(info->pDescriptorUpdateEntries[i].descriptorType))
+            return LS_ICD_INVALID;
+    entries = calloc(info->descriptorUpdateEntryCount + 1, sizeof(*entries));
+    if (entries == NULL)
+        return VK_ERROR_OUT_OF_HOST_MEMORY;
+    memcpy(entries, info->pDescriptorUpdateEntries, info->descriptorUpdateEntryCount * sizeof(*entries));
+    pthread_mutex_lock(&device->lock);
+    if (find(device, (uint64_t)(uintptr_t)info->descriptorSetLayout, LS_ICD_SET_LAYOUT) != NULL)
+        made = ls_icd_object_new(&device->objects, LS_ICD_UPDATE_TEMPLATE);
+    if (made)
+        find(device, made, LS_ICD_UPDATE_TEMPLATE)->u.update_template =
+            (struct ls_icd_update_template){entries, info->descriptorUpdateEntryCount};
+    pthread_mutex_unlock(&device->lock);
+    if (!made) {
+        free(entries);
+        return LS_ICD_INVALID; /* (or the table full: the layout's handle is checked first) */
+    }
+    *out = (VkDescriptorUpdateTemplate)(uintptr_t)made;
+    return VK_SUCCESS;
+}
+
+VKAPI_ATTR void VKAPI_CALL ls_icd_DestroyDescriptorUpdateTemplate(VkDevice handle,
+                                                                  VkDescriptorUpdateTemplate template,
+                                                                  const VkAllocationCallbacks *allocator)
+{
+    struct ls_icd_device *device = device_of(handle);
+    (void)allocator;
+    pthread_mutex_lock(&device->lock);
+    if (find(device, (uint64_t)(uintptr_t)template, LS_ICD_UPDATE_TEMPLATE) != NULL)
+        release(device, (uint64_t)(uintptr_t)template);
+    pthread_mutex_unlock(&device->lock);
+}
+
+VKAPI_ATTR void VKAPI_CALL ls_icd_UpdateDescriptorSetWithTemplate(VkDevice handle, VkDescriptorSet set,
+                                                                  VkDescriptorUpdateTemplate template,
+                                                                  const void *data)
+{
+    struct ls_icd_device *device = device_of(handle);
+    struct ls_icd_object *object;
+    pthread_mutex_lock(&device->lock);
+    object = find(device, (uint64_t)(uintptr_t)template, LS_ICD_UPDATE_TEMPLATE);
+    for (uint32_t i = 0; object != NULL && i < object->u.update_template.nentries; i++) {
+        const VkDescriptorUpdateTemplateEntry *entry = &object->u.update_template.entries[i];
+        VkDescriptorBufferInfo *infos = calloc(entry->descriptorCount + 1, sizeof(*infos));
+        const char *why = infos == NULL ? "out of memory" : NULL;
+        for (uint32_t j = 0; why == NULL && j < entry->descriptorCount; j++)
+            memcpy(&infos[j], (const uint8_t *)data + entry->offset + (size_t)j * entry->stride, sizeof(*infos));
+        if (why == NULL)
+            why = write_buffers(device, (uint64_t)(uintptr_t)set, entry->dstBinding, entry->dstArrayElement,
+                                entry->descriptorType, entry->descriptorCount, infos);
+        free(infos);
+        if (why != NULL)
+            skipped("vkUpdateDescriptorSetWithTemplate: entry", i, why);
+    }
+    if (object == NULL)
+        skipped("vkUpdateDescriptorSetWithTemplate: template", 0, "no such update template");
+    pthread_mutex_unlock(&device->lock);
+}
+
+/* ---- for commands.c */
+
+VkResult ls_icd_descriptor_resolve(struct ls_icd_device *device, const struct ls_icd_descriptor *d,
+                                   uint32_t dynamic_offset, uint32_t *buffer_id, uint64_t *offset, uint64_t *range)
+{
+    struct ls_icd_object *buffer = find(device, d->buffer, LS_ICD_BUFFER);
+    struct ls_icd_object *memory = buffer ? find(device, buffer->u.buffer.memory, LS_ICD_MEMORY) : NULL;
+    uint64_t start = d->offset + dynamic_offset, size;
+    if (memory == NULL || memory->u.memory.buffer_id < 0 || memory->u.memory.buffer_id > UINT32_MAX ||
+        start < d->offset || start >= buffer->u.buffer.size)
+        return LS_ICD_INVALID; /* never written, its buffer or memory gone or unbound, or past it */
+    size = buffer->u.buffer.size - start;
+    *buffer_id = (uint32_t)memory->u.memory.buffer_id;
+    *offset = buffer->u.buffer.offset + start;
+    *range = d->range == VK_WHOLE_SIZE || d->range > size ? size : d->range;
+    return VK_SUCCESS;
+}

@@ -1,0 +1,142 @@
+"""The Vulkan driver's shader modules, pipelines, layouts and descriptor sets under an unmodified program.
+
+tests/icd/_pipelines.py (the ``vulkan`` bindings, through the real loader and ``libshare-run``, against a
+real arbiter with lavapipe behind it) makes a compute pipeline of a GLSL kernel with specialization
+constants (its workgroup size among them) over two descriptor sets with a gap, uniform and storage
+buffers: the arbiter holds its program for the device's session (with one program a client, a second
+pipeline is refused while it lives, and one is made again once it is destroyed); an image kernel is
+refused with the arbiter's reason on stderr and a null handle; a sampler layout is refused and reported
+unsupported; pools refuse sets past maxSets and frees without their flag, and reset and free give sets
+back; descriptor writes misaligned, of the wrong type or past a binding are skipped and named on
+stderr. A hostile program (wrong handles of every new kind, a specialization entry past its data, a
+module of garbage) gets errors, beside an honest Python client whose results are checked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, stop_process
+from tests.arbiter.conftest import run_daemon, start_client
+from tests.icd.conftest import environment, libshare_run, probe
+
+PIPELINES = Path(__file__).resolve().parent / "_pipelines.py"
+KERNEL = """#version 450
+layout(local_size_x_id = 0) in;
+layout(constant_id = 1) const float SCALE = 1.0;
+layout(constant_id = 2) const bool FLIP = false;
+layout(constant_id = 3) const int SHIFT = 0;
+layout(set = 0, binding = 0) buffer Out { float o[]; };
+layout(set = 0, binding = 2) uniform U { vec4 u; };
+layout(set = 1, binding = 0) readonly buffer In0 { float x[]; };
+layout(set = 1, binding = 1) readonly buffer In1 { float y[]; };
+layout(push_constant) uniform P { uint n; };
+void main() {
+    uint i = gl_GlobalInvocationID.x;
+    if (i >= n) return;
+    float v = x[i] * SCALE + y[i] + float(SHIFT) + u.x;
+    o[i] = FLIP ? -v : v;
+}
+"""
+IMAGE = """#version 450
+layout(local_size_x = 1) in;
+layout(set = 0, binding = 0, rgba8) uniform writeonly image2D img;
+void main() { imageStore(img, ivec2(0), vec4(1)); }
+"""
+INVALID = "VkErrorUnknown"  # VK_ERROR_UNKNOWN: invalid input the driver detected
+VK_ERROR_OUT_OF_POOL_MEMORY = -1000069000
+VK_INCOMPLETE = 5
+
+
+def compiled(tmp_path: Path, name: str, text: str) -> Path:
+    """``text`` (GLSL) compiled to SPIR-V by glslangValidator."""
+    if shutil.which("glslangValidator") is None:
+        pytest.skip("no glslangValidator (glslang-tools)")
+    source, out = tmp_path / f"{name}.comp", tmp_path / f"{name}.spv"
+    source.write_text(text)
+    subprocess.run(["glslangValidator", "-V", str(source), "-o", str(out)], check=True, capture_output=True)
+    return out
+
+
+@pytest.fixture
+def one_program_daemon(tmp_path, vulkan_device_name):
+    """An arbiter whose clients may each hold one program: (process, pipe_dir)."""
+    with contextlib.contextmanager(run_daemon)(tmp_path / "pipe", LIBSHARE_MAX_PROGRAMS="1") as started:
+        yield started
+
+
+def read_json(program) -> dict:
+    return json.loads(program.stdout.readline())
+
+
+def test_a_pipeline_is_the_sessions_program_and_descriptors_are_checked(tmp_path, one_program_daemon):
+    _process, pipe_dir = one_program_daemon
+    kernel, image = compiled(tmp_path, "kernel", KERNEL), compiled(tmp_path, "image", IMAGE)
+    command = libshare_run("--name", "pipelines", "--", sys.executable, str(PIPELINES), "honest", str(kernel),
+                           str(image))
+    with subprocess.Popen(command, env=environment(pipe_dir), cwd=ROOT, stdin=subprocess.PIPE,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as program:
+        try:
+            assert read_json(program) == {"sampler layout": INVALID, "texel layout": INVALID,
+                                          "sampler supported": False, "pipeline": "ok"}
+            assert program.stdout.readline() == "made\n"
+            program.stdin.write("\n")
+            program.stdin.flush()
+            # The arbiter holds the first pipeline's program for this session: its one program.
+            assert read_json(program) == {"second": "VkErrorOutOfDeviceMemory"}
+            program.stdin.write("\n")
+            program.stdin.flush()
+            assert read_json(program) == {"again": "ok"}  # destroyed: its program was freed
+            seen = read_json(program)
+            program.stdin.close()
+            stderr = program.stderr.read()
+        finally:
+            program.wait(60)
+    assert program.returncode == 0, stderr
+    assert seen == {
+        "image kernel": INVALID, "image pipeline handle": 0, "wrong entry point": INVALID,
+        "too small a layout": INVALID, "no push constants": INVALID,
+        "cache header": True, "cache size": 32, "cache too short": [VK_INCOMPLETE, 0], "merged": "ok",
+        "past max sets": [VK_ERROR_OUT_OF_POOL_MEMORY, 0], "free without the flag": INVALID, "after reset": 0,
+        "free with the flag": "ok", "after free": 0, "free another pool's": INVALID, "push template": INVALID,
+    }
+    assert "storage images, sampled images and samplers are not supported" in stderr  # the arbiter's reason
+    assert 'the module\'s entry point is "main", not "other"' in stderr
+    assert "the pipeline layout has no storage buffer binding 0 of set 1" in stderr
+    skipped = [line for line in stderr.splitlines() if "vkUpdateDescriptorSets: write 0 skipped" in line]
+    assert [line.split("skipped: ")[1] for line in skipped] == [
+        "an offset not aligned to the device's minimum offset alignment",
+        "no binding of that type holds its elements",  # a uniform write into a storage binding
+        "no binding of that type holds its elements",  # past the last binding that holds any
+        "a range of 0 or past the buffer",
+    ], stderr
+    assert "UpdateDescriptorSetWithTemplate" not in stderr  # the template's write was a good one
+
+
+def test_hostile_pipelines_and_descriptors_end_in_errors_beside_an_honest_client(tmp_path, daemon):
+    _process, pipe_dir = daemon
+    kernel = compiled(tmp_path, "kernel", KERNEL)
+    honest = start_client("mixed", pipe_dir, 5, 20)  # checks every result against numpy
+    try:
+        seen = probe(libshare_run("--name", "hostile", "--", sys.executable, str(PIPELINES), "hostile", str(kernel),
+                                  str(kernel)), environment(pipe_dir))
+        assert honest.communicate(timeout=300)[0].strip() == "ok"
+    finally:
+        stop_process(honest)
+    assert {key: value for key, value in seen.items() if key != "stderr"} == {
+        "garbage module": INVALID, "short module": INVALID, "junk module pipeline": INVALID,
+        "wrong module": INVALID, "wrong layout": INVALID, "entry past its data": INVALID,
+        "constant given twice": INVALID, "wrong constant size": INVALID, "wrong set layout": INVALID,
+        "wrong cache data": -13, "wrong pool reset": INVALID, "wrong pool allocate": -13,
+        "wrong layout allocate": -13, "wrong set free": INVALID, "wrong template layout": INVALID,
+        "still works": "ok",
+    }
+    assert "invalid SPIR-V" in seen["stderr"]  # the arbiter's word on the junk module, passed on
+    assert "write 0 skipped: no such buffer" in seen["stderr"]
