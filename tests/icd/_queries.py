@@ -14,6 +14,8 @@
   buffer, submitted twice; the first time vkGetQueryPoolResults with WAIT_BIT at once (before the
   fence); each time, after the fence, with WAIT_BIT, without it, 64- and 32-bit, and the copied results
   read; then WAIT_BIT on queries never written.
+- ``dispatches SPV``: timestamps around a chain of 40 dispatches (step.comp, as _dispatches.py's chain),
+  one every 10, their results read and copied, and the buffers printed for numpy to check.
 
 It knows nothing of libshare.
 """
@@ -177,5 +179,36 @@ def submitted() -> dict:
     return seen
 
 
+def dispatches(spv_path: str) -> dict:
+    """Timestamps around a chain of 40 dispatches (_dispatches.py's step.comp, ping-pong, push k), one
+    every 10, and the results copied after them."""
+    from _dispatches import N, Program  # noqa: E402 (the step program's device, buffers and pipeline)
+
+    with open(spv_path, "rb") as f:
+        p = Program(f.read(), 3)
+    ab, ba = p.new_set({0: (0, 0), 1: (1, 0)}), p.new_set({0: (1, 0), 1: (0, 0)})
+    p.buffer_words(0)[:] = range(N)
+    pool = query_pool(p.device)
+    cb, = command_buffers(p.device, p.pool)
+    begin(cb)
+    vk.vkCmdResetQueryPool(cb, pool, 0, QUERIES)
+    vk.vkCmdBindPipeline(cb, vk.VK_PIPELINE_BIND_POINT_COMPUTE, p.pipeline)
+    vk.vkCmdWriteTimestamp(cb, vk.VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, pool, 0)
+    for k in range(40):
+        p.bind(cb, ab if k % 2 == 0 else ba)
+        p.push(cb, k)
+        vk.vkCmdDispatch(cb, N // 64, 1, 1)
+        if k % 10 == 9:
+            vk.vkCmdWriteTimestamp(cb, vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, pool, 1 + k // 10)
+    vk.vkCmdCopyQueryPoolResults(cb, pool, 0, 5, p.buffers[2], 0, 16, WIDE | AVAILABILITY | vk.VK_QUERY_RESULT_WAIT_BIT)
+    seen = {"end": end(cb), "submit": p.submit([cb])[0], "read": results(p.device, pool, 0, 5, WIDE | AVAILABILITY),
+            "copied": [int(w) for w in p.buffer_words(2)[:20].view("<u8")], "a": p.buffer_words(0).tolist(),
+            "b": p.buffer_words(1).tolist()}
+    vk.vkDestroyQueryPool(p.device, pool, None)
+    p.close()
+    return seen
+
+
 if __name__ == "__main__":
-    print(json.dumps({"pools": pools, "submitted": submitted}[sys.argv[1]]()), flush=True)
+    modes = {"pools": pools, "submitted": submitted, "dispatches": dispatches}
+    print(json.dumps(modes[sys.argv[1]](*sys.argv[2:])), flush=True)

@@ -6,8 +6,8 @@ real arbiter with lavapipe behind it) makes pools (timestamps alone offered), re
 results copied (64- and 32-bit, with availability) into command buffers whose lists the arbiter
 accepts (it checks every command: LS_OP_FILL, LS_OP_TIMESTAMP, LS_OP_COPY), and finds wrong use an
 error of that program alone, beside an honest client whose results are checked. Submitted, the
-timestamps around a chain of copies increase, and WAIT_BIT, the host's reads (64- and 32-bit) and the
-copied results agree; tests/icd/queries.c does the same in C, it and the driver under the sanitizers.
+timestamps around a chain of copies, and between the dispatches of a chain, increase, and WAIT_BIT, the
+host's reads (64- and 32-bit) and the copied results agree; tests/icd/queries.c does the same in C, it and the driver under the sanitizers.
 """
 
 from __future__ import annotations
@@ -16,10 +16,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+
 from tests.conftest import stop_process
 from tests.arbiter.conftest import start_client
 from tests.icd.conftest import environment, libshare_run, probe
 from tests.icd.test_c_program import SANITIZE, sanitized_driver, sanitized_run
+from tests.icd.test_commands import N, step, step_once  # noqa: F401 (step: the fixture of step.comp)
 
 QUERIES = Path(__file__).resolve().parent / "_queries.py"
 INVALID = "VkErrorUnknown"  # VK_ERROR_UNKNOWN: invalid input the driver detected
@@ -72,6 +75,21 @@ def test_timestamps_around_a_chain_of_copies_increase_and_every_way_to_read_them
         assert run["chain"] == [0x0102030401020304], run  # the copies ran, each after the one before
         last = stamps[3]  # the second submission's stamps come after the first's
 
+
+
+def test_timestamps_between_a_chain_of_dispatches_increase_as_the_chain_runs(daemon, step):
+    _process, pipe_dir = daemon
+    seen = probe(libshare_run("--name", "queries", "--", sys.executable, str(QUERIES), "dispatches", str(step)),
+                 environment(pipe_dir))
+    assert (seen["end"], seen["submit"], seen["read"][0]) == ("ok", "ok", "ok"), seen
+    words = seen["read"][1]
+    stamps = words[0::2]
+    assert words[1::2] == [1] * 5 and 0 < stamps[0] and all(x < y for x, y in zip(stamps, stamps[1:])), words
+    assert seen["copied"] == words, seen  # vkCmdCopyQueryPoolResults after the chain: the same stamps
+    a, b = np.arange(N, dtype=np.uint32), np.zeros(N, np.uint32)
+    for k in range(40):
+        step_once(a, b, k)
+    assert seen["a"] == a.tolist() and seen["b"] == b.tolist()  # the chain ran, in order, around the stamps
 
 QUERIES_C = Path(__file__).resolve().parent / "queries.c"
 SANITIZED_SEEN = [  # what queries.c prints: VkResults (-8 FEATURE_NOT_PRESENT, -13 UNKNOWN, 1 NOT_READY), checks 1
