@@ -127,6 +127,29 @@ static void release(struct ls_icd_command_buffer *cb)
 
 /* ---------------------------------------------------------------- pools */
 
+/* What a command pool holds, freed at vkDestroyDevice (the session closed: the arbiter freed its lists
+ * and groups with it, so none is asked for); other kinds are left alone. */
+void ls_icd_command_pool_free(struct ls_icd_object *object)
+{
+    if (object->kind != LS_ICD_COMMAND_POOL)
+        return;
+    for (uint32_t i = 0; i < object->u.command_pool.nbuffers; i++) {
+        struct ls_icd_command_buffer *cb = object->u.command_pool.buffers[i];
+        struct ls_icd_recording *rec = cb->recording;
+        for (uint32_t g = 0; g < rec->ngroups; g++)
+            free(rec->groups[g].entries);
+        free(rec->groups);
+        free(rec->commands);
+        free(rec->events);
+        free(rec);
+        free(cb->lists);
+        free(cb);
+    }
+    free(object->u.command_pool.buffers);
+    object->u.command_pool.buffers = NULL;
+    object->u.command_pool.nbuffers = 0;
+}
+
 static struct ls_icd_command_pool *pool_of(struct ls_icd_device *device, VkCommandPool pool)
 {
     struct ls_icd_object *object = ls_icd_object_find(&device->objects, (uint64_t)(uintptr_t)pool, LS_ICD_COMMAND_POOL);

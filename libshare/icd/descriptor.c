@@ -2,8 +2,8 @@
  *
  * A set layout is its bindings sorted by number (gaps allowed), each of a buffer type: storage or
  * uniform, dynamic or not. Any other type (samplers, images, texel buffers: buffer views are not
- * offered; input attachments) with a count, immutable samplers, or flags (push descriptors, update
- * after bind) make vkCreateDescriptorSetLayout answer LS_ICD_INVALID, since the specification
+ * offered; input attachments, and so immutable samplers) with a count, or flags (push descriptors,
+ * update after bind) make vkCreateDescriptorSetLayout answer LS_ICD_INVALID, since the specification
  * gives that command no error for a layout the device cannot make (only running out of memory);
  * vkGetDescriptorSetLayoutSupport, the specification's way to ask first, answers unsupported for
  * exactly the layouts create refuses. A binding of count 0 is allowed and holds no descriptor;
@@ -104,8 +104,7 @@ static VkResult read_layout(const struct ls_icd_device *device, const VkDescript
         most = LS_ICD_MOST_DESCRIPTORS;
     for (uint32_t i = 0; i < info->bindingCount; i++) {
         const VkDescriptorSetLayoutBinding *binding = &info->pBindings[i];
-        if (binding->descriptorCount > 0 && (!is_buffer_type(binding->descriptorType) ||
-                                             binding->pImmutableSamplers != NULL))
+        if (binding->descriptorCount > 0 && !is_buffer_type(binding->descriptorType))
             return LS_ICD_INVALID; /* not a buffer: no error of the specification's fits */
         total += binding->descriptorCount;
     }
@@ -480,7 +479,9 @@ static const char *copy_descriptors(struct ls_icd_device *device, const VkCopyDe
     struct ls_icd_descriptor *taken;
     if (from == NULL || to == NULL)
         return "no such descriptor set";
-    taken = calloc(copy->descriptorCount + 1, sizeof(*taken));
+    if (copy->descriptorCount > LS_ICD_MOST_DESCRIPTORS)
+        return "more descriptors than a set holds";
+    taken = calloc((size_t)copy->descriptorCount + 1, sizeof(*taken));
     if (taken == NULL)
         return "out of memory";
     for (uint32_t i = 0; i < copy->descriptorCount; i++) {
@@ -537,7 +538,8 @@ VKAPI_ATTR VkResult VKAPI_CALL ls_icd_CreateDescriptorUpdateTemplate(VkDevice ha
         (info->descriptorUpdateEntryCount && info->pDescriptorUpdateEntries == NULL))
         return LS_ICD_INVALID; /* (push descriptors are not offered) */
     for (uint32_t i = 0; i < info->descriptorUpdateEntryCount; i++)
-        if (!is_buffer_type(info->pDescriptorUpdateEntries[i].descriptorType))
+        if (!is_buffer_type(info->pDescriptorUpdateEntries[i].descriptorType) ||
+            info->pDescriptorUpdateEntries[i].descriptorCount > LS_ICD_MOST_DESCRIPTORS)
             return LS_ICD_INVALID;
     entries = calloc(info->descriptorUpdateEntryCount + 1, sizeof(*entries));
     if (entries == NULL)
@@ -580,8 +582,8 @@ VKAPI_ATTR void VKAPI_CALL ls_icd_UpdateDescriptorSetWithTemplate(VkDevice handl
     object = find(device, (uint64_t)(uintptr_t)template, LS_ICD_UPDATE_TEMPLATE);
     for (uint32_t i = 0; object != NULL && i < object->u.update_template.nentries; i++) {
         const VkDescriptorUpdateTemplateEntry *entry = &object->u.update_template.entries[i];
-        VkDescriptorBufferInfo *infos = calloc(entry->descriptorCount + 1, sizeof(*infos));
-        const char *why = infos == NULL ? "out of memory" : NULL;
+        VkDescriptorBufferInfo *infos = calloc((size_t)entry->descriptorCount + 1, sizeof(*infos));
+        const char *why = infos == NULL ? "out of memory" : data == NULL ? "no data" : NULL;
         for (uint32_t j = 0; why == NULL && j < entry->descriptorCount; j++)
             memcpy(&infos[j], (const uint8_t *)data + entry->offset + (size_t)j * entry->stride, sizeof(*infos));
         if (why == NULL)

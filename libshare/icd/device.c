@@ -15,7 +15,9 @@
  * limit (memory.c). The loader's trampolines call whatever the driver's tables hold unchecked,
  * so every core device-level command is in loader.c's table (refused.c holds those refused).
  * The session's ring is opened with the device and closed with it (queue.c: the data path, and the
- * waits for idle). */
+ * waits for idle). vkDestroyDevice closes the session (the arbiter frees its buffers, programs,
+ * lists and groups with it), then unmaps its memory and frees what its compute objects hold
+ * (pipeline.c's, descriptor.c's, and commands.c's pools with their command buffers). */
 #define _GNU_SOURCE
 #include <stdio.h>
 #include <stdlib.h>
@@ -186,6 +188,7 @@ VKAPI_ATTR void VKAPI_CALL ls_icd_DestroyDevice(VkDevice handle, const VkAllocat
             munmap(object->u.memory.address, object->u.memory.rounded);
         ls_icd_pipeline_object_free(NULL, object); /* what the compute objects hold (NULL: the session is */
         ls_icd_descriptor_object_free(object);     /* closed, its programs freed with it) */
+        ls_icd_command_pool_free(object);          /* (and its lists and groups) */
     }
     ls_icd_objects_free(&device->objects);
     pthread_mutex_destroy(&device->lock);

@@ -11,8 +11,7 @@
  *   instance.c  VkInstance: creation (one session each), extensions, layers, the physical device
  *   physical.c  VkPhysicalDevice: properties, features, queue family, memory, formats
  *   device.c    VkDevice and VkQueue: the checks of vkCreateDevice, one session each, the queue
- *   objects.c   the device's table of non-dispatchable handles (memory, buffers, fences, the compute
- *               objects), checked
+ *   objects.c   the device's table of non-dispatchable handles, checked; the create/destroy shape
  *   control.c   the device session's control requests: one frame sent, its reply read and checked
  *   memory.c    VkDeviceMemory: the arbiter's shared (memfd, mapped) and device buffers
  *   buffer.c    VkBuffer: a (memory, offset, size) view, its requirements and binding
@@ -409,6 +408,8 @@ void ls_icd_command_buffer_done(struct ls_icd_command_buffer *cb);
  * error that vkEndCommandBuffer will answer (the recording keeps the first). */
 struct ls_desc;
 VkResult ls_icd_record(struct ls_icd_command_buffer *cb, const struct ls_desc *command);
+/* vkDestroyDevice, the session closed: what a command pool ``object`` holds is freed (other kinds: nothing). */
+void ls_icd_command_pool_free(struct ls_icd_object *object);
 /* The entry points of commands.c, record.c and dispatch.c: commands.h. */
 
 /* ---- memory.c */
@@ -522,8 +523,9 @@ typedef VkResult (*ls_icd_ready)(struct ls_icd_device *device, const void *arg);
 
 VkResult ls_icd_path_open(struct ls_icd_device *device);
 void ls_icd_path_close(struct ls_icd_device *device);
-/* The device's lock held: VK_SUCCESS (queued: pushed, or held behind a timeline wait; ``s``'s arrays
- * are queue.c's), VK_ERROR_DEVICE_LOST or VK_ERROR_OUT_OF_HOST_MEMORY (nothing kept). */
+/* The device's lock held: VK_SUCCESS (queued: pushed, or held behind a timeline wait), else
+ * VK_ERROR_DEVICE_LOST or VK_ERROR_OUT_OF_HOST_MEMORY with its command buffers handed back
+ * (ls_icd_command_buffer_done); either way ``s``'s arrays are queue.c's. */
 VkResult ls_icd_path_submit(struct ls_icd_device *device, struct ls_icd_submission *s);
 /* The device's lock held: push the held submissions whose timeline waits are now reachable. */
 void ls_icd_path_release(struct ls_icd_device *device);

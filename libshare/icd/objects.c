@@ -1,4 +1,5 @@
-/* A device's table of non-dispatchable handles: its memory, buffers, fences, semaphores, events...
+/* A device's table of non-dispatchable handles: its memory, buffers, fences, semaphores, events and
+ * compute objects.
  *
  * An application hands handles back as 64-bit numbers, and any number may come (a stale handle, a
  * handle of another kind or device, garbage): the driver never follows one. A handle is

@@ -235,15 +235,13 @@ static int spec_type(const uint32_t *code, size_t words, uint32_t spec_id, uint3
                 result = ops[0];                                   /* OpDecorate %x SpecId id */
             else if (pass == 1 && (opcode == 48 || opcode == 49 || opcode == 50) && count >= 3 && ops[1] == result)
                 type = ops[0];                                     /* OpSpecConstant{True,False,} */
-            else if (pass == 2 && count >= 2 && ops[0] == type) {
+            else if (pass == 2 && (opcode == 20 || opcode == 21 || opcode == 22) && count >= 2 && ops[0] == type) {
                 *width = count >= 3 ? ops[1] : 1;
                 if (opcode == 20)
                     return 'b';
                 if (opcode == 21 && count >= 4)
                     return ops[2] ? 'i' : 'u';
-                if (opcode == 22)
-                    return 'f';
-                return 0;
+                return opcode == 22 ? 'f' : 0;
             }
             at += count;
         }
@@ -300,6 +298,8 @@ static VkResult request_text(const struct ls_icd_shader *shader, const VkSpecial
 {
     size_t used = (size_t)snprintf(text, room, "{\"op\":\"load_program\",\"constants\":[");
     uint32_t given = 0;
+    if (spec != NULL && spec->mapEntryCount && spec->pMapEntries == NULL)
+        return LS_ICD_INVALID;
     for (uint32_t i = 0; spec != NULL && i < spec->mapEntryCount; i++) {
         const VkSpecializationMapEntry *entry = &spec->pMapEntries[i];
         uint32_t width = 0;
@@ -369,7 +369,8 @@ static VkResult read_program(const cJSON *reply, const struct ls_icd_pipeline_la
     pipeline->nbuffers = (uint32_t)bindings;
     pipeline->push_size = (uint32_t)push;
     cJSON_ArrayForEach(item, local) {
-        if (!cJSON_IsNumber(item) || !(item->valuedouble >= 1) || item->valuedouble > 65535)
+        if (!cJSON_IsNumber(item) || !(item->valuedouble >= 1) || item->valuedouble > 65535 ||
+            item->valuedouble != (double)(uint32_t)item->valuedouble)
             return LS_ICD_INVALID;
         pipeline->local_size[i++] = (uint32_t)item->valuedouble;
     }

@@ -151,14 +151,19 @@ static void free_submission(struct ls_icd_submission *s)
     free(s->signals);
 }
 
-/* Hand back the command buffers of every queued submission and drop them all. */
+/* A submission that will not run: its command buffers handed back, its arrays freed. */
+static void give_back(struct ls_icd_submission *s)
+{
+    for (uint32_t c = 0; c < s->ncbs; c++)
+        ls_icd_command_buffer_done(s->cbs[c].cb);
+    free_submission(s);
+}
+
+/* Give back every queued submission. */
 static void abandon(struct ls_icd_path *path)
 {
-    for (uint32_t i = 0; i < path->nqueued; i++) {
-        for (uint32_t c = 0; c < path->queued[i].ncbs; c++)
-            ls_icd_command_buffer_done(path->queued[i].cbs[c].cb);
-        free_submission(&path->queued[i]);
-    }
+    for (uint32_t i = 0; i < path->nqueued; i++)
+        give_back(&path->queued[i]);
     path->nqueued = 0;
 }
 
@@ -244,19 +249,23 @@ VkResult ls_icd_path_submit(struct ls_icd_device *device, struct ls_icd_submissi
 {
     struct ls_icd_path *path = device->path;
     int held = path->nqueued > 0 && !path->queued[path->nqueued - 1].pushed;
-    if (path->lost)
+    if (path->lost) {
+        give_back(s);
         return VK_ERROR_DEVICE_LOST;
+    }
     if (path->nqueued == path->capacity) {
         uint32_t capacity = path->capacity ? path->capacity * 2 : 16;
         struct ls_icd_submission *grown = realloc(path->queued, capacity * sizeof(*grown));
-        if (grown == NULL)
+        if (grown == NULL) {
+            give_back(s);
             return VK_ERROR_OUT_OF_HOST_MEMORY;
+        }
         path->queued = grown;
         path->capacity = capacity;
     }
     s->pushed = 0;
     if (!held && reachable(device, s) == VK_SUCCESS && push_submission(path, s) < 0) {
-        free_submission(s);
+        give_back(s);
         lose(path);
         return VK_ERROR_DEVICE_LOST;
     }

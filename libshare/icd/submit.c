@@ -187,7 +187,7 @@ static VkResult submit_one(struct ls_icd_device *device, const struct request *r
     s.fence = fence;
     result = ls_icd_path_submit(device, &s);
     if (result != VK_SUCCESS)
-        return result; /* (queue.c freed it or the device is lost) */
+        return result; /* (queue.c handed its command buffers back) */
     found = ls_icd_object_find(&device->objects, fence, LS_ICD_FENCE);
     if (found != NULL)
         found->u.fence.pending = 1;

@@ -96,3 +96,28 @@ def test_a_device_that_cannot_zero_shared_memory_runs_no_kernel_that_declares_it
         with pytest.raises(InvalidSubmission, match="cannot zero it"):
             _admission.admit(libshare.shaders.path("sum").read_bytes(), device)  # shared float[64]
         assert _admission.admit(libshare.shaders.path("saxpy").read_bytes(), device).bindings == (0, 1)
+
+
+RESOURCES = """#version 450
+layout(local_size_x = 8) in;
+layout(set = 1, binding = 3) buffer Late { float late[]; };
+layout(set = 0, binding = 4) uniform U { vec4 u; };
+layout(set = 0, binding = 1) buffer Many { float v[]; };
+layout(set = 0, binding = 0) uniform samplerBuffer texels;
+void main() {
+    uint i = gl_GlobalInvocationID.x;
+    late[i] = v[i] + u.x + texelFetch(texels, int(i)).x;
+}
+"""
+
+
+def test_the_load_program_reply_names_its_resources_in_bind_order(arbiter):
+    """The Vulkan driver checks a pipeline layout against ``resources`` (libshare/icd/pipeline.c)."""
+    _, pipe_dir = arbiter
+    spirv = libshare.compile(RESOURCES)
+    with libshare.connect(mode="daemon", pipe_directory=pipe_dir) as session:
+        fields = session._request("load_program", spirv).fields
+    # Sorted by (set, binding): each one's count (an array's length, else 1) and kind.
+    assert fields["resources"] == [[0, 0, 1, "uniform_texel"], [0, 1, 1, "storage"], [0, 4, 1, "uniform"],
+                                   [1, 3, 1, "storage"]]
+    assert fields["bindings"] == 4 and fields["entry_point"] == "main" and fields["local_size"] == [8, 1, 1]

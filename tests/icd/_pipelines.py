@@ -9,6 +9,8 @@ class name):
   next line destroys the first and makes one again, prints ``again``; then a pipeline of IMAGE (an image
   kernel: refused), a pipeline cache's data, descriptor pools (their limit, freeing, resetting) and updates
   (good ones, plain and by template; misaligned, wrongly typed, past a binding: skipped), and a last line.
+- ``widths``: a pipeline of KERNEL (tests/icd/test_pipelines.py's WIDE) with constants of every width, and
+  with a float that is not a number or a constant of the wrong size.
 - ``hostile``: wrong handles of every new kind, a specialization map entry past its data, a module of
   garbage, a pipeline with no layout for its buffers; then an honest pipeline is still made.
 
@@ -20,6 +22,7 @@ from __future__ import annotations
 import json
 import struct
 import sys
+from pathlib import Path
 
 import vulkan as vk
 
@@ -137,7 +140,8 @@ def honest(kernel: bytes, image: bytes) -> None:
 
 
 def caches(device, physical) -> dict:
-    cache = vk.vkCreatePipelineCache(device, vk.VkPipelineCacheCreateInfo(initialDataSize=5, pInitialData=vk.ffi.from_buffer(b"hello")),
+    initial = vk.ffi.from_buffer(b"hello")  # any initial data: ignored
+    cache = vk.vkCreatePipelineCache(device, vk.VkPipelineCacheCreateInfo(initialDataSize=5, pInitialData=initial),
                                      None)
     get = vk._vulkan.lib.vkGetPipelineCacheData  # (the bindings wrap no vkGetPipelineCacheData)
     size = vk.ffi.new("size_t *")
@@ -249,6 +253,19 @@ def hostile(kernel: bytes) -> None:
     one = allocate(device, pool, [set0])[1][0]
     write(device, one, 0, STORAGE, [(wrong["VkBuffer"], 0, 64)])
     vk.vkUpdateDescriptorSetWithTemplate(device, one, wrong["VkDescriptorUpdateTemplate"], vk.ffi.NULL)
+    vk.vkUpdateDescriptorSets(device, 0, None, 1, [vk.VkCopyDescriptorSet(
+        srcSet=one, srcBinding=0, dstSet=one, dstBinding=0, descriptorCount=0xFFFFFFFF)])  # a count that wraps
+    entry = vk.VkDescriptorUpdateTemplateEntry(dstBinding=0, descriptorCount=1, descriptorType=STORAGE, stride=16)
+    huge = vk.VkDescriptorUpdateTemplateEntry(dstBinding=0, descriptorCount=0xFFFFFFFF, descriptorType=STORAGE,
+                                              stride=16)
+    seen["huge template"] = outcome(vk.vkCreateDescriptorUpdateTemplate, device,
+                                    vk.VkDescriptorUpdateTemplateCreateInfo(
+                                        descriptorUpdateEntryCount=1, pDescriptorUpdateEntries=[huge],
+                                        templateType=0, descriptorSetLayout=set0), None)
+    template = vk.vkCreateDescriptorUpdateTemplate(device, vk.VkDescriptorUpdateTemplateCreateInfo(
+        descriptorUpdateEntryCount=1, pDescriptorUpdateEntries=[entry], templateType=0, descriptorSetLayout=set0),
+        None)
+    vk.vkUpdateDescriptorSetWithTemplate(device, one, template, vk.ffi.NULL)  # no data to read
     for kind, destroy in (("VkShaderModule", vk.vkDestroyShaderModule), ("VkPipeline", vk.vkDestroyPipeline),
                           ("VkPipelineLayout", vk.vkDestroyPipelineLayout),
                           ("VkDescriptorSetLayout", vk.vkDestroyDescriptorSetLayout),
@@ -261,6 +278,20 @@ def hostile(kernel: bytes) -> None:
     print(json.dumps(seen), flush=True)
 
 
+def widths(kernel: bytes) -> None:
+    """A kernel's constants of every width: int64, double, int16, uint8, float16, uint64."""
+    _instance, device, _host = open_device()
+    layout = pipeline_layout(device, [set_layout(device, (0, STORAGE, 1))], push=0)
+    shader = module(device, kernel)
+    entries = [(0, 0, 8), (1, 8, 8), (2, 16, 2), (3, 18, 1), (4, 20, 2), (5, 22, 8)]
+    data = struct.pack("<qdhBxeQ", -5_000_000_000, 0.1, -7, 200, 1.5, (1 << 64) - 1)
+    seen = {"every width": named(pipeline(device, shader, layout, entries, data)),
+            "not a number": named(pipeline(device, shader, layout, entries, struct.pack(
+                "<qdhBxeQ", 1, float("nan"), 1, 1, 1.0, 1))),
+            "int64 of 4 bytes": named(pipeline(device, shader, layout, [(0, 0, 4)], data))}
+    print(json.dumps(seen), flush=True)
+
+
 if __name__ == "__main__":
-    MODE, KERNEL, IMAGE = sys.argv[1], open(sys.argv[2], "rb").read(), open(sys.argv[3], "rb").read()
-    honest(KERNEL, IMAGE) if MODE == "honest" else hostile(KERNEL)
+    MODE, KERNEL, IMAGE = sys.argv[1], Path(sys.argv[2]).read_bytes(), Path(sys.argv[3]).read_bytes()
+    {"honest": lambda: honest(KERNEL, IMAGE), "hostile": lambda: hostile(KERNEL), "widths": lambda: widths(KERNEL)}[MODE]()

@@ -11,6 +11,8 @@
   enabled: the driver must offer it).
 - ``lost``: one submission waited, then ``ready``; after a line on stdin (the test ended the session or
   the arbiter meanwhile), what a submission and every wait answer.
+- ``leaks``: what the process holds (descriptors, ring mappings, threads) with its instance alone,
+  with a device that submitted work, and after vkDestroyDevice.
 - ``hostile``: wrong fence and semaphore handles, a pending fence submitted and reset again, a wait on a
   binary semaphore nothing signals, a timeline signal going back; then an honest submission still works.
 
@@ -20,6 +22,7 @@ It knows nothing of libshare.
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import vulkan as vk
@@ -170,6 +173,31 @@ def lost() -> dict:
     return seen
 
 
+def held() -> dict:
+    """This process's descriptors, ring mappings and threads."""
+    with open("/proc/self/maps") as maps:
+        rings = sum(1 for line in maps if "libshare-ring" in line)
+    return {"fds": len(os.listdir("/proc/self/fd")), "rings": rings, "threads": len(os.listdir("/proc/self/task"))}
+
+
+def leaks() -> dict:
+    instance = vk.vkCreateInstance(vk.VkInstanceCreateInfo(pApplicationInfo=vk.VkApplicationInfo(
+        apiVersion=vk.VK_MAKE_VERSION(1, 1, 0))), None)
+    physical = vk.vkEnumeratePhysicalDevices(instance)[0]
+    seen = {"instance": held()}
+    queue_info = vk.VkDeviceQueueCreateInfo(queueFamilyIndex=0, queueCount=1, pQueuePriorities=[1.0])
+    device = vk.vkCreateDevice(physical, vk.VkDeviceCreateInfo(queueCreateInfoCount=1, pQueueCreateInfos=[queue_info]),
+                               None)
+    made = fence(device)
+    vk.vkQueueSubmit(vk.vkGetDeviceQueue(device, 0, 0), 0, None, made)
+    vk.vkWaitForFences(device, 1, [made], vk.VK_TRUE, 10**10)
+    seen["device"] = held()
+    vk.vkDestroyDevice(device, None)
+    seen["destroyed"] = held()
+    vk.vkDestroyInstance(instance, None)
+    return seen
+
+
 def hostile() -> dict:
     _instance, device, queue = open_device("VK_KHR_timeline_semaphore")
     timeline = Timeline(device)
@@ -207,6 +235,6 @@ def hostile() -> dict:
 
 if __name__ == "__main__":
     mode = sys.argv[1]
-    result = {"honest": honest, "submit2": submit2, "lost": lost, "hostile": hostile}[mode]()
+    result = {"honest": honest, "submit2": submit2, "lost": lost, "leaks": leaks, "hostile": hostile}[mode]()
     if result:
         print(json.dumps(result), flush=True)

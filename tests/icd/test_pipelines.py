@@ -8,8 +8,12 @@ pipeline is refused while it lives, and one is made again once it is destroyed);
 refused with the arbiter's reason on stderr and a null handle; a sampler layout is refused and reported
 unsupported; pools refuse sets past maxSets and frees without their flag, and reset and free give sets
 back; descriptor writes misaligned, of the wrong type or past a binding are skipped and named on
-stderr. A hostile program (wrong handles of every new kind, a specialization entry past its data, a
-module of garbage) gets errors, beside an honest Python client whose results are checked.
+stderr. Constants of every width (int64, double, int16, uint8, float16, uint64) reach the arbiter typed
+as the module declares them. A hostile program (wrong handles of every new kind, a specialization entry past its data, a
+module of garbage) gets errors, beside an honest Python client whose results are checked. What no
+Vulkan program can read back (the program a pipeline recorded, descriptors resolved into the arbiter's
+terms after plain, template and copied writes) is read by tests/icd/pipelines_unit.c, built with the
+driver's sources and the sanitizers, against the real arbiter.
 """
 
 from __future__ import annotations
@@ -23,9 +27,11 @@ from pathlib import Path
 
 import pytest
 
+from libshare.icd import _build
 from tests.conftest import ROOT, stop_process
 from tests.arbiter.conftest import run_daemon, start_client
 from tests.icd.conftest import environment, libshare_run, probe
+from tests.icd.test_c_program import SANITIZE
 
 PIPELINES = Path(__file__).resolve().parent / "_pipelines.py"
 KERNEL = """#version 450
@@ -49,6 +55,18 @@ IMAGE = """#version 450
 layout(local_size_x = 1) in;
 layout(set = 0, binding = 0, rgba8) uniform writeonly image2D img;
 void main() { imageStore(img, ivec2(0), vec4(1)); }
+"""
+WIDE = """#version 450
+#extension GL_EXT_shader_explicit_arithmetic_types : require
+layout(local_size_x = 1) in;
+layout(constant_id = 0) const int64_t BIG = 0;
+layout(constant_id = 1) const double D = 0.0;
+layout(constant_id = 2) const int16_t SMALL = int16_t(0);
+layout(constant_id = 3) const uint8_t TINY = uint8_t(0);
+layout(constant_id = 4) const float16_t HALF = float16_t(0);
+layout(constant_id = 5) const uint64_t UBIG = 0;
+layout(set = 0, binding = 0) buffer Out { double o[]; };
+void main() { o[0] = double(BIG) + D + double(SMALL) + double(TINY) + double(HALF) + double(UBIG); }
 """
 INVALID = "VkErrorUnknown"  # VK_ERROR_UNKNOWN: invalid input the driver detected
 VK_ERROR_OUT_OF_POOL_MEMORY = -1000069000
@@ -136,7 +154,54 @@ def test_hostile_pipelines_and_descriptors_end_in_errors_beside_an_honest_client
         "constant given twice": INVALID, "wrong constant size": INVALID, "wrong set layout": INVALID,
         "wrong cache data": -13, "wrong pool reset": INVALID, "wrong pool allocate": -13,
         "wrong layout allocate": -13, "wrong set free": INVALID, "wrong template layout": INVALID,
-        "still works": "ok",
+        "huge template": INVALID, "still works": "ok",
     }
     assert "invalid SPIR-V" in seen["stderr"]  # the arbiter's word on the junk module, passed on
     assert "write 0 skipped: no such buffer" in seen["stderr"]
+    assert "copy 0 skipped: more descriptors than a set holds" in seen["stderr"]
+    assert "vkUpdateDescriptorSetWithTemplate: entry 0 skipped: no data" in seen["stderr"]
+
+
+def test_constants_of_every_width_are_sent_as_the_module_types_them(tmp_path, daemon):
+    """The arbiter refuses a value its type cannot hold (-7 sent as 65529 for an int16, say): these pass."""
+    _process, pipe_dir = daemon
+    wide = compiled(tmp_path, "wide", WIDE)
+    seen = probe(libshare_run("--", sys.executable, str(PIPELINES), "widths", str(wide), str(wide)),
+                 environment(pipe_dir))
+    assert {key: value for key, value in seen.items() if key != "stderr"} == {
+        "every width": "ok", "not a number": INVALID, "int64 of 4 bytes": INVALID}
+
+
+UNIT = Path(__file__).resolve().parent / "pipelines_unit.c"
+
+
+def test_the_driver_records_the_program_and_resolves_descriptors(tmp_path, daemon):
+    """pipelines_unit.c, built with the driver's sources and the sanitizers, reads what the driver keeps."""
+    _process, pipe_dir = daemon
+    if shutil.which("cc") is None:
+        pytest.skip("no C compiler")
+    program = tmp_path / "pipelines_unit"
+    subprocess.run(["cc", "-O1", "-g", "-std=gnu11", f"-I{_build.HERE}", *SANITIZE, "-o", str(program), str(UNIT),
+                    *map(str, _build.SOURCES), "-lcjson", "-lm", "-lpthread"], check=True)
+    done = subprocess.run([str(program), str(compiled(tmp_path, "kernel", KERNEL))], env=environment(pipe_dir),
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0 and "Sanitizer" not in done.stderr and "runtime error" not in done.stderr, \
+        done.stderr[-3000:]
+    seen = json.loads(done.stdout)
+    assert seen["hostile"] == [-13, -13, -13]  # a module of junk, a constant past its data, another entry point
+    assert "invalid SPIR-V" in done.stderr and "skipped: more descriptors than a set holds" in done.stderr
+    # The second create info names a wrong layout: it alone fails, its handle null; the first is made.
+    assert (seen["made"], seen["second"]) == (-13, 0)
+    assert seen["local_size"] == [48, 1, 1]  # local_size_x_id's constant, frozen by the arbiter
+    assert seen["buffers"] == 4 and seen["push_size"] == 4
+    assert seen["resources"] == [[0, 0, 1], [0, 2, 1], [1, 0, 1], [1, 1, 1]]  # (set, binding) order
+    buffer_id, memory_offset, other_offset, size = seen["buffer_id"], 65536, 131072, 8192
+    # A dynamic uniform buffer written at 256 for 1024 bytes: the dynamic offset added, the range clipped.
+    assert seen["dynamic"] == [[buffer_id, memory_offset + 256, 1024], [buffer_id, memory_offset + 512, 1024],
+                               [buffer_id, memory_offset + 7680, size - 7680], -13]
+    assert seen["never written"] == -13
+    # Three elements from binding 1 on: binding 1, then binding 4's two (binding 3 holds none).
+    written = [[buffer_id, memory_offset + 512, size - 512], [buffer_id, other_offset, 64],
+               [buffer_id, other_offset + 4096, 4096]]
+    assert seen["plain"] == written and seen["template"] == written and seen["copied"] == written
+    assert seen["buffer destroyed"] == -13 and seen["memory freed"] == -13

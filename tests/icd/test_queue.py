@@ -6,8 +6,9 @@ real arbiter with lavapipe behind it) submits work with no command buffer: each 
 LS_OP_NOP the arbiter counts among the session's dispatches (``ps``) and answers before its fence
 signals; a timeline wait holds a submission until the host signals; vkQueueSubmit2KHR (a driver built
 with VK_KHR_synchronization2 offered); terminate_client and the arbiter's SIGKILL make the device lost
-(VK_ERROR_DEVICE_LOST, no hang) while an honest client is unaffected; hostile handles and a pending
-fence reused are VK_ERROR_UNKNOWN beside an honest client whose results are checked.
+(VK_ERROR_DEVICE_LOST, no hang) while an honest client is unaffected; vkDestroyDevice leaves no ring,
+descriptor or thread behind; hostile handles and a pending fence reused are VK_ERROR_UNKNOWN beside an
+honest client whose results are checked.
 """
 
 from __future__ import annotations
@@ -83,6 +84,17 @@ def test_vk_queue_submit2_signals_fences_and_timeline_semaphores(daemon, sync2_d
     assert {key: value for key, value in seen.items() if key != "stderr"} == {
         "empty": "ok", "empty fence": "ok", "held": "ok", "fence while held": "VkNotReady", "signal 2": "ok",
         "fence": "ok", "value": 3}
+
+
+def test_vk_destroy_device_leaves_no_ring_descriptor_or_thread_behind(daemon):
+    _process, pipe_dir = daemon
+    seen = probe(libshare_run("--name", "queue-leaks", "--", sys.executable, str(QUEUE), "leaks"),
+                 environment(pipe_dir))
+    # the device's session: its socket, the ring's memfd (mapped once), the doorbell, the arbiter's pidfd
+    assert seen["device"]["rings"] == seen["instance"]["rings"] + 1
+    assert seen["device"]["fds"] == seen["instance"]["fds"] + 4
+    assert seen["device"]["threads"] == seen["instance"]["threads"]  # the driver starts none
+    assert seen["destroyed"] == seen["instance"]
 
 
 def run_until_ready(pipe_dir: Path) -> subprocess.Popen:
