@@ -182,6 +182,8 @@ TABLE: tuple[Code, ...] = (
     Code("LS_ECANCELED", ArbiterLost, "cancelled: the arbiter shut down or ended this session"),
     Code("LS_EMOVED", ArbiterRestarted, "not run: the arbiter handed over to a new one (restart), which "
          "takes this work"),
+    Code("LS_EUNSUPPORTED", InvalidSubmission, "the arbiter's device cannot run this operation (a timestamp: "
+         "its queue has no timestamps, timestampValidBits 0)"),
     # api.h: what the C API returns for each exception
     Code("LS_EUNAVAILABLE", ArbiterUnavailable, "no arbiter answers and the mode forbids embedding one",
          answers=True),

@@ -224,16 +224,16 @@ def test_c_texel_views_embedded(texel_test, tmp_path):
 
 @pytest.fixture(scope="session")
 def indirect_test(library, tmp_path_factory) -> Path:
-    """test_indirect.c built: fills, updates and indirect dispatches, single and in a list."""
+    """test_indirect.c built: fills, updates, timestamps and indirect dispatches, single and in a list."""
     return compile_c(library, C_DIR / "tests" / "test_indirect.c", tmp_path_factory.mktemp("c-indirect"))
 
 
 def test_c_fill_update_and_indirect_dispatch_embedded(indirect_test, tmp_path):
-    assert check_run(run_c(indirect_test, embedded_env(tmp_path), str(SHADERS))) == 5
+    assert check_run(run_c(indirect_test, embedded_env(tmp_path), str(SHADERS))) == 6
 
 
 def test_c_fill_update_and_indirect_dispatch_against_a_daemon(indirect_test, daemon):
-    assert check_run(run_c(indirect_test, daemon_env(daemon[1]), str(SHADERS))) == 5
+    assert check_run(run_c(indirect_test, daemon_env(daemon[1]), str(SHADERS))) == 6
 
 
 @pytest.mark.parametrize("how", ["wait", "poll"])

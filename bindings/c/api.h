@@ -261,6 +261,15 @@ int ls_update(ls_session *session, uint32_t buffer, uint64_t offset, const void 
               uint64_t *ticket);
 
 /*
+ * Queue a timestamp: once every command queued before it has ended, the device's timestamp as a
+ * uint64 into buffer at offset (a multiple of 8) and a uint64 1, its availability, at offset + 8
+ * (docs/programs.md, "Timestamps"); ticks of the device's timestamp period. Returns at once with
+ * *ticket, like ls_dispatch(); ls_wait() reports a range past the buffer or a misaligned offset
+ * (-LS_ERANGE) and a device whose queue has no timestamps (-LS_EUNSUPPORTED). Runs in C.
+ */
+int ls_timestamp(ls_session *session, uint32_t buffer, uint64_t offset, uint64_t *ticket);
+
+/*
  * Queue program on nbuffers buffers, as ls_dispatch(), over the workgroup counts the device reads
  * when it runs: three uint32 at byte counts_offset (a multiple of 4) of buffer counts. The arbiter
  * clamps them on the device (docs/programs.md, "Indirect dispatches"): counts of 0 run nothing;
@@ -275,8 +284,8 @@ int ls_dispatch_indirect(ls_session *session, uint32_t program, uint32_t counts,
  * Command lists (docs/programs.md, "Command lists"): commands recorded once and run in order by one
  * descriptor, answered by one ticket. ls_list_dispatch(), ls_list_copy(), ls_list_fill(),
  * ls_list_update(), ls_list_barrier() (checked; changes nothing, every command ending with a
- * barrier already) and ls_list_dispatch_indirect() (its counts may be written by a command before
- * it) encode
+ * barrier already), ls_list_dispatch_indirect() (its counts may be written by a command before
+ * it) and ls_list_timestamp() (as ls_timestamp(): the commands before it have ended) encode
  * a command into a slot of the caller's array (the ring's one encoder and its check: -EINVAL for
  * what ls_dispatch() refuses); ls_load_list() hands count of them (1..LS_MAX_LIST) to the arbiter,
  * which checks each as it checks a dispatch (-LS_EINVALID names the first it refuses) and keeps
@@ -300,6 +309,7 @@ int ls_list_copy(struct ls_desc *slot, uint32_t src, uint64_t src_offset, uint32
 int ls_list_fill(struct ls_desc *slot, uint32_t buffer, uint64_t offset, uint64_t nbytes, uint32_t value);
 int ls_list_update(struct ls_desc *slot, uint32_t buffer, uint64_t offset, const void *data, uint32_t nbytes);
 int ls_list_barrier(struct ls_desc *slot);
+int ls_list_timestamp(struct ls_desc *slot, uint32_t buffer, uint64_t offset);
 int ls_list_dispatch_indirect(struct ls_desc *slot, uint32_t program, uint32_t counts, uint64_t counts_offset,
                               uint32_t nbuffers, const uint32_t *buffers, const uint64_t *offsets,
                               const void *push, uint32_t push_size);

@@ -397,6 +397,16 @@ int ls_update(ls_session *s, uint32_t buffer, uint64_t offset, const void *data,
     return submit(s, &op, ticket);
 }
 
+int ls_timestamp(ls_session *s, uint32_t buffer, uint64_t offset, uint64_t *ticket)
+{
+    int rc = check_session(s);
+    if (rc < 0)
+        return rc;
+    struct lsx_op op = {.what = "ls_timestamp", .opcode = LS_OP_TIMESTAMP, .nbuffers = 1, .buffers = &buffer,
+                        .noffsets = 1, .offsets = &offset};
+    return submit(s, &op, ticket);
+}
+
 int ls_dispatch_indirect(ls_session *s, uint32_t program, uint32_t counts, uint64_t counts_offset, uint32_t nbuffers,
                          const uint32_t *buffers, const uint64_t *offsets, const void *push, uint32_t push_size,
                          uint64_t *ticket)
@@ -482,6 +492,12 @@ int ls_list_barrier(struct ls_desc *slot)
 {
     return encoded(ls_encode_op((char *)slot, LS_OP_BARRIER, 0, 0, 0, 0, 0, NULL, 0, NULL, NULL, 0),
                    "ls_list_barrier", 0, 0);
+}
+
+int ls_list_timestamp(struct ls_desc *slot, uint32_t buffer, uint64_t offset)
+{
+    return encoded(ls_encode_op((char *)slot, LS_OP_TIMESTAMP, 0, 0, 0, 0, 1, &buffer, 1, &offset, NULL, 0),
+                   "ls_list_timestamp", 1, 0);
 }
 
 int ls_list_dispatch_indirect(struct ls_desc *slot, uint32_t program, uint32_t counts, uint64_t counts_offset,

@@ -23,6 +23,7 @@ static const char *lsx_code_message(int code)
     case LS_EFAULT: return "the device faulted while running it";
     case LS_ECANCELED: return "cancelled: the arbiter shut down or ended this session";
     case LS_EMOVED: return "not run: the arbiter handed over to a new one (restart), which takes this work";
+    case LS_EUNSUPPORTED: return "the arbiter's device cannot run this operation (a timestamp: its queue has no timestamps, timestampValidBits 0)";
     case LS_EUNAVAILABLE: return "no arbiter answers and the mode forbids embedding one";
     case LS_ELOST: return "the arbiter died or closed this session and none took over: connect again";
     case LS_EQUOTA: return "a memory or compute limit would be exceeded";

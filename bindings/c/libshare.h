@@ -37,7 +37,11 @@ extern "C" {
                                            group counts the device reads at run time from buffer groups[0] at
                                            byte offset groups[1] | (uint64)groups[2] << 32, clamped by the
                                            engine (recordings.c, "Indirect dispatches") */
-#define LS_OP_MAX 7
+#define LS_OP_TIMESTAMP 8               /* the device's timestamp once the commands before it have ended, a
+                                           uint64 into buffer[0] at offset[0] (a multiple of 8, 16 bytes inside
+                                           the buffer), and its availability, a uint64 1, at offset[0] + 8
+                                           (recordings.c, "Timestamps"); LS_EUNSUPPORTED without timestamps */
+#define LS_OP_MAX 8
 #define LS_OP_BAD 0xffff               /* set by the consumer on a slot that failed ls_desc_check */
 #define LS_DESC_GROUP 1                 /* flags: a dispatch whose bindings come from bind group buffer[0]
                                            (nbuffers 0; engine/validate.c) */
@@ -75,6 +79,8 @@ extern "C" {
 #define LS_EFAULT 1010                  /* the device faulted while running it */
 #define LS_ECANCELED 1011               /* cancelled: the client was terminated or closed */
 #define LS_EMOVED 1012                  /* not run: the arbiter handed over; send it to the new one */
+#define LS_EUNSUPPORTED 1013            /* the arbiter's device cannot run this operation (LS_OP_TIMESTAMP:
+                                           its queue has no timestamps) */
 
 /* A dispatch descriptor: one submission slot, 256 bytes. */
 struct ls_desc {
@@ -528,6 +534,15 @@ int ls_update(ls_session *session, uint32_t buffer, uint64_t offset, const void 
               uint64_t *ticket);
 
 /*
+ * Queue a timestamp: once every command queued before it has ended, the device's timestamp as a
+ * uint64 into buffer at offset (a multiple of 8) and a uint64 1, its availability, at offset + 8
+ * (docs/programs.md, "Timestamps"); ticks of the device's timestamp period. Returns at once with
+ * *ticket, like ls_dispatch(); ls_wait() reports a range past the buffer or a misaligned offset
+ * (-LS_ERANGE) and a device whose queue has no timestamps (-LS_EUNSUPPORTED). Runs in C.
+ */
+int ls_timestamp(ls_session *session, uint32_t buffer, uint64_t offset, uint64_t *ticket);
+
+/*
  * Queue program on nbuffers buffers, as ls_dispatch(), over the workgroup counts the device reads
  * when it runs: three uint32 at byte counts_offset (a multiple of 4) of buffer counts. The arbiter
  * clamps them on the device (docs/programs.md, "Indirect dispatches"): counts of 0 run nothing;
@@ -542,8 +557,8 @@ int ls_dispatch_indirect(ls_session *session, uint32_t program, uint32_t counts,
  * Command lists (docs/programs.md, "Command lists"): commands recorded once and run in order by one
  * descriptor, answered by one ticket. ls_list_dispatch(), ls_list_copy(), ls_list_fill(),
  * ls_list_update(), ls_list_barrier() (checked; changes nothing, every command ending with a
- * barrier already) and ls_list_dispatch_indirect() (its counts may be written by a command before
- * it) encode
+ * barrier already), ls_list_dispatch_indirect() (its counts may be written by a command before
+ * it) and ls_list_timestamp() (as ls_timestamp(): the commands before it have ended) encode
  * a command into a slot of the caller's array (the ring's one encoder and its check: -EINVAL for
  * what ls_dispatch() refuses); ls_load_list() hands count of them (1..LS_MAX_LIST) to the arbiter,
  * which checks each as it checks a dispatch (-LS_EINVALID names the first it refuses) and keeps
@@ -567,6 +582,7 @@ int ls_list_copy(struct ls_desc *slot, uint32_t src, uint64_t src_offset, uint32
 int ls_list_fill(struct ls_desc *slot, uint32_t buffer, uint64_t offset, uint64_t nbytes, uint32_t value);
 int ls_list_update(struct ls_desc *slot, uint32_t buffer, uint64_t offset, const void *data, uint32_t nbytes);
 int ls_list_barrier(struct ls_desc *slot);
+int ls_list_timestamp(struct ls_desc *slot, uint32_t buffer, uint64_t offset);
 int ls_list_dispatch_indirect(struct ls_desc *slot, uint32_t program, uint32_t counts, uint64_t counts_offset,
                               uint32_t nbuffers, const uint32_t *buffers, const uint64_t *offsets,
                               const void *push, uint32_t push_size);

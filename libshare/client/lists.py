@@ -1,9 +1,9 @@
 """Command lists: commands recorded once, run by one descriptor, answered by one Ticket.
 
 ``with session.record() as commands:`` records ``commands.dispatch(...)``, ``commands.copy(...)``,
-``commands.fill(...)``, ``commands.update(...)``, ``commands.barrier()`` and
-``commands.dispatch_indirect(...)`` (whose counts an earlier command of the list may write)
-into descriptors (``struct ls_desc``, encoded by the ring's one encoder: ``ls_encode_op``, the
+``commands.fill(...)``, ``commands.update(...)``, ``commands.barrier()``,
+``commands.dispatch_indirect(...)`` (whose counts an earlier command of the list may write) and
+``commands.timestamp(...)`` (the device's timestamp once the commands before it have ended) into descriptors (``struct ls_desc``, encoded by the ring's one encoder: ``ls_encode_op``, the
 encoding and check of ``ls_push_op``) and, when the block ends,
 hands them to the arbiter (the ``load_list`` request), which checks each as it checks a popped
 descriptor and keeps the list (engine/lists.c). ``commands.submit()`` then pushes one
@@ -32,7 +32,7 @@ import numpy as np
 from libshare import errors
 from libshare.client.buffers import Program, byte_size, workgroups
 from libshare.client.groups import BindGroup
-from libshare.client.operations import fill_fields, indirect_fields, update_bytes, update_fields
+from libshare.client.operations import fill_fields, indirect_fields, timestamp_fields, update_bytes, update_fields
 from libshare.ring import C
 from libshare.ring._binding import DESC_DTYPE, encode_op
 
@@ -142,6 +142,12 @@ class CommandList:
         the device; it is checked and kept."""
         self._check_room()
         self._append(encode_op(C.OP_BARRIER, 0, (0, 0, 0), [], [], b""), 0)
+
+    def timestamp(self, buffer, offset: int = 0) -> None:
+        """Record a timestamp into ``buffer`` at ``offset`` (as ``Session.timestamp``): written once the
+        commands before it have ended; ``buffer`` may be ``argument(k)``."""
+        self._check_room()
+        self._append(encode_op(*timestamp_fields(self._bind, buffer, offset)), 0)
 
     def dispatch_indirect(self, program: Program, counts_buffer, buffers=(), push=b"", offset: int = 0) -> None:
         """Record ``program`` over the counts the device reads from ``counts_buffer`` at ``offset`` when the

@@ -1,4 +1,4 @@
-"""The fields of fills, updates and indirect dispatches, shared by a session and a command list.
+"""The fields of fills, updates, timestamps and indirect dispatches, shared by a session and a command list.
 
 Each function turns a call's arguments into what the ring's one encoder takes (``ls_push_op``,
 ``ls_encode_op``): ``(opcode, program, groups, buffer ids, offsets, push)``, binding arrays and
@@ -11,6 +11,9 @@ buffers through ``binding`` (``Submitter.binding``). The arbiter checks every fi
   the value in ``push[0..4)``.
 - An update (``LS_OP_UPDATE``) writes up to ``LS_MAX_PUSH`` (128) inline bytes, a multiple of 4,
   carried in ``push[]``, at ``offset``.
+- A timestamp (``LS_OP_TIMESTAMP``) names one buffer and an offset (a multiple of 8): the device's
+  timestamp once the commands before it have ended, a uint64 there, and a uint64 1 (its
+  availability) 8 bytes past it.
 - An indirect dispatch (``LS_OP_DISPATCH_INDIRECT``) binds as a dispatch does (buffers, or a bind
   group: flags ``LS_DESC_GROUP``, its id the one buffer id); its ``groups`` name the buffer that
   holds the three uint32 counts and their byte offset (low, high word).
@@ -27,7 +30,7 @@ from libshare.client.buffers import Program, byte_size
 from libshare.client.groups import BindGroup
 from libshare.ring import C
 
-__all__ = ["fill_fields", "indirect_fields", "update_bytes", "update_fields"]
+__all__ = ["fill_fields", "indirect_fields", "timestamp_fields", "update_bytes", "update_fields"]
 
 
 def fill_fields(binding, buffer, value, nbytes: int | None, offset: int) -> tuple:
@@ -58,6 +61,12 @@ def update_fields(binding, buffer, data: bytes, offset: int) -> tuple:
                                        f"{len(data)}): copy from a shared buffer for more")
     _, buffer_id, base = binding(buffer)
     return C.OP_UPDATE, 0, (0, 0, 0), [buffer_id], [base + int(offset)], data
+
+
+def timestamp_fields(binding, buffer, offset: int) -> tuple:
+    """The fields of a timestamp into ``buffer`` at ``offset``: 16 bytes, the stamp then its availability."""
+    _, buffer_id, base = binding(buffer)
+    return C.OP_TIMESTAMP, 0, (0, 0, 0), [buffer_id], [base + int(offset)], b""
 
 
 def indirect_fields(binding, program: Program, counts, buffers, push: bytes, offset: int) -> tuple:

@@ -44,7 +44,7 @@ from libshare.client.completions import Completions, Ticket
 from libshare.client.gate import Gate, closed_error, fresh
 from libshare.client.groups import BindGroup, group_entries, make_group
 from libshare.client.lists import CommandList
-from libshare.client.operations import fill_fields, indirect_fields, update_bytes, update_fields
+from libshare.client.operations import fill_fields, indirect_fields, timestamp_fields, update_bytes, update_fields
 from libshare.client.reattach import Reattacher
 from libshare.client.submit import Submitter
 from libshare.protocol import wire as protocol
@@ -84,6 +84,11 @@ def make_texel_view(session: Session, buffer: Buffer | np.ndarray, format: str, 
     return view
 
 
+def _attached(name: str, doc: str) -> property:
+    """A read-only property of a Session: field ``name`` of its attachment now (a reattach changes it)."""
+    return property(lambda session: getattr(session._gate.attached, name), doc=doc)
+
+
 class Session:
     """A client's connection to an arbiter. Use ``libshare.connect()`` to make one."""
 
@@ -105,25 +110,11 @@ class Session:
 
     # ---------------------------------------------------------------- what the session is attached to
 
-    @property
-    def client_id(self) -> int:
-        """This session's client id at the arbiter."""
-        return self._gate.attached.client_id
-
-    @property
-    def device_name(self) -> str:
-        """The name of the arbiter's device."""
-        return self._gate.attached.device_name
-
-    @property
-    def arbiter_pid(self) -> int:
-        """The pid of the arbiter this session is attached to."""
-        return self._gate.attached.arbiter_pid
-
-    @property
-    def priority(self) -> str:
-        """The priority the arbiter gave this session when it connected (asked for, or its default)."""
-        return self._gate.attached.priority
+    client_id = _attached("client_id", "This session's client id at the arbiter (an int).")
+    device_name = _attached("device_name", "The name of the arbiter's device.")
+    arbiter_pid = _attached("arbiter_pid", "The pid of the arbiter this session is attached to.")
+    priority = _attached("priority", "The priority the arbiter gave this session when it connected (asked for, "
+                         "or its default).")
 
     @property
     def closed(self) -> bool:
@@ -323,6 +314,15 @@ class Session:
         buffer instead, or record a list: ``CommandList.update`` splits). Returns a Ticket at once."""
         fields = update_fields(self._binding, buffer, update_bytes(data), offset)
         opcode, program, groups, ids, offsets, push = fields
+        return self._submit(opcode, program, *groups, ids, offsets, push)
+
+    def timestamp(self, buffer, offset: int = 0) -> Ticket:
+        """Queue a timestamp into ``buffer`` (an array or a Buffer) at byte ``offset`` (a multiple of 8):
+        once every operation queued before it has ended, the device's timestamp (ticks of its timestamp
+        period) as a uint64 there and a uint64 1, its availability, at ``offset + 8``. A device whose
+        queue has no timestamps fails the Ticket with InvalidSubmission (LS_EUNSUPPORTED). Returns a
+        Ticket at once."""
+        opcode, program, groups, ids, offsets, push = timestamp_fields(self._binding, buffer, offset)
         return self._submit(opcode, program, *groups, ids, offsets, push)
 
     def dispatch_indirect(self, program: Program, counts_buffer, buffers=(), push: bytes = b"",

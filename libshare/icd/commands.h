@@ -1,6 +1,7 @@
 /* The command buffers' private shapes: shared by commands.c (pools, the lifecycle, the lists), record.c
  * (transfers, barriers, events, secondary command buffers) and dispatch.c (pipelines, descriptor sets,
- * push constants, dispatches).
+ * push constants, dispatches); query.c includes it for ls_icd_command_buffer_of, ls_icd_fail,
+ * ls_icd_buffer_range and ls_icd_encode.
  * loader.c includes it for the entry points; other files append commands through icd.h's ls_icd_record. */
 #ifndef LIBSHARE_ICD_COMMANDS_H
 #define LIBSHARE_ICD_COMMANDS_H
@@ -52,6 +53,10 @@ int ls_icd_buffer_range(struct ls_icd_device *device, uint64_t buffer, uint64_t 
                         uint64_t *at);
 uint64_t ls_icd_buffer_size(struct ls_icd_device *device, uint64_t buffer);
 VkResult ls_icd_record_barrier(struct ls_icd_command_buffer *cb);
+/* record.c: a command of ``opcode`` (ls_encode_op's arguments after the slot, program and groups 0) encoded
+ * and appended (ls_icd_record); one the ring cannot encode makes the recording invalid. */
+VkResult ls_icd_encode(struct ls_icd_command_buffer *cb, uint32_t opcode, uint32_t nbuffers, const uint32_t *buffers,
+                       uint32_t noffsets, const uint64_t *offsets, const void *push, uint32_t push_size);
 
 
 /* The entry points (loader.c's table): commands.c (pools, the lifecycle), record.c, dispatch.c */

@@ -23,6 +23,7 @@
  *               command lists (commands.h: the recording's private shapes)
  *   record.c    vkCmd* copies, fills, updates, barriers, events and secondary command buffers recorded
  *   dispatch.c  vkCmd* pipelines, descriptor sets, push constants and dispatches (with bind groups)
+ *   query.c     VkQueryPool (timestamps): an arbiter shared buffer read on the host, vkCmd*Query* recorded
  *   queue.c     the data path: the session's ring, its tickets, the submissions in flight, the waits
  *   submit.c    vkQueueSubmit and vkQueueSubmit2KHR: a submission read, checked and handed to queue.c
  *   refused.c   every other core device-level command: refused with an error, or nothing
@@ -282,6 +283,13 @@ struct ls_icd_update_template {
     uint32_t nentries;
 };
 
+/* query.c: a timestamp query pool, its queries' 16-byte slots (the stamp, its availability) in an
+ * arbiter shared buffer, mapped */
+struct ls_icd_query_pool {
+    struct ls_icd_memory memory;    /* memory.c's ls_icd_memory_shared */
+    uint32_t count;                 /* queries */
+};
+
 /* commands.c: a pool's command buffers (dispatchable: each allocated on its own) */
 struct ls_icd_command_buffer;
 
@@ -308,6 +316,7 @@ struct ls_icd_object {
         struct ls_icd_descriptor_pool descriptor_pool;
         struct ls_icd_update_template update_template;
         struct ls_icd_command_pool command_pool;
+        struct ls_icd_query_pool query_pool;
     } u;
 };
 
@@ -408,6 +417,9 @@ void ls_icd_command_pool_free(struct ls_icd_object *object);
 
 /* ---- memory.c */
 void ls_icd_memory_release(struct ls_icd_device *device, struct ls_icd_memory *memory);
+/* An arbiter shared buffer of ``size`` bytes, mapped, into *memory (the device's lock held; outside the
+ * heap's count): VK_SUCCESS, or vkAllocateMemory's error. query.c's pools hold one. */
+VkResult ls_icd_memory_shared(struct ls_icd_device *device, uint64_t size, struct ls_icd_memory *memory);
 VKAPI_ATTR VkResult VKAPI_CALL ls_icd_AllocateMemory(VkDevice device, const VkMemoryAllocateInfo *info,
                                                      const VkAllocationCallbacks *allocator, VkDeviceMemory *out);
 VKAPI_ATTR void VKAPI_CALL ls_icd_FreeMemory(VkDevice device, VkDeviceMemory memory,
@@ -419,6 +431,25 @@ VKAPI_ATTR VkResult VKAPI_CALL ls_icd_FlushMappedMemoryRanges(VkDevice device, u
                                                               const VkMappedMemoryRange *ranges);
 VKAPI_ATTR void VKAPI_CALL ls_icd_GetDeviceMemoryCommitment(VkDevice device, VkDeviceMemory memory,
                                                             VkDeviceSize *out);
+
+/* ---- query.c */
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_CreateQueryPool(VkDevice device, const VkQueryPoolCreateInfo *info,
+                                                      const VkAllocationCallbacks *allocator, VkQueryPool *out);
+VKAPI_ATTR void VKAPI_CALL ls_icd_DestroyQueryPool(VkDevice device, VkQueryPool pool,
+                                                   const VkAllocationCallbacks *allocator);
+VKAPI_ATTR VkResult VKAPI_CALL ls_icd_GetQueryPoolResults(VkDevice device, VkQueryPool pool, uint32_t first,
+                                                          uint32_t count, size_t size, void *data,
+                                                          VkDeviceSize stride, VkQueryResultFlags flags);
+VKAPI_ATTR void VKAPI_CALL ls_icd_CmdResetQueryPool(VkCommandBuffer cb, VkQueryPool pool, uint32_t first,
+                                                    uint32_t count);
+VKAPI_ATTR void VKAPI_CALL ls_icd_CmdWriteTimestamp(VkCommandBuffer cb, VkPipelineStageFlagBits stage,
+                                                    VkQueryPool pool, uint32_t query);
+VKAPI_ATTR void VKAPI_CALL ls_icd_CmdCopyQueryPoolResults(VkCommandBuffer cb, VkQueryPool pool, uint32_t first,
+                                                          uint32_t count, VkBuffer buffer, VkDeviceSize offset,
+                                                          VkDeviceSize stride, VkQueryResultFlags flags);
+VKAPI_ATTR void VKAPI_CALL ls_icd_CmdBeginQuery(VkCommandBuffer cb, VkQueryPool pool, uint32_t query,
+                                                VkQueryControlFlags flags);
+VKAPI_ATTR void VKAPI_CALL ls_icd_CmdEndQuery(VkCommandBuffer cb, VkQueryPool pool, uint32_t query);
 
 /* ---- buffer.c */
 VKAPI_ATTR VkResult VKAPI_CALL ls_icd_CreateBuffer(VkDevice device, const VkBufferCreateInfo *info,

@@ -18,7 +18,9 @@
  * the session's socket, so every later request fails at once rather than read a stale reply. vkFreeMemory sends "free" and unmaps; buffers still bound to that memory keep a
  * handle that no longer finds it (buffer.c). Invalid input (a wrong handle, a memory type that
  * does not exist, mapping memory that is not host-visible or already mapped, a range past the
- * memory) is an error, never a crash: LS_ICD_INVALID, or VK_ERROR_MEMORY_MAP_FAILED for maps. */
+ * memory) is an error, never a crash: LS_ICD_INVALID, or VK_ERROR_MEMORY_MAP_FAILED for maps.
+ * ls_icd_memory_shared makes the same shared buffer for the driver's own use (query.c's pools), outside
+ * the heap's count. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <stdio.h>
@@ -79,6 +81,12 @@ static VkResult alloc_buffer(struct ls_icd_device *device, struct ls_icd_memory 
     if (result != VK_SUCCESS && memory->rounded != 0)
         ls_icd_memory_release(device, memory); /* the arbiter made one that cannot be used: given back */
     return result;
+}
+
+VkResult ls_icd_memory_shared(struct ls_icd_device *device, uint64_t size, struct ls_icd_memory *memory)
+{
+    *memory = (struct ls_icd_memory){.size = size, .type = 1};
+    return alloc_buffer(device, memory);
 }
 
 /* Give the arbiter's buffer back and unmap it (the device's lock held). */

@@ -15,16 +15,15 @@
  * (ls_icd_command_buffer_done, commands.c). vkCmdExecuteCommands inlines each executable secondary
  * command buffer's descriptors and events at that point (its bind groups stay its own: resetting or
  * freeing it while the primary is still used is the application's error, which the arbiter answers
- * when the primary runs). vkCmdWriteTimestamp2KHR is not offered: it makes the recording invalid
- * (VK_ERROR_FEATURE_NOT_PRESENT). Any failure is the recording's first error (ls_icd_fail). */
+ * when the primary runs). vkCmdWriteTimestamp2KHR is query.c's vkCmdWriteTimestamp (the stage
+ * aside: a timestamp is written once every command before it has ended). Any failure is the recording's first error (ls_icd_fail). */
 #include <string.h>
 
 #include "commands.h"
 
 #define MOST_UPDATE 65536u /* vkCmdUpdateBuffer's dataSize */
 
-/* ``op`` encoded (ls_encode_op's arguments after the slot) and appended. */
-static VkResult encode(struct ls_icd_command_buffer *cb, uint32_t opcode, uint32_t nbuffers, const uint32_t *buffers,
+VkResult ls_icd_encode(struct ls_icd_command_buffer *cb, uint32_t opcode, uint32_t nbuffers, const uint32_t *buffers,
                        uint32_t noffsets, const uint64_t *offsets, const void *push, uint32_t push_size)
 {
     struct ls_desc command;
@@ -74,7 +73,7 @@ VKAPI_ATTR void VKAPI_CALL ls_icd_CmdCopyBuffer(VkCommandBuffer handle, VkBuffer
             ls_icd_fail(cb, LS_ICD_INVALID, "vkCmdCopyBuffer: a wrong buffer, or a region outside one");
             break;
         }
-        if (encode(cb, LS_OP_COPY, 2, ids, 3, offsets, NULL, 0) != VK_SUCCESS)
+        if (ls_icd_encode(cb, LS_OP_COPY, 2, ids, 3, offsets, NULL, 0) != VK_SUCCESS)
             break;
     }
     pthread_mutex_unlock(&cb->device->lock);
@@ -95,7 +94,7 @@ VKAPI_ATTR void VKAPI_CALL ls_icd_CmdFillBuffer(VkCommandBuffer handle, VkBuffer
         ls_icd_fail(cb, LS_ICD_INVALID, "vkCmdFillBuffer: a wrong buffer, or a range outside it or not of words");
     else if (size != 0) {
         offsets[1] = size;
-        encode(cb, LS_OP_FILL, 1, &id, 2, offsets, &data, sizeof(data));
+        ls_icd_encode(cb, LS_OP_FILL, 1, &id, 2, offsets, &data, sizeof(data));
     }
     pthread_mutex_unlock(&cb->device->lock);
 }
@@ -113,7 +112,7 @@ VKAPI_ATTR void VKAPI_CALL ls_icd_CmdUpdateBuffer(VkCommandBuffer handle, VkBuff
     for (uint64_t done = 0; cb->recording->error == VK_SUCCESS && done < size; done += LS_MAX_PUSH) {
         uint64_t piece_at = at + done;
         uint32_t piece = size - done < LS_MAX_PUSH ? (uint32_t)(size - done) : LS_MAX_PUSH;
-        encode(cb, LS_OP_UPDATE, 1, &id, 1, &piece_at, (const uint8_t *)data + done, piece);
+        ls_icd_encode(cb, LS_OP_UPDATE, 1, &id, 1, &piece_at, (const uint8_t *)data + done, piece);
     }
     pthread_mutex_unlock(&cb->device->lock);
 }
@@ -123,7 +122,7 @@ VkResult ls_icd_record_barrier(struct ls_icd_command_buffer *cb)
     struct ls_icd_recording *rec = cb->recording;
     if (rec->ncommands > 0 && rec->commands[rec->ncommands - 1].opcode == LS_OP_BARRIER)
         return VK_SUCCESS; /* one is enough */
-    return encode(cb, LS_OP_BARRIER, 0, NULL, 0, NULL, NULL, 0);
+    return ls_icd_encode(cb, LS_OP_BARRIER, 0, NULL, 0, NULL, NULL, 0);
 }
 
 VKAPI_ATTR void VKAPI_CALL ls_icd_CmdPipelineBarrier(VkCommandBuffer handle, VkPipelineStageFlags src,
@@ -207,8 +206,8 @@ VKAPI_ATTR void VKAPI_CALL ls_icd_CmdWaitEvents2(VkCommandBuffer handle, uint32_
 VKAPI_ATTR void VKAPI_CALL ls_icd_CmdWriteTimestamp2(VkCommandBuffer handle, VkPipelineStageFlags2 stage,
                                                      VkQueryPool pool, uint32_t query)
 {
-    (void)stage, (void)pool, (void)query;
-    ls_icd_fail(ls_icd_command_buffer_of(handle), VK_ERROR_FEATURE_NOT_PRESENT, "timestamps are not offered");
+    (void)stage;
+    ls_icd_CmdWriteTimestamp(handle, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, pool, query);
 }
 
 VKAPI_ATTR void VKAPI_CALL ls_icd_CmdExecuteCommands(VkCommandBuffer handle, uint32_t count,

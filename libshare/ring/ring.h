@@ -47,7 +47,11 @@
                                            group counts the device reads at run time from buffer groups[0] at
                                            byte offset groups[1] | (uint64)groups[2] << 32, clamped by the
                                            engine (recordings.c, "Indirect dispatches") */
-#define LS_OP_MAX 7
+#define LS_OP_TIMESTAMP 8               /* the device's timestamp once the commands before it have ended, a
+                                           uint64 into buffer[0] at offset[0] (a multiple of 8, 16 bytes inside
+                                           the buffer), and its availability, a uint64 1, at offset[0] + 8
+                                           (recordings.c, "Timestamps"); LS_EUNSUPPORTED without timestamps */
+#define LS_OP_MAX 8
 #define LS_OP_BAD 0xffff               /* set by the consumer on a slot that failed ls_desc_check */
 #define LS_DESC_GROUP 1                 /* flags: a dispatch whose bindings come from bind group buffer[0]
                                            (nbuffers 0; engine/validate.c) */
@@ -85,6 +89,8 @@
 #define LS_EFAULT 1010                  /* the device faulted while running it */
 #define LS_ECANCELED 1011               /* cancelled: the client was terminated or closed */
 #define LS_EMOVED 1012                  /* not run: the arbiter handed over; send it to the new one */
+#define LS_EUNSUPPORTED 1013            /* the arbiter's device cannot run this operation (LS_OP_TIMESTAMP:
+                                           its queue has no timestamps) */
 
 /* A dispatch descriptor: one submission slot, 256 bytes. */
 struct ls_desc {

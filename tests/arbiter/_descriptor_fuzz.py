@@ -6,9 +6,9 @@ saxpy, allocates two buffers, then pushes ``COUNT`` descriptors straight into it
 bind group, flags LS_DESC_GROUP), and reads every
 completion itself. It prints one JSON line: how many it pushed, how many came back, how
 many were answered more than once or never, the statuses seen, and how many through the bind
-group ran. Groups are either small or invalid, so that no descriptor that passes validation
-runs for long; every opcode is drawn (fills, updates, barriers and indirect dispatches too, whose
-counts on the device are whatever the buffers hold: clamped there, never run for long either).
+group ran (and how many timestamps). Groups are either small or invalid, so that no descriptor that passes validation
+runs for long; every opcode is drawn (fills, updates, barriers, timestamps and indirect dispatches too,
+whose counts on the device are whatever the buffers hold: clamped there, never run for long either).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def hostile_descriptors(rng: np.random.Generator, count: int, first_ticket: int,
     d = np.zeros(count, DESC_DTYPE)
     d["ticket"] = np.arange(first_ticket, first_ticket + count, dtype=np.uint64)
     pick = lambda p: rng.random(count) < p  # noqa: E731
-    others = [C.OP_NOP, C.OP_COPY, C.OP_FILL, C.OP_UPDATE, C.OP_BARRIER, C.OP_DISPATCH_INDIRECT]
+    others = [C.OP_NOP, C.OP_COPY, C.OP_FILL, C.OP_UPDATE, C.OP_BARRIER, C.OP_DISPATCH_INDIRECT, C.OP_TIMESTAMP]
     d["opcode"] = np.where(pick(0.5), C.OP_DISPATCH, np.where(pick(0.7), rng.choice(others, count),
                                                               rng.integers(0, 1 << 16, count)))
     d["program"] = np.where(pick(0.7), program, rng.integers(0, 1 << 32, count, dtype=np.uint64))
@@ -65,6 +65,11 @@ def hostile_descriptors(rng: np.random.Generator, count: int, first_ticket: int,
     d["push"][:, :4] = np.frombuffer(np.uint32(64).tobytes(), np.uint8)  # n = 64: stays inside the buffers
     d["push_size"] = np.where((d["opcode"] == C.OP_FILL) & pick(0.6), 4, d["push_size"])  # a fill's value
     d["nbuffers"] = np.where(np.isin(d["opcode"], [C.OP_FILL, C.OP_UPDATE]) & pick(0.6), 1, d["nbuffers"])
+    stamp = (d["opcode"] == C.OP_TIMESTAMP) & pick(0.6)  # a timestamp's fields, each valid or not
+    d["nbuffers"] = np.where(stamp & pick(0.8), 1, d["nbuffers"])
+    d["push_size"] = np.where(stamp & pick(0.8), 0, d["push_size"])
+    d["program"] = np.where(stamp & pick(0.8), 0, d["program"])
+    d["groups"] = np.where((stamp & pick(0.8))[:, None], 0, d["groups"])
     return d
 
 
@@ -81,7 +86,8 @@ def fuzz(pipe_dir: str, seed: int, count: int, timeout: float = 120.0) -> dict:
         answers: collections.Counter = collections.Counter()
         statuses: collections.Counter = collections.Counter()
         grouped: set[int] = set()  # tickets of descriptors through the group
-        group_ok = 0
+        stamps: set[int] = set()  # ... and of timestamps
+        group_ok = stamp_ok = 0
         pushed = 0
         deadline = time.monotonic() + timeout
         while pushed < count or sum(answers.values()) < pushed:
@@ -92,11 +98,13 @@ def fuzz(pipe_dir: str, seed: int, count: int, timeout: float = 120.0) -> dict:
                                             program.id, [b.id for b in buffers], size, group.id)
                 taken = producer.try_push(batch)
                 grouped.update(int(t) for t in batch["ticket"][:taken][batch["flags"][:taken] == C.DESC_GROUP])
+                stamps.update(int(t) for t in batch["ticket"][:taken][batch["opcode"][:taken] == C.OP_TIMESTAMP])
                 pushed += taken
             for cqe in region.completions.take():
                 answers[int(cqe["ticket"])] += 1
                 statuses[int(cqe["status"])] += 1
                 group_ok += int(cqe["status"]) == 0 and int(cqe["ticket"]) in grouped
+                stamp_ok += int(cqe["status"]) == 0 and int(cqe["ticket"]) in stamps
             if pushed >= count:
                 try:
                     region.completions.wait(1, timeout=0.05)
@@ -106,6 +114,7 @@ def fuzz(pipe_dir: str, seed: int, count: int, timeout: float = 120.0) -> dict:
         return {"pushed": pushed, "answered": len(answers),
                 "twice": sum(1 for n in answers.values() if n > 1),
                 "unknown": len(set(answers) - expected), "missing": len(expected - set(answers)), "group_ok": group_ok,
+                "stamp_ok": stamp_ok,
                 "statuses": {str(k): v for k, v in sorted(statuses.items())}}
 
 

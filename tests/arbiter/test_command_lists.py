@@ -249,7 +249,7 @@ def test_hostile_lists_fail_their_own_client_only(tmp_path):
         good = np.zeros(2, DESC_DTYPE)
         good["opcode"], good["program"], good["nbuffers"], good["groups"] = C.OP_DISPATCH, saxpy.id, 2, 1
         good["buffer"][:, :2] = attacker._binding(x)[1]
-        for field, value in (("opcode", C.OP_NOP), ("opcode", C.OP_LIST), ("opcode", C.OP_DISPATCH_INDIRECT + 1),
+        for field, value in (("opcode", C.OP_NOP), ("opcode", C.OP_LIST), ("opcode", C.OP_MAX + 1),
                              ("opcode", C.OP_BAD), ("flags", 1)):
             bad = good.copy()
             bad[1][field] = value

@@ -15,7 +15,7 @@ from tests.arbiter.conftest import start_client
 _SEED = int(os.environ.get("LIBSHARE_FUZZ_SEED", "20261122"))
 _COUNT = 100_000
 _KNOWN = {0} | {-code for code in (C.EBADSLOT, C.ENOPROGRAM, C.ENOBUFFER, C.EBINDINGS, C.ERANGE, C.EGROUPS,
-                                   C.EPUSH)}
+                                   C.EPUSH, C.EUNSUPPORTED)}
 
 
 def test_a_hundred_thousand_hostile_descriptors_beside_an_honest_client(daemon):
@@ -32,6 +32,7 @@ def test_a_hundred_thousand_hostile_descriptors_beside_an_honest_client(daemon):
     assert statuses <= _KNOWN, f"seed {_SEED}: statuses outside the documented ones: {tally['statuses']}"
     assert tally["statuses"].get("0", 0) > 0 and len(statuses) > 3, f"the fuzz reached too little: {tally}"
     assert tally["group_ok"] > 0, f"seed {_SEED}: no dispatch through the bind group ran: {tally}"
+    assert tally["stamp_ok"] > 0, f"seed {_SEED}: no timestamp ran: {tally}"
     out, _ = honest.communicate(timeout=600)
     assert honest.returncode == 0 and out.strip() == "ok", out
     assert process.poll() is None

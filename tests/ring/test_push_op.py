@@ -92,16 +92,16 @@ def test_a_copy_carries_its_size_in_the_third_offset(region):
 def test_every_opcode_the_consumer_accepts_is_accepted(region):
     producer = region.lanes.producer()
     opcodes = [C.OP_NOP, C.OP_DISPATCH, C.OP_COPY, C.OP_LIST, C.OP_FILL, C.OP_UPDATE, C.OP_BARRIER,
-               C.OP_DISPATCH_INDIRECT]
-    assert opcodes == list(range(C.OP_DISPATCH_INDIRECT + 1))
-    for half in (opcodes[:4], opcodes[4:]):  # the lane holds four
+               C.OP_DISPATCH_INDIRECT, C.OP_TIMESTAMP]
+    assert opcodes == list(range(C.OP_MAX + 1))
+    for half in (opcodes[:4], opcodes[4:8], opcodes[8:]):  # the lane holds four
         for opcode in half:
             assert op(producer, opcode, opcode) == 1
         assert list(region.lanes.pop(4)["opcode"]) == half  # none turned into OP_BAD
 
 
 @pytest.mark.parametrize("fields", [
-    {"opcode": C.OP_DISPATCH_INDIRECT + 1}, {"opcode": C.OP_BAD}, {"opcode": 0x10001}, {"opcode": U32},
+    {"opcode": C.OP_MAX + 1}, {"opcode": C.OP_BAD}, {"opcode": 0x10001}, {"opcode": U32},
     {"ids": [1] * 9}, {"ids": [1] * 2, "nbuffers": 258}, {"ids": [1] * 2, "nbuffers": U32},
     {"offsets": [0] * 9}, {"offsets": [0] * 2, "noffsets": U32},
     {"push": bytes(129)}, {"push": bytes(4), "push_size": 256 + 4}, {"push": bytes(4), "push_size": U32},
@@ -153,7 +153,7 @@ def test_a_closed_consumer_is_refused_as_a_dead_peer(region):
 
 def test_the_encoder_and_the_consumer_share_one_check():
     """A slot that ls_desc_check refuses is exactly one ls_push_op refuses: checked on a few edges."""
-    past_last = C.OP_DISPATCH_INDIRECT + 1
+    past_last = C.OP_MAX + 1
     for opcode, nbuffers, push_size in [(C.OP_COPY, 8, 128), (past_last, 0, 0), (0, 9, 0), (0, 0, 129)]:
         desc = ffi.new("struct ls_desc *", {"opcode": opcode, "nbuffers": nbuffers, "push_size": push_size})
         with Region.create(lanes=1, lane_entries=4, cq_entries=4) as region:

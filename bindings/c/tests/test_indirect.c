@@ -1,5 +1,5 @@
 /*
- * Tests of the C API's fills, updates and indirect dispatches (single and in a command list) against
+ * Tests of the C API's fills, updates, timestamps and indirect dispatches (single and in a command list) against
  * a real arbiter: the embedded default, or a daemon when LIBSHARE_MODE=daemon and
  * LIBSHARE_PIPE_DIRECTORY point at one. Results are checked element by element.
  *
@@ -123,6 +123,36 @@ TEST(a_list_writes_counts_then_dispatches_over_them)
     CHECK_RC(ls_free_list(S, list), 0);
 }
 
+TEST(timestamps_around_a_dispatch_increase)
+{
+    reset();
+    uint64_t *stamps = counts.data;     /* four 16-byte timestamps: stamp, availability */
+    for (int k = 0; k < 8; k++)
+        stamps[k] = UINT64_MAX;
+    struct ls_desc commands[3];
+    uint32_t xy[2] = {x.id, y.id};
+    struct saxpy_push push = {N, 2.0f};
+    CHECK_RC(ls_list_timestamp(&commands[0], counts.id, 0), 0);
+    CHECK_RC(ls_list_dispatch(&commands[1], saxpy.id, N / 64, 1, 1, 2, xy, NULL, &push, sizeof push), 0);
+    CHECK_RC(ls_list_timestamp(&commands[2], counts.id, 16), 0);
+    uint32_t list;
+    CHECK_RC(ls_load_list(S, commands, 3, &list), 0);
+    uint64_t ticket;
+    CHECK_RC(ls_submit_list(S, list, &ticket), 0);
+    CHECK_RC(ls_wait(S, ticket, LS_FOREVER, NULL), 0);
+    CHECK_RC(ls_timestamp(S, counts.id, 32, &ticket), 0);
+    CHECK_RC(ls_wait(S, ticket, LS_FOREVER, NULL), 0);
+    CHECK(stamps[1] == 1 && stamps[3] == 1 && stamps[5] == 1 && stamps[7] == UINT64_MAX);
+    CHECK(stamps[0] > 0 && stamps[0] < stamps[2] && stamps[2] < stamps[4] && stamps[4] != UINT64_MAX);
+    CHECK(ran_over(N));
+    CHECK_RC(ls_timestamp(S, counts.id, 4, &ticket), 0);      /* misaligned */
+    CHECK_RC(ls_wait(S, ticket, LS_FOREVER, NULL), -LS_ERANGE);
+    CHECK_RC(ls_timestamp(S, counts.id, counts.size - 8, &ticket), 0);   /* 16 bytes do not fit */
+    CHECK_RC(ls_wait(S, ticket, LS_FOREVER, NULL), -LS_ERANGE);
+    CHECK(stamps[7] == UINT64_MAX);
+    CHECK_RC(ls_free_list(S, list), 0);
+}
+
 int main(int argc, char **argv)
 {
     shader_dir = argc > 1 ? argv[1] : "shaders";
@@ -140,6 +170,7 @@ int main(int argc, char **argv)
         {"indirect_counts_outside_their_buffer_are_refused", indirect_counts_outside_their_buffer_are_refused},
         {"fill_and_update_write_their_range", fill_and_update_write_their_range},
         {"a_list_writes_counts_then_dispatches_over_them", a_list_writes_counts_then_dispatches_over_them},
+        {"timestamps_around_a_dispatch_increase", timestamps_around_a_dispatch_increase},
     };
     int status = run_tests(tests, sizeof tests / sizeof tests[0]);
     ls_disconnect(S);

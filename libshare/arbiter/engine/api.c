@@ -338,17 +338,29 @@ int ls_engine_take_usage(ls_engine *e, uint32_t slot, struct ls_engine_stats *ou
 
 /* ------------------------------------------------------------------ objects */
 
+/* The tail of every put, called with the engine's lock held: when rc (the put's checks) is 0, o goes into
+ * client c's table (and, a view, holds its buffer of: objects.c, "Views"); then the lock is released and o
+ * freed unless it went in. rc, or table_put's failure. */
+static int register_object(ls_engine *e, struct client *c, struct object *o, struct object *of, int rc)
+{
+    if (!rc)
+        rc = table_put(&c->objects, o);
+    if (!rc && of)
+        hold_objects(&o->of, &of, 1);
+    pthread_mutex_unlock(&e->lock);
+    if (rc)
+        free(o);
+    return rc;
+}
+
 /* Add o to client slot's table (freed on failure). */
 static int put_object(ls_engine *e, uint32_t slot, struct object *o)
 {
     pthread_mutex_lock(&e->lock);
     struct client *c = client_at(e, slot);
     int rc = o->id & LS_LIST_ARG ? -EINVAL  /* a list's parameter, never an object (lists.c) */
-             : !c ? -ENOENT : table_find(&c->objects, o->kind, o->id) ? -EEXIST : table_put(&c->objects, o);
-    pthread_mutex_unlock(&e->lock);
-    if (rc)
-        free(o);
-    return rc;
+             : !c ? -ENOENT : table_find(&c->objects, o->kind, o->id) ? -EEXIST : 0;
+    return register_object(e, c, o, NULL, rc);
 }
 
 int ls_engine_put_program(ls_engine *e, uint32_t slot, uint32_t id, uint64_t pipeline, uint64_t layout,
@@ -387,13 +399,8 @@ int ls_engine_put_view(ls_engine *e, uint32_t slot, uint32_t id, uint32_t buffer
     struct object **found = c ? table_find(&c->objects, LS_KIND_BUFFER, buffer) : NULL;
     struct object *of = found ? *found : NULL;  /* (table_put may move the slots) */
     int rc = !of ? -ENOENT : table_find(&c->objects, LS_KIND_VIEW, id) ? -EEXIST
-           : offset > of->size || range > of->size - offset ? -ERANGE : table_put(&c->objects, o);
-    if (!rc)
-        hold_objects(&o->of, &of, 1);   /* the buffer lives while its view does (objects.c, "Views") */
-    pthread_mutex_unlock(&e->lock);
-    if (rc)
-        free(o);
-    return rc;
+           : offset > of->size || range > of->size - offset ? -ERANGE : 0;
+    return register_object(e, c, o, of, rc);  /* the buffer lives while its view does */
 }
 
 int ls_engine_put_list(ls_engine *e, uint32_t slot, uint32_t id, const char *commands, uint32_t count,
@@ -409,12 +416,7 @@ int ls_engine_put_list(ls_engine *e, uint32_t slot, uint32_t id, const char *com
     pthread_mutex_lock(&e->lock);
     struct client *c = client_at(e, slot);
     int rc = !c ? -ENOENT : table_find(&c->objects, LS_KIND_LIST, id) ? -EEXIST : check_list(e, c, o, bad);
-    if (!rc)
-        rc = table_put(&c->objects, o);
-    pthread_mutex_unlock(&e->lock);
-    if (rc)
-        free(o);
-    return rc;
+    return register_object(e, c, o, NULL, rc);
 }
 
 int ls_engine_put_group(ls_engine *e, uint32_t slot, uint32_t id, uint32_t program, const uint32_t *buffers,
@@ -440,12 +442,7 @@ int ls_engine_put_group(ls_engine *e, uint32_t slot, uint32_t id, uint32_t progr
         memcpy(o->formats, (*p)->formats, sizeof o->formats);
         rc = check_group(e, c, o, group_entries(o), count, found, bad);
     }
-    if (!rc)
-        rc = table_put(&c->objects, o);
-    pthread_mutex_unlock(&e->lock);
-    if (rc)
-        free(o);
-    return rc;
+    return register_object(e, c, o, NULL, rc);
 }
 
 int ls_engine_put_buffer(ls_engine *e, uint32_t slot, uint32_t id, uint64_t buffer, uint64_t size)

@@ -5,7 +5,8 @@
  * primary command buffer that runs the entries' recordings (vkCmdExecuteCommands) and one
  * fence. A timed flight (policy.timed, on a queue with timestamps) writes a timestamp
  * before its first recording and after each, into a mapped buffer, which is each command's
- * device time; a batch also carries a progress word that the device bumps after each command,
+ * device time (queries 0 .. LS_ENGINE_MAX_BATCH of its pool; the rest, one per entry, are the
+ * LS_OP_TIMESTAMP commands' own: recordings.c, "Timestamps"); a batch also carries a progress word that the device bumps after each command,
  * the watchdog's measure of it (check_watchdog). The same mapped buffer holds a 16-byte slot per
  * entry for an indirect dispatch's clamped counts and verdict (recordings.c, "Indirect
  * dispatches"): retiring reads the verdict, and a refused count answers LS_EGROUPS. Retiring
@@ -246,11 +247,12 @@ void check_watchdog(ls_engine *e)
 /* ------------------------------------------------------------------ setup */
 
 /* A query pool and a mapped buffer for a flight's timestamps, progress word and indirect dispatches' slots
- * (recordings.c, "Indirect dispatches"); without the pool the flight is untimed, without the buffer it is
- * also unmarked and refuses indirect dispatches (LS_EFAULT). */
+ * (recordings.c, "Indirect dispatches"); the pool also holds a query per entry for an LS_OP_TIMESTAMP
+ * (recordings.c, "Timestamps"). Without the pool the flight is untimed and refuses timestamps, without the
+ * buffer it is also unmarked and refuses indirect dispatches (LS_EFAULT). */
 void create_timing(ls_engine *e, struct flight *f)
 {
-    uint32_t count = LS_ENGINE_MAX_BATCH + 1;
+    uint32_t count = FLIGHT_QUERIES;
     VkQueryPoolCreateInfo qinfo = {VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO, NULL, 0, VK_QUERY_TYPE_TIMESTAMP, count,
                                    0};
     VkBufferCreateInfo binfo = {VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO, NULL, 0, SCRATCH_OFFSET + SCRATCH_SIZE,

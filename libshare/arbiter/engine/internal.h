@@ -56,6 +56,10 @@
 #define PROGRESS_OFFSET (8 * (LS_ENGINE_MAX_BATCH + 1))
 #define SCRATCH_OFFSET ((PROGRESS_OFFSET + 8 + 255) / 256 * 256)
 #define SCRATCH_SIZE (16 * LS_ENGINE_MAX_BATCH)
+/* In each flight's query pool, past the LS_ENGINE_MAX_BATCH + 1 that time its entries: one query per entry
+ * for an LS_OP_TIMESTAMP's stamp (recordings.c, "Timestamps"). */
+#define STAMP_QUERY(k) (LS_ENGINE_MAX_BATCH + 1 + (k))
+#define FLIGHT_QUERIES STAMP_QUERY(LS_ENGINE_MAX_BATCH)
 
 /* A client's program, buffer, list, bind group or texel view, counted in use by the commands and cuts that hold
  * it (objects.c). */
@@ -199,7 +203,7 @@ struct pending_drop {
 struct flight {
     VkCommandBuffer cb;                 /* primary: runs the entries' recordings, at submit */
     VkFence fence;
-    VkQueryPool queries;
+    VkQueryPool queries;                /* FLIGHT_QUERIES timestamps: the entries' times, then their stamps */
     VkBuffer results;
     VkDeviceMemory results_memory;
     uint64_t *stamps;                   /* mapped results: count + 1 timestamps, then the progress word */

@@ -1,6 +1,6 @@
 /*
- * Command lists. A client registers a sequence of dispatches, copies, fills, updates, barriers and
- * indirect dispatches over its own objects once (ls_engine_put_list: the control request
+ * Command lists. A client registers a sequence of dispatches, copies, fills, updates, barriers,
+ * indirect dispatches and timestamps over its own objects once (ls_engine_put_list: the control request
  * load_list; a dispatch may bind a bind group, validate.c, checked as a single dispatch's is),
  * and one LS_OP_LIST descriptor,
  * naming the list as its program, runs all of them and is answered once: with the device time
@@ -115,7 +115,7 @@ static int check_template(ls_engine *e, struct client *c, struct object *list, c
     }
     if (d->opcode == LS_OP_COPY)
         return d->nbuffers == 2 ? 0 : -LS_EBINDINGS;
-    if (d->opcode == LS_OP_FILL || d->opcode == LS_OP_UPDATE)
+    if (d->opcode == LS_OP_FILL || d->opcode == LS_OP_UPDATE || d->opcode == LS_OP_TIMESTAMP)
         return d->nbuffers == 1 ? 0 : -LS_EBINDINGS;  /* its range is checked as it runs */
     struct object **program = table_find(&c->objects, LS_KIND_PROGRAM, d->program);
     if (!program)

@@ -57,6 +57,19 @@
  * LS_EGROUPS, having dispatched nothing; counts of 0 dispatch nothing and succeed (Vulkan's
  * rule). An indirect dispatch never runs in pieces (its size is unknown when it is recorded:
  * pieces_for takes only LS_OP_DISPATCH) but runs under the watchdog like any command.
+ *
+ * Timestamps. An LS_OP_TIMESTAMP records, into a query of the engine's own, vkCmdResetQueryPool,
+ * vkCmdWriteTimestamp at BOTTOM_OF_PIPE (its first scope: every command before it in the queue,
+ * which has ended when the stamp is written) and vkCmdCopyQueryPoolResults (64-bit, WAIT,
+ * WITH_AVAILABILITY: the stamp and a 1 at offset[0] and offset[0] + 8 of the client's buffer, a
+ * transfer write ordered after the commands before it by their record_barrier, whose second
+ * scope holds transfer writes), then the usual barrier, which makes the copy seen by the
+ * commands after it and by the host. The query is the entry's own, as an indirect dispatch's
+ * slot is: STAMP_QUERY(k) of the query pool of the flight whose entry k runs it (flights.c, a
+ * query per entry past those that time the entries), reset in the recording and used again only
+ * once that flight has retired; so a timestamp's recording is made for its one entry, uncached,
+ * and no client's stamp is ever another's. A flight without a pool answers it LS_EFAULT; a
+ * device whose queue has no timestamps refuses it (check_desc: LS_EUNSUPPORTED).
  */
 #include "internal.h"
 
@@ -192,6 +205,18 @@ static void record_clamp(ls_engine *e, VkCommandBuffer cb, const struct ls_desc 
                              &barrier, 0, NULL, 0, NULL);
 }
 
+/* Record timestamp d into entry k of flight f's own query and from there into buffer stamps: the stamp
+ * once every command before it has ended, copied with its availability ("Timestamps" above). */
+static void record_stamp(ls_engine *e, VkCommandBuffer cb, const struct ls_desc *d, struct object *stamps,
+                         const struct flight *f, uint32_t k)
+{
+    e->vk.CmdResetQueryPool(cb, f->queries, STAMP_QUERY(k), 1);
+    e->vk.CmdWriteTimestamp(cb, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, f->queries, STAMP_QUERY(k));
+    e->vk.CmdCopyQueryPoolResults(cb, f->queries, STAMP_QUERY(k), 1, (VkBuffer)stamps->handle, d->offset[0], 16,
+                                  VK_QUERY_RESULT_64_BIT | VK_QUERY_RESULT_WAIT_BIT |
+                                      VK_QUERY_RESULT_WITH_AVAILABILITY_BIT);
+}
+
 /* The descriptor's content past its ticket, hashed a word at a time. */
 static uint64_t hash_desc(const struct ls_desc *d)
 {
@@ -281,6 +306,8 @@ static struct recording *record_in(ls_engine *e, struct client *c, const struct 
         record_clamp(e, r->cb, d, users[nusers - 2], f, k);
         record_bindings(e, r->cb, d, users[nusers - 1], users);
         e->vk.CmdDispatchIndirect(r->cb, f->results, SCRATCH_OFFSET + 16 * (uint64_t)k);
+    } else if (d->opcode == LS_OP_TIMESTAMP) {
+        record_stamp(e, r->cb, d, users[0], f, k);
     } else {
         record_transfer(e, r->cb, d, users);
     }
@@ -338,11 +365,14 @@ struct recording *recording_for(ls_engine *e, struct client *c, const struct ls_
 }
 
 /* The recording of checked descriptor d of client c for the next entry of flight f: an indirect dispatch's
- * own, made for that entry (its counts' slot is the entry's: "Indirect dispatches" above; NULL without
- * the clamp program or f's mapped results buffer), else recording_for's. */
+ * or a timestamp's own, made for that entry (its counts' slot, or its query, is the entry's: "Indirect
+ * dispatches" and "Timestamps" above; NULL without the clamp program or f's mapped results buffer, or
+ * without f's query pool), else recording_for's. */
 struct recording *recording_in(ls_engine *e, struct client *c, const struct ls_desc *d, struct object **users,
                                uint32_t nusers, struct flight *f)
 {
+    if (d->opcode == LS_OP_TIMESTAMP)
+        return f->queries ? record_in(e, c, d, users, nusers, NULL, NULL, f, f->count) : NULL;
     if (d->opcode != LS_OP_DISPATCH_INDIRECT)
         return recording_for(e, c, d, users, nusers);
     if (!e->cfg.clamp_pipeline || !f->stamps)

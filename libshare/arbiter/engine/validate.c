@@ -45,6 +45,9 @@
  *                    4, size not 0, the range inside the buffer; program and groups 0;
  *   LS_OP_UPDATE     one buffer, push_size a multiple of 4 (4..LS_MAX_PUSH), offset[0] a multiple
  *                    of 4 with push_size bytes inside the buffer; program and groups 0;
+ *   LS_OP_TIMESTAMP  a device whose queue has timestamps (else LS_EUNSUPPORTED), one buffer, offset[0] a
+ *                    multiple of 8 with 16 bytes (the stamp, its availability) inside the buffer; program,
+ *                    groups and push_size 0;
  *   LS_OP_BARRIER    every field 0 (it names nothing);
  *   LS_OP_DISPATCH_INDIRECT  a dispatch's checks (a bind group too) but the groups: groups[0] names a buffer of the
  *                    client's own, and the 12 bytes of counts at the offset groups[1..2] spell (a
@@ -154,11 +157,25 @@ static int check_counts(struct client *c, const struct ls_desc *d, struct object
     return 0;
 }
 
-/* LS_OP_COPY, LS_OP_FILL and LS_OP_UPDATE: 0 when d's buffers (users[]) are the client's and its ranges
- * lie inside them, else the LS_E*. */
+/* LS_OP_TIMESTAMP: 0 when d writes its 16 bytes (the timestamp, then its availability) at a multiple of 8
+ * inside its one buffer (users[0]), else the LS_E*. */
+static int check_stamp(const struct ls_desc *d, struct object **users)
+{
+    if (d->program || d->groups[0] || d->groups[1] || d->groups[2] || d->push_size)
+        return -LS_EBADSLOT;
+    if (d->nbuffers != 1)
+        return -LS_EBINDINGS;
+    if (d->offset[0] % 8 || users[0]->size < 16 || d->offset[0] > users[0]->size - 16)
+        return -LS_ERANGE;
+    return 0;
+}
+
+/* LS_OP_COPY, LS_OP_FILL, LS_OP_UPDATE and LS_OP_TIMESTAMP: 0 when d's buffers (users[]) are the client's
+ * and its ranges lie inside them, else the LS_E*. */
 static int check_transfer(struct client *c, const struct ls_desc *d, struct object **users, uint32_t *nusers)
 {
-    if (d->opcode != LS_OP_COPY && d->opcode != LS_OP_FILL && d->opcode != LS_OP_UPDATE)
+    if (d->opcode != LS_OP_COPY && d->opcode != LS_OP_FILL && d->opcode != LS_OP_UPDATE &&
+        d->opcode != LS_OP_TIMESTAMP)
         return -LS_EBADSLOT;
     for (uint32_t k = 0; k < d->nbuffers; k++) {
         struct object **slot = table_find(&c->objects, LS_KIND_BUFFER, d->buffer[k]);
@@ -167,6 +184,8 @@ static int check_transfer(struct client *c, const struct ls_desc *d, struct obje
         users[k] = *slot;
     }
     *nusers = d->nbuffers;
+    if (d->opcode == LS_OP_TIMESTAMP)
+        return check_stamp(d, users);
     if (d->opcode != LS_OP_COPY)
         return check_write(d, users);
     if (d->nbuffers != 2)
@@ -209,6 +228,8 @@ int check_desc(ls_engine *e, struct client *c, const struct ls_desc *d, struct o
             fields |= d->buffer[k] || d->offset[k];
         return fields ? -LS_EBADSLOT : 0;
     }
+    if (d->opcode == LS_OP_TIMESTAMP && !e->cfg.timestamp_mask)
+        return -LS_EUNSUPPORTED;        /* a queue without timestamps (timestampValidBits 0) */
     if (!dispatch)
         return check_transfer(c, d, users, nusers);
     struct object **slot = table_find(&c->objects, LS_KIND_PROGRAM, d->program);
