@@ -5,8 +5,10 @@
 10 and a Softmax) and its ``.bin`` of weights drawn from a seeded numpy generator (float32, the
 weight blobs each after ncnn's 4-byte raw-float tag). It runs the network on one seeded input twice,
 ``opt.use_vulkan_compute`` on then off, extracting every layer's blob (``conv``, ``pool``, ``fc``,
-``prob``), and prints one JSON line: ``gpus`` (``ncnn.get_gpu_count()``), ``gpu`` and ``cpu`` (each
-blob's values as a flat list, or ``{"error": ...}`` when ncnn refused). fp16 storage and arithmetic
+``prob``), and prints one JSON line: ``gpus`` (``ncnn.get_gpu_count()``), ``on_gpu`` (whether the
+first network kept ``use_vulkan_compute`` once loaded: ncnn turns it off, and runs on the CPU, when its
+Vulkan device could not be made ready), ``gpu`` and ``cpu`` (each blob's values as a flat list, or
+``{"error": ...}`` when ncnn refused). fp16 storage and arithmetic
 are turned off, so the Vulkan path computes in float32 whatever the device offers. With ``hold`` it
 then prints ``holding`` and waits until its standard input closes; with ``loop`` it prints
 ``looping`` and runs the Vulkan path again until it is killed. It knows nothing of libshare.
@@ -72,6 +74,7 @@ def main() -> None:
         param, model = write_network(Path(folder))
         seen = {"gpus": ncnn.get_gpu_count()}
         gpu = load(param, model, vulkan=True)
+        seen["on_gpu"] = bool(gpu.opt.use_vulkan_compute)
         seen["gpu"] = infer(gpu, image)
         seen["cpu"] = infer(load(param, model, vulkan=False), image)
         print(json.dumps(seen), flush=True)
