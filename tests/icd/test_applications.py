@@ -50,6 +50,9 @@ HINTS = {
     "bad optional access": "Taichi takes a queue family with VK_QUEUE_GRAPHICS_BIT as its graphics queue, "
                            "unconditionally (taichi/rhi/vulkan/vulkan_device_creator.cpp): the driver's family "
                            "must say graphics too",
+    "Failed to allocate initial descriptor pool": "Taichi makes a descriptor pool declaring every descriptor "
+                                                  "type (FREE_DESCRIPTOR_SET) as soon as its device is made, and "
+                                                  "aborts when refused",
     "create_dummy_buffer_image failed": "ncnn makes its device ready with command pools and buffers, a "
                                         "submission, and 1x1x1 R32_SFLOAT 3D images with their views (its dummy "
                                         "images), before it runs anything",
@@ -62,11 +65,11 @@ def gap(what: str, stderr: str) -> DriverGap:
     return DriverGap(f"{what}{': ' + '; '.join(hints) if hints else ''}. It said: {stderr[-3000:]}")
 
 
-def needs(*packages: str) -> None:
-    """Skip unless every package is importable (it is not imported here: Taichi starts LLVM)."""
-    for package in packages:
-        if importlib.util.find_spec(package) is None:
-            pytest.skip(f"{package} is not installed (pip install -e '.[test]' installs it)")
+def needs(*packages: str) -> pytest.MarkDecorator:
+    """Skip unless every package is importable (looked up, not imported: Taichi starts LLVM), before any
+    fixture starts an arbiter."""
+    missing = [package for package in packages if importlib.util.find_spec(package) is None]
+    return pytest.mark.skipif(bool(missing), reason=f"{', '.join(missing)} not installed (the test extra has them)")
 
 
 def printed(stdout: str) -> dict | None:
@@ -125,8 +128,8 @@ def assert_ncnn_paths_agree(seen: dict) -> None:
         assert np.allclose(seen["gpu"][blob], values, rtol=1e-4, atol=1e-5), blob  # float32 both ways
 
 
+@needs("taichi")
 def test_taichi_runs_directly_as_numpy_computes():
-    needs("taichi")
     seen = direct("taichi")
     expected = taichi_expected()
     assert seen["arch"] == "vulkan"  # no silent fallback to Taichi's CPU backend
@@ -135,17 +138,16 @@ def test_taichi_runs_directly_as_numpy_computes():
     assert np.allclose(seen["field"], expected["field"], rtol=1e-6, atol=1e-5)
 
 
+@needs("ncnn")
 def test_ncnn_runs_directly_and_its_vulkan_path_agrees_with_its_cpu_path():
-    needs("ncnn")
     seen = direct("ncnn")
     assert [len(seen["gpu"][blob]) for blob in ("conv", "pool", "fc", "prob")] == [8 * 16 * 16, 8 * 8 * 8, 10, 10]
     assert_ncnn_paths_agree(seen)
     assert abs(sum(seen["gpu"]["prob"]) - 1) < 1e-5
 
 
-@pytest.mark.parametrize("app", ["taichi", "ncnn"])
+@pytest.mark.parametrize("app", [pytest.param(app, marks=needs(app)) for app in APPS])
 def test_an_application_computes_through_libshare_what_it_computes_directly(daemon, app):
-    needs(app)
     _process, pipe_dir = daemon
     expected = direct(app)
     seen = under_libshare(pipe_dir, app)
@@ -206,8 +208,8 @@ def priorities(pipe_dir: Path, pid: int) -> set[str]:
     return {row[5] for row in rows(pipe_dir, pid)}  # PID ID NAME DEVICE STATE PRIORITY ...
 
 
+@needs("taichi", "ncnn")
 def test_two_applications_at_once_show_in_ps_by_name_priority_and_group(daemon, tmp_path):
-    needs("taichi", "ncnn")
     _process, pipe_dir = daemon
     expected = {app: results(direct(app)) for app in APPS}
     taichi = ncnn = None
@@ -232,8 +234,8 @@ def test_two_applications_at_once_show_in_ps_by_name_priority_and_group(daemon, 
                 held.close()
 
 
+@needs("taichi", "ncnn")
 def test_a_killed_application_leaves_the_other_and_the_arbiter_undisturbed(daemon, tmp_path):
-    needs("taichi", "ncnn")
     process, pipe_dir = daemon
     expected = results(direct("taichi"))
     victim = Held(tmp_path, pipe_dir, "ncnn", "--name", "victim", mode="loop")  # dispatching until killed
