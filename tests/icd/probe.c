@@ -11,8 +11,9 @@
 #include <string.h>
 #include <vulkan/vulkan.h>
 
-/* Commands outside the driver's slice: an error where they return one, nothing where they do not; and a
- * shader module of one word, invalid (VK_ERROR_UNKNOWN). */
+/* Commands outside the driver's slice: an error where they return one, nothing where they do not, called
+ * directly and through vkGetDeviceProcAddr with their own types (each is its own function: the addresses
+ * differ); and a shader module of one word, invalid (VK_ERROR_UNKNOWN). */
 static void refused(VkDevice device, VkQueue queue)
 {
     VkCommandPoolCreateInfo pool = {.sType = VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO};
@@ -24,13 +25,27 @@ static void refused(VkDevice device, VkQueue queue)
                                .arrayLayers = 1, .samples = VK_SAMPLE_COUNT_1_BIT,
                                .usage = VK_IMAGE_USAGE_SAMPLED_BIT};
     VkSubmitInfo submit = {.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO};
+    VkSamplerCreateInfo sampler = {.sType = VK_STRUCTURE_TYPE_SAMPLER_CREATE_INFO};
+    VkRenderPassCreateInfo pass = {.sType = VK_STRUCTURE_TYPE_RENDER_PASS_CREATE_INFO};
+    PFN_vkCreateSampler create_sampler = (PFN_vkCreateSampler)vkGetDeviceProcAddr(device, "vkCreateSampler");
+    PFN_vkCreateRenderPass create_pass = (PFN_vkCreateRenderPass)vkGetDeviceProcAddr(device, "vkCreateRenderPass");
+    PFN_vkDestroyImage destroy_image = (PFN_vkDestroyImage)vkGetDeviceProcAddr(device, "vkDestroyImage");
+    PFN_vkDestroySampler destroy_sampler = (PFN_vkDestroySampler)vkGetDeviceProcAddr(device, "vkDestroySampler");
     VkCommandPool made_pool;
     VkShaderModule made_module;
     VkImage made_image;
+    VkSampler made_sampler;
+    VkRenderPass made_pass;
     printf("command_pool %d\n", vkCreateCommandPool(device, &pool, NULL, &made_pool));
     printf("shader_module %d\n", vkCreateShaderModule(device, &module, NULL, &made_module));
     printf("image %d\n", vkCreateImage(device, &image, NULL, &made_image));
     printf("submit %d\n", vkQueueSubmit(queue, 1, &submit, VK_NULL_HANDLE));
+    printf("proc_refused %d %d\n", create_sampler(device, &sampler, NULL, &made_sampler),
+           create_pass(device, &pass, NULL, &made_pass));
+    destroy_image(device, VK_NULL_HANDLE, NULL);
+    destroy_sampler(device, VK_NULL_HANDLE, NULL);
+    printf("proc_distinct %d\n", (PFN_vkVoidFunction)create_sampler != (PFN_vkVoidFunction)create_pass &&
+                                     (PFN_vkVoidFunction)destroy_image != (PFN_vkVoidFunction)destroy_sampler);
     vkUpdateDescriptorSets(device, 0, NULL, 0, NULL);
     vkDestroyCommandPool(device, VK_NULL_HANDLE, NULL);
     vkDestroyCommandPool(device, made_pool, NULL);
@@ -164,6 +179,7 @@ static void use_commands(VkDevice device, VkQueue queue, VkBuffer buffer, const 
     vkCmdCopyBuffer(cbs[0], buffer, buffer, 1, &region);
     vkCmdExecuteCommands(cbs[0], 1, &secondary);
     vkCmdSetEvent(cbs[0], event, VK_PIPELINE_STAGE_TRANSFER_BIT);
+    ((PFN_vkCmdDraw)vkGetDeviceProcAddr(device, "vkCmdDraw"))(cbs[0], 3, 1, 0, 0); /* a graphics command: nothing */
     printf("record %d\n", vkEndCommandBuffer(cbs[0]));
     VkSubmitInfo submit = {.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO, .commandBufferCount = 1, .pCommandBuffers = cbs};
     if (vkQueueSubmit(queue, 1, &submit, fence) == VK_SUCCESS)
