@@ -367,6 +367,9 @@ uint32_t ls_icd_extension_bit(const char *name); /* physical.c: the bit of an of
 VkResult ls_icd_object_create(struct ls_icd_device *device, uint32_t kind, const void *init, size_t size,
                               uint64_t *out);
 int ls_icd_object_destroy(struct ls_icd_device *device, uint64_t handle, uint32_t kind);
+/* The same, calling ``release`` (the lock held) on the object before its slot is dropped. */
+int ls_icd_object_destroy_with(struct ls_icd_device *device, uint64_t handle, uint32_t kind,
+                               void (*release)(struct ls_icd_device *device, struct ls_icd_object *object));
 
 VkResult ls_icd_check_device(const struct ls_icd_physical *physical, const VkDeviceCreateInfo *info);
 VKAPI_ATTR VkResult VKAPI_CALL ls_icd_CreateDevice(VkPhysicalDevice pd, const VkDeviceCreateInfo *info,
