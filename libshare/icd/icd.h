@@ -367,6 +367,10 @@ uint32_t ls_icd_extension_bit(const char *name); /* physical.c: the bit of an of
 VkResult ls_icd_object_create(struct ls_icd_device *device, uint32_t kind, const void *init, size_t size,
                               uint64_t *out);
 int ls_icd_object_destroy(struct ls_icd_device *device, uint64_t handle, uint32_t kind);
+/* Zeroed host memory of ``size`` bytes from ``allocator`` (the application's, for ``scope``) or, when it
+ * is NULL, the C library; NULL when out. ls_icd_host_free gives it back to the same one. */
+void *ls_icd_host_alloc(const VkAllocationCallbacks *allocator, size_t size, VkSystemAllocationScope scope);
+void ls_icd_host_free(const VkAllocationCallbacks *allocator, void *memory);
 /* The same, calling ``release`` (the lock held) on the object before its slot is dropped. */
 int ls_icd_object_destroy_with(struct ls_icd_device *device, uint64_t handle, uint32_t kind,
                                void (*release)(struct ls_icd_device *device, struct ls_icd_object *object));

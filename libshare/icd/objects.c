@@ -10,7 +10,9 @@
  * lock is held around every call; ls_icd_object_create and ls_icd_object_destroy(_with), the shape of
  * the create and destroy commands (buffers, fences, semaphores, events, shader modules, pipeline caches,
  * command pools; the destroys of pipelines and their layouts and of query pools, whose release frees
- * what the object holds, under the lock, before its slot is dropped), take it. */
+ * what the object holds, under the lock, before its slot is dropped), take it. ls_icd_host_alloc and
+ * ls_icd_host_free are the host memory of the instance and device structures: the application's
+ * allocator when it gave one, else the C library's (docs/icd.md, "Host memory"). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -63,6 +65,22 @@ void ls_icd_object_drop(struct ls_icd_objects *objects, uint64_t handle)
     uint32_t slot = (uint32_t)(handle & 0xFFFFFF);
     if (slot < objects->used && objects->slots[slot].kind != LS_ICD_FREE && handle_of(objects, slot) == handle)
         objects->slots[slot].kind = LS_ICD_FREE; /* the generation stays: the next one bumps it */
+}
+
+void *ls_icd_host_alloc(const VkAllocationCallbacks *allocator, size_t size, VkSystemAllocationScope scope)
+{
+    void *memory = allocator ? allocator->pfnAllocation(allocator->pUserData, size, 16, scope) : malloc(size);
+    if (memory != NULL)
+        memset(memory, 0, size);
+    return memory;
+}
+
+void ls_icd_host_free(const VkAllocationCallbacks *allocator, void *memory)
+{
+    if (allocator)
+        allocator->pfnFree(allocator->pUserData, memory);
+    else
+        free(memory);
 }
 
 void ls_icd_objects_free(struct ls_icd_objects *objects)

@@ -4,10 +4,12 @@
  * "create_device RESULT" for its first device, or "instance RESULT" when the instance cannot be made.
  * With a device, it then uses its queue, memory and buffers (use_device) and prints one line
  * "NAME RESULT" a step, then its semaphores, fences and events (use_sync), then command buffers
- * (use_commands). Exit status 0 whatever Vulkan answered: a crash is the failure. It knows nothing
+ * (use_commands), and "allocator 1" when all the device's host memory taken from the application's
+ * allocator was given back to it. Exit status 0 whatever Vulkan answered: a crash is the failure. It knows nothing
  * of libshare. */
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <vulkan/vulkan.h>
 
@@ -262,6 +264,46 @@ static void use_device(VkDevice device)
     vkDestroyFence(device, fence, NULL);
 }
 
+/* The application's allocator for the device: each block behind a 16-byte header, so a block freed by the
+ * wrong allocator is an invalid free (AddressSanitizer's); counted, so what is made is seen freed. */
+struct counts {
+    long made, live;
+};
+
+static void *counted_allocation(void *user, size_t size, size_t alignment, VkSystemAllocationScope scope)
+{
+    struct counts *counts = user;
+    unsigned char *block = alignment <= 16 ? malloc(size + 16) : NULL;
+    (void)scope;
+    if (block == NULL)
+        return NULL;
+    counts->made++, counts->live++;
+    return block + 16;
+}
+
+static void counted_free(void *user, void *memory)
+{
+    struct counts *counts = user;
+    if (memory == NULL)
+        return;
+    counts->live--;
+    free((unsigned char *)memory - 16);
+}
+
+static void *counted_reallocation(void *user, void *original, size_t size, size_t alignment,
+                                  VkSystemAllocationScope scope)
+{
+    unsigned char *block;
+    if (original == NULL)
+        return counted_allocation(user, size, alignment, scope);
+    if (size == 0) {
+        counted_free(user, original);
+        return NULL;
+    }
+    block = realloc((unsigned char *)original - 16, size + 16);
+    return block ? block + 16 : NULL;
+}
+
 int main(void)
 {
     VkApplicationInfo app = {.sType = VK_STRUCTURE_TYPE_APPLICATION_INFO, .pApplicationName = "probe.c",
@@ -299,11 +341,15 @@ int main(void)
                                      .queueCreateInfoCount = 1, .pQueueCreateInfos = &queue,
                                      .enabledExtensionCount = 1, .ppEnabledExtensionNames = &timeline};
         VkDevice device;
-        result = vkCreateDevice(devices[0], &create, NULL, &device);
+        struct counts counts = {0, 0};
+        VkAllocationCallbacks allocator = {.pUserData = &counts, .pfnAllocation = counted_allocation,
+                                           .pfnReallocation = counted_reallocation, .pfnFree = counted_free};
+        result = vkCreateDevice(devices[0], &create, &allocator, &device);
         printf("create_device %d\n", result);
         if (result == VK_SUCCESS) {
             use_device(device);
-            vkDestroyDevice(device, NULL);
+            vkDestroyDevice(device, &allocator);
+            printf("allocator %d\n", counts.made > 0 && counts.live == 0);
         }
     }
     vkDestroyInstance(instance, NULL);
