@@ -173,21 +173,17 @@ struct ls_icd_command_buffer *ls_icd_command_buffer_find(struct ls_icd_device *d
 VKAPI_ATTR VkResult VKAPI_CALL ls_icd_CreateCommandPool(VkDevice handle, const VkCommandPoolCreateInfo *info,
                                                         const VkAllocationCallbacks *allocator, VkCommandPool *out)
 {
-    struct ls_icd_device *device = device_of(handle);
+    struct ls_icd_command_pool pool = {.flags = info->flags};
     uint64_t made;
+    VkResult result;
     (void)allocator;
     if (info->queueFamilyIndex != 0 || (info->flags & ~(VkCommandPoolCreateFlags)(
             VK_COMMAND_POOL_CREATE_TRANSIENT_BIT | VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT)))
         return LS_ICD_INVALID; /* one queue family; no protected pools */
-    pthread_mutex_lock(&device->lock);
-    made = ls_icd_object_new(&device->objects, LS_ICD_COMMAND_POOL);
-    if (made)
-        pool_of(device, (VkCommandPool)(uintptr_t)made)->flags = info->flags;
-    pthread_mutex_unlock(&device->lock);
-    if (!made)
-        return VK_ERROR_OUT_OF_HOST_MEMORY;
-    *out = (VkCommandPool)(uintptr_t)made;
-    return VK_SUCCESS;
+    result = ls_icd_object_create(device_of(handle), LS_ICD_COMMAND_POOL, &pool, sizeof(pool), &made);
+    if (result == VK_SUCCESS)
+        *out = (VkCommandPool)(uintptr_t)made;
+    return result;
 }
 
 /* Free one of the pool's command buffers (the device's lock held): now, or at its last answer. */
@@ -201,21 +197,21 @@ static void drop(struct ls_icd_command_buffer *cb)
     }
 }
 
+/* A destroyed pool's command buffers freed, now or at their last answer (the lock held). */
+static void free_pool(struct ls_icd_device *device, struct ls_icd_object *object)
+{
+    struct ls_icd_command_pool *found = &object->u.command_pool;
+    (void)device;
+    for (uint32_t i = 0; i < found->nbuffers; i++)
+        drop(found->buffers[i]);
+    free(found->buffers);
+}
+
 VKAPI_ATTR void VKAPI_CALL ls_icd_DestroyCommandPool(VkDevice handle, VkCommandPool pool,
                                                      const VkAllocationCallbacks *allocator)
 {
-    struct ls_icd_device *device = device_of(handle);
-    struct ls_icd_command_pool *found;
     (void)allocator;
-    pthread_mutex_lock(&device->lock);
-    found = pool_of(device, pool);
-    if (found != NULL) {
-        for (uint32_t i = 0; i < found->nbuffers; i++)
-            drop(found->buffers[i]);
-        free(found->buffers);
-        ls_icd_object_drop(&device->objects, (uint64_t)(uintptr_t)pool);
-    }
-    pthread_mutex_unlock(&device->lock);
+    ls_icd_object_destroy_with(device_of(handle), (uint64_t)(uintptr_t)pool, LS_ICD_COMMAND_POOL, free_pool);
 }
 
 VKAPI_ATTR VkResult VKAPI_CALL ls_icd_ResetCommandPool(VkDevice handle, VkCommandPool pool,

@@ -120,10 +120,7 @@ static uint64_t buffer_alignment(const VkPhysicalDeviceLimits *limits)
 
 static void release(struct ls_icd_device *device)
 {
-    if (device->has_allocator)
-        device->allocator.pfnFree(device->allocator.pUserData, device);
-    else
-        free(device);
+    ls_icd_host_free(device->has_allocator ? &device->allocator : NULL, device);
 }
 
 VKAPI_ATTR VkResult VKAPI_CALL ls_icd_CreateDevice(VkPhysicalDevice pd, const VkDeviceCreateInfo *info,
@@ -134,12 +131,9 @@ VKAPI_ATTR VkResult VKAPI_CALL ls_icd_CreateDevice(VkPhysicalDevice pd, const Vk
     VkResult result = ls_icd_check_device((const struct ls_icd_physical *)pd, info);
     if (result != VK_SUCCESS)
         return result;
-    device = allocator ? allocator->pfnAllocation(allocator->pUserData, sizeof(*device), 16,
-                                                  VK_SYSTEM_ALLOCATION_SCOPE_DEVICE)
-                       : malloc(sizeof(*device));
+    device = ls_icd_host_alloc(allocator, sizeof(*device), VK_SYSTEM_ALLOCATION_SCOPE_DEVICE);
     if (device == NULL)
         return VK_ERROR_OUT_OF_HOST_MEMORY;
-    memset(device, 0, sizeof(*device));
     set_loader_magic_value(device);
     set_loader_magic_value(&device->queue);
     device->queue.device = device;

@@ -66,12 +66,9 @@ VKAPI_ATTR VkResult VKAPI_CALL ls_icd_CreateInstance(const VkInstanceCreateInfo 
     for (uint32_t i = 0; i < info->enabledExtensionCount; i++)
         if (!offered(info->ppEnabledExtensionNames[i]))
             return VK_ERROR_EXTENSION_NOT_PRESENT;
-    instance = allocator ? allocator->pfnAllocation(allocator->pUserData, sizeof(*instance), 16,
-                                                    VK_SYSTEM_ALLOCATION_SCOPE_INSTANCE)
-                         : calloc(1, sizeof(*instance));
+    instance = ls_icd_host_alloc(allocator, sizeof(*instance), VK_SYSTEM_ALLOCATION_SCOPE_INSTANCE);
     if (instance == NULL)
         return VK_ERROR_OUT_OF_HOST_MEMORY;
-    memset(instance, 0, sizeof(*instance));
     set_loader_magic_value(instance);
     set_loader_magic_value(&instance->physical);
     instance->physical.instance = instance;
@@ -85,10 +82,7 @@ VKAPI_ATTR VkResult VKAPI_CALL ls_icd_CreateInstance(const VkInstanceCreateInfo 
     if (result != VK_SUCCESS) {
         if (why[0])
             fprintf(stderr, "libshare Vulkan driver: %s\n", why);
-        if (allocator)
-            allocator->pfnFree(allocator->pUserData, instance);
-        else
-            free(instance);
+        ls_icd_host_free(allocator, instance);
         return result;
     }
     *out = (VkInstance)instance;
@@ -102,10 +96,7 @@ VKAPI_ATTR void VKAPI_CALL ls_icd_DestroyInstance(VkInstance handle, const VkAll
     if (instance == NULL)
         return;
     ls_icd_session_close(&instance->session); /* the arbiter ends the session when its socket closes */
-    if (instance->has_allocator)
-        instance->allocator.pfnFree(instance->allocator.pUserData, instance);
-    else
-        free(instance);
+    ls_icd_host_free(instance->has_allocator ? &instance->allocator : NULL, instance);
 }
 
 VKAPI_ATTR VkResult VKAPI_CALL ls_icd_EnumeratePhysicalDevices(VkInstance handle, uint32_t *count,

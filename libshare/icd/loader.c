@@ -7,7 +7,9 @@
  * and vk_icdGetPhysicalDeviceProcAddr. Every entry point the driver offers is in a table (core
  * and KHR-suffixed aliases side by side): global, instance, physical-device and device commands
  * (DEVICE_ENTRY_POINTS: every core Vulkan 1.0 and 1.1 device-level command, implemented or
- * refused.c's, since the loader's trampolines call them unchecked), and the commands of the device
+ * refused.c's, since the loader's trampolines call them unchecked: a command not implemented is
+ * a line pointing at a marker, ls_icd_refused or ls_icd_nothing, and the lookup answers its typed stub,
+ * generated into stubs.c by _stubs.py), and the commands of the device
  * extensions offered (TIMELINE_ENTRY_POINTS, SYNC2_ENTRY_POINTS). vk_icdGetInstanceProcAddr
  * answers all of them, vkGetDeviceProcAddr the device's core commands and those of the extensions
  * it enabled; any other name answers NULL, so the
@@ -239,11 +241,17 @@ static const struct entry INSTANCE_ENTRY_POINTS[] = {
 
 #define COUNT(table) (sizeof(table) / sizeof(table[0]))
 
+/* A table's function for ``name``: a marker (ls_icd_refused, ls_icd_nothing) answers the typed stub of
+ * that name (stubs.c) instead, so no command is ever called through a pointer of another type. */
 static PFN_vkVoidFunction find(const struct entry *table, size_t count, const char *name)
 {
     for (size_t i = 0; i < count; i++)
-        if (strcmp(table[i].name, name) == 0)
+        if (strcmp(table[i].name, name) == 0) {
+            if (table[i].function == (PFN_vkVoidFunction)ls_icd_refused ||
+                table[i].function == (PFN_vkVoidFunction)ls_icd_nothing)
+                return ls_icd_stub(name);
             return table[i].function;
+        }
     return NULL;
 }
 

@@ -7,8 +7,12 @@
  * exists, holds an object of that kind, and the generation matches (each reuse of a slot bumps it,
  * so a destroyed object's handle stays wrong). The table grows by doubling up to
  * LS_ICD_MOST_OBJECTS; a pointer into it lasts until the next ls_icd_object_new. The device's
- * lock is held around every call; ls_icd_object_create and ls_icd_object_destroy, the shape of the
- * create and destroy commands of the simple kinds (buffers, fences, semaphores, events), take it. */
+ * lock is held around every call; ls_icd_object_create and ls_icd_object_destroy(_with), the shape of
+ * the create and destroy commands (buffers, fences, semaphores, events, shader modules, pipeline caches,
+ * command pools; the destroys of pipelines and their layouts and of query pools, whose release frees
+ * what the object holds, under the lock, before its slot is dropped), take it. ls_icd_host_alloc and
+ * ls_icd_host_free are the host memory of the instance and device structures: the application's
+ * allocator when it gave one, else the C library's (docs/icd.md, "Host memory"). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -63,6 +67,22 @@ void ls_icd_object_drop(struct ls_icd_objects *objects, uint64_t handle)
         objects->slots[slot].kind = LS_ICD_FREE; /* the generation stays: the next one bumps it */
 }
 
+void *ls_icd_host_alloc(const VkAllocationCallbacks *allocator, size_t size, VkSystemAllocationScope scope)
+{
+    void *memory = allocator ? allocator->pfnAllocation(allocator->pUserData, size, 16, scope) : malloc(size);
+    if (memory != NULL)
+        memset(memory, 0, size);
+    return memory;
+}
+
+void ls_icd_host_free(const VkAllocationCallbacks *allocator, void *memory)
+{
+    if (allocator)
+        allocator->pfnFree(allocator->pUserData, memory);
+    else
+        free(memory);
+}
+
 void ls_icd_objects_free(struct ls_icd_objects *objects)
 {
     free(objects->slots);
@@ -84,13 +104,22 @@ VkResult ls_icd_object_create(struct ls_icd_device *device, uint32_t kind, const
     return VK_SUCCESS;
 }
 
+int ls_icd_object_destroy_with(struct ls_icd_device *device, uint64_t handle, uint32_t kind,
+                               void (*release)(struct ls_icd_device *device, struct ls_icd_object *object))
+{
+    struct ls_icd_object *object;
+    pthread_mutex_lock(&device->lock);
+    object = ls_icd_object_find(&device->objects, handle, kind);
+    if (object != NULL) {
+        if (release != NULL)
+            release(device, object);
+        ls_icd_object_drop(&device->objects, handle);
+    }
+    pthread_mutex_unlock(&device->lock);
+    return object != NULL;
+}
+
 int ls_icd_object_destroy(struct ls_icd_device *device, uint64_t handle, uint32_t kind)
 {
-    int found;
-    pthread_mutex_lock(&device->lock);
-    found = ls_icd_object_find(&device->objects, handle, kind) != NULL;
-    if (found)
-        ls_icd_object_drop(&device->objects, handle);
-    pthread_mutex_unlock(&device->lock);
-    return found;
+    return ls_icd_object_destroy_with(device, handle, kind, NULL);
 }

@@ -70,17 +70,11 @@ static uint64_t make(struct ls_icd_device *device, uint32_t kind, struct ls_icd_
     return made;
 }
 
-/* Drop ``handle`` of ``kind`` when it is one (a wrong handle given to a destroy: nothing). */
+/* Drop ``handle`` of ``kind`` when it is one, freeing what it holds (a wrong handle given to a destroy:
+ * nothing). */
 static void drop(struct ls_icd_device *device, uint64_t handle, uint32_t kind)
 {
-    struct ls_icd_object *object;
-    pthread_mutex_lock(&device->lock);
-    object = find(device, handle, kind);
-    if (object != NULL) {
-        ls_icd_pipeline_object_free(device, object);
-        ls_icd_object_drop(&device->objects, handle);
-    }
-    pthread_mutex_unlock(&device->lock);
+    ls_icd_object_destroy_with(device, handle, kind, ls_icd_pipeline_object_free);
 }
 
 void ls_icd_pipeline_object_free(struct ls_icd_device *device, struct ls_icd_object *object)
@@ -114,27 +108,21 @@ VKAPI_ATTR VkResult VKAPI_CALL ls_icd_CreateShaderModule(VkDevice handle, const 
                                                          const VkAllocationCallbacks *allocator, VkShaderModule *out)
 {
     struct ls_icd_device *device = device_of(handle);
-    struct ls_icd_object *object;
-    uint32_t *code;
+    struct ls_icd_shader shader = {.size = info->codeSize};
     uint64_t made;
+    VkResult result;
     (void)allocator;
     if (info->flags != 0 || info->pCode == NULL || info->codeSize < 20 || info->codeSize % 4 != 0 ||
         info->codeSize > LS_ICD_MOST_SPIRV || info->pCode[0] != SPIRV_MAGIC)
         return LS_ICD_INVALID; /* (VK_ERROR_INVALID_SHADER_NV is an extension's) */
-    code = malloc(info->codeSize);
-    if (code == NULL)
+    shader.code = malloc(info->codeSize);
+    if (shader.code == NULL)
         return VK_ERROR_OUT_OF_HOST_MEMORY;
-    memcpy(code, info->pCode, info->codeSize);
-    pthread_mutex_lock(&device->lock);
-    made = make(device, LS_ICD_SHADER, &object);
-    if (made) {
-        object->u.shader.code = code;
-        object->u.shader.size = info->codeSize;
-    }
-    pthread_mutex_unlock(&device->lock);
-    if (!made) {
-        free(code);
-        return VK_ERROR_OUT_OF_HOST_MEMORY;
+    memcpy(shader.code, info->pCode, info->codeSize);
+    result = ls_icd_object_create(device, LS_ICD_SHADER, &shader, sizeof(shader), &made);
+    if (result != VK_SUCCESS) {
+        free(shader.code);
+        return result;
     }
     *out = (VkShaderModule)(uintptr_t)made;
     return VK_SUCCESS;
@@ -501,19 +489,15 @@ VKAPI_ATTR VkResult VKAPI_CALL ls_icd_CreatePipelineCache(VkDevice handle, const
                                                           const VkAllocationCallbacks *allocator,
                                                           VkPipelineCache *out)
 {
-    struct ls_icd_device *device = device_of(handle);
-    struct ls_icd_object *object;
     uint64_t made;
+    VkResult result;
     (void)allocator;
     if (info->flags != 0) /* (externally synchronized caches are Vulkan 1.3's) */
         return LS_ICD_INVALID;
-    pthread_mutex_lock(&device->lock);
-    made = make(device, LS_ICD_PIPELINE_CACHE, &object); /* its initial data: ignored */
-    pthread_mutex_unlock(&device->lock);
-    if (!made)
-        return VK_ERROR_OUT_OF_HOST_MEMORY;
-    *out = (VkPipelineCache)(uintptr_t)made;
-    return VK_SUCCESS;
+    result = ls_icd_object_create(device_of(handle), LS_ICD_PIPELINE_CACHE, NULL, 0, &made); /* its data: ignored */
+    if (result == VK_SUCCESS)
+        *out = (VkPipelineCache)(uintptr_t)made;
+    return result;
 }
 
 VKAPI_ATTR void VKAPI_CALL ls_icd_DestroyPipelineCache(VkDevice handle, VkPipelineCache cache,

@@ -89,19 +89,17 @@ VKAPI_ATTR VkResult VKAPI_CALL ls_icd_CreateQueryPool(VkDevice handle, const VkQ
     return result;
 }
 
+/* A pool's shared buffer given back (the lock held). */
+static void release_pool(struct ls_icd_device *device, struct ls_icd_object *object)
+{
+    ls_icd_memory_release(device, &object->u.query_pool.memory);
+}
+
 VKAPI_ATTR void VKAPI_CALL ls_icd_DestroyQueryPool(VkDevice handle, VkQueryPool pool,
                                                    const VkAllocationCallbacks *allocator)
 {
-    struct ls_icd_device *device = device_of(handle);
-    struct ls_icd_query_pool *found;
-    (void)allocator;
-    pthread_mutex_lock(&device->lock);
-    found = pool_of(device, pool);
-    if (found != NULL) { /* (a wrong handle: nothing to destroy) */
-        ls_icd_memory_release(device, &found->memory);
-        ls_icd_object_drop(&device->objects, (uint64_t)(uintptr_t)pool);
-    }
-    pthread_mutex_unlock(&device->lock);
+    (void)allocator; /* (a wrong handle: nothing to destroy) */
+    ls_icd_object_destroy_with(device_of(handle), (uint64_t)(uintptr_t)pool, LS_ICD_QUERY_POOL, release_pool);
 }
 
 /* ---------------------------------------------------------------- results on the host */

@@ -4,15 +4,18 @@
  * "create_device RESULT" for its first device, or "instance RESULT" when the instance cannot be made.
  * With a device, it then uses its queue, memory and buffers (use_device) and prints one line
  * "NAME RESULT" a step, then its semaphores, fences and events (use_sync), then command buffers
- * (use_commands). Exit status 0 whatever Vulkan answered: a crash is the failure. It knows nothing
+ * (use_commands), and "allocator 1" when all the device's host memory taken from the application's
+ * allocator was given back to it. Exit status 0 whatever Vulkan answered: a crash is the failure. It knows nothing
  * of libshare. */
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <vulkan/vulkan.h>
 
-/* Commands outside the driver's slice: an error where they return one, nothing where they do not; and a
- * shader module of one word, invalid (VK_ERROR_UNKNOWN). */
+/* Commands outside the driver's slice: an error where they return one, nothing where they do not, called
+ * directly and through vkGetDeviceProcAddr with their own types (each is its own function: the addresses
+ * differ); and a shader module of one word, invalid (VK_ERROR_UNKNOWN). */
 static void refused(VkDevice device, VkQueue queue)
 {
     VkCommandPoolCreateInfo pool = {.sType = VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO};
@@ -24,13 +27,27 @@ static void refused(VkDevice device, VkQueue queue)
                                .arrayLayers = 1, .samples = VK_SAMPLE_COUNT_1_BIT,
                                .usage = VK_IMAGE_USAGE_SAMPLED_BIT};
     VkSubmitInfo submit = {.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO};
+    VkSamplerCreateInfo sampler = {.sType = VK_STRUCTURE_TYPE_SAMPLER_CREATE_INFO};
+    VkRenderPassCreateInfo pass = {.sType = VK_STRUCTURE_TYPE_RENDER_PASS_CREATE_INFO};
+    PFN_vkCreateSampler create_sampler = (PFN_vkCreateSampler)vkGetDeviceProcAddr(device, "vkCreateSampler");
+    PFN_vkCreateRenderPass create_pass = (PFN_vkCreateRenderPass)vkGetDeviceProcAddr(device, "vkCreateRenderPass");
+    PFN_vkDestroyImage destroy_image = (PFN_vkDestroyImage)vkGetDeviceProcAddr(device, "vkDestroyImage");
+    PFN_vkDestroySampler destroy_sampler = (PFN_vkDestroySampler)vkGetDeviceProcAddr(device, "vkDestroySampler");
     VkCommandPool made_pool;
     VkShaderModule made_module;
     VkImage made_image;
+    VkSampler made_sampler;
+    VkRenderPass made_pass;
     printf("command_pool %d\n", vkCreateCommandPool(device, &pool, NULL, &made_pool));
     printf("shader_module %d\n", vkCreateShaderModule(device, &module, NULL, &made_module));
     printf("image %d\n", vkCreateImage(device, &image, NULL, &made_image));
     printf("submit %d\n", vkQueueSubmit(queue, 1, &submit, VK_NULL_HANDLE));
+    printf("proc_refused %d %d\n", create_sampler(device, &sampler, NULL, &made_sampler),
+           create_pass(device, &pass, NULL, &made_pass));
+    destroy_image(device, VK_NULL_HANDLE, NULL);
+    destroy_sampler(device, VK_NULL_HANDLE, NULL);
+    printf("proc_distinct %d\n", (PFN_vkVoidFunction)create_sampler != (PFN_vkVoidFunction)create_pass &&
+                                     (PFN_vkVoidFunction)destroy_image != (PFN_vkVoidFunction)destroy_sampler);
     vkUpdateDescriptorSets(device, 0, NULL, 0, NULL);
     vkDestroyCommandPool(device, VK_NULL_HANDLE, NULL);
     vkDestroyCommandPool(device, made_pool, NULL);
@@ -164,6 +181,7 @@ static void use_commands(VkDevice device, VkQueue queue, VkBuffer buffer, const 
     vkCmdCopyBuffer(cbs[0], buffer, buffer, 1, &region);
     vkCmdExecuteCommands(cbs[0], 1, &secondary);
     vkCmdSetEvent(cbs[0], event, VK_PIPELINE_STAGE_TRANSFER_BIT);
+    ((PFN_vkCmdDraw)vkGetDeviceProcAddr(device, "vkCmdDraw"))(cbs[0], 3, 1, 0, 0); /* a graphics command: nothing */
     printf("record %d\n", vkEndCommandBuffer(cbs[0]));
     VkSubmitInfo submit = {.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO, .commandBufferCount = 1, .pCommandBuffers = cbs};
     if (vkQueueSubmit(queue, 1, &submit, fence) == VK_SUCCESS)
@@ -246,6 +264,46 @@ static void use_device(VkDevice device)
     vkDestroyFence(device, fence, NULL);
 }
 
+/* The application's allocator for the device: each block behind a 16-byte header, so a block freed by the
+ * wrong allocator is an invalid free (AddressSanitizer's); counted, so what is made is seen freed. */
+struct counts {
+    long made, live;
+};
+
+static void *counted_allocation(void *user, size_t size, size_t alignment, VkSystemAllocationScope scope)
+{
+    struct counts *counts = user;
+    unsigned char *block = alignment <= 16 ? malloc(size + 16) : NULL;
+    (void)scope;
+    if (block == NULL)
+        return NULL;
+    counts->made++, counts->live++;
+    return block + 16;
+}
+
+static void counted_free(void *user, void *memory)
+{
+    struct counts *counts = user;
+    if (memory == NULL)
+        return;
+    counts->live--;
+    free((unsigned char *)memory - 16);
+}
+
+static void *counted_reallocation(void *user, void *original, size_t size, size_t alignment,
+                                  VkSystemAllocationScope scope)
+{
+    unsigned char *block;
+    if (original == NULL)
+        return counted_allocation(user, size, alignment, scope);
+    if (size == 0) {
+        counted_free(user, original);
+        return NULL;
+    }
+    block = realloc((unsigned char *)original - 16, size + 16);
+    return block ? block + 16 : NULL;
+}
+
 int main(void)
 {
     VkApplicationInfo app = {.sType = VK_STRUCTURE_TYPE_APPLICATION_INFO, .pApplicationName = "probe.c",
@@ -283,11 +341,15 @@ int main(void)
                                      .queueCreateInfoCount = 1, .pQueueCreateInfos = &queue,
                                      .enabledExtensionCount = 1, .ppEnabledExtensionNames = &timeline};
         VkDevice device;
-        result = vkCreateDevice(devices[0], &create, NULL, &device);
+        struct counts counts = {0, 0};
+        VkAllocationCallbacks allocator = {.pUserData = &counts, .pfnAllocation = counted_allocation,
+                                           .pfnReallocation = counted_reallocation, .pfnFree = counted_free};
+        result = vkCreateDevice(devices[0], &create, &allocator, &device);
         printf("create_device %d\n", result);
         if (result == VK_SUCCESS) {
             use_device(device);
-            vkDestroyDevice(device, NULL);
+            vkDestroyDevice(device, &allocator);
+            printf("allocator %d\n", counts.made > 0 && counts.live == 0);
         }
     }
     vkDestroyInstance(instance, NULL);

@@ -31,12 +31,15 @@ USED = ["create_device 0", "queue 1", "allocate 0", "map 0", "map_twice -5", "ma
         "held_status 1", "held_again -13", "held_reset -13", "timeline_timeout 2", "timeline_signal 0",
         "timeline_back -13", "timeline_wrong -13", "timeline_wait 0", "held_fence 0", "counter 0 3",
         "fence_wrong -13", "event 4", "event_set 0 3", "event_reset 0 4", "event_wrong -13", "idle_sync 0",
-        "command_buffers 0", "record 0", "commands_ran 1", "cmd_event 3", "freed_pending 0", "command_pool 0", "shader_module -13", "image -8", "submit 0", "bind_freed -13"]
+        "command_buffers 0", "record 0", "commands_ran 1", "cmd_event 3", "freed_pending 0", "command_pool 0", "shader_module -13", "image -8", "submit 0",
+        "proc_refused -8 -8", "proc_distinct 1", "bind_freed -13", "allocator 1"]
 """What probe.c prints after its device line: VK_ERROR_MEMORY_MAP_FAILED (-5) for the maps refused,
 VK_ERROR_UNKNOWN (-13) for invalid bindings, a module of one word and invalid synchronization (a wait
 nothing signals, a pending fence again, a timeline going back, wrong handles), VK_NOT_READY (1) for a fence not yet
 signaled, VK_TIMEOUT (2) for a wait nothing ends, VK_EVENT_SET (3) and VK_EVENT_RESET (4),
-VK_ERROR_FEATURE_NOT_PRESENT (-8) for commands outside the driver's slice."""
+VK_ERROR_FEATURE_NOT_PRESENT (-8) for commands outside the driver's slice (those through vkGetDeviceProcAddr
+too: each its own typed stub, at its own address), and the application's allocator, which the device was
+made with, given back all it gave (a block freed by the wrong allocator is an invalid free under ASan)."""
 VK_ERROR_INCOMPATIBLE_DRIVER = -9
 VK_ERROR_INITIALIZATION_FAILED = -3
 SANITIZE = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-fno-sanitize-recover=undefined"]
