@@ -8,7 +8,9 @@
  * compute uses (FEATURES below), robustBufferAccess always; chained to Features2,
  * the Vulkan 1.1 structures (16-bit storage as the arbiter has it, the others off), timeline
  * semaphores on (synchronization2 as LS_ICD_OFFERS_SYNC2 says) and buffer device address, off. A structure of a later version or an extension not offered is left as
- * the application wrote it. One queue family: compute and transfer,
+ * the application wrote it. One queue family: compute and transfer, and graphics in name only
+ * (applications such as Taichi take a family with VK_QUEUE_GRAPHICS_BIT for their compute work;
+ * graphics pipelines, render passes, framebuffers stay refused: VK_ERROR_FEATURE_NOT_PRESENT),
  * one queue, the arbiter's queue's timestamp bits. Memory: one device-local heap whose size is
  * the session's memory limit, with a device-local type (a libshare device buffer) and a
  * host-visible, coherent, cached type (a libshare shared buffer: a memfd mapped by both sides).
@@ -189,7 +191,7 @@ VKAPI_ATTR void VKAPI_CALL ls_icd_GetPhysicalDeviceFeatures2(VkPhysicalDevice pd
 static VkQueueFamilyProperties the_family(const struct ls_icd_physical *physical)
 {
     VkQueueFamilyProperties family = {
-        .queueFlags = VK_QUEUE_COMPUTE_BIT | VK_QUEUE_TRANSFER_BIT,
+        .queueFlags = VK_QUEUE_GRAPHICS_BIT | VK_QUEUE_COMPUTE_BIT | VK_QUEUE_TRANSFER_BIT,
         .queueCount = 1,
         .timestampValidBits = physical->timestamp_valid_bits,
         .minImageTransferGranularity = {1, 1, 1},

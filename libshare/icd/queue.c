@@ -26,7 +26,8 @@
  * or a push that fails makes the device lost: nothing more is retired (no fence of it signals),
  * the command buffers queued are handed back, and every later submission and wait answers
  * VK_ERROR_DEVICE_LOST. The driver does not reattach to a restarted arbiter: a device that
- * outlives its arbiter is lost.
+ * outlives its arbiter is lost. vkDeviceWaitIdle of VK_NULL_HANDLE (Taichi's device destructor
+ * calls it when its device was never made) and vkQueueWaitIdle of one answer LS_ICD_INVALID.
  *
  * The device's lock is held around everything here but the sleeps; cq_lock is taken after it,
  * never before (a reader sleeping on the ring holds cq_lock alone). */
@@ -406,6 +407,8 @@ VKAPI_ATTR VkResult VKAPI_CALL ls_icd_DeviceWaitIdle(VkDevice handle)
 {
     struct ls_icd_device *device = (struct ls_icd_device *)handle;
     VkResult result;
+    if (device == NULL) /* Taichi's device destructor waits on a device it never made: no crash */
+        return LS_ICD_INVALID;
     pthread_mutex_lock(&device->lock);
     result = ls_icd_path_wait(device, UINT64_MAX, idle, NULL);
     pthread_mutex_unlock(&device->lock);
@@ -414,5 +417,7 @@ VKAPI_ATTR VkResult VKAPI_CALL ls_icd_DeviceWaitIdle(VkDevice handle)
 
 VKAPI_ATTR VkResult VKAPI_CALL ls_icd_QueueWaitIdle(VkQueue queue)
 {
+    if (queue == VK_NULL_HANDLE)
+        return LS_ICD_INVALID;
     return ls_icd_DeviceWaitIdle((VkDevice)((struct ls_icd_queue *)queue)->device); /* the device's one queue */
 }

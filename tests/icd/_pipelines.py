@@ -7,7 +7,8 @@ class name):
   a compute pipeline of KERNEL with specialization constants (its workgroup size among them); prints
   ``made``, then on a line from stdin a second pipeline while the first lives, prints ``second``; on the
   next line destroys the first and makes one again, prints ``again``; then a pipeline of IMAGE (an image
-  kernel: refused), a pipeline cache's data, descriptor pools (their limit, freeing, resetting) and updates
+  kernel: refused), a pipeline cache's data, descriptor pools (their limit, freeing, resetting; one declaring
+  every descriptor type, as Taichi's) and updates
   (good ones, plain and by template; misaligned, wrongly typed, past a binding: skipped), and a last line.
 - ``widths``: a pipeline of KERNEL (tests/icd/test_pipelines.py's WIDE) with constants of every width, and
   with a float that is not a number or a constant of the wrong size.
@@ -187,6 +188,13 @@ def pools(device, set0, set1) -> dict:
     seen["free with the flag"] = outcome(vk.vkFreeDescriptorSets, device, freeing, 1, [one[0]])
     seen["after free"] = allocate(device, freeing, [set0])[0]
     seen["free another pool's"] = outcome(vk.vkFreeDescriptorSets, device, freeing, 1, [sets[0]])
+    # As Taichi's: every core descriptor type declared, freeing allowed; sizes are not counted per type.
+    every = vk.vkCreateDescriptorPool(device, vk.VkDescriptorPoolCreateInfo(
+        flags=vk.VK_DESCRIPTOR_POOL_CREATE_FREE_DESCRIPTOR_SET_BIT, maxSets=4, poolSizeCount=11,
+        pPoolSizes=[vk.VkDescriptorPoolSize(type=kind, descriptorCount=1) for kind in range(11)]), None)
+    result, taken = allocate(device, every, [set0, set1])
+    seen["every type"] = [result, outcome(vk.vkFreeDescriptorSets, device, every, 2, taken)]
+    vk.vkDestroyDescriptorPool(device, every, None)
     _memory, buffer = memory_and_buffer(device)
     vk.vkResetDescriptorPool(device, plain, 0)
     s0, s1 = allocate(device, plain, [set0, set1])[1]

@@ -14,7 +14,9 @@
 - ``leaks``: what the process holds (descriptors, ring mappings, threads) with its instance alone,
   with a device that submitted work, and after vkDestroyDevice.
 - ``hostile``: wrong fence and semaphore handles, a pending fence submitted and reset again, a wait on a
-  binary semaphore nothing signals, a timeline signal going back; then an honest submission still works.
+  binary semaphore nothing signals, a timeline signal going back, vkDeviceWaitIdle and vkQueueWaitIdle
+  of VK_NULL_HANDLE (Taichi's device destructor waits on a device it never made); then an honest
+  submission still works.
 
 It knows nothing of libshare.
 """
@@ -198,6 +200,13 @@ def leaks() -> dict:
     return seen
 
 
+def direct(device, name: str, *args) -> int:
+    """The VkResult of the device-level command ``name`` called with ``args``, through the pointer
+    vkGetDeviceProcAddr gives (the driver's own, no loader trampoline: as Taichi calls it)."""
+    pointer = vk.lib.vkGetDeviceProcAddr(device, name.encode())
+    return vk.ffi.cast(f"PFN_{name}", pointer)(*args)
+
+
 def hostile() -> dict:
     _instance, device, queue = open_device("VK_KHR_timeline_semaphore")
     timeline = Timeline(device)
@@ -225,6 +234,8 @@ def hostile() -> dict:
                                             held if vk.vkWaitForFences(device, 1, [held], vk.VK_TRUE, 10**10) is None
                                             else None),
         "wrong event": outcome(vk.vkSetEvent, device, vk.ffi.cast("VkEvent", WRONG)),
+        "idle of no device": direct(device, "vkDeviceWaitIdle", vk.ffi.NULL),
+        "idle of no queue": direct(device, "vkQueueWaitIdle", vk.ffi.NULL),
     }
     honest_fence = fence(device)
     seen["still works"] = [outcome(vk.vkQueueSubmit, queue, 0, None, honest_fence),

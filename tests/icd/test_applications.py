@@ -9,7 +9,8 @@ and priority, and ``terminate_group`` of one group takes only that group's rows 
 while it dispatches leaves the other's results and the arbiter untouched.
 
 The packages are the ``test`` extra's; without one, its tests skip. A run that stops under libshare-run,
-or an ncnn whose Vulkan device was not made ready (ncnn then falls back to its CPU path by itself), fails
+an ncnn whose Vulkan device was not made ready (ncnn then falls back to its CPU path by itself), or a
+Taichi that ended on another backend than ``vulkan``, fails
 with :class:`DriverGap`: what the driver is still missing, with the application's own last words. Every
 other failure is a wrong result or a harness fault. The tests are marked ``applications``
 (``-m applications`` selects them). What each application asks of the driver: docs/icd.md.
@@ -97,11 +98,14 @@ def under_libshare(pipe_dir: Path, app: str, *args: str, name: str | None = None
 
 
 def checked(app: str, seen: dict | None, returncode: int | None, stderr: str) -> dict:
-    """``seen``, unless the application stopped (DriverGap) or ncnn fell back to its CPU (DriverGap)."""
+    """``seen``, unless the application stopped or fell back to its CPU (ncnn) or another backend (Taichi):
+    DriverGap."""
     if returncode not in (0, None) or seen is None:
         raise gap(f"{app} stopped under libshare-run (exit {returncode})", stderr)
     if app == "ncnn" and not seen["on_gpu"]:
         raise gap("ncnn's Vulkan device was not made ready through the driver (it fell back to its CPU path)", stderr)
+    if app == "taichi" and seen["arch"] != "vulkan":
+        raise gap(f"Taichi fell back to its {seen['arch']} backend: ti.init found no usable Vulkan device", stderr)
     return seen
 
 
@@ -222,6 +226,7 @@ def test_two_applications_at_once_show_in_ps_by_name_priority_and_group(daemon, 
             assert len(seen) == 2 and {row[2] for row in seen} == {name}, seen  # its instance's and its device's
             assert priorities(pipe_dir, held.process.pid) == {priority}
         assert results(taichi.seen) == expected["taichi"] and results(ncnn.seen) == expected["ncnn"]
+        assert max(int(row[6]) for row in rows(pipe_dir, taichi.process.pid)) > 0  # DISPATCHES: ran at the arbiter
         # The group, which ps has no column for: the operator ends one group, and only its rows go.
         assert control("--pipe-directory", str(pipe_dir), "terminate_group", "apps-ncnn").returncode == 0
         wait_until(lambda: not rows(pipe_dir, ncnn.process.pid), 30, "the ended group's sessions gone from ps")

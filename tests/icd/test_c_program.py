@@ -59,7 +59,8 @@ def test_a_c_program_uses_a_device_its_memory_and_buffers(tmp_path, daemon, vulk
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    assert lines[0].startswith(f"device libshare: {vulkan_device_name}|{64 << 20}|1|6|"), lines
+    # one queue family, 7: graphics (in name only), compute and transfer
+    assert lines[0].startswith(f"device libshare: {vulkan_device_name}|{64 << 20}|1|7|"), lines
     assert lines[1:] == USED
 
 
@@ -108,7 +109,7 @@ def test_the_driver_reads_every_welcome_without_a_memory_error(tmp_path):
         if case == "good":
             heap = GOOD["physical_device"]["memory"]
             lines = done.stdout.splitlines()
-            assert lines[0].startswith(f"device libshare: fake|{heap}|1|6|"), done.stdout
+            assert lines[0].startswith(f"device libshare: fake|{heap}|1|7|"), done.stdout
             # its ring is /dev/null: no region to open, so no device
             assert lines[1:] == [f"create_device {VK_ERROR_INITIALIZATION_FAILED}"], done.stdout
         else:

@@ -7,7 +7,7 @@ buffers: the arbiter holds its program for the device's session (with one progra
 pipeline is refused while it lives, and one is made again once it is destroyed); an image kernel is
 refused with the arbiter's reason on stderr and a null handle; a sampler layout is refused and reported
 unsupported; pools refuse sets past maxSets and frees without their flag, and reset and free give sets
-back; descriptor writes misaligned, of the wrong type or past a binding are skipped and named on
+back; a pool declaring every descriptor type (Taichi's) gives buffer sets; descriptor writes misaligned, of the wrong type or past a binding are skipped and named on
 stderr. Constants of every width (int64, double, int16, uint8, float16, uint64) reach the arbiter typed
 as the module declares them. A hostile program (wrong handles of every new kind, a specialization entry past its data, a
 module of garbage) gets errors, beside an honest Python client whose results are checked. What no
@@ -124,6 +124,7 @@ def test_a_pipeline_is_the_sessions_program_and_descriptors_are_checked(tmp_path
         "cache header": True, "cache size": 32, "cache too short": [VK_INCOMPLETE, 0], "merged": "ok",
         "past max sets": [VK_ERROR_OUT_OF_POOL_MEMORY, 0], "free without the flag": INVALID, "after reset": 0,
         "free with the flag": "ok", "after free": 0, "free another pool's": INVALID, "push template": INVALID,
+        "every type": [0, "ok"],
     }
     assert "storage images, sampled images and samplers are not supported" in stderr  # the arbiter's reason
     assert 'the module\'s entry point is "main", not "other"' in stderr
