@@ -182,6 +182,7 @@ VKAPI_ATTR void VKAPI_CALL ls_icd_DestroyDevice(VkDevice handle, const VkAllocat
     ls_icd_path_close(device); /* the ring unmapped, its lane and tickets gone, command buffers handed back */
     pthread_mutex_unlock(&device->lock);
     ls_icd_session_close(&device->session); /* the arbiter frees the session's buffers with it */
+    ls_icd_ledger_free(device);             /* (reattach.c's copies, the memfds it kept) */
     for (uint32_t i = 0; i < device->objects.used; i++) {
         struct ls_icd_object *object = &device->objects.slots[i];
         if (object->kind == LS_ICD_MEMORY && object->u.memory.address != NULL)

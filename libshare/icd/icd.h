@@ -25,6 +25,7 @@
  *   dispatch.c  vkCmd* pipelines, descriptor sets, push constants and dispatches (with bind groups)
  *   query.c     VkQueryPool (timestamps): an arbiter shared buffer read on the host, vkCmd*Query* recorded
  *   queue.c     the data path: the session's ring, its tickets, the submissions in flight, the waits
+ *   reattach.c  surviving an arbiter's restart: what a new arbiter needs, kept; the move to it
  *   submit.c    vkQueueSubmit and vkQueueSubmit2KHR: a submission read, checked and handed to queue.c
  *   refused.c   every other core device-level command: refused with an error, or nothing
  *
@@ -63,6 +64,10 @@ struct ls_icd_frame {
 
 int ls_icd_dial(const char *path, const char *supervisor_lock, int wait_ms);
 int ls_icd_send(int sock, const char *json, size_t json_len, const void *payload, size_t payload_len);
+int ls_icd_send_fds(int sock, const char *json, size_t json_len, const void *payload, size_t payload_len,
+                    const int *fds, int nfds);
+/* Whether a control daemon holds ``lock``: it supervises the pipe directory (a dead arbiter is replaced). */
+int ls_icd_supervised(const char *lock);
 int ls_icd_recv(int sock, struct ls_icd_frame *frame, int max_fds, int timeout_ms);
 void ls_icd_frame_free(struct ls_icd_frame *frame);
 
@@ -351,6 +356,7 @@ struct ls_icd_device {
     int has_allocator;
     uint32_t extensions;            /* LS_ICD_EXT_* enabled at vkCreateDevice */
     struct ls_icd_path *path;       /* queue.c's: the ring and the submissions in flight */
+    struct ls_icd_ledger *ledger;   /* reattach.c's: what a new arbiter needs, or NULL */
 };
 
 /* The device extensions offered (physical.c's list), as bits of ls_icd_device.extensions.
@@ -526,6 +532,9 @@ typedef VkResult (*ls_icd_ready)(struct ls_icd_device *device, const void *arg);
 
 VkResult ls_icd_path_open(struct ls_icd_device *device);
 void ls_icd_path_close(struct ls_icd_device *device);
+/* The device's lock held, nothing pushed in flight: the ring of ``device->session`` (a new one, after a
+ * reattach) replaces the old; the queue stays. VK_SUCCESS, or VK_ERROR_INITIALIZATION_FAILED (no ring). */
+VkResult ls_icd_path_reopen(struct ls_icd_device *device);
 /* The device's lock held: VK_SUCCESS (queued: pushed, or held behind a timeline wait), else
  * VK_ERROR_DEVICE_LOST or VK_ERROR_OUT_OF_HOST_MEMORY with its command buffers handed back
  * (ls_icd_command_buffer_done); either way ``s``'s arrays are queue.c's. */
@@ -540,6 +549,18 @@ int ls_icd_path_poll(struct ls_icd_device *device);
 VkResult ls_icd_path_wait(struct ls_icd_device *device, uint64_t timeout, ls_icd_ready ready, const void *arg);
 VKAPI_ATTR VkResult VKAPI_CALL ls_icd_DeviceWaitIdle(VkDevice device);
 VKAPI_ATTR VkResult VKAPI_CALL ls_icd_QueueWaitIdle(VkQueue queue);
+
+/* ---- reattach.c: surviving an arbiter's restart (docs/icd.md, "Surviving a restart") */
+struct ls_icd_ledger;
+/* ls_icd_ask's: file an answered request (``text``, its payload, ``reply``, ``frame``'s descriptors). */
+void ls_icd_keep(struct ls_icd_device *device, const char *text, const void *payload, size_t len, const cJSON *reply,
+                 const struct ls_icd_frame *frame);
+/* ls_icd_forget's: the object ``id`` is freed. */
+void ls_icd_unkeep(struct ls_icd_device *device, int64_t id);
+void ls_icd_ledger_free(struct ls_icd_device *device);
+/* queue.c's, the device's lock held, the arbiter dead and nothing pushed unanswered: move the device to
+ * the arbiter that replaced it. VK_SUCCESS, or VK_ERROR_DEVICE_LOST (the old session and ring stay). */
+VkResult ls_icd_reattach(struct ls_icd_device *device);
 
 /* ---- submit.c */
 VKAPI_ATTR VkResult VKAPI_CALL ls_icd_QueueSubmit(VkQueue queue, uint32_t count, const VkSubmitInfo *submits,
