@@ -17,7 +17,9 @@
  * The session's ring is opened with the device and closed with it (queue.c: the data path, and the
  * waits for idle). vkDestroyDevice closes the session (the arbiter frees its buffers, programs,
  * lists and groups with it), then unmaps its memory and frees what its compute objects hold
- * (pipeline.c's, descriptor.c's, and commands.c's pools with their command buffers). */
+ * (pipeline.c's, descriptor.c's, and commands.c's pools with their command buffers) and
+ * reattach.c's ledger. After an arbiter's restart the session and ring are the new arbiter's
+ * (reattach.c). */
 #define _GNU_SOURCE
 #include <stdio.h>
 #include <stdlib.h>

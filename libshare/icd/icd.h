@@ -112,6 +112,9 @@ struct ls_icd_session {
 };
 
 VkResult ls_icd_hello(struct ls_icd_session *session, struct ls_icd_physical *physical, char *why, size_t why_size);
+/* The same hello with "reattach": true (reattach.c: a device that moves to a new arbiter). */
+VkResult ls_icd_hello_again(struct ls_icd_session *session, struct ls_icd_physical *physical, char *why,
+                            size_t why_size);
 void ls_icd_session_close(struct ls_icd_session *session);
 
 /* ---- instance.c */

@@ -16,14 +16,15 @@
  * pidfd fired and nothing pushed is unanswered) refuses at once, VK_ERROR_DEVICE_LOST, when no
  * control daemon supervises the pipe directory (no successor: no wait), when the device holds
  * device-local memory (it died: the device is lost, the simpler honest rule), or when the ledger
- * missed a request (out of host memory). Otherwise it says hello again (hello.c, the same
- * settings: the same name, group and priority; the dial waits up to LS_ICD_DIAL_MS while the
- * daemon starts the new arbiter), checks the welcome comes from another arbiter, hands over the
- * ledger in id order with "id" added (any refusal or failed exchange: lost, the new session
- * closed), then swaps the sessions and maps the new ring (ls_icd_path_reopen). Costs: one
- * descriptor a host-visible allocation in the application (the arbiter's descriptor budget counts
- * its own side, which is the same before and after), and a copy of each program's SPIR-V and each
- * list's descriptors in host memory. docs/icd.md, "Surviving a restart". */
+ * missed a request (out of host memory). Otherwise it says hello again (hello.c's
+ * ls_icd_hello_again: "reattach": true, the same settings, so the same name, group and priority;
+ * the dial waits up to LS_ICD_DIAL_MS while the daemon starts the new arbiter), checks that the
+ * welcome comes from another arbiter, hands over the ledger in id order with "id" added (a
+ * refusal or a failed exchange: lost, the new session closed), then swaps the sessions and maps
+ * the new ring (queue.c's ls_icd_path_reopen). The costs: one descriptor a host-visible
+ * allocation in the application (the arbiter's descriptor budget counts its own side, the same
+ * before and after), and a copy of each program's SPIR-V and each list's descriptors in host
+ * memory. docs/icd.md, "Surviving a restart". */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -125,12 +126,16 @@ static int file(struct ls_icd_ledger *ledger, const cJSON *request, const char *
     return 0;
 }
 
+static struct ls_icd_ledger missed = {.missed = 1}; /* a device's whose ledger could not be made: never moves */
+
 void ls_icd_keep(struct ls_icd_device *device, const char *text, const void *payload, size_t len, const cJSON *reply,
                  const struct ls_icd_frame *frame)
 {
     cJSON *request;
     if (device->ledger == NULL && (device->ledger = calloc(1, sizeof(*device->ledger))) == NULL)
-        return; /* (nothing to mark: reattach finds no ledger and refuses) */
+        device->ledger = &missed;
+    if (device->ledger == &missed)
+        return;
     request = cJSON_Parse(text);
     if (request == NULL || file(device->ledger, request, text, payload, len, reply, frame) < 0)
         device->ledger->missed = 1;
@@ -155,13 +160,13 @@ void ls_icd_unkeep(struct ls_icd_device *device, int64_t id)
 void ls_icd_ledger_free(struct ls_icd_device *device)
 {
     struct ls_icd_ledger *ledger = device->ledger;
-    if (ledger == NULL)
+    device->ledger = NULL;
+    if (ledger == NULL || ledger == &missed)
         return;
     for (uint32_t i = 0; i < ledger->n; i++)
         kept_free(&ledger->items[i]);
     free(ledger->items);
     free(ledger);
-    device->ledger = NULL;
 }
 
 /* Make ``kept`` again at the arbiter of ``sock`` under its id: 0, or -1 (refused, or no answer). */
@@ -208,7 +213,7 @@ VkResult ls_icd_reattach(struct ls_icd_device *device)
     seen = calloc(1, sizeof(*seen));
     if (seen == NULL)
         return VK_ERROR_DEVICE_LOST;
-    result = ls_icd_hello(&fresh, seen, why, sizeof(why));
+    result = ls_icd_hello_again(&fresh, seen, why, sizeof(why));
     free(seen);
     if (result != VK_SUCCESS) {
         fprintf(stderr, "libshare Vulkan driver: no arbiter took over: %s\n", why);

@@ -7,7 +7,9 @@
  * code (descriptors beyond the expected ones are closed at once), and every read is bounded by
  * the caller's timeout. ls_icd_dial checks that the listener runs as this user or root, and
  * while a control daemon supervises the pipe directory it waits for an arbiter that is not
- * listening yet (one is on its way), up to the caller's bound, as wire.py's dial does. Functions return 0 (or a descriptor) or a negative errno. */
+ * listening yet (one is on its way), up to the caller's bound, as wire.py's dial does
+ * (ls_icd_supervised says whether one does). ls_icd_send_fds sends descriptors with a frame
+ * (reattach.c's import of a kept memfd). Functions return 0 (or a descriptor) or a negative errno. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
