@@ -17,6 +17,7 @@
 #include <sys/socket.h>
 
 #include "icd.h"
+#include "reattach.h"
 
 VkResult ls_icd_ask(struct ls_icd_device *device, const char *text, const void *payload, size_t payload_len,
                     struct ls_icd_frame *frame, int max_fds, cJSON **reply, VkResult refused)

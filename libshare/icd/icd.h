@@ -25,7 +25,7 @@
  *   dispatch.c  vkCmd* pipelines, descriptor sets, push constants and dispatches (with bind groups)
  *   query.c     VkQueryPool (timestamps): an arbiter shared buffer read on the host, vkCmd*Query* recorded
  *   queue.c     the data path: the session's ring, its tickets, the submissions in flight, the waits
- *   reattach.c  surviving an arbiter's restart: what a new arbiter needs, kept; the move to it
+ *   reattach.c  surviving an arbiter's restart: what a new arbiter needs, kept; the move to it (reattach.h)
  *   submit.c    vkQueueSubmit and vkQueueSubmit2KHR: a submission read, checked and handed to queue.c
  *   refused.c   every other core device-level command: refused with an error, or nothing
  *
@@ -112,7 +112,6 @@ struct ls_icd_session {
 };
 
 VkResult ls_icd_hello(struct ls_icd_session *session, struct ls_icd_physical *physical, char *why, size_t why_size);
-/* The same hello with "reattach": true (reattach.c: a device that moves to a new arbiter). */
 VkResult ls_icd_hello_again(struct ls_icd_session *session, struct ls_icd_physical *physical, char *why,
                             size_t why_size);
 void ls_icd_session_close(struct ls_icd_session *session);
@@ -535,9 +534,6 @@ typedef VkResult (*ls_icd_ready)(struct ls_icd_device *device, const void *arg);
 
 VkResult ls_icd_path_open(struct ls_icd_device *device);
 void ls_icd_path_close(struct ls_icd_device *device);
-/* The device's lock held, nothing pushed in flight: the ring of ``device->session`` (a new one, after a
- * reattach) replaces the old; the queue stays. VK_SUCCESS, or VK_ERROR_INITIALIZATION_FAILED (no ring). */
-VkResult ls_icd_path_reopen(struct ls_icd_device *device);
 /* The device's lock held: VK_SUCCESS (queued: pushed, or held behind a timeline wait), else
  * VK_ERROR_DEVICE_LOST or VK_ERROR_OUT_OF_HOST_MEMORY with its command buffers handed back
  * (ls_icd_command_buffer_done); either way ``s``'s arrays are queue.c's. */
@@ -552,18 +548,6 @@ int ls_icd_path_poll(struct ls_icd_device *device);
 VkResult ls_icd_path_wait(struct ls_icd_device *device, uint64_t timeout, ls_icd_ready ready, const void *arg);
 VKAPI_ATTR VkResult VKAPI_CALL ls_icd_DeviceWaitIdle(VkDevice device);
 VKAPI_ATTR VkResult VKAPI_CALL ls_icd_QueueWaitIdle(VkQueue queue);
-
-/* ---- reattach.c: surviving an arbiter's restart (docs/icd.md, "Surviving a restart") */
-struct ls_icd_ledger;
-/* ls_icd_ask's: file an answered request (``text``, its payload, ``reply``, ``frame``'s descriptors). */
-void ls_icd_keep(struct ls_icd_device *device, const char *text, const void *payload, size_t len, const cJSON *reply,
-                 const struct ls_icd_frame *frame);
-/* ls_icd_forget's: the object ``id`` is freed. */
-void ls_icd_unkeep(struct ls_icd_device *device, int64_t id);
-void ls_icd_ledger_free(struct ls_icd_device *device);
-/* queue.c's, the device's lock held, the arbiter dead and nothing pushed unanswered: move the device to
- * the arbiter that replaced it. VK_SUCCESS, or VK_ERROR_DEVICE_LOST (the old session and ring stay). */
-VkResult ls_icd_reattach(struct ls_icd_device *device);
 
 /* ---- submit.c */
 VKAPI_ATTR VkResult VKAPI_CALL ls_icd_QueueSubmit(VkQueue queue, uint32_t count, const VkSubmitInfo *submits,

@@ -46,6 +46,7 @@
 #include <unistd.h>
 
 #include "icd.h"
+#include "reattach.h"
 #include "ring.h"
 
 #define SLICE_NS 50000000LL       /* the longest sleep between looks at a deadline (capi.c's LSX_SLICE_NS) */

@@ -34,6 +34,7 @@
 #include <unistd.h>
 
 #include "icd.h"
+#include "reattach.h"
 
 struct ls_icd_kept {
     int64_t id;
