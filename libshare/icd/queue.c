@@ -170,12 +170,14 @@ VkResult ls_icd_path_open(struct ls_icd_device *device)
 VkResult ls_icd_path_reopen(struct ls_icd_device *device)
 {
     struct ls_icd_path *path = device->path;
+    int rc;
+    pthread_mutex_lock(&path->cq_lock); /* a waiter still sleeping on the old ring leaves it first */
     close_ring(path);
-    if (open_ring(path, &device->session) < 0) {
+    rc = open_ring(path, &device->session);
+    if (rc < 0)
         close_ring(path);
-        return VK_ERROR_INITIALIZATION_FAILED;
-    }
-    return VK_SUCCESS;
+    pthread_mutex_unlock(&path->cq_lock);
+    return rc < 0 ? VK_ERROR_INITIALIZATION_FAILED : VK_SUCCESS;
 }
 
 static void free_submission(struct ls_icd_submission *s)

@@ -5,8 +5,10 @@ memory holding three buffers A, B, C, step.comp's pipeline (B = A * SCALE + add)
 buffer of one dispatch. It submits it and waits, writes a new A and a pattern in C, and prints one
 JSON line (B after the first submission); then it waits for a line on stdin (the test kills the
 arbiter meanwhile) and submits the same command buffer again, and prints a second JSON line: what
-the submission and its fence's wait answered, B and C. MODE ``device`` holds device-local memory
-too. It knows nothing of libshare.
+the submission and its fence's wait answered, B and C. MODE ``survive``: that alone; ``device``:
+it holds device-local memory too; ``flight``: after the first line it submits without waiting (the
+test stopped the arbiter), prints what vkQueueSubmit answered, and after a second line on stdin (the
+arbiter killed) waits on that submission's fence before going on. It knows nothing of libshare.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import vulkan as vk
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from _commands import begin, command_buffers, end  # noqa: E402
 from _dispatches import N, Program  # noqa: E402
-from _memory import allocate  # noqa: E402
+from _memory import allocate, outcome  # noqa: E402
 
 ADD = 7
 
@@ -44,8 +46,14 @@ def main() -> None:
     p.buffer_words(0)[:] = np.arange(N, dtype=np.uint32) * 5 + 1  # written before the restart
     p.buffer_words(2)[:] = np.arange(N, dtype=np.uint32) ^ 0x5A5A
     print(json.dumps(first), flush=True)
-    sys.stdin.readline()  # the arbiter is killed (and replaced, under a control daemon)
+    sys.stdin.readline()  # the arbiter is killed (and replaced, under a control daemon), or stopped
     second = {}
+    if mode == "flight":  # pushed while the arbiter is stopped: in flight when it is killed
+        fence = vk.vkCreateFence(p.device, vk.VkFenceCreateInfo(), None)
+        print(json.dumps({"submit": outcome(vk.vkQueueSubmit, p.queue, 1, [vk.VkSubmitInfo(
+            commandBufferCount=1, pCommandBuffers=[cb])], fence)}), flush=True)
+        sys.stdin.readline()  # killed now
+        second["wait"] = outcome(vk.vkWaitForFences, p.device, 1, [fence], vk.VK_TRUE, 60 * 10 ** 9)
     second["submit"], fence = p.submit([cb])
     second["again"], _ = p.submit([cb])  # (lost stays lost; moved goes on)
     second["B"], second["C"] = p.buffer_words(1).tolist(), p.buffer_words(2).tolist()

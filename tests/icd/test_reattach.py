@@ -3,8 +3,9 @@
 Real processes on lavapipe: an unmodified program (_restart.py) under libshare-run, its arbiter
 SIGKILLed between two submissions of the same command buffer. Under a control daemon
 (``libshare-control -d``) the device moves to the new arbiter: the submission runs there (numpy
-checks it) over the same host-visible memory; a device holding device-local memory is lost; with
-no control daemon the death is VK_ERROR_DEVICE_LOST at once.
+checks it) over the same host-visible memory; a device holding device-local memory is lost, and so
+is one whose submission was in flight (pushed while the arbiter was stopped, then killed); with no
+control daemon the death is VK_ERROR_DEVICE_LOST at once.
 """
 
 from __future__ import annotations
@@ -37,6 +38,14 @@ class App:
         line = self.process.stdout.readline()
         assert line, self.process.communicate(timeout=60)[1][-3000:]
         self.first = json.loads(line)
+
+    def step(self) -> dict:
+        """Tell it to go on, and read the line it prints next."""
+        self.process.stdin.write("go\n")
+        self.process.stdin.flush()
+        line = self.process.stdout.readline()
+        assert line, self.process.communicate(timeout=60)[1][-3000:]
+        return json.loads(line)
 
     def go_on(self) -> tuple[dict, str]:
         """The second line and the program's stderr (it must exit 0)."""
@@ -89,6 +98,27 @@ def test_a_device_holding_device_local_memory_is_lost_at_the_restart(tmp_path, v
         assert (second["submit"], second["again"]) == ("VkErrorDeviceLost",) * 2, second
         assert "device-local memory died with it" in err
         assert second["C"] == (np.arange(N, dtype=np.uint32) ^ 0x5A5A).tolist()  # the host's pages stay
+    finally:
+        daemon.stop()
+
+
+def test_work_in_flight_at_the_death_loses_the_device(tmp_path, vulkan_device_name, step):
+    daemon = Daemon(tmp_path / "pipe")
+    try:
+        app = App(daemon.pipe, "flight", step)
+        first_ran(app)
+        old = daemon.arbiter()
+        os.kill(old, signal.SIGSTOP)  # it takes nothing from the ring now: the next submission stays in flight
+        try:
+            assert app.step() == {"submit": "ok"}
+        finally:
+            os.kill(old, signal.SIGKILL)
+        assert exited(old, 60)
+        second, err = app.go_on()
+        # It may have run: its fence's wait, and every later submission, answer DEVICE_LOST.
+        assert (second["wait"], second["submit"], second["again"]) == ("VkErrorDeviceLost",) * 3, second
+        assert "moved to pid" not in err
+        assert second["C"] == (np.arange(N, dtype=np.uint32) ^ 0x5A5A).tolist()
     finally:
         daemon.stop()
 
