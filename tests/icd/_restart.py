@@ -8,13 +8,15 @@ arbiter meanwhile) and submits the same command buffer again, and prints a secon
 the submission and its fence's wait answered, B and C. MODE ``survive``: that alone; ``device``:
 it holds device-local memory too; ``flight``: after the first line it submits without waiting (the
 test stopped the arbiter), prints what vkQueueSubmit answered, and after a second line on stdin (the
-arbiter killed) waits on that submission's fence before going on. It knows nothing of libshare.
+arbiter killed) waits on that submission's fence before going on. Last, a new command buffer (B to C,
+add 8) is recorded and submitted; C after it is printed too. It knows nothing of libshare.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+import time
 
 import numpy as np
 import vulkan as vk
@@ -54,9 +56,19 @@ def main() -> None:
             commandBufferCount=1, pCommandBuffers=[cb])], fence)}), flush=True)
         sys.stdin.readline()  # killed now
         second["wait"] = outcome(vk.vkWaitForFences, p.device, 1, [fence], vk.VK_TRUE, 60 * 10 ** 9)
+    started = time.monotonic()
     second["submit"], fence = p.submit([cb])
+    second["seconds"] = time.monotonic() - started  # (reported, for a reader: the move included)
     second["again"], _ = p.submit([cb])  # (lost stays lost; moved goes on)
     second["B"], second["C"] = p.buffer_words(1).tolist(), p.buffer_words(2).tolist()
+    later = command_buffers(p.device, p.pool)[0]  # recorded on the new arbiter: new ids above the kept ones
+    begin(later)
+    vk.vkCmdBindPipeline(later, vk.VK_PIPELINE_BIND_POINT_COMPUTE, p.pipeline)
+    p.bind(later, p.new_set({0: (1, 0), 1: (2, 0)}))
+    p.push(later, ADD + 1)
+    vk.vkCmdDispatch(later, N // 64, 1, 1)
+    second["later"] = (end(later), p.submit([later])[0])
+    second["C later"] = p.buffer_words(2).tolist()
     print(json.dumps(second), flush=True)
     p.close()
 

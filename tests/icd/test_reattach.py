@@ -84,6 +84,8 @@ def test_a_device_moves_to_the_new_arbiter_and_its_command_buffer_runs_there(tmp
         assert second["B"] == expected(a)
         assert second["C"] == (np.arange(N, dtype=np.uint32) ^ 0x5A5A).tolist()  # kept over the restart
         assert f"the device moved to pid {new}" in err
+        assert second["later"] == ["ok", "ok"]  # a list and group made on the new arbiter, ids above the kept
+        assert second["C later"] == (np.array(second["B"], np.uint32) * SCALE + ADD + 1).astype(np.uint32).tolist()
     finally:
         daemon.stop()
 
