@@ -9,7 +9,9 @@
  * range; a refusal ({"ok": false, "error": NAME, "message": TEXT}) is answered with the
  * caller's ``refused`` result (VK_ERROR_OUT_OF_DEVICE_MEMORY for QuotaExceeded), and written on
  * stderr, one line, as the application cannot be told more through Vulkan. An answered request is
- * filed in the device's ledger and a free strikes it (reattach.c: what a new arbiter needs). */
+ * filed in the device's ledger and a free strikes it (reattach.c: what a new arbiter needs); a
+ * request to an arbiter that died moves the device to its successor first (queue.c's
+ * ls_icd_path_survive), or is made on the dead session and fails (the device is lost then). */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <stdio.h>
@@ -23,7 +25,10 @@ VkResult ls_icd_ask(struct ls_icd_device *device, const char *text, const void *
                     struct ls_icd_frame *frame, int max_fds, cJSON **reply, VkResult refused)
 {
     const cJSON *ok, *error;
-    int rc = ls_icd_send(device->session.sock, text, strlen(text), payload, payload_len);
+    int rc;
+    if (device->path != NULL)
+        ls_icd_path_survive(device); /* a dead arbiter's successor first (reattach.c) */
+    rc = ls_icd_send(device->session.sock, text, strlen(text), payload, payload_len);
     *reply = NULL;
     memset(frame, 0, sizeof(*frame));
     if (rc == 0)

@@ -25,12 +25,13 @@
  * terminate_client does), a ring that fails (the arbiter closed the session or died: -LS_EPEERDEAD)
  * or a push that fails makes the device lost: nothing more is retired (no fence of it signals),
  * the command buffers queued are handed back, and every later submission and wait answers
- * VK_ERROR_DEVICE_LOST. A submission first looks at the arbiter's pidfd: when it died with nothing
- * pushed left unanswered (the answers it left are filed first), the device moves to the arbiter a
- * control daemon started in its place (reattach.c, which says hello and hands its objects over, then
- * ls_icd_path_reopen maps the new ring: the same queue, a new book, the numbering goes on), and the
- * submission is pushed there; a death met with work in flight (that work may have been lost), or
- * with no successor, makes the device lost (docs/icd.md, "Surviving a restart").
+ * VK_ERROR_DEVICE_LOST. A submission, and a control request (control.c), first looks at the
+ * arbiter's pidfd (ls_icd_path_survive): when it died with nothing pushed left unanswered (the
+ * answers it left are filed first), the device moves to the arbiter a control daemon started in
+ * its place (reattach.c, which says hello and hands its objects over, then ls_icd_path_reopen maps
+ * the new ring under cq_lock: the same queue, a new book, the numbering goes on), and the work goes
+ * there; a death met with work in flight (that work may have been lost), or with no successor,
+ * makes the device lost (docs/icd.md, "Surviving a restart").
  *
  * The device's lock is held around everything here but the sleeps; cq_lock is taken after it,
  * never before (a reader sleeping on the ring holds cq_lock alone). */
@@ -67,6 +68,8 @@ struct ls_icd_path {
     struct ls_icd_submission *queued; /* in submission order: the pushed, then the held */
     uint32_t nqueued, capacity;
     int lost;
+    int busy;                     /* retiring or surviving: a control request made meanwhile (a freed
+                                   * command buffer's lists) does not look at the arbiter again */
 };
 
 static int64_t now_ns(void)
@@ -290,26 +293,26 @@ static int in_flight(const struct ls_icd_path *path)
     return 0;
 }
 
-/* Before a push: when the arbiter died (its pidfd readable), the answers it left are filed and, with
- * nothing pushed left unanswered, the device moves to the arbiter that replaced it (reattach.c);
- * else (work that may have been lost, no successor, a refusal) the device is lost. */
-static void survive(struct ls_icd_device *device)
+/* Before a push, and control.c's requests: when the arbiter died (its pidfd readable), the answers
+ * it left are filed and, with nothing pushed left unanswered, the device moves to the arbiter that
+ * replaced it (reattach.c); else (work that may have been lost, no successor, a refusal) the device is lost. */
+void ls_icd_path_survive(struct ls_icd_device *device)
 {
     struct ls_icd_path *path = device->path;
     struct pollfd gone = {.fd = path->pidfd, .events = POLLIN};
-    if (path->lost || path->pidfd < 0 || poll(&gone, 1, 0) != 1)
+    if (path->busy || path->lost || path->pidfd < 0 || poll(&gone, 1, 0) != 1)
         return;
-    if (ls_icd_path_poll(device))
-        return;
-    if (in_flight(path) || ls_icd_reattach(device) != VK_SUCCESS)
+    path->busy++;
+    if (!ls_icd_path_poll(device) && (in_flight(path) || ls_icd_reattach(device) != VK_SUCCESS))
         lose(path);
+    path->busy--;
 }
 
 VkResult ls_icd_path_submit(struct ls_icd_device *device, struct ls_icd_submission *s)
 {
     struct ls_icd_path *path = device->path;
     int held;
-    survive(device);
+    ls_icd_path_survive(device);
     held = path->nqueued > 0 && !path->queued[path->nqueued - 1].pushed;
     if (path->lost) {
         give_back(s);
@@ -373,6 +376,7 @@ static void retire(struct ls_icd_device *device)
 {
     struct ls_icd_path *path = device->path;
     uint32_t kept = 0;
+    path->busy++;
     for (uint32_t i = 0; i < path->nqueued && !path->lost; i++) {
         struct ls_icd_submission *s = &path->queued[i];
         while (s->pushed && s->next < s->end) {
@@ -384,6 +388,7 @@ static void retire(struct ls_icd_device *device)
                 path->nqueued = kept + (path->nqueued - i); /* (what is left goes in lose's abandon) */
                 memmove(path->queued + kept, path->queued + i, (path->nqueued - kept) * sizeof(*s));
                 lose(path);
+                path->busy--;
                 return;
             }
             s->next++;
@@ -397,6 +402,7 @@ static void retire(struct ls_icd_device *device)
     }
     if (!path->lost)
         path->nqueued = kept;
+    path->busy--;
 }
 
 int ls_icd_path_poll(struct ls_icd_device *device)

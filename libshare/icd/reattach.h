@@ -1,5 +1,5 @@
 /* The calls of reattach.c (surviving an arbiter's restart, docs/icd.md "Surviving a restart") and
- * the one of queue.c it makes: between control.c, device.c, queue.c and reattach.c alone. */
+ * the two of queue.c around it: between control.c, device.c, queue.c and reattach.c alone. */
 #ifndef LIBSHARE_ICD_REATTACH_H
 #define LIBSHARE_ICD_REATTACH_H
 
@@ -19,5 +19,8 @@ VkResult ls_icd_reattach(struct ls_icd_device *device);
 /* queue.c's, for ls_icd_reattach (the lock held, nothing pushed in flight): the ring of ``device->session``
  * (the new arbiter's) replaces the old; the queue stays. VK_SUCCESS, or VK_ERROR_INITIALIZATION_FAILED. */
 VkResult ls_icd_path_reopen(struct ls_icd_device *device);
+/* queue.c's, for a submission and control.c's requests (the lock held): when the arbiter died, move the
+ * device to its successor (ls_icd_reattach) with nothing in flight, else the device is lost. */
+void ls_icd_path_survive(struct ls_icd_device *device);
 
 #endif

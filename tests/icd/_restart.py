@@ -9,7 +9,9 @@ the submission and its fence's wait answered, B and C. MODE ``survive``: that al
 it holds device-local memory too; ``flight``: after the first line it submits without waiting (the
 test stopped the arbiter), prints what vkQueueSubmit answered, and after a second line on stdin (the
 arbiter killed) waits on that submission's fence before going on. Last, a new command buffer (B to C,
-add 8) is recorded and submitted; C after it is printed too. It knows nothing of libshare.
+add 8) is recorded and submitted; C after it is printed too. ``control``: as ``survive``, but that
+command buffer is recorded (vkEndCommandBuffer: a control request) before the first submission after
+the restart. It knows nothing of libshare.
 """
 
 from __future__ import annotations
@@ -27,6 +29,17 @@ from _dispatches import N, Program  # noqa: E402
 from _memory import allocate, outcome  # noqa: E402
 
 ADD = 7
+
+
+def record_later(p: Program):
+    """A command buffer recorded after the restart (B to C, add 8): new ids above the kept ones."""
+    later = command_buffers(p.device, p.pool)[0]
+    begin(later)
+    vk.vkCmdBindPipeline(later, vk.VK_PIPELINE_BIND_POINT_COMPUTE, p.pipeline)
+    p.bind(later, p.new_set({0: (1, 0), 1: (2, 0)}))
+    p.push(later, ADD + 1)
+    vk.vkCmdDispatch(later, N // 64, 1, 1)
+    return later, end(later)
 
 
 def main() -> None:
@@ -56,18 +69,16 @@ def main() -> None:
             commandBufferCount=1, pCommandBuffers=[cb])], fence)}), flush=True)
         sys.stdin.readline()  # killed now
         second["wait"] = outcome(vk.vkWaitForFences, p.device, 1, [fence], vk.VK_TRUE, 60 * 10 ** 9)
+    if mode == "control":  # a control request (vkEndCommandBuffer's load_list) meets the restart first
+        later, second["later end"] = record_later(p)
     started = time.monotonic()
     second["submit"], fence = p.submit([cb])
     second["seconds"] = time.monotonic() - started  # (reported, for a reader: the move included)
     second["again"], _ = p.submit([cb])  # (lost stays lost; moved goes on)
     second["B"], second["C"] = p.buffer_words(1).tolist(), p.buffer_words(2).tolist()
-    later = command_buffers(p.device, p.pool)[0]  # recorded on the new arbiter: new ids above the kept ones
-    begin(later)
-    vk.vkCmdBindPipeline(later, vk.VK_PIPELINE_BIND_POINT_COMPUTE, p.pipeline)
-    p.bind(later, p.new_set({0: (1, 0), 1: (2, 0)}))
-    p.push(later, ADD + 1)
-    vk.vkCmdDispatch(later, N // 64, 1, 1)
-    second["later"] = (end(later), p.submit([later])[0])
+    if mode != "control":
+        later, second["later end"] = record_later(p)
+    second["later"] = p.submit([later])[0]
     second["C later"] = p.buffer_words(2).tolist()
     print(json.dumps(second), flush=True)
     p.close()

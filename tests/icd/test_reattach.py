@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from tests.arbiter.conftest import wait_until
 from tests.arbiter.test_reattach import Daemon, exited
@@ -72,10 +73,13 @@ def kill_and_replace(daemon: Daemon) -> int:
                       "a new arbiter")
 
 
-def test_a_device_moves_to_the_new_arbiter_and_its_command_buffer_runs_there(tmp_path, vulkan_device_name, step):
+@pytest.mark.parametrize("mode", ["survive", "control"])
+def test_a_device_moves_to_the_new_arbiter_and_its_command_buffer_runs_there(tmp_path, vulkan_device_name, step,
+                                                                             mode):
+    """The move made by a submission (survive), or by vkEndCommandBuffer's load_list (control)."""
     daemon = Daemon(tmp_path / "pipe")
     try:
-        app = App(daemon.pipe, "survive", step)
+        app = App(daemon.pipe, mode, step)
         first_ran(app)
         new = kill_and_replace(daemon)
         second, err = app.go_on()
@@ -84,7 +88,7 @@ def test_a_device_moves_to_the_new_arbiter_and_its_command_buffer_runs_there(tmp
         assert second["B"] == expected(a)
         assert second["C"] == (np.arange(N, dtype=np.uint32) ^ 0x5A5A).tolist()  # kept over the restart
         assert f"the device moved to pid {new}" in err
-        assert second["later"] == ["ok", "ok"]  # a list and group made on the new arbiter, ids above the kept
+        assert (second["later end"], second["later"]) == ("ok", "ok")  # made on the new arbiter, ids above the kept
         assert second["C later"] == (np.array(second["B"], np.uint32) * SCALE + ADD + 1).astype(np.uint32).tolist()
     finally:
         daemon.stop()
