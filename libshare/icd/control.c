@@ -8,7 +8,10 @@
  * parsed with cJSON and its fields read through ls_icd_whole_field, which checks type and
  * range; a refusal ({"ok": false, "error": NAME, "message": TEXT}) is answered with the
  * caller's ``refused`` result (VK_ERROR_OUT_OF_DEVICE_MEMORY for QuotaExceeded), and written on
- * stderr, one line, as the application cannot be told more through Vulkan. */
+ * stderr, one line, as the application cannot be told more through Vulkan. An answered request is
+ * filed in the device's ledger and a free strikes it (reattach.c: what a new arbiter needs); a
+ * request to an arbiter that died moves the device to its successor first (queue.c's
+ * ls_icd_path_survive), or is made on the dead session and fails (the device is lost then). */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <stdio.h>
@@ -16,12 +19,16 @@
 #include <sys/socket.h>
 
 #include "icd.h"
+#include "reattach.h"
 
 VkResult ls_icd_ask(struct ls_icd_device *device, const char *text, const void *payload, size_t payload_len,
                     struct ls_icd_frame *frame, int max_fds, cJSON **reply, VkResult refused)
 {
     const cJSON *ok, *error;
-    int rc = ls_icd_send(device->session.sock, text, strlen(text), payload, payload_len);
+    int rc;
+    if (device->path != NULL)
+        ls_icd_path_survive(device); /* a dead arbiter's successor first (reattach.c) */
+    rc = ls_icd_send(device->session.sock, text, strlen(text), payload, payload_len);
     *reply = NULL;
     memset(frame, 0, sizeof(*frame));
     if (rc == 0)
@@ -33,8 +40,10 @@ VkResult ls_icd_ask(struct ls_icd_device *device, const char *text, const void *
     }
     *reply = cJSON_ParseWithLength(frame->json, frame->json_len);
     ok = cJSON_GetObjectItemCaseSensitive(*reply, "ok");
-    if (cJSON_IsTrue(ok))
+    if (cJSON_IsTrue(ok)) {
+        ls_icd_keep(device, text, payload, payload_len, *reply, frame); /* what a new arbiter needs (reattach.c) */
         return VK_SUCCESS;
+    }
     error = cJSON_GetObjectItemCaseSensitive(*reply, "error");
     if (cJSON_IsString(error) && strcmp(error->valuestring, "QuotaExceeded") == 0)
         return VK_ERROR_OUT_OF_DEVICE_MEMORY;
@@ -56,6 +65,7 @@ void ls_icd_forget(struct ls_icd_device *device, const char *field, int64_t id)
     char text[96];
     struct ls_icd_frame frame;
     cJSON *reply;
+    ls_icd_unkeep(device, id);
     snprintf(text, sizeof(text), "{\"op\":\"free\",\"%s\":%lld}", field, (long long)id);
     ls_icd_ask(device, text, NULL, 0, &frame, 0, &reply, LS_ICD_INVALID); /* a refusal: the session's end frees it */
     cJSON_Delete(reply);

@@ -17,7 +17,9 @@
  * The session's ring is opened with the device and closed with it (queue.c: the data path, and the
  * waits for idle). vkDestroyDevice closes the session (the arbiter frees its buffers, programs,
  * lists and groups with it), then unmaps its memory and frees what its compute objects hold
- * (pipeline.c's, descriptor.c's, and commands.c's pools with their command buffers). */
+ * (pipeline.c's, descriptor.c's, and commands.c's pools with their command buffers) and
+ * reattach.c's ledger. After an arbiter's restart the session and ring are the new arbiter's
+ * (reattach.c). */
 #define _GNU_SOURCE
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,6 +27,7 @@
 #include <sys/mman.h>
 
 #include "icd.h"
+#include "reattach.h"
 
 /* 1 when ``asked`` (a run of ``count`` VkBool32) turns on one that ``offered`` leaves off. */
 static int more_than(const VkBool32 *asked, const VkBool32 *offered, size_t count)
@@ -176,6 +179,7 @@ VKAPI_ATTR void VKAPI_CALL ls_icd_DestroyDevice(VkDevice handle, const VkAllocat
     ls_icd_path_close(device); /* the ring unmapped, its lane and tickets gone, command buffers handed back */
     pthread_mutex_unlock(&device->lock);
     ls_icd_session_close(&device->session); /* the arbiter frees the session's buffers with it */
+    ls_icd_ledger_free(device);             /* (reattach.c's copies, the memfds it kept) */
     for (uint32_t i = 0; i < device->objects.used; i++) {
         struct ls_icd_object *object = &device->objects.slots[i];
         if (object->kind == LS_ICD_MEMORY && object->u.memory.address != NULL)

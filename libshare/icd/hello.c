@@ -9,7 +9,9 @@
  * device's VkPhysicalDeviceProperties as the payload. Everything is checked before it is used:
  * the payload's size, each field's type and range, the strings' lengths. A refusal (the
  * arbiter's {"ok": false, "error", "message"}) or anything malformed is
- * VK_ERROR_INITIALIZATION_FAILED, with the reason written into ``why``. */
+ * VK_ERROR_INITIALIZATION_FAILED, with the reason written into ``why``. ls_icd_hello_again is the
+ * same hello with "reattach": true, for a device that moves to a new arbiter (reattach.c): the
+ * arbiter refuses it (ClientTerminated) when its work ended the last arbiter. */
 #define _GNU_SOURCE
 #include <ctype.h>
 #include <errno.h>
@@ -78,7 +80,7 @@ static int add_limits(cJSON *hello, const char *text)
     }
 }
 
-static char *hello_text(const struct ls_icd_settings *settings, char *why, size_t why_size)
+static char *hello_text(const struct ls_icd_settings *settings, int reattach, char *why, size_t why_size)
 {
     cJSON *hello = cJSON_CreateObject();
     char *text = NULL;
@@ -88,6 +90,7 @@ static char *hello_text(const struct ls_icd_settings *settings, char *why, size_
         cJSON_AddStringToObject(hello, "name", settings->name ? settings->name : "") == NULL ||
         cJSON_AddNumberToObject(hello, "version", HELLO_VERSION) == NULL ||
         cJSON_AddBoolToObject(hello, "device_info", 1) == NULL ||
+        (reattach && cJSON_AddBoolToObject(hello, "reattach", 1) == NULL) ||
         (settings->group && cJSON_AddStringToObject(hello, "group", settings->group) == NULL) ||
         (settings->priority && cJSON_AddStringToObject(hello, "priority", settings->priority) == NULL) ||
         (settings->share && cJSON_AddStringToObject(hello, "share", settings->share) == NULL))
@@ -216,7 +219,8 @@ static VkResult read_welcome(struct ls_icd_session *session, struct ls_icd_physi
     return result;
 }
 
-VkResult ls_icd_hello(struct ls_icd_session *session, struct ls_icd_physical *physical, char *why, size_t why_size)
+static VkResult hello(struct ls_icd_session *session, struct ls_icd_physical *physical, int reattach, char *why,
+                      size_t why_size)
 {
     struct ls_icd_settings settings;
     struct ls_icd_frame frame;
@@ -226,7 +230,7 @@ VkResult ls_icd_hello(struct ls_icd_session *session, struct ls_icd_physical *ph
     session->sock = session->ring_fd = session->bell_fd = -1;
     if (ls_icd_read_settings(&settings) < 0)
         return refuse(why, why_size, "the pipe directory's path is too long", NULL);
-    text = hello_text(&settings, why, why_size);
+    text = hello_text(&settings, reattach, why, why_size);
     if (text == NULL)
         return why[0] ? VK_ERROR_INITIALIZATION_FAILED : VK_ERROR_OUT_OF_HOST_MEMORY;
     session->sock = ls_icd_dial(settings.socket_path, settings.supervisor_lock, LS_ICD_DIAL_MS);
@@ -250,6 +254,17 @@ VkResult ls_icd_hello(struct ls_icd_session *session, struct ls_icd_physical *ph
     if (result != VK_SUCCESS)
         ls_icd_session_close(session);
     return result;
+}
+
+VkResult ls_icd_hello(struct ls_icd_session *session, struct ls_icd_physical *physical, char *why, size_t why_size)
+{
+    return hello(session, physical, 0, why, why_size);
+}
+
+VkResult ls_icd_hello_again(struct ls_icd_session *session, struct ls_icd_physical *physical, char *why,
+                            size_t why_size)
+{
+    return hello(session, physical, 1, why, why_size);
 }
 
 void ls_icd_session_close(struct ls_icd_session *session)

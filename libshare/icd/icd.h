@@ -25,6 +25,7 @@
  *   dispatch.c  vkCmd* pipelines, descriptor sets, push constants and dispatches (with bind groups)
  *   query.c     VkQueryPool (timestamps): an arbiter shared buffer read on the host, vkCmd*Query* recorded
  *   queue.c     the data path: the session's ring, its tickets, the submissions in flight, the waits
+ *   reattach.c  surviving an arbiter's restart: what a new arbiter needs, kept; the move to it (reattach.h)
  *   submit.c    vkQueueSubmit and vkQueueSubmit2KHR: a submission read, checked and handed to queue.c
  *   refused.c   the markers of the core device-level commands not implemented, and the void queries' answers
  *   stubs.c     generated (_stubs.py): each marker's command as a typed stub, refused with an error or nothing
@@ -64,6 +65,10 @@ struct ls_icd_frame {
 
 int ls_icd_dial(const char *path, const char *supervisor_lock, int wait_ms);
 int ls_icd_send(int sock, const char *json, size_t json_len, const void *payload, size_t payload_len);
+int ls_icd_send_fds(int sock, const char *json, size_t json_len, const void *payload, size_t payload_len,
+                    const int *fds, int nfds);
+/* Whether a control daemon holds ``lock``: it supervises the pipe directory (a dead arbiter is replaced). */
+int ls_icd_supervised(const char *lock);
 int ls_icd_recv(int sock, struct ls_icd_frame *frame, int max_fds, int timeout_ms);
 void ls_icd_frame_free(struct ls_icd_frame *frame);
 
@@ -108,6 +113,8 @@ struct ls_icd_session {
 };
 
 VkResult ls_icd_hello(struct ls_icd_session *session, struct ls_icd_physical *physical, char *why, size_t why_size);
+VkResult ls_icd_hello_again(struct ls_icd_session *session, struct ls_icd_physical *physical, char *why,
+                            size_t why_size);
 void ls_icd_session_close(struct ls_icd_session *session);
 
 /* ---- instance.c */
@@ -352,6 +359,7 @@ struct ls_icd_device {
     int has_allocator;
     uint32_t extensions;            /* LS_ICD_EXT_* enabled at vkCreateDevice */
     struct ls_icd_path *path;       /* queue.c's: the ring and the submissions in flight */
+    struct ls_icd_ledger *ledger;   /* reattach.c's: what a new arbiter needs, or NULL */
 };
 
 /* The device extensions offered (physical.c's list), as bits of ls_icd_device.extensions.

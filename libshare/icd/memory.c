@@ -3,7 +3,8 @@
  * vkAllocateMemory sends the arbiter the request a Python session sends (session.alloc):
  * {"op": "alloc", "size": N, "kind": "shared"} for the host-visible type (1), "device" for the
  * device-local one (0). A shared buffer's reply carries its sealed memfd, which the driver maps
- * whole at once (MAP_SHARED: the arbiter's device reads and writes the same pages) and closes;
+ * whole at once (MAP_SHARED: the arbiter's device reads and writes the same pages) and closes
+ * (reattach.c's ledger keeps a duplicate, to hand the same pages to a new arbiter after a restart);
  * vkMapMemory hands out that mapping, zero copy, and the memory is coherent, so flushing and
  * invalidating only check their ranges. Everything in the reply is checked: "ok", a buffer id,
  * a size of whole pages at least the one asked and at most 2 GiB past it, one descriptor for a

@@ -25,14 +25,21 @@
  * terminate_client does), a ring that fails (the arbiter closed the session or died: -LS_EPEERDEAD)
  * or a push that fails makes the device lost: nothing more is retired (no fence of it signals),
  * the command buffers queued are handed back, and every later submission and wait answers
- * VK_ERROR_DEVICE_LOST. The driver does not reattach to a restarted arbiter: a device that
- * outlives its arbiter is lost. vkDeviceWaitIdle of VK_NULL_HANDLE (Taichi's device destructor
- * calls it when its device was never made) and vkQueueWaitIdle of one answer LS_ICD_INVALID.
+ * VK_ERROR_DEVICE_LOST. A submission, and a control request (control.c), first looks at the
+ * arbiter's pidfd (ls_icd_path_survive): when it died with nothing pushed left unanswered (the
+ * answers it left are filed first), the device moves to the arbiter a control daemon started in
+ * its place (reattach.c, which says hello and hands its objects over, then ls_icd_path_reopen maps
+ * the new ring under cq_lock: the same queue, a new book, the numbering goes on), and the work goes
+ * there; a death met with work in flight (that work may have been lost), or with no successor,
+ * makes the device lost (docs/icd.md, "Surviving a restart"). vkDeviceWaitIdle of VK_NULL_HANDLE
+ * (Taichi's device destructor calls it when its device was never made) and vkQueueWaitIdle of one
+ * answer LS_ICD_INVALID.
  *
  * The device's lock is held around everything here but the sleeps; cq_lock is taken after it,
  * never before (a reader sleeping on the ring holds cq_lock alone). */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <poll.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -42,6 +49,7 @@
 #include <unistd.h>
 
 #include "icd.h"
+#include "reattach.h"
 #include "ring.h"
 
 #define SLICE_NS 50000000LL       /* the longest sleep between looks at a deadline (capi.c's LSX_SLICE_NS) */
@@ -62,6 +70,8 @@ struct ls_icd_path {
     struct ls_icd_submission *queued; /* in submission order: the pushed, then the held */
     uint32_t nqueued, capacity;
     int lost;
+    int busy;                     /* retiring or surviving: a control request made meanwhile (a freed
+                                   * command buffer's lists) does not look at the arbiter again */
 };
 
 static int64_t now_ns(void)
@@ -71,7 +81,8 @@ static int64_t now_ns(void)
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
-static void close_path(struct ls_icd_path *path)
+/* The ring's parts (its tickets, lane, region, mapping and the arbiter's pidfd) closed. */
+static void close_ring(struct ls_icd_path *path)
 {
     if (path->book)
         ls_tickets_free(path->book);
@@ -85,6 +96,16 @@ static void close_path(struct ls_icd_path *path)
         munmap(path->base, path->size);
     if (path->pidfd >= 0)
         close(path->pidfd);
+    path->book = NULL;
+    path->producer = NULL;
+    path->region = NULL;
+    path->base = NULL;
+    path->pidfd = -1;
+}
+
+static void close_path(struct ls_icd_path *path)
+{
+    close_ring(path);
     if (path->locks) {
         pthread_mutex_destroy(&path->cq_lock);
         pthread_cond_destroy(&path->changed);
@@ -110,25 +131,20 @@ static int open_locks(struct ls_icd_path *path)
     return rc == 0 ? 0 : -1;
 }
 
-VkResult ls_icd_path_open(struct ls_icd_device *device)
+/* The ring ``session``'s welcome carried, opened into ``path``: 0, or -1 (close_ring closes what was). */
+static int open_ring(struct ls_icd_path *path, const struct ls_icd_session *session)
 {
-    struct ls_icd_path *path = calloc(1, sizeof(*path));
-    const struct ls_icd_session *session = &device->session;
     struct stat st;
-    if (path == NULL)
-        return VK_ERROR_OUT_OF_HOST_MEMORY;
-    path->pidfd = -1;
-    path->next_ticket = 1;
     if (fstat(session->ring_fd, &st) < 0 || st.st_size <= 0 || (uint64_t)st.st_size > MOST_RING)
-        goto fail;
+        return -1;
     path->size = (uint64_t)st.st_size;
     path->base = mmap(NULL, path->size, PROT_READ | PROT_WRITE, MAP_SHARED, session->ring_fd, 0);
     if (path->base == MAP_FAILED) {
         path->base = NULL;
-        goto fail;
+        return -1;
     }
     if (ls_region_open(path->base, path->size, &path->region) < 0)
-        goto fail;
+        return -1;
     ls_set_wake_fd(path->region, session->bell_fd);
     if (session->arbiter_pid > 0 && session->arbiter_pid != getpid())
         path->pidfd = (int)syscall(SYS_pidfd_open, (pid_t)session->arbiter_pid, 0);
@@ -136,13 +152,37 @@ VkResult ls_icd_path_open(struct ls_icd_device *device)
         ls_set_peer_pidfd(path->region, path->pidfd);
     ls_set_client(path->region, (uint32_t)getpid(), LS_PEER_ALIVE);
     if (ls_producer_open(path->region, (uint32_t)syscall(SYS_gettid), (uint32_t)getpid(), &path->producer) < 0 ||
-        ls_tickets_new(&path->book) < 0 || open_locks(path) < 0)
-        goto fail;
+        ls_tickets_new(&path->book) < 0)
+        return -1;
+    return 0;
+}
+
+VkResult ls_icd_path_open(struct ls_icd_device *device)
+{
+    struct ls_icd_path *path = calloc(1, sizeof(*path));
+    if (path == NULL)
+        return VK_ERROR_OUT_OF_HOST_MEMORY;
+    path->pidfd = -1;
+    path->next_ticket = 1;
+    if (open_ring(path, &device->session) < 0 || open_locks(path) < 0) {
+        close_path(path);
+        return VK_ERROR_INITIALIZATION_FAILED;
+    }
     device->path = path;
     return VK_SUCCESS;
-fail:
-    close_path(path);
-    return VK_ERROR_INITIALIZATION_FAILED;
+}
+
+VkResult ls_icd_path_reopen(struct ls_icd_device *device)
+{
+    struct ls_icd_path *path = device->path;
+    int rc;
+    pthread_mutex_lock(&path->cq_lock); /* a waiter still sleeping on the old ring leaves it first */
+    close_ring(path);
+    rc = open_ring(path, &device->session);
+    if (rc < 0)
+        close_ring(path);
+    pthread_mutex_unlock(&path->cq_lock);
+    return rc < 0 ? VK_ERROR_INITIALIZATION_FAILED : VK_SUCCESS;
 }
 
 static void free_submission(struct ls_icd_submission *s)
@@ -246,10 +286,36 @@ static void promise(struct ls_icd_device *device, const struct ls_icd_submission
     }
 }
 
+/* Whether a pushed submission still waits for an answer. */
+static int in_flight(const struct ls_icd_path *path)
+{
+    for (uint32_t i = 0; i < path->nqueued; i++)
+        if (path->queued[i].pushed)
+            return 1;
+    return 0;
+}
+
+/* Before a push, and control.c's requests: when the arbiter died (its pidfd readable), the answers
+ * it left are filed and, with nothing pushed left unanswered, the device moves to the arbiter that
+ * replaced it (reattach.c); else (work that may have been lost, no successor, a refusal) the device is lost. */
+void ls_icd_path_survive(struct ls_icd_device *device)
+{
+    struct ls_icd_path *path = device->path;
+    struct pollfd gone = {.fd = path->pidfd, .events = POLLIN};
+    if (path->busy || path->lost || path->pidfd < 0 || poll(&gone, 1, 0) != 1)
+        return;
+    path->busy++;
+    if (!ls_icd_path_poll(device) && (in_flight(path) || ls_icd_reattach(device) != VK_SUCCESS))
+        lose(path);
+    path->busy--;
+}
+
 VkResult ls_icd_path_submit(struct ls_icd_device *device, struct ls_icd_submission *s)
 {
     struct ls_icd_path *path = device->path;
-    int held = path->nqueued > 0 && !path->queued[path->nqueued - 1].pushed;
+    int held;
+    ls_icd_path_survive(device);
+    held = path->nqueued > 0 && !path->queued[path->nqueued - 1].pushed;
     if (path->lost) {
         give_back(s);
         return VK_ERROR_DEVICE_LOST;
@@ -312,6 +378,7 @@ static void retire(struct ls_icd_device *device)
 {
     struct ls_icd_path *path = device->path;
     uint32_t kept = 0;
+    path->busy++;
     for (uint32_t i = 0; i < path->nqueued && !path->lost; i++) {
         struct ls_icd_submission *s = &path->queued[i];
         while (s->pushed && s->next < s->end) {
@@ -323,6 +390,7 @@ static void retire(struct ls_icd_device *device)
                 path->nqueued = kept + (path->nqueued - i); /* (what is left goes in lose's abandon) */
                 memmove(path->queued + kept, path->queued + i, (path->nqueued - kept) * sizeof(*s));
                 lose(path);
+                path->busy--;
                 return;
             }
             s->next++;
@@ -336,6 +404,7 @@ static void retire(struct ls_icd_device *device)
     }
     if (!path->lost)
         path->nqueued = kept;
+    path->busy--;
 }
 
 int ls_icd_path_poll(struct ls_icd_device *device)

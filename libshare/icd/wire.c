@@ -7,7 +7,9 @@
  * code (descriptors beyond the expected ones are closed at once), and every read is bounded by
  * the caller's timeout. ls_icd_dial checks that the listener runs as this user or root, and
  * while a control daemon supervises the pipe directory it waits for an arbiter that is not
- * listening yet (one is on its way), up to the caller's bound, as wire.py's dial does. Functions return 0 (or a descriptor) or a negative errno. */
+ * listening yet (one is on its way), up to the caller's bound, as wire.py's dial does
+ * (ls_icd_supervised says whether one does). ls_icd_send_fds sends descriptors with a frame
+ * (reattach.c's import of a kept memfd). Functions return 0 (or a descriptor) or a negative errno. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -67,7 +69,7 @@ static int connect_path(int sock, const char *path)
 
 /* Whether a control daemon supervises the directory of ``lock`` (it holds the lock): then no arbiter
  * listening means that a new one is on its way (paths.py's supervised). */
-static int supervised(const char *lock)
+int ls_icd_supervised(const char *lock)
 {
     int fd = open(lock, O_RDONLY | O_CLOEXEC);
     int held;
@@ -105,7 +107,7 @@ int ls_icd_dial(const char *path, const char *supervisor_lock, int wait_ms)
     for (;;) {
         int sock = dial_once(path);
         if (sock >= 0 || (sock != -ENOENT && sock != -ECONNREFUSED) || now_ms() >= deadline ||
-            !supervised(supervisor_lock))
+            !ls_icd_supervised(supervisor_lock))
             return sock;
         nanosleep(&pause, NULL);
     }
@@ -124,6 +126,36 @@ static uint32_t get32(const uint8_t *at)
 
 int ls_icd_send(int sock, const char *json, size_t json_len, const void *payload, size_t payload_len)
 {
+    return ls_icd_send_fds(sock, json, json_len, payload, payload_len, NULL, 0);
+}
+
+/* The header's first byte with ``fds`` beside it (SCM_RIGHTS): 1 (sent), or a negative errno. */
+static int send_fds(int sock, const uint8_t *header, const int *fds, int nfds)
+{
+    union {
+        char buffer[CMSG_SPACE(LS_ICD_MAX_FDS * sizeof(int))];
+        struct cmsghdr align;
+    } control;
+    struct iovec vector = {.iov_base = (void *)header, .iov_len = 1};
+    struct msghdr message = {.msg_iov = &vector, .msg_iovlen = 1, .msg_control = control.buffer,
+                             .msg_controllen = CMSG_SPACE((size_t)nfds * sizeof(int))};
+    struct cmsghdr *c;
+    ssize_t n;
+    memset(&control, 0, sizeof(control));
+    c = CMSG_FIRSTHDR(&message);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN((size_t)nfds * sizeof(int));
+    memcpy(CMSG_DATA(c), fds, (size_t)nfds * sizeof(int));
+    do
+        n = sendmsg(sock, &message, MSG_NOSIGNAL);
+    while (n < 0 && errno == EINTR);
+    return n < 0 ? -errno : (int)n;
+}
+
+int ls_icd_send_fds(int sock, const char *json, size_t json_len, const void *payload, size_t payload_len,
+                    const int *fds, int nfds)
+{
     uint8_t header[HEADER];
     const struct {
         const void *bytes;
@@ -137,8 +169,16 @@ int ls_icd_send(int sock, const char *json, size_t json_len, const void *payload
     header[6] = header[7] = 0;
     put32(header + 8, (uint32_t)json_len);
     put32(header + 12, (uint32_t)payload_len);
+    if (nfds < 0 || nfds > LS_ICD_MAX_FDS)
+        return -EINVAL;
     for (int part = 0; part < 3; part++) {
         size_t sent = 0;
+        if (part == 0 && nfds > 0) { /* the descriptors travel beside the frame's first byte */
+            int rc = send_fds(sock, header, fds, nfds);
+            if (rc < 0)
+                return rc;
+            sent = (size_t)rc;
+        }
         while (sent < parts[part].length) {
             ssize_t n = send(sock, (const uint8_t *)parts[part].bytes + sent, parts[part].length - sent, MSG_NOSIGNAL);
             if (n < 0 && errno == EINTR)

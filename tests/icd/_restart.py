@@ -1,0 +1,88 @@
+"""An unmodified Vulkan program on the ``vulkan`` bindings that lives through its arbiter's death.
+
+``python _restart.py MODE SPV`` (SPV: step.comp compiled, see test_commands.py): a device, host-visible
+memory holding three buffers A, B, C, step.comp's pipeline (B = A * SCALE + add), and one command
+buffer of one dispatch. It submits it and waits, writes a new A and a pattern in C, and prints one
+JSON line (B after the first submission); then it waits for a line on stdin (the test kills the
+arbiter meanwhile) and submits the same command buffer again, and prints a second JSON line: what
+the submission and its fence's wait answered, B and C. MODE ``survive``: that alone; ``device``:
+it holds device-local memory too; ``flight``: after the first line it submits without waiting (the
+test stopped the arbiter), prints what vkQueueSubmit answered, and after a second line on stdin (the
+arbiter killed) waits on that submission's fence before going on. Last, a new command buffer (B to C,
+add 8) is recorded and submitted; C after it is printed too. ``control``: as ``survive``, but that
+command buffer is recorded (vkEndCommandBuffer: a control request) before the first submission after
+the restart. It knows nothing of libshare.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import numpy as np
+import vulkan as vk
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from _commands import begin, command_buffers, end  # noqa: E402
+from _dispatches import N, Program  # noqa: E402
+from _memory import allocate, outcome  # noqa: E402
+
+ADD = 7
+
+
+def record_later(p: Program):
+    """A command buffer recorded after the restart (B to C, add 8): new ids above the kept ones."""
+    later = command_buffers(p.device, p.pool)[0]
+    begin(later)
+    vk.vkCmdBindPipeline(later, vk.VK_PIPELINE_BIND_POINT_COMPUTE, p.pipeline)
+    p.bind(later, p.new_set({0: (1, 0), 1: (2, 0)}))
+    p.push(later, ADD + 1)
+    vk.vkCmdDispatch(later, N // 64, 1, 1)
+    return later, end(later)
+
+
+def main() -> None:
+    mode, spv = sys.argv[1], open(sys.argv[2], "rb").read()
+    p = Program(spv, 3)
+    if mode == "device":
+        allocate(p.device, 4096, 1 - p.host)  # device-local: it dies with the arbiter
+    made = p.new_set({0: (0, 0), 1: (1, 0)})
+    cb = command_buffers(p.device, p.pool)[0]
+    begin(cb)
+    vk.vkCmdBindPipeline(cb, vk.VK_PIPELINE_BIND_POINT_COMPUTE, p.pipeline)
+    p.bind(cb, made)
+    p.push(cb, ADD)
+    vk.vkCmdDispatch(cb, N // 64, 1, 1)
+    first = {"end": end(cb)}
+    p.buffer_words(0)[:] = np.arange(N, dtype=np.uint32)
+    first["submit"], _ = p.submit([cb])
+    first["B"] = p.buffer_words(1).tolist()
+    p.buffer_words(0)[:] = np.arange(N, dtype=np.uint32) * 5 + 1  # written before the restart
+    p.buffer_words(2)[:] = np.arange(N, dtype=np.uint32) ^ 0x5A5A
+    print(json.dumps(first), flush=True)
+    sys.stdin.readline()  # the arbiter is killed (and replaced, under a control daemon), or stopped
+    second = {}
+    if mode == "flight":  # pushed while the arbiter is stopped: in flight when it is killed
+        fence = vk.vkCreateFence(p.device, vk.VkFenceCreateInfo(), None)
+        print(json.dumps({"submit": outcome(vk.vkQueueSubmit, p.queue, 1, [vk.VkSubmitInfo(
+            commandBufferCount=1, pCommandBuffers=[cb])], fence)}), flush=True)
+        sys.stdin.readline()  # killed now
+        second["wait"] = outcome(vk.vkWaitForFences, p.device, 1, [fence], vk.VK_TRUE, 60 * 10 ** 9)
+    if mode == "control":  # a control request (vkEndCommandBuffer's load_list) meets the restart first
+        later, second["later end"] = record_later(p)
+    started = time.monotonic()
+    second["submit"], fence = p.submit([cb])
+    second["seconds"] = time.monotonic() - started  # (reported, for a reader: the move included)
+    second["again"], _ = p.submit([cb])  # (lost stays lost; moved goes on)
+    second["B"], second["C"] = p.buffer_words(1).tolist(), p.buffer_words(2).tolist()
+    if mode != "control":
+        later, second["later end"] = record_later(p)
+    second["later"] = p.submit([later])[0]
+    second["C later"] = p.buffer_words(2).tolist()
+    print(json.dumps(second), flush=True)
+    p.close()
+
+
+if __name__ == "__main__":
+    main()
