@@ -27,6 +27,7 @@
 #include <sys/mman.h>
 
 #include "icd.h"
+#include "physical.h"
 #include "reattach.h"
 
 /* 1 when ``asked`` (a run of ``count`` VkBool32) turns on one that ``offered`` leaves off. */

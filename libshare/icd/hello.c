@@ -24,6 +24,7 @@
 #include <cjson/cJSON.h>
 
 #include "icd.h"
+#include "physical.h"
 
 #define HELLO_VERSION 1 /* wire.py's VERSION */
 #define MOST_LIMITS 16  /* the hello's mem_limit entries (hello.py's byte_counts) */

@@ -9,7 +9,7 @@
  *   settings.c  the LIBSHARE_* environment a session reads (libshare/settings.py's client rows)
  *   hello.c     the hello that opens a session, and the welcome's physical device read and checked
  *   instance.c  VkInstance: creation (one session each), extensions, layers, the physical device
- *   physical.c  VkPhysicalDevice: properties, features, queue family, memory, formats
+ *   physical.c  VkPhysicalDevice: properties, features, queue family, memory, formats (entry points in physical.h)
  *   device.c    VkDevice and VkQueue: the checks of vkCreateDevice, one session each, the queue
  *   objects.c   the device's table of non-dispatchable handles, checked; the create/destroy shape
  *   control.c   the device session's control requests: one frame sent, its reply read and checked
@@ -138,45 +138,8 @@ VKAPI_ATTR VkResult VKAPI_CALL ls_icd_EnumeratePhysicalDevices(VkInstance instan
 VKAPI_ATTR VkResult VKAPI_CALL ls_icd_EnumeratePhysicalDeviceGroups(VkInstance instance, uint32_t *count,
                                                                     VkPhysicalDeviceGroupProperties *groups);
 
-/* ---- physical.c */
-int ls_icd_feature_set(struct ls_icd_physical *physical, const char *name);
-size_t ls_icd_off_size(VkStructureType type);
-VKAPI_ATTR void VKAPI_CALL ls_icd_GetPhysicalDeviceProperties(VkPhysicalDevice pd, VkPhysicalDeviceProperties *out);
-VKAPI_ATTR void VKAPI_CALL ls_icd_GetPhysicalDeviceProperties2(VkPhysicalDevice pd, VkPhysicalDeviceProperties2 *out);
-VKAPI_ATTR void VKAPI_CALL ls_icd_GetPhysicalDeviceFeatures(VkPhysicalDevice pd, VkPhysicalDeviceFeatures *out);
-VKAPI_ATTR void VKAPI_CALL ls_icd_GetPhysicalDeviceFeatures2(VkPhysicalDevice pd, VkPhysicalDeviceFeatures2 *out);
-VKAPI_ATTR void VKAPI_CALL ls_icd_GetPhysicalDeviceQueueFamilyProperties(VkPhysicalDevice pd, uint32_t *count,
-                                                                         VkQueueFamilyProperties *out);
-VKAPI_ATTR void VKAPI_CALL ls_icd_GetPhysicalDeviceQueueFamilyProperties2(VkPhysicalDevice pd, uint32_t *count,
-                                                                          VkQueueFamilyProperties2 *out);
-VKAPI_ATTR void VKAPI_CALL ls_icd_GetPhysicalDeviceMemoryProperties(VkPhysicalDevice pd,
-                                                                    VkPhysicalDeviceMemoryProperties *out);
-VKAPI_ATTR void VKAPI_CALL ls_icd_GetPhysicalDeviceMemoryProperties2(VkPhysicalDevice pd,
-                                                                     VkPhysicalDeviceMemoryProperties2 *out);
-VKAPI_ATTR void VKAPI_CALL ls_icd_GetPhysicalDeviceFormatProperties(VkPhysicalDevice pd, VkFormat format,
-                                                                    VkFormatProperties *out);
-VKAPI_ATTR void VKAPI_CALL ls_icd_GetPhysicalDeviceFormatProperties2(VkPhysicalDevice pd, VkFormat format,
-                                                                     VkFormatProperties2 *out);
-VKAPI_ATTR VkResult VKAPI_CALL ls_icd_GetPhysicalDeviceImageFormatProperties(
-    VkPhysicalDevice pd, VkFormat format, VkImageType type, VkImageTiling tiling, VkImageUsageFlags usage,
-    VkImageCreateFlags flags, VkImageFormatProperties *out);
-VKAPI_ATTR VkResult VKAPI_CALL ls_icd_GetPhysicalDeviceImageFormatProperties2(
-    VkPhysicalDevice pd, const VkPhysicalDeviceImageFormatInfo2 *info, VkImageFormatProperties2 *out);
-VKAPI_ATTR void VKAPI_CALL ls_icd_GetPhysicalDeviceSparseImageFormatProperties(
-    VkPhysicalDevice pd, VkFormat format, VkImageType type, VkSampleCountFlagBits samples, VkImageUsageFlags usage,
-    VkImageTiling tiling, uint32_t *count, VkSparseImageFormatProperties *out);
-VKAPI_ATTR void VKAPI_CALL ls_icd_GetPhysicalDeviceSparseImageFormatProperties2(
-    VkPhysicalDevice pd, const VkPhysicalDeviceSparseImageFormatInfo2 *info, uint32_t *count,
-    VkSparseImageFormatProperties2 *out);
-VKAPI_ATTR void VKAPI_CALL ls_icd_GetPhysicalDeviceExternalBufferProperties(
-    VkPhysicalDevice pd, const VkPhysicalDeviceExternalBufferInfo *info, VkExternalBufferProperties *out);
-VKAPI_ATTR void VKAPI_CALL ls_icd_GetPhysicalDeviceExternalFenceProperties(
-    VkPhysicalDevice pd, const VkPhysicalDeviceExternalFenceInfo *info, VkExternalFenceProperties *out);
-VKAPI_ATTR void VKAPI_CALL ls_icd_GetPhysicalDeviceExternalSemaphoreProperties(
-    VkPhysicalDevice pd, const VkPhysicalDeviceExternalSemaphoreInfo *info, VkExternalSemaphoreProperties *out);
-VKAPI_ATTR VkResult VKAPI_CALL ls_icd_EnumerateDeviceExtensionProperties(VkPhysicalDevice pd, const char *layer,
-                                                                        uint32_t *count,
-                                                                        VkExtensionProperties *out);
+/* ---- physical.c: in physical.h (its entry points, for loader.c) */
+
 /* ---- objects.c: a device's non-dispatchable handles. A handle is (generation << 32 | kind << 24 |
  * slot): looking one up checks its slot, kind and generation, so a wrong or stale handle is found
  * wanting, never followed. */

@@ -19,6 +19,7 @@
 
 #include "commands.h"
 #include "icd.h"
+#include "physical.h"
 
 #define LS_ICD_EXPORT __attribute__((visibility("default")))
 #define ENTRY(name, function) {name, (PFN_vkVoidFunction)function}

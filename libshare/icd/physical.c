@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "icd.h"
+#include "physical.h"
 
 static const struct ls_icd_physical *physical_of(VkPhysicalDevice pd)
 {
