@@ -153,3 +153,43 @@ def test_eight_programs_through_the_driver(tmp_path, round_trip_program, vulkan_
           names=("driver", "direct"), side_unit="/s", side_scale=1,
           method="8 copies of bench/c/vulkan_round_trip.c --for a window each side per block, alternated; the "
                  "direct ones with LP_NUM_THREADS=0 (on lavapipe, its fastest for tiny work)")
+
+
+STEPS_PER_BLOCK = 20
+
+
+@contextlib.contextmanager
+def _stepping(command: list[str], env: dict[str, str]):
+    """An application in its ``steps`` mode (tests/icd/_steps.py), started once: a block's value is
+    the median seconds of STEPS_PER_BLOCK steps."""
+    with subprocess.Popen(command, cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                          text=True) as app:
+        while (line := app.stdout.readline()) and line.strip() != "stepping":
+            pass  # (its first run's JSON)
+        assert line, "the application ended before it stepped"
+
+        def block() -> float:
+            app.stdin.write(f"{STEPS_PER_BLOCK}\n")
+            app.stdin.flush()
+            return float(app.stdout.readline())
+        try:
+            yield block
+        finally:
+            app.stdin.close()
+            app.wait(60)
+
+
+@pytest.mark.vulkan
+@pytest.mark.parametrize("app", ["taichi", "ncnn"])
+def test_an_application_step_through_the_driver(tmp_path, app):
+    """Taichi's four kernels, or ncnn's small network on its Vulkan path (tests/icd/_taichi_app.py,
+    _ncnn_app.py, unmodified), a step timed through the driver (a daemon) and directly: target <= 1.1x."""
+    pytest.importorskip(app)
+    program = [sys.executable, str(ROOT / "tests" / "icd" / f"_{app}_app.py"), "steps"]
+    with contextlib.contextmanager(run_daemon)(tmp_path / "pipe") as (_process, pipe_dir):
+        as_started = {k: v for k, v in _env(tmp_path / "none").items() if k != "LP_NUM_THREADS"}
+        with _stepping([sys.executable, "-m", "libshare.run", "--mode", "daemon", "--", *program],
+                       _env(pipe_dir)) as driver, _stepping(program, as_started) as direct:
+            compare(f"{app} step, driver / direct", driver, direct, target=at_most(1.1), a="driver", b="direct",
+                    side_unit="ms", side_scale=1e3,
+                    method=f"median of {STEPS_PER_BLOCK} steps per block, the application started once a side")
