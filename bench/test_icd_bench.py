@@ -51,11 +51,18 @@ def _env(pipe_dir, **extra) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def _worker(env):
-    with subprocess.Popen([sys.executable, "-m", "bench._icd_workers"], cwd=ROOT, env=env, stdin=subprocess.PIPE,
-                          stdout=subprocess.PIPE, text=True) as worker:
+def _blocks(command: list[str], env: dict[str, str], count: int, ready: str | None = None):
+    """A process started once that answers each line holding ``count`` with one float (a block's
+    value): yields the function that asks it for one. With ``ready``, the lines it prints before
+    that one are skipped first (an application's first run)."""
+    with subprocess.Popen(command, cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                          text=True) as worker:
+        while ready and (line := worker.stdout.readline()) and line.strip() != ready:
+            pass
+        assert not ready or line, f"{command[-2:]} ended before it printed {ready!r}"
+
         def block() -> float:
-            worker.stdin.write(f"{STARTS_PER_BLOCK}\n")
+            worker.stdin.write(f"{count}\n")
             worker.stdin.flush()
             return float(worker.stdout.readline())
         try:
@@ -63,6 +70,11 @@ def _worker(env):
         finally:
             worker.stdin.close()
             worker.wait(60)
+
+
+def _worker(env):
+    """bench/_icd_workers.py started once: a block is the median of STARTS_PER_BLOCK starts."""
+    return _blocks([sys.executable, "-m", "bench._icd_workers"], env, STARTS_PER_BLOCK)
 
 
 @pytest.mark.vulkan
@@ -158,25 +170,10 @@ def test_eight_programs_through_the_driver(tmp_path, round_trip_program, vulkan_
 STEPS_PER_BLOCK = 20
 
 
-@contextlib.contextmanager
 def _stepping(command: list[str], env: dict[str, str]):
     """An application in its ``steps`` mode (tests/icd/_steps.py), started once: a block's value is
     the median seconds of STEPS_PER_BLOCK steps."""
-    with subprocess.Popen(command, cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                          text=True) as app:
-        while (line := app.stdout.readline()) and line.strip() != "stepping":
-            pass  # (its first run's JSON)
-        assert line, "the application ended before it stepped"
-
-        def block() -> float:
-            app.stdin.write(f"{STEPS_PER_BLOCK}\n")
-            app.stdin.flush()
-            return float(app.stdout.readline())
-        try:
-            yield block
-        finally:
-            app.stdin.close()
-            app.wait(60)
+    return _blocks(command, env, STEPS_PER_BLOCK, ready="stepping")
 
 
 @pytest.mark.vulkan
