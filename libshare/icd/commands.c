@@ -21,15 +21,17 @@
  * invalid and never submitted.
  *
  * vkEndCommandBuffer (primary) cuts the descriptors into lists of at most LS_ENGINE_MAX_LIST (1024),
- * each loaded with {"op":"load_list"} and the descriptors as payload; the arbiter checks every
- * command (engine/lists.c) and a refusal is the command buffer's error. An empty command buffer
+ * each loaded with {"op":"load_list"} and the descriptors as payload, or the same list loaded before
+ * by any recording of the device (cache.c: content decides); the arbiter checks every command
+ * (engine/lists.c) and a refusal is the command buffer's error. An empty command buffer
  * holds no list (its submission has nothing to run). The arbiter holds at most 64 lists a session
  * (LISTS_PER_CLIENT, serve/requests.py) and a device is one session: 64 executable command buffers
  * of up to 1024 commands each, or fewer longer ones; past that vkEndCommandBuffer answers
  * VK_ERROR_OUT_OF_DEVICE_MEMORY (the arbiter's QuotaExceeded) and the application frees or resets
- * one. A recording holds at most MOST_COMMANDS descriptors (all 64 lists' worth). Reset, free and
- * destroy free the command buffer's lists and bind groups at the arbiter (ls_icd_forget); a command
- * buffer freed while pending is released by the last ls_icd_command_buffer_done.
+ * one (idle lists the cache keeps are freed first). A recording holds at most MOST_COMMANDS
+ * descriptors (all 64 lists' worth). Reset, free and destroy give the command buffer's lists and
+ * bind groups back to the cache; a command buffer freed while pending is released by the last
+ * ls_icd_command_buffer_done.
  *
  * Locking. Every call that changes a command buffer's state, asks the arbiter or looks up the
  * device's objects holds the device's lock; the recording itself is the application's to
@@ -98,19 +100,27 @@ VkResult ls_icd_record(struct ls_icd_command_buffer *cb, const struct ls_desc *c
     return VK_SUCCESS;
 }
 
-/* Everything a recording holds, given back (the device's lock held): lists and groups at the arbiter. */
+int ls_icd_keep_held(struct ls_icd_command_buffer *cb, struct ls_icd_cached *cached)
+{
+    struct ls_icd_recording *rec = cb->recording;
+    if (ls_icd_grow((void **)&rec->held, &rec->held_capacity, rec->nheld + 1, sizeof(*rec->held)) < 0) {
+        ls_icd_cache_release(cb->device, cached);
+        ls_icd_fail(cb, VK_ERROR_OUT_OF_HOST_MEMORY, "out of memory");
+        return -1;
+    }
+    rec->held[rec->nheld++] = cached;
+    return 0;
+}
+
+/* Everything a recording holds, given back (the device's lock held): its lists and groups to the cache. */
 static void forget(struct ls_icd_command_buffer *cb)
 {
     struct ls_icd_recording *rec = cb->recording;
-    for (uint32_t i = 0; i < cb->nlists; i++)
-        ls_icd_forget(cb->device, "list_id", cb->lists[i]);
-    for (uint32_t i = 0; i < rec->ngroups; i++) {
-        ls_icd_forget(cb->device, "group_id", rec->groups[i].id);
-        free(rec->groups[i].entries);
-    }
+    for (uint32_t i = 0; i < rec->nheld; i++)
+        ls_icd_cache_release(cb->device, rec->held[i]);
     free(cb->lists);
     free(rec->commands);
-    free(rec->groups);
+    free(rec->held);
     free(rec->events);
     cb->lists = NULL;
     cb->nlists = 0;
@@ -136,9 +146,7 @@ void ls_icd_command_pool_free(struct ls_icd_object *object)
     for (uint32_t i = 0; i < object->u.command_pool.nbuffers; i++) {
         struct ls_icd_command_buffer *cb = object->u.command_pool.buffers[i];
         struct ls_icd_recording *rec = cb->recording;
-        for (uint32_t g = 0; g < rec->ngroups; g++)
-            free(rec->groups[g].entries);
-        free(rec->groups);
+        free(rec->held); /* (what it holds: ls_icd_cache_free) */
         free(rec->commands);
         free(rec->events);
         free(rec);
@@ -328,7 +336,8 @@ VKAPI_ATTR VkResult VKAPI_CALL ls_icd_BeginCommandBuffer(VkCommandBuffer handle,
     return result;
 }
 
-/* ``cb``'s descriptors loaded as lists (the device's lock held); VK_SUCCESS or why not. */
+/* ``cb``'s descriptors loaded as lists, or lists of the same loaded before (cache.c), held (the
+ * device's lock held); VK_SUCCESS or why not. */
 static VkResult load(struct ls_icd_command_buffer *cb)
 {
     struct ls_icd_recording *rec = cb->recording;
@@ -340,20 +349,12 @@ static VkResult load(struct ls_icd_command_buffer *cb)
     for (uint32_t i = 0; result == VK_SUCCESS && i < wanted; i++) {
         uint32_t first = i * LIST_COMMANDS, n = rec->ncommands - first < LIST_COMMANDS ? rec->ncommands - first
                                                                                        : LIST_COMMANDS;
-        struct ls_icd_frame frame;
-        cJSON *reply;
-        int64_t id;
-        result = ls_icd_ask(cb->device, "{\"op\":\"load_list\"}", rec->commands + first,
-                            (size_t)n * sizeof(struct ls_desc), &frame, 0, &reply, LS_ICD_INVALID);
-        id = result == VK_SUCCESS ? ls_icd_whole_field(reply, "list_id", 0, 2147483647.0) : -1;
-        if (result == VK_SUCCESS && id < 0) {
-            fprintf(stderr, "libshare Vulkan driver: the arbiter's load_list reply is malformed\n");
-            result = LS_ICD_INVALID;
-        }
+        struct ls_icd_cached *list;
+        result = ls_icd_cache_list(cb->device, rec->commands + first, n, &list);
+        if (result == VK_SUCCESS && ls_icd_keep_held(cb, list) < 0)
+            result = VK_ERROR_OUT_OF_HOST_MEMORY;
         if (result == VK_SUCCESS)
-            cb->lists[cb->nlists++] = (uint32_t)id;
-        cJSON_Delete(reply);
-        ls_icd_frame_free(&frame);
+            cb->lists[cb->nlists++] = (uint32_t)ls_icd_cached_id(list);
     }
     return result;
 }

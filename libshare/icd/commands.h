@@ -6,20 +6,12 @@
 #ifndef LIBSHARE_ICD_COMMANDS_H
 #define LIBSHARE_ICD_COMMANDS_H
 
+#include "cache.h"
 #include "icd.h"
 #include "ring.h"
 
 #define LS_ICD_MOST_SETS 32     /* descriptor sets bound at once (set numbers 0..31) */
 #define LS_ICD_MOST_DYNAMIC 32  /* dynamic offsets of one set */
-
-/* A bind group the arbiter made for a dispatch of the recording: reused by the next dispatch of the
- * same program over the same entries. */
-struct ls_icd_group {
-    int64_t id;
-    int64_t program;
-    uint32_t nentries;
-    uint64_t *entries;          /* [buffer_id, offset, range] a binding's element */
-};
 
 /* vkCmdSetEvent (value 1) or vkCmdResetEvent (0), applied when a submission is answered. */
 struct ls_icd_event_op {
@@ -32,8 +24,8 @@ struct ls_icd_recording {
     int spent;                  /* ONE_TIME_SUBMIT, submitted once */
     struct ls_desc *commands;   /* recorded (a primary's until loaded as lists at the end) */
     uint32_t ncommands, capacity;
-    struct ls_icd_group *groups;
-    uint32_t ngroups, group_capacity;
+    struct ls_icd_cached **held; /* the bind groups and lists it holds (cache.c), one a use */
+    uint32_t nheld, held_capacity;
     struct ls_icd_event_op *events;
     uint32_t nevents, event_capacity;
     uint64_t pipeline;          /* the bound compute pipeline's handle, or 0 */
@@ -52,6 +44,9 @@ int ls_icd_grow(void **items, uint32_t *capacity, uint32_t wanted, size_t size);
 int ls_icd_buffer_range(struct ls_icd_device *device, uint64_t buffer, uint64_t offset, uint64_t size, uint32_t *id,
                         uint64_t *at);
 uint64_t ls_icd_buffer_size(struct ls_icd_device *device, uint64_t buffer);
+/* commands.c: ``cached`` (held for the recording) kept, to be given back with it; -1 (the recording's
+ * error set, ``cached`` given back) when out of host memory. */
+int ls_icd_keep_held(struct ls_icd_command_buffer *cb, struct ls_icd_cached *cached);
 VkResult ls_icd_record_barrier(struct ls_icd_command_buffer *cb);
 /* record.c: a command of ``opcode`` (ls_encode_op's arguments after the slot, program and groups 0) encoded
  * and appended (ls_icd_record); one the ring cannot encode makes the recording invalid. */

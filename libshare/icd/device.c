@@ -26,6 +26,7 @@
 #include <string.h>
 #include <sys/mman.h>
 
+#include "cache.h"
 #include "icd.h"
 #include "physical.h"
 #include "reattach.h"
@@ -181,6 +182,7 @@ VKAPI_ATTR void VKAPI_CALL ls_icd_DestroyDevice(VkDevice handle, const VkAllocat
     pthread_mutex_unlock(&device->lock);
     ls_icd_session_close(&device->session); /* the arbiter frees the session's buffers with it */
     ls_icd_ledger_free(device);             /* (reattach.c's copies, the memfds it kept) */
+    ls_icd_cache_free(device);              /* (cache.c's groups and lists) */
     for (uint32_t i = 0; i < device->objects.used; i++) {
         struct ls_icd_object *object = &device->objects.slots[i];
         if (object->kind == LS_ICD_MEMORY && object->u.memory.address != NULL)

@@ -14,9 +14,9 @@
  * in the pipeline's ``resources`` order, each resolved by descriptor.c's ls_icd_descriptor_resolve:
  * its buffer's arbiter buffer, absolute offset (plus its dynamic offset) and range (clipped to the
  * VkBuffer's end; VK_WHOLE_SIZE: to it). The group is
- * {"op":"bind_group","program_id":P,"buffers":[[id,offset,range],...]}
- * (ls_icd_ask), reused for a later dispatch of the same program over the same entries within the
- * command buffer, and freed with the recording (commands.c). vkCmdDispatchBase runs only from base
+ * {"op":"bind_group","program_id":P,"buffers":[[id,offset,range],...]}, or the one made before
+ * for the same program over the same entries by any recording of the device (cache.c), held until
+ * the recording is reset or freed (commands.c). vkCmdDispatchBase runs only from base
  * (0,0,0): the engine's dispatches start at group 0, so another base (valid on a pipeline made with
  * VK_PIPELINE_CREATE_DISPATCH_BASE_BIT, which pipeline.c accepts) fails the recording with
  * LS_ICD_INVALID, the one error vkEndCommandBuffer may give for it. vkCmdDispatchIndirect is one LS_OP_DISPATCH_INDIRECT
@@ -143,18 +143,13 @@ static int entry_of(struct ls_icd_command_buffer *cb, uint32_t number, uint32_t 
     return 0;
 }
 
-/* The bind group of ``pipeline`` over what the bound sets hold now (the device's lock held): made, or
- * one already made by this recording; 0, or -1 (the recording's error set). */
+/* The bind group of ``pipeline`` over what the bound sets hold now (the device's lock held): one made
+ * before over the same (cache.c), or made now, held by the recording; 0, or -1 (the recording's error set). */
 static int group_of(struct ls_icd_command_buffer *cb, const struct ls_icd_pipeline *pipeline, uint32_t *group)
 {
-    struct ls_icd_recording *rec = cb->recording;
     uint64_t entries[3 * MOST_ENTRIES];
     uint32_t n = 0;
-    char text[160 + MOST_ENTRIES * 66];
-    size_t at;
-    struct ls_icd_frame frame;
-    cJSON *reply;
-    int64_t id;
+    struct ls_icd_cached *cached;
     VkResult result;
     if (pipeline->nbuffers > MOST_ENTRIES) {
         ls_icd_fail(cb, LS_ICD_INVALID, "a dispatch: its pipeline binds more than 32 buffers");
@@ -164,41 +159,14 @@ static int group_of(struct ls_icd_command_buffer *cb, const struct ls_icd_pipeli
         for (uint32_t e = 0; e < pipeline->resources[r].count && n < MOST_ENTRIES; e++, n++)
             if (entry_of(cb, pipeline->resources[r].set, pipeline->resources[r].binding, e, &entries[3 * n]) < 0)
                 return -1;
-    for (uint32_t g = 0; g < rec->ngroups; g++) {
-        if (rec->groups[g].program == pipeline->program_id && rec->groups[g].nentries == n &&
-            memcmp(rec->groups[g].entries, entries, 3 * n * sizeof(*entries)) == 0) {
-            *group = (uint32_t)rec->groups[g].id;
-            return 0;
-        }
-    }
-    at = (size_t)snprintf(text, sizeof(text), "{\"op\":\"bind_group\",\"program_id\":%lld,\"buffers\":[",
-                          (long long)pipeline->program_id);
-    for (uint32_t k = 0; k < n; k++)
-        at += (size_t)snprintf(text + at, sizeof(text) - at, "%s[%llu,%llu,%llu]", k ? "," : "",
-                               (unsigned long long)entries[3 * k], (unsigned long long)entries[3 * k + 1],
-                               (unsigned long long)entries[3 * k + 2]);
-    snprintf(text + at, sizeof(text) - at, "]}");
-    if (ls_icd_grow((void **)&rec->groups, &rec->group_capacity, rec->ngroups + 1, sizeof(*rec->groups)) < 0) {
-        ls_icd_fail(cb, VK_ERROR_OUT_OF_HOST_MEMORY, "out of memory");
+    result = ls_icd_cache_group(cb->device, pipeline->program_id, entries, n, &cached);
+    if (result != VK_SUCCESS) {
+        ls_icd_fail(cb, result, "the arbiter refused a dispatch's bind group");
         return -1;
     }
-    result = ls_icd_ask(cb->device, text, NULL, 0, &frame, 0, &reply, LS_ICD_INVALID);
-    id = result == VK_SUCCESS ? ls_icd_whole_field(reply, "group_id", 0, 2147483647.0) : -1;
-    cJSON_Delete(reply);
-    ls_icd_frame_free(&frame);
-    if (result != VK_SUCCESS || id < 0) {
-        ls_icd_fail(cb, result != VK_SUCCESS ? result : LS_ICD_INVALID, "the arbiter refused a dispatch's bind group");
+    if (ls_icd_keep_held(cb, cached) < 0)
         return -1;
-    }
-    rec->groups[rec->ngroups] =
-        (struct ls_icd_group){id, pipeline->program_id, n, malloc(3 * n * sizeof(*entries) + 1)};
-    if (rec->groups[rec->ngroups].entries == NULL) {
-        ls_icd_forget(cb->device, "group_id", id);
-        ls_icd_fail(cb, VK_ERROR_OUT_OF_HOST_MEMORY, "out of memory");
-        return -1;
-    }
-    memcpy(rec->groups[rec->ngroups++].entries, entries, 3 * n * sizeof(*entries));
-    *group = (uint32_t)id;
+    *group = (uint32_t)ls_icd_cached_id(cached);
     return 0;
 }
 

@@ -41,6 +41,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cache.h"
 #include "icd.h"
 
 #define SPIRV_MAGIC 0x07230203u
@@ -92,8 +93,10 @@ void ls_icd_pipeline_object_free(struct ls_icd_device *device, struct ls_icd_obj
         object->u.pipeline_layout.sets = NULL;
         break;
     case LS_ICD_PIPELINE:
-        if (device != NULL) /* (NULL: the device's session is gone, and its programs with it) */
+        if (device != NULL) { /* (NULL: the device's session is gone, and its programs with it) */
+            ls_icd_cache_drop_program(device, object->u.pipeline.program_id); /* its groups first */
             ls_icd_forget(device, "program_id", object->u.pipeline.program_id);
+        }
         free(object->u.pipeline.resources);
         object->u.pipeline.resources = NULL;
         break;

@@ -13,9 +13,8 @@
  * earlier submission or the host. vkCmdSetEvent(2) and vkCmdResetEvent(2) check the event and are
  * remembered, in order, and applied when a submission of the command buffer is answered
  * (ls_icd_command_buffer_done, commands.c). vkCmdExecuteCommands inlines each executable secondary
- * command buffer's descriptors and events at that point (its bind groups stay its own: resetting or
- * freeing it while the primary is still used is the application's error, which the arbiter answers
- * when the primary runs). vkCmdWriteTimestamp2KHR is query.c's vkCmdWriteTimestamp (the stage
+ * command buffer's descriptors and events at that point, and holds its bind groups too (cache.c), so
+ * resetting or freeing the secondary leaves the primary whole. vkCmdWriteTimestamp2KHR is query.c's vkCmdWriteTimestamp (the stage
  * aside: a timestamp is written once every command before it has ended). Any failure is the recording's first error (ls_icd_fail). */
 #include <string.h>
 
@@ -225,6 +224,10 @@ VKAPI_ATTR void VKAPI_CALL ls_icd_CmdExecuteCommands(VkCommandBuffer handle, uin
         }
         for (uint32_t i = 0; i < inner->recording->ncommands && rec->error == VK_SUCCESS; i++)
             ls_icd_record(cb, &inner->recording->commands[i]);
+        for (uint32_t i = 0; i < inner->recording->nheld && rec->error == VK_SUCCESS; i++) {
+            ls_icd_cache_hold(inner->recording->held[i]); /* its groups: the primary's too */
+            ls_icd_keep_held(cb, inner->recording->held[i]);
+        }
         for (uint32_t i = 0; i < inner->recording->nevents && rec->error == VK_SUCCESS; i++) {
             if (ls_icd_grow((void **)&rec->events, &rec->event_capacity, rec->nevents + 1, sizeof(*rec->events)) < 0)
                 ls_icd_fail(cb, VK_ERROR_OUT_OF_HOST_MEMORY, "out of memory");

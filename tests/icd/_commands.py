@@ -5,8 +5,8 @@
 - ``lists``: command buffers of copies, fills, updates and barriers ended (the arbiter loads their
   lists); one of 1500 commands (two lists); a secondary command buffer executed by a primary; pools
   reset, trimmed and destroyed with their command buffers.
-- ``quota``: command buffers of one fill each ended until the arbiter's bound on a session's lists
-  refuses one; then one freed, and another ended.
+- ``quota``: command buffers of one fill each (each a different value) ended until the arbiter's bound
+  on a session's lists refuses one; then one freed, and another ended.
 - ``hostile``: wrong use while recording (a copy past a buffer, a fill not of words, an update past
   65536 bytes, a wrong buffer, a dispatch with no pipeline, a graphics bind point, a buffer destroyed
   before its command, a secondary that is not executable), a reset without the pool's flag, a second
@@ -118,17 +118,17 @@ def quota() -> dict:
     memory, (a,) = bound_buffers(device, host, 1, 4096)
     pool = make_pool(device)
     held, answers = [], []
-    for _ in range(70):
+    for k in range(70):
         cb, = command_buffers(device, pool)
         begin(cb)
-        vk.vkCmdFillBuffer(cb, a, 0, 4, 1)
+        vk.vkCmdFillBuffer(cb, a, 0, 4, k)  # each its own content: the driver shares identical lists
         answers.append(end(cb))
         held.append(cb)
     refused = answers.index("VkErrorOutOfDeviceMemory") if "VkErrorOutOfDeviceMemory" in answers else None
     vk.vkFreeCommandBuffers(device, pool, 1, [held[0]])
     again, = command_buffers(device, pool)
     begin(again)
-    vk.vkCmdFillBuffer(again, a, 0, 4, 2)
+    vk.vkCmdFillBuffer(again, a, 0, 4, 100)
     seen = {"ended": answers.count("ok"), "first refused": refused, "after a free": end(again)}
     vk.vkDestroyCommandPool(device, pool, None)
     vk.vkDestroyBuffer(device, a, None)

@@ -11,6 +11,10 @@
   and wait, and an event reset; the events' states before and after, and the buffers.
 - ``dynamic``: one descriptor set whose output binding is a dynamic storage buffer, dispatched at two
   dynamic offsets with two push constants; the buffer printed.
+- ``shared``: what the driver shares between recordings of the same content: 100 command buffers
+  recorded alike, all held (more than a session's 64 lists) and submitted at once; a primary whose
+  secondary is freed before the primary runs; a dispatch recorded again over memory allocated after
+  the memory it named before was freed. What Vulkan answered, and the buffers.
 - ``hostile``: a dispatch whose set holds a descriptor never written, one with no set bound, a
   command buffer submitted twice while pending, a pointer that is no command buffer submitted, and
   one whose buffer's memory was freed before its submission; what Vulkan answered for each.
@@ -231,6 +235,56 @@ def extras(spv: bytes) -> dict:
     return seen
 
 
+def one_dispatch(p: Program, cb, made, add: int) -> None:
+    vk.vkCmdBindPipeline(cb, vk.VK_PIPELINE_BIND_POINT_COMPUTE, p.pipeline)
+    p.bind(cb, made)
+    p.push(cb, add)
+    vk.vkCmdDispatch(cb, N // 64, 1, 1)
+
+
+def shared(spv: bytes) -> dict:
+    p = Program(spv, 3)
+    p.buffer_words(0)[:] = np.arange(N, dtype=np.uint32)
+    ab = p.new_set({0: (0, 0), 1: (1, 0)})
+    alike = command_buffers(p.device, p.pool, 100)
+    for cb in alike:
+        begin(cb)
+        one_dispatch(p, cb, ab, 1)
+    seen = {"alike ended": [outcome(vk.vkEndCommandBuffer, cb) for cb in alike].count("ok"),
+            "alike submitted": p.submit(alike)[0], "alike": p.buffer_words(1).tolist()}
+    secondary, = command_buffers(p.device, p.pool, 1, vk.VK_COMMAND_BUFFER_LEVEL_SECONDARY)
+    begin(secondary, secondary=True)
+    one_dispatch(p, secondary, p.new_set({0: (0, 0), 1: (2, 0)}), 5)  # its own group: A -> C
+    vk.vkEndCommandBuffer(secondary)
+    primary, = command_buffers(p.device, p.pool)
+    begin(primary)
+    vk.vkCmdExecuteCommands(primary, 1, [secondary])
+    seen["primary end"] = outcome(vk.vkEndCommandBuffer, primary)
+    vk.vkFreeCommandBuffers(p.device, p.pool, 1, [secondary])
+    seen["primary submitted"] = p.submit([primary])[0]
+    seen["primary"] = p.buffer_words(2).tolist()
+    seen["again"] = []
+    for add in (7, 9):  # the same recording over a fresh memory each time, the last one freed first
+        buffer, memory = make_buffer(p.device, SIZE), allocate(p.device, p.step, p.host)
+        vk.vkBindBufferMemory(p.device, buffer, memory, 0)
+        made = p.new_set({0: (0, 0), 1: (0, 0)})
+        vk.vkUpdateDescriptorSets(p.device, 1, [vk.VkWriteDescriptorSet(
+            dstSet=made, dstBinding=1, descriptorCount=1, descriptorType=STORAGE,
+            pBufferInfo=[vk.VkDescriptorBufferInfo(buffer=buffer, offset=0, range=SIZE)])], 0, None)
+        cb, = command_buffers(p.device, p.pool)
+        begin(cb)
+        one_dispatch(p, cb, made, add)
+        answers = [outcome(vk.vkEndCommandBuffer, cb), p.submit([cb])[0]]
+        words = vk.vkMapMemory(p.device, memory, 0, SIZE, 0)
+        seen["again"].append([answers, np.frombuffer(words, np.uint32).tolist()])
+        vk.vkUnmapMemory(p.device, memory)
+        vk.vkFreeCommandBuffers(p.device, p.pool, 1, [cb])
+        vk.vkDestroyBuffer(p.device, buffer, None)
+        vk.vkFreeMemory(p.device, memory, None)
+    p.close()
+    return seen
+
+
 def recorded(p: Program, record) -> str:
     cb, = command_buffers(p.device, p.pool)
     begin(cb)
@@ -281,7 +335,7 @@ def hostile(spv: bytes) -> dict:
 def main() -> None:
     with open(sys.argv[2], "rb") as spv:
         code = spv.read()
-    mode = {"chain": chain, "dynamic": dynamic, "extras": extras, "hostile": hostile}[sys.argv[1]]
+    mode = {"chain": chain, "dynamic": dynamic, "extras": extras, "shared": shared, "hostile": hostile}[sys.argv[1]]
     print(json.dumps(mode(code)), flush=True)
 
 

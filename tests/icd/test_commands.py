@@ -153,6 +153,23 @@ def test_indirect_dispatches_synchronization2_and_events(daemon, step):
     assert np.array_equal(np.array(seen["output"][0], np.uint32), b)
 
 
+def test_recordings_of_the_same_content_share_lists_and_groups_the_arbiter_holds(daemon, step):
+    """100 command buffers recorded alike, held at once, end: more than a session's 64 lists unless
+    the driver shares one list (and so one bind group) among them (libshare/icd/cache.c). A primary
+    still runs after the secondary it inlined is freed (the primary holds its group), and a dispatch
+    recorded again over memory allocated after the old one was freed writes the new memory."""
+    _process, pipe_dir = daemon
+    seen = run_dispatches(pipe_dir, "shared", step)
+    a = np.arange(N, dtype=np.uint32)
+    assert (seen["alike ended"], seen["alike submitted"]) == (100, "ok"), seen
+    assert np.array_equal(np.array(seen["alike"], np.uint32), a * SCALE + 1)
+    assert (seen["primary end"], seen["primary submitted"]) == ("ok", "ok"), seen
+    assert np.array_equal(np.array(seen["primary"], np.uint32), a * SCALE + 5)
+    for (answers, words), add in zip(seen["again"], (7, 9)):
+        assert answers == ["ok", "ok"], seen["again"]
+        assert np.array_equal(np.array(words, np.uint32), a * SCALE + add)
+
+
 def test_hostile_dispatches_and_submissions_end_in_errors_beside_an_honest_client(daemon, step):
     _process, pipe_dir = daemon
     honest = start_client("mixed", pipe_dir, 5, 20)  # checks every result against numpy
