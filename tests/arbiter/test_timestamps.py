@@ -147,3 +147,26 @@ def test_hostile_timestamps_fail_their_own_client_only(tmp_path, streams):
 def _list_at(session, commands, buffer_id: int, offset: int):
     """Submit list ``commands`` with its slot 0 at ``buffer_id``'s raw ``offset`` (a hostile one)."""
     return session._push(C.OP_LIST, commands.id, 0, 0, 0, [buffer_id], [offset], b"")
+
+
+def test_each_command_is_charged_its_own_device_time(tmp_path, vulkan_device_is_cpu):
+    """The engine's timestamps after each command (engine/flights.c) give each ticket its own command's
+    device time: of a light, a heavy and a light dispatch pushed together behind a heavy one, the
+    heavy one holds more than either light one (were the stamps lumped at a flush, the first of a
+    flight would hold them all). On lavapipe the stamps go at the top of the pipe, where it writes
+    them without a flush (the instance reads its driver id)."""
+    from libshare.arbiter.device._instance import Instance
+    instance = Instance(None)
+    try:
+        assert instance.ends_each_command == vulkan_device_is_cpu  # (lavapipe: the one CPU driver here)
+    finally:
+        instance.destroy()
+    with serving(tmp_path) as (_, pipe_dir), libshare.connect(mode="daemon", pipe_directory=pipe_dir) as session:
+        busy = session.load_program(libshare.shaders.path("busy"))
+        data = session.array(N, np.uint32)
+        heavy, light = struct.pack("II", N, busy_iterations(20_000)), struct.pack("II", 64, 16)
+        first = session.dispatch(busy, N // 64, [data], heavy)  # the device busy while the rest are pushed
+        tickets = [session.dispatch(busy, N // 64, [data], push) for push in (light, heavy, light)]
+        first.wait(60)
+        before, middle, after = (ticket.wait(60).device_ns for ticket in tickets)
+        assert middle > before and middle > after, (before, middle, after)

@@ -77,6 +77,9 @@ class Instance:
         self.family, valid_bits = info.compute_family()
         self.timestamp_mask = (1 << valid_bits) - 1 if valid_bits else 0
         """The valid bits of the queue's timestamps (0: the queue has none)."""
+        self.ends_each_command: bool = info.ends_each_command()
+        """True when the device ends each command before it begins the next (lavapipe): the engine's
+        timestamps may then be written at the top of the pipe (see _PhysicalInfo.ends_each_command)."""
         self.api_version: tuple[int, int] = min(self._instance_version, _version(info.api_version))
         """(major, minor): the Vulkan version the device runs for libshare (its own, up to what the instance
         asked for); the SPIR-V it accepts follows (libshare/arbiter/programs/capabilities.py)."""
@@ -122,7 +125,8 @@ class Instance:
         """The raw handles and limits a native engine records and submits with, as integers.
 
         Keys: ``device`` (VkDevice), ``queue`` (VkQueue), ``family`` (its queue family),
-        ``timestamp_mask`` (0: no timestamps), ``timestamp_period_ns``, ``max_storage_range``,
+        ``timestamp_mask`` (0: no timestamps), ``timestamp_period_ns``, ``stamp_at_top`` (1: the device
+        ends each command before the next, so the engine's timestamps go at the top of the pipe), ``max_storage_range``,
         ``offset_alignment``, ``max_uniform_range``, ``uniform_offset_alignment``, ``max_group_count`` (three counts), ``host_memory_type`` (the first
         host-visible, coherent memory type: where timestamps are copied for the host to read).
         """
@@ -130,7 +134,7 @@ class Instance:
         return {
             "device": _address(self.handle), "queue": _address(self.queue), "family": self.family,
             "timestamp_mask": self.timestamp_mask, "timestamp_period_ns": self.timestamp_period_ns,
-            "max_storage_range": self.physical.max_storage_range,
+            "stamp_at_top": int(self.ends_each_command), "max_storage_range": self.physical.max_storage_range,
             "max_uniform_range": self.physical.max_uniform_range,
             "uniform_offset_alignment": self.physical.uniform_offset_alignment,
             "offset_alignment": self.storage_offset_alignment, "max_group_count": self.max_group_count,
@@ -233,6 +237,19 @@ class _PhysicalInfo:
         features = _ffi.new("VkPhysicalDeviceFeatures*")
         _lib.vkGetPhysicalDeviceFeatures(self.handle, features)
         self.robust_buffer_access = bool(features.robustBufferAccess)
+
+    def ends_each_command(self) -> bool:
+        """True for Mesa's lavapipe (its driver id): its queue thread runs each command to its end before
+        it begins the next (llvmpipe's launch_grid waits for the grid), so a timestamp at the top of the
+        pipe written after a command is that command's end, and costs no flush, where a timestamp at
+        any other stage makes lavapipe flush first (about 2 us a command). The engine times commands
+        so on it (engine/flights.c); on every other device at the bottom of the pipe, as Vulkan asks."""
+        if _version(self.api_version) < (1, 2) and "VK_KHR_driver_properties" not in self.extensions:
+            return False
+        driver = _struct("VkPhysicalDeviceDriverProperties", "PHYSICAL_DEVICE_DRIVER_PROPERTIES")
+        _lib.vkGetPhysicalDeviceProperties2(self.handle, _struct(
+            "VkPhysicalDeviceProperties2", "PHYSICAL_DEVICE_PROPERTIES_2", pNext=driver))
+        return driver.driverID == _vk.VK_DRIVER_ID_MESA_LLVMPIPE
 
     def texel_formats(self) -> dict[str, int]:
         """Each texel view format the device supports in a buffer view (vkGetPhysicalDeviceFormatProperties'

@@ -104,7 +104,7 @@ class Engine:
         config = ffi.new("struct ls_engine_config *", {
             "device": handles["device"], "queue": handles["queue"], "family": handles["family"],
             "host_memory_type": handles["host_memory_type"], "timestamp_mask": handles["timestamp_mask"],
-            "timestamp_period_ns": handles["timestamp_period_ns"],
+            "timestamp_period_ns": handles["timestamp_period_ns"], "stamp_at_top": handles["stamp_at_top"],
             "max_storage_range": handles["max_storage_range"], "offset_alignment": handles["offset_alignment"],
             "max_uniform_range": handles["max_uniform_range"],
             "uniform_offset_alignment": handles["uniform_offset_alignment"],

@@ -59,7 +59,8 @@ struct ls_engine_config {
     uint32_t max_groups[3];
     uint32_t max_clients;               /* client slots 0 .. max_clients-1 */
     int32_t  event_fd;                  /* an eventfd the engine writes 1 to when it queues events */
-    uint32_t pad;
+    uint32_t stamp_at_top;              /* 1: the device ends each command before the next begins (lavapipe):
+                                           a flight's timestamps at the top of the pipe (flights.c) */
     uint64_t clamp_pipeline;            /* VkPipeline of shaders/indirect_clamp.comp (0: no indirect dispatch) */
     uint64_t clamp_layout;              /* ... and its VkPipelineLayout */
 };

@@ -6,8 +6,12 @@
  * fence. A timed flight (policy.timed, on a queue with timestamps) writes a timestamp
  * before its first recording and after each, into a mapped buffer, which is each command's
  * device time (queries 0 .. LS_ENGINE_MAX_BATCH of its pool; the rest, one per entry, are the
- * LS_OP_TIMESTAMP commands' own: recordings.c, "Timestamps"); a batch also carries a progress word that the device bumps after each command,
- * the watchdog's measure of it (check_watchdog). The same mapped buffer holds a 16-byte slot per
+ * LS_OP_TIMESTAMP commands' own: recordings.c, "Timestamps"). A timestamp after a recording is
+ * written at the bottom of the pipe (once the commands before it have ended), or, on a device
+ * that ends each command before it begins the next (cfg.stamp_at_top: lavapipe, which flushes
+ * before a timestamp at any other stage, about 2 us a command), at the top, the same moment
+ * there. A batch also carries a progress word that the device bumps after each command, the
+ * watchdog's measure of it (check_watchdog). The same mapped buffer holds a 16-byte slot per
  * entry for an indirect dispatch's clamped counts and verdict (recordings.c, "Indirect
  * dispatches"): retiring reads the verdict, and a refused count answers LS_EGROUPS. Retiring
  * the head flight answers its entries (answers.c) and releases what they held.
@@ -76,7 +80,9 @@ int submit(ls_engine *e)
         for (uint32_t k = 0; k < f->count; k++) {
             e->vk.CmdExecuteCommands(f->cb, 1, &f->secondaries[k]);
             if (f->timed)
-                e->vk.CmdWriteTimestamp(f->cb, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, f->queries, k + 1);
+                e->vk.CmdWriteTimestamp(f->cb, e->cfg.stamp_at_top ? VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT
+                                                                    : VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT,
+                                        f->queries, k + 1);
             if (marked)
                 mark_progress(e, f, k + 1);
         }
