@@ -16,9 +16,14 @@
  * the least recently held freed first ({"op":"free"}, ls_icd_forget: the reattach ledger forgets
  * it too). When the arbiter's quota refuses a new one (a session's 64 lists or 4096 groups,
  * serve/requests.py), the least recently held idle entry of that kind is freed and the request
- * made again, until none is idle. vkFreeMemory and vkDestroyPipeline drop the groups naming the
- * buffer or program: idle ones freed at once, held ones when given back (a list naming a dropped
- * group can match nothing again either, and leaves with the idle ones).
+ * made again, until none is idle. An entry that names something gone is dropped: vkFreeMemory
+ * drops the groups and lists naming the buffer, vkDestroyPipeline those naming the program, and a
+ * group freed for any reason the lists naming it. A dropped entry matches nothing again; idle, it
+ * is freed at once, held, when given back. Freeing them matters beyond the quota: a new arbiter
+ * after a restart refuses to make again a list or group naming what is gone (reattach.c).
+ *
+ * Removal marks first (mark: the entry and, for a group, the lists naming it) and frees after
+ * (sweep), so no walk of the table frees an entry another walk is about to visit.
  *
  * The table is a fixed array of buckets chained through the entries, under the device's lock. A
  * list's entry keeps a copy of its descriptors (to compare), as the ledger does. */
@@ -91,7 +96,67 @@ static void discard(struct ls_icd_device *device, struct ls_icd_cached *cached)
     free(cached);
 }
 
-/* The least recently held idle entry of ``kind`` freed: 1, or 0 when none is idle. */
+/* ``visit`` called on every entry (it may free the one it is given, and no other). */
+static void each_entry(struct ls_icd_device *device, int64_t what,
+                       void (*visit)(struct ls_icd_device *, struct ls_icd_cached *, int64_t))
+{
+    for (uint32_t b = 0; device->cache != NULL && b < BUCKETS; b++) {
+        struct ls_icd_cached *c = device->cache->buckets[b], *next;
+        for (; c != NULL; c = next) {
+            next = c->next;
+            visit(device, c, what);
+        }
+    }
+}
+
+/* Whether list ``list``'s descriptors name ``id``: a bind group (LS_DESC_GROUP), a buffer (copies,
+ * fills, updates, timestamps, an indirect dispatch's counts) or a program. Ids of the three kinds are
+ * one sequence at the arbiter, so one id is never two of them. */
+static int list_names(const struct ls_icd_cached *list, int64_t id)
+{
+    const struct ls_desc *d = (const struct ls_desc *)list->words;
+    size_t n = list->len * sizeof(uint64_t) / sizeof(*d);
+    for (size_t k = 0; k < n; k++) {
+        if ((d[k].flags & LS_DESC_GROUP ? d[k].buffer[0] == id : 0) || d[k].program == id ||
+            (d[k].opcode == LS_OP_DISPATCH_INDIRECT && d[k].groups[0] == id))
+            return 1;
+        for (uint32_t i = 0; !(d[k].flags & LS_DESC_GROUP) && i < d[k].nbuffers && i < LS_MAX_BUFFERS; i++)
+            if (d[k].buffer[i] == id)
+                return 1;
+    }
+    return 0;
+}
+
+static void mark_list_naming(struct ls_icd_device *device, struct ls_icd_cached *c, int64_t id)
+{
+    (void)device;
+    if (c->kind == LIST && list_names(c, id))
+        c->dropped = 1;
+}
+
+/* ``cached`` marked dropped: it can never match again, nor, for a group, the lists naming it (a
+ * new arbiter would refuse them). Marking frees nothing; sweep() does. */
+static void mark(struct ls_icd_device *device, struct ls_icd_cached *cached)
+{
+    cached->dropped = 1;
+    if (cached->kind == GROUP)
+        each_entry(device, cached->id, mark_list_naming);
+}
+
+static void discard_if_dropped_idle(struct ls_icd_device *device, struct ls_icd_cached *c, int64_t unused)
+{
+    (void)unused;
+    if (c->dropped && c->holders == 0)
+        discard(device, c);
+}
+
+/* Every dropped entry no one holds freed (a held one is, when given back). */
+static void sweep(struct ls_icd_device *device)
+{
+    each_entry(device, 0, discard_if_dropped_idle);
+}
+
+/* The least recently held idle entry of ``kind`` freed (with what names it): 1, or 0 when none is idle. */
 static int discard_oldest(struct ls_icd_device *device, int kind)
 {
     struct ls_icd_cached *oldest = NULL;
@@ -101,7 +166,8 @@ static int discard_oldest(struct ls_icd_device *device, int kind)
                 oldest = c;
     if (oldest == NULL)
         return 0;
-    discard(device, oldest);
+    mark(device, oldest);
+    sweep(device);
     return 1;
 }
 
@@ -211,42 +277,20 @@ void ls_icd_cache_release(struct ls_icd_device *device, struct ls_icd_cached *ca
         discard_oldest(device, cached->kind);
 }
 
-/* ``visit`` called on every entry (it may free the one it is given). */
-static void each_entry(struct ls_icd_device *device, int64_t what,
-                       void (*visit)(struct ls_icd_device *, struct ls_icd_cached *, int64_t))
-{
-    for (uint32_t b = 0; device->cache != NULL && b < BUCKETS; b++) {
-        struct ls_icd_cached *c = device->cache->buckets[b], *next;
-        for (; c != NULL; c = next) {
-            next = c->next;
-            visit(device, c, what);
-        }
-    }
-}
-
-/* ``group`` dropped (idle: freed now; held: when given back). */
-static void drop(struct ls_icd_device *device, struct ls_icd_cached *group)
-{
-    if (group->holders == 0)
-        discard(device, group);
-    else
-        group->dropped = 1;
-}
-
-static void drop_if_naming_buffer(struct ls_icd_device *device, struct ls_icd_cached *c, int64_t buffer_id)
+static void mark_group_naming_buffer(struct ls_icd_device *device, struct ls_icd_cached *c, int64_t buffer_id)
 {
     for (size_t k = 0; c->kind == GROUP && k < c->len; k += 3) {
         if (c->words[k] == (uint64_t)buffer_id) {
-            drop(device, c);
+            mark(device, c);
             return;
         }
     }
 }
 
-static void drop_if_of_program(struct ls_icd_device *device, struct ls_icd_cached *c, int64_t program_id)
+static void mark_group_of_program(struct ls_icd_device *device, struct ls_icd_cached *c, int64_t program_id)
 {
     if (c->kind == GROUP && c->program == program_id)
-        drop(device, c);
+        mark(device, c);
 }
 
 static void free_here(struct ls_icd_device *device, struct ls_icd_cached *c, int64_t unused)
@@ -257,12 +301,16 @@ static void free_here(struct ls_icd_device *device, struct ls_icd_cached *c, int
 
 void ls_icd_cache_drop_buffer(struct ls_icd_device *device, int64_t buffer_id)
 {
-    each_entry(device, buffer_id, drop_if_naming_buffer);
+    each_entry(device, buffer_id, mark_group_naming_buffer);
+    each_entry(device, buffer_id, mark_list_naming);
+    sweep(device);
 }
 
 void ls_icd_cache_drop_program(struct ls_icd_device *device, int64_t program_id)
 {
-    each_entry(device, program_id, drop_if_of_program);
+    each_entry(device, program_id, mark_group_of_program);
+    each_entry(device, program_id, mark_list_naming);
+    sweep(device);
 }
 
 void ls_icd_cache_free(struct ls_icd_device *device)

@@ -21,8 +21,9 @@ VkResult ls_icd_cache_list(struct ls_icd_device *device, const struct ls_desc *c
 /* ``cached`` held once more (a primary inlining a secondary's groups); given back once. */
 void ls_icd_cache_hold(struct ls_icd_cached *cached);
 void ls_icd_cache_release(struct ls_icd_device *device, struct ls_icd_cached *cached);
-/* vkFreeMemory and vkDestroyPipeline: the groups naming arbiter buffer ``buffer_id`` (or program
- * ``program_id``) can never be asked for again; those idle are freed now, those held when given back. */
+/* vkFreeMemory and vkDestroyPipeline: the groups and lists naming arbiter buffer ``buffer_id`` (or
+ * program ``program_id``), and the lists naming those groups, can never be asked for again; those
+ * idle are freed now, those held when given back. */
 void ls_icd_cache_drop_buffer(struct ls_icd_device *device, int64_t buffer_id);
 void ls_icd_cache_drop_program(struct ls_icd_device *device, int64_t program_id);
 /* vkDestroyDevice (its session closed: the arbiter freed everything with it): the host memory freed. */

@@ -2,7 +2,9 @@
  *
  * vkAllocateMemory sends the arbiter the request a Python session sends (session.alloc):
  * {"op": "alloc", "size": N, "kind": "shared"} for the host-visible type (1), "device" for the
- * device-local one (0). A shared buffer's reply carries its sealed memfd, which the driver maps
+ * device-local one (0), but "shared" for it too on a device that runs on the CPU (lavapipe), whose
+ * memory is the host's either way: shared memory outlives an arbiter (reattach.c), so a device
+ * holding only such memory survives a restart. A shared buffer's reply carries its sealed memfd, which the driver maps
  * whole at once (MAP_SHARED: the arbiter's device reads and writes the same pages) and closes
  * (reattach.c's ledger keeps a duplicate, to hand the same pages to a new arbiter after a restart);
  * vkMapMemory hands out that mapping, zero copy, and the memory is coherent, so flushing and
@@ -52,7 +54,7 @@ static VkResult alloc_buffer(struct ls_icd_device *device, struct ls_icd_memory 
     cJSON *reply;
     struct stat status;
     int64_t id, size;
-    int shared = memory->type == 1;
+    int shared = memory->type == 1 || device->seen.properties.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU;
     VkResult result;
     snprintf(text, sizeof(text), "{\"op\":\"alloc\",\"size\":%llu,\"kind\":\"%s\"}",
              (unsigned long long)memory->size, shared ? "shared" : "device");
@@ -160,7 +162,8 @@ VKAPI_ATTR VkResult VKAPI_CALL ls_icd_MapMemory(VkDevice handle, VkDeviceMemory 
     VkResult result = VK_ERROR_MEMORY_MAP_FAILED;
     pthread_mutex_lock(&device->lock);
     object = ls_icd_object_find(&device->objects, (uint64_t)(uintptr_t)memory, LS_ICD_MEMORY);
-    if (object != NULL && flags == 0 && object->u.memory.address != NULL && !object->u.memory.mapped &&
+    if (object != NULL && flags == 0 && object->u.memory.type == 1 && object->u.memory.address != NULL &&
+        !object->u.memory.mapped &&
         offset < object->u.memory.size &&
         (size == VK_WHOLE_SIZE || (size != 0 && size <= object->u.memory.size - offset))) {
         object->u.memory.mapped = 1;

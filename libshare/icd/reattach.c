@@ -20,7 +20,9 @@
  * ls_icd_hello_again: "reattach": true, the same settings, so the same name, group and priority;
  * the dial waits up to LS_ICD_DIAL_MS while the daemon starts the new arbiter), checks that the
  * welcome comes from another arbiter, hands over the ledger in id order with "id" added (a
- * refusal or a failed exchange: lost, the new session closed), then swaps the sessions and maps
+ * failed exchange, or a refusal of a buffer or a program: lost, the new session closed; a list or
+ * a bind group naming what the application freed since is refused and left out, so a submission
+ * of it is answered an error, as it would have been before), then swaps the sessions and maps
  * the new ring (queue.c's ls_icd_path_reopen). The costs: one descriptor a host-visible
  * allocation in the application (the arbiter's descriptor budget counts its own side, the same
  * before and after), and a copy of each program's SPIR-V and each list's descriptors in host
@@ -170,7 +172,7 @@ void ls_icd_ledger_free(struct ls_icd_device *device)
     free(ledger);
 }
 
-/* Make ``kept`` again at the arbiter of ``sock`` under its id: 0, or -1 (refused, or no answer). */
+/* Make ``kept`` again at the arbiter of ``sock`` under its id: 0, 1 (refused), or -1 (no answer). */
 static int reload(int sock, const struct ls_icd_kept *kept)
 {
     cJSON *request = cJSON_Parse(kept->text), *reply = NULL;
@@ -183,8 +185,8 @@ static int reload(int sock, const struct ls_icd_kept *kept)
                                         kept->fd >= 0 ? 1 : 0) == 0 &&
         ls_icd_recv(sock, &frame, 0, LS_ICD_REPLY_MS) == 0) {
         reply = cJSON_ParseWithLength(frame.json, frame.json_len);
-        rc = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(reply, "ok")) ? 0 : -1;
-        if (rc < 0)
+        rc = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(reply, "ok")) ? 0 : 1;
+        if (rc > 0)
             fprintf(stderr, "libshare Vulkan driver: the new arbiter refused object %lld (%.300s)\n",
                     (long long)kept->id, frame.json);
     }
@@ -193,6 +195,13 @@ static int reload(int sock, const struct ls_icd_kept *kept)
     free(text);
     cJSON_Delete(request);
     return rc;
+}
+
+/* Whether ``kept`` is a list or a bind group: made of other objects, which the application may have
+ * freed since (a command buffer it keeps but will not submit again names freed memory). */
+static int names_others(const struct ls_icd_kept *kept)
+{
+    return strstr(kept->text, "\"op\":\"load_list\"") != NULL || strstr(kept->text, "\"op\":\"bind_group\"") != NULL;
 }
 
 VkResult ls_icd_reattach(struct ls_icd_device *device)
@@ -222,9 +231,11 @@ VkResult ls_icd_reattach(struct ls_icd_device *device)
     }
     if (fresh.arbiter_pid == device->session.arbiter_pid)
         result = VK_ERROR_DEVICE_LOST; /* (the dead one's pid: not a new arbiter) */
-    for (uint32_t i = 0; result == VK_SUCCESS && i < ledger->n; i++)
-        if (reload(fresh.sock, &ledger->items[i]) < 0)
+    for (uint32_t i = 0; result == VK_SUCCESS && i < ledger->n; i++) {
+        int rc = reload(fresh.sock, &ledger->items[i]);
+        if (rc < 0 || (rc > 0 && !names_others(&ledger->items[i])))
             result = VK_ERROR_DEVICE_LOST;
+    }
     if (result != VK_SUCCESS) {
         ls_icd_session_close(&fresh);
         return result;

@@ -1,6 +1,6 @@
 """An unmodified ncnn program: a small network on ncnn's Vulkan compute path and on its CPU path, as JSON.
 
-``python _ncnn_app.py [run|hold|loop|steps]`` writes a network into a temporary folder: a ``.param`` text
+``python _ncnn_app.py [run|hold|loop|steps|again]`` writes a network into a temporary folder: a ``.param`` text
 (Input 3x16x16, a 3x3 Convolution of 8 outputs with its ReLU, a 2x2 max Pooling, an InnerProduct of
 10 and a Softmax) and its ``.bin`` of weights drawn from a seeded numpy generator (float32, the
 weight blobs each after ncnn's 4-byte raw-float tag). It runs the network on one seeded input twice,
@@ -12,7 +12,7 @@ Vulkan device could not be made ready), ``gpu`` and ``cpu`` (each blob's values 
 are turned off, so the Vulkan path computes in float32 whatever the device offers. With ``hold`` it
 then prints ``holding`` and waits until its standard input closes; with ``loop`` it prints
 ``looping`` and runs the Vulkan path again until it is killed; with ``steps``, it times its
-Vulkan path on demand (_steps.py). It knows nothing of libshare.
+Vulkan path on demand, and with ``again`` runs it again on demand (_steps.py). It knows nothing of libshare.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import ncnn
 import numpy as np
-from _steps import steps
+from _steps import again, steps
 
 PARAM = """7767517
 5 5
@@ -89,6 +89,8 @@ def main() -> None:
                 infer(gpu, image)
         elif mode == "steps":
             steps(lambda: infer(gpu, image))
+        elif mode == "again":
+            again(lambda: {"on_gpu": True, "gpu": infer(gpu, image)})
         del gpu
     ncnn.destroy_gpu_instance()
 

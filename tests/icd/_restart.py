@@ -6,7 +6,8 @@ buffer of one dispatch. It submits it and waits, writes a new A and a pattern in
 JSON line (B after the first submission); then it waits for a line on stdin (the test kills the
 arbiter meanwhile) and submits the same command buffer again, and prints a second JSON line: what
 the submission and its fence's wait answered, B and C. MODE ``survive``: that alone; ``device``:
-it holds device-local memory too; ``flight``: after the first line it submits without waiting (the
+it holds device-local memory too, filled before the kill and copied to host-visible memory after it
+(``D``: on a CPU device the same pages, on a GPU lost); ``flight``: after the first line it submits without waiting (the
 test stopped the arbiter), prints what vkQueueSubmit answered, and after a second line on stdin (the
 arbiter killed) waits on that submission's fence before going on. Last, a new command buffer (B to C,
 add 8) is recorded and submitted; C after it is printed too. ``control``: as ``survive``, but that
@@ -26,9 +27,27 @@ import vulkan as vk
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from _commands import begin, command_buffers, end  # noqa: E402
 from _dispatches import N, Program  # noqa: E402
-from _memory import allocate, outcome  # noqa: E402
+from _memory import allocate, make_buffer, outcome  # noqa: E402
 
 ADD = 7
+FILL = 0x0D0D0D0D
+
+
+def bound(p: Program, host: bool):
+    """A 4096-byte buffer in memory of its own, host-visible or device-local."""
+    buffer = make_buffer(p.device, 4096)
+    memory = allocate(p.device, 4096, p.host if host else 1 - p.host)
+    vk.vkBindBufferMemory(p.device, buffer, memory, 0)
+    return buffer, memory
+
+
+def transfer(p: Program, record) -> str:
+    """A one-time command buffer ``record(cb)`` recorded, submitted and waited on."""
+    cb = command_buffers(p.device, p.pool)[0]
+    begin(cb)
+    record(cb)
+    ended = end(cb)
+    return ended if ended != "ok" else p.submit([cb])[0]
 
 
 def record_later(p: Program):
@@ -46,7 +65,8 @@ def main() -> None:
     mode, spv = sys.argv[1], open(sys.argv[2], "rb").read()
     p = Program(spv, 3)
     if mode == "device":
-        allocate(p.device, 4096, 1 - p.host)  # device-local: it dies with the arbiter
+        local, _ = bound(p, host=False)
+        transfer(p, lambda cb: vk.vkCmdFillBuffer(cb, local, 0, 4096, FILL))
     made = p.new_set({0: (0, 0), 1: (1, 0)})
     cb = command_buffers(p.device, p.pool)[0]
     begin(cb)
@@ -76,6 +96,11 @@ def main() -> None:
     second["seconds"] = time.monotonic() - started  # (reported, for a reader: the move included)
     second["again"], _ = p.submit([cb])  # (lost stays lost; moved goes on)
     second["B"], second["C"] = p.buffer_words(1).tolist(), p.buffer_words(2).tolist()
+    if mode == "device":
+        readback, memory = bound(p, host=True)
+        second["copy"] = transfer(p, lambda cb: vk.vkCmdCopyBuffer(cb, local, readback, 1, [vk.VkBufferCopy(
+            srcOffset=0, dstOffset=0, size=4096)]))
+        second["D"] = np.frombuffer(vk.vkMapMemory(p.device, memory, 0, 4096, 0), np.uint32).tolist()
     if mode != "control":
         later, second["later end"] = record_later(p)
     second["later"] = p.submit([later])[0]

@@ -1,6 +1,6 @@
 """An unmodified Taichi program on Taichi's Vulkan backend: a few kernels, their results as JSON.
 
-``python _taichi_app.py [run|hold|loop|steps]`` initializes Taichi with ``ti.init(arch=ti.vulkan)`` and
+``python _taichi_app.py [run|hold|loop|steps|again]`` initializes Taichi with ``ti.init(arch=ti.vulkan)`` and
 runs four kernels on seeded inputs:
 
 - ``saxpy``: elementwise ``a * x + y`` over float32 ndarrays;
@@ -12,7 +12,8 @@ runs four kernels on seeded inputs:
 It prints one JSON line: ``arch`` (the backend Taichi ended on: ``vulkan``, never a silent CPU
 fallback), and each kernel's output as a list. With ``hold`` it then prints ``holding`` and waits
 until its standard input closes; with ``loop`` it prints ``looping`` and runs the kernels again
-until it is killed; with ``steps``, it times its kernels on demand (_steps.py). It knows nothing of libshare: the same program runs on any Vulkan driver.
+until it is killed; with ``steps``, it times its kernels on demand, and with ``again`` runs them
+again on demand (_steps.py). It knows nothing of libshare: the same program runs on any Vulkan driver.
 """
 
 # (no "from __future__ import annotations": Taichi reads its kernels' annotations as objects)
@@ -23,7 +24,7 @@ import sys
 import numpy as np
 import taichi as ti
 
-from _steps import steps
+from _steps import again, steps
 
 N = 4096
 BINS = 16
@@ -51,6 +52,8 @@ def main() -> None:
             kernels.run(x, y, values, grid, scale)
     elif mode == "steps":
         steps(lambda: kernels.run(x, y, values, grid, scale))
+    elif mode == "again":
+        again(lambda: {"arch": "vulkan", **kernels.run(x, y, values, grid, scale)})
 
 
 class Kernels:

@@ -6,7 +6,9 @@ directly on the system's Vulkan driver, and under ``libshare-run`` against a rea
 be identical (ncnn's Vulkan path also within float tolerance of its CPU path, and the direct run's results
 as numpy computes them). Two at once, each with its own name, priority and group, show in ``ps`` by name
 and priority, and ``terminate_group`` of one group takes only that group's rows away; one SIGKILLed
-while it dispatches leaves the other's results and the arbiter untouched.
+while it dispatches leaves the other's results and the arbiter untouched. Under a control daemon, the
+arbiter SIGKILLed under one between two runs: its device moves to the new arbiter and it computes the
+same again there.
 
 The packages are the ``test`` extra's; without one, its tests skip. A run that stops under libshare-run,
 an ncnn whose Vulkan device was not made ready (ncnn then falls back to its CPU path by itself), or a
@@ -32,7 +34,9 @@ import pytest
 from tests._wait import wait_until
 from tests.conftest import ROOT, killed_on_exit
 from tests.control.conftest import control
+from tests.arbiter.test_reattach import Daemon
 from tests.icd.conftest import environment, libshare_run
+from tests.icd.test_reattach import kill_and_replace
 
 pytestmark = [pytest.mark.applications, pytest.mark.slow]
 
@@ -172,7 +176,7 @@ class Held:
                 cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, text=True)
         try:
             self.seen = self._first_json()
-            if self.process.stdout.readline().strip() not in ("holding", "looping"):
+            if self.process.stdout.readline().strip() not in ("holding", "looping", "again"):
                 self._stopped()
         except BaseException:  # (DriverGap included: it may still hold, waiting on its input)
             self.close()
@@ -187,6 +191,13 @@ class Held:
     def _stopped(self):
         self.process.wait(RUN_TIMEOUT)
         return checked(self.app, None, self.process.returncode, self.stderr_path.read_text())
+
+    def again(self) -> dict:
+        """In the ``again`` mode: what it computes when told to run once more (DriverGap if it stopped)."""
+        self.process.stdin.write("go\n")
+        self.process.stdin.flush()
+        line = self.process.stdout.readline()
+        return checked(self.app, json.loads(line), None, "") if line else self._stopped()
 
     def release(self) -> int:
         """Close its input (it then exits); its exit status."""
@@ -260,3 +271,26 @@ def test_a_killed_application_leaves_the_other_and_the_arbiter_undisturbed(daemo
     wait_until(lambda: not rows(pipe_dir, victim.process.pid), 30, "the killed application's sessions gone from ps")
     assert process.poll() is None  # the arbiter lives, and serves the next one as before
     assert results(under_libshare(pipe_dir, "taichi", name="after")) == expected
+
+
+@pytest.mark.parametrize("app", [pytest.param(app, marks=needs(app)) for app in APPS])
+def test_an_application_computes_again_after_its_arbiter_is_killed_under_it(tmp_path, app):
+    """Under a control daemon. On lavapipe all of a device's memory is shared memory (memory.c), so
+    with nothing in flight at the kill the device moves to the arbiter the daemon starts (docs/icd.md,
+    "Surviving a restart"): programs, lists and groups made again there under their ids, the same
+    pages, and lists or groups that name memory the application freed since left out."""
+    expected = results(direct(app))
+    daemon = Daemon(tmp_path / "pipe")
+    try:
+        held = Held(tmp_path, daemon.pipe, app, "--name", "through-a-restart", mode="again")
+        try:
+            assert results(held.seen) == expected
+            new = kill_and_replace(daemon)
+            assert results(held.again()) == expected  # on the new arbiter
+            assert results(held.again()) == expected
+            assert held.release() == 0
+        finally:
+            held.close()
+        assert f"the device moved to pid {new}" in held.stderr_path.read_text()
+    finally:
+        daemon.stop()
