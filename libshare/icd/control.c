@@ -34,7 +34,9 @@ VkResult ls_icd_ask(struct ls_icd_device *device, const char *text, const void *
     if (rc == 0)
         rc = ls_icd_recv(device->session.sock, frame, max_fds, LS_ICD_REPLY_MS);
     if (rc < 0) { /* the exchange is out of step: no later reply could be trusted to match */
-        fprintf(stderr, "libshare Vulkan driver: the arbiter did not answer (%s)\n", strerror(-rc));
+        if (!device->told_unanswered) /* (said once: every later request fails the same way) */
+            fprintf(stderr, "libshare Vulkan driver: the arbiter did not answer (%s)\n", strerror(-rc));
+        device->told_unanswered = 1;
         shutdown(device->session.sock, SHUT_RDWR);
         return refused;
     }

@@ -324,6 +324,7 @@ struct ls_icd_device {
     struct ls_icd_path *path;       /* queue.c's: the ring and the submissions in flight */
     struct ls_icd_ledger *ledger;   /* reattach.c's: what a new arbiter needs, or NULL */
     struct ls_icd_cache *cache;     /* cache.c's: bind groups and lists by content, or NULL */
+    int told_unanswered;            /* control.c said once that the arbiter stopped answering */
 };
 
 /* The device extensions offered (physical.c's list), as bits of ls_icd_device.extensions.

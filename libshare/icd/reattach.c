@@ -242,6 +242,7 @@ VkResult ls_icd_reattach(struct ls_icd_device *device)
     }
     ls_icd_session_close(&device->session);
     device->session = fresh;
+    device->told_unanswered = 0; /* (control.c: a new session's silence is told again) */
     result = ls_icd_path_reopen(device);
     if (result == VK_SUCCESS)
         fprintf(stderr, "libshare Vulkan driver: the arbiter restarted; the device moved to pid %lld\n",
