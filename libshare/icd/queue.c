@@ -26,12 +26,16 @@
  * or a push that fails makes the device lost: nothing more is retired (no fence of it signals),
  * the command buffers queued are handed back, and every later submission and wait answers
  * VK_ERROR_DEVICE_LOST. A submission, and a control request (control.c), first looks at the
- * arbiter's pidfd (ls_icd_path_survive): when it died with nothing pushed left unanswered (the
- * answers it left are filed first), the device moves to the arbiter a control daemon started in
- * its place (reattach.c, which says hello and hands its objects over, then ls_icd_path_reopen maps
- * the new ring under cq_lock: the same queue, a new book, the numbering goes on), and the work goes
- * there; a death met with work in flight (that work may have been lost), or with no successor,
- * makes the device lost (docs/icd.md, "Surviving a restart"). vkDeviceWaitIdle of VK_NULL_HANDLE
+ * arbiter's pidfd (ls_icd_path_survive; a wait does too, before each sleep, and a sleep on the
+ * ring that the death ended leaves the decision to it): when it died with everything it took
+ * answered (the answers it left are filed first), the device moves to the arbiter a control daemon
+ * started in its place (reattach.c, which says hello and hands its objects over, then
+ * ls_icd_path_reopen maps the new ring under cq_lock: the same queue, a new book, the numbering
+ * goes on), the descriptors it never took (the lane's unconsumed ones, ls_producer_unconsumed: the
+ * last ones pushed) are pushed there again under their tickets, rebuilt from the queued
+ * submissions, and new work goes there too; a death met with work it took unanswered (that work
+ * may have run, wholly or in part), or with no successor, makes the device lost (docs/icd.md,
+ * "Surviving a restart"). vkDeviceWaitIdle of VK_NULL_HANDLE
  * (Taichi's device destructor calls it when its device was never made) and vkQueueWaitIdle of one
  * answer LS_ICD_INVALID.
  *
@@ -40,6 +44,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <poll.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -228,16 +233,14 @@ void ls_icd_path_close(struct ls_icd_device *device)
 
 /* ---- pushing */
 
-/* One descriptor as the next ticket; a full lane waits for answers. 0, or -1 (lost). */
-static int push(struct ls_icd_path *path, uint32_t opcode, uint32_t program)
+/* One descriptor as ticket ``ticket``; a full lane waits for answers. 0, or -1 (lost). */
+static int push_ticket(struct ls_icd_path *path, uint64_t ticket, uint32_t opcode, uint32_t program)
 {
     for (;;) {
-        int rc = ls_tickets_push(path->book, path->producer, path->next_ticket, opcode, program, 0, 0, 0, 0, NULL, 0,
-                                 NULL, NULL, 0);
-        if (rc == 1) {
-            path->next_ticket++;
+        int rc = ls_tickets_push(path->book, path->producer, ticket, opcode, program, 0, 0, 0, 0, NULL, 0, NULL,
+                                 NULL, 0);
+        if (rc == 1)
             return 0;
-        }
         if (rc < 0)
             return -1;
         pthread_mutex_lock(&path->cq_lock); /* the lane is full: the arbiter waits for us to read answers */
@@ -246,6 +249,15 @@ static int push(struct ls_icd_path *path, uint32_t opcode, uint32_t program)
         if (rc < 0)
             return -1;
     }
+}
+
+/* One descriptor as the next ticket. 0, or -1 (lost). */
+static int push(struct ls_icd_path *path, uint32_t opcode, uint32_t program)
+{
+    if (push_ticket(path, path->next_ticket, opcode, program) < 0)
+        return -1;
+    path->next_ticket++;
+    return 0;
 }
 
 static int push_submission(struct ls_icd_path *path, struct ls_icd_submission *s)
@@ -295,18 +307,83 @@ static int in_flight(const struct ls_icd_path *path)
     return 0;
 }
 
-/* Before a push, and control.c's requests: when the arbiter died (its pidfd readable), the answers
- * it left are filed and, with nothing pushed left unanswered, the device moves to the arbiter that
- * replaced it (reattach.c); else (work that may have been lost, no successor, a refusal) the device is lost. */
+/* The descriptor of ticket ``ticket`` of a pushed submission (push_submission's order: each command
+ * buffer's lists, or one LS_OP_NOP): 0, or -1 when no pushed submission holds it. */
+static int descriptor_of(const struct ls_icd_path *path, uint64_t ticket, uint32_t *opcode, uint32_t *program)
+{
+    for (uint32_t i = 0; i < path->nqueued; i++) {
+        const struct ls_icd_submission *s = &path->queued[i];
+        uint64_t k = ticket - s->first;
+        if (!s->pushed || ticket < s->first || ticket >= s->end)
+            continue;
+        *opcode = LS_OP_NOP;
+        *program = 0;
+        for (uint32_t c = 0; c < s->ncbs && *opcode == LS_OP_NOP; c++) {
+            if (k < s->cbs[c].nlists) {
+                *opcode = LS_OP_LIST;
+                *program = s->cbs[c].lists[k];
+            }
+            k -= s->cbs[c].nlists;
+        }
+        return 0;
+    }
+    return -1;
+}
+
+/* The first ticket the dead arbiter never took (the lane's unconsumed descriptors are the last ones
+ * pushed), when everything before it was answered (the answers filed and retired first); 0 when
+ * some work it took is unanswered: it may have run, wholly or in part. */
+static uint64_t never_taken(const struct ls_icd_path *path)
+{
+    int unconsumed = ls_producer_unconsumed(path->producer);
+    uint64_t first;
+    if (unconsumed < 0 || (uint64_t)unconsumed >= path->next_ticket)
+        return 0;
+    first = path->next_ticket - (uint64_t)unconsumed;
+    for (uint32_t i = 0; i < path->nqueued; i++)
+        if (path->queued[i].pushed && path->queued[i].next < first)
+            return 0;
+    return first;
+}
+
+/* The tickets from ``first`` on pushed again, in order, on the new ring (the lists keep their ids):
+ * 0, or -1. */
+static int resend(struct ls_icd_path *path, uint64_t first)
+{
+    for (uint64_t ticket = first; ticket < path->next_ticket; ticket++) {
+        uint32_t opcode, program;
+        if (descriptor_of(path, ticket, &opcode, &program) < 0 || push_ticket(path, ticket, opcode, program) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* Whether the arbiter's pidfd says it died. */
+static int arbiter_died(const struct ls_icd_path *path)
+{
+    struct pollfd gone = {.fd = path->pidfd, .events = POLLIN};
+    return path->pidfd >= 0 && poll(&gone, 1, 0) == 1;
+}
+
+/* Before a push, a wait's sleep, and control.c's requests: when the arbiter died (its pidfd
+ * readable), the answers it left are filed; with all it took answered, the device moves to the
+ * arbiter that replaced it (reattach.c) and what it never took is pushed there again under the same
+ * tickets; else (work that may have run, no successor, a refusal) the device is lost. */
 void ls_icd_path_survive(struct ls_icd_device *device)
 {
     struct ls_icd_path *path = device->path;
-    struct pollfd gone = {.fd = path->pidfd, .events = POLLIN};
-    if (path->busy || path->lost || path->pidfd < 0 || poll(&gone, 1, 0) != 1)
+    uint64_t first;
+    if (path->busy || path->lost || !arbiter_died(path))
         return;
     path->busy++;
-    if (!ls_icd_path_poll(device) && (in_flight(path) || ls_icd_reattach(device) != VK_SUCCESS))
-        lose(path);
+    if (!ls_icd_path_poll(device)) {
+        first = in_flight(path) ? never_taken(path) : path->next_ticket;
+        if (first == 0)
+            fprintf(stderr, "libshare Vulkan driver: the arbiter died with work it had taken unanswered "
+                            "(it may have run): the device is lost\n");
+        if (first == 0 || ls_icd_reattach(device) != VK_SUCCESS || resend(path, first) < 0)
+            lose(path);
+    }
     path->busy--;
 }
 
@@ -436,7 +513,7 @@ static void sleep_once(struct ls_icd_device *device, int64_t deadline)
         rc = ls_tickets_wait(path->book, path->region, 0, LS_SPIN_NS, slice, NULL, NULL);
         pthread_mutex_unlock(&path->cq_lock);
         pthread_mutex_lock(&device->lock);
-        if (rc < 0)
+        if (rc < 0 && !arbiter_died(path)) /* (a death: the wait's next ls_icd_path_survive decides) */
             lose(path);
         pthread_cond_broadcast(&path->changed);
     } else {
@@ -453,6 +530,7 @@ VkResult ls_icd_path_wait(struct ls_icd_device *device, uint64_t timeout, ls_icd
     int64_t deadline = timeout >= (uint64_t)(INT64_MAX - start) ? INT64_MAX : start + (int64_t)timeout;
     for (;;) {
         VkResult result;
+        ls_icd_path_survive(device);
         if (ls_icd_path_poll(device))
             return VK_ERROR_DEVICE_LOST;
         result = ready(device, arg);

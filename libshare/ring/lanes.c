@@ -130,6 +130,13 @@ static int lane_free(ls_region *r, struct ls_lane *l, uint32_t *tail_out)
     return (int)(r->lane_entries - used);
 }
 
+int ls_producer_unconsumed(ls_producer *p)
+{
+    uint32_t tail;
+    int free = lane_free(p->r, p->lane, &tail);
+    return free < 0 ? free : (int)p->r->lane_entries - free;
+}
+
 int ls_space(ls_producer *p)
 {
     uint32_t tail;

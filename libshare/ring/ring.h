@@ -214,6 +214,9 @@ int ls_set_spin_mode(ls_region *r, uint32_t mode);
 int ls_producer_open(ls_region *r, uint32_t tid, uint32_t pid, ls_producer **out);
 void ls_producer_close(ls_producer *p);
 int ls_producer_lane(ls_producer *p);
+/* How many of the descriptors this producer published the consumer has not taken (the last ones it
+ * pushed), or -LS_ECORRUPT: once the consumer is dead, the work that never ran. */
+int ls_producer_unconsumed(ls_producer *p);
 int ls_push(ls_producer *p, const char *descs, uint32_t count);
 int ls_reserve(ls_producer *p, uint32_t count, struct ls_desc **slots);
 int ls_commit(ls_producer *p, uint32_t count);

@@ -9,7 +9,9 @@ the submission and its fence's wait answered, B and C. MODE ``survive``: that al
 it holds device-local memory too, filled before the kill and copied to host-visible memory after it
 (``D``: on a CPU device the same pages, on a GPU lost); ``flight``: after the first line it submits without waiting (the
 test stopped the arbiter), prints what vkQueueSubmit answered, and after a second line on stdin (the
-arbiter killed) waits on that submission's fence before going on. Last, a new command buffer (B to C,
+arbiter killed) waits on that submission's fence before going on; ``taken``: the same, but what it
+submits is a long command buffer (FILLS fills of a 64 MiB buffer) that the arbiter takes and is
+killed running. Last, a new command buffer (B to C,
 add 8) is recorded and submitted; C after it is printed too. ``control``: as ``survive``, but that
 command buffer is recorded (vkEndCommandBuffer: a control request) before the first submission after
 the restart. It knows nothing of libshare.
@@ -31,6 +33,7 @@ from _memory import allocate, make_buffer, outcome  # noqa: E402
 
 ADD = 7
 FILL = 0x0D0D0D0D
+FILLS = 256
 
 
 def bound(p: Program, host: bool):
@@ -61,6 +64,19 @@ def record_later(p: Program):
     return later, end(later)
 
 
+def filling(p: Program):
+    """A command buffer of FILLS fills of a 64 MiB host-visible buffer: long enough to be killed in."""
+    buffer = make_buffer(p.device, 64 << 20)
+    memory = allocate(p.device, 64 << 20, p.host)
+    vk.vkBindBufferMemory(p.device, buffer, memory, 0)
+    cb = command_buffers(p.device, p.pool)[0]
+    begin(cb)
+    for k in range(FILLS):
+        vk.vkCmdFillBuffer(cb, buffer, 0, 64 << 20, k)
+    end(cb)
+    return cb
+
+
 def main() -> None:
     mode, spv = sys.argv[1], open(sys.argv[2], "rb").read()
     p = Program(spv, 3)
@@ -83,10 +99,11 @@ def main() -> None:
     print(json.dumps(first), flush=True)
     sys.stdin.readline()  # the arbiter is killed (and replaced, under a control daemon), or stopped
     second = {}
-    if mode == "flight":  # pushed while the arbiter is stopped: in flight when it is killed
+    if mode in ("flight", "taken"):  # never taken (the arbiter stopped), or taken and running at the kill
+        long = cb if mode == "flight" else filling(p)
         fence = vk.vkCreateFence(p.device, vk.VkFenceCreateInfo(), None)
         print(json.dumps({"submit": outcome(vk.vkQueueSubmit, p.queue, 1, [vk.VkSubmitInfo(
-            commandBufferCount=1, pCommandBuffers=[cb])], fence)}), flush=True)
+            commandBufferCount=1, pCommandBuffers=[long])], fence)}), flush=True)
         sys.stdin.readline()  # killed now
         second["wait"] = outcome(vk.vkWaitForFences, p.device, 1, [fence], vk.VK_TRUE, 60 * 10 ** 9)
     if mode == "control":  # a control request (vkEndCommandBuffer's load_list) meets the restart first

@@ -4,9 +4,10 @@ Real processes on lavapipe: an unmodified program (_restart.py) under libshare-r
 SIGKILLed between two submissions of the same command buffer. Under a control daemon
 (``libshare-control -d``) the device moves to the new arbiter: the submission runs there (numpy
 checks it) over the same host-visible memory (and device-local memory on lavapipe, where it is shared
-memory too; on a GPU a device holding it is lost); a device whose submission was in flight (pushed
-while the arbiter was stopped, then killed) is lost; with no control daemon the death is
-VK_ERROR_DEVICE_LOST at once.
+memory too; on a GPU a device holding it is lost); a submission the arbiter never took (pushed while
+it was stopped, then killed) is pushed again to the new one and runs there, while one it took and
+was running at the kill loses the device (it may have run in part); with no control daemon the
+death is VK_ERROR_DEVICE_LOST at once.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from libshare._proc import stat_fields
 from tests.arbiter.conftest import wait_until
 from tests.arbiter.test_reattach import Daemon, exited
 from tests.icd.conftest import environment, libshare_run
@@ -118,22 +120,59 @@ def test_device_local_memory_moves_on_a_cpu_device_and_is_lost_on_a_gpu(tmp_path
         daemon.stop()
 
 
-def test_work_in_flight_at_the_death_loses_the_device(tmp_path, vulkan_device_name, step):
+def test_work_the_dead_arbiter_never_took_is_pushed_again_to_the_new_one(tmp_path, vulkan_device_name, step):
+    """A submission pushed while the arbiter is stopped stays in the ring's lane, untaken; the
+    arbiter is killed: the fence's wait moves the device and the work runs on the new arbiter."""
     daemon = Daemon(tmp_path / "pipe")
     try:
         app = App(daemon.pipe, "flight", step)
         first_ran(app)
         old = daemon.arbiter()
-        os.kill(old, signal.SIGSTOP)  # it takes nothing from the ring now: the next submission stays in flight
+        os.kill(old, signal.SIGSTOP)  # once every thread stopped, it takes nothing from the ring
         try:
-            assert app.step() == {"submit": "ok"}
+            wait_until(lambda: stopped(old), 60, "every thread of the arbiter stopped")
+            assert app.step() == {"submit": "ok"}  # so this submission stays in the lane
         finally:
             os.kill(old, signal.SIGKILL)
         assert exited(old, 60)
+        new = wait_until(lambda: (lambda pid: pid if pid not in (None, old) else None)(daemon.arbiter()), 60,
+                         "a new arbiter")
         second, err = app.go_on()
-        # It may have run: its fence's wait, and every later submission, answer DEVICE_LOST.
+        assert (second["wait"], second["submit"], second["again"]) == ("ok",) * 3, err[-3000:]
+        assert f"the device moved to pid {new}" in err
+        assert second["B"] == expected(np.arange(N, dtype=np.uint32) * 5 + 1)  # it ran, on the same pages
+        assert second["C"] == (np.arange(N, dtype=np.uint32) ^ 0x5A5A).tolist()
+    finally:
+        daemon.stop()
+
+
+def stopped(pid: int) -> bool:
+    """Whether every thread of process ``pid`` is stopped (state T in its /proc stat)."""
+    return all((stat_fields(pid, int(tid)) or ["T"])[0] in ("T", "t") for tid in os.listdir(f"/proc/{pid}/task"))
+
+
+def submitted(pipe: Path, pid: int) -> int:
+    """The descriptors the arbiter took from process ``pid``'s sessions (ps's SUBMITTED), summed."""
+    table = subprocess.run([sys.executable, "-m", "libshare.control", "--pipe-directory", str(pipe), "ps", "-p",
+                            str(pid)], capture_output=True, text=True, timeout=60).stdout
+    return sum(int(row.split()[6]) for row in table.splitlines()[1:] if row.split()[:1] == [str(pid)])
+
+
+def test_work_the_dead_arbiter_took_and_never_answered_loses_the_device(tmp_path, vulkan_device_name, step):
+    """A long command buffer the arbiter took (ps counts it) and runs when it is killed may have run
+    in part: its fence's wait, and every later submission, answer VK_ERROR_DEVICE_LOST."""
+    daemon = Daemon(tmp_path / "pipe")
+    try:
+        app = App(daemon.pipe, "taken", step)
+        first_ran(app)
+        pid = app.process.pid
+        before = submitted(daemon.pipe, pid)
+        assert app.step() == {"submit": "ok"}
+        wait_until(lambda: submitted(daemon.pipe, pid) > before, 60, "the arbiter taking the long command buffer")
+        kill_and_replace(daemon)
+        second, err = app.go_on()
         assert (second["wait"], second["submit"], second["again"]) == ("VkErrorDeviceLost",) * 3, second
-        assert "moved to pid" not in err
+        assert "work it had taken unanswered" in err and "moved to pid" not in err
         assert second["C"] == (np.arange(N, dtype=np.uint32) ^ 0x5A5A).tolist()
     finally:
         daemon.stop()
