@@ -26,17 +26,18 @@
  * or a push that fails makes the device lost: nothing more is retired (no fence of it signals),
  * the command buffers queued are handed back, and every later submission and wait answers
  * VK_ERROR_DEVICE_LOST. A submission, and a control request (control.c), first looks at the
- * arbiter's pidfd (ls_icd_path_survive; a wait does too, before each sleep, and a sleep on the
- * ring that the death ended leaves the decision to it): when it died with everything it took
- * answered (the answers it left are filed first), the device moves to the arbiter a control daemon
- * started in its place (reattach.c, which says hello and hands its objects over, then
- * ls_icd_path_reopen maps the new ring under cq_lock: the same queue, a new book, the numbering
- * goes on), the descriptors it never took (the lane's unconsumed ones, ls_producer_unconsumed: the
- * last ones pushed) are pushed there again under their tickets, rebuilt from the queued
- * submissions, and new work goes there too; a death met with work it took unanswered (that work
- * may have run, wholly or in part), or with no successor, makes the device lost (docs/icd.md,
- * "Surviving a restart"). vkDeviceWaitIdle of VK_NULL_HANDLE
- * (Taichi's device destructor calls it when its device was never made) and vkQueueWaitIdle of one
+ * arbiter's pidfd (ls_icd_path_survive; a wait does too, before each sleep, and a sleep on the ring
+ * that the death or a hand-over ended leaves the decision to it; a hand-over, the ring closed
+ * LS_EMOVED, is waited out until the old arbiter exits): when it died with everything it took
+ * answered or answered LS_EMOVED (the answers it left are filed first), the device moves to the
+ * arbiter a control daemon started in its place (reattach.c, which says hello and hands its objects
+ * over, then ls_icd_path_reopen maps the new ring under cq_lock: the same queue, a new book, the
+ * numbering goes on), the descriptors it never ran (answered LS_EMOVED, or never taken: the lane's
+ * unconsumed ones, ls_producer_unconsumed, the last ones pushed) are pushed there again under their
+ * tickets, rebuilt from the queued submissions, and new work goes there too; a death met with work
+ * it took unanswered (that work may have run, wholly or in part), or with no successor, makes the
+ * device lost (docs/icd.md, "Surviving a restart"). vkDeviceWaitIdle of VK_NULL_HANDLE (Taichi's
+ * device destructor calls it when its device was never made) and vkQueueWaitIdle of one
  * answer LS_ICD_INVALID.
  *
  * The device's lock is held around everything here but the sleeps; cq_lock is taken after it,
@@ -298,15 +299,6 @@ static void promise(struct ls_icd_device *device, const struct ls_icd_submission
     }
 }
 
-/* Whether a pushed submission still waits for an answer. */
-static int in_flight(const struct ls_icd_path *path)
-{
-    for (uint32_t i = 0; i < path->nqueued; i++)
-        if (path->queued[i].pushed)
-            return 1;
-    return 0;
-}
-
 /* The descriptor of ticket ``ticket`` of a pushed submission (push_submission's order: each command
  * buffer's lists, or one LS_OP_NOP): 0, or -1 when no pushed submission holds it. */
 static int descriptor_of(const struct ls_icd_path *path, uint64_t ticket, uint32_t *opcode, uint32_t *program)
@@ -330,28 +322,57 @@ static int descriptor_of(const struct ls_icd_path *path, uint64_t ticket, uint32
     return -1;
 }
 
-/* The first ticket the dead arbiter never took (the lane's unconsumed descriptors are the last ones
- * pushed), when everything before it was answered (the answers filed and retired first); 0 when
- * some work it took is unanswered: it may have run, wholly or in part. */
-static uint64_t never_taken(const struct ls_icd_path *path)
+/* Whether ``ticket`` is in ``tickets`` (``n`` of them). */
+static int listed(const uint64_t *tickets, uint32_t n, uint64_t ticket)
 {
-    int unconsumed = ls_producer_unconsumed(path->producer);
-    uint64_t first;
-    if (unconsumed < 0 || (uint64_t)unconsumed >= path->next_ticket)
-        return 0;
-    first = path->next_ticket - (uint64_t)unconsumed;
-    for (uint32_t i = 0; i < path->nqueued; i++)
-        if (path->queued[i].pushed && path->queued[i].next < first)
-            return 0;
-    return first;
+    for (uint32_t i = 0; i < n; i++)
+        if (tickets[i] == ticket)
+            return 1;
+    return 0;
 }
 
-/* The tickets from ``first`` on pushed again, in order, on the new ring (the lists keep their ids):
- * 0, or -1. */
-static int resend(struct ls_icd_path *path, uint64_t first)
+/* What the dead arbiter never ran, in ``moved`` (``*nmoved`` tickets it answered LS_EMOVED: handed
+ * over, not run) and from ``*untaken`` on (the lane's unconsumed descriptors, the last ones pushed),
+ * the answers it left filed first: 0, or -1 when some work it took is unanswered (it may have run,
+ * wholly or in part), or when the book cannot be read (out of memory). ``*moved`` is the caller's
+ * to free. */
+static int never_ran(const struct ls_icd_path *path, uint64_t **moved, uint32_t *nmoved, uint64_t *untaken)
 {
+    int unconsumed = ls_producer_unconsumed(path->producer);
+    uint32_t pending = ls_tickets_pending(path->book), n = 0;
+    uint64_t *tickets = calloc(pending + 1, sizeof(*tickets));
+    uint8_t *marks = calloc(pending + 1, 1);
+    int rc = tickets && marks && unconsumed >= 0 && (uint64_t)unconsumed < path->next_ticket ? 0 : -1;
+    if (rc == 0) {
+        int listed_now = ls_tickets_list(path->book, tickets, marks, pending + 1);
+        *untaken = path->next_ticket - (uint64_t)unconsumed;
+        rc = listed_now < 0 || (uint32_t)listed_now > pending + 1 ? -1 : 0;
+        pending = rc == 0 ? (uint32_t)listed_now : 0;
+        for (uint32_t i = 0; i < pending && rc == 0; i++) {
+            if (tickets[i] >= *untaken)
+                continue;
+            if (!(marks[i] & LS_TICKET_MOVED))
+                rc = -1; /* taken and unanswered */
+            tickets[n++] = tickets[i];
+        }
+    }
+    free(marks);
+    *moved = tickets;
+    *nmoved = rc == 0 ? n : 0;
+    return rc;
+}
+
+/* The tickets the dead arbiter never ran (never_ran's) pushed again, in order, on the new ring (the
+ * lists keep their ids): 0, or -1. */
+static int resend(struct ls_icd_path *path, const uint64_t *moved, uint32_t nmoved, uint64_t untaken)
+{
+    uint64_t first = untaken;
+    for (uint32_t i = 0; i < nmoved; i++)
+        first = moved[i] < first ? moved[i] : first;
     for (uint64_t ticket = first; ticket < path->next_ticket; ticket++) {
         uint32_t opcode, program;
+        if (ticket < untaken && !listed(moved, nmoved, ticket))
+            continue; /* answered */
         if (descriptor_of(path, ticket, &opcode, &program) < 0 || push_ticket(path, ticket, opcode, program) < 0)
             return -1;
     }
@@ -365,25 +386,40 @@ static int arbiter_died(const struct ls_icd_path *path)
     return path->pidfd >= 0 && poll(&gone, 1, 0) == 1;
 }
 
+/* Whether the arbiter closed the ring handing over (``libshare-control restart``): it finishes what
+ * it started, answers the rest LS_EMOVED, and exits. */
+static int handing_over(const struct ls_icd_path *path)
+{
+    return path->pidfd >= 0 && ls_close_reason(path->region) == LS_EMOVED;
+}
+
 /* Before a push, a wait's sleep, and control.c's requests: when the arbiter died (its pidfd
- * readable), the answers it left are filed; with all it took answered, the device moves to the
- * arbiter that replaced it (reattach.c) and what it never took is pushed there again under the same
- * tickets; else (work that may have run, no successor, a refusal) the device is lost. */
+ * readable), or is handing over (then its exit is waited for, up to LS_ICD_REPLY_MS), the answers
+ * it left are filed; with all it took answered, the device moves to the arbiter that replaced it
+ * (reattach.c) and what it never ran (never taken, or answered LS_EMOVED) is pushed there again
+ * under the same tickets; else (work that may have run, no successor, a refusal) the device is lost. */
 void ls_icd_path_survive(struct ls_icd_device *device)
 {
     struct ls_icd_path *path = device->path;
-    uint64_t first;
-    if (path->busy || path->lost || !arbiter_died(path))
+    struct pollfd gone = {.fd = path->pidfd, .events = POLLIN};
+    uint64_t *moved = NULL, untaken = 0;
+    uint32_t nmoved = 0;
+    if (path->busy || path->lost || path->pidfd < 0)
+        return;
+    if (handing_over(path))
+        poll(&gone, 1, LS_ICD_REPLY_MS); /* (it finishes what it started first) */
+    if (!arbiter_died(path))
         return;
     path->busy++;
     if (!ls_icd_path_poll(device)) {
-        first = in_flight(path) ? never_taken(path) : path->next_ticket;
-        if (first == 0)
+        int rc = never_ran(path, &moved, &nmoved, &untaken);
+        if (rc < 0)
             fprintf(stderr, "libshare Vulkan driver: the arbiter died with work it had taken unanswered "
                             "(it may have run): the device is lost\n");
-        if (first == 0 || ls_icd_reattach(device) != VK_SUCCESS || resend(path, first) < 0)
+        if (rc < 0 || ls_icd_reattach(device) != VK_SUCCESS || resend(path, moved, nmoved, untaken) < 0)
             lose(path);
     }
+    free(moved);
     path->busy--;
 }
 
@@ -513,7 +549,7 @@ static void sleep_once(struct ls_icd_device *device, int64_t deadline)
         rc = ls_tickets_wait(path->book, path->region, 0, LS_SPIN_NS, slice, NULL, NULL);
         pthread_mutex_unlock(&path->cq_lock);
         pthread_mutex_lock(&device->lock);
-        if (rc < 0 && !arbiter_died(path)) /* (a death: the wait's next ls_icd_path_survive decides) */
+        if (rc < 0 && !arbiter_died(path) && !handing_over(path)) /* (else ls_icd_path_survive decides) */
             lose(path);
         pthread_cond_broadcast(&path->changed);
     } else {

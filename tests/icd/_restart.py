@@ -11,7 +11,7 @@ it holds device-local memory too, filled before the kill and copied to host-visi
 test stopped the arbiter), prints what vkQueueSubmit answered, and after a second line on stdin (the
 arbiter killed) waits on that submission's fence before going on; ``taken``: the same, but what it
 submits is a long command buffer (FILLS fills of a 64 MiB buffer) that the arbiter takes and is
-killed running. Last, a new command buffer (B to C,
+killed running (or hands over running: ``libshare-control restart``), then the command buffer behind it. Last, a new command buffer (B to C,
 add 8) is recorded and submitted; C after it is printed too. ``control``: as ``survive``, but that
 command buffer is recorded (vkEndCommandBuffer: a control request) before the first submission after
 the restart. It knows nothing of libshare.
@@ -102,8 +102,12 @@ def main() -> None:
     if mode in ("flight", "taken"):  # never taken (the arbiter stopped), or taken and running at the kill
         long = cb if mode == "flight" else filling(p)
         fence = vk.vkCreateFence(p.device, vk.VkFenceCreateInfo(), None)
-        print(json.dumps({"submit": outcome(vk.vkQueueSubmit, p.queue, 1, [vk.VkSubmitInfo(
-            commandBufferCount=1, pCommandBuffers=[long])], fence)}), flush=True)
+        answers = [outcome(vk.vkQueueSubmit, p.queue, 1, [vk.VkSubmitInfo(commandBufferCount=1,
+                                                                            pCommandBuffers=[long])], fence)]
+        if mode == "taken":  # and the dispatch behind it, which waits for it
+            answers.append(outcome(vk.vkQueueSubmit, p.queue, 1, [vk.VkSubmitInfo(
+                commandBufferCount=1, pCommandBuffers=[cb])], None))
+        print(json.dumps({"submit": answers}), flush=True)
         sys.stdin.readline()  # killed now
         second["wait"] = outcome(vk.vkWaitForFences, p.device, 1, [fence], vk.VK_TRUE, 60 * 10 ** 9)
     if mode == "control":  # a control request (vkEndCommandBuffer's load_list) meets the restart first

@@ -131,7 +131,7 @@ def test_work_the_dead_arbiter_never_took_is_pushed_again_to_the_new_one(tmp_pat
         os.kill(old, signal.SIGSTOP)  # once every thread stopped, it takes nothing from the ring
         try:
             wait_until(lambda: stopped(old), 60, "every thread of the arbiter stopped")
-            assert app.step() == {"submit": "ok"}  # so this submission stays in the lane
+            assert app.step() == {"submit": ["ok"]}  # so this submission stays in the lane
         finally:
             os.kill(old, signal.SIGKILL)
         assert exited(old, 60)
@@ -167,13 +167,34 @@ def test_work_the_dead_arbiter_took_and_never_answered_loses_the_device(tmp_path
         first_ran(app)
         pid = app.process.pid
         before = submitted(daemon.pipe, pid)
-        assert app.step() == {"submit": "ok"}
+        assert app.step() == {"submit": ["ok", "ok"]}
         wait_until(lambda: submitted(daemon.pipe, pid) > before, 60, "the arbiter taking the long command buffer")
         kill_and_replace(daemon)
         second, err = app.go_on()
         assert (second["wait"], second["submit"], second["again"]) == ("VkErrorDeviceLost",) * 3, second
         assert "work it had taken unanswered" in err and "moved to pid" not in err
         assert second["C"] == (np.arange(N, dtype=np.uint32) ^ 0x5A5A).tolist()
+    finally:
+        daemon.stop()
+
+
+def test_a_hand_over_with_work_in_flight_moves_the_device_and_loses_nothing(tmp_path, vulkan_device_name, step):
+    """``libshare-control restart`` while the arbiter runs a long command buffer with another behind
+    it: the old arbiter finishes what it took, or answers it LS_EMOVED and the driver pushes it
+    again; the fence's wait answers, and the device goes on on the new arbiter."""
+    daemon = Daemon(tmp_path / "pipe")
+    try:
+        app = App(daemon.pipe, "taken", step)
+        first_ran(app)
+        old = daemon.arbiter()
+        assert app.step() == {"submit": ["ok", "ok"]}
+        assert "hands over" in daemon.run("restart")
+        assert exited(old, 120)
+        new = daemon.arbiter()
+        second, err = app.go_on()
+        assert (second["wait"], second["submit"], second["again"]) == ("ok",) * 3, err[-3000:]
+        assert f"the device moved to pid {new}" in err
+        assert second["B"] == expected(np.arange(N, dtype=np.uint32) * 5 + 1)
     finally:
         daemon.stop()
 
