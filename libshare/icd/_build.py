@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -22,8 +23,10 @@ LIBRARY = "libshare_icd.so"
 """The driver's file name."""
 MANIFEST = "libshare_icd.json"
 """The manifest's file name, beside the driver."""
-API_VERSION = "1.1.0"
-"""The Vulkan version the driver reports (LS_ICD_API_VERSION in icd.h)."""
+API_VERSION = "{}.{}.0".format(*re.search(r"#define LS_ICD_API_VERSION VK_API_VERSION_(\d+)_(\d+)",
+                                            (HERE / "icd.h").read_text()).groups())
+"""The Vulkan version the driver reports, for its manifest: read from icd.h's LS_ICD_API_VERSION, its one
+definition."""
 RING = HERE.parent / "ring"
 SOURCES = sorted(HERE.glob("*.c")) + [RING / name for name in ("ring.c", "lanes.c", "completions.c", "wake.c",
                                                                 "tickets.c")]

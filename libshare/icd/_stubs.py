@@ -1,11 +1,12 @@
 """Generator of ``libshare/icd/stubs.c``: a typed stub for every command loader.c's tables refuse.
 
-loader.c's tables point the commands the driver does not implement at two markers, ``ls_icd_refused``
-(a command returning a VkResult) and ``ls_icd_nothing`` (a void one), which are never called: the
+loader.c's tables point the commands the driver does not implement at three markers, ``ls_icd_refused``
+(a command returning a VkResult), ``ls_icd_nothing`` (a void one) and ``ls_icd_zero`` (one returning an
+address or a count: Vulkan 1.2's buffer device addresses, never enabled), which are never called: the
 lookup (loader.c's ``find``) answers, in their place, the stub of that name from stubs.c, whose
 prototype is the command's own, read here from the Vulkan headers' ``PFN_vk*`` typedefs
 (``/usr/include/vulkan/vulkan_core.h``). A stub returning a VkResult answers
-VK_ERROR_FEATURE_NOT_PRESENT; a void one does nothing. Each stub carries a ``_Static_assert`` that its
+VK_ERROR_FEATURE_NOT_PRESENT; a void one does nothing; a zero one answers 0. Each stub carries a ``_Static_assert`` that its
 type is the header's ``PFN_vk*``, so a compile against other headers checks it again.
 
 The generated C is committed, not generated at build time: every build (setup.py's, the tests' sanitized
@@ -29,8 +30,8 @@ LOADER = HERE / "loader.c"
 """The tables whose marker entries get stubs."""
 OUTPUT = HERE / "stubs.c"
 """The generated C."""
-MARKERS = {"ls_icd_refused": "VkResult", "ls_icd_nothing": "void"}
-"""Each marker and the return type of the commands it may stand for."""
+MARKERS = {"ls_icd_refused": ("VkResult",), "ls_icd_nothing": ("void",), "ls_icd_zero": ("VkDeviceAddress", "uint64_t")}
+"""Each marker and the return types of the commands it may stand for."""
 
 _ENTRY = re.compile(r'ENTRY\("(vk\w+)",\s*(\w+)\)')
 _PFN = re.compile(r"typedef (\w+) \(VKAPI_PTR \*PFN_(vk\w+)\)\((.*?)\);", re.S)
@@ -52,19 +53,24 @@ def prototypes(header_text: str) -> dict[str, tuple[str, list[str]]]:
 
 def _stub(name: str, marker: str, prototype: tuple[str, list[str]]) -> str:
     result, parameters = prototype
-    if result != MARKERS[marker]:
+    if result not in MARKERS[marker]:
         raise ValueError(f"{name} returns {result}: loader.c points it at {marker}")
     names = [re.findall(r"\w+", parameter.split("[")[0])[-1] for parameter in parameters]  # float x[4]: x
     head = f"static VKAPI_ATTR {result} VKAPI_CALL stub_{name}("
     if len(head) + len(", ".join(parameters)) < 119:
-        lines = [head + ", ".join(parameters) + ")", "{"]
+        lines = [head + ", ".join(parameters) + ")"]
     else:
-        lines = [head + "".join(f"\n    {p}," for p in parameters)[:-1] + ")", "{"]
-    if names:
-        lines.append("    " + ", ".join(f"(void){n}" for n in names) + ";")
+        lines = [head + "".join(f"\n    {p}," for p in parameters)[:-1] + ")"]
+    body = [", ".join(f"(void){n}" for n in names) + ";"] if names else []
     if result == "VkResult":
-        lines.append("    return VK_ERROR_FEATURE_NOT_PRESENT;")
-    lines += ["}", f'_Static_assert(__builtin_types_compatible_p(__typeof__(&stub_{name}), PFN_{name}), "{name}");']
+        body.append("return VK_ERROR_FEATURE_NOT_PRESENT;")
+    elif result != "void":
+        body.append("return 0;")
+    if len(" ".join(body)) < 112:  # the body on one line when it fits
+        lines.append("{ " + " ".join(body) + " }" if body else "{}")
+    else:
+        lines += ["{", *[f"    {line}" for line in body], "}"]
+    lines += [f'_Static_assert(__builtin_types_compatible_p(__typeof__(&stub_{name}), PFN_{name}), "{name}");']
     return "\n".join(lines)
 
 
@@ -79,7 +85,8 @@ def render(loader_text: str, header_text: str) -> str:
              " * `python libshare/icd/_stubs.py` writes it again (tests/icd/test_stubs.py checks it is current).\n"
              " *\n"
              " * A typed stub for every command loader.c's tables point at a marker (ls_icd_refused: it answers\n"
-             " * VK_ERROR_FEATURE_NOT_PRESENT; ls_icd_nothing: it does nothing), with the command's own prototype\n"
+             " * VK_ERROR_FEATURE_NOT_PRESENT; ls_icd_nothing: it does nothing; ls_icd_zero: it answers 0), with the\n"
+             " * command's own prototype\n"
              " * (checked against the header's PFN_vk* at compile time), and ls_icd_stub, which finds one by name\n"
              " * for loader.c's lookup. */",
              '#include <string.h>\n\n#include "icd.h"']

@@ -1,11 +1,11 @@
 /* VkDevice and its VkQueue: what vkCreateDevice checks, the device's session, the queue.
  *
  * The checks: one queue of family 0 (the only family, one queue), no device extension but those
- * physical.c offers (VK_KHR_timeline_semaphore; VK_KHR_synchronization2 once LS_ICD_OFFERS_SYNC2),
- * and no feature the physical device does not report (VkPhysicalDeviceFeatures, through
- * pEnabledFeatures or a chained VkPhysicalDeviceFeatures2, and VkPhysicalDevice16BitStorageFeatures);
- * a chained structure that asks for a feature the driver reports all off (physical.c's OFF: buffer
- * device address, variable pointers, multiview...) is VK_ERROR_FEATURE_NOT_PRESENT too.
+ * physical.c offers the physical device, and no feature it does not report (VkPhysicalDeviceFeatures,
+ * through pEnabledFeatures or a chained VkPhysicalDeviceFeatures2; features.c's structures, Vulkan
+ * 1.1 and 1.2's among them, row by row); a chained structure that asks for a feature the driver
+ * reports all off (physical.c's OFF: buffer device address, descriptor indexing, variable pointers,
+ * multiview...) is VK_ERROR_FEATURE_NOT_PRESENT too.
  *
  * A device that passes says hello to the arbiter again: each VkDevice is a session of its own,
  * from vkCreateDevice to vkDestroyDevice, so that destroying it lets the arbiter free all of its
@@ -67,16 +67,9 @@ static VkResult check_features(const struct ls_icd_physical *physical, const VkD
                           (const VkBool32 *)&physical->features, core))
                 return VK_ERROR_FEATURE_NOT_PRESENT;
             break;
-        case VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SYNCHRONIZATION_2_FEATURES:
-            if (!LS_ICD_OFFERS_SYNC2 && ((const VkPhysicalDeviceSynchronization2Features *)next)->synchronization2)
+        default: /* a structure of features.c's table, or one whose features the driver reports all off */
+            if (ls_icd_fields_known(next->sType) && ls_icd_fields_check(physical, next) != VK_SUCCESS)
                 return VK_ERROR_FEATURE_NOT_PRESENT;
-            break;
-        case VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_16BIT_STORAGE_FEATURES:
-            if (more_than(&((const VkPhysicalDevice16BitStorageFeatures *)next)->storageBuffer16BitAccess,
-                          &physical->storage16.storageBuffer16BitAccess, 4)) /* its four VkBool32 */
-                return VK_ERROR_FEATURE_NOT_PRESENT;
-            break;
-        default: /* a structure whose features the driver reports all off (physical.c's OFF) */
             size = ls_icd_off_size(next->sType);
             if (size != 0 && any_on(next, size))
                 return VK_ERROR_FEATURE_NOT_PRESENT;
@@ -87,11 +80,12 @@ static VkResult check_features(const struct ls_icd_physical *physical, const VkD
 }
 
 /* The bits of the extensions ``info`` enables, or VK_ERROR_EXTENSION_NOT_PRESENT for one not offered. */
-static VkResult extensions_of(const VkDeviceCreateInfo *info, uint32_t *bits)
+static VkResult extensions_of(const struct ls_icd_physical *physical, const VkDeviceCreateInfo *info, uint32_t *bits)
 {
     *bits = 0;
     for (uint32_t i = 0; i < info->enabledExtensionCount; i++) {
-        uint32_t bit = info->ppEnabledExtensionNames[i] ? ls_icd_extension_bit(info->ppEnabledExtensionNames[i]) : 0;
+        uint32_t bit = info->ppEnabledExtensionNames[i]
+                           ? ls_icd_extension_bit(physical, info->ppEnabledExtensionNames[i]) : 0;
         if (bit == 0)
             return VK_ERROR_EXTENSION_NOT_PRESENT;
         *bits |= bit;
@@ -102,7 +96,7 @@ static VkResult extensions_of(const VkDeviceCreateInfo *info, uint32_t *bits)
 VkResult ls_icd_check_device(const struct ls_icd_physical *physical, const VkDeviceCreateInfo *info)
 {
     uint32_t bits;
-    if (extensions_of(info, &bits) != VK_SUCCESS)
+    if (extensions_of(physical, info, &bits) != VK_SUCCESS)
         return VK_ERROR_EXTENSION_NOT_PRESENT;
     if (info->queueCreateInfoCount != 1 || info->pQueueCreateInfos == NULL ||
         info->pQueueCreateInfos[0].queueFamilyIndex != 0 || info->pQueueCreateInfos[0].queueCount != 1)
@@ -158,7 +152,7 @@ VKAPI_ATTR VkResult VKAPI_CALL ls_icd_CreateDevice(VkPhysicalDevice pd, const Vk
         return VK_ERROR_OUT_OF_HOST_MEMORY;
     }
     device->alignment = buffer_alignment(&device->seen.properties.limits);
-    extensions_of(info, &device->extensions);
+    extensions_of(&device->seen, info, &device->extensions);
     result = ls_icd_path_open(device);
     if (result != VK_SUCCESS) {
         fprintf(stderr, "libshare Vulkan driver: no device: the arbiter's ring could not be opened\n");

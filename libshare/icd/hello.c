@@ -4,8 +4,8 @@
  * (name, group, priority, share, memory limit from the environment) with "device_info": true,
  * and reads the welcome: the ring's memfd and the doorbell (two descriptors, kept in the session
  * for the data path, queue.c) and the arbiter's pid (whose death the data path watches), and the physical device that libshare/arbiter/serve/device_info.py
- * describes: a JSON object (name, uuid, features, timestamp_valid_bits, memory, and the Vulkan 1.1
- * subgroup_size, max_per_set_descriptors, max_memory_allocation_size) and the real
+ * describes: a JSON object (name, uuid, features, timestamp_valid_bits, memory, driver_id, and the
+ * Vulkan 1.1 subgroup_size, max_per_set_descriptors, max_memory_allocation_size) and the real
  * device's VkPhysicalDeviceProperties as the payload. Everything is checked before it is used:
  * the payload's size, each field's type and range, the strings' lengths. A refusal (the
  * arbiter's {"ok": false, "error", "message"}) or anything malformed is
@@ -140,7 +140,7 @@ static const char *read_physical(const cJSON *described, const struct ls_icd_fra
     const cJSON *uuid = cJSON_GetObjectItemCaseSensitive(described, "uuid");
     const cJSON *features = cJSON_GetObjectItemCaseSensitive(described, "features");
     const cJSON *feature;
-    uint64_t bits, memory, subgroup, per_set, allocation;
+    uint64_t bits, memory, subgroup, per_set, allocation, driver;
     int count = 0;
     if (!cJSON_IsObject(described))
         return "the welcome has no physical_device object";
@@ -163,17 +163,21 @@ static const char *read_physical(const cJSON *described, const struct ls_icd_fra
     if (whole(cJSON_GetObjectItemCaseSensitive(described, "max_memory_allocation_size"), 9007199254740992.0,
               &allocation) < 0)
         return "max_memory_allocation_size is not a byte count";
+    if (whole(cJSON_GetObjectItemCaseSensitive(described, "driver_id"), 4294967295.0, &driver) < 0)
+        return "driver_id is not a VkDriverId";
     if (!cJSON_IsArray(features) || cJSON_GetArraySize(features) > MOST_FEATURES)
         return "features is not a list of names";
     memcpy(&physical->properties, frame->payload, sizeof(physical->properties));
     memset(&physical->features, 0, sizeof(physical->features));
-    memset(&physical->storage16, 0, sizeof(physical->storage16));
+    physical->reported = 0;
+    ls_icd_fields_always(physical);
     physical->subgroup_operations = 0;
     cJSON_ArrayForEach(feature, features) {
         if (!cJSON_IsString(feature) || ++count > MOST_FEATURES)
             return "features is not a list of names";
         ls_icd_feature_set(physical, feature->valuestring); /* names the driver does not report: skipped */
     }
+    physical->driver_id = (uint32_t)driver;
     physical->subgroup_size = (uint32_t)subgroup;
     physical->max_per_set_descriptors = (uint32_t)per_set;
     physical->max_allocation = allocation < memory ? allocation : memory;

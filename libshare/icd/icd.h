@@ -45,7 +45,7 @@
 
 #include <cjson/cJSON.h>
 
-#define LS_ICD_API_VERSION VK_API_VERSION_1_1 /* what the driver implements of the physical-device queries */
+#define LS_ICD_API_VERSION VK_API_VERSION_1_2 /* what the driver implements of the physical-device queries */
 #define LS_ICD_DEVICE_PREFIX "libshare: "
 #define LS_ICD_MAX_FDS 4                      /* wire.py's MAX_FDS */
 #define LS_ICD_MAX_FRAME (4u << 20)           /* wire.py's MAX_FRAME */
@@ -94,7 +94,8 @@ struct ls_icd_physical {
     struct ls_icd_instance *instance;
     VkPhysicalDeviceProperties properties; /* the real device's, name and version ours */
     VkPhysicalDeviceFeatures features;     /* what the arbiter keeps safe */
-    VkPhysicalDevice16BitStorageFeatures storage16; /* (its sType and pNext unused) */
+    uint64_t reported;                     /* features.c's rows reported on, a bit each */
+    uint32_t driver_id;                    /* the arbiter's driver's VkDriverId (0: unknown) */
     VkSubgroupFeatureFlags subgroup_operations;     /* in the compute stage */
     uint32_t subgroup_size;
     uint32_t max_per_set_descriptors;
@@ -332,7 +333,10 @@ struct ls_icd_device {
 #define LS_ICD_OFFERS_SYNC2 1
 #define LS_ICD_EXT_TIMELINE 1u      /* VK_KHR_timeline_semaphore */
 #define LS_ICD_EXT_SYNC2 2u         /* VK_KHR_synchronization2 */
-uint32_t ls_icd_extension_bit(const char *name); /* physical.c: the bit of an offered extension, else 0 */
+#define LS_ICD_EXT_QUERY_RESET 4u   /* VK_EXT_host_query_reset */
+#define LS_ICD_EXT_PLAIN 8u         /* an extension with no command */
+/* physical.c: the bit of an extension ``physical`` offers, else 0 */
+uint32_t ls_icd_extension_bit(const struct ls_icd_physical *physical, const char *name);
 
 /* objects.c, for the devices' create and destroy commands: a new object of ``kind`` whose union
  * starts as ``init`` (``size`` bytes; NULL: zeroed), made under the device's lock (VK_SUCCESS or
@@ -423,6 +427,7 @@ VKAPI_ATTR VkResult VKAPI_CALL ls_icd_GetQueryPoolResults(VkDevice device, VkQue
                                                           VkDeviceSize stride, VkQueryResultFlags flags);
 VKAPI_ATTR void VKAPI_CALL ls_icd_CmdResetQueryPool(VkCommandBuffer cb, VkQueryPool pool, uint32_t first,
                                                     uint32_t count);
+VKAPI_ATTR void VKAPI_CALL ls_icd_ResetQueryPool(VkDevice device, VkQueryPool pool, uint32_t first, uint32_t count);
 VKAPI_ATTR void VKAPI_CALL ls_icd_CmdWriteTimestamp(VkCommandBuffer cb, VkPipelineStageFlagBits stage,
                                                     VkQueryPool pool, uint32_t query);
 VKAPI_ATTR void VKAPI_CALL ls_icd_CmdCopyQueryPoolResults(VkCommandBuffer cb, VkQueryPool pool, uint32_t first,
@@ -531,6 +536,7 @@ VKAPI_ATTR VkResult VKAPI_CALL ls_icd_QueueSubmit2(VkQueue queue, uint32_t count
 /* ---- refused.c: the rest of the core device-level commands (loader.c's table) */
 VKAPI_ATTR VkResult VKAPI_CALL ls_icd_refused(void); /* markers in loader.c's tables: never called */
 VKAPI_ATTR void VKAPI_CALL ls_icd_nothing(void);
+VKAPI_ATTR uint64_t VKAPI_CALL ls_icd_zero(void);
 VKAPI_ATTR void VKAPI_CALL ls_icd_GetImageSparseMemoryRequirements(VkDevice device, VkImage image, uint32_t *count,
                                                                   VkSparseImageMemoryRequirements *out);
 VKAPI_ATTR void VKAPI_CALL ls_icd_GetImageSparseMemoryRequirements2(VkDevice device,

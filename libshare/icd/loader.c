@@ -6,11 +6,11 @@
  * the loader checks our apiVersion, and wants nothing Windows-only), vk_icdGetInstanceProcAddr
  * and vk_icdGetPhysicalDeviceProcAddr. Every entry point the driver offers is in a table (core
  * and KHR-suffixed aliases side by side): global, instance, physical-device and device commands
- * (DEVICE_ENTRY_POINTS: every core Vulkan 1.0 and 1.1 device-level command, implemented or
+ * (DEVICE_ENTRY_POINTS: every core Vulkan 1.0, 1.1 and 1.2 device-level command, implemented or
  * refused.c's, since the loader's trampolines call them unchecked: a command not implemented is
- * a line pointing at a marker, ls_icd_refused or ls_icd_nothing, and the lookup answers its typed stub,
+ * a line pointing at a marker, ls_icd_refused, ls_icd_zero or ls_icd_nothing, and the lookup answers its typed stub,
  * generated into stubs.c by _stubs.py), and the commands of the device
- * extensions offered (TIMELINE_ENTRY_POINTS, SYNC2_ENTRY_POINTS). vk_icdGetInstanceProcAddr
+ * extensions offered (TIMELINE_ENTRY_POINTS, SYNC2_ENTRY_POINTS, QUERY_RESET_ENTRY_POINTS). vk_icdGetInstanceProcAddr
  * answers all of them, vkGetDeviceProcAddr the device's core commands and those of the extensions
  * it enabled; any other name answers NULL, so the
  * loader reports it absent. Global commands (those with no instance) are answered for any instance,
@@ -202,6 +202,20 @@ static const struct entry DEVICE_ENTRY_POINTS[] = {
     ENTRY("vkTrimCommandPool", ls_icd_TrimCommandPool),
     ENTRY("vkCreateSamplerYcbcrConversion", ls_icd_refused),
     ENTRY("vkDestroySamplerYcbcrConversion", ls_icd_nothing),
+    /* Vulkan 1.2 */
+    ENTRY("vkCmdDrawIndirectCount", ls_icd_nothing),
+    ENTRY("vkCmdDrawIndexedIndirectCount", ls_icd_nothing),
+    ENTRY("vkCreateRenderPass2", ls_icd_refused),
+    ENTRY("vkCmdBeginRenderPass2", ls_icd_nothing),
+    ENTRY("vkCmdNextSubpass2", ls_icd_nothing),
+    ENTRY("vkCmdEndRenderPass2", ls_icd_nothing),
+    ENTRY("vkResetQueryPool", ls_icd_ResetQueryPool),
+    ENTRY("vkGetSemaphoreCounterValue", ls_icd_GetSemaphoreCounterValue),
+    ENTRY("vkWaitSemaphores", ls_icd_WaitSemaphores),
+    ENTRY("vkSignalSemaphore", ls_icd_SignalSemaphore),
+    ENTRY("vkGetBufferDeviceAddress", ls_icd_zero),
+    ENTRY("vkGetBufferOpaqueCaptureAddress", ls_icd_zero),
+    ENTRY("vkGetDeviceMemoryOpaqueCaptureAddress", ls_icd_zero),
 };
 
 /* The commands of the device extensions offered (physical.c's list): answered by vkGetDeviceProcAddr
@@ -213,6 +227,10 @@ static const struct entry TIMELINE_ENTRY_POINTS[] = {
     ENTRY("vkWaitSemaphoresKHR", ls_icd_WaitSemaphores),
     ENTRY("vkSignalSemaphore", ls_icd_SignalSemaphore),
     ENTRY("vkSignalSemaphoreKHR", ls_icd_SignalSemaphore),
+};
+
+static const struct entry QUERY_RESET_ENTRY_POINTS[] = {
+    ENTRY("vkResetQueryPoolEXT", ls_icd_ResetQueryPool),
 };
 
 static const struct entry SYNC2_ENTRY_POINTS[] = {
@@ -249,7 +267,8 @@ static PFN_vkVoidFunction find(const struct entry *table, size_t count, const ch
     for (size_t i = 0; i < count; i++)
         if (strcmp(table[i].name, name) == 0) {
             if (table[i].function == (PFN_vkVoidFunction)ls_icd_refused ||
-                table[i].function == (PFN_vkVoidFunction)ls_icd_nothing)
+                table[i].function == (PFN_vkVoidFunction)ls_icd_nothing ||
+                table[i].function == (PFN_vkVoidFunction)ls_icd_zero)
                 return ls_icd_stub(name);
             return table[i].function;
         }
@@ -270,6 +289,8 @@ static VKAPI_ATTR PFN_vkVoidFunction VKAPI_CALL ls_icd_GetDeviceProcAddr(VkDevic
         function = find(TIMELINE_ENTRY_POINTS, COUNT(TIMELINE_ENTRY_POINTS), name);
     if (function == NULL && (extensions & LS_ICD_EXT_SYNC2))
         function = find(SYNC2_ENTRY_POINTS, COUNT(SYNC2_ENTRY_POINTS), name);
+    if (function == NULL && (extensions & LS_ICD_EXT_QUERY_RESET))
+        function = find(QUERY_RESET_ENTRY_POINTS, COUNT(QUERY_RESET_ENTRY_POINTS), name);
     return function;
 }
 
@@ -308,5 +329,7 @@ LS_ICD_EXPORT VKAPI_ATTR PFN_vkVoidFunction VKAPI_CALL vk_icdGetInstanceProcAddr
         function = find(TIMELINE_ENTRY_POINTS, COUNT(TIMELINE_ENTRY_POINTS), name);
     if (function == NULL && LS_ICD_OFFERS_SYNC2)
         function = find(SYNC2_ENTRY_POINTS, COUNT(SYNC2_ENTRY_POINTS), name);
+    if (function == NULL)
+        function = find(QUERY_RESET_ENTRY_POINTS, COUNT(QUERY_RESET_ENTRY_POINTS), name);
     return function;
 }

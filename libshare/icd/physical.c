@@ -1,23 +1,31 @@
 /* VkPhysicalDevice: what the driver reports of the arbiter's device.
  *
  * Properties: the real device's (the arbiter sends them, device_info.py), named
- * "libshare: NAME", its Vulkan version at most LS_ICD_API_VERSION; chained to Properties2, the
- * Vulkan 1.1 structures: the device's UUID, its subgroup size and operations in the compute
- * stage, Maintenance3's bounds (an allocation at most the heap), no multiview, protected memory
- * or point clipping, and VK_KHR_timeline_semaphore's (no bound on a value's difference). Features: the VkDevice features the arbiter was created with among those
- * compute uses (FEATURES below), robustBufferAccess always; chained to Features2,
- * the Vulkan 1.1 structures (16-bit storage as the arbiter has it, the others off), timeline
- * semaphores on (synchronization2 as LS_ICD_OFFERS_SYNC2 says) and buffer device address, off. A structure of a later version or an extension not offered is left as
- * the application wrote it. One queue family: compute and transfer, and graphics in name only
+ * "libshare: NAME", its Vulkan version at most LS_ICD_API_VERSION (1.2); chained to Properties2,
+ * the Vulkan 1.1 and 1.2 structures: the device's UUID, its subgroup size and operations in the
+ * compute stage, Maintenance3's bounds (an allocation at most the heap), no multiview, protected
+ * memory or point clipping, timeline semaphores without a bound on a value's difference, the
+ * driver's identity (driverName "libshare", driverID the arbiter's driver's: the shaders run on it;
+ * no conformance version), the float controls the arbiter's device has (independences NONE), and
+ * no descriptor indexing, depth resolve or sampler reduction. Features: the VkDevice features the
+ * arbiter was created with among those compute uses (FEATURES below), robustBufferAccess always;
+ * chained to Features2, features.c's structures (Vulkan 1.1 and 1.2's and the extensions they
+ * absorbed: 8/16-bit storage, Float16/Int8, 64-bit atomics, the memory model, subgroup extended
+ * types as the arbiter has them; timeline semaphores, synchronization2 and the host's query reset
+ * always) and OFF's, all off (buffer device address, descriptor indexing, the layout relaxations,
+ * graphics). A structure of another version or an extension not offered is left as the
+ * application wrote it. One queue family: compute and transfer, and graphics in name only
  * (applications such as Taichi take a family with VK_QUEUE_GRAPHICS_BIT for their compute work;
  * graphics pipelines, render passes, framebuffers stay refused: VK_ERROR_FEATURE_NOT_PRESENT),
  * one queue, the arbiter's queue's timestamp bits. Memory: one device-local heap whose size is
  * the session's memory limit, with a device-local type (a libshare device buffer) and a
  * host-visible, coherent, cached type (a libshare shared buffer: a memfd mapped by both sides).
  * Formats: no format features yet (no images; buffer views are not offered yet). Device
- * extensions: EXTENSIONS below (semaphore.c, submit.c). vkCreateDevice is device.c's. */
+ * extensions: EXTENSIONS below, each offered when the arbiter's device has the feature it brings.
+ * vkCreateDevice is device.c's. */
 #define _GNU_SOURCE
 #include <stddef.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "icd.h"
@@ -28,10 +36,10 @@ static const struct ls_icd_physical *physical_of(VkPhysicalDevice pd)
     return (const struct ls_icd_physical *)pd;
 }
 
-/* The feature names of the arbiter (device_info.py) that the driver reports, and where each goes:
- * a VkBool32 of VkPhysicalDeviceFeatures or of VkPhysicalDevice16BitStorageFeatures, or a subgroup
- * operation. */
-enum where { CORE, STORAGE16, SUBGROUP };
+/* The feature names of the arbiter (device_info.py) that the driver reports in
+ * VkPhysicalDeviceFeatures or as subgroup operations, and where each goes: a VkBool32 of
+ * VkPhysicalDeviceFeatures, or a subgroup operation (those of the chained structures: features.c). */
+enum where { CORE, SUBGROUP };
 
 static const struct {
     const char *name;
@@ -42,10 +50,6 @@ static const struct {
     {"shaderFloat64", CORE, offsetof(VkPhysicalDeviceFeatures, shaderFloat64)},
     {"shaderInt64", CORE, offsetof(VkPhysicalDeviceFeatures, shaderInt64)},
     {"shaderInt16", CORE, offsetof(VkPhysicalDeviceFeatures, shaderInt16)},
-    {"storageBuffer16BitAccess", STORAGE16, offsetof(VkPhysicalDevice16BitStorageFeatures, storageBuffer16BitAccess)},
-    {"uniformAndStorageBuffer16BitAccess", STORAGE16,
-     offsetof(VkPhysicalDevice16BitStorageFeatures, uniformAndStorageBuffer16BitAccess)},
-    {"storagePushConstant16", STORAGE16, offsetof(VkPhysicalDevice16BitStorageFeatures, storagePushConstant16)},
     {"subgroupBasic", SUBGROUP, VK_SUBGROUP_FEATURE_BASIC_BIT},
     {"subgroupVote", SUBGROUP, VK_SUBGROUP_FEATURE_VOTE_BIT},
     {"subgroupArithmetic", SUBGROUP, VK_SUBGROUP_FEATURE_ARITHMETIC_BIT},
@@ -65,13 +69,11 @@ int ls_icd_feature_set(struct ls_icd_physical *physical, const char *name)
             continue;
         if (FEATURES[i].where == CORE)
             memcpy((char *)&physical->features + FEATURES[i].at, &on, sizeof(on));
-        else if (FEATURES[i].where == STORAGE16)
-            memcpy((char *)&physical->storage16 + FEATURES[i].at, &on, sizeof(on));
         else
             physical->subgroup_operations |= (VkSubgroupFeatureFlags)FEATURES[i].at;
         return 1;
     }
-    return 0;
+    return ls_icd_fields_set(physical, name);
 }
 
 /* The chained output structures the driver answers with nothing: features off, properties of none.
@@ -93,6 +95,16 @@ static const struct {
     /* a raw device address would escape the arbiter's bounds */
     {VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_BUFFER_DEVICE_ADDRESS_FEATURES,
      sizeof(VkPhysicalDeviceBufferDeviceAddressFeatures)},
+    /* descriptor.c's sets hold buffers bound whole; spirv-val runs with the standard layouts */
+    {VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_DESCRIPTOR_INDEXING_FEATURES,
+     sizeof(VkPhysicalDeviceDescriptorIndexingFeatures)},
+    {VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SCALAR_BLOCK_LAYOUT_FEATURES, sizeof(VkPhysicalDeviceScalarBlockLayoutFeatures)},
+    {VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_UNIFORM_BUFFER_STANDARD_LAYOUT_FEATURES,
+     sizeof(VkPhysicalDeviceUniformBufferStandardLayoutFeatures)},
+    {VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_IMAGELESS_FRAMEBUFFER_FEATURES,
+     sizeof(VkPhysicalDeviceImagelessFramebufferFeatures)},
+    {VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SEPARATE_DEPTH_STENCIL_LAYOUTS_FEATURES,
+     sizeof(VkPhysicalDeviceSeparateDepthStencilLayoutsFeatures)},
 };
 
 /* The size of structure ``type`` if OFF lists it (the driver offers nothing of it), else 0. */
@@ -115,6 +127,43 @@ static void clear_if_off(VkBaseOutStructure *next)
 VKAPI_ATTR void VKAPI_CALL ls_icd_GetPhysicalDeviceProperties(VkPhysicalDevice pd, VkPhysicalDeviceProperties *out)
 {
     *out = physical_of(pd)->properties;
+}
+
+/* Who the driver is: libshare, whose devices run their shaders on the arbiter's driver (its id, so
+ * that an application's workarounds for that driver apply), not conformance-tested. */
+static void identity(const struct ls_icd_physical *physical, VkDriverId *id, char *name, char *info,
+                     VkConformanceVersion *conformance)
+{
+    *id = (VkDriverId)physical->driver_id;
+    snprintf(name, VK_MAX_DRIVER_NAME_SIZE, "libshare");
+    snprintf(info, VK_MAX_DRIVER_INFO_SIZE, "%s", physical->properties.deviceName);
+    memset(conformance, 0, sizeof(*conformance));
+}
+
+/* Vulkan 1.1's properties, as the structures they aggregate say them. */
+static void vulkan11_properties(const struct ls_icd_physical *physical, VkPhysicalDeviceVulkan11Properties *out)
+{
+    memset((char *)out + sizeof(VkBaseOutStructure), 0, sizeof(*out) - sizeof(VkBaseOutStructure));
+    memcpy(out->deviceUUID, physical->uuid, VK_UUID_SIZE);
+    out->subgroupSize = physical->subgroup_size;
+    out->subgroupSupportedStages = physical->subgroup_operations ? VK_SHADER_STAGE_COMPUTE_BIT : 0;
+    out->subgroupSupportedOperations = physical->subgroup_operations;
+    out->pointClippingBehavior = VK_POINT_CLIPPING_BEHAVIOR_ALL_CLIP_PLANES;
+    out->maxPerSetDescriptors = physical->max_per_set_descriptors;
+    out->maxMemoryAllocationSize = physical->max_allocation; /* at most the heap */
+}
+
+/* Vulkan 1.2's properties: who the driver is, the float controls the arbiter's device has (the
+ * independences conservative), timeline semaphores without bound; no descriptor indexing, depth
+ * resolve or sampler reduction (their limits 0). */
+static void vulkan12_properties(const struct ls_icd_physical *physical, VkPhysicalDeviceVulkan12Properties *out)
+{
+    memset((char *)out + sizeof(VkBaseOutStructure), 0, sizeof(*out) - sizeof(VkBaseOutStructure));
+    identity(physical, &out->driverID, out->driverName, out->driverInfo, &out->conformanceVersion);
+    out->denormBehaviorIndependence = VK_SHADER_FLOAT_CONTROLS_INDEPENDENCE_NONE;
+    out->roundingModeIndependence = VK_SHADER_FLOAT_CONTROLS_INDEPENDENCE_NONE;
+    out->maxTimelineSemaphoreValueDifference = UINT64_MAX;
+    ls_icd_fields_report(physical, (VkBaseOutStructure *)out); /* the float controls (features.c) */
 }
 
 VKAPI_ATTR void VKAPI_CALL ls_icd_GetPhysicalDeviceProperties2(VkPhysicalDevice pd, VkPhysicalDeviceProperties2 *out)
@@ -149,6 +198,26 @@ VKAPI_ATTR void VKAPI_CALL ls_icd_GetPhysicalDeviceProperties2(VkPhysicalDevice 
         case VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_TIMELINE_SEMAPHORE_PROPERTIES:
             ((VkPhysicalDeviceTimelineSemaphoreProperties *)next)->maxTimelineSemaphoreValueDifference = UINT64_MAX;
             break;
+        case VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_PROPERTIES:
+            vulkan11_properties(physical, (VkPhysicalDeviceVulkan11Properties *)next);
+            break;
+        case VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_PROPERTIES:
+            vulkan12_properties(physical, (VkPhysicalDeviceVulkan12Properties *)next);
+            break;
+        case VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_DRIVER_PROPERTIES: {
+            VkPhysicalDeviceDriverProperties *driver = (VkPhysicalDeviceDriverProperties *)next;
+            identity(physical, &driver->driverID, driver->driverName, driver->driverInfo,
+                     &driver->conformanceVersion);
+            break;
+        }
+        case VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FLOAT_CONTROLS_PROPERTIES: {
+            VkPhysicalDeviceFloatControlsProperties *controls = (VkPhysicalDeviceFloatControlsProperties *)next;
+            memset((char *)controls + sizeof(VkBaseOutStructure), 0, sizeof(*controls) - sizeof(VkBaseOutStructure));
+            controls->denormBehaviorIndependence = VK_SHADER_FLOAT_CONTROLS_INDEPENDENCE_NONE;
+            controls->roundingModeIndependence = VK_SHADER_FLOAT_CONTROLS_INDEPENDENCE_NONE;
+            ls_icd_fields_report(physical, next);
+            break;
+        }
         default:
             clear_if_off(next);
             break;
@@ -166,26 +235,10 @@ VKAPI_ATTR void VKAPI_CALL ls_icd_GetPhysicalDeviceFeatures2(VkPhysicalDevice pd
     const struct ls_icd_physical *physical = physical_of(pd);
     out->features = physical->features;
     for (VkBaseOutStructure *next = out->pNext; next != NULL; next = next->pNext) {
-        switch (next->sType) {
-        case VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_16BIT_STORAGE_FEATURES: {
-            VkPhysicalDevice16BitStorageFeatures *storage = (VkPhysicalDevice16BitStorageFeatures *)next;
-            storage->storageBuffer16BitAccess = physical->storage16.storageBuffer16BitAccess;
-            storage->uniformAndStorageBuffer16BitAccess = physical->storage16.uniformAndStorageBuffer16BitAccess;
-            storage->storagePushConstant16 = physical->storage16.storagePushConstant16;
-            storage->storageInputOutput16 = VK_FALSE; /* no graphics */
-            break;
-        }
-        case VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_TIMELINE_SEMAPHORE_FEATURES:
-            ((VkPhysicalDeviceTimelineSemaphoreFeatures *)next)->timelineSemaphore = VK_TRUE;
-            break;
-        case VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SYNCHRONIZATION_2_FEATURES:
-            ((VkPhysicalDeviceSynchronization2Features *)next)->synchronization2 = LS_ICD_OFFERS_SYNC2 ? VK_TRUE
-                                                                                                     : VK_FALSE;
-            break;
-        default:
+        if (ls_icd_fields_known(next->sType))
+            ls_icd_fields_report(physical, next); /* (features.c) */
+        else
             clear_if_off(next);
-            break;
-        }
     }
 }
 
@@ -307,23 +360,46 @@ VKAPI_ATTR void VKAPI_CALL ls_icd_GetPhysicalDeviceExternalSemaphoreProperties(
     out->externalSemaphoreFeatures = 0;
 }
 
-/* The device extensions offered, with their ls_icd_device.extensions bit. */
+/* The device extensions offered, with their ls_icd_device.extensions bit (LS_ICD_EXT_PLAIN: one with
+ * no command), each when the arbiter's device has the feature it brings (NULL: always). */
 static const struct {
     VkExtensionProperties properties;
     uint32_t bit;
+    const char *needs;
 } EXTENSIONS[] = {
-    {{VK_KHR_TIMELINE_SEMAPHORE_EXTENSION_NAME, VK_KHR_TIMELINE_SEMAPHORE_SPEC_VERSION}, LS_ICD_EXT_TIMELINE},
+    {{VK_KHR_TIMELINE_SEMAPHORE_EXTENSION_NAME, VK_KHR_TIMELINE_SEMAPHORE_SPEC_VERSION}, LS_ICD_EXT_TIMELINE, NULL},
 #if LS_ICD_OFFERS_SYNC2
-    {{VK_KHR_SYNCHRONIZATION_2_EXTENSION_NAME, VK_KHR_SYNCHRONIZATION_2_SPEC_VERSION}, LS_ICD_EXT_SYNC2},
+    {{VK_KHR_SYNCHRONIZATION_2_EXTENSION_NAME, VK_KHR_SYNCHRONIZATION_2_SPEC_VERSION}, LS_ICD_EXT_SYNC2, NULL},
 #endif
+    {{VK_EXT_HOST_QUERY_RESET_EXTENSION_NAME, VK_EXT_HOST_QUERY_RESET_SPEC_VERSION}, LS_ICD_EXT_QUERY_RESET, NULL},
+    {{VK_KHR_DRIVER_PROPERTIES_EXTENSION_NAME, VK_KHR_DRIVER_PROPERTIES_SPEC_VERSION}, LS_ICD_EXT_PLAIN, NULL},
+    {{VK_KHR_SHADER_FLOAT_CONTROLS_EXTENSION_NAME, VK_KHR_SHADER_FLOAT_CONTROLS_SPEC_VERSION}, LS_ICD_EXT_PLAIN, NULL},
+    {{VK_KHR_STORAGE_BUFFER_STORAGE_CLASS_EXTENSION_NAME, VK_KHR_STORAGE_BUFFER_STORAGE_CLASS_SPEC_VERSION},
+     LS_ICD_EXT_PLAIN, NULL},
+    {{VK_KHR_16BIT_STORAGE_EXTENSION_NAME, VK_KHR_16BIT_STORAGE_SPEC_VERSION}, LS_ICD_EXT_PLAIN,
+     "storageBuffer16BitAccess"},
+    {{VK_KHR_8BIT_STORAGE_EXTENSION_NAME, VK_KHR_8BIT_STORAGE_SPEC_VERSION}, LS_ICD_EXT_PLAIN, "storageBuffer8BitAccess"},
+    {{VK_KHR_SHADER_FLOAT16_INT8_EXTENSION_NAME, VK_KHR_SHADER_FLOAT16_INT8_SPEC_VERSION}, LS_ICD_EXT_PLAIN,
+     "shaderInt8"},
+    {{VK_KHR_SHADER_ATOMIC_INT64_EXTENSION_NAME, VK_KHR_SHADER_ATOMIC_INT64_SPEC_VERSION}, LS_ICD_EXT_PLAIN,
+     "shaderBufferInt64Atomics"},
+    {{VK_KHR_VULKAN_MEMORY_MODEL_EXTENSION_NAME, VK_KHR_VULKAN_MEMORY_MODEL_SPEC_VERSION}, LS_ICD_EXT_PLAIN,
+     "vulkanMemoryModel"},
+    {{VK_KHR_SHADER_SUBGROUP_EXTENDED_TYPES_EXTENSION_NAME, VK_KHR_SHADER_SUBGROUP_EXTENDED_TYPES_SPEC_VERSION},
+     LS_ICD_EXT_PLAIN, "shaderSubgroupExtendedTypes"},
 };
 
 #define NEXTENSIONS ((uint32_t)(sizeof(EXTENSIONS) / sizeof(EXTENSIONS[0])))
 
-uint32_t ls_icd_extension_bit(const char *name)
+static int offered(const struct ls_icd_physical *physical, uint32_t i)
+{
+    return EXTENSIONS[i].needs == NULL || ls_icd_fields_reported(physical, EXTENSIONS[i].needs);
+}
+
+uint32_t ls_icd_extension_bit(const struct ls_icd_physical *physical, const char *name)
 {
     for (uint32_t i = 0; i < NEXTENSIONS; i++)
-        if (strcmp(name, EXTENSIONS[i].properties.extensionName) == 0)
+        if (strcmp(name, EXTENSIONS[i].properties.extensionName) == 0 && offered(physical, i))
             return EXTENSIONS[i].bit;
     return 0;
 }
@@ -331,17 +407,17 @@ uint32_t ls_icd_extension_bit(const char *name)
 VKAPI_ATTR VkResult VKAPI_CALL ls_icd_EnumerateDeviceExtensionProperties(VkPhysicalDevice pd, const char *layer,
                                                                         uint32_t *count, VkExtensionProperties *out)
 {
-    uint32_t written;
-    (void)pd;
+    const struct ls_icd_physical *physical = physical_of(pd);
+    uint32_t total = 0, written = 0;
     if (layer != NULL)
         return VK_ERROR_LAYER_NOT_PRESENT;
-    if (out == NULL) {
-        *count = NEXTENSIONS;
-        return VK_SUCCESS;
+    for (uint32_t i = 0; i < NEXTENSIONS; i++) {
+        if (!offered(physical, i))
+            continue;
+        if (out != NULL && written < *count)
+            out[written++] = EXTENSIONS[i].properties;
+        total++;
     }
-    written = *count < NEXTENSIONS ? *count : NEXTENSIONS;
-    for (uint32_t i = 0; i < written; i++)
-        out[i] = EXTENSIONS[i].properties;
-    *count = written;
-    return written < NEXTENSIONS ? VK_INCOMPLETE : VK_SUCCESS;
+    *count = out == NULL ? total : written;
+    return out != NULL && written < total ? VK_INCOMPLETE : VK_SUCCESS;
 }

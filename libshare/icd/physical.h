@@ -7,6 +7,13 @@
 #include "icd.h"
 
 int ls_icd_feature_set(struct ls_icd_physical *physical, const char *name);
+/* features.c: the chained feature and property structures (its essay) */
+void ls_icd_fields_always(struct ls_icd_physical *physical);           /* what the driver provides itself */
+int ls_icd_fields_set(struct ls_icd_physical *physical, const char *name); /* 1 if a row has that name */
+int ls_icd_fields_reported(const struct ls_icd_physical *physical, const char *name);
+int ls_icd_fields_known(VkStructureType type);                          /* a feature structure of the table */
+void ls_icd_fields_report(const struct ls_icd_physical *physical, VkBaseOutStructure *next);
+VkResult ls_icd_fields_check(const struct ls_icd_physical *physical, const VkBaseInStructure *next);
 size_t ls_icd_off_size(VkStructureType type);
 VKAPI_ATTR void VKAPI_CALL ls_icd_GetPhysicalDeviceProperties(VkPhysicalDevice pd, VkPhysicalDeviceProperties *out);
 VKAPI_ATTR void VKAPI_CALL ls_icd_GetPhysicalDeviceProperties2(VkPhysicalDevice pd, VkPhysicalDeviceProperties2 *out);

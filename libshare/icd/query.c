@@ -5,7 +5,8 @@
  * timestamp, a uint64 at 16 k, and its availability, a uint64 at 16 k + 8 (0 unavailable, 1
  * written). Only VK_QUERY_TYPE_TIMESTAMP is offered, on a queue with timestamps (the welcome's
  * timestampValidBits): any other type, or a queue without them, is VK_ERROR_FEATURE_NOT_PRESENT.
- * A new pool's bytes are the memfd's zeros: every query unavailable.
+ * A new pool's bytes are the memfd's zeros: every query unavailable; vkResetQueryPool (Vulkan 1.2's
+ * reset from the host) zeroes its queries' slots again.
  *
  * Recorded into a command buffer through ls_icd_record (commands.c), each over the pool's buffer
  * id as the engine's commands are (libshare/ring/ring.h):
@@ -184,6 +185,19 @@ VKAPI_ATTR VkResult VKAPI_CALL ls_icd_GetQueryPoolResults(VkDevice handle, VkQue
     }
     pthread_mutex_unlock(&device->lock);
     return result;
+}
+
+/* vkResetQueryPool (Vulkan 1.2, VK_EXT_host_query_reset): the queries' slots zeroed on the host (a
+ * wrong pool, or queries outside it: nothing; the command returns nothing). */
+VKAPI_ATTR void VKAPI_CALL ls_icd_ResetQueryPool(VkDevice handle, VkQueryPool pool, uint32_t first, uint32_t count)
+{
+    struct ls_icd_device *device = (struct ls_icd_device *)handle;
+    struct ls_icd_query_pool *found;
+    pthread_mutex_lock(&device->lock);
+    found = pool_of(device, pool);
+    if (inside(found, first, count) && found->memory.address != NULL)
+        memset((char *)found->memory.address + (size_t)first * QUERY_BYTES, 0, (size_t)count * QUERY_BYTES);
+    pthread_mutex_unlock(&device->lock);
 }
 
 /* ---------------------------------------------------------------- recorded */

@@ -2,7 +2,8 @@
  * `python libshare/icd/_stubs.py` writes it again (tests/icd/test_stubs.py checks it is current).
  *
  * A typed stub for every command loader.c's tables point at a marker (ls_icd_refused: it answers
- * VK_ERROR_FEATURE_NOT_PRESENT; ls_icd_nothing: it does nothing), with the command's own prototype
+ * VK_ERROR_FEATURE_NOT_PRESENT; ls_icd_nothing: it does nothing; ls_icd_zero: it answers 0), with the
+ * command's own prototype
  * (checked against the header's PFN_vk* at compile time), and ls_icd_stub, which finds one by name
  * for loader.c's lookup. */
 
@@ -15,39 +16,36 @@ static VKAPI_ATTR VkResult VKAPI_CALL stub_vkBindImageMemory(
     VkImage image,
     VkDeviceMemory memory,
     VkDeviceSize memoryOffset)
-{
-    (void)device, (void)image, (void)memory, (void)memoryOffset;
-    return VK_ERROR_FEATURE_NOT_PRESENT;
-}
+{ (void)device, (void)image, (void)memory, (void)memoryOffset; return VK_ERROR_FEATURE_NOT_PRESENT; }
 _Static_assert(__builtin_types_compatible_p(__typeof__(&stub_vkBindImageMemory), PFN_vkBindImageMemory), "vkBindImageMemory");
 
 static VKAPI_ATTR VkResult VKAPI_CALL stub_vkBindImageMemory2(
     VkDevice device,
     uint32_t bindInfoCount,
     const VkBindImageMemoryInfo* pBindInfos)
-{
-    (void)device, (void)bindInfoCount, (void)pBindInfos;
-    return VK_ERROR_FEATURE_NOT_PRESENT;
-}
+{ (void)device, (void)bindInfoCount, (void)pBindInfos; return VK_ERROR_FEATURE_NOT_PRESENT; }
 _Static_assert(__builtin_types_compatible_p(__typeof__(&stub_vkBindImageMemory2), PFN_vkBindImageMemory2), "vkBindImageMemory2");
 
 static VKAPI_ATTR void VKAPI_CALL stub_vkCmdBeginRenderPass(
     VkCommandBuffer commandBuffer,
     const VkRenderPassBeginInfo* pRenderPassBegin,
     VkSubpassContents contents)
-{
-    (void)commandBuffer, (void)pRenderPassBegin, (void)contents;
-}
+{ (void)commandBuffer, (void)pRenderPassBegin, (void)contents; }
 _Static_assert(__builtin_types_compatible_p(__typeof__(&stub_vkCmdBeginRenderPass), PFN_vkCmdBeginRenderPass), "vkCmdBeginRenderPass");
+
+static VKAPI_ATTR void VKAPI_CALL stub_vkCmdBeginRenderPass2(
+    VkCommandBuffer commandBuffer,
+    const VkRenderPassBeginInfo* pRenderPassBegin,
+    const VkSubpassBeginInfo* pSubpassBeginInfo)
+{ (void)commandBuffer, (void)pRenderPassBegin, (void)pSubpassBeginInfo; }
+_Static_assert(__builtin_types_compatible_p(__typeof__(&stub_vkCmdBeginRenderPass2), PFN_vkCmdBeginRenderPass2), "vkCmdBeginRenderPass2");
 
 static VKAPI_ATTR void VKAPI_CALL stub_vkCmdBindIndexBuffer(
     VkCommandBuffer commandBuffer,
     VkBuffer buffer,
     VkDeviceSize offset,
     VkIndexType indexType)
-{
-    (void)commandBuffer, (void)buffer, (void)offset, (void)indexType;
-}
+{ (void)commandBuffer, (void)buffer, (void)offset, (void)indexType; }
 _Static_assert(__builtin_types_compatible_p(__typeof__(&stub_vkCmdBindIndexBuffer), PFN_vkCmdBindIndexBuffer), "vkCmdBindIndexBuffer");
 
 static VKAPI_ATTR void VKAPI_CALL stub_vkCmdBindVertexBuffers(
@@ -56,9 +54,7 @@ static VKAPI_ATTR void VKAPI_CALL stub_vkCmdBindVertexBuffers(
     uint32_t bindingCount,
     const VkBuffer* pBuffers,
     const VkDeviceSize* pOffsets)
-{
-    (void)commandBuffer, (void)firstBinding, (void)bindingCount, (void)pBuffers, (void)pOffsets;
-}
+{ (void)commandBuffer, (void)firstBinding, (void)bindingCount, (void)pBuffers, (void)pOffsets; }
 _Static_assert(__builtin_types_compatible_p(__typeof__(&stub_vkCmdBindVertexBuffers), PFN_vkCmdBindVertexBuffers), "vkCmdBindVertexBuffers");
 
 static VKAPI_ATTR void VKAPI_CALL stub_vkCmdBlitImage(
@@ -81,9 +77,7 @@ static VKAPI_ATTR void VKAPI_CALL stub_vkCmdClearAttachments(
     const VkClearAttachment* pAttachments,
     uint32_t rectCount,
     const VkClearRect* pRects)
-{
-    (void)commandBuffer, (void)attachmentCount, (void)pAttachments, (void)rectCount, (void)pRects;
-}
+{ (void)commandBuffer, (void)attachmentCount, (void)pAttachments, (void)rectCount, (void)pRects; }
 _Static_assert(__builtin_types_compatible_p(__typeof__(&stub_vkCmdClearAttachments), PFN_vkCmdClearAttachments), "vkCmdClearAttachments");
 
 static VKAPI_ATTR void VKAPI_CALL stub_vkCmdClearColorImage(
@@ -93,9 +87,7 @@ static VKAPI_ATTR void VKAPI_CALL stub_vkCmdClearColorImage(
     const VkClearColorValue* pColor,
     uint32_t rangeCount,
     const VkImageSubresourceRange* pRanges)
-{
-    (void)commandBuffer, (void)image, (void)imageLayout, (void)pColor, (void)rangeCount, (void)pRanges;
-}
+{ (void)commandBuffer, (void)image, (void)imageLayout, (void)pColor, (void)rangeCount, (void)pRanges; }
 _Static_assert(__builtin_types_compatible_p(__typeof__(&stub_vkCmdClearColorImage), PFN_vkCmdClearColorImage), "vkCmdClearColorImage");
 
 static VKAPI_ATTR void VKAPI_CALL stub_vkCmdClearDepthStencilImage(
@@ -105,9 +97,7 @@ static VKAPI_ATTR void VKAPI_CALL stub_vkCmdClearDepthStencilImage(
     const VkClearDepthStencilValue* pDepthStencil,
     uint32_t rangeCount,
     const VkImageSubresourceRange* pRanges)
-{
-    (void)commandBuffer, (void)image, (void)imageLayout, (void)pDepthStencil, (void)rangeCount, (void)pRanges;
-}
+{ (void)commandBuffer, (void)image, (void)imageLayout, (void)pDepthStencil, (void)rangeCount, (void)pRanges; }
 _Static_assert(__builtin_types_compatible_p(__typeof__(&stub_vkCmdClearDepthStencilImage), PFN_vkCmdClearDepthStencilImage), "vkCmdClearDepthStencilImage");
 
 static VKAPI_ATTR void VKAPI_CALL stub_vkCmdCopyBufferToImage(
@@ -117,9 +107,7 @@ static VKAPI_ATTR void VKAPI_CALL stub_vkCmdCopyBufferToImage(
     VkImageLayout dstImageLayout,
     uint32_t regionCount,
     const VkBufferImageCopy* pRegions)
-{
-    (void)commandBuffer, (void)srcBuffer, (void)dstImage, (void)dstImageLayout, (void)regionCount, (void)pRegions;
-}
+{ (void)commandBuffer, (void)srcBuffer, (void)dstImage, (void)dstImageLayout, (void)regionCount, (void)pRegions; }
 _Static_assert(__builtin_types_compatible_p(__typeof__(&stub_vkCmdCopyBufferToImage), PFN_vkCmdCopyBufferToImage), "vkCmdCopyBufferToImage");
 
 static VKAPI_ATTR void VKAPI_CALL stub_vkCmdCopyImage(
@@ -142,9 +130,7 @@ static VKAPI_ATTR void VKAPI_CALL stub_vkCmdCopyImageToBuffer(
     VkBuffer dstBuffer,
     uint32_t regionCount,
     const VkBufferImageCopy* pRegions)
-{
-    (void)commandBuffer, (void)srcImage, (void)srcImageLayout, (void)dstBuffer, (void)regionCount, (void)pRegions;
-}
+{ (void)commandBuffer, (void)srcImage, (void)srcImageLayout, (void)dstBuffer, (void)regionCount, (void)pRegions; }
 _Static_assert(__builtin_types_compatible_p(__typeof__(&stub_vkCmdCopyImageToBuffer), PFN_vkCmdCopyImageToBuffer), "vkCmdCopyImageToBuffer");
 
 static VKAPI_ATTR void VKAPI_CALL stub_vkCmdDraw(
@@ -153,9 +139,7 @@ static VKAPI_ATTR void VKAPI_CALL stub_vkCmdDraw(
     uint32_t instanceCount,
     uint32_t firstVertex,
     uint32_t firstInstance)
-{
-    (void)commandBuffer, (void)vertexCount, (void)instanceCount, (void)firstVertex, (void)firstInstance;
-}
+{ (void)commandBuffer, (void)vertexCount, (void)instanceCount, (void)firstVertex, (void)firstInstance; }
 _Static_assert(__builtin_types_compatible_p(__typeof__(&stub_vkCmdDraw), PFN_vkCmdDraw), "vkCmdDraw");
 
 static VKAPI_ATTR void VKAPI_CALL stub_vkCmdDrawIndexed(
@@ -176,10 +160,21 @@ static VKAPI_ATTR void VKAPI_CALL stub_vkCmdDrawIndexedIndirect(
     VkDeviceSize offset,
     uint32_t drawCount,
     uint32_t stride)
-{
-    (void)commandBuffer, (void)buffer, (void)offset, (void)drawCount, (void)stride;
-}
+{ (void)commandBuffer, (void)buffer, (void)offset, (void)drawCount, (void)stride; }
 _Static_assert(__builtin_types_compatible_p(__typeof__(&stub_vkCmdDrawIndexedIndirect), PFN_vkCmdDrawIndexedIndirect), "vkCmdDrawIndexedIndirect");
+
+static VKAPI_ATTR void VKAPI_CALL stub_vkCmdDrawIndexedIndirectCount(
+    VkCommandBuffer commandBuffer,
+    VkBuffer buffer,
+    VkDeviceSize offset,
+    VkBuffer countBuffer,
+    VkDeviceSize countBufferOffset,
+    uint32_t maxDrawCount,
+    uint32_t stride)
+{
+    (void)commandBuffer, (void)buffer, (void)offset, (void)countBuffer, (void)countBufferOffset, (void)maxDrawCount, (void)stride;
+}
+_Static_assert(__builtin_types_compatible_p(__typeof__(&stub_vkCmdDrawIndexedIndirectCount), PFN_vkCmdDrawIndexedIndirectCount), "vkCmdDrawIndexedIndirectCount");
 
 static VKAPI_ATTR void VKAPI_CALL stub_vkCmdDrawIndirect(
     VkCommandBuffer commandBuffer,
@@ -187,22 +182,42 @@ static VKAPI_ATTR void VKAPI_CALL stub_vkCmdDrawIndirect(
     VkDeviceSize offset,
     uint32_t drawCount,
     uint32_t stride)
-{
-    (void)commandBuffer, (void)buffer, (void)offset, (void)drawCount, (void)stride;
-}
+{ (void)commandBuffer, (void)buffer, (void)offset, (void)drawCount, (void)stride; }
 _Static_assert(__builtin_types_compatible_p(__typeof__(&stub_vkCmdDrawIndirect), PFN_vkCmdDrawIndirect), "vkCmdDrawIndirect");
 
-static VKAPI_ATTR void VKAPI_CALL stub_vkCmdEndRenderPass(VkCommandBuffer commandBuffer)
+static VKAPI_ATTR void VKAPI_CALL stub_vkCmdDrawIndirectCount(
+    VkCommandBuffer commandBuffer,
+    VkBuffer buffer,
+    VkDeviceSize offset,
+    VkBuffer countBuffer,
+    VkDeviceSize countBufferOffset,
+    uint32_t maxDrawCount,
+    uint32_t stride)
 {
-    (void)commandBuffer;
+    (void)commandBuffer, (void)buffer, (void)offset, (void)countBuffer, (void)countBufferOffset, (void)maxDrawCount, (void)stride;
 }
+_Static_assert(__builtin_types_compatible_p(__typeof__(&stub_vkCmdDrawIndirectCount), PFN_vkCmdDrawIndirectCount), "vkCmdDrawIndirectCount");
+
+static VKAPI_ATTR void VKAPI_CALL stub_vkCmdEndRenderPass(VkCommandBuffer commandBuffer)
+{ (void)commandBuffer; }
 _Static_assert(__builtin_types_compatible_p(__typeof__(&stub_vkCmdEndRenderPass), PFN_vkCmdEndRenderPass), "vkCmdEndRenderPass");
 
+static VKAPI_ATTR void VKAPI_CALL stub_vkCmdEndRenderPass2(
+    VkCommandBuffer commandBuffer,
+    const VkSubpassEndInfo* pSubpassEndInfo)
+{ (void)commandBuffer, (void)pSubpassEndInfo; }
+_Static_assert(__builtin_types_compatible_p(__typeof__(&stub_vkCmdEndRenderPass2), PFN_vkCmdEndRenderPass2), "vkCmdEndRenderPass2");
+
 static VKAPI_ATTR void VKAPI_CALL stub_vkCmdNextSubpass(VkCommandBuffer commandBuffer, VkSubpassContents contents)
-{
-    (void)commandBuffer, (void)contents;
-}
+{ (void)commandBuffer, (void)contents; }
 _Static_assert(__builtin_types_compatible_p(__typeof__(&stub_vkCmdNextSubpass), PFN_vkCmdNextSubpass), "vkCmdNextSubpass");
+
+static VKAPI_ATTR void VKAPI_CALL stub_vkCmdNextSubpass2(
+    VkCommandBuffer commandBuffer,
+    const VkSubpassBeginInfo* pSubpassBeginInfo,
+    const VkSubpassEndInfo* pSubpassEndInfo)
+{ (void)commandBuffer, (void)pSubpassBeginInfo, (void)pSubpassEndInfo; }
+_Static_assert(__builtin_types_compatible_p(__typeof__(&stub_vkCmdNextSubpass2), PFN_vkCmdNextSubpass2), "vkCmdNextSubpass2");
 
 static VKAPI_ATTR void VKAPI_CALL stub_vkCmdResolveImage(
     VkCommandBuffer commandBuffer,
@@ -220,9 +235,7 @@ _Static_assert(__builtin_types_compatible_p(__typeof__(&stub_vkCmdResolveImage),
 static VKAPI_ATTR void VKAPI_CALL stub_vkCmdSetBlendConstants(
     VkCommandBuffer commandBuffer,
     const float blendConstants[4])
-{
-    (void)commandBuffer, (void)blendConstants;
-}
+{ (void)commandBuffer, (void)blendConstants; }
 _Static_assert(__builtin_types_compatible_p(__typeof__(&stub_vkCmdSetBlendConstants), PFN_vkCmdSetBlendConstants), "vkCmdSetBlendConstants");
 
 static VKAPI_ATTR void VKAPI_CALL stub_vkCmdSetDepthBias(
@@ -230,30 +243,22 @@ static VKAPI_ATTR void VKAPI_CALL stub_vkCmdSetDepthBias(
     float depthBiasConstantFactor,
     float depthBiasClamp,
     float depthBiasSlopeFactor)
-{
-    (void)commandBuffer, (void)depthBiasConstantFactor, (void)depthBiasClamp, (void)depthBiasSlopeFactor;
-}
+{ (void)commandBuffer, (void)depthBiasConstantFactor, (void)depthBiasClamp, (void)depthBiasSlopeFactor; }
 _Static_assert(__builtin_types_compatible_p(__typeof__(&stub_vkCmdSetDepthBias), PFN_vkCmdSetDepthBias), "vkCmdSetDepthBias");
 
 static VKAPI_ATTR void VKAPI_CALL stub_vkCmdSetDepthBounds(
     VkCommandBuffer commandBuffer,
     float minDepthBounds,
     float maxDepthBounds)
-{
-    (void)commandBuffer, (void)minDepthBounds, (void)maxDepthBounds;
-}
+{ (void)commandBuffer, (void)minDepthBounds, (void)maxDepthBounds; }
 _Static_assert(__builtin_types_compatible_p(__typeof__(&stub_vkCmdSetDepthBounds), PFN_vkCmdSetDepthBounds), "vkCmdSetDepthBounds");
 
 static VKAPI_ATTR void VKAPI_CALL stub_vkCmdSetDeviceMask(VkCommandBuffer commandBuffer, uint32_t deviceMask)
-{
-    (void)commandBuffer, (void)deviceMask;
-}
+{ (void)commandBuffer, (void)deviceMask; }
 _Static_assert(__builtin_types_compatible_p(__typeof__(&stub_vkCmdSetDeviceMask), PFN_vkCmdSetDeviceMask), "vkCmdSetDeviceMask");
 
 static VKAPI_ATTR void VKAPI_CALL stub_vkCmdSetLineWidth(VkCommandBuffer commandBuffer, float lineWidth)
-{
-    (void)commandBuffer, (void)lineWidth;
-}
+{ (void)commandBuffer, (void)lineWidth; }
 _Static_assert(__builtin_types_compatible_p(__typeof__(&stub_vkCmdSetLineWidth), PFN_vkCmdSetLineWidth), "vkCmdSetLineWidth");
 
 static VKAPI_ATTR void VKAPI_CALL stub_vkCmdSetScissor(
@@ -261,36 +266,28 @@ static VKAPI_ATTR void VKAPI_CALL stub_vkCmdSetScissor(
     uint32_t firstScissor,
     uint32_t scissorCount,
     const VkRect2D* pScissors)
-{
-    (void)commandBuffer, (void)firstScissor, (void)scissorCount, (void)pScissors;
-}
+{ (void)commandBuffer, (void)firstScissor, (void)scissorCount, (void)pScissors; }
 _Static_assert(__builtin_types_compatible_p(__typeof__(&stub_vkCmdSetScissor), PFN_vkCmdSetScissor), "vkCmdSetScissor");
 
 static VKAPI_ATTR void VKAPI_CALL stub_vkCmdSetStencilCompareMask(
     VkCommandBuffer commandBuffer,
     VkStencilFaceFlags faceMask,
     uint32_t compareMask)
-{
-    (void)commandBuffer, (void)faceMask, (void)compareMask;
-}
+{ (void)commandBuffer, (void)faceMask, (void)compareMask; }
 _Static_assert(__builtin_types_compatible_p(__typeof__(&stub_vkCmdSetStencilCompareMask), PFN_vkCmdSetStencilCompareMask), "vkCmdSetStencilCompareMask");
 
 static VKAPI_ATTR void VKAPI_CALL stub_vkCmdSetStencilReference(
     VkCommandBuffer commandBuffer,
     VkStencilFaceFlags faceMask,
     uint32_t reference)
-{
-    (void)commandBuffer, (void)faceMask, (void)reference;
-}
+{ (void)commandBuffer, (void)faceMask, (void)reference; }
 _Static_assert(__builtin_types_compatible_p(__typeof__(&stub_vkCmdSetStencilReference), PFN_vkCmdSetStencilReference), "vkCmdSetStencilReference");
 
 static VKAPI_ATTR void VKAPI_CALL stub_vkCmdSetStencilWriteMask(
     VkCommandBuffer commandBuffer,
     VkStencilFaceFlags faceMask,
     uint32_t writeMask)
-{
-    (void)commandBuffer, (void)faceMask, (void)writeMask;
-}
+{ (void)commandBuffer, (void)faceMask, (void)writeMask; }
 _Static_assert(__builtin_types_compatible_p(__typeof__(&stub_vkCmdSetStencilWriteMask), PFN_vkCmdSetStencilWriteMask), "vkCmdSetStencilWriteMask");
 
 static VKAPI_ATTR void VKAPI_CALL stub_vkCmdSetViewport(
@@ -298,9 +295,7 @@ static VKAPI_ATTR void VKAPI_CALL stub_vkCmdSetViewport(
     uint32_t firstViewport,
     uint32_t viewportCount,
     const VkViewport* pViewports)
-{
-    (void)commandBuffer, (void)firstViewport, (void)viewportCount, (void)pViewports;
-}
+{ (void)commandBuffer, (void)firstViewport, (void)viewportCount, (void)pViewports; }
 _Static_assert(__builtin_types_compatible_p(__typeof__(&stub_vkCmdSetViewport), PFN_vkCmdSetViewport), "vkCmdSetViewport");
 
 static VKAPI_ATTR VkResult VKAPI_CALL stub_vkCreateBufferView(
@@ -308,10 +303,7 @@ static VKAPI_ATTR VkResult VKAPI_CALL stub_vkCreateBufferView(
     const VkBufferViewCreateInfo* pCreateInfo,
     const VkAllocationCallbacks* pAllocator,
     VkBufferView* pView)
-{
-    (void)device, (void)pCreateInfo, (void)pAllocator, (void)pView;
-    return VK_ERROR_FEATURE_NOT_PRESENT;
-}
+{ (void)device, (void)pCreateInfo, (void)pAllocator, (void)pView; return VK_ERROR_FEATURE_NOT_PRESENT; }
 _Static_assert(__builtin_types_compatible_p(__typeof__(&stub_vkCreateBufferView), PFN_vkCreateBufferView), "vkCreateBufferView");
 
 static VKAPI_ATTR VkResult VKAPI_CALL stub_vkCreateFramebuffer(
@@ -319,10 +311,7 @@ static VKAPI_ATTR VkResult VKAPI_CALL stub_vkCreateFramebuffer(
     const VkFramebufferCreateInfo* pCreateInfo,
     const VkAllocationCallbacks* pAllocator,
     VkFramebuffer* pFramebuffer)
-{
-    (void)device, (void)pCreateInfo, (void)pAllocator, (void)pFramebuffer;
-    return VK_ERROR_FEATURE_NOT_PRESENT;
-}
+{ (void)device, (void)pCreateInfo, (void)pAllocator, (void)pFramebuffer; return VK_ERROR_FEATURE_NOT_PRESENT; }
 _Static_assert(__builtin_types_compatible_p(__typeof__(&stub_vkCreateFramebuffer), PFN_vkCreateFramebuffer), "vkCreateFramebuffer");
 
 static VKAPI_ATTR VkResult VKAPI_CALL stub_vkCreateGraphicsPipelines(
@@ -343,10 +332,7 @@ static VKAPI_ATTR VkResult VKAPI_CALL stub_vkCreateImage(
     const VkImageCreateInfo* pCreateInfo,
     const VkAllocationCallbacks* pAllocator,
     VkImage* pImage)
-{
-    (void)device, (void)pCreateInfo, (void)pAllocator, (void)pImage;
-    return VK_ERROR_FEATURE_NOT_PRESENT;
-}
+{ (void)device, (void)pCreateInfo, (void)pAllocator, (void)pImage; return VK_ERROR_FEATURE_NOT_PRESENT; }
 _Static_assert(__builtin_types_compatible_p(__typeof__(&stub_vkCreateImage), PFN_vkCreateImage), "vkCreateImage");
 
 static VKAPI_ATTR VkResult VKAPI_CALL stub_vkCreateImageView(
@@ -354,10 +340,7 @@ static VKAPI_ATTR VkResult VKAPI_CALL stub_vkCreateImageView(
     const VkImageViewCreateInfo* pCreateInfo,
     const VkAllocationCallbacks* pAllocator,
     VkImageView* pView)
-{
-    (void)device, (void)pCreateInfo, (void)pAllocator, (void)pView;
-    return VK_ERROR_FEATURE_NOT_PRESENT;
-}
+{ (void)device, (void)pCreateInfo, (void)pAllocator, (void)pView; return VK_ERROR_FEATURE_NOT_PRESENT; }
 _Static_assert(__builtin_types_compatible_p(__typeof__(&stub_vkCreateImageView), PFN_vkCreateImageView), "vkCreateImageView");
 
 static VKAPI_ATTR VkResult VKAPI_CALL stub_vkCreateRenderPass(
@@ -365,21 +348,23 @@ static VKAPI_ATTR VkResult VKAPI_CALL stub_vkCreateRenderPass(
     const VkRenderPassCreateInfo* pCreateInfo,
     const VkAllocationCallbacks* pAllocator,
     VkRenderPass* pRenderPass)
-{
-    (void)device, (void)pCreateInfo, (void)pAllocator, (void)pRenderPass;
-    return VK_ERROR_FEATURE_NOT_PRESENT;
-}
+{ (void)device, (void)pCreateInfo, (void)pAllocator, (void)pRenderPass; return VK_ERROR_FEATURE_NOT_PRESENT; }
 _Static_assert(__builtin_types_compatible_p(__typeof__(&stub_vkCreateRenderPass), PFN_vkCreateRenderPass), "vkCreateRenderPass");
+
+static VKAPI_ATTR VkResult VKAPI_CALL stub_vkCreateRenderPass2(
+    VkDevice device,
+    const VkRenderPassCreateInfo2* pCreateInfo,
+    const VkAllocationCallbacks* pAllocator,
+    VkRenderPass* pRenderPass)
+{ (void)device, (void)pCreateInfo, (void)pAllocator, (void)pRenderPass; return VK_ERROR_FEATURE_NOT_PRESENT; }
+_Static_assert(__builtin_types_compatible_p(__typeof__(&stub_vkCreateRenderPass2), PFN_vkCreateRenderPass2), "vkCreateRenderPass2");
 
 static VKAPI_ATTR VkResult VKAPI_CALL stub_vkCreateSampler(
     VkDevice device,
     const VkSamplerCreateInfo* pCreateInfo,
     const VkAllocationCallbacks* pAllocator,
     VkSampler* pSampler)
-{
-    (void)device, (void)pCreateInfo, (void)pAllocator, (void)pSampler;
-    return VK_ERROR_FEATURE_NOT_PRESENT;
-}
+{ (void)device, (void)pCreateInfo, (void)pAllocator, (void)pSampler; return VK_ERROR_FEATURE_NOT_PRESENT; }
 _Static_assert(__builtin_types_compatible_p(__typeof__(&stub_vkCreateSampler), PFN_vkCreateSampler), "vkCreateSampler");
 
 static VKAPI_ATTR VkResult VKAPI_CALL stub_vkCreateSamplerYcbcrConversion(
@@ -387,91 +372,88 @@ static VKAPI_ATTR VkResult VKAPI_CALL stub_vkCreateSamplerYcbcrConversion(
     const VkSamplerYcbcrConversionCreateInfo* pCreateInfo,
     const VkAllocationCallbacks* pAllocator,
     VkSamplerYcbcrConversion* pYcbcrConversion)
-{
-    (void)device, (void)pCreateInfo, (void)pAllocator, (void)pYcbcrConversion;
-    return VK_ERROR_FEATURE_NOT_PRESENT;
-}
+{ (void)device, (void)pCreateInfo, (void)pAllocator, (void)pYcbcrConversion; return VK_ERROR_FEATURE_NOT_PRESENT; }
 _Static_assert(__builtin_types_compatible_p(__typeof__(&stub_vkCreateSamplerYcbcrConversion), PFN_vkCreateSamplerYcbcrConversion), "vkCreateSamplerYcbcrConversion");
 
 static VKAPI_ATTR void VKAPI_CALL stub_vkDestroyBufferView(
     VkDevice device,
     VkBufferView bufferView,
     const VkAllocationCallbacks* pAllocator)
-{
-    (void)device, (void)bufferView, (void)pAllocator;
-}
+{ (void)device, (void)bufferView, (void)pAllocator; }
 _Static_assert(__builtin_types_compatible_p(__typeof__(&stub_vkDestroyBufferView), PFN_vkDestroyBufferView), "vkDestroyBufferView");
 
 static VKAPI_ATTR void VKAPI_CALL stub_vkDestroyFramebuffer(
     VkDevice device,
     VkFramebuffer framebuffer,
     const VkAllocationCallbacks* pAllocator)
-{
-    (void)device, (void)framebuffer, (void)pAllocator;
-}
+{ (void)device, (void)framebuffer, (void)pAllocator; }
 _Static_assert(__builtin_types_compatible_p(__typeof__(&stub_vkDestroyFramebuffer), PFN_vkDestroyFramebuffer), "vkDestroyFramebuffer");
 
 static VKAPI_ATTR void VKAPI_CALL stub_vkDestroyImage(
     VkDevice device,
     VkImage image,
     const VkAllocationCallbacks* pAllocator)
-{
-    (void)device, (void)image, (void)pAllocator;
-}
+{ (void)device, (void)image, (void)pAllocator; }
 _Static_assert(__builtin_types_compatible_p(__typeof__(&stub_vkDestroyImage), PFN_vkDestroyImage), "vkDestroyImage");
 
 static VKAPI_ATTR void VKAPI_CALL stub_vkDestroyImageView(
     VkDevice device,
     VkImageView imageView,
     const VkAllocationCallbacks* pAllocator)
-{
-    (void)device, (void)imageView, (void)pAllocator;
-}
+{ (void)device, (void)imageView, (void)pAllocator; }
 _Static_assert(__builtin_types_compatible_p(__typeof__(&stub_vkDestroyImageView), PFN_vkDestroyImageView), "vkDestroyImageView");
 
 static VKAPI_ATTR void VKAPI_CALL stub_vkDestroyRenderPass(
     VkDevice device,
     VkRenderPass renderPass,
     const VkAllocationCallbacks* pAllocator)
-{
-    (void)device, (void)renderPass, (void)pAllocator;
-}
+{ (void)device, (void)renderPass, (void)pAllocator; }
 _Static_assert(__builtin_types_compatible_p(__typeof__(&stub_vkDestroyRenderPass), PFN_vkDestroyRenderPass), "vkDestroyRenderPass");
 
 static VKAPI_ATTR void VKAPI_CALL stub_vkDestroySampler(
     VkDevice device,
     VkSampler sampler,
     const VkAllocationCallbacks* pAllocator)
-{
-    (void)device, (void)sampler, (void)pAllocator;
-}
+{ (void)device, (void)sampler, (void)pAllocator; }
 _Static_assert(__builtin_types_compatible_p(__typeof__(&stub_vkDestroySampler), PFN_vkDestroySampler), "vkDestroySampler");
 
 static VKAPI_ATTR void VKAPI_CALL stub_vkDestroySamplerYcbcrConversion(
     VkDevice device,
     VkSamplerYcbcrConversion ycbcrConversion,
     const VkAllocationCallbacks* pAllocator)
-{
-    (void)device, (void)ycbcrConversion, (void)pAllocator;
-}
+{ (void)device, (void)ycbcrConversion, (void)pAllocator; }
 _Static_assert(__builtin_types_compatible_p(__typeof__(&stub_vkDestroySamplerYcbcrConversion), PFN_vkDestroySamplerYcbcrConversion), "vkDestroySamplerYcbcrConversion");
+
+static VKAPI_ATTR VkDeviceAddress VKAPI_CALL stub_vkGetBufferDeviceAddress(
+    VkDevice device,
+    const VkBufferDeviceAddressInfo* pInfo)
+{ (void)device, (void)pInfo; return 0; }
+_Static_assert(__builtin_types_compatible_p(__typeof__(&stub_vkGetBufferDeviceAddress), PFN_vkGetBufferDeviceAddress), "vkGetBufferDeviceAddress");
+
+static VKAPI_ATTR uint64_t VKAPI_CALL stub_vkGetBufferOpaqueCaptureAddress(
+    VkDevice device,
+    const VkBufferDeviceAddressInfo* pInfo)
+{ (void)device, (void)pInfo; return 0; }
+_Static_assert(__builtin_types_compatible_p(__typeof__(&stub_vkGetBufferOpaqueCaptureAddress), PFN_vkGetBufferOpaqueCaptureAddress), "vkGetBufferOpaqueCaptureAddress");
+
+static VKAPI_ATTR uint64_t VKAPI_CALL stub_vkGetDeviceMemoryOpaqueCaptureAddress(
+    VkDevice device,
+    const VkDeviceMemoryOpaqueCaptureAddressInfo* pInfo)
+{ (void)device, (void)pInfo; return 0; }
+_Static_assert(__builtin_types_compatible_p(__typeof__(&stub_vkGetDeviceMemoryOpaqueCaptureAddress), PFN_vkGetDeviceMemoryOpaqueCaptureAddress), "vkGetDeviceMemoryOpaqueCaptureAddress");
 
 static VKAPI_ATTR void VKAPI_CALL stub_vkGetImageMemoryRequirements(
     VkDevice device,
     VkImage image,
     VkMemoryRequirements* pMemoryRequirements)
-{
-    (void)device, (void)image, (void)pMemoryRequirements;
-}
+{ (void)device, (void)image, (void)pMemoryRequirements; }
 _Static_assert(__builtin_types_compatible_p(__typeof__(&stub_vkGetImageMemoryRequirements), PFN_vkGetImageMemoryRequirements), "vkGetImageMemoryRequirements");
 
 static VKAPI_ATTR void VKAPI_CALL stub_vkGetImageMemoryRequirements2(
     VkDevice device,
     const VkImageMemoryRequirementsInfo2* pInfo,
     VkMemoryRequirements2* pMemoryRequirements)
-{
-    (void)device, (void)pInfo, (void)pMemoryRequirements;
-}
+{ (void)device, (void)pInfo, (void)pMemoryRequirements; }
 _Static_assert(__builtin_types_compatible_p(__typeof__(&stub_vkGetImageMemoryRequirements2), PFN_vkGetImageMemoryRequirements2), "vkGetImageMemoryRequirements2");
 
 static VKAPI_ATTR void VKAPI_CALL stub_vkGetImageSubresourceLayout(
@@ -479,18 +461,14 @@ static VKAPI_ATTR void VKAPI_CALL stub_vkGetImageSubresourceLayout(
     VkImage image,
     const VkImageSubresource* pSubresource,
     VkSubresourceLayout* pLayout)
-{
-    (void)device, (void)image, (void)pSubresource, (void)pLayout;
-}
+{ (void)device, (void)image, (void)pSubresource, (void)pLayout; }
 _Static_assert(__builtin_types_compatible_p(__typeof__(&stub_vkGetImageSubresourceLayout), PFN_vkGetImageSubresourceLayout), "vkGetImageSubresourceLayout");
 
 static VKAPI_ATTR void VKAPI_CALL stub_vkGetRenderAreaGranularity(
     VkDevice device,
     VkRenderPass renderPass,
     VkExtent2D* pGranularity)
-{
-    (void)device, (void)renderPass, (void)pGranularity;
-}
+{ (void)device, (void)renderPass, (void)pGranularity; }
 _Static_assert(__builtin_types_compatible_p(__typeof__(&stub_vkGetRenderAreaGranularity), PFN_vkGetRenderAreaGranularity), "vkGetRenderAreaGranularity");
 
 static VKAPI_ATTR VkResult VKAPI_CALL stub_vkQueueBindSparse(
@@ -498,10 +476,7 @@ static VKAPI_ATTR VkResult VKAPI_CALL stub_vkQueueBindSparse(
     uint32_t bindInfoCount,
     const VkBindSparseInfo* pBindInfo,
     VkFence fence)
-{
-    (void)queue, (void)bindInfoCount, (void)pBindInfo, (void)fence;
-    return VK_ERROR_FEATURE_NOT_PRESENT;
-}
+{ (void)queue, (void)bindInfoCount, (void)pBindInfo, (void)fence; return VK_ERROR_FEATURE_NOT_PRESENT; }
 _Static_assert(__builtin_types_compatible_p(__typeof__(&stub_vkQueueBindSparse), PFN_vkQueueBindSparse), "vkQueueBindSparse");
 
 static const struct {
@@ -511,6 +486,7 @@ static const struct {
     {"vkBindImageMemory", (PFN_vkVoidFunction)stub_vkBindImageMemory},
     {"vkBindImageMemory2", (PFN_vkVoidFunction)stub_vkBindImageMemory2},
     {"vkCmdBeginRenderPass", (PFN_vkVoidFunction)stub_vkCmdBeginRenderPass},
+    {"vkCmdBeginRenderPass2", (PFN_vkVoidFunction)stub_vkCmdBeginRenderPass2},
     {"vkCmdBindIndexBuffer", (PFN_vkVoidFunction)stub_vkCmdBindIndexBuffer},
     {"vkCmdBindVertexBuffers", (PFN_vkVoidFunction)stub_vkCmdBindVertexBuffers},
     {"vkCmdBlitImage", (PFN_vkVoidFunction)stub_vkCmdBlitImage},
@@ -523,9 +499,13 @@ static const struct {
     {"vkCmdDraw", (PFN_vkVoidFunction)stub_vkCmdDraw},
     {"vkCmdDrawIndexed", (PFN_vkVoidFunction)stub_vkCmdDrawIndexed},
     {"vkCmdDrawIndexedIndirect", (PFN_vkVoidFunction)stub_vkCmdDrawIndexedIndirect},
+    {"vkCmdDrawIndexedIndirectCount", (PFN_vkVoidFunction)stub_vkCmdDrawIndexedIndirectCount},
     {"vkCmdDrawIndirect", (PFN_vkVoidFunction)stub_vkCmdDrawIndirect},
+    {"vkCmdDrawIndirectCount", (PFN_vkVoidFunction)stub_vkCmdDrawIndirectCount},
     {"vkCmdEndRenderPass", (PFN_vkVoidFunction)stub_vkCmdEndRenderPass},
+    {"vkCmdEndRenderPass2", (PFN_vkVoidFunction)stub_vkCmdEndRenderPass2},
     {"vkCmdNextSubpass", (PFN_vkVoidFunction)stub_vkCmdNextSubpass},
+    {"vkCmdNextSubpass2", (PFN_vkVoidFunction)stub_vkCmdNextSubpass2},
     {"vkCmdResolveImage", (PFN_vkVoidFunction)stub_vkCmdResolveImage},
     {"vkCmdSetBlendConstants", (PFN_vkVoidFunction)stub_vkCmdSetBlendConstants},
     {"vkCmdSetDepthBias", (PFN_vkVoidFunction)stub_vkCmdSetDepthBias},
@@ -543,6 +523,7 @@ static const struct {
     {"vkCreateImage", (PFN_vkVoidFunction)stub_vkCreateImage},
     {"vkCreateImageView", (PFN_vkVoidFunction)stub_vkCreateImageView},
     {"vkCreateRenderPass", (PFN_vkVoidFunction)stub_vkCreateRenderPass},
+    {"vkCreateRenderPass2", (PFN_vkVoidFunction)stub_vkCreateRenderPass2},
     {"vkCreateSampler", (PFN_vkVoidFunction)stub_vkCreateSampler},
     {"vkCreateSamplerYcbcrConversion", (PFN_vkVoidFunction)stub_vkCreateSamplerYcbcrConversion},
     {"vkDestroyBufferView", (PFN_vkVoidFunction)stub_vkDestroyBufferView},
@@ -552,6 +533,9 @@ static const struct {
     {"vkDestroyRenderPass", (PFN_vkVoidFunction)stub_vkDestroyRenderPass},
     {"vkDestroySampler", (PFN_vkVoidFunction)stub_vkDestroySampler},
     {"vkDestroySamplerYcbcrConversion", (PFN_vkVoidFunction)stub_vkDestroySamplerYcbcrConversion},
+    {"vkGetBufferDeviceAddress", (PFN_vkVoidFunction)stub_vkGetBufferDeviceAddress},
+    {"vkGetBufferOpaqueCaptureAddress", (PFN_vkVoidFunction)stub_vkGetBufferOpaqueCaptureAddress},
+    {"vkGetDeviceMemoryOpaqueCaptureAddress", (PFN_vkVoidFunction)stub_vkGetDeviceMemoryOpaqueCaptureAddress},
     {"vkGetImageMemoryRequirements", (PFN_vkVoidFunction)stub_vkGetImageMemoryRequirements},
     {"vkGetImageMemoryRequirements2", (PFN_vkVoidFunction)stub_vkGetImageMemoryRequirements2},
     {"vkGetImageSubresourceLayout", (PFN_vkVoidFunction)stub_vkGetImageSubresourceLayout},

@@ -238,18 +238,23 @@ class _PhysicalInfo:
         _lib.vkGetPhysicalDeviceFeatures(self.handle, features)
         self.robust_buffer_access = bool(features.robustBufferAccess)
 
+    def driver_id(self) -> int:
+        """The device's driver's VkDriverId (VkPhysicalDeviceDriverProperties), 0 when it cannot say
+        (Vulkan 1.1 without VK_KHR_driver_properties)."""
+        if _version(self.api_version) < (1, 2) and "VK_KHR_driver_properties" not in self.extensions:
+            return 0
+        driver = _struct("VkPhysicalDeviceDriverProperties", "PHYSICAL_DEVICE_DRIVER_PROPERTIES")
+        _lib.vkGetPhysicalDeviceProperties2(self.handle, _struct(
+            "VkPhysicalDeviceProperties2", "PHYSICAL_DEVICE_PROPERTIES_2", pNext=driver))
+        return int(driver.driverID)
+
     def ends_each_command(self) -> bool:
         """True for Mesa's lavapipe (its driver id): its queue thread runs each command to its end before
         it begins the next (llvmpipe's launch_grid waits for the grid), so a timestamp at the top of the
         pipe written after a command is that command's end, and costs no flush, where a timestamp at
         any other stage makes lavapipe flush first (about 2 us a command). The engine times commands
         so on it (engine/flights.c); on every other device at the bottom of the pipe, as Vulkan asks."""
-        if _version(self.api_version) < (1, 2) and "VK_KHR_driver_properties" not in self.extensions:
-            return False
-        driver = _struct("VkPhysicalDeviceDriverProperties", "PHYSICAL_DEVICE_DRIVER_PROPERTIES")
-        _lib.vkGetPhysicalDeviceProperties2(self.handle, _struct(
-            "VkPhysicalDeviceProperties2", "PHYSICAL_DEVICE_PROPERTIES_2", pNext=driver))
-        return driver.driverID == _vk.VK_DRIVER_ID_MESA_LLVMPIPE
+        return self.driver_id() == _vk.VK_DRIVER_ID_MESA_LLVMPIPE
 
     def texel_formats(self) -> dict[str, int]:
         """Each texel view format the device supports in a buffer view (vkGetPhysicalDeviceFormatProperties'

@@ -17,6 +17,8 @@ The object carries what the struct does not:
 * ``subgroup_size``, ``max_per_set_descriptors``, ``max_memory_allocation_size``: the device's
   Vulkan 1.1 properties (VkPhysicalDeviceSubgroupProperties, ...Maintenance3Properties);
 * ``timestamp_valid_bits``: the valid bits of the arbiter's queue's timestamps;
+* ``driver_id``: the arbiter's Vulkan driver's ``VkDriverId`` (0 when it cannot say), which the
+  driver reports as its own in Vulkan 1.2's properties: the shaders run on that driver;
 * ``memory``: the bytes this session may hold: the lowest of its own limit, its group's and the
   arbiter's total (policy/limits.py), which the driver reports as the size of its device-local
   heap, so that an application sizes itself to its share.
@@ -43,5 +45,6 @@ def physical_device(arbiter, client: Client) -> tuple[dict, bytes]:
     device = arbiter.device
     fields = {"name": device.name, "uuid": device.uuid, "features": sorted(device.features),
               "timestamp_valid_bits": device.instance.timestamp_mask.bit_length(),
+              "driver_id": device.instance.physical.driver_id(),
               "memory": session_memory(arbiter, client), **device.instance.physical.core11_properties()}
     return fields, device.instance.physical.properties_bytes()

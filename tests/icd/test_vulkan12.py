@@ -1,0 +1,64 @@
+"""Vulkan 1.2 through the driver (libshare/icd/features.c, physical.c) under an unmodified program.
+
+tests/icd/_vulkan12.py (the ``vulkan`` bindings, through the real loader and ``libshare-run``, against a
+real arbiter with lavapipe behind it) sees a Vulkan 1.2 device that reports the 1.2 features the
+arbiter's device was created with (float16, int8, 8-bit storage) and not those it keeps off (buffer
+device addresses, descriptor indexing: vkCreateDevice refuses them); it makes a device asking for them
+through VkPhysicalDeviceVulkan11Features and Vulkan12Features and runs a kernel that reads int8 and
+float16 buffers (numpy checks it); every Vulkan 1.2 core command resolves; vkResetQueryPool resets a
+query from the host.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.icd.conftest import environment, libshare_run, probe
+
+PROGRAM = Path(__file__).resolve().parent / "_vulkan12.py"
+KERNEL = """#version 450
+#extension GL_EXT_shader_explicit_arithmetic_types : require
+#extension GL_EXT_shader_8bit_storage : require
+#extension GL_EXT_shader_16bit_storage : require
+layout(local_size_x = 64) in;
+layout(std430, binding = 0) readonly buffer A { int8_t a[]; };
+layout(std430, binding = 1) readonly buffer B { float16_t b[]; };
+layout(std430, binding = 2) writeonly buffer C { float c[]; };
+void main() {
+    uint i = gl_GlobalInvocationID.x;
+    c[i] = float(a[i]) * float(b[i]) + 1.0;
+}
+"""
+
+
+@pytest.fixture
+def kernel(tmp_path) -> Path:
+    if shutil.which("glslangValidator") is None:
+        pytest.skip("glslangValidator is not installed (apt-get install glslang-tools)")
+    source, spv = tmp_path / "mixed.comp", tmp_path / "mixed.spv"
+    source.write_text(KERNEL)
+    subprocess.run(["glslangValidator", "--target-env", "vulkan1.2", "-V", str(source), "-o", str(spv)], check=True,
+                   capture_output=True)
+    return spv
+
+
+def test_a_vulkan_1_2_program_gets_its_features_and_runs_an_int8_and_float16_kernel(daemon, kernel):
+    _process, pipe_dir = daemon
+    seen = probe(libshare_run("--name", "vulkan12", "--", sys.executable, str(PROGRAM), str(kernel)),
+                 environment(pipe_dir))
+    assert seen["version"] == [1, 2], seen
+    assert seen["features"] == {"shaderFloat16": True, "shaderInt8": True, "storageBuffer8BitAccess": True,
+                                "bufferDeviceAddress": False}, seen
+    assert seen["refused"] == {"bufferDeviceAddress": "VkErrorFeatureNotPresent",
+                               "descriptorIndexing": "VkErrorFeatureNotPresent"}, seen
+    assert seen["device"] == "ok" and seen["missing"] == [], seen
+    a = (np.arange(256) % 16 - 8).astype(np.float32)
+    b = ((np.arange(256) % 8) / 4).astype(np.float16).astype(np.float32)
+    assert np.array_equal(np.array(seen["output"], np.float32), a * b + np.float32(1)), seen["stderr"][-2000:]
+    assert seen["reset"] == [["ok", 1], ["VkNotReady", 0]], seen  # written; then reset from the host
