@@ -11,7 +11,9 @@ with its lengths again; through the Vulkan driver, see tests/icd/test_commands.p
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import subprocess
 
 import numpy as np
 import pytest
@@ -68,6 +70,43 @@ void main() { b[q.i].x[0] = u[q.j].k; }
 """
 
 
+NO_UINT = """               OpCapability Shader
+               OpCapability RuntimeDescriptorArray
+               OpExtension "SPV_EXT_descriptor_indexing"
+               OpMemoryModel Logical GLSL450
+               OpEntryPoint GLCompute %main "main"
+               OpExecutionMode %main LocalSize 1 1 1
+               OpDecorate %rt_float ArrayStride 4
+               OpMemberDecorate %B 0 Offset 0
+               OpDecorate %B Block
+               OpDecorate %b DescriptorSet 0
+               OpDecorate %b Binding 0
+       %void = OpTypeVoid
+         %fn = OpTypeFunction %void
+      %float = OpTypeFloat 32
+   %rt_float = OpTypeRuntimeArray %float
+          %B = OpTypeStruct %rt_float
+       %rt_B = OpTypeRuntimeArray %B
+      %ptr_B = OpTypePointer StorageBuffer %rt_B
+          %b = OpVariable %ptr_B StorageBuffer
+        %int = OpTypeInt 32 1
+      %int_1 = OpConstant %int 1
+      %int_0 = OpConstant %int 0
+    %float_2 = OpConstant %float 2
+  %ptr_float = OpTypePointer StorageBuffer %float
+       %main = OpFunction %void None %fn
+      %entry = OpLabel
+          %p = OpAccessChain %ptr_float %b %int_1 %int_0 %int_0
+               OpStore %p %float_2
+               OpReturn
+               OpFunctionEnd
+"""
+"""b[] in assembly, with no 32-bit unsigned integer type: the length's type is made."""
+LATE_UINT = NO_UINT.replace("%int = OpTypeInt 32 1\n",
+                            "%int = OpTypeInt 32 1\n%uint = OpTypeInt 32 0\n%uint_5 = OpConstant %uint 5\n")
+"""The same with the type declared after the array: it is moved before it."""
+
+
 def _pick(session, program, n: int) -> list[np.ndarray]:
     outs = [session.array(N, np.uint32) for _ in range(n)]
     params = session.array(4, np.uint32)
@@ -118,6 +157,22 @@ def test_sizing_rewrites_the_type_and_drops_the_capability(tmp_path):
     assert (17, (5302,)) in before and (17, (5302,)) not in after  # OpCapability RuntimeDescriptorArray
     assert module[12:16] != spirv[12:16]  # the id bound grew by the new lengths
     assert _arrays.sized(module, []) == module  # sized: nothing left to size
+
+
+@pytest.mark.parametrize("source", [NO_UINT, LATE_UINT], ids=["no uint", "uint declared late"])
+def test_the_length_gets_a_type_declared_before_the_array(tmp_path, source):
+    if shutil.which("spirv-as") is None or shutil.which("spirv-val") is None:
+        pytest.skip("spirv-as and spirv-val are not installed (apt-get install spirv-tools)")
+    (tmp_path / "m.spvasm").write_text(source)
+    subprocess.run(["spirv-as", "--target-env", "vulkan1.1", str(tmp_path / "m.spvasm"), "-o", str(tmp_path / "m.spv")],
+                   check=True, capture_output=True)
+    module = _arrays.sized((tmp_path / "m.spv").read_bytes(), [[0, 0, 3]])
+    (tmp_path / "sized.spv").write_bytes(module)
+    checked = subprocess.run(["spirv-val", "--target-env", "vulkan1.2", str(tmp_path / "sized.spv")],
+                             capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stderr
+    assert reflect(module).arrays == (3,)
+    assert [ops[1:] for opcode, ops in _instructions(_words(module)) if opcode == 21].count((32, 0)) == 1
 
 
 def test_nonuniform_indexing_needs_the_device_feature(tmp_path, vulkan_device_name):

@@ -29,7 +29,8 @@ STORAGE = vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER
 def layouts(device, count: int):
     """A set layout of binding 0: ``count`` storage buffers, binding 1: one, and its pipeline layout."""
     bindings = [vk.VkDescriptorSetLayoutBinding(binding=b, descriptorType=STORAGE, descriptorCount=c,
-                                                stageFlags=vk.VK_SHADER_STAGE_COMPUTE_BIT) for b, c in ((0, count), (1, 1))]
+                                                stageFlags=vk.VK_SHADER_STAGE_COMPUTE_BIT)
+                for b, c in ((0, count), (1, 1))]
     set_layout = vk.vkCreateDescriptorSetLayout(device, vk.VkDescriptorSetLayoutCreateInfo(
         bindingCount=2, pBindings=bindings), None)
     return set_layout, vk.vkCreatePipelineLayout(device, vk.VkPipelineLayoutCreateInfo(

@@ -46,7 +46,8 @@ the first thing that is not:
 
 * **capabilities** in :data:`ALLOWED_CAPABILITIES` (``Shader``, the 8/16/64-bit scalar
   types and storage, subgroup operations, the Vulkan memory model, ``ImageBuffer`` and
-  ``SampledBuffer`` for texel buffers). Refused, among others: ``PhysicalStorageBufferAddresses``
+  ``SampledBuffer`` for texel buffers, non-uniform indexing of arrays of buffers). Refused,
+  among others: ``PhysicalStorageBufferAddresses``
   (``GL_EXT_buffer_reference``: a pointer made from an integer reads and writes any memory of
   the process), ``VariablePointers``, ``Addresses``, ``Kernel``, ``Linkage``, ``Int64ImageEXT``
   and every other image capability (``ImageQuery``, ``StorageImageReadWithoutFormat``, ...);
@@ -533,7 +534,8 @@ class _Module:
         pointee, count = self._pointee(pointer), 1
         kind, ops = self._type(pointee)
         if kind == _OP_TYPE_RUNTIME_ARRAY:
-            raise _invalid("a runtime-sized array of buffers was left unsized (programs/arrays.py sizes them)")
+            raise _invalid(f"%{pointee} is a runtime-sized array of something other than Block or BufferBlock "
+                           "structs (arrays.py sizes those)")
         if kind == _OP_TYPE_ARRAY:
             pointee, count = ops[1], self._scalar(ops[2])
             if count < 1:
