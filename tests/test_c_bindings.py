@@ -24,6 +24,7 @@ import pytest
 import libshare
 
 from tests.arbiter._specialized import SOURCE as SPECIALIZED
+from tests.arbiter.test_runtime_arrays import PICK
 from tests.arbiter.conftest import daemon, wait_until  # noqa: F401 - the daemon fixture
 from tests.conftest import ROOT, killed_on_exit, vulkan_required
 
@@ -177,15 +178,20 @@ def test_c_api_against_a_daemon(c_tests, daemon):
     assert check_run(run_c(c_tests, daemon_env(pipe_dir), str(SHADERS))) >= 20
 
 
+def kernel_test(library, tmp_path_factory, name: str, source: str) -> tuple[Path, Path]:
+    """bindings/c/tests/test_NAME.c built, and the GLSL kernel it loads compiled (skips without glslangValidator)."""
+    if shutil.which("glslangValidator") is None:
+        pytest.skip("glslangValidator is not installed (apt-get install glslang-tools)")
+    folder = tmp_path_factory.mktemp(f"c-{name}")
+    kernel = folder / f"{name}.spv"
+    kernel.write_bytes(libshare.compile(source))
+    return compile_c(library, C_DIR / "tests" / f"test_{name}.c", folder), kernel
+
+
 @pytest.fixture(scope="session")
 def constants_test(library, tmp_path_factory) -> tuple[Path, Path]:
     """test_constants.c built, and the kernel it loads (tests/arbiter/_specialized.py) compiled."""
-    if shutil.which("glslangValidator") is None:
-        pytest.skip("glslangValidator is not installed (apt-get install glslang-tools)")
-    folder = tmp_path_factory.mktemp("c-constants")
-    kernel = folder / "specialized.spv"
-    kernel.write_bytes(libshare.compile(SPECIALIZED))
-    return compile_c(library, C_DIR / "tests" / "test_constants.c", folder), kernel
+    return kernel_test(library, tmp_path_factory, "constants", SPECIALIZED)
 
 
 def test_c_load_program_constants_embedded(constants_test, tmp_path):
@@ -196,6 +202,22 @@ def test_c_load_program_constants_embedded(constants_test, tmp_path):
 def test_c_load_program_constants_against_a_daemon(constants_test, daemon):
     binary, kernel = constants_test
     assert check_run(run_c(binary, daemon_env(daemon[1]), str(kernel))) == 3
+
+
+@pytest.fixture(scope="session")
+def arrays_test(library, tmp_path_factory) -> tuple[Path, Path]:
+    """test_arrays.c built, and the kernel it loads (PICK of tests/arbiter/test_runtime_arrays.py) compiled."""
+    return kernel_test(library, tmp_path_factory, "arrays", PICK)
+
+
+def test_c_load_program_arrays_embedded(arrays_test, tmp_path):
+    binary, kernel = arrays_test
+    assert check_run(run_c(binary, embedded_env(tmp_path), str(kernel))) == 2
+
+
+def test_c_load_program_arrays_against_a_daemon(arrays_test, daemon):  # noqa: F811 - the fixture
+    binary, kernel = arrays_test
+    assert check_run(run_c(binary, daemon_env(daemon[1]), str(kernel))) == 2
 
 
 TEXEL = """#version 450
@@ -209,12 +231,7 @@ void main() { int i = int(gl_GlobalInvocationID.x); imageStore(y, i, uvec4(uint(
 @pytest.fixture(scope="session")
 def texel_test(library, tmp_path_factory) -> tuple[Path, Path]:
     """test_texel.c built, and its kernel (TEXEL) compiled."""
-    if shutil.which("glslangValidator") is None:
-        pytest.skip("glslangValidator is not installed (apt-get install glslang-tools)")
-    folder = tmp_path_factory.mktemp("c-texel")
-    kernel = folder / "texel.spv"
-    kernel.write_bytes(libshare.compile(TEXEL))
-    return compile_c(library, C_DIR / "tests" / "test_texel.c", folder), kernel
+    return kernel_test(library, tmp_path_factory, "texel", TEXEL)
 
 
 def test_c_texel_views_embedded(texel_test, tmp_path):

@@ -143,7 +143,7 @@ int ls_load_program(ls_session *s, const void *code, uint64_t nbytes, struct ls_
         return rc;
     if (code == NULL || nbytes == 0 || out == NULL)
         return fail(-EINVAL, "ls_load_program: code is NULL or empty, or out is NULL");
-    return CONTROL(s, lsx_py_load_program(s->handle, code, nbytes, NULL, NULL, 0, out));
+    return CONTROL(s, lsx_py_load_program(s->handle, code, nbytes, NULL, NULL, 0, NULL, 0, out));
 }
 
 int ls_load_program_file(ls_session *s, const char *path, struct ls_program *out)
@@ -153,11 +153,18 @@ int ls_load_program_file(ls_session *s, const char *path, struct ls_program *out
         return rc;
     if (path == NULL || out == NULL)
         return fail(-EINVAL, "ls_load_program_file: path or out is NULL");
-    return CONTROL(s, lsx_py_load_program(s->handle, NULL, 0, path, NULL, 0, out));
+    return CONTROL(s, lsx_py_load_program(s->handle, NULL, 0, path, NULL, 0, NULL, 0, out));
 }
 
 int ls_load_program_constants(ls_session *s, const void *code, uint64_t nbytes,
                               const struct ls_constant *constants, uint32_t count, struct ls_program *out)
+{
+    return ls_load_program_arrays(s, code, nbytes, constants, count, NULL, 0, out);
+}
+
+int ls_load_program_arrays(ls_session *s, const void *code, uint64_t nbytes, const struct ls_constant *constants,
+                           uint32_t count, const struct ls_array_length *arrays, uint32_t array_count,
+                           struct ls_program *out)
 {
     int rc = check_session(s);
     if (rc < 0)
@@ -173,7 +180,11 @@ int ls_load_program_constants(ls_session *s, const void *code, uint64_t nbytes,
             return fail(-EINVAL, "ls_load_program_constants: constant %u (id %u) has type %u; a type is "
                         "LS_CONSTANT_BOOL (value.u 0 or 1), _INT, _UINT or _FLOAT", k, constants[k].id,
                         constants[k].type);
-    return CONTROL(s, lsx_py_load_program(s->handle, code, nbytes, NULL, constants, count, out));
+    if ((arrays == NULL && array_count > 0) || array_count > LS_MAX_BINDINGS)
+        return fail(-EINVAL, "ls_load_program_arrays: arrays is NULL with a count, or %u arrays (at most %d)",
+                    array_count, LS_MAX_BINDINGS);
+    return CONTROL(s, lsx_py_load_program(s->handle, code, nbytes, NULL, constants, count, arrays, array_count,
+                                          out));
 }
 
 int ls_free_program(ls_session *s, uint32_t program_id)

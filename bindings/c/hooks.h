@@ -48,7 +48,8 @@ LSX_HOOK int lsx_py_reattach(int32_t handle, struct lsx_flight *flights, uint32_
 LSX_HOOK int lsx_py_lost_buffers(int32_t handle, uint32_t *ids, uint32_t capacity, uint32_t *count);
 LSX_HOOK int lsx_py_close(int32_t handle);
 LSX_HOOK int lsx_py_load_program(int32_t handle, const char *code, uint64_t nbytes, const char *path,
-                                 const struct ls_constant *constants, uint32_t count, struct ls_program *out);
+                                 const struct ls_constant *constants, uint32_t count,
+                                 const struct ls_array_length *arrays, uint32_t array_count, struct ls_program *out);
 #define LSX_FREE_LIST 2                 /* lsx_py_free's is_program for a command list */
 #define LSX_FREE_GROUP 3                /* ... for a bind group */
 #define LSX_FREE_VIEW 4                 /* ... for a texel view */

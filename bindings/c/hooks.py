@@ -182,8 +182,9 @@ def _unmap(buffer) -> None:
 
 
 @_answer
-def lsx_py_load_program(handle, code, nbytes, path, constants, count, out):
-    """Load SPIR-V from memory or from a file, with ``count`` specialization constants (checked by C)."""
+def lsx_py_load_program(handle, code, nbytes, path, constants, count, arrays, array_count, out):
+    """Load SPIR-V from memory or from a file, with ``count`` specialization constants (checked by C) and
+    ``array_count`` lengths of runtime arrays of buffers (checked by the arbiter)."""
     spirv = Path(_text(path)) if path != ffi.NULL else ffi.buffer(code, nbytes)[:]
     values = {}
     for k in range(count):
@@ -193,7 +194,10 @@ def lsx_py_load_program(handle, code, nbytes, path, constants, count, out):
         values[item.id] = (bool(item.value.u) if item.type == lib.LS_CONSTANT_BOOL else
                            item.value.i if item.type == lib.LS_CONSTANT_INT else
                            item.value.u if item.type == lib.LS_CONSTANT_UINT else item.value.f)
-    program = _client(handle).session.load_program(spirv, constants=values or None)
+    lengths = {(arrays[k].set, arrays[k].binding): arrays[k].length for k in range(array_count)}
+    if len(lengths) != array_count:
+        raise ValueError("ls_load_program_arrays: a (set, binding) is given twice")
+    program = _client(handle).session.load_program(spirv, constants=values or None, array_lengths=lengths or None)
     out.id, out.bindings, out.push_size = program.id, program.bindings, program.push_size
     out.local_size = list(program.local_size)
 

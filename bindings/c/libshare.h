@@ -393,6 +393,14 @@ struct ls_constant {
     } value;
 };
 
+/* The length of one runtime-sized array of buffers (buffer B { ... } b[];) of a module. */
+struct ls_array_length {
+    uint32_t set;                       /* its descriptor set */
+    uint32_t binding;                   /* its binding */
+    uint32_t length;                    /* the buffers it takes, 1..LS_MAX_BINDINGS (with the module's
+                                           other buffers, at most LS_MAX_BINDINGS in all) */
+};
+
 /* A buffer allocated with ls_alloc(). */
 struct ls_buffer {
     uint32_t id;                        /* the arbiter's id: pass it to ls_dispatch()/ls_copy() */
@@ -465,6 +473,20 @@ int ls_load_program_file(ls_session *session, const char *path, struct ls_progra
  */
 int ls_load_program_constants(ls_session *session, const void *code, uint64_t nbytes,
                               const struct ls_constant *constants, uint32_t count, struct ls_program *out);
+
+/*
+ * Same as ls_load_program_constants() with the lengths of the module's
+ * runtime-sized arrays of buffers (array_count of them, at most
+ * LS_MAX_BINDINGS; arrays may be NULL when array_count is 0): each becomes an
+ * array of that many buffers, passed one after the other (out->bindings counts
+ * them); a reattach loads the program with them again. Returns -LS_EINVALID
+ * also for a runtime array given no length, a length given for a binding that
+ * is not one, or a length past the buffers a program binds (ls_error_message()
+ * names the set and binding), -EINVAL for a NULL array with a count.
+ */
+int ls_load_program_arrays(ls_session *session, const void *code, uint64_t nbytes,
+                           const struct ls_constant *constants, uint32_t count,
+                           const struct ls_array_length *arrays, uint32_t array_count, struct ls_program *out);
 
 /* Release a program; dispatches already submitted still run. Returns 0, -LS_EINVALID (unknown id). */
 int ls_free_program(ls_session *session, uint32_t program_id);

@@ -8,7 +8,7 @@ buffer's mmap; a dispatch finds the buffer (and the byte offset of a slice)
 by walking that chain.
 
 A shared buffer keeps its memfd open (one descriptor per buffer) and a program keeps
-its SPIR-V and its specialization constants: that is what a session hands a new arbiter when it reattaches after a
+its SPIR-V, its specialization constants and its runtime arrays' lengths: that is what a session hands a new arbiter when it reattaches after a
 restart, so that the same memory and the same programs carry on under new ids. A
 device buffer's contents live only on the device: after a restart it is ``lost``.
 
@@ -28,7 +28,7 @@ import numpy as np
 from libshare import errors
 from libshare.ring import C
 
-__all__ = ["Buffer", "Program", "TOO_BIG", "TexelView", "byte_size", "constant_pairs", "workgroups"]
+__all__ = ["Buffer", "Program", "TOO_BIG", "TexelView", "array_triples", "byte_size", "constant_pairs", "workgroups"]
 
 TOO_BIG = (f"at most {C.MAX_BUFFERS} buffers, {C.MAX_PUSH} push bytes and 3 group counts, each count "
            "and offset not negative and within 32 bits (offsets and sizes: 64 bits)")
@@ -117,13 +117,15 @@ class Program:
     """A program loaded into the arbiter, with the interface read from its SPIR-V."""
 
     def __init__(self, program_id: int, bindings: int, push_size: int, local_size: tuple[int, int, int],
-                 spirv: bytes = b"", constants: list | None = None):
+                 spirv: bytes = b"", constants: list | None = None, arrays: list | None = None):
         self.id = program_id
         """The arbiter's id for this program (a new one after a reattach)."""
         self.spirv = spirv
         """The SPIR-V module it was loaded from (loaded again when the session reattaches)."""
         self.constants = dict(constants or ())
         """The values given to its specialization constants (SpecId: value; sent again on reattach)."""
+        self.array_lengths = {(s, b): n for s, b, n in arrays or ()}
+        """The lengths given to its runtime-sized arrays of buffers ((set, binding): length; sent again on reattach)."""
         self.lost: Exception | None = None
         """Why a new arbiter refused it on reattach, or None."""
         self.bindings = bindings
@@ -135,6 +137,25 @@ class Program:
 
     def __repr__(self) -> str:
         return f"<libshare.Program id={self.id} bindings={self.bindings} push={self.push_size}>"
+
+
+def array_triples(array_lengths) -> list[list]:
+    """``load_program``'s ``arrays`` field from a mapping of (set, binding) to the length of the runtime-sized
+    array of buffers there (integers; the arbiter checks them against the module): ``[[set, binding,
+    length], ...]`` in place order, empty for None."""
+    if array_lengths is None:
+        return []
+    if not hasattr(array_lengths, "items"):
+        raise TypeError(f"array_lengths must map (set, binding) to lengths, not {type(array_lengths).__name__}")
+    triples = []
+    for place, length in array_lengths.items():
+        if not isinstance(place, tuple) or len(place) != 2:
+            raise TypeError(f"array_lengths: a key is a (set, binding) pair (got {place!r})")
+        triple = [*place, length]
+        if not all(isinstance(part, (int, np.integer)) and not isinstance(part, bool) for part in triple):
+            raise TypeError(f"array_lengths: set, binding and length are ints (got {place!r}: {length!r})")
+        triples.append([int(part) for part in triple])
+    return sorted(triples)
 
 
 def constant_pairs(constants) -> list[list]:

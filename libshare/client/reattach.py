@@ -9,7 +9,7 @@ arbiter and hands it every live buffer, texel view, program, bind group and comm
 they had, in id order (a view after its buffer, a group after the buffers and views it names, a list
 after the groups; ``import`` sends the
 sealed memfd a shared buffer kept, so the arrays stay the same objects over the same pages; a
-program's SPIR-V is loaded again, with its specialization constants; a texel view is made again
+program's SPIR-V is loaded again, with its specialization constants and array lengths; a texel view is made again
 over its buffer, with its format, offset and size, or lost with its buffer; a device buffer is lost:
 BufferLost), then swaps in the new attachment and resends, first and in ticket order, the work
 the old arbiter never ran:
@@ -40,7 +40,7 @@ import numpy as np
 from libshare import errors
 from libshare.client import exchange as _exchange
 from libshare.client.attachment import Attachment, Moved
-from libshare.client.buffers import Buffer, Program, TexelView, constant_pairs
+from libshare.client.buffers import Buffer, Program, TexelView, array_triples, constant_pairs
 from libshare.client.completions import Completions, Ticket
 from libshare.client.gate import Gate, closed_error, fresh
 from libshare.client.groups import BindGroup
@@ -297,6 +297,8 @@ class Reattacher:
                 request = {"op": "load_program", "id": object_id}
                 if item.constants:  # the same specialization: the same program
                     request["constants"] = constant_pairs(item.constants)
+                if item.array_lengths:
+                    request["arrays"] = array_triples(item.array_lengths)
                 reply = _exchange.exchange(sock, request, item.spirv)
             elif item.memfd >= 0:
                 reply = _exchange.exchange(sock, {"op": "import", "size": item.size, "id": object_id},

@@ -39,7 +39,8 @@ import numpy as np
 from libshare import errors
 from libshare.client import exchange as _exchange
 from libshare.client.attachment import Attachment
-from libshare.client.buffers import Buffer, Program, TexelView, byte_size, constant_pairs, find_buffer, workgroups
+from libshare.client.buffers import (Buffer, Program, TexelView, array_triples, byte_size, constant_pairs,
+                                     find_buffer, workgroups)
 from libshare.client.completions import Completions, Ticket
 from libshare.client.gate import Gate, closed_error, fresh
 from libshare.client.groups import BindGroup, group_entries, make_group
@@ -155,18 +156,24 @@ class Session:
             raise errors.remote_error(reply.fields)
         return reply
 
-    def load_program(self, spirv: bytes | str | os.PathLike, constants: dict | None = None) -> Program:
+    def load_program(self, spirv: bytes | str | os.PathLike, constants: dict | None = None,
+                     array_lengths: dict | None = None) -> Program:
         """Load a compute program from SPIR-V bytes or a .spv path; its interface is reflected.
 
         ``constants`` maps specialization-constant ids (``constant_id``, ``local_size_x_id``) to
         values (int, float or bool, as the module types them); the arbiter freezes them into the
-        module, which it then checks and compiles (an id the module does not declare is refused)."""
+        module, which it then checks and compiles (an id the module does not declare is refused).
+        ``array_lengths`` maps the (set, binding) of each runtime-sized array of buffers (``b[]``)
+        to its length (1 to 32), which makes it a fixed-size array of that many buffers."""
         code = bytes(spirv) if isinstance(spirv, (bytes, bytearray)) else _read_module(Path(spirv))
-        pairs = constant_pairs(constants)
+        pairs, triples = constant_pairs(constants), array_triples(array_lengths)
         fields = {"constants": pairs} if pairs else {}
+        if triples:
+            fields["arrays"] = triples
         reply = self._request("load_program", code, reply_timeout=self._gate.attached.load_timeout, **fields)
         f = reply.fields
-        program = Program(f["program_id"], f["bindings"], f["push_size"], tuple(f["local_size"]), code, pairs)
+        program = Program(f["program_id"], f["bindings"], f["push_size"], tuple(f["local_size"]), code, pairs,
+                          triples)
         self._objects[program.id] = program
         return program
 

@@ -16,7 +16,11 @@
  * declares it, a float of 2, 4 or 8 bytes as a number (a non-finite one has no JSON spelling and
  * is LS_ICD_INVALID). A map entry past pData's dataSize, of another size, or an id given twice is
  * LS_ICD_INVALID; one whose id the module does not declare is left out, as the specification says
- * it has no effect. The reply (ls_icd_whole_field, and each resource read and ranged) names the
+ * it has no effect. For each variable of the module whose type is a runtime-sized array of buffers
+ * (b[], put_arrays), the request carries "arrays": [[set, binding, count], ...], count the
+ * descriptorCount of that binding in the pipeline layout, which is what Vulkan means by the array's
+ * length (programs/arrays.py makes it a fixed-size array of that length; a binding the layout lacks
+ * is sent as 0, which the arbiter refuses). The reply (ls_icd_whole_field, and each resource read and ranged) names the
  * program: its id, the buffers a bind group names ("bindings"), push size, workgroup size, entry
  * point and "resources" ([set, binding, count, kind] each, in bind-group order, their counts
  * summing to "bindings"). The driver then checks what the arbiter could not: pName is the
@@ -283,9 +287,68 @@ static VkResult put_value(char *text, size_t room, int kind, uint32_t width, con
     return VK_SUCCESS;
 }
 
-/* The load_program request of ``stage``'s module, constants included, in ``text``. */
-static VkResult request_text(const struct ls_icd_shader *shader, const VkSpecializationInfo *spec, char *text,
-                             size_t room)
+/* ---- runtime-sized arrays of buffers */
+
+/* The word of the first instruction of ``opcode`` in ``code`` whose operand ``at`` is ``id`` and that has at
+ * least ``count`` words (its operands from that word on); NULL when there is none. */
+static const uint32_t *find_op(const uint32_t *code, size_t words, uint32_t opcode, uint32_t at, uint32_t id,
+                               uint32_t count)
+{
+    for (size_t pos = 5; pos < words;) {
+        uint32_t n = code[pos] >> 16;
+        if (n == 0 || n > words - pos)
+            return NULL; /* a broken module: the arbiter will say so */
+        if ((code[pos] & 0xFFFF) == opcode && n >= count && n > at + 1 && code[pos + 1 + at] == id)
+            return code + pos + 1;
+        pos += n;
+    }
+    return NULL;
+}
+
+/* The decoration's first literal on ``target`` (OpDecorate %target which N), UINT32_MAX when it has none. */
+static uint32_t decoration(const uint32_t *code, size_t words, uint32_t target, uint32_t which)
+{
+    for (size_t pos = 5; pos < words && code[pos] >> 16 && code[pos] >> 16 <= words - pos; pos += code[pos] >> 16)
+        if ((code[pos] & 0xFFFF) == 71 && code[pos] >> 16 >= 4 && code[pos + 1] == target && code[pos + 2] == which)
+            return code[pos + 3];
+    return UINT32_MAX;
+}
+
+/* ",\"arrays\":[[set, binding, count], ...]" appended to ``text`` (``used`` bytes of it) for each
+ * StorageBuffer or Uniform variable whose type is an OpTypeRuntimeArray (of blocks: the arbiter checks),
+ * count the descriptorCount of its (set, binding) in ``layout``, 0 when the layout has none (which the
+ * arbiter refuses); nothing when the module declares none. Returns the bytes used, or 0 past ``room``. */
+static size_t put_arrays(const uint32_t *code, size_t words, const struct ls_icd_pipeline_layout *layout,
+                         char *text, size_t used, size_t room)
+{
+    uint32_t given = 0;
+    for (size_t pos = 5; pos < words && code[pos] >> 16 && code[pos] >> 16 <= words - pos; pos += code[pos] >> 16) {
+        const uint32_t *var = code + pos + 1, *pointer;
+        uint32_t set, binding, count = 0;
+        if ((code[pos] & 0xFFFF) != 59 || code[pos] >> 16 < 4 || (var[2] != 2 && var[2] != 12))
+            continue; /* OpVariable in Uniform or StorageBuffer */
+        pointer = find_op(code, words, 32, 0, var[0], 4); /* OpTypePointer */
+        if (pointer == NULL || find_op(code, words, 29, 0, pointer[2], 3) == NULL) /* OpTypeRuntimeArray */
+            continue;
+        set = decoration(code, words, var[1], 34);
+        binding = decoration(code, words, var[1], 33);
+        for (uint32_t i = 0; set < layout->nsets && i < layout->sets[set].nbindings; i++)
+            if (layout->sets[set].bindings[i].binding == binding)
+                count = layout->sets[set].bindings[i].count;
+        if (++given > MOST_RESOURCES || room - used < 48)
+            return 0;
+        used += (size_t)snprintf(text + used, room - used, "%s[%u,%u,%u]", given > 1 ? "," : ",\"arrays\":[", set,
+                                 binding, count);
+    }
+    if (given)
+        used += (size_t)snprintf(text + used, room - used, "]");
+    return used;
+}
+
+/* The load_program request of ``stage``'s module, constants and the lengths of its runtime arrays of
+ * buffers (from ``layout``) included, in ``text``. */
+static VkResult request_text(const struct ls_icd_shader *shader, const VkSpecializationInfo *spec,
+                             const struct ls_icd_pipeline_layout *layout, char *text, size_t room)
 {
     size_t used = (size_t)snprintf(text, room, "{\"op\":\"load_program\",\"constants\":[");
     uint32_t given = 0;
@@ -314,7 +377,11 @@ static VkResult request_text(const struct ls_icd_shader *shader, const VkSpecial
         used += strlen(text + used);
         used += (size_t)snprintf(text + used, room - used, "]");
     }
-    snprintf(text + used, room - used, "]}");
+    used += (size_t)snprintf(text + used, room - used, "]");
+    used = put_arrays(shader->code, shader->size / 4, layout, text, used, room);
+    if (used == 0 || room - used < 2)
+        return LS_ICD_INVALID;
+    snprintf(text + used, room - used, "}");
     return VK_SUCCESS;
 }
 
@@ -426,7 +493,8 @@ static VkResult make_pipeline(struct ls_icd_device *device, const VkComputePipel
     text = malloc(REQUEST_TEXT);
     if (text == NULL)
         return VK_ERROR_OUT_OF_HOST_MEMORY;
-    result = request_text(&module->u.shader, stage->pSpecializationInfo, text, REQUEST_TEXT);
+    result = request_text(&module->u.shader, stage->pSpecializationInfo, &layout->u.pipeline_layout, text,
+                          REQUEST_TEXT);
     if (result == VK_SUCCESS)
         result = ls_icd_ask(device, text, module->u.shader.code, module->u.shader.size, &frame, 0, &reply,
                             LS_ICD_INVALID);

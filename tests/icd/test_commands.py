@@ -183,3 +183,25 @@ def test_hostile_dispatches_and_submissions_end_in_errors_beside_an_honest_clien
         ("ok", INVALID, "ok"), seen
     assert seen["not a command buffer"] == INVALID, seen  # found among the device's, never followed
     assert seen["freed end"] == "ok" and seen["freed submit"] == "VkErrorDeviceLost", seen
+
+
+ARRAYS = Path(__file__).resolve().parent / "_arrays.py"
+
+
+def test_a_runtime_array_of_buffers_takes_its_bindings_descriptor_count(daemon, tmp_path):
+    """The driver sends a runtime array's descriptorCount as its length (libshare/icd/pipeline.c)."""
+    if shutil.which("glslangValidator") is None:
+        pytest.skip("glslangValidator is not installed (apt-get install glslang-tools)")
+    from tests.arbiter.test_runtime_arrays import PICK, _expected
+    source, spv = tmp_path / "pick.comp", tmp_path / "pick.spv"
+    source.write_text(PICK)
+    subprocess.run(["glslangValidator", "-V", "--target-env", "vulkan1.1", str(source), "-o", str(spv)], check=True,
+                   capture_output=True)
+    _process, pipe_dir = daemon
+    seen = probe(libshare_run("--name", "arrays", "--", sys.executable, str(ARRAYS), str(spv)), environment(pipe_dir))
+    assert (seen["pipeline"], seen["end"], seen["submit"], seen["wait"]) == ("ok",) * 4, seen
+    assert seen["no descriptors"] == seen["40 descriptors"] == "VkErrorUnknown", seen  # LS_ICD_INVALID
+    assert "given length 0" in seen["stderr"] and "given length 40" in seen["stderr"]  # the arbiter's refusals
+    got = [np.array(words, np.uint32) for words in seen["buffers"]]
+    assert all(np.array_equal(a, b) for a, b in zip(got[:3], _expected(3)))
+    assert got[3][0] == 3 and not got[3][1:].any()

@@ -4,7 +4,8 @@
 libshare (Vulkan 1.1, VK_KHR_push_descriptor, robustBufferAccess), and creates a VkDevice
 with bounds checking, one compute queue and every optional feature the device has that is safe
 to share and that real kernels' capabilities need (8/16-bit storage, Float16, Int8, Int16, Int64
-and its atomics, Float64, float atomics, integer dot products, the Vulkan memory model; never
+and its atomics, Float64, float atomics, integer dot products, the Vulkan memory model, non-uniform
+indexing of arrays of buffers; never
 ``bufferDeviceAddress``: see :func:`_create_device`). It asks the loader for the newest Vulkan
 it knows (up to 1.3), so that a 1.2 or 1.3 device runs SPIR-V 1.5 or 1.6. It holds what the
 device *is* (its facts: name, UUID, limits, Vulkan version, :attr:`Instance.features`, which
@@ -377,6 +378,8 @@ _FEATURE_STRUCTS = (
      ("vulkanMemoryModel", "vulkanMemoryModelDeviceScope", "vulkanMemoryModelAvailabilityVisibilityChains")),
     ("VkPhysicalDeviceShaderSubgroupExtendedTypesFeatures", "SHADER_SUBGROUP_EXTENDED_TYPES_FEATURES", (1, 2),
      "VK_KHR_shader_subgroup_extended_types", ("shaderSubgroupExtendedTypes",)),
+    ("VkPhysicalDeviceDescriptorIndexingFeatures", "DESCRIPTOR_INDEXING_FEATURES", (1, 2), "VK_EXT_descriptor_indexing",
+     ("shaderUniformBufferArrayNonUniformIndexing", "shaderStorageBufferArrayNonUniformIndexing")),
     ("VkPhysicalDeviceShaderIntegerDotProductFeatures", "SHADER_INTEGER_DOT_PRODUCT_FEATURES", (1, 3),
      "VK_KHR_shader_integer_dot_product", ("shaderIntegerDotProduct",)),
     ("VkPhysicalDeviceShaderAtomicFloatFeaturesEXT", "SHADER_ATOMIC_FLOAT_FEATURES_EXT", None,
@@ -392,8 +395,9 @@ _FEATURE_STRUCTS = (
       "shaderSharedFloat64AtomicMinMax")),
 )
 _CORE_FEATURES = ("robustBufferAccess", "shaderFloat64", "shaderInt64", "shaderInt16")  # of VkPhysicalDeviceFeatures
-_FEATURE_EXTENSIONS = ("VK_EXT_shader_subgroup_ballot", "VK_EXT_shader_subgroup_vote")
-"""Extensions that are themselves what a capability needs (SubgroupBallotKHR, SubgroupVoteKHR), enabled where
+_FEATURE_EXTENSIONS = ("VK_EXT_shader_subgroup_ballot", "VK_EXT_shader_subgroup_vote", "VK_EXT_descriptor_indexing")
+"""Extensions that are themselves what a capability needs (SubgroupBallotKHR, SubgroupVoteKHR, ShaderNonUniform
+on a Vulkan 1.1 device), enabled where
 the device has them and listed in the features by their names."""
 _SUBGROUP_OPERATIONS = {
     "BASIC": "subgroupBasic", "VOTE": "subgroupVote", "ARITHMETIC": "subgroupArithmetic", "BALLOT": "subgroupBallot",
@@ -449,7 +453,7 @@ def _create_device(info: _PhysicalInfo, family: int, version: tuple[int, int]) -
         chain = _struct(kind, "PHYSICAL_DEVICE_" + stype, pNext=chain, **{feature: 1 for feature in wanted})
         keep.append(chain)
         enabled.update(wanted)
-        if not (since is not None and version >= since):
+        if not (since is not None and version >= since) and extension not in names:
             names.append(extension)
     enabled |= _shader_properties(info, version, names)
     c_names = [_ffi.new("char[]", n.encode()) for n in names]

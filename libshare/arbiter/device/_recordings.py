@@ -327,8 +327,6 @@ class Recordings:
             raise InvalidSubmission(f"dispatch names a pipeline that is destroyed or not of this device: {pipeline!r}")
         if len(buffers) != pipeline.binding_count:
             raise InvalidSubmission(f"pipeline takes {pipeline.binding_count} buffers, dispatch binds {len(buffers)}")
-        if pipeline.continued:
-            raise InvalidSubmission("a pipeline with an array of buffers runs through the engine only")
         for i, pair in enumerate(buffers):
             if len(pair) != 2:
                 raise InvalidSubmission(f"a binding is a (buffer, offset) pair, not {pair!r}")
@@ -343,15 +341,19 @@ class Recordings:
         return writes
 
     def _descriptor_writes(self, pipeline: Pipeline, buffers: tuple[tuple[Any, int], ...]) -> tuple[Any, Any]:
-        """VkWriteDescriptorSet[] for bindings 0..n-1, each of the pipeline's kind, and their infos (and views)."""
+        """VkWriteDescriptorSet[] for buffers 0..n-1, each of the pipeline's kind, and their infos (and views): a
+        buffer that continues an array of buffers is the next element of its first buffer's binding."""
         physical = self._instance.physical
         infos = _ffi.new("VkDescriptorBufferInfo[]", len(buffers))
         views = _ffi.new("VkBufferView[]", len(buffers))
         writes = _ffi.new("VkWriteDescriptorSet[]", len(buffers))
+        binding = element = -1
         for i, (item, offset) in enumerate(buffers):
+            binding, element = (binding, element + 1) if i in pipeline.continued else (binding + 1, 0)
             w = writes[i]
             w.sType = _vk.VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET
-            w.dstBinding = i
+            w.dstBinding = binding
+            w.dstArrayElement = element
             w.descriptorCount = 1
             w.descriptorType = _DESCRIPTOR_TYPES[i in pipeline.texel, i in pipeline.uniform]
             if i in pipeline.texel:

@@ -10,7 +10,8 @@ miscompile it or crash: the module is invalid Vulkan. So:
 
 * the arbiter creates its device with every optional feature the device has that is safe to
   share (``device/_instance.py``: 8/16-bit storage, Float16, Int8, Int16, Int64 and its atomics,
-  Float64, float atomics, integer dot products, the Vulkan memory model; never
+  Float64, float atomics, integer dot products, the Vulkan memory model, non-uniform indexing of
+  arrays of buffers; never
   ``bufferDeviceAddress``), and lists them, with the subgroup operations it supports in the
   compute stage and its float-controls properties, in ``device.features``;
 * :func:`check_device_features` refuses a module that declares a capability whose feature is not
@@ -183,6 +184,9 @@ FEATURES_NEEDED: dict[int, tuple[str, ...]] = {
         "shaderRoundingModeRTZFloat32",
         "shaderRoundingModeRTZFloat64",
     ),
+    5301: ("VK_VERSION_1_2", "VK_EXT_descriptor_indexing"),  # ShaderNonUniform
+    5306: ("shaderUniformBufferArrayNonUniformIndexing",),  # UniformBufferArrayNonUniformIndexing
+    5308: ("shaderStorageBufferArrayNonUniformIndexing",),  # StorageBufferArrayNonUniformIndexing
     5345: ("vulkanMemoryModel",),  # VulkanMemoryModel
     5346: ("vulkanMemoryModelDeviceScope",),  # VulkanMemoryModelDeviceScope
     5612: ("shaderBufferFloat32AtomicMinMax", "shaderSharedFloat32AtomicMinMax"),  # AtomicFloat32MinMaxEXT

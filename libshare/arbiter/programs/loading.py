@@ -4,14 +4,15 @@ A client's ``load_program`` runs on its connection thread, in three steps:
 
 1. **Admission** (:class:`Interfaces`): the specialization constants frozen into the module
    (``specialize.py``), then bounds, reflection, whitelist, device limits and the SPIR-V
-   validator (``admission.py``) on that specialized module. The outcome, admitted (with the
+   validator (``admission.py``) on that specialized module (its runtime arrays of buffers sized
+   first, ``arrays.py``). The outcome, admitted (with the
    specialized module) or refused, is kept for the most recent ``_INTERFACES`` modules by
-   SHA-256 of the module and its constants, so a module many clients load is checked once,
+   SHA-256 of the module, its constants and its array lengths, so a module many clients load is checked once,
    and a refused one is refused again at once, whoever sends it.
 2. **Compilation** (:class:`SharedPipelines`): clients that load the same SPIR-V with the
-   same constants (the usual case: many processes of one job) share the arbiter's
-   VkPipeline, keyed by the SHA-256 of the specialized module: other constants, another
-   module, another pipeline. A module the
+   same constants and array lengths (the usual case: many processes of one job) share the
+   arbiter's VkPipeline, keyed by the SHA-256 of the specialized module: other constants or
+   lengths, another module, another pipeline. A module the
    arbiter has no pipeline for is compiled first in a vetting child (daemon arbiters,
    ``_compiler.py``: a crash or a compile past the time limit refuses the module and
    remembers the refusal), then by the arbiter itself, on the connection thread, never
@@ -41,6 +42,7 @@ from typing import NamedTuple
 from libshare.arbiter.programs.spirv import ShaderInterface
 from libshare.errors import InvalidSubmission, QuotaExceeded, ServerNotReady
 from libshare.arbiter.programs.admission import admit
+from libshare.arbiter.programs.arrays import arrays_key
 from libshare.arbiter.programs.specialize import constants_key, specialize
 from libshare.arbiter.serve.clients import ProgramRecord
 from libshare.arbiter.device import Device, Pipeline
@@ -76,11 +78,12 @@ class Interfaces:
         self._bytes = 0  # of the specialized modules kept that are not the module as sent
         self._lock = threading.Lock()
 
-    def of(self, spirv: bytes, device: Device, constants=()) -> Admitted:
-        """The module specialized with ``constants`` (``[id, value]`` pairs) and its interface;
-        raises InvalidSubmission when it is refused."""
+    def of(self, spirv: bytes, device: Device, constants=(), arrays=()) -> Admitted:
+        """The module specialized with ``constants`` (``[id, value]`` pairs) and ``arrays`` (``[set,
+        binding, length]`` triples: its runtime arrays' lengths) and its interface; raises
+        InvalidSubmission when it is refused."""
         spirv = bytes(spirv)
-        extra = constants_key(constants)
+        extra = constants_key(constants) + (b"\0arrays:" + arrays_key(arrays) if arrays else b"")
         key = hashlib.sha256(spirv + b"\0constants:" + extra if extra else spirv).digest()
         with self._lock:
             found = self._known.get(key)
@@ -88,7 +91,7 @@ class Interfaces:
                 self._known.move_to_end(key)
         if found is None:
             try:  # outside the lock: a large module must not stall other clients
-                module = specialize(spirv, constants)
+                module = specialize(spirv, constants, arrays)
                 found = Admitted(hashlib.sha256(module).digest(), admit(module, device), module, key)
             except InvalidSubmission as exc:
                 found = exc

@@ -10,7 +10,10 @@ private array past the stack of the thread that runs it. So the arbiter never ha
 step (reflection, the whitelist, the device limits, ``spirv-val``, the vetting compile, the
 pipeline) sees that one specialized module, and only it.
 
-:func:`specialize` does it in two steps:
+:func:`specialize` does it in two steps, after sizing runtime arrays of buffers (0):
+
+0. **Array lengths** (``arrays.py``): each runtime-sized array of
+   buffers (``b[]``) becomes an array of the length ``load_program``'s ``arrays`` gives it.
 
 1. **Defaults** (here, in Python): each constant the client gives (``load_program``'s
    ``constants``: at most :data:`MAX_CONSTANTS` pairs of SpecId and value, :func:`constants_rule`)
@@ -53,6 +56,7 @@ import subprocess
 import threading
 
 from libshare.arbiter.programs.admission import check_bounds
+from libshare.arbiter.programs.arrays import sized
 from libshare.arbiter.programs.clamp import clamped
 from libshare.arbiter.programs.spirv import _instructions, _words
 from libshare.errors import InvalidSubmission
@@ -106,12 +110,15 @@ def constants_key(constants) -> bytes:
     return repr(sorted((int(spec_id), type(item).__name__, repr(item)) for spec_id, item in constants)).encode()
 
 
-def specialize(spirv: bytes, constants=()) -> bytes:
+def specialize(spirv: bytes, constants=(), arrays=()) -> bytes:
     """``spirv`` with ``constants`` (``[id, value]`` pairs, :func:`constants_rule`) as the values
-    of its specialization constants, frozen (see the module's essay); the module itself when it
-    declares none and none are given. Raises InvalidSubmission naming what it refuses."""
+    of its specialization constants, frozen, and its runtime arrays of buffers given the lengths
+    ``arrays`` gives (``[set, binding, length]`` triples, arrays.py; see the module's essay); the
+    module itself when it declares none and none are given. Raises InvalidSubmission naming what it
+    refuses."""
     spirv = bytes(spirv)
     check_bounds(spirv)
+    spirv = sized(spirv, arrays)
     words = _words(spirv)
     instructions = list(_instructions(words))
     given = {int(spec_id): item for spec_id, item in constants or ()}

@@ -28,8 +28,11 @@ all (:func:`buffer_layout` says each binding's kind). A binding declared as a fi
 blocks (``layout(binding=0) buffer B { float x[]; } b[4];``) takes that many buffers, one after the
 other in the client's list (its descriptors' count: :func:`buffer_layout`); an index into such an
 array is clamped to its length (programs/clamp.py), so no kernel reaches a descriptor past it.
-Runtime-sized arrays of blocks (``b[]``, descriptor indexing), arrays of arrays of blocks, arrays of
-texel buffers, images of any other dimension and samplers are refused: the arbiter binds buffers
+A runtime-sized array of blocks (``b[]``, descriptor indexing) is one of the length the client gave
+when it loaded the program: programs/arrays.py rewrites it into a fixed-size one before reflection
+reads the module (``ShaderNonUniform`` and the ``NonUniformIndexing`` capabilities of buffer arrays
+are on the whitelist, each admitted only where the device has its feature). Arrays of arrays of
+blocks, arrays of texel buffers, images of any other dimension and samplers are refused: the arbiter binds buffers
 and views of buffers only, each one the client named.
 
 What a module may use (the whitelist)
@@ -43,7 +46,8 @@ the first thing that is not:
 
 * **capabilities** in :data:`ALLOWED_CAPABILITIES` (``Shader``, the 8/16/64-bit scalar
   types and storage, subgroup operations, the Vulkan memory model, ``ImageBuffer`` and
-  ``SampledBuffer`` for texel buffers). Refused, among others: ``PhysicalStorageBufferAddresses``
+  ``SampledBuffer`` for texel buffers, non-uniform indexing of arrays of buffers). Refused,
+  among others: ``PhysicalStorageBufferAddresses``
   (``GL_EXT_buffer_reference``: a pointer made from an integer reads and writes any memory of
   the process), ``VariablePointers``, ``Addresses``, ``Kernel``, ``Linkage``, ``Int64ImageEXT``
   and every other image capability (``ImageQuery``, ``StorageImageReadWithoutFormat``, ...);
@@ -140,6 +144,7 @@ ALLOWED_CAPABILITIES = {number: capability_name(number) for number in (
     5345, 5346,  # the Vulkan memory model
     6016, 6017, 6018, 6019,  # integer dot product
     6033, 6034, 6095, 5612, 5613, 5616,  # float atomics: add, min and max
+    5301, 5306, 5308,  # ShaderNonUniform, Uniform/StorageBufferArrayNonUniformIndexing: arrays of buffers
 )}
 """SPIR-V capabilities a client module may declare (enumerant: name); each is admitted only on a device with
 a feature it needs (capabilities.py)."""
@@ -149,6 +154,7 @@ ALLOWED_EXTENSIONS = frozenset({
     "SPV_KHR_vulkan_memory_model", "SPV_KHR_float_controls", "SPV_KHR_non_semantic_info",
     "SPV_KHR_shader_ballot", "SPV_KHR_subgroup_vote", "SPV_KHR_integer_dot_product",
     "SPV_EXT_shader_atomic_float_add", "SPV_EXT_shader_atomic_float_min_max", "SPV_EXT_shader_atomic_float16_add",
+    "SPV_EXT_descriptor_indexing",
 })
 """SPIR-V extensions a client module may declare."""
 
@@ -528,8 +534,8 @@ class _Module:
         pointee, count = self._pointee(pointer), 1
         kind, ops = self._type(pointee)
         if kind == _OP_TYPE_RUNTIME_ARRAY:
-            raise InvalidSubmission("runtime-sized arrays of buffers (b[], descriptor indexing) are not supported: "
-                                    "declare an array of a fixed length (b[4]) or one buffer per binding")
+            raise _invalid(f"%{pointee} is a runtime-sized array of something other than Block or BufferBlock "
+                           "structs (arrays.py sizes those)")
         if kind == _OP_TYPE_ARRAY:
             pointee, count = ops[1], self._scalar(ops[2])
             if count < 1:

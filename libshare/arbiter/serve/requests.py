@@ -15,8 +15,10 @@ descriptor. Every other request carries none, and one sent anyway is closed.
 
 Programs. ``load_program`` carries the SPIR-V module as its payload and, optionally, the values
 of its specialization constants (``constants``: ``[[id, value], ...]``, programs/specialize.py),
-which the arbiter freezes into the module before admission: the module admitted, vetted, compiled
-and identified by the quarantine is that specialized one, and no driver is ever given other values.
+and the length of each runtime-sized array of buffers it declares (``arrays``: ``[[set, binding,
+length], ...]``, programs/arrays.py), which the arbiter freezes into the module before admission: the
+module admitted, vetted, compiled and identified by the quarantine is that specialized one, and no
+driver is ever given other values.
 Its reply says what the program is: ``program_id``, ``bindings`` (the buffers a bind group names),
 ``push_size``, ``local_size``, ``entry_point`` (the module's one entry point's name) and
 ``resources``: ``[[set, binding, count, kind], ...]``, the module's own (set, binding) of each
@@ -71,6 +73,7 @@ from libshare.arbiter.engine.binding import MOST_BINDINGS, MOST_COMMANDS
 from libshare.arbiter.serve.clients import BufferRecord, Client, GroupRecord, ListRecord, ProgramRecord, SharedMemory
 from libshare.arbiter.serve.views import VIEW_FIELDS, make_view
 from libshare.arbiter.programs.loading import check_program_quota
+from libshare.arbiter.programs.arrays import arrays_rule
 from libshare.arbiter.programs.specialize import constants_rule
 from libshare.arbiter.drain.quarantine import COMPILE
 
@@ -110,7 +113,8 @@ def _op(name: str) -> dict:
 
 REQUESTS = {
     "load_program": {**_op("load_program"), "id": (_KEPT_ID, False),  # the SPIR-V module is the payload
-                     "constants": (constants_rule, False)},  # [[SpecId, value], ...] (programs/specialize.py)
+                     "constants": (constants_rule, False),  # [[SpecId, value], ...] (programs/specialize.py)
+                     "arrays": (arrays_rule, False)},  # [[set, binding, length], ...] (programs/arrays.py)
     "alloc": {**_op("alloc"), "size": (protocol.integer(1, _MAX_BUFFER), True),
               "kind": (protocol.choice("shared", "device"), False)},
     "import": {**_op("import"), "size": (protocol.integer(_PAGE, _MAX_BUFFER), True),  # the memfd rides along
@@ -211,7 +215,8 @@ class Requests:
         arbiter = self._arbiter
         drainer = arbiter.drainer
         check_program_quota(client, list(drainer.clients.values()), arbiter.max_programs)  # before any work
-        admitted = arbiter.interfaces.of(frame.payload, arbiter.device, frame.fields.get("constants", ()))
+        admitted = arbiter.interfaces.of(frame.payload, arbiter.device, frame.fields.get("constants", ()),
+                                         frame.fields.get("arrays", ()))
         digest, interface, module = admitted.digest, admitted.interface, admitted.module  # module: specialized
         drainer.quarantine.check_program(digest, client, module)  # refused to this tenant, or to all
         push_size = -(-interface.push_constant_size // 4) * 4  # Vulkan ranges are whole words
