@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,18 @@ from tests.arbiter.conftest import run_daemon
 
 PROBE = Path(__file__).resolve().parent / "_probe.py"
 """The unmodified Vulkan program the tests run (it knows nothing of libshare)."""
+
+
+def compiled(tmp_path: Path, name: str, text: str, env: str | None = None) -> Path:
+    """``text`` (GLSL) compiled to SPIR-V by glslangValidator (for Vulkan environment ``env``, else its
+    default); the test skips without it."""
+    if shutil.which("glslangValidator") is None:
+        pytest.skip("glslangValidator is not installed (apt-get install glslang-tools)")
+    source, out = tmp_path / f"{name}.comp", tmp_path / f"{name}.spv"
+    source.write_text(text)
+    target = ["--target-env", env] if env else []
+    subprocess.run(["glslangValidator", "-V", *target, str(source), "-o", str(out)], check=True, capture_output=True)
+    return out
 
 
 @pytest.fixture

@@ -11,8 +11,6 @@ honest client whose results are checked.
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -21,7 +19,7 @@ import pytest
 
 from tests.conftest import stop_process
 from tests.arbiter.conftest import start_client
-from tests.icd.conftest import environment, libshare_run, probe
+from tests.icd.conftest import compiled, environment, libshare_run, probe
 
 COMMANDS = Path(__file__).resolve().parent / "_commands.py"
 DISPATCHES = Path(__file__).resolve().parent / "_dispatches.py"
@@ -87,12 +85,7 @@ N, SCALE = 1024, 3  # as _dispatches.py
 
 @pytest.fixture
 def step(tmp_path):
-    if shutil.which("glslangValidator") is None:
-        pytest.skip("glslangValidator is not installed (apt-get install glslang-tools)")
-    source, spv = tmp_path / "step.comp", tmp_path / "step.spv"
-    source.write_text(STEP)
-    subprocess.run(["glslangValidator", "-V", str(source), "-o", str(spv)], check=True, capture_output=True)
-    return spv
+    return compiled(tmp_path, "step", STEP)
 
 
 def run_dispatches(pipe_dir: Path, mode: str, spv: Path) -> dict:
@@ -190,13 +183,8 @@ ARRAYS = Path(__file__).resolve().parent / "_arrays.py"
 
 def test_a_runtime_array_of_buffers_takes_its_bindings_descriptor_count(daemon, tmp_path):
     """The driver sends a runtime array's descriptorCount as its length (libshare/icd/pipeline.c)."""
-    if shutil.which("glslangValidator") is None:
-        pytest.skip("glslangValidator is not installed (apt-get install glslang-tools)")
     from tests.arbiter.test_runtime_arrays import PICK, _expected
-    source, spv = tmp_path / "pick.comp", tmp_path / "pick.spv"
-    source.write_text(PICK)
-    subprocess.run(["glslangValidator", "-V", "--target-env", "vulkan1.1", str(source), "-o", str(spv)], check=True,
-                   capture_output=True)
+    spv = compiled(tmp_path, "pick", PICK, "vulkan1.1")
     _process, pipe_dir = daemon
     seen = probe(libshare_run("--name", "arrays", "--", sys.executable, str(ARRAYS), str(spv)), environment(pipe_dir))
     assert (seen["pipeline"], seen["end"], seen["submit"], seen["wait"]) == ("ok",) * 4, seen

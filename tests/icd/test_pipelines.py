@@ -30,7 +30,7 @@ import pytest
 from libshare.icd import _build
 from tests.conftest import ROOT, stop_process
 from tests.arbiter.conftest import run_daemon, start_client
-from tests.icd.conftest import environment, libshare_run, probe
+from tests.icd.conftest import compiled, environment, libshare_run, probe
 from tests.icd.test_c_program import SANITIZE
 
 PIPELINES = Path(__file__).resolve().parent / "_pipelines.py"
@@ -71,16 +71,6 @@ void main() { o[0] = double(BIG) + D + double(SMALL) + double(TINY) + double(HAL
 INVALID = "VkErrorUnknown"  # VK_ERROR_UNKNOWN: invalid input the driver detected
 VK_ERROR_OUT_OF_POOL_MEMORY = -1000069000
 VK_INCOMPLETE = 5
-
-
-def compiled(tmp_path: Path, name: str, text: str) -> Path:
-    """``text`` (GLSL) compiled to SPIR-V by glslangValidator."""
-    if shutil.which("glslangValidator") is None:
-        pytest.skip("no glslangValidator (glslang-tools)")
-    source, out = tmp_path / f"{name}.comp", tmp_path / f"{name}.spv"
-    source.write_text(text)
-    subprocess.run(["glslangValidator", "-V", str(source), "-o", str(out)], check=True, capture_output=True)
-    return out
 
 
 @pytest.fixture

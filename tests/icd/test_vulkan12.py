@@ -11,15 +11,13 @@ query from the host.
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.icd.conftest import environment, libshare_run, probe
+from tests.icd.conftest import compiled, environment, libshare_run, probe
 
 PROGRAM = Path(__file__).resolve().parent / "_vulkan12.py"
 KERNEL = """#version 450
@@ -39,13 +37,7 @@ void main() {
 
 @pytest.fixture
 def kernel(tmp_path) -> Path:
-    if shutil.which("glslangValidator") is None:
-        pytest.skip("glslangValidator is not installed (apt-get install glslang-tools)")
-    source, spv = tmp_path / "mixed.comp", tmp_path / "mixed.spv"
-    source.write_text(KERNEL)
-    subprocess.run(["glslangValidator", "--target-env", "vulkan1.2", "-V", str(source), "-o", str(spv)], check=True,
-                   capture_output=True)
-    return spv
+    return compiled(tmp_path, "mixed", KERNEL, "vulkan1.2")
 
 
 def test_a_vulkan_1_2_program_gets_its_features_and_runs_an_int8_and_float16_kernel(daemon, kernel):
