@@ -1,8 +1,8 @@
 /* VkDescriptorSetLayout, VkDescriptorPool, VkDescriptorSet, their updates and update templates.
  *
- * A set layout is its bindings sorted by number (gaps allowed), each of a buffer type: storage or
- * uniform, dynamic or not. Any other type (samplers, images, texel buffers: buffer views are not
- * offered; input attachments, and so immutable samplers) with a count, or flags (push descriptors,
+ * A set layout is its bindings sorted by number (gaps allowed), each of a buffer type (storage or
+ * uniform, dynamic or not) or a texel buffer type (storage or uniform: a view of view.c). Any other
+ * type (samplers, images, input attachments, and so immutable samplers) with a count, or flags (push descriptors,
  * update after bind) make vkCreateDescriptorSetLayout answer LS_ICD_INVALID, since the specification
  * gives that command no error for a layout the device cannot make (only running out of memory);
  * vkGetDescriptorSetLayoutSupport, the specification's way to ask first, answers unsupported for
@@ -20,12 +20,14 @@
  * named on stderr (one line), never half applied: a set, binding or buffer that does not exist
  * (the buffer is looked up at write time), a type other than the binding's, an offset not aligned
  * to the device's minStorage/UniformBufferOffsetAlignment, a range of 0, past the buffer or past
- * maxStorage/UniformBufferRange, or elements past the last binding. Elements past a binding's
+ * maxStorage/UniformBufferRange, a texel buffer's view that is no live view of a format serving
+ * that type (view.c's ls_icd_view_wrong), or elements past the last binding. Elements past a binding's
  * count go on into the next binding (the next number in the layout, skipping those of count 0),
  * which must be of the same type, as the specification describes. Writes come first, then copies.
  * An update template (DESCRIPTOR_SET type only: push descriptors are not offered) keeps its entries,
- * each of a buffer type; vkUpdateDescriptorSetWithTemplate reads each entry's
- * VkDescriptorBufferInfo from pData at its offset and stride and applies it as a write.
+ * each of an offered type; vkUpdateDescriptorSetWithTemplate reads each entry's
+ * VkDescriptorBufferInfo (a texel buffer's VkBufferView) from pData at its offset and stride and
+ * applies it as a write. A texel descriptor holds its view's handle, offset and range 0.
  *
  * commands.c resolves a bound descriptor with ls_icd_descriptor_resolve: the buffer's memory's
  * arbiter buffer_id, the buffer's offset in it plus the descriptor's plus the dynamic offset, and
@@ -35,6 +37,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "descriptor.h"
 #include "icd.h"
 
 #define MOST_BINDINGS 4096 /* a layout's bindings, a template's entries */
@@ -54,6 +57,16 @@ static int is_buffer_type(VkDescriptorType type)
 {
     return type == VK_DESCRIPTOR_TYPE_STORAGE_BUFFER || type == VK_DESCRIPTOR_TYPE_UNIFORM_BUFFER ||
            type == VK_DESCRIPTOR_TYPE_STORAGE_BUFFER_DYNAMIC || type == VK_DESCRIPTOR_TYPE_UNIFORM_BUFFER_DYNAMIC;
+}
+
+static int is_texel_type(VkDescriptorType type)
+{
+    return type == VK_DESCRIPTOR_TYPE_STORAGE_TEXEL_BUFFER || type == VK_DESCRIPTOR_TYPE_UNIFORM_TEXEL_BUFFER;
+}
+
+static int is_offered_type(VkDescriptorType type)
+{
+    return is_buffer_type(type) || is_texel_type(type);
 }
 
 static int is_uniform(VkDescriptorType type)
@@ -104,8 +117,8 @@ static VkResult read_layout(const struct ls_icd_device *device, const VkDescript
         most = LS_ICD_MOST_DESCRIPTORS;
     for (uint32_t i = 0; i < info->bindingCount; i++) {
         const VkDescriptorSetLayoutBinding *binding = &info->pBindings[i];
-        if (binding->descriptorCount > 0 && !is_buffer_type(binding->descriptorType))
-            return LS_ICD_INVALID; /* not a buffer: no error of the specification's fits */
+        if (binding->descriptorCount > 0 && !is_offered_type(binding->descriptorType))
+            return LS_ICD_INVALID; /* not a buffer or texel buffer: no error of the specification's fits */
         total += binding->descriptorCount;
     }
     if (total > most)
@@ -449,26 +462,29 @@ static void skipped(const char *what, uint32_t index, const char *why)
     fprintf(stderr, "libshare Vulkan driver: %s %u skipped: %s\n", what, index, why);
 }
 
-/* Write ``count`` buffer infos into ``set_handle`` from (binding, element) on, all or none (the lock held). */
-static const char *write_buffers(struct ls_icd_device *device, uint64_t set_handle, uint32_t binding,
-                                 uint32_t element, VkDescriptorType type, uint32_t count,
-                                 const VkDescriptorBufferInfo *infos)
+/* Write ``count`` descriptors into ``set_handle`` from (binding, element) on, all or none (the lock held):
+ * buffer infos for a buffer type, view handles for a texel buffer type. */
+static const char *write_descriptors(struct ls_icd_device *device, uint64_t set_handle, uint32_t binding,
+                                     uint32_t element, VkDescriptorType type, uint32_t count,
+                                     const VkDescriptorBufferInfo *infos, const VkBufferView *views)
 {
     struct ls_icd_object *object = find(device, set_handle, LS_ICD_DESCRIPTOR_SET);
     const char *why = NULL;
+    int texel = is_texel_type(type);
     if (object == NULL)
         return "no such descriptor set";
-    if (!is_buffer_type(type) || (count && infos == NULL))
-        return "not a buffer descriptor";
+    if (!is_offered_type(type) || (count && (texel ? views == NULL : infos == NULL)))
+        return "not a buffer or texel buffer descriptor, or none given";
     for (uint32_t i = 0; i < count && why == NULL; i++)
         why = element_of(&object->u.set, binding, (uint64_t)element + i, type) == NULL
                   ? "no binding of that type holds its elements"
-                  : wrong_info(device, type, &infos[i]);
-    for (uint32_t i = 0; i < count && why == NULL; i++) {
-        struct ls_icd_descriptor *entry = element_of(&object->u.set, binding, (uint64_t)element + i, type);
-        *entry = (struct ls_icd_descriptor){type, (uint64_t)(uintptr_t)infos[i].buffer, infos[i].offset,
-                                            infos[i].range};
-    }
+                  : texel ? ls_icd_view_wrong(device, type, (uint64_t)(uintptr_t)views[i])
+                          : wrong_info(device, type, &infos[i]);
+    for (uint32_t i = 0; i < count && why == NULL; i++)
+        *element_of(&object->u.set, binding, (uint64_t)element + i, type) =
+            texel ? (struct ls_icd_descriptor){type, (uint64_t)(uintptr_t)views[i], 0, 0}
+                  : (struct ls_icd_descriptor){type, (uint64_t)(uintptr_t)infos[i].buffer, infos[i].offset,
+                                               infos[i].range};
     return why;
 }
 
@@ -508,9 +524,9 @@ VKAPI_ATTR void VKAPI_CALL ls_icd_UpdateDescriptorSets(VkDevice handle, uint32_t
     pthread_mutex_lock(&device->lock);
     for (uint32_t i = 0; i < nwrites; i++) {
         const VkWriteDescriptorSet *write = &writes[i];
-        const char *why = write_buffers(device, (uint64_t)(uintptr_t)write->dstSet, write->dstBinding,
-                                        write->dstArrayElement, write->descriptorType, write->descriptorCount,
-                                        write->pBufferInfo);
+        const char *why = write_descriptors(device, (uint64_t)(uintptr_t)write->dstSet, write->dstBinding,
+                                            write->dstArrayElement, write->descriptorType, write->descriptorCount,
+                                            write->pBufferInfo, write->pTexelBufferView);
         if (why != NULL)
             skipped("vkUpdateDescriptorSets: write", i, why);
     }
@@ -538,7 +554,7 @@ VKAPI_ATTR VkResult VKAPI_CALL ls_icd_CreateDescriptorUpdateTemplate(VkDevice ha
         (info->descriptorUpdateEntryCount && info->pDescriptorUpdateEntries == NULL))
         return LS_ICD_INVALID; /* (push descriptors are not offered) */
     for (uint32_t i = 0; i < info->descriptorUpdateEntryCount; i++)
-        if (!is_buffer_type(info->pDescriptorUpdateEntries[i].descriptorType) ||
+        if (!is_offered_type(info->pDescriptorUpdateEntries[i].descriptorType) ||
             info->pDescriptorUpdateEntries[i].descriptorCount > LS_ICD_MOST_DESCRIPTORS)
             return LS_ICD_INVALID;
     entries = calloc(info->descriptorUpdateEntryCount + 1, sizeof(*entries));
@@ -582,14 +598,17 @@ VKAPI_ATTR void VKAPI_CALL ls_icd_UpdateDescriptorSetWithTemplate(VkDevice handl
     object = find(device, (uint64_t)(uintptr_t)template, LS_ICD_UPDATE_TEMPLATE);
     for (uint32_t i = 0; object != NULL && i < object->u.update_template.nentries; i++) {
         const VkDescriptorUpdateTemplateEntry *entry = &object->u.update_template.entries[i];
-        VkDescriptorBufferInfo *infos = calloc((size_t)entry->descriptorCount + 1, sizeof(*infos));
-        const char *why = infos == NULL ? "out of memory" : data == NULL ? "no data" : NULL;
+        int texel = is_texel_type(entry->descriptorType);
+        size_t size = texel ? sizeof(VkBufferView) : sizeof(VkDescriptorBufferInfo);
+        uint8_t *items = calloc((size_t)entry->descriptorCount + 1, size);
+        const char *why = items == NULL ? "out of memory" : data == NULL ? "no data" : NULL;
         for (uint32_t j = 0; why == NULL && j < entry->descriptorCount; j++)
-            memcpy(&infos[j], (const uint8_t *)data + entry->offset + (size_t)j * entry->stride, sizeof(*infos));
+            memcpy(items + j * size, (const uint8_t *)data + entry->offset + (size_t)j * entry->stride, size);
         if (why == NULL)
-            why = write_buffers(device, (uint64_t)(uintptr_t)set, entry->dstBinding, entry->dstArrayElement,
-                                entry->descriptorType, entry->descriptorCount, infos);
-        free(infos);
+            why = write_descriptors(device, (uint64_t)(uintptr_t)set, entry->dstBinding, entry->dstArrayElement,
+                                    entry->descriptorType, entry->descriptorCount,
+                                    (const VkDescriptorBufferInfo *)items, (const VkBufferView *)items);
+        free(items);
         if (why != NULL)
             skipped("vkUpdateDescriptorSetWithTemplate: entry", i, why);
     }

@@ -27,6 +27,7 @@
 #include <sys/mman.h>
 
 #include "cache.h"
+#include "descriptor.h"
 #include "icd.h"
 #include "physical.h"
 #include "reattach.h"

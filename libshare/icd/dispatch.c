@@ -13,13 +13,16 @@
  * submission completes, so a snapshot then is what the device would read), one entry an element,
  * in the pipeline's ``resources`` order, each resolved by descriptor.c's ls_icd_descriptor_resolve:
  * its buffer's arbiter buffer, absolute offset (plus its dynamic offset) and range (clipped to the
- * VkBuffer's end; VK_WHOLE_SIZE: to it). The group is
+ * VkBuffer's end; VK_WHOLE_SIZE: to it), or, for a texel buffer, its view's arbiter id (view.c) with
+ * offset and range 0. The group is
  * {"op":"bind_group","program_id":P,"buffers":[[id,offset,range],...]}, or the one made before
  * for the same program over the same entries by any recording of the device (cache.c), held until
- * the recording is reset or freed (commands.c). vkCmdDispatchBase runs only from base
- * (0,0,0): the engine's dispatches start at group 0, so another base (valid on a pipeline made with
- * VK_PIPELINE_CREATE_DISPATCH_BASE_BIT, which pipeline.c accepts) fails the recording with
- * LS_ICD_INVALID, the one error vkEndCommandBuffer may give for it. vkCmdDispatchIndirect is one LS_OP_DISPATCH_INDIRECT
+ * the recording is reset or freed (commands.c). vkCmdDispatchBase is the same dispatch with flag
+ * LS_DESC_BASE and its first workgroup after the group's id (ring.h; the arbiter makes every pipeline
+ * with VK_PIPELINE_CREATE_DISPATCH_BASE_BIT, so the application's flag changes nothing): a base plus its
+ * count past the device's maxComputeWorkGroupCount, or a base for a pipeline that binds no buffer
+ * (it has no group to carry the base), fails the recording with LS_ICD_INVALID, the one error
+ * vkEndCommandBuffer may give for it; a base of 0 is a plain dispatch. vkCmdDispatchIndirect is one LS_OP_DISPATCH_INDIRECT
  * whose counts are the VkBuffer's memory at its absolute offset (12 bytes inside the buffer, the
  * offset a multiple of 4), clamped by the engine. No pipeline bound, a set not bound, freed or
  * of another layout's shape, a descriptor never written, a range past its buffer, or a group
@@ -31,6 +34,7 @@
 #include <string.h>
 
 #include "commands.h"
+#include "descriptor.h"
 
 #define MOST_ENTRIES 32u /* LS_ENGINE_MAX_BINDINGS: a bind group's entries */
 
@@ -133,6 +137,14 @@ static int entry_of(struct ls_icd_command_buffer *cb, uint32_t number, uint32_t 
         ls_icd_fail(cb, LS_ICD_INVALID, "a dispatch: a descriptor its pipeline reads is missing or never written");
         return -1;
     }
+    if (descriptor->type == VK_DESCRIPTOR_TYPE_STORAGE_TEXEL_BUFFER ||
+        descriptor->type == VK_DESCRIPTOR_TYPE_UNIFORM_TEXEL_BUFFER) {  /* a view: [view_id, 0, 0] */
+        int64_t view = ls_icd_view_id(cb->device, descriptor->buffer);
+        if (view < 0)
+            ls_icd_fail(cb, LS_ICD_INVALID, "a dispatch: a texel buffer's view was destroyed, or its memory freed");
+        entry[0] = (uint64_t)view, entry[1] = entry[2] = 0;
+        return view < 0 ? -1 : 0;
+    }
     if (ls_icd_descriptor_resolve(cb->device, descriptor,
                                   dynamic_type(descriptor->type) ? rec->dynamic[number][dynamic + element] : 0, &id,
                                   &entry[1], &entry[2]) != VK_SUCCESS || entry[2] == 0) {
@@ -170,13 +182,14 @@ static int group_of(struct ls_icd_command_buffer *cb, const struct ls_icd_pipeli
     return 0;
 }
 
-/* One dispatch of the bound pipeline (the device's lock held): LS_OP_DISPATCH with groups (x, y, z), or
- * LS_OP_DISPATCH_INDIRECT with (buffer, offset low, offset high). */
-static void dispatch(struct ls_icd_command_buffer *cb, uint32_t opcode, uint32_t x, uint32_t y, uint32_t z)
+/* One dispatch of the bound pipeline (the device's lock held): LS_OP_DISPATCH with groups (x, y, z) from
+ * workgroup ``base`` (NULL: 0), or LS_OP_DISPATCH_INDIRECT with (buffer, offset low, offset high). */
+static void dispatch(struct ls_icd_command_buffer *cb, uint32_t opcode, uint32_t x, uint32_t y, uint32_t z,
+                     const uint32_t *base)
 {
     struct ls_icd_object *object = ls_icd_object_find(&cb->device->objects, cb->recording->pipeline, LS_ICD_PIPELINE);
     const struct ls_icd_pipeline *pipeline;
-    uint32_t group = 0, nbuffers = 0;
+    uint32_t named[4] = {0}, nbuffers = 0; /* the group's id, then the base (ring.h's LS_DESC_BASE) */
     struct ls_desc command;
     if (cb->recording->error != VK_SUCCESS)
         return;
@@ -185,13 +198,19 @@ static void dispatch(struct ls_icd_command_buffer *cb, uint32_t opcode, uint32_t
         return;
     }
     pipeline = &object->u.pipeline;
-    if (pipeline->nbuffers > 0) {
-        if (group_of(cb, pipeline, &group) < 0)
-            return;
-        opcode |= LS_DESC_GROUP << 16;
-        nbuffers = 1;
+    if (base != NULL && pipeline->nbuffers == 0) {
+        ls_icd_fail(cb, LS_ICD_INVALID, "vkCmdDispatchBase: a base for a pipeline that binds no buffer");
+        return;
     }
-    if (ls_encode_op((char *)&command, opcode, (uint32_t)pipeline->program_id, x, y, z, nbuffers, &group, 0, NULL,
+    if (pipeline->nbuffers > 0) {
+        if (group_of(cb, pipeline, &named[0]) < 0)
+            return;
+        opcode |= (base != NULL ? LS_DESC_GROUP | LS_DESC_BASE : LS_DESC_GROUP) << 16;
+        nbuffers = base != NULL ? 4 : 1;
+        if (base != NULL)
+            memcpy(&named[1], base, 3 * sizeof(*base));
+    }
+    if (ls_encode_op((char *)&command, opcode, (uint32_t)pipeline->program_id, x, y, z, nbuffers, named, 0, NULL,
                      cb->recording->push, pipeline->push_size) < 0)
         ls_icd_fail(cb, LS_ICD_INVALID, "a dispatch the ring cannot encode");
     else
@@ -204,18 +223,26 @@ VKAPI_ATTR void VKAPI_CALL ls_icd_CmdDispatch(VkCommandBuffer handle, uint32_t x
     if (x == 0 || y == 0 || z == 0)
         return; /* Vulkan runs nothing */
     pthread_mutex_lock(&cb->device->lock);
-    dispatch(cb, LS_OP_DISPATCH, x, y, z);
+    dispatch(cb, LS_OP_DISPATCH, x, y, z, NULL);
     pthread_mutex_unlock(&cb->device->lock);
 }
 
 VKAPI_ATTR void VKAPI_CALL ls_icd_CmdDispatchBase(VkCommandBuffer handle, uint32_t base_x, uint32_t base_y,
                                                   uint32_t base_z, uint32_t x, uint32_t y, uint32_t z)
 {
-    if (base_x || base_y || base_z)
-        ls_icd_fail(ls_icd_command_buffer_of(handle), LS_ICD_INVALID,
-                    "vkCmdDispatchBase: a base other than 0 is not offered");
-    else
-        ls_icd_CmdDispatch(handle, x, y, z);
+    struct ls_icd_command_buffer *cb = ls_icd_command_buffer_of(handle);
+    const uint32_t base[3] = {base_x, base_y, base_z}, count[3] = {x, y, z};
+    const uint32_t *most = cb->device->seen.properties.limits.maxComputeWorkGroupCount;
+    if (x == 0 || y == 0 || z == 0)
+        return; /* Vulkan runs nothing */
+    for (int k = 0; k < 3; k++)
+        if ((uint64_t)base[k] + count[k] > most[k]) {
+            ls_icd_fail(cb, LS_ICD_INVALID, "vkCmdDispatchBase: a base plus its count past the device's limit");
+            return;
+        }
+    pthread_mutex_lock(&cb->device->lock);
+    dispatch(cb, LS_OP_DISPATCH, x, y, z, base_x || base_y || base_z ? base : NULL);
+    pthread_mutex_unlock(&cb->device->lock);
 }
 
 VKAPI_ATTR void VKAPI_CALL ls_icd_CmdDispatchIndirect(VkCommandBuffer handle, VkBuffer buffer, VkDeviceSize offset)
@@ -227,6 +254,6 @@ VKAPI_ATTR void VKAPI_CALL ls_icd_CmdDispatchIndirect(VkCommandBuffer handle, Vk
     if (offset % 4 || ls_icd_buffer_range(cb->device, (uint64_t)(uintptr_t)buffer, offset, 12, &id, &at) < 0)
         ls_icd_fail(cb, LS_ICD_INVALID, "vkCmdDispatchIndirect: a wrong buffer, or its counts outside it");
     else
-        dispatch(cb, LS_OP_DISPATCH_INDIRECT, id, (uint32_t)at, (uint32_t)(at >> 32));
+        dispatch(cb, LS_OP_DISPATCH_INDIRECT, id, (uint32_t)at, (uint32_t)(at >> 32), NULL);
     pthread_mutex_unlock(&cb->device->lock);
 }

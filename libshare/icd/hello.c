@@ -132,6 +132,35 @@ static int parse_uuid(const char *text, uint8_t uuid[VK_UUID_SIZE])
     return n == (int)(2 * VK_UUID_SIZE) ? 0 : -EINVAL;
 }
 
+/* The welcome's texel_formats ([name, VkFormat, bytes, uses] each) into ``physical``; NULL, or what was
+ * wrong. None given: no format is reported (no buffer view can be made). */
+static const char *read_texels(const cJSON *formats, struct ls_icd_physical *physical)
+{
+    const cJSON *item;
+    physical->ntexels = 0;
+    if (formats == NULL)
+        return NULL;
+    if (!cJSON_IsArray(formats) || cJSON_GetArraySize(formats) > LS_ICD_MOST_TEXEL_FORMATS)
+        return "texel_formats is not a list of at most 16 formats";
+    cJSON_ArrayForEach(item, formats) {
+        struct ls_icd_texel_format *texel = &physical->texels[physical->ntexels];
+        const cJSON *name = cJSON_GetArrayItem(item, 0);
+        uint64_t format, bytes, uses;
+        if (!cJSON_IsArray(item) || cJSON_GetArraySize(item) != 4 || !cJSON_IsString(name) ||
+            strlen(name->valuestring) >= sizeof(texel->name) || whole(cJSON_GetArrayItem(item, 1), 2147483647.0,
+                                                                       &format) < 0 ||
+            whole(cJSON_GetArrayItem(item, 2), 16, &bytes) < 0 || bytes == 0 ||
+            whole(cJSON_GetArrayItem(item, 3), LS_ICD_TEXEL_STORAGE | LS_ICD_TEXEL_UNIFORM, &uses) < 0 || uses == 0)
+            return "a texel format is not [name, VkFormat, bytes 1-16, uses 1-3]";
+        snprintf(texel->name, sizeof(texel->name), "%s", name->valuestring);
+        texel->vk_format = (uint32_t)format;
+        texel->texel_bytes = (uint32_t)bytes;
+        texel->uses = (uint32_t)uses;
+        physical->ntexels++;
+    }
+    return NULL;
+}
+
 /* The welcome's physical device into ``physical``; NULL, or what was wrong. */
 static const char *read_physical(const cJSON *described, const struct ls_icd_frame *frame,
                                  struct ls_icd_physical *physical)
@@ -140,6 +169,7 @@ static const char *read_physical(const cJSON *described, const struct ls_icd_fra
     const cJSON *uuid = cJSON_GetObjectItemCaseSensitive(described, "uuid");
     const cJSON *features = cJSON_GetObjectItemCaseSensitive(described, "features");
     const cJSON *feature;
+    const char *wrong;
     uint64_t bits, memory, subgroup, per_set, allocation, driver;
     int count = 0;
     if (!cJSON_IsObject(described))
@@ -167,6 +197,8 @@ static const char *read_physical(const cJSON *described, const struct ls_icd_fra
         return "driver_id is not a VkDriverId";
     if (!cJSON_IsArray(features) || cJSON_GetArraySize(features) > MOST_FEATURES)
         return "features is not a list of names";
+    if ((wrong = read_texels(cJSON_GetObjectItemCaseSensitive(described, "texel_formats"), physical)) != NULL)
+        return wrong;
     memcpy(&physical->properties, frame->payload, sizeof(physical->properties));
     memset(&physical->features, 0, sizeof(physical->features));
     physical->reported = 0;

@@ -19,6 +19,8 @@
  *   semaphore.c VkSemaphore: binary, and timeline (VK_KHR_timeline_semaphore) with the host's signal and wait
  *   pipeline.c  VkShaderModule, VkPipelineLayout, VkPipeline (the arbiter's programs), VkPipelineCache
  *   descriptor.c  VkDescriptorSetLayout, VkDescriptorPool, VkDescriptorSet and their updates, templates
+ *               (descriptor.h: its calls and view.c's)
+ *   view.c      VkBufferView: the arbiter's texel view of a buffer's memory
  *   commands.c  VkCommandPool and VkCommandBuffer: the lifecycle, a recording loaded as the arbiter's
  *               command lists (commands.h: the recording's private shapes)
  *   record.c    vkCmd* copies, fills, updates, barriers, events and secondary command buffers recorded
@@ -89,6 +91,16 @@ int ls_icd_parse_size(const char *text, uint64_t *bytes);
 /* ---- hello.c: a session and the physical device its welcome describes */
 struct ls_icd_instance;
 
+#define LS_ICD_MOST_TEXEL_FORMATS 16   /* libshare/protocol/texels.py's TEXEL_FORMATS, at most */
+#define LS_ICD_TEXEL_STORAGE 1u        /* a format's uses: a storage texel buffer (texels.py's TEXEL_STORAGE) */
+#define LS_ICD_TEXEL_UNIFORM 2u        /* ... a uniform texel buffer (TEXEL_UNIFORM) */
+
+/* A texel format a buffer view may have, as the welcome names it (the arbiter's view request takes its name) */
+struct ls_icd_texel_format {
+    char name[16];
+    uint32_t vk_format, texel_bytes, uses;
+};
+
 struct ls_icd_physical {
     VK_LOADER_DATA loader; /* first: the loader's slot */
     struct ls_icd_instance *instance;
@@ -103,6 +115,8 @@ struct ls_icd_physical {
     uint8_t uuid[VK_UUID_SIZE];
     uint32_t timestamp_valid_bits;
     uint64_t memory; /* the device-local heap: the session's memory limit */
+    struct ls_icd_texel_format texels[LS_ICD_MOST_TEXEL_FORMATS];
+    uint32_t ntexels;
 };
 
 struct ls_icd_session {
@@ -139,7 +153,8 @@ VKAPI_ATTR VkResult VKAPI_CALL ls_icd_EnumeratePhysicalDevices(VkInstance instan
 VKAPI_ATTR VkResult VKAPI_CALL ls_icd_EnumeratePhysicalDeviceGroups(VkInstance instance, uint32_t *count,
                                                                     VkPhysicalDeviceGroupProperties *groups);
 
-/* ---- physical.c: in physical.h (its entry points, for loader.c) */
+/* ---- physical.c: its entry points in physical.h (for loader.c); the texel format ``format`` is, or NULL */
+const struct ls_icd_texel_format *ls_icd_texel_format(const struct ls_icd_physical *physical, VkFormat format);
 
 /* ---- objects.c: a device's non-dispatchable handles. A handle is (generation << 32 | kind << 24 |
  * slot): looking one up checks its slot, kind and generation, so a wrong or stale handle is found
@@ -150,7 +165,7 @@ VKAPI_ATTR VkResult VKAPI_CALL ls_icd_EnumeratePhysicalDeviceGroups(VkInstance i
 enum ls_icd_kind {
     LS_ICD_FREE = 0, LS_ICD_MEMORY, LS_ICD_BUFFER, LS_ICD_FENCE, LS_ICD_SEMAPHORE, LS_ICD_EVENT, LS_ICD_SHADER,
     LS_ICD_SET_LAYOUT, LS_ICD_PIPELINE_LAYOUT, LS_ICD_PIPELINE, LS_ICD_PIPELINE_CACHE, LS_ICD_DESCRIPTOR_POOL,
-    LS_ICD_DESCRIPTOR_SET, LS_ICD_UPDATE_TEMPLATE, LS_ICD_COMMAND_POOL, LS_ICD_QUERY_POOL
+    LS_ICD_DESCRIPTOR_SET, LS_ICD_UPDATE_TEMPLATE, LS_ICD_COMMAND_POOL, LS_ICD_QUERY_POOL, LS_ICD_VIEW
 };
 
 struct ls_icd_memory {
@@ -166,6 +181,13 @@ struct ls_icd_buffer {
     uint64_t size;
     uint64_t memory;    /* its VkDeviceMemory's handle once bound, else 0 */
     uint64_t offset;
+};
+
+/* view.c: a VkBufferView, the arbiter's texel view of its buffer's memory */
+struct ls_icd_view {
+    int64_t view_id;    /* the arbiter's; -1 once its memory was freed (the arbiter freed it with it) */
+    int64_t buffer_id;  /* the arbiter buffer it views: its VkBuffer's memory's */
+    uint32_t uses;      /* its format's LS_ICD_TEXEL_* */
 };
 
 struct ls_icd_fence {
@@ -277,6 +299,7 @@ struct ls_icd_object {
     union {
         struct ls_icd_memory memory;
         struct ls_icd_buffer buffer;
+        struct ls_icd_view view;
         struct ls_icd_fence fence;
         struct ls_icd_semaphore semaphore;
         struct ls_icd_event event;
@@ -577,52 +600,6 @@ VKAPI_ATTR VkResult VKAPI_CALL ls_icd_GetPipelineCacheData(VkDevice device, VkPi
 VKAPI_ATTR VkResult VKAPI_CALL ls_icd_MergePipelineCaches(VkDevice device, VkPipelineCache into, uint32_t count,
                                                           const VkPipelineCache *caches);
 
-/* ---- descriptor.c: set layouts, pools, sets, their updates and templates */
-#define LS_ICD_MOST_DESCRIPTORS (1u << 16) /* a set layout's descriptors, at most (and maxPerSetDescriptors) */
-/* A deep copy of ``from`` into ``to`` (VK_SUCCESS or VK_ERROR_OUT_OF_HOST_MEMORY, ``to`` then empty). */
-VkResult ls_icd_set_layout_copy(struct ls_icd_set_layout *to, const struct ls_icd_set_layout *from);
-void ls_icd_set_layout_free(struct ls_icd_set_layout *layout);
-/* Free what ``object`` (a set layout, set, pool or template) holds; the lock held; the slot stays. */
-void ls_icd_descriptor_object_free(struct ls_icd_object *object);
-/* A set's descriptor in the arbiter's terms, for a bind group (commands.c, the lock held): the buffer's
- * memory's arbiter ``buffer_id``; ``offset`` = the buffer's offset in its memory + ``d->offset`` +
- * ``dynamic_offset`` (a dynamic descriptor's offset is applied here, at bind time: the descriptor's
- * offset plus the dynamic offset); ``range``: ``d->range`` clipped to the buffer's end from there
- * (VK_WHOLE_SIZE: to the buffer's end). LS_ICD_INVALID when the descriptor was never written, its
- * buffer or that buffer's memory is gone or unbound, or the offsets reach past the buffer. */
-VkResult ls_icd_descriptor_resolve(struct ls_icd_device *device, const struct ls_icd_descriptor *d,
-                                   uint32_t dynamic_offset, uint32_t *buffer_id, uint64_t *offset, uint64_t *range);
-VKAPI_ATTR VkResult VKAPI_CALL ls_icd_CreateDescriptorSetLayout(VkDevice device,
-                                                                const VkDescriptorSetLayoutCreateInfo *info,
-                                                                const VkAllocationCallbacks *allocator,
-                                                                VkDescriptorSetLayout *out);
-VKAPI_ATTR void VKAPI_CALL ls_icd_DestroyDescriptorSetLayout(VkDevice device, VkDescriptorSetLayout layout,
-                                                             const VkAllocationCallbacks *allocator);
-VKAPI_ATTR void VKAPI_CALL ls_icd_GetDescriptorSetLayoutSupport(VkDevice device,
-                                                                const VkDescriptorSetLayoutCreateInfo *info,
-                                                                VkDescriptorSetLayoutSupport *out);
-VKAPI_ATTR VkResult VKAPI_CALL ls_icd_CreateDescriptorPool(VkDevice device, const VkDescriptorPoolCreateInfo *info,
-                                                           const VkAllocationCallbacks *allocator,
-                                                           VkDescriptorPool *out);
-VKAPI_ATTR void VKAPI_CALL ls_icd_DestroyDescriptorPool(VkDevice device, VkDescriptorPool pool,
-                                                        const VkAllocationCallbacks *allocator);
-VKAPI_ATTR VkResult VKAPI_CALL ls_icd_ResetDescriptorPool(VkDevice device, VkDescriptorPool pool,
-                                                          VkDescriptorPoolResetFlags flags);
-VKAPI_ATTR VkResult VKAPI_CALL ls_icd_AllocateDescriptorSets(VkDevice device, const VkDescriptorSetAllocateInfo *info,
-                                                             VkDescriptorSet *out);
-VKAPI_ATTR VkResult VKAPI_CALL ls_icd_FreeDescriptorSets(VkDevice device, VkDescriptorPool pool, uint32_t count,
-                                                         const VkDescriptorSet *sets);
-VKAPI_ATTR void VKAPI_CALL ls_icd_UpdateDescriptorSets(VkDevice device, uint32_t nwrites,
-                                                       const VkWriteDescriptorSet *writes, uint32_t ncopies,
-                                                       const VkCopyDescriptorSet *copies);
-VKAPI_ATTR VkResult VKAPI_CALL ls_icd_CreateDescriptorUpdateTemplate(VkDevice device,
-                                                                     const VkDescriptorUpdateTemplateCreateInfo *info,
-                                                                     const VkAllocationCallbacks *allocator,
-                                                                     VkDescriptorUpdateTemplate *out);
-VKAPI_ATTR void VKAPI_CALL ls_icd_DestroyDescriptorUpdateTemplate(VkDevice device, VkDescriptorUpdateTemplate template,
-                                                                  const VkAllocationCallbacks *allocator);
-VKAPI_ATTR void VKAPI_CALL ls_icd_UpdateDescriptorSetWithTemplate(VkDevice device, VkDescriptorSet set,
-                                                                  VkDescriptorUpdateTemplate template,
-                                                                  const void *data);
+/* ---- descriptor.c and view.c: in descriptor.h (set layouts, pools, sets, updates, templates, buffer views) */
 
 #endif

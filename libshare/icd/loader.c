@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "commands.h"
+#include "descriptor.h"
 #include "icd.h"
 #include "physical.h"
 
@@ -128,8 +129,8 @@ static const struct entry DEVICE_ENTRY_POINTS[] = {
     ENTRY("vkCreateQueryPool", ls_icd_CreateQueryPool),
     ENTRY("vkDestroyQueryPool", ls_icd_DestroyQueryPool),
     ENTRY("vkGetQueryPoolResults", ls_icd_GetQueryPoolResults),
-    ENTRY("vkCreateBufferView", ls_icd_refused),
-    ENTRY("vkDestroyBufferView", ls_icd_nothing),
+    ENTRY("vkCreateBufferView", ls_icd_CreateBufferView),
+    ENTRY("vkDestroyBufferView", ls_icd_DestroyBufferView),
     ENTRY("vkCreateImage", ls_icd_refused),
     ENTRY("vkDestroyImage", ls_icd_nothing),
     ENTRY("vkGetImageSubresourceLayout", ls_icd_nothing),

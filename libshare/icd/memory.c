@@ -36,6 +36,7 @@
 #include <cjson/cJSON.h>
 
 #include "cache.h"
+#include "descriptor.h"
 #include "icd.h"
 
 #define PAGE 4096u
@@ -96,7 +97,8 @@ VkResult ls_icd_memory_shared(struct ls_icd_device *device, uint64_t size, struc
 /* Give the arbiter's buffer back and unmap it (the device's lock held). */
 void ls_icd_memory_release(struct ls_icd_device *device, struct ls_icd_memory *memory)
 {
-    ls_icd_cache_drop_buffer(device, memory->buffer_id); /* groups naming it first */
+    ls_icd_views_orphan(device, memory->buffer_id); /* its views, and the groups naming them or it, first */
+    ls_icd_cache_drop_buffer(device, memory->buffer_id);
     ls_icd_forget(device, "buffer_id", memory->buffer_id);
     if (memory->address != NULL)
         munmap(memory->address, memory->rounded);

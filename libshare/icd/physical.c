@@ -20,7 +20,8 @@
  * one queue, the arbiter's queue's timestamp bits. Memory: one device-local heap whose size is
  * the session's memory limit, with a device-local type (a libshare device buffer) and a
  * host-visible, coherent, cached type (a libshare shared buffer: a memfd mapped by both sides).
- * Formats: no format features yet (no images; buffer views are not offered yet). Device
+ * Formats: no image features (no images); the texel formats of the welcome (the arbiter's device
+ * makes a buffer view of) report their storage and uniform texel buffer features, nothing else. Device
  * extensions: EXTENSIONS below, each offered when the arbiter's device has the feature it brings.
  * vkCreateDevice is device.c's. */
 #define _GNU_SOURCE
@@ -290,12 +291,23 @@ VKAPI_ATTR void VKAPI_CALL ls_icd_GetPhysicalDeviceMemoryProperties2(VkPhysicalD
     ls_icd_GetPhysicalDeviceMemoryProperties(pd, &out->memoryProperties);
 }
 
+const struct ls_icd_texel_format *ls_icd_texel_format(const struct ls_icd_physical *physical, VkFormat format)
+{
+    for (uint32_t i = 0; i < physical->ntexels; i++)
+        if (physical->texels[i].vk_format == (uint32_t)format)
+            return &physical->texels[i];
+    return NULL;
+}
+
+/* A format's buffer features: the texel buffers the arbiter's device makes of it (no images: no other feature). */
 VKAPI_ATTR void VKAPI_CALL ls_icd_GetPhysicalDeviceFormatProperties(VkPhysicalDevice pd, VkFormat format,
                                                                     VkFormatProperties *out)
 {
-    (void)pd;
-    (void)format;
+    const struct ls_icd_texel_format *texel = ls_icd_texel_format(physical_of(pd), format);
     memset(out, 0, sizeof(*out));
+    if (texel != NULL)
+        out->bufferFeatures = (texel->uses & LS_ICD_TEXEL_STORAGE ? VK_FORMAT_FEATURE_STORAGE_TEXEL_BUFFER_BIT : 0) |
+                              (texel->uses & LS_ICD_TEXEL_UNIFORM ? VK_FORMAT_FEATURE_UNIFORM_TEXEL_BUFFER_BIT : 0);
 }
 
 VKAPI_ATTR void VKAPI_CALL ls_icd_GetPhysicalDeviceFormatProperties2(VkPhysicalDevice pd, VkFormat format,

@@ -25,8 +25,8 @@
  * point and "resources" ([set, binding, count, kind] each, in bind-group order, their counts
  * summing to "bindings"). The driver then checks what the arbiter could not: pName is the
  * module's entry point, the pipeline layout holds each resource at its (set, binding) as a
- * buffer descriptor of its kind (storage or uniform, dynamic or not; a texel buffer fits none,
- * as buffer views are not offered) with at least its count, and the layout's push constants
+ * descriptor of its kind (storage or uniform, dynamic or not; storage or uniform texel buffer)
+ * with at least its count, and the layout's push constants
  * cover the program's; a pipeline that fails is freed at the arbiter (ls_icd_forget) and is
  * LS_ICD_INVALID. A refusal of the arbiter (invalid SPIR-V, a capability not enabled, an image)
  * is LS_ICD_INVALID too, its message one line on stderr (ls_icd_ask). Each pPipelines[i] that
@@ -46,6 +46,7 @@
 #include <string.h>
 
 #include "cache.h"
+#include "descriptor.h"
 #include "icd.h"
 
 #define SPIRV_MAGIC 0x07230203u
@@ -393,7 +394,9 @@ static int fits(VkDescriptorType type, const char *kind)
         return type == VK_DESCRIPTOR_TYPE_STORAGE_BUFFER || type == VK_DESCRIPTOR_TYPE_STORAGE_BUFFER_DYNAMIC;
     if (strcmp(kind, "uniform") == 0)
         return type == VK_DESCRIPTOR_TYPE_UNIFORM_BUFFER || type == VK_DESCRIPTOR_TYPE_UNIFORM_BUFFER_DYNAMIC;
-    return 0; /* a texel buffer: buffer views are not offered */
+    if (strcmp(kind, "storage_texel") == 0)
+        return type == VK_DESCRIPTOR_TYPE_STORAGE_TEXEL_BUFFER;
+    return strcmp(kind, "uniform_texel") == 0 && type == VK_DESCRIPTOR_TYPE_UNIFORM_TEXEL_BUFFER;
 }
 
 /* 1 when ``layout`` holds the resource at (set, binding) as a buffer of its kind, count at least its. */

@@ -7,7 +7,7 @@
  * kind "shared") keeps a duplicate of its sealed memfd and its rounded size (re-made as "import":
  * the same pages, so what the application wrote stays); a program ("load_program") its request
  * text (specialization constants) and SPIR-V; a list ("load_list") its descriptors; a bind group
- * ("bind_group") its request text. A device-local buffer ("alloc", kind "device") is only noted:
+ * ("bind_group") and a texel view ("view") its request text. A device-local buffer ("alloc", kind "device") is only noted:
  * its memory died with the arbiter. The arbiter gives ids in increasing order, so the ledger,
  * appended as they come, is in id order, which a new arbiter asks for (a kept id is above the ones
  * before it); a request that carries an "id" (a reload) is not filed again.
@@ -97,6 +97,8 @@ static int file(struct ls_icd_ledger *ledger, const cJSON *request, const char *
         field = "list_id";
     } else if (strcmp(op, "bind_group") == 0) {
         field = "group_id";
+    } else if (strcmp(op, "view") == 0) {
+        field = "view_id";
     } else {
         return 0;
     }

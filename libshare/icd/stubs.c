@@ -298,14 +298,6 @@ static VKAPI_ATTR void VKAPI_CALL stub_vkCmdSetViewport(
 { (void)commandBuffer, (void)firstViewport, (void)viewportCount, (void)pViewports; }
 _Static_assert(__builtin_types_compatible_p(__typeof__(&stub_vkCmdSetViewport), PFN_vkCmdSetViewport), "vkCmdSetViewport");
 
-static VKAPI_ATTR VkResult VKAPI_CALL stub_vkCreateBufferView(
-    VkDevice device,
-    const VkBufferViewCreateInfo* pCreateInfo,
-    const VkAllocationCallbacks* pAllocator,
-    VkBufferView* pView)
-{ (void)device, (void)pCreateInfo, (void)pAllocator, (void)pView; return VK_ERROR_FEATURE_NOT_PRESENT; }
-_Static_assert(__builtin_types_compatible_p(__typeof__(&stub_vkCreateBufferView), PFN_vkCreateBufferView), "vkCreateBufferView");
-
 static VKAPI_ATTR VkResult VKAPI_CALL stub_vkCreateFramebuffer(
     VkDevice device,
     const VkFramebufferCreateInfo* pCreateInfo,
@@ -374,13 +366,6 @@ static VKAPI_ATTR VkResult VKAPI_CALL stub_vkCreateSamplerYcbcrConversion(
     VkSamplerYcbcrConversion* pYcbcrConversion)
 { (void)device, (void)pCreateInfo, (void)pAllocator, (void)pYcbcrConversion; return VK_ERROR_FEATURE_NOT_PRESENT; }
 _Static_assert(__builtin_types_compatible_p(__typeof__(&stub_vkCreateSamplerYcbcrConversion), PFN_vkCreateSamplerYcbcrConversion), "vkCreateSamplerYcbcrConversion");
-
-static VKAPI_ATTR void VKAPI_CALL stub_vkDestroyBufferView(
-    VkDevice device,
-    VkBufferView bufferView,
-    const VkAllocationCallbacks* pAllocator)
-{ (void)device, (void)bufferView, (void)pAllocator; }
-_Static_assert(__builtin_types_compatible_p(__typeof__(&stub_vkDestroyBufferView), PFN_vkDestroyBufferView), "vkDestroyBufferView");
 
 static VKAPI_ATTR void VKAPI_CALL stub_vkDestroyFramebuffer(
     VkDevice device,
@@ -517,7 +502,6 @@ static const struct {
     {"vkCmdSetStencilReference", (PFN_vkVoidFunction)stub_vkCmdSetStencilReference},
     {"vkCmdSetStencilWriteMask", (PFN_vkVoidFunction)stub_vkCmdSetStencilWriteMask},
     {"vkCmdSetViewport", (PFN_vkVoidFunction)stub_vkCmdSetViewport},
-    {"vkCreateBufferView", (PFN_vkVoidFunction)stub_vkCreateBufferView},
     {"vkCreateFramebuffer", (PFN_vkVoidFunction)stub_vkCreateFramebuffer},
     {"vkCreateGraphicsPipelines", (PFN_vkVoidFunction)stub_vkCreateGraphicsPipelines},
     {"vkCreateImage", (PFN_vkVoidFunction)stub_vkCreateImage},
@@ -526,7 +510,6 @@ static const struct {
     {"vkCreateRenderPass2", (PFN_vkVoidFunction)stub_vkCreateRenderPass2},
     {"vkCreateSampler", (PFN_vkVoidFunction)stub_vkCreateSampler},
     {"vkCreateSamplerYcbcrConversion", (PFN_vkVoidFunction)stub_vkCreateSamplerYcbcrConversion},
-    {"vkDestroyBufferView", (PFN_vkVoidFunction)stub_vkDestroyBufferView},
     {"vkDestroyFramebuffer", (PFN_vkVoidFunction)stub_vkDestroyFramebuffer},
     {"vkDestroyImage", (PFN_vkVoidFunction)stub_vkDestroyImage},
     {"vkDestroyImageView", (PFN_vkVoidFunction)stub_vkDestroyImageView},

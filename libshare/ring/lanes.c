@@ -39,10 +39,13 @@
  * slot's copy, ls_push_op to its arguments before they are narrowed into a slot. */
 static int fields_check(uint32_t opcode, uint32_t nbuffers, uint32_t push_size, uint32_t flags)
 {
-    if (opcode > LS_OP_MAX || nbuffers > LS_MAX_BUFFERS || push_size > LS_MAX_PUSH || (flags & ~LS_DESC_GROUP))
+    if (opcode > LS_OP_MAX || nbuffers > LS_MAX_BUFFERS || push_size > LS_MAX_PUSH ||
+        (flags & ~(LS_DESC_GROUP | LS_DESC_BASE)))
         return -LS_EBADSLOT;
     if ((flags & LS_DESC_GROUP) && ((opcode != LS_OP_DISPATCH && opcode != LS_OP_DISPATCH_INDIRECT) || nbuffers))
         return -LS_EBADSLOT;
+    if ((flags & LS_DESC_BASE) && (!(flags & LS_DESC_GROUP) || opcode != LS_OP_DISPATCH))
+        return -LS_EBADSLOT;            /* a base rides in a group dispatch's unused buffer ids */
     return 0;
 }
 
@@ -202,8 +205,9 @@ int ls_commit(ls_producer *p, uint32_t count)
 static int op_check(uint32_t opcode, uint32_t nbuffers, const uint32_t *buffers, uint32_t noffsets,
                     const uint64_t *offsets, const void *push, uint32_t push_size)
 {
-    uint32_t flags = opcode >> 16, group = flags & LS_DESC_GROUP;  /* a group's id rides as buffers[0] */
-    if ((group && nbuffers != 1) || fields_check(opcode & 0xffff, group ? 0 : nbuffers, push_size, flags) < 0 ||
+    uint32_t flags = opcode >> 16, group = flags & LS_DESC_GROUP;  /* a group's id rides as buffers[0], */
+    uint32_t named = flags & LS_DESC_BASE ? 4 : 1;                   /* and a base as buffers[1..3] */
+    if ((group && nbuffers != named) || fields_check(opcode & 0xffff, group ? 0 : nbuffers, push_size, flags) < 0 ||
         noffsets > LS_MAX_BUFFERS)
         return -LS_EBADSLOT;
     if ((nbuffers && buffers == NULL) || (noffsets && offsets == NULL) || (push_size && push == NULL))

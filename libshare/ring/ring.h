@@ -58,6 +58,9 @@
 
 #define LS_DESC_SUBMISSION_PUSH 2       /* flags: a list's dispatch takes the push constants of the LS_OP_LIST
                                            that submits it (its own push_size 0) */
+#define LS_DESC_BASE 4                  /* flags, with LS_DESC_GROUP on an LS_OP_DISPATCH: its workgroups start
+                                           at (buffer[1], buffer[2], buffer[3]), not 0 (vkCmdDispatchBase);
+                                           each start plus its count at most the device's limit */
 #define LS_LIST_ARG 0x80000000          /* a list command's buffer id LS_LIST_ARG | k: the buffer in slot k of the
                                            LS_OP_LIST that submits it (no object id has this bit) */
 
@@ -222,7 +225,8 @@ int ls_reserve(ls_producer *p, uint32_t count, struct ls_desc **slots);
 int ls_commit(ls_producer *p, uint32_t count);
 /* Encode one operation into the lane's next slot and publish it (the client's one encoder):
  * opcode, LS_OP_* in its low 16 bits and the descriptor's flags (LS_DESC_*) in its high 16 (with
- * LS_DESC_GROUP, nbuffers is 1 and buffers[0] the bind group's id: the slot's nbuffers is 0),
+ * LS_DESC_GROUP, nbuffers is 1 and buffers[0] the bind group's id: the slot's nbuffers is 0; with
+ * LS_DESC_BASE too, nbuffers is 4, buffers[1..3] the first workgroup),
  * buffers[nbuffers] ids, offsets[noffsets] byte offsets (LS_OP_COPY: source, destination, size),
  * push[push_size] bytes; the rest of the slot is zeroed. Returns 1, 0 when the lane is full,
  * -LS_EBADSLOT (opcode, nbuffers, noffsets or push_size out of range), -EINVAL (a NULL array

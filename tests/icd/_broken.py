@@ -26,7 +26,7 @@ def frame(body: bytes, payload: bytes = b"", magic: int = protocol.MAGIC, json_l
 GOOD = {"ok": True, "client_id": 1, "arbiter_pid": 1, "physical_device": {
     "name": "fake", "uuid": "00112233-4455-6677-8899-aabbccddeeff", "features": ["robustBufferAccess"],
     "timestamp_valid_bits": 64, "memory": 1 << 30, "subgroup_size": 8, "max_per_set_descriptors": 1024,
-    "max_memory_allocation_size": 1 << 31, "driver_id": 13}}
+    "max_memory_allocation_size": 1 << 31, "driver_id": 13, "texel_formats": [["r32f", 100, 4, 3]]}}
 
 
 def welcome(**changes) -> bytes:
@@ -62,6 +62,17 @@ BROKEN = {
                                               bytes(PROPERTIES_SIZE)), 2),
     "a driver id not a number": (frame(welcome(physical_device={"driver_id": "llvmpipe"}), bytes(PROPERTIES_SIZE)), 2),
     "a driver id past 32 bits": (frame(welcome(physical_device={"driver_id": 1 << 32}), bytes(PROPERTIES_SIZE)), 2),
+    "texel formats not a list": (frame(welcome(physical_device={"texel_formats": {"r32f": 3}}), bytes(PROPERTIES_SIZE)), 2),
+    "too many texel formats": (frame(welcome(physical_device={"texel_formats": [["r32f", 100, 4, 3]] * 17}),
+                                     bytes(PROPERTIES_SIZE)), 2),
+    "a texel format's name too long": (frame(welcome(physical_device={"texel_formats": [["r" * 16, 100, 4, 3]]}),
+                                             bytes(PROPERTIES_SIZE)), 2),
+    "a texel size of 0": (frame(welcome(physical_device={"texel_formats": [["r32f", 100, 0, 3]]}),
+                                bytes(PROPERTIES_SIZE)), 2),
+    "texel uses past both": (frame(welcome(physical_device={"texel_formats": [["r32f", 100, 4, 4]]}),
+                                   bytes(PROPERTIES_SIZE)), 2),
+    "a texel format cut short": (frame(welcome(physical_device={"texel_formats": [["r32f", 100]]}),
+                                       bytes(PROPERTIES_SIZE)), 2),
     "a client id not a number": (frame(welcome(client_id="1"), bytes(PROPERTIES_SIZE)), 2),
     "an arbiter pid not a pid": (frame(welcome(arbiter_pid=-5), bytes(PROPERTIES_SIZE)), 2),
 }

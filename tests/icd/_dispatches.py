@@ -8,14 +8,16 @@
   command buffer executed twice by a primary, and a command buffer of more than 1024 commands; the
   buffers' contents after each are printed for numpy to check.
 - ``extras``: an indirect dispatch (its counts in a buffer), VK_KHR_synchronization2's barrier, event set
-  and wait, and an event reset; the events' states before and after, and the buffers.
+  and wait, and an event reset; the events' states before and after, and the buffers; then a
+  dispatch of workgroups 2..4 alone (vkCmdDispatchBase) and the buffer it wrote.
 - ``dynamic``: one descriptor set whose output binding is a dynamic storage buffer, dispatched at two
   dynamic offsets with two push constants; the buffer printed.
 - ``shared``: what the driver shares between recordings of the same content: 100 command buffers
   recorded alike, all held (more than a session's 64 lists) and submitted at once; a primary whose
   secondary is freed before the primary runs; a dispatch recorded again over memory allocated after
   the memory it named before was freed. What Vulkan answered, and the buffers.
-- ``hostile``: a dispatch whose set holds a descriptor never written, one with no set bound, a
+- ``hostile``: a dispatch whose set holds a descriptor never written, one with no set bound, one whose
+  base is past the device's limit, a
   command buffer submitted twice while pending, a pointer that is no command buffer submitted, and
   one whose buffer's memory was freed before its submission; what Vulkan answered for each.
 
@@ -231,6 +233,16 @@ def extras(spv: bytes) -> dict:
     seen["submit"] = p.submit([cb])[0]
     seen["events after"] = [outcome(vk.vkGetEventStatus, p.device, e) for e in (first, second)]
     seen["output"] = [p.buffer_words(k).tolist() for k in range(2)]
+    p.buffer_words(2)[:] = 0
+    based, = command_buffers(p.device, p.pool)  # workgroups 2..4 alone: A to C
+    begin(based)
+    vk.vkCmdBindPipeline(based, vk.VK_PIPELINE_BIND_POINT_COMPUTE, p.pipeline)
+    p.bind(based, p.new_set({0: (0, 0), 1: (2, 0)}))
+    p.push(based, 4)
+    vk.vkCmdDispatchBase(based, 2, 0, 0, 3, 1, 1)
+    seen["base end"] = outcome(vk.vkEndCommandBuffer, based)
+    seen["base submit"] = p.submit([based])[0]
+    seen["based"] = p.buffer_words(2).tolist()
     p.close()
     return seen
 
@@ -300,7 +312,8 @@ def hostile(spv: bytes) -> dict:
     seen = {
         "unwritten descriptor": recorded(p, lambda cb: (p.bind(cb, half), vk.vkCmdDispatch(cb, 1, 1, 1))),
         "no set bound": recorded(p, lambda cb: vk.vkCmdDispatch(cb, 1, 1, 1)),
-        "dispatch base": recorded(p, lambda cb: (p.bind(cb, ab), vk.vkCmdDispatchBase(cb, 1, 0, 0, 1, 1, 1))),
+        "dispatch base past the limit": recorded(p, lambda cb: (p.bind(cb, ab),
+                                                                vk.vkCmdDispatchBase(cb, 0xFFFFFFFF, 0, 0, 1, 1, 1))),
     }
     busy, = command_buffers(p.device, p.pool)
     begin(busy)

@@ -107,7 +107,7 @@ def honest(kernel: bytes, image: bytes) -> None:
     set0 = set_layout(device, (2, UNIFORM, 1), (0, STORAGE, 1))  # a gap at 1, given out of order
     set1 = set_layout(device, (0, STORAGE, 1), (1, STORAGE, 1), (5, STORAGE, 0))
     seen["sampler layout"] = named(set_layout(device, (0, vk.VK_DESCRIPTOR_TYPE_COMBINED_IMAGE_SAMPLER, 1)))
-    seen["texel layout"] = named(set_layout(device, (0, vk.VK_DESCRIPTOR_TYPE_STORAGE_TEXEL_BUFFER, 1)))
+    seen["image layout"] = named(set_layout(device, (0, vk.VK_DESCRIPTOR_TYPE_STORAGE_IMAGE, 1)))
     support = vk.VkDescriptorSetLayoutSupport()
     vk.vkGetDescriptorSetLayoutSupport(device, vk.VkDescriptorSetLayoutCreateInfo(bindingCount=1, pBindings=[
         vk.VkDescriptorSetLayoutBinding(binding=0, descriptorType=vk.VK_DESCRIPTOR_TYPE_SAMPLER, descriptorCount=1,

@@ -135,7 +135,7 @@ def test_push_constants_and_dynamic_offsets_change_results(daemon, step):
     assert np.array_equal(np.array(seen["output"], np.uint32), np.concatenate([a * SCALE + 7, a * SCALE + 11]))
 
 
-def test_indirect_dispatches_synchronization2_and_events(daemon, step):
+def test_indirect_dispatches_synchronization2_events_and_a_dispatch_base(daemon, step):
     _process, pipe_dir = daemon
     seen = run_dispatches(pipe_dir, "extras", step)
     assert (seen["end"], seen["submit"]) == ("ok", "ok"), seen
@@ -144,6 +144,10 @@ def test_indirect_dispatches_synchronization2_and_events(daemon, step):
     b = np.arange(N, dtype=np.uint32) * SCALE + 9  # the indirect dispatch's (N / 64 groups), then copied back
     assert np.array_equal(np.array(seen["output"][1], np.uint32), b)
     assert np.array_equal(np.array(seen["output"][0], np.uint32), b)
+    assert (seen["base end"], seen["base submit"]) == ("ok", "ok"), seen
+    c = np.zeros(N, np.uint32)
+    c[2 * 64:5 * 64] = b[2 * 64:5 * 64] * SCALE + 4  # workgroups 2..4 alone (vkCmdDispatchBase)
+    assert np.array_equal(np.array(seen["based"], np.uint32), c)
 
 
 def test_recordings_of_the_same_content_share_lists_and_groups_the_arbiter_holds(daemon, step):
@@ -171,7 +175,8 @@ def test_hostile_dispatches_and_submissions_end_in_errors_beside_an_honest_clien
         assert honest.communicate(timeout=300)[0].strip() == "ok"
     finally:
         stop_process(honest)
-    assert (seen["unwritten descriptor"], seen["no set bound"], seen["dispatch base"]) == (INVALID,) * 3, seen
+    assert (seen["unwritten descriptor"], seen["no set bound"], seen["dispatch base past the limit"]) == \
+        (INVALID,) * 3, seen
     assert (seen["submitted"], seen["submitted again while pending"], seen["first waited"]) == \
         ("ok", INVALID, "ok"), seen
     assert seen["not a command buffer"] == INVALID, seen  # found among the device's, never followed

@@ -92,7 +92,7 @@ def test_a_pipeline_is_the_sessions_program_and_descriptors_are_checked(tmp_path
     with subprocess.Popen(command, env=environment(pipe_dir), cwd=ROOT, stdin=subprocess.PIPE,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as program:
         try:
-            assert read_json(program) == {"sampler layout": INVALID, "texel layout": INVALID,
+            assert read_json(program) == {"sampler layout": INVALID, "image layout": INVALID,
                                           "sampler supported": False, "pipeline": "ok"}
             assert program.stdout.readline() == "made\n"
             program.stdin.write("\n")

@@ -91,6 +91,11 @@ struct group_entry {
 
 /* The entries of a group object, its `bindings` of them, allocated with it. */
 static inline struct group_entry *group_entries(struct object *o) { return (struct group_entry *)(o + 1); }
+/* Dispatch d's first workgroup along dimension k: 0, or with LS_DESC_BASE its buffer[1 + k] (ring.h) */
+static inline uint32_t dispatch_base(const struct ls_desc *d, int k)
+{
+    return d->flags & LS_DESC_BASE ? d->buffer[1 + k] : 0;
+}
 
 /* A client's objects, by (kind, id): open addressing with linear probes and a keyed hash (objects.c). */
 struct table {

@@ -151,13 +151,18 @@ static void record_bindings(ls_engine *e, VkCommandBuffer cb, const struct ls_de
     }
 }
 
-/* Record dispatch d; with base, only its groups base..base+count-1 (a piece: engine_policy.c, "Pieces"). */
+/* Record dispatch d from its first workgroup (0, or its own base: LS_DESC_BASE); with base, only its groups
+ * base..base+count-1 past that (a piece: engine_policy.c, "Pieces"). */
 static void record_dispatch(ls_engine *e, VkCommandBuffer cb, const struct ls_desc *d, struct object *program,
                             struct object **buffers, const uint32_t *base, const uint32_t *count)
 {
+    uint32_t first[3];
     record_bindings(e, cb, d, program, buffers);
-    if (base)
-        e->vk.CmdDispatchBase(cb, base[0], base[1], base[2], count[0], count[1], count[2]);
+    for (int k = 0; k < 3; k++)
+        first[k] = dispatch_base(d, k) + (base ? base[k] : 0);
+    if (base || (d->flags & LS_DESC_BASE))
+        e->vk.CmdDispatchBase(cb, first[0], first[1], first[2], base ? count[0] : d->groups[0],
+                              base ? count[1] : d->groups[1], base ? count[2] : d->groups[2]);
     else
         e->vk.CmdDispatch(cb, d->groups[0], d->groups[1], d->groups[2]);
 }

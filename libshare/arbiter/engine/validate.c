@@ -39,7 +39,9 @@
  * What each opcode must hold (every refusal goes to that client's ticket alone):
  *   LS_OP_DISPATCH   its program's bindings (its own or a bind group's, below) and push size, aligned
  *                    offsets inside each buffer, each group count 1..the device's limit and their
- *                    product at most 2^32 - 1;
+ *                    product at most 2^32 - 1; with a base (LS_DESC_BASE, a group dispatch only: its
+ *                    first workgroup in buffer[1..3], dispatch_base), each base plus its count at most
+ *                    the limit;
  *   LS_OP_COPY       two buffers, a non-empty range inside each, not overlapping in one buffer;
  *   LS_OP_FILL       one buffer, push_size 4 (the value), offset[0] and size offset[1] multiples of
  *                    4, size not 0, the range inside the buffer; program and groups 0;
@@ -208,8 +210,12 @@ int check_desc(ls_engine *e, struct client *c, const struct ls_desc *d, struct o
                uint32_t *nusers)
 {
     int dispatch = d->opcode == LS_OP_DISPATCH || d->opcode == LS_OP_DISPATCH_INDIRECT;
-    if (d->opcode == LS_OP_BAD || (d->flags & ~LS_DESC_GROUP))
+    if (d->opcode == LS_OP_BAD || (d->flags & ~(LS_DESC_GROUP | LS_DESC_BASE)))
         return -LS_EBADSLOT;
+    if ((d->flags & LS_DESC_BASE) && (!(d->flags & LS_DESC_GROUP) || d->opcode != LS_OP_DISPATCH))
+        return -LS_EBADSLOT;
+    if ((d->flags & LS_DESC_BASE) && !e->vk.CmdDispatchBase)
+        return -LS_EUNSUPPORTED;        /* a Vulkan 1.0 device */
     if (d->flags && (!dispatch || d->nbuffers))
         return -LS_EBADSLOT;
     if (d->opcode == LS_OP_LIST) {      /* its commands are checked as each runs (lists.c) */
@@ -249,8 +255,8 @@ int check_desc(ls_engine *e, struct client *c, const struct ls_desc *d, struct o
         (*nusers)++;                    /* the counts' buffer, before the program (a dispatch's last user) */
     }
     for (int k = 0; k < 3 && d->opcode == LS_OP_DISPATCH; k++)
-        if (d->groups[k] < 1 || d->groups[k] > e->cfg.max_groups[k])
-            return -LS_EGROUPS;
+        if (d->groups[k] < 1 || (uint64_t)d->groups[k] + dispatch_base(d, k) > e->cfg.max_groups[k])
+            return -LS_EGROUPS;         /* (Vulkan bounds the base plus the count) */
     /* lavapipe counts the workgroups of a dispatch in 32 bits: past that it runs the product's remainder
      * and reports success (65535^3 runs 196,607 of 2.8e14) */
     if (d->opcode == LS_OP_DISPATCH && (uint64_t)d->groups[0] * d->groups[1] * d->groups[2] > UINT32_MAX)

@@ -19,6 +19,10 @@ The object carries what the struct does not:
 * ``timestamp_valid_bits``: the valid bits of the arbiter's queue's timestamps;
 * ``driver_id``: the arbiter's Vulkan driver's ``VkDriverId`` (0 when it cannot say), which the
   driver reports as its own in Vulkan 1.2's properties: the shaders run on that driver;
+* ``texel_formats``: each texel view format the device supports in a buffer view
+  (libshare.protocol.texels), as ``[name, VkFormat, bytes per texel, uses]`` (uses: TEXEL_STORAGE
+  and TEXEL_UNIFORM bits), which the driver reports as the formats' buffer features and names in
+  its ``view`` requests;
 * ``memory``: the bytes this session may hold: the lowest of its own limit, its group's and the
   arbiter's total (policy/limits.py), which the driver reports as the size of its device-local
   heap, so that an application sizes itself to its share.
@@ -27,6 +31,7 @@ The object carries what the struct does not:
 from __future__ import annotations
 
 from libshare.arbiter.serve.clients import Client
+from libshare.protocol.texels import TEXEL_FORMATS
 
 __all__ = ["physical_device", "session_memory"]
 
@@ -46,5 +51,7 @@ def physical_device(arbiter, client: Client) -> tuple[dict, bytes]:
     fields = {"name": device.name, "uuid": device.uuid, "features": sorted(device.features),
               "timestamp_valid_bits": device.instance.timestamp_mask.bit_length(),
               "driver_id": device.instance.physical.driver_id(),
+              "texel_formats": [[name, TEXEL_FORMATS[name].vk_format, TEXEL_FORMATS[name].texel_bytes, uses]
+                                for name, uses in device.texel_formats.items()],
               "memory": session_memory(arbiter, client), **device.instance.physical.core11_properties()}
     return fields, device.instance.physical.properties_bytes()
