@@ -14,8 +14,8 @@
  * secondaries it inlines). An entry no one holds stays at the arbiter, idle, for the next
  * recording of the same content; at most MOST_IDLE_GROUPS and MOST_IDLE_LISTS idle ones are kept,
  * the least recently held freed first ({"op":"free"}, ls_icd_forget: the reattach ledger forgets
- * it too). When the arbiter's quota refuses a new one (a session's 64 lists or 4096 groups,
- * serve/requests.py), the least recently held idle entry of that kind is freed and the request
+ * it too). When the arbiter's quota refuses a new one (a session's 1024 lists, 65536 commands in
+ * them or 4096 groups, serve/requests.py), the least recently held idle entry of that kind is freed and the request
  * made again, until none is idle. An entry that names something gone is dropped: vkFreeMemory
  * drops the groups and lists naming the buffer, vkDestroyPipeline those naming the program, and a
  * group freed for any reason the lists naming it. A dropped entry matches nothing again; idle, it

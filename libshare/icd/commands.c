@@ -24,12 +24,12 @@
  * each loaded with {"op":"load_list"} and the descriptors as payload, or the same list loaded before
  * by any recording of the device (cache.c: content decides); the arbiter checks every command
  * (engine/lists.c) and a refusal is the command buffer's error. An empty command buffer
- * holds no list (its submission has nothing to run). The arbiter holds at most 64 lists a session
- * (LISTS_PER_CLIENT, serve/requests.py) and a device is one session: 64 executable command buffers
- * of up to 1024 commands each, or fewer longer ones; past that vkEndCommandBuffer answers
- * VK_ERROR_OUT_OF_DEVICE_MEMORY (the arbiter's QuotaExceeded) and the application frees or resets
- * one (idle lists the cache keeps are freed first). A recording holds at most MOST_COMMANDS
- * descriptors (all 64 lists' worth). Reset, free and destroy give the command buffer's lists and
+ * holds no list (its submission has nothing to run). The arbiter holds at most 1024 lists and 65536
+ * commands in them a session (LISTS_PER_CLIENT, LIST_COMMANDS_PER_CLIENT, serve/requests.py) and a
+ * device is one session: 1024 executable command buffers of up to 64 commands each, or 64 of 1024;
+ * past that vkEndCommandBuffer answers VK_ERROR_OUT_OF_DEVICE_MEMORY (the arbiter's QuotaExceeded)
+ * and the application frees or resets one (idle lists the cache keeps are freed first). A
+ * recording holds at most MOST_COMMANDS descriptors (all a session's lists may hold). Reset, free and destroy give the command buffer's lists and
  * bind groups back to the cache; a command buffer freed while pending is released by the last
  * ls_icd_command_buffer_done.
  *
@@ -45,7 +45,7 @@
 #include "commands.h"
 
 #define LIST_COMMANDS 1024u                   /* LS_ENGINE_MAX_LIST */
-#define MOST_COMMANDS (64u * LIST_COMMANDS)   /* LISTS_PER_CLIENT lists of it: all a session may hold */
+#define MOST_COMMANDS (64u * LIST_COMMANDS)   /* LIST_COMMANDS_PER_CLIENT: all a session's lists may hold */
 
 static struct ls_icd_device *device_of(VkDevice handle)
 {

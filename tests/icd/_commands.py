@@ -5,8 +5,9 @@
 - ``lists``: command buffers of copies, fills, updates and barriers ended (the arbiter loads their
   lists); one of 1500 commands (two lists); a secondary command buffer executed by a primary; pools
   reset, trimmed and destroyed with their command buffers.
-- ``quota``: command buffers of one fill each (each a different value) ended until the arbiter's bound
-  on a session's lists refuses one; then one freed, and another ended.
+- ``quota``: command buffers of 1024 fills each (each a different value) ended until the arbiter's bound
+  on a session's list commands refuses one; then one freed, and another ended; then, the pool
+  destroyed, 300 command buffers of one fill each, all held at once.
 - ``hostile``: wrong use while recording (a copy past a buffer, a fill not of words, an update past
   65536 bytes, a wrong buffer, a dispatch with no pipeline, a graphics bind point, a buffer destroyed
   before its command, a secondary that is not executable), a reset without the pool's flag, a second
@@ -113,23 +114,36 @@ def lists() -> dict:
     return seen
 
 
+def held_until_refused(device, pool, a, count: int, fills: int) -> tuple[list, list]:
+    """``count`` command buffers of ``fills`` fills each, every one of its own content (the driver shares
+    identical lists), ended and held: them, and what vkEndCommandBuffer answered each."""
+    held, answers = [], []
+    for k in range(count):
+        cb, = command_buffers(device, pool)
+        begin(cb)
+        for j in range(fills):
+            vk.vkCmdFillBuffer(cb, a, 0, 4, k * fills + j)
+        answers.append(end(cb))
+        held.append(cb)
+    return held, answers
+
+
 def quota() -> dict:
     instance, device, host = open_device()
     memory, (a,) = bound_buffers(device, host, 1, 4096)
     pool = make_pool(device)
-    held, answers = [], []
-    for k in range(70):
-        cb, = command_buffers(device, pool)
-        begin(cb)
-        vk.vkCmdFillBuffer(cb, a, 0, 4, k)  # each its own content: the driver shares identical lists
-        answers.append(end(cb))
-        held.append(cb)
+    held, answers = held_until_refused(device, pool, a, 68, 1024)  # lists of the longest
     refused = answers.index("VkErrorOutOfDeviceMemory") if "VkErrorOutOfDeviceMemory" in answers else None
     vk.vkFreeCommandBuffers(device, pool, 1, [held[0]])
     again, = command_buffers(device, pool)
     begin(again)
-    vk.vkCmdFillBuffer(again, a, 0, 4, 100)
+    vk.vkCmdFillBuffer(again, a, 0, 4, 1 << 20)
     seen = {"ended": answers.count("ok"), "first refused": refused, "after a free": end(again)}
+    vk.vkResetCommandPool(device, pool, vk.VK_COMMAND_POOL_RESET_RELEASE_RESOURCES_BIT)
+    vk.vkDestroyCommandPool(device, pool, None)
+    pool = make_pool(device)
+    short = held_until_refused(device, pool, a, 300, 1)[1]  # lists of one command: more than 64 live at once
+    seen["short ended"] = short.count("ok")
     vk.vkDestroyCommandPool(device, pool, None)
     vk.vkDestroyBuffer(device, a, None)
     vk.vkFreeMemory(device, memory, None)

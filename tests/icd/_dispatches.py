@@ -17,9 +17,9 @@
   secondary is freed before the primary runs; a dispatch recorded again over memory allocated after
   the memory it named before was freed. What Vulkan answered, and the buffers.
 - ``hostile``: a dispatch whose set holds a descriptor never written, one with no set bound, one whose
-  base is past the device's limit, a
-  command buffer submitted twice while pending, a pointer that is no command buffer submitted, and
-  one whose buffer's memory was freed before its submission; what Vulkan answered for each.
+  base is past the device's limit, a command buffer submitted twice while pending (the first held by a
+  timeline semaphore the host signals after), a pointer that is no command buffer submitted, and one
+  whose buffer's memory was freed before its submission; what Vulkan answered for each.
 
 It knows nothing of libshare.
 """
@@ -43,16 +43,18 @@ STORAGE = vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER
 DYNAMIC = vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER_DYNAMIC
 
 
-def open_sync2_device():
-    """open_device's, with VK_KHR_synchronization2 enabled."""
+def open_device_with(extension: str):
+    """open_device's, with ``extension`` (VK_KHR_synchronization2 or VK_KHR_timeline_semaphore) enabled."""
+    features = vk.VkPhysicalDeviceSynchronization2Features(synchronization2=vk.VK_TRUE) \
+        if extension == "VK_KHR_synchronization2" else vk.VkPhysicalDeviceTimelineSemaphoreFeatures(
+            timelineSemaphore=vk.VK_TRUE)
     instance = vk.vkCreateInstance(vk.VkInstanceCreateInfo(pApplicationInfo=vk.VkApplicationInfo(
         apiVersion=vk.VK_MAKE_VERSION(1, 1, 0))), None)
     physical = vk.vkEnumeratePhysicalDevices(instance)[0]
     queue = vk.VkDeviceQueueCreateInfo(queueFamilyIndex=0, queueCount=1, pQueuePriorities=[1.0])
     device = vk.vkCreateDevice(physical, vk.VkDeviceCreateInfo(
-        pNext=vk.VkPhysicalDeviceSynchronization2Features(synchronization2=vk.VK_TRUE), queueCreateInfoCount=1,
-        pQueueCreateInfos=[queue], enabledExtensionCount=1, ppEnabledExtensionNames=["VK_KHR_synchronization2"]),
-        None)
+        pNext=features, queueCreateInfoCount=1, pQueueCreateInfos=[queue], enabledExtensionCount=1,
+        ppEnabledExtensionNames=[extension]), None)
     types = vk.vkGetPhysicalDeviceMemoryProperties(physical).memoryTypes
     host = next(i for i in range(2) if types[i].propertyFlags & vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT)
     return instance, device, host
@@ -61,8 +63,8 @@ def open_sync2_device():
 class Program:
     """A device, host-visible memory holding ``count`` buffers of SIZE bytes, and step.comp's pipeline."""
 
-    def __init__(self, spv: bytes, count: int, output: int = STORAGE, sync2: bool = False):
-        self.instance, self.device, host = open_sync2_device() if sync2 else open_device()
+    def __init__(self, spv: bytes, count: int, output: int = STORAGE, extension: str | None = None):
+        self.instance, self.device, host = open_device_with(extension) if extension else open_device()
         self.host = host
         self.queue = vk.vkGetDeviceQueue(self.device, 0, 0)
         self.buffers = [make_buffer(self.device, 2 * SIZE) for _ in range(count)]
@@ -205,7 +207,7 @@ def dynamic(spv: bytes) -> dict:
 
 def extras(spv: bytes) -> dict:
     """An indirect dispatch, VK_KHR_synchronization2's barrier and events, and vkCmdSetEvent/ResetEvent."""
-    p = Program(spv, 3, sync2=True)
+    p = Program(spv, 3, extension="VK_KHR_synchronization2")
     barrier2 = vk.vkGetDeviceProcAddr(p.device, "vkCmdPipelineBarrier2KHR")
     set_event2 = vk.vkGetDeviceProcAddr(p.device, "vkCmdSetEvent2KHR")
     wait_events2 = vk.vkGetDeviceProcAddr(p.device, "vkCmdWaitEvents2KHR")
@@ -305,8 +307,19 @@ def recorded(p: Program, record) -> str:
     return outcome(vk.vkEndCommandBuffer, cb)
 
 
+def gated(p: Program, cb, gate):
+    """Submit ``cb`` to wait until timeline semaphore ``gate`` reaches 1 (the host signals it): pending until
+    then, whatever the device's speed. What vkQueueSubmit answered, and the submission's fence."""
+    fence = vk.vkCreateFence(p.device, vk.VkFenceCreateInfo(), None)
+    values = vk.VkTimelineSemaphoreSubmitInfo(waitSemaphoreValueCount=1, pWaitSemaphoreValues=[1])
+    info = vk.VkSubmitInfo(pNext=values, waitSemaphoreCount=1, pWaitSemaphores=[gate],
+                           pWaitDstStageMask=[vk.VK_PIPELINE_STAGE_ALL_COMMANDS_BIT], commandBufferCount=1,
+                           pCommandBuffers=[cb])
+    return outcome(vk.vkQueueSubmit, p.queue, 1, [info], fence), fence
+
+
 def hostile(spv: bytes) -> dict:
-    p = Program(spv, 3)
+    p = Program(spv, 3, extension="VK_KHR_timeline_semaphore")
     half = p.new_set({0: (0, 0)})  # binding 1 never written
     ab = p.new_set({0: (0, 0), 1: (1, 0)})
     seen = {
@@ -323,9 +336,13 @@ def hostile(spv: bytes) -> dict:
         p.push(busy, k)
         vk.vkCmdDispatch(busy, N // 64, 1, 1)
     vk.vkEndCommandBuffer(busy)
-    first, fence = p.submit([busy], wait=False)
+    gate = vk.vkCreateSemaphore(p.device, vk.VkSemaphoreCreateInfo(pNext=vk.VkSemaphoreTypeCreateInfo(
+        semaphoreType=vk.VK_SEMAPHORE_TYPE_TIMELINE, initialValue=0)), None)
+    first, fence = gated(p, busy, gate)
     seen["submitted"] = first
     seen["submitted again while pending"] = p.submit([busy], wait=False)[0]
+    vk.vkGetDeviceProcAddr(p.device, "vkSignalSemaphoreKHR")(p.device, vk.VkSemaphoreSignalInfo(semaphore=gate,
+                                                                                                value=1))
     seen["first waited"] = outcome(vk.vkWaitForFences, p.device, 1, [fence], vk.VK_TRUE, 60 * 10 ** 9)
     unmapped = vk.ffi.cast("VkCommandBuffer", 0x1000)  # no command buffer: following it would crash
     seen["not a command buffer"] = p.submit([unmapped])[0]

@@ -40,10 +40,13 @@ def test_transfers_long_and_secondary_command_buffers_are_loaded_as_lists(daemon
 
 
 def test_a_sessions_list_bound_refuses_with_out_of_device_memory_until_one_is_freed(daemon):
+    """A session's lists hold 65536 commands together (LIST_COMMANDS_PER_CLIENT, serve/requests.py): 64
+    command buffers of 1024, the 65th refused until one is freed; 300 short ones live at once."""
     _process, pipe_dir = daemon
     seen = run_commands(pipe_dir, "quota")
-    assert seen["ended"] == 64 and seen["first refused"] == 64, seen  # LISTS_PER_CLIENT, serve/requests.py
+    assert seen["ended"] == 64 and seen["first refused"] == 64, seen
     assert seen["after a free"] == "ok", seen
+    assert seen["short ended"] == 300, seen
 
 
 def test_hostile_recording_ends_in_vulkan_errors_beside_an_honest_client(daemon):

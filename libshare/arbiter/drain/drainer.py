@@ -377,6 +377,8 @@ class Drainer:
             self._destroy(client, record)
 
     def _destroy(self, client: Client, record: BufferRecord | ProgramRecord | ListRecord) -> None:
+        if isinstance(record, ListRecord):
+            client.list_commands -= record.commands
         if isinstance(record, (ListRecord, GroupRecord)):
             return  # the engine freed it with its commands or entries
         if isinstance(record, ViewRecord):

@@ -190,6 +190,7 @@ class Client:
     buffers: dict[int, BufferRecord] = field(default_factory=dict)
     programs: dict[int, ProgramRecord] = field(default_factory=dict)
     lists: dict[int, ListRecord] = field(default_factory=dict)
+    list_commands: int = 0  # the commands of its lists, freed ones still running included
     views: dict[int, ViewRecord] = field(default_factory=dict)
     groups: dict[int, GroupRecord] = field(default_factory=dict)
     releasing: Counter = field(default_factory=Counter)  # freed and not yet destroyed, by record type:

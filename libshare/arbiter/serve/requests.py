@@ -30,7 +30,8 @@ Command lists. ``load_list`` carries a list's commands as its payload: whole des
 ls_desc``, 256 bytes each, their tickets ignored), 1 to ``LS_ENGINE_MAX_LIST``, each a dispatch or a
 copy that the engine checks as it checks a popped descriptor (engine/lists.c; one with parameters,
 ``LS_LIST_ARG | k`` buffers or ``LS_DESC_SUBMISSION_PUSH``, as far as it can be before a submission
-gives them), at most :data:`LISTS_PER_CLIENT` lists a client. ``free`` forgets one by ``list_id``.
+gives them), at most :data:`LISTS_PER_CLIENT` lists and :data:`LIST_COMMANDS_PER_CLIENT` commands in them a
+client. ``free`` forgets one by ``list_id``.
 
 Texel views. ``view`` makes a texel view of one of the client's buffers (serve/views.py: its
 fields, checks and limits); ``free`` forgets one by ``view_id``, and freeing a buffer frees its views.
@@ -77,7 +78,7 @@ from libshare.arbiter.programs.arrays import arrays_rule
 from libshare.arbiter.programs.specialize import constants_rule
 from libshare.arbiter.drain.quarantine import COMPILE
 
-__all__ = ["GROUPS_PER_CLIENT", "LISTS_PER_CLIENT", "REQUESTS", "entries_rule", "Requests", "reply_error", "SCARCE"]
+__all__ = ["GROUPS_PER_CLIENT", "LIST_COMMANDS_PER_CLIENT", "LISTS_PER_CLIENT", "REQUESTS", "entries_rule", "Requests", "reply_error", "SCARCE"]
 
 log = logging.getLogger("libshare.arbiter")
 
@@ -87,8 +88,11 @@ SCARCE = (errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS)  # out of des
 _ID = protocol.integer(0, (1 << 63) - 1)
 _KEPT_ID = protocol.integer(1, (1 << 31) - 1)  # an id a reattaching session asks to keep (Client.new_id)
 _DESC_SIZE = 256  # struct ls_desc (ring.h; the engine's ls_engine_put_list reads whole ones)
-LISTS_PER_CLIENT = 64
-"""Command lists a client holds at once, freed ones still running included (each up to 256 KiB)."""
+LISTS_PER_CLIENT = 1024
+"""Command lists a client holds at once, freed ones still running included."""
+LIST_COMMANDS_PER_CLIENT = 64 * MOST_COMMANDS
+"""Commands in a client's lists together (256 bytes each at the engine: 16 MiB), freed ones still running
+included: 64 lists of the longest, or more shorter ones."""
 GROUPS_PER_CLIENT = 4096
 """Bind groups a client holds at once, freed ones still in use included (each under 1 KiB)."""
 
@@ -255,10 +259,15 @@ class Requests:
 
         def register():
             _require_attached(client)
+            count = len(commands) // _DESC_SIZE
             if len(client.lists) + client.releasing[ListRecord] >= LISTS_PER_CLIENT:
                 raise QuotaExceeded(f"a session holds at most {LISTS_PER_CLIENT} command lists; free one first")
-            record = ListRecord(client.new_id(frame.fields.get("id")), len(commands) // _DESC_SIZE)
+            if client.list_commands + count > LIST_COMMANDS_PER_CLIENT:
+                raise QuotaExceeded(f"a session's command lists hold at most {LIST_COMMANDS_PER_CLIENT} commands "
+                                    f"together ({client.list_commands} now, {count} more asked); free one first")
+            record = ListRecord(client.new_id(frame.fields.get("id")), count)
             drainer.adopt(client, record, commands)  # each command checked there: refused, nothing is added
+            client.list_commands += count
             return record.id
 
         list_id = drainer.call(register, policy=False)  # a record: the engine's policy stays
