@@ -387,7 +387,8 @@ TABLE: tuple[Setting, ...] = (
     Setting("hello_timeout", "time a new connection has to say hello", 10.0, _SECONDS, env="LIBSHARE_HELLO_TIMEOUT"),
     Setting("request_timeout", "time a client has to finish a request it began", 30.0, _SECONDS,
             env="LIBSHARE_REQUEST_TIMEOUT"),
-    Setting("compile_timeout", "time a vetting compile of a new module may take", 10.0, _SECONDS,
+    Setting("compile_timeout", "CPU time a vetting compile of a new module may take (6 times that on the clock)",
+            10.0, _SECONDS,
             env="LIBSHARE_COMPILE_TIMEOUT"),
     Setting("metrics_client_names", "the metrics show every client's name, group and usage to every scraper "
             "(off: as `ps` shows them to the scraper's uid)", False, _switch, env="LIBSHARE_METRICS_CLIENT_NAMES",
@@ -435,6 +436,9 @@ TABLE: tuple[Setting, ...] = (
             env="LIBSHARE_TEST_HOOKS", who="testing"),
     Setting("test_crash_compiles", "with the test hooks, the SHA-256s of modules a vetting compile crashes on",
             frozenset(), _words, env="LIBSHARE_TEST_CRASH_COMPILES", shown_default="none", who="testing"),
+    Setting("test_hold_compiles", "with the test hooks, `SHA256=FIFO` words: a vetting compile of that module "
+            "first reads that FIFO to its end", frozenset(), _words, env="LIBSHARE_TEST_HOLD_COMPILES",
+            shown_default="none", who="testing"),
     Setting("require_vulkan", "the tests fail, instead of skipping, without a Vulkan driver", False, _switch,
             env="LIBSHARE_REQUIRE_VULKAN", who="testing"),
     Setting("require_slurm", "the Slurm tests fail, instead of skipping, when Slurm cannot be installed", False,

@@ -9,8 +9,14 @@ the same device compiles it:
 * the child crashes (SIGSEGV in the driver): a fresh child tries once more (the first
   may have died of something else), and if it crashes too the module is refused; only
   children died;
-* the child has not answered after ``timeout`` seconds: it is killed and the module
-  refused, so no compile can hold the arbiter for longer than that. The child does not
+* the child has used ``timeout`` seconds of CPU on the module (its user and system time, read
+  from /proc while the arbiter waits) without answering, or has not answered after
+  ``WALL_FACTOR`` times that on the clock (a child that sleeps, or that others' work on the
+  cores keeps waiting): it is killed and the module refused, so no compile can take more of the
+  device's driver than that. CPU time rather than the clock, because the clock counts the
+  neighbours: llama.cpp's kernels (ggml's mul_mat_vec, through the Vulkan driver) took up to
+  11.5 s on the clock each with two vetting children and the application's own threads on two
+  cores, some 3 s alone, and a 10 s clock limit refused them. The child does not
   only create the pipeline: it runs it once (one workgroup, zeroed 4 KiB buffers, zero
   push constants), because llvmpipe compiles machine code at a kernel's first dispatch,
   and that compile would otherwise happen on the arbiter's queue, in front of every
@@ -46,7 +52,8 @@ all the same (bounded, and a line that is not a digest is skipped).
 A daemon arbiter vets; an embedded one (one client, which can only hurt itself) does not.
 With the test hooks on (LIBSHARE_TEST_HOOKS=1), a child crashes with SIGSEGV on a module
 whose SHA-256 is listed in LIBSHARE_TEST_CRASH_COMPILES, so that tests can crash a real
-compiler process on demand.
+compiler process on demand, and holds a module listed in LIBSHARE_TEST_HOLD_COMPILES
+(``SHA256=FIFO``) until the test closes the FIFO, using no CPU meanwhile.
 """
 
 from __future__ import annotations
@@ -64,6 +71,7 @@ import threading
 import time
 
 from libshare import settings as _settings
+from libshare._proc import cpu_seconds
 from libshare.errors import InvalidSubmission, ServerFault, Timeout
 from libshare.protocol.texels import TEXEL_FORMATS, TEXEL_STORAGE, TEXEL_UNIFORM
 
@@ -78,6 +86,7 @@ _READY = b"ready\n"
 _START_TIMEOUT = 60.0
 _RECYCLE_AFTER = 256
 _MAX_CHILDREN = 2
+WALL_FACTOR = 6  # a vet's clock limit: this many times its CPU limit
 _QUEUE_WAIT = 60.0  # seconds a new module waits for a free vetting process before its client is told to retry
 _TRIAL_BUFFER = 4096  # bytes of each buffer bound for the trial dispatch
 
@@ -108,22 +117,34 @@ class _Child:
             return False
         return True
 
-    def answer(self, timeout: float) -> str | None:
-        """None when the child compiled the module it was sent, else why not; raises _Dead or _TimedOut."""
-        deadline = time.monotonic() + timeout
-        status, length = _REPLY.unpack(self._read(_REPLY.size, deadline, "compiling"))
-        message = self._read(length, deadline, "compiling").decode(errors="replace")
+    def answer(self, cpu_limit: float) -> str | None:
+        """None when the child compiled the module it was sent, else why not; raises _Dead, or _TimedOut once
+        the child used ``cpu_limit`` seconds of CPU since it was sent the module, or WALL_FACTOR times that
+        went by on the clock."""
+        deadline = time.monotonic() + WALL_FACTOR * cpu_limit
+        cpu_end = self._cpu() + cpu_limit
+        status, length = _REPLY.unpack(self._read(_REPLY.size, deadline, "compiling", cpu_end))
+        message = self._read(length, deadline, "compiling", cpu_end).decode(errors="replace")
         self.compiles += 1
         return None if status == 0 else message
 
-    def _read(self, count: int, deadline: float, doing: str) -> bytes:
+    def _cpu(self) -> float:
+        """The child's CPU seconds so far (infinite once it is gone: its death is read next)."""
+        used = cpu_seconds(self.process.pid)
+        return float("inf") if used is None else used
+
+    def _read(self, count: int, deadline: float, doing: str, cpu_end: float = float("inf")) -> bytes:
         data = b""
         fd = self.process.stdout.fileno()
         while len(data) < count:
-            left = deadline - time.monotonic()
+            # A single-threaded child uses at most a second of CPU a second: waiting what is left of its CPU
+            # budget (or of the clock's, if sooner) cannot overshoot it by more than a look.
+            left = min(deadline - time.monotonic(), max(cpu_end - self._cpu(), 0.0))
             readable = select.poll()  # not select(): the arbiter's fds run past FD_SETSIZE
             readable.register(fd, select.POLLIN)
-            if left <= 0 or not readable.poll(left * 1000):
+            if not readable.poll(max(left, 0.0) * 1000):  # (a look, at least: a child that died is read so)
+                if time.monotonic() < deadline and self._cpu() < cpu_end:
+                    continue  # it waited for a core: its CPU budget is not spent
                 raise _TimedOut(doing)
             chunk = os.read(fd, count - len(data))
             if not chunk:
@@ -183,7 +204,8 @@ class Compilers:
         self.cores = cores or frozenset(os.sched_getaffinity(0))
         """The cores the children run on: those the arbiter was given (see _take_arbiters_cores)."""
         self.timeout = timeout
-        """Seconds a compile may take in a child before the module is refused."""
+        """CPU seconds a compile may take in a child before the module is refused (WALL_FACTOR times that on
+        the clock)."""
         self._idle: list[_Child] = []
         self._running = 0
         self._closed = False
@@ -250,8 +272,9 @@ class Compilers:
             child.kill()
             child = None
             raise InvalidSubmission(f"compiling the program and running it once (one workgroup, zeroed buffers "
-                                    f"and push constants) took longer than {self.timeout:g} s; refused (the "
-                                    "arbiter's LIBSHARE_COMPILE_TIMEOUT)") from None
+                                    f"and push constants) took more than {self.timeout:g} s of CPU (or "
+                                    f"{WALL_FACTOR * self.timeout:g} s waiting); refused (the arbiter's "
+                                    "LIBSHARE_COMPILE_TIMEOUT)") from None
         finally:
             self._give_back(child)
         if problem is not None:
@@ -268,7 +291,12 @@ class Compilers:
     def answer_bound(self) -> float:
         """The most seconds :meth:`vet` takes: the wait for a free process, then the start and time limit
         of two processes (a second when the first died)."""
-        return _QUEUE_WAIT + 2 * (_START_TIMEOUT + self.timeout)
+        return _QUEUE_WAIT + 2 * (_START_TIMEOUT + self.wall_limit)
+
+    @property
+    def wall_limit(self) -> float:
+        """The most seconds on the clock one vetting compile takes (WALL_FACTOR times its CPU limit)."""
+        return WALL_FACTOR * self.timeout
 
     def _take(self) -> _Child:
         with self._lock:
@@ -322,7 +350,9 @@ def _serve() -> int:
     from libshare.arbiter.device import Device  # here, not at import: the parent must not load Vulkan for this module
 
     device = Device(_settings.value("device"))
-    crash_on = _settings.value("test_crash_compiles") if _settings.value("test_hooks") else frozenset()
+    hooks = _settings.value("test_hooks")
+    crash_on = _settings.value("test_crash_compiles") if hooks else frozenset()
+    hold_on = dict(word.split("=", 1) for word in _settings.value("test_hold_compiles") if "=" in word) if hooks else {}
     requests, answers = sys.stdin.buffer, sys.stdout.buffer
     answers.write(_READY)
     answers.flush()
@@ -330,8 +360,12 @@ def _serve() -> int:
         size, bindings, push_size, name_size = _REQUEST.unpack(header)
         entry = requests.read(name_size).decode(errors="replace")
         spirv = requests.read(size)
-        if hashlib.sha256(spirv).hexdigest() in crash_on:  # test hook: a compiler crash on demand
+        digest = hashlib.sha256(spirv).hexdigest()
+        if digest in crash_on:  # test hook: a compiler crash on demand
             os.kill(os.getpid(), signal.SIGSEGV)
+        if digest in hold_on:  # test hook: a compile held, using no CPU, until the test closes the FIFO
+            with open(hold_on[digest], "rb") as fifo:
+                fifo.read()
         try:
             _trial(device, spirv, bindings, push_size, entry)
             status, message = 0, b""

@@ -88,7 +88,7 @@ class Arbiter:
     or "unlimited") caps all clients' memory together, by default what the device fits (see
     policy/limits.py). ``max_programs`` (LIBSHARE_MAX_PROGRAMS) bounds the programs one client may
     hold, ``max_buffers`` (LIBSHARE_MAX_BUFFERS) its buffers; ``compile_timeout``
-    (LIBSHARE_COMPILE_TIMEOUT, seconds) bounds the vetting compile of a new module when the
+    (LIBSHARE_COMPILE_TIMEOUT, CPU seconds) bounds the vetting compile of a new module when the
     arbiter serves other processes (see programs/). ``scheduling`` and ``watchdog`` are the
     scheduling mode and the watchdog's seconds (LIBSHARE_SCHEDULING, LIBSHARE_WATCHDOG_SECONDS).
     ``place_threads`` (a daemon, whose process is the arbiter's alone) puts the engine and the
@@ -256,8 +256,9 @@ class Arbiter:
         """The most seconds a load_program takes to be answered: the vetting compile (its wait for a
         vetting process included), then the arbiter's own compile, bounded by what the vetting one
         was allowed, and the control task that registers the program. A client waits this long."""
-        vetting = self.compilers.answer_bound if self.compilers is not None else 0.0
-        return vetting + self.compile_timeout + CALL_TIMEOUT
+        if self.compilers is None:
+            return self.compile_timeout + CALL_TIMEOUT
+        return self.compilers.answer_bound + self.compilers.wall_limit + CALL_TIMEOUT
 
     def _vet_compiles(self) -> None:
         """Other processes will connect: compile each new module in a vetting child first."""
