@@ -296,8 +296,8 @@ def test_modules_that_killed_the_arbiter_are_refused(daemon):
 def test_a_slow_compile_does_not_stall_other_clients(daemons, attack_dir):
     """A 2 KiB valid module whose pipeline takes seconds to create (forced unrolling in NIR), and far
     longer to run once (llvmpipe's machine-code compile): the vetting compile's time limit refuses it,
-    and nobody else waits meanwhile."""
-    arbiter, pipe_dir = daemons()
+    and nobody else waits meanwhile (a 10 s limit of CPU: the default's 60 s would only make the test longer)."""
+    arbiter, pipe_dir = daemons(LIBSHARE_COMPILE_TIMEOUT="10")
     module = attacks.slow_compile(attack_dir, 256, time.time_ns())
     with connect(pipe_dir, "honest") as mine, connect(pipe_dir, "hostile") as theirs:
         honest = Honest(mine)
