@@ -387,8 +387,8 @@ TABLE: tuple[Setting, ...] = (
     Setting("hello_timeout", "time a new connection has to say hello", 10.0, _SECONDS, env="LIBSHARE_HELLO_TIMEOUT"),
     Setting("request_timeout", "time a client has to finish a request it began", 30.0, _SECONDS,
             env="LIBSHARE_REQUEST_TIMEOUT"),
-    Setting("compile_timeout", "CPU time a vetting compile of a new module may take (3 times that on the clock)",
-            60.0, _SECONDS,
+    Setting("compile_timeout", "CPU time a vetting compile of a new module may take (twice that on the clock)",
+            300.0, _SECONDS,
             env="LIBSHARE_COMPILE_TIMEOUT"),
     Setting("metrics_client_names", "the metrics show every client's name, group and usage to every scraper "
             "(off: as `ps` shows them to the scraper's uid)", False, _switch, env="LIBSHARE_METRICS_CLIENT_NAMES",

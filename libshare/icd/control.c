@@ -2,7 +2,9 @@
  *
  * Every request a device makes of the arbiter outside the data path (alloc and free of memory,
  * load_program, bind_group, load_list and their frees) goes through ls_icd_ask, with the device's
- * lock held, so requests and replies stay in step on the session's socket. An exchange that
+ * lock held, so requests and replies stay in step on the session's socket. A reply is waited for
+ * LS_ICD_REPLY_MS (60 s), a load_program's as long as the welcome says the arbiter may take to vet
+ * and compile a new module (ls_icd_ask_within, the session's load_ms). An exchange that
  * failed (no answer in time, a broken frame, the arbiter gone) shuts the socket: no later reply
  * could be trusted to match its request, so every later request fails at once. A reply is
  * parsed with cJSON and its fields read through ls_icd_whole_field, which checks type and
@@ -24,6 +26,13 @@
 VkResult ls_icd_ask(struct ls_icd_device *device, const char *text, const void *payload, size_t payload_len,
                     struct ls_icd_frame *frame, int max_fds, cJSON **reply, VkResult refused)
 {
+    return ls_icd_ask_within(device, LS_ICD_REPLY_MS, text, payload, payload_len, frame, max_fds, reply, refused);
+}
+
+VkResult ls_icd_ask_within(struct ls_icd_device *device, int reply_ms, const char *text, const void *payload,
+                           size_t payload_len, struct ls_icd_frame *frame, int max_fds, cJSON **reply,
+                           VkResult refused)
+{
     const cJSON *ok, *error;
     int rc;
     if (device->path != NULL)
@@ -32,7 +41,7 @@ VkResult ls_icd_ask(struct ls_icd_device *device, const char *text, const void *
     *reply = NULL;
     memset(frame, 0, sizeof(*frame));
     if (rc == 0)
-        rc = ls_icd_recv(device->session.sock, frame, max_fds, LS_ICD_REPLY_MS);
+        rc = ls_icd_recv(device->session.sock, frame, max_fds, reply_ms);
     if (rc < 0) { /* the exchange is out of step: no later reply could be trusted to match */
         if (!device->told_unanswered) /* (said once: every later request fails the same way) */
             fprintf(stderr, "libshare Vulkan driver: the arbiter did not answer (%s)\n", strerror(-rc));

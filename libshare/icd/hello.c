@@ -230,6 +230,7 @@ static VkResult read_welcome(struct ls_icd_session *session, struct ls_icd_physi
     const cJSON *ok = cJSON_GetObjectItemCaseSensitive(welcome, "ok");
     const cJSON *client = cJSON_GetObjectItemCaseSensitive(welcome, "client_id");
     const cJSON *arbiter = cJSON_GetObjectItemCaseSensitive(welcome, "arbiter_pid");
+    const cJSON *load = cJSON_GetObjectItemCaseSensitive(welcome, "load_timeout");
     const char *wrong = NULL;
     uint64_t id = 0, pid = 0;
     VkResult result = VK_SUCCESS;
@@ -250,6 +251,10 @@ static VkResult read_welcome(struct ls_icd_session *session, struct ls_icd_physi
         session->bell_fd = frame->fds[1];
         session->client_id = (int64_t)id;
         session->arbiter_pid = (int64_t)pid;
+        session->load_ms = LS_ICD_LOAD_MS; /* a bound past 1e6 s, or none that is a number: not believed */
+        if (cJSON_IsNumber(load) && load->valuedouble > 0 && load->valuedouble <= 1e6 &&
+            load->valuedouble * 1000 + LS_ICD_LOAD_MARGIN_MS > LS_ICD_LOAD_MS)
+            session->load_ms = (int)(load->valuedouble * 1000) + LS_ICD_LOAD_MARGIN_MS;
         frame->nfds = 0; /* the session keeps them */
     }
     cJSON_Delete(welcome);

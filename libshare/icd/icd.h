@@ -52,6 +52,8 @@
 #define LS_ICD_MAX_FDS 4                      /* wire.py's MAX_FDS */
 #define LS_ICD_MAX_FRAME (4u << 20)           /* wire.py's MAX_FRAME */
 #define LS_ICD_REPLY_MS 60000                 /* client/exchange.py's REPLY_TIMEOUT */
+#define LS_ICD_LOAD_MS 300000                 /* client/attachment.py's LOAD_TIMEOUT: a load_program's wait, */
+#define LS_ICD_LOAD_MARGIN_MS 30000           /* ... or the welcome's load_timeout and its LOAD_MARGIN if longer */
 #define LS_ICD_WHY 512                        /* bytes of a failure's explanation */
 #define LS_ICD_DIAL_MS 10000                  /* connect()'s timeout: a supervised directory's wait */
 
@@ -125,6 +127,7 @@ struct ls_icd_session {
     int bell_fd;  /* the doorbell */
     int64_t client_id;
     int64_t arbiter_pid; /* the welcome's: the data path watches it for the arbiter's death */
+    int load_ms;         /* how long a load_program waits for its answer (the welcome's load_timeout) */
 };
 
 VkResult ls_icd_hello(struct ls_icd_session *session, struct ls_icd_physical *physical, char *why, size_t why_size);
@@ -387,6 +390,10 @@ VKAPI_ATTR void VKAPI_CALL ls_icd_GetDeviceGroupPeerMemoryFeatures(VkDevice devi
 /* ---- control.c: the device session's requests (the device's lock held) */
 VkResult ls_icd_ask(struct ls_icd_device *device, const char *text, const void *payload, size_t payload_len,
                     struct ls_icd_frame *frame, int max_fds, cJSON **reply, VkResult refused);
+/* The same, its reply waited for up to ``reply_ms`` (a load_program: the session's load_ms). */
+VkResult ls_icd_ask_within(struct ls_icd_device *device, int reply_ms, const char *text, const void *payload,
+                           size_t payload_len, struct ls_icd_frame *frame, int max_fds, cJSON **reply,
+                           VkResult refused);
 int64_t ls_icd_whole_field(const cJSON *reply, const char *name, double least, double most);
 void ls_icd_forget(struct ls_icd_device *device, const char *field, int64_t id);
 

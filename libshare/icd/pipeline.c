@@ -8,7 +8,9 @@
  *
  * vkCreateComputePipelines sends, for each create info, the request a Python session sends
  * (session.load_program): {"op": "load_program", "constants": [[SpecId, value], ...]} with the
- * module's SPIR-V as the payload. The arbiter freezes the constants into the module itself
+ * module's SPIR-V as the payload, its answer waited for as long as the session's welcome says a
+ * load may take (the arbiter vets a new module in a child first: minutes for a large kernel on a
+ * CPU device). The arbiter freezes the constants into the module itself
  * (programs/specialize.py) and wants each value typed as the module declares it (true or false for
  * a bool, an integer in its range, a number for a float), so the driver reads the module's
  * OpDecorate SpecId, OpSpecConstant* and scalar types (spec_type) to encode each map entry's
@@ -499,8 +501,8 @@ static VkResult make_pipeline(struct ls_icd_device *device, const VkComputePipel
     result = request_text(&module->u.shader, stage->pSpecializationInfo, &layout->u.pipeline_layout, text,
                           REQUEST_TEXT);
     if (result == VK_SUCCESS)
-        result = ls_icd_ask(device, text, module->u.shader.code, module->u.shader.size, &frame, 0, &reply,
-                            LS_ICD_INVALID);
+        result = ls_icd_ask_within(device, device->session.load_ms, text, module->u.shader.code,
+                                   module->u.shader.size, &frame, 0, &reply, LS_ICD_INVALID);
     else
         memset(&frame, 0, sizeof(frame));
     free(text);

@@ -106,13 +106,13 @@ def test_a_compile_past_the_time_limit_is_refused(tmp_path, vulkan_device_is_cpu
 
 @pytest.fixture
 def held(tmp_path, vulkan_device_name):
-    """A daemon (vetting limit 2 s of CPU, 6 s on the clock) whose vetting child holds the vadd module, using
+    """A daemon (vetting limit 3 s of CPU, 6 s on the clock) whose vetting child holds the vadd module, using
     no CPU, until the FIFO it reads is closed: yields (pipe dir, the FIFO's path)."""
     fifo = tmp_path / "hold"
     os.mkfifo(fifo)
     vadd = libshare.shaders.path("vadd").read_bytes()
     yield from ((pipe_dir, fifo) for _process, pipe_dir in run_daemon(
-        tmp_path / "pipe", LIBSHARE_COMPILE_TIMEOUT="2", LIBSHARE_TEST_HOOKS="1",
+        tmp_path / "pipe", LIBSHARE_COMPILE_TIMEOUT="3", LIBSHARE_TEST_HOOKS="1",
         LIBSHARE_TEST_HOLD_COMPILES=f"{hashlib.sha256(vadd).hexdigest()}={fifo}"))
 
 
@@ -139,7 +139,7 @@ def test_a_vet_that_waits_past_its_cpu_limit_on_the_clock_is_not_refused(held):
         assert saxpy_round_trip(session)
         thread, outcome = loading(session, libshare.shaders.path("vadd"))
         with open(fifo, "wb"):  # opens once the child reads it: the compile is held from here
-            time.sleep(3.5)  # the stimulus: the clock passes the 2 s limit (no condition to wait for)
+            time.sleep(4)  # the stimulus: the clock passes the 3 s limit (no condition to wait for)
         thread.join(120)
         assert len(outcome) == 1 and isinstance(outcome[0], libshare.Program), outcome
 
