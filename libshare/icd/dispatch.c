@@ -17,13 +17,15 @@
  * offset and range 0. The group is
  * {"op":"bind_group","program_id":P,"buffers":[[id,offset,range],...]}, or the one made before
  * for the same program over the same entries by any recording of the device (cache.c), held until
- * the recording is reset or freed (commands.c). vkCmdDispatchBase is the same dispatch with flag
- * LS_DESC_BASE and its first workgroup after the group's id (ring.h; the arbiter makes every pipeline
- * with VK_PIPELINE_CREATE_DISPATCH_BASE_BIT, so the application's flag changes nothing): a base plus its
- * count past the device's maxComputeWorkGroupCount, or a base for a pipeline that binds no buffer
- * (it has no group to carry the base), fails the recording with LS_ICD_INVALID, the one error
- * vkEndCommandBuffer may give for it; a base of 0 is a plain dispatch. vkCmdDispatchIndirect is one LS_OP_DISPATCH_INDIRECT
- * whose counts are the VkBuffer's memory at its absolute offset (12 bytes inside the buffer, the
+ * the recording is reset or freed (commands.c).
+ *
+ * vkCmdDispatchBase is the same dispatch with flag LS_DESC_BASE and its first workgroup after the
+ * group's id (ring.h; the arbiter makes every pipeline with VK_PIPELINE_CREATE_DISPATCH_BASE_BIT, so
+ * the application's flag changes nothing): a base plus its count past the device's
+ * maxComputeWorkGroupCount, or a base for a pipeline that binds no buffer (it has no group to carry
+ * the base), fails the recording with LS_ICD_INVALID, the one error vkEndCommandBuffer may give for
+ * it; a base of 0 is a plain dispatch. vkCmdDispatchIndirect is one LS_OP_DISPATCH_INDIRECT whose
+ * counts are the VkBuffer's memory at its absolute offset (12 bytes inside the buffer, the
  * offset a multiple of 4), clamped by the engine. No pipeline bound, a set not bound, freed or
  * of another layout's shape, a descriptor never written, a range past its buffer, or a group
  * the arbiter refused (QuotaExceeded: VK_ERROR_OUT_OF_DEVICE_MEMORY) is the recording's first

@@ -356,7 +356,8 @@ def _serve() -> int:
     device = Device(_settings.value("device"))
     hooks = _settings.value("test_hooks")
     crash_on = _settings.value("test_crash_compiles") if hooks else frozenset()
-    hold_on = dict(word.split("=", 1) for word in _settings.value("test_hold_compiles") if "=" in word) if hooks else {}
+    held = _settings.value("test_hold_compiles") if hooks else frozenset()
+    hold_on = dict(word.split("=", 1) for word in held if "=" in word)
     requests, answers = sys.stdin.buffer, sys.stdout.buffer
     answers.write(_READY)
     answers.flush()
