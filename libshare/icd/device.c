@@ -94,6 +94,28 @@ static VkResult extensions_of(const struct ls_icd_physical *physical, const VkDe
     return VK_SUCCESS;
 }
 
+/* The LS_ICD_EXT_* bits that Vulkan 1.2's features turn on without their extension: timeline
+ * semaphores and the host's query reset, enabled through VkPhysicalDeviceVulkan12Features or their
+ * own feature structures (check_features has checked that the driver reports them). */
+static uint32_t features_as_extensions(const VkDeviceCreateInfo *info)
+{
+    uint32_t bits = 0;
+    for (const VkBaseInStructure *next = info->pNext; next != NULL; next = next->pNext) {
+        if (next->sType == VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES) {
+            const VkPhysicalDeviceVulkan12Features *v12 = (const VkPhysicalDeviceVulkan12Features *)next;
+            bits |= (v12->timelineSemaphore ? LS_ICD_EXT_TIMELINE : 0) |
+                    (v12->hostQueryReset ? LS_ICD_EXT_QUERY_RESET : 0);
+        } else if (next->sType == VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_TIMELINE_SEMAPHORE_FEATURES) {
+            bits |= ((const VkPhysicalDeviceTimelineSemaphoreFeatures *)next)->timelineSemaphore
+                        ? LS_ICD_EXT_TIMELINE : 0;
+        } else if (next->sType == VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_HOST_QUERY_RESET_FEATURES) {
+            bits |= ((const VkPhysicalDeviceHostQueryResetFeatures *)next)->hostQueryReset
+                        ? LS_ICD_EXT_QUERY_RESET : 0;
+        }
+    }
+    return bits;
+}
+
 VkResult ls_icd_check_device(const struct ls_icd_physical *physical, const VkDeviceCreateInfo *info)
 {
     uint32_t bits;
@@ -154,6 +176,7 @@ VKAPI_ATTR VkResult VKAPI_CALL ls_icd_CreateDevice(VkPhysicalDevice pd, const Vk
     }
     device->alignment = buffer_alignment(&device->seen.properties.limits);
     extensions_of(&device->seen, info, &device->extensions);
+    device->extensions |= features_as_extensions(info);
     result = ls_icd_path_open(device);
     if (result != VK_SUCCESS) {
         fprintf(stderr, "libshare Vulkan driver: no device: the arbiter's ring could not be opened\n");

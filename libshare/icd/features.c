@@ -104,20 +104,23 @@ static const struct field {
 #define NFIELDS (sizeof(FIELDS) / sizeof(FIELDS[0]))
 _Static_assert(NFIELDS <= 64, "physical->reported holds one bit a row");
 
-/* The feature structures of FIELDS and their sizes (each sType, pNext, then VkBool32 only). */
+/* The feature structures of FIELDS and where their members end (each sType, pNext, then VkBool32
+ * only): the last member's end, not sizeof, whose tail padding an application need not have set. */
 static const struct {
     VkStructureType type;
     size_t size;
 } FEATURE_STRUCTS[] = {
-    {V11, sizeof(VkPhysicalDeviceVulkan11Features)},   {V12, sizeof(VkPhysicalDeviceVulkan12Features)},
-    {S16, sizeof(VkPhysicalDevice16BitStorageFeatures)}, {S8, sizeof(VkPhysicalDevice8BitStorageFeatures)},
-    {F16, sizeof(VkPhysicalDeviceShaderFloat16Int8Features)},
-    {I64, sizeof(VkPhysicalDeviceShaderAtomicInt64Features)},
-    {VMM, sizeof(VkPhysicalDeviceVulkanMemoryModelFeatures)},
-    {SGX, sizeof(VkPhysicalDeviceShaderSubgroupExtendedTypesFeatures)},
-    {TLS, sizeof(VkPhysicalDeviceTimelineSemaphoreFeatures)},
-    {HQR, sizeof(VkPhysicalDeviceHostQueryResetFeatures)},
-    {SY2, sizeof(VkPhysicalDeviceSynchronization2Features)},
+    {V11, LS_ICD_END(VkPhysicalDeviceVulkan11Features, shaderDrawParameters)},
+    {V12, LS_ICD_END(VkPhysicalDeviceVulkan12Features, subgroupBroadcastDynamicId)},
+    {S16, LS_ICD_END(VkPhysicalDevice16BitStorageFeatures, storageInputOutput16)},
+    {S8, LS_ICD_END(VkPhysicalDevice8BitStorageFeatures, storagePushConstant8)},
+    {F16, LS_ICD_END(VkPhysicalDeviceShaderFloat16Int8Features, shaderInt8)},
+    {I64, LS_ICD_END(VkPhysicalDeviceShaderAtomicInt64Features, shaderSharedInt64Atomics)},
+    {VMM, LS_ICD_END(VkPhysicalDeviceVulkanMemoryModelFeatures, vulkanMemoryModelAvailabilityVisibilityChains)},
+    {SGX, LS_ICD_END(VkPhysicalDeviceShaderSubgroupExtendedTypesFeatures, shaderSubgroupExtendedTypes)},
+    {TLS, LS_ICD_END(VkPhysicalDeviceTimelineSemaphoreFeatures, timelineSemaphore)},
+    {HQR, LS_ICD_END(VkPhysicalDeviceHostQueryResetFeatures, hostQueryReset)},
+    {SY2, LS_ICD_END(VkPhysicalDeviceSynchronization2Features, synchronization2)},
 };
 
 static size_t feature_size(VkStructureType type)

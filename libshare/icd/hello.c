@@ -4,7 +4,8 @@
  * (name, group, priority, share, memory limit from the environment) with "device_info": true,
  * and reads the welcome: the ring's memfd and the doorbell (two descriptors, kept in the session
  * for the data path, queue.c) and the arbiter's pid (whose death the data path watches), and the physical device that libshare/arbiter/serve/device_info.py
- * describes: a JSON object (name, uuid, features, timestamp_valid_bits, memory, driver_id, and the
+ * describes: a JSON object (name, uuid, features, timestamp_valid_bits, memory, driver_id,
+ * conformance, texel_formats, and the
  * Vulkan 1.1 subgroup_size, max_per_set_descriptors, max_memory_allocation_size) and the real
  * device's VkPhysicalDeviceProperties as the payload. Everything is checked before it is used:
  * the payload's size, each field's type and range, the strings' lengths. A refusal (the
@@ -161,6 +162,20 @@ static const char *read_texels(const cJSON *formats, struct ls_icd_physical *phy
     return NULL;
 }
 
+/* The welcome's ``conformance``, [major, minor, subminor, patch] each 0 to 255, into ``out``; NULL,
+ * or what was wrong. */
+static const char *read_conformance(const cJSON *parts, VkConformanceVersion *out)
+{
+    uint64_t part[4];
+    if (!cJSON_IsArray(parts) || cJSON_GetArraySize(parts) != 4)
+        return "conformance is not [major, minor, subminor, patch]";
+    for (int i = 0; i < 4; i++)
+        if (whole(cJSON_GetArrayItem(parts, i), 255, &part[i]) < 0)
+            return "conformance is not [major, minor, subminor, patch] of 0 to 255";
+    *out = (VkConformanceVersion){(uint8_t)part[0], (uint8_t)part[1], (uint8_t)part[2], (uint8_t)part[3]};
+    return NULL;
+}
+
 /* The welcome's physical device into ``physical``; NULL, or what was wrong. */
 static const char *read_physical(const cJSON *described, const struct ls_icd_frame *frame,
                                  struct ls_icd_physical *physical)
@@ -197,6 +212,9 @@ static const char *read_physical(const cJSON *described, const struct ls_icd_fra
         return "driver_id is not a VkDriverId";
     if (!cJSON_IsArray(features) || cJSON_GetArraySize(features) > MOST_FEATURES)
         return "features is not a list of names";
+    if ((wrong = read_conformance(cJSON_GetObjectItemCaseSensitive(described, "conformance"),
+                                  &physical->conformance)) != NULL)
+        return wrong;
     if ((wrong = read_texels(cJSON_GetObjectItemCaseSensitive(described, "texel_formats"), physical)) != NULL)
         return wrong;
     memcpy(&physical->properties, frame->payload, sizeof(physical->properties));
@@ -221,6 +239,16 @@ static const char *read_physical(const cJSON *described, const struct ls_icd_fra
     if (physical->properties.apiVersion > LS_ICD_API_VERSION)
         physical->properties.apiVersion = LS_ICD_API_VERSION;
     return NULL;
+}
+
+int ls_icd_load_ms(const cJSON *load_timeout)
+{
+    double seconds = cJSON_IsNumber(load_timeout) ? load_timeout->valuedouble : 0;
+    if (!(seconds > 0 && seconds <= 1e6)) /* none, not a number, or past 1e6 s: not believed */
+        return LS_ICD_LOAD_MS;
+    if (seconds * 1000 + LS_ICD_LOAD_MARGIN_MS <= LS_ICD_LOAD_MS)
+        return LS_ICD_LOAD_MS;
+    return (int)(seconds * 1000) + LS_ICD_LOAD_MARGIN_MS;
 }
 
 static VkResult read_welcome(struct ls_icd_session *session, struct ls_icd_physical *physical,
@@ -251,10 +279,7 @@ static VkResult read_welcome(struct ls_icd_session *session, struct ls_icd_physi
         session->bell_fd = frame->fds[1];
         session->client_id = (int64_t)id;
         session->arbiter_pid = (int64_t)pid;
-        session->load_ms = LS_ICD_LOAD_MS; /* a bound past 1e6 s, or none that is a number: not believed */
-        if (cJSON_IsNumber(load) && load->valuedouble > 0 && load->valuedouble <= 1e6 &&
-            load->valuedouble * 1000 + LS_ICD_LOAD_MARGIN_MS > LS_ICD_LOAD_MS)
-            session->load_ms = (int)(load->valuedouble * 1000) + LS_ICD_LOAD_MARGIN_MS;
+        session->load_ms = ls_icd_load_ms(load);
         frame->nfds = 0; /* the session keeps them */
     }
     cJSON_Delete(welcome);

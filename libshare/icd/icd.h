@@ -110,6 +110,7 @@ struct ls_icd_physical {
     VkPhysicalDeviceFeatures features;     /* what the arbiter keeps safe */
     uint64_t reported;                     /* features.c's rows reported on, a bit each */
     uint32_t driver_id;                    /* the arbiter's driver's VkDriverId (0: unknown) */
+    VkConformanceVersion conformance;      /* the conformance version the arbiter's driver passed */
     VkSubgroupFeatureFlags subgroup_operations;     /* in the compute stage */
     uint32_t subgroup_size;
     uint32_t max_per_set_descriptors;
@@ -131,6 +132,11 @@ struct ls_icd_session {
 };
 
 VkResult ls_icd_hello(struct ls_icd_session *session, struct ls_icd_physical *physical, char *why, size_t why_size);
+/* hello.c: how long a load_program waits, from the welcome's load_timeout (seconds, as the arbiter
+ * bounds its compiles): that and LS_ICD_LOAD_MARGIN_MS, at least LS_ICD_LOAD_MS, which is also the
+ * answer to a value that is not a number, 0 or below, or past 1e6 s */
+struct cJSON;
+int ls_icd_load_ms(const struct cJSON *load_timeout);
 VkResult ls_icd_hello_again(struct ls_icd_session *session, struct ls_icd_physical *physical, char *why,
                             size_t why_size);
 void ls_icd_session_close(struct ls_icd_session *session);
@@ -345,6 +351,7 @@ struct ls_icd_device {
     struct ls_icd_objects objects;
     uint64_t held;                  /* bytes of memory allocated */
     uint64_t alignment;             /* of a buffer's memory */
+    uint32_t views;                 /* buffer views whose memory is live (view.c) */
     VkAllocationCallbacks allocator;
     int has_allocator;
     uint32_t extensions;            /* LS_ICD_EXT_* enabled at vkCreateDevice */
@@ -354,7 +361,8 @@ struct ls_icd_device {
     int told_unanswered;            /* control.c said once that the arbiter stopped answering */
 };
 
-/* The device extensions offered (physical.c's list), as bits of ls_icd_device.extensions.
+/* The device extensions offered (physical.c's list), as bits of ls_icd_device.extensions (timeline
+ * semaphores and the host's query reset also when enabled as Vulkan 1.2 features: device.c).
  * VK_KHR_synchronization2 is offered: commands.c records its vkCmd*2 commands (record.c). */
 #define LS_ICD_OFFERS_SYNC2 1
 #define LS_ICD_EXT_TIMELINE 1u      /* VK_KHR_timeline_semaphore */

@@ -77,38 +77,46 @@ int ls_icd_feature_set(struct ls_icd_physical *physical, const char *name)
     return ls_icd_fields_set(physical, name);
 }
 
-/* The chained output structures the driver answers with nothing: features off, properties of none.
- * Any other structure of a later version or of an extension not offered is left as it was. */
+/* The chained output structures the driver answers with nothing: features off, properties of none;
+ * each with where its members end (LS_ICD_END). Any other structure of a later version or of an
+ * extension not offered is left as it was. */
 static const struct {
     VkStructureType type;
     size_t size;
 } OFF[] = {
-    {VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MULTIVIEW_PROPERTIES, sizeof(VkPhysicalDeviceMultiviewProperties)},
-    {VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_POINT_CLIPPING_PROPERTIES, sizeof(VkPhysicalDevicePointClippingProperties)},
-    {VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROTECTED_MEMORY_PROPERTIES, sizeof(VkPhysicalDeviceProtectedMemoryProperties)},
-    {VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MULTIVIEW_FEATURES, sizeof(VkPhysicalDeviceMultiviewFeatures)},
-    {VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROTECTED_MEMORY_FEATURES, sizeof(VkPhysicalDeviceProtectedMemoryFeatures)},
+    {VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MULTIVIEW_PROPERTIES,
+     LS_ICD_END(VkPhysicalDeviceMultiviewProperties, maxMultiviewInstanceIndex)},
+    {VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_POINT_CLIPPING_PROPERTIES,
+     LS_ICD_END(VkPhysicalDevicePointClippingProperties, pointClippingBehavior)},
+    {VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROTECTED_MEMORY_PROPERTIES,
+     LS_ICD_END(VkPhysicalDeviceProtectedMemoryProperties, protectedNoFault)},
+    {VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MULTIVIEW_FEATURES,
+     LS_ICD_END(VkPhysicalDeviceMultiviewFeatures, multiviewTessellationShader)},
+    {VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROTECTED_MEMORY_FEATURES,
+     LS_ICD_END(VkPhysicalDeviceProtectedMemoryFeatures, protectedMemory)},
     {VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SAMPLER_YCBCR_CONVERSION_FEATURES,
-     sizeof(VkPhysicalDeviceSamplerYcbcrConversionFeatures)},
+     LS_ICD_END(VkPhysicalDeviceSamplerYcbcrConversionFeatures, samplerYcbcrConversion)},
     {VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_DRAW_PARAMETERS_FEATURES,
-     sizeof(VkPhysicalDeviceShaderDrawParametersFeatures)},
-    {VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VARIABLE_POINTERS_FEATURES, sizeof(VkPhysicalDeviceVariablePointersFeatures)},
+     LS_ICD_END(VkPhysicalDeviceShaderDrawParametersFeatures, shaderDrawParameters)},
+    {VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VARIABLE_POINTERS_FEATURES,
+     LS_ICD_END(VkPhysicalDeviceVariablePointersFeatures, variablePointers)},
     /* a raw device address would escape the arbiter's bounds */
     {VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_BUFFER_DEVICE_ADDRESS_FEATURES,
-     sizeof(VkPhysicalDeviceBufferDeviceAddressFeatures)},
+     LS_ICD_END(VkPhysicalDeviceBufferDeviceAddressFeatures, bufferDeviceAddressMultiDevice)},
     /* descriptor.c's sets hold buffers bound whole; spirv-val runs with the standard layouts */
     {VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_DESCRIPTOR_INDEXING_FEATURES,
-     sizeof(VkPhysicalDeviceDescriptorIndexingFeatures)},
-    {VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SCALAR_BLOCK_LAYOUT_FEATURES, sizeof(VkPhysicalDeviceScalarBlockLayoutFeatures)},
+     LS_ICD_END(VkPhysicalDeviceDescriptorIndexingFeatures, runtimeDescriptorArray)},
+    {VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SCALAR_BLOCK_LAYOUT_FEATURES,
+     LS_ICD_END(VkPhysicalDeviceScalarBlockLayoutFeatures, scalarBlockLayout)},
     {VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_UNIFORM_BUFFER_STANDARD_LAYOUT_FEATURES,
-     sizeof(VkPhysicalDeviceUniformBufferStandardLayoutFeatures)},
+     LS_ICD_END(VkPhysicalDeviceUniformBufferStandardLayoutFeatures, uniformBufferStandardLayout)},
     {VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_IMAGELESS_FRAMEBUFFER_FEATURES,
-     sizeof(VkPhysicalDeviceImagelessFramebufferFeatures)},
+     LS_ICD_END(VkPhysicalDeviceImagelessFramebufferFeatures, imagelessFramebuffer)},
     {VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SEPARATE_DEPTH_STENCIL_LAYOUTS_FEATURES,
-     sizeof(VkPhysicalDeviceSeparateDepthStencilLayoutsFeatures)},
+     LS_ICD_END(VkPhysicalDeviceSeparateDepthStencilLayoutsFeatures, separateDepthStencilLayouts)},
 };
 
-/* The size of structure ``type`` if OFF lists it (the driver offers nothing of it), else 0. */
+/* Where structure ``type``'s members end if OFF lists it (the driver offers nothing of it), else 0. */
 size_t ls_icd_off_size(VkStructureType type)
 {
     for (size_t i = 0; i < sizeof(OFF) / sizeof(OFF[0]); i++)
@@ -130,15 +138,17 @@ VKAPI_ATTR void VKAPI_CALL ls_icd_GetPhysicalDeviceProperties(VkPhysicalDevice p
     *out = physical_of(pd)->properties;
 }
 
-/* Who the driver is: libshare, whose devices run their shaders on the arbiter's driver (its id, so
- * that an application's workarounds for that driver apply), not conformance-tested. */
+/* Who the driver is: libshare, whose devices run every command on the arbiter's driver: that driver's
+ * id (so that an application's workarounds for it apply) and the conformance version it passed
+ * (wgpu hides an adapter that reports none). libshare's own driver has not run the conformance
+ * tests: docs/icd.md, "Who the driver says it is". */
 static void identity(const struct ls_icd_physical *physical, VkDriverId *id, char *name, char *info,
                      VkConformanceVersion *conformance)
 {
     *id = (VkDriverId)physical->driver_id;
     snprintf(name, VK_MAX_DRIVER_NAME_SIZE, "libshare");
     snprintf(info, VK_MAX_DRIVER_INFO_SIZE, "%s", physical->properties.deviceName);
-    memset(conformance, 0, sizeof(*conformance));
+    *conformance = physical->conformance;
 }
 
 /* Vulkan 1.1's properties, as the structures they aggregate say them. */

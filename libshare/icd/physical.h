@@ -6,6 +6,12 @@
 
 #include "icd.h"
 
+#include <stddef.h>
+
+/* Where a chained structure's members end: past ``last``, its last member. A reader of an
+ * application's structure stops there, not at sizeof, whose tail padding it need not have set. */
+#define LS_ICD_END(structure, last) (offsetof(structure, last) + sizeof(((structure *)0)->last))
+
 int ls_icd_feature_set(struct ls_icd_physical *physical, const char *name);
 /* features.c: the chained feature and property structures (its essay) */
 void ls_icd_fields_always(struct ls_icd_physical *physical);           /* what the driver provides itself */
@@ -14,7 +20,7 @@ int ls_icd_fields_reported(const struct ls_icd_physical *physical, const char *n
 int ls_icd_fields_known(VkStructureType type);                          /* a feature structure of the table */
 void ls_icd_fields_report(const struct ls_icd_physical *physical, VkBaseOutStructure *next);
 VkResult ls_icd_fields_check(const struct ls_icd_physical *physical, const VkBaseInStructure *next);
-size_t ls_icd_off_size(VkStructureType type);
+size_t ls_icd_off_size(VkStructureType type); /* where an OFF structure's members end, or 0 */
 VKAPI_ATTR void VKAPI_CALL ls_icd_GetPhysicalDeviceProperties(VkPhysicalDevice pd, VkPhysicalDeviceProperties *out);
 VKAPI_ATTR void VKAPI_CALL ls_icd_GetPhysicalDeviceProperties2(VkPhysicalDevice pd, VkPhysicalDeviceProperties2 *out);
 VKAPI_ATTR void VKAPI_CALL ls_icd_GetPhysicalDeviceFeatures(VkPhysicalDevice pd, VkPhysicalDeviceFeatures *out);

@@ -26,7 +26,8 @@ def frame(body: bytes, payload: bytes = b"", magic: int = protocol.MAGIC, json_l
 GOOD = {"ok": True, "client_id": 1, "arbiter_pid": 1, "physical_device": {
     "name": "fake", "uuid": "00112233-4455-6677-8899-aabbccddeeff", "features": ["robustBufferAccess"],
     "timestamp_valid_bits": 64, "memory": 1 << 30, "subgroup_size": 8, "max_per_set_descriptors": 1024,
-    "max_memory_allocation_size": 1 << 31, "driver_id": 13, "texel_formats": [["r32f", 100, 4, 3]]}}
+    "max_memory_allocation_size": 1 << 31, "driver_id": 13, "conformance": [1, 3, 1, 1],
+    "texel_formats": [["r32f", 100, 4, 3]]}}
 
 
 def welcome(**changes) -> bytes:
@@ -62,6 +63,12 @@ BROKEN = {
                                               bytes(PROPERTIES_SIZE)), 2),
     "a driver id not a number": (frame(welcome(physical_device={"driver_id": "llvmpipe"}), bytes(PROPERTIES_SIZE)), 2),
     "a driver id past 32 bits": (frame(welcome(physical_device={"driver_id": 1 << 32}), bytes(PROPERTIES_SIZE)), 2),
+    "no conformance": (frame(welcome(physical_device={"conformance": None}), bytes(PROPERTIES_SIZE)), 2),
+    "a conformance of three parts": (frame(welcome(physical_device={"conformance": [1, 3, 1]}), bytes(PROPERTIES_SIZE)), 2),
+    "a conformance part past 255": (frame(welcome(physical_device={"conformance": [1, 256, 0, 0]}),
+                                          bytes(PROPERTIES_SIZE)), 2),
+    "a conformance part not whole": (frame(welcome(physical_device={"conformance": [1, 3, "1", -1]}),
+                                           bytes(PROPERTIES_SIZE)), 2),
     "texel formats not a list": (frame(welcome(physical_device={"texel_formats": {"r32f": 3}}), bytes(PROPERTIES_SIZE)), 2),
     "too many texel formats": (frame(welcome(physical_device={"texel_formats": [["r32f", 100, 4, 3]] * 17}),
                                      bytes(PROPERTIES_SIZE)), 2),

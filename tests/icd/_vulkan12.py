@@ -1,15 +1,21 @@
 """An unmodified Vulkan 1.2 program on the ``vulkan`` bindings: what a device of Vulkan 1.2 offers.
 
 ``python _vulkan12.py SPV`` (SPV: test_vulkan12.py's KERNEL, which reads int8 and float16 buffers)
-prints one JSON line:
+prints one JSON line (``python _vulkan12.py --driver``: the first two only):
 
 - ``version``: the physical device's apiVersion (major, minor);
+- ``driver``: its driver's name and conformance version (VkPhysicalDeviceDriverProperties);
 - ``features``: the Vulkan 1.2 features it reports that the kernel needs;
 - ``refused``: what vkCreateDevice answers for a feature it does not report (bufferDeviceAddress,
   descriptorIndexing), each alone;
 - ``device``: vkCreateDevice with apiVersion 1.2 and VkPhysicalDeviceVulkan11Features and
   Vulkan12Features asking for what the kernel uses;
 - ``missing``: the Vulkan 1.2 core commands vkGetDeviceProcAddr answers NULL for;
+- ``timeline``: a timeline semaphore on that device, whose Vulkan12Features turned timelineSemaphore
+  on (no VK_KHR_timeline_semaphore enabled: Vulkan 1.2 needs none): its value as made (3), after
+  vkSignalSemaphore (5), and after a submission that signals 7, waited for by vkWaitSemaphores;
+- ``padded``: vkCreateDevice given a VkPhysicalDeviceShaderDrawParametersFeatures that asks for
+  nothing but whose tail padding holds ones, as a Rust or C++ program may leave it (wgpu does);
 - ``output``: the kernel's result, c[i] = a[i] * b[i] + 1 (a int8, b float16, c float32);
 - ``reset``: a timestamp query pool's results after vkCmdWriteTimestamp, then after vkResetQueryPool
   from the host (its availability, 1 then 0).
@@ -119,29 +125,91 @@ def query_reset(device) -> list:
     return seen
 
 
+def core(device, name: str):
+    """Vulkan 1.2 core command ``name`` as vkGetDeviceProcAddr answers it (the bindings look up only
+    extension commands by name)."""
+    found = vk.lib.vkGetDeviceProcAddr(device, name.encode())
+    assert found != vk.ffi.NULL, name
+    return vk.ffi.cast(f"PFN_{name}", found)
+
+
+def timeline(device) -> list:
+    """A timeline semaphore's values: as made, after a host signal, after a submission's signal."""
+    made = vk.vkCreateSemaphore(device, vk.VkSemaphoreCreateInfo(pNext=vk.VkSemaphoreTypeCreateInfo(
+        semaphoreType=vk.VK_SEMAPHORE_TYPE_TIMELINE, initialValue=3)), None)
+    value = vk.ffi.new("uint64_t *")
+    seen = []
+
+    def read() -> None:
+        assert core(device, "vkGetSemaphoreCounterValue")(device, made, value) == vk.VK_SUCCESS
+        seen.append(int(value[0]))
+
+    read()
+    signal_info = vk.ffi.new("VkSemaphoreSignalInfo *", {"sType": vk.VK_STRUCTURE_TYPE_SEMAPHORE_SIGNAL_INFO,
+                                                          "semaphore": made, "value": 5})
+    assert core(device, "vkSignalSemaphore")(device, signal_info) == vk.VK_SUCCESS
+    read()
+    signal = vk.VkTimelineSemaphoreSubmitInfo(signalSemaphoreValueCount=1, pSignalSemaphoreValues=[7])
+    vk.vkQueueSubmit(vk.vkGetDeviceQueue(device, 0, 0), 1, [vk.VkSubmitInfo(
+        pNext=signal, signalSemaphoreCount=1, pSignalSemaphores=[made])], None)
+    semaphores, values = vk.ffi.new("VkSemaphore[1]", [made]), vk.ffi.new("uint64_t[1]", [7])
+    wait_info = vk.ffi.new("VkSemaphoreWaitInfo *", {"sType": vk.VK_STRUCTURE_TYPE_SEMAPHORE_WAIT_INFO,
+                                                      "semaphoreCount": 1, "pSemaphores": semaphores,
+                                                      "pValues": values})
+    assert core(device, "vkWaitSemaphores")(device, wait_info, 10 ** 10) == vk.VK_SUCCESS
+    read()
+    return seen
+
+
+def padded(physical) -> str:
+    """vkCreateDevice with a feature structure asking for nothing, its tail padding all ones."""
+    draw = vk.VkPhysicalDeviceShaderDrawParametersFeatures(shaderDrawParameters=vk.VK_FALSE)
+    end = vk.ffi.offsetof("VkPhysicalDeviceShaderDrawParametersFeatures", "shaderDrawParameters") + 4
+    raw = vk.ffi.buffer(vk.ffi.addressof(draw))
+    assert len(raw) > end, "the structure has no tail padding here"
+    raw[end:] = b"\xff" * (len(raw) - end)
+    answer = outcome(create, physical, draw)
+    return answer
+
+
+def driver(physical) -> list:
+    """The driver's name and the conformance version it reports."""
+    properties = vk.VkPhysicalDeviceDriverProperties()
+    vk.vkGetPhysicalDeviceProperties2(physical, vk.VkPhysicalDeviceProperties2(pNext=properties))
+    version = properties.conformanceVersion
+    return [vk.ffi.string(properties.driverName).decode(),
+            [version.major, version.minor, version.subminor, version.patch]]
+
+
 def main() -> None:
-    spv = open(sys.argv[1], "rb").read()
     instance = vk.vkCreateInstance(vk.VkInstanceCreateInfo(pApplicationInfo=vk.VkApplicationInfo(
         apiVersion=vk.VK_MAKE_VERSION(1, 2, 0))), None)
     physical = vk.vkEnumeratePhysicalDevices(instance)[0]
     version = vk.vkGetPhysicalDeviceProperties(physical).apiVersion
+    if sys.argv[1] == "--driver":
+        print(json.dumps({"version": [version >> 22, (version >> 12) & 0x3FF], "driver": driver(physical)}))
+        return
+    spv = open(sys.argv[1], "rb").read()
     reported = vk.VkPhysicalDeviceVulkan12Features()
     vk.vkGetPhysicalDeviceFeatures2(physical, vk.VkPhysicalDeviceFeatures2(pNext=reported))
-    seen = {"version": [version >> 22, (version >> 12) & 0x3FF],
+    seen = {"version": [version >> 22, (version >> 12) & 0x3FF], "driver": driver(physical),
             "features": {name: bool(getattr(reported, name)) for name in WANTED + ("bufferDeviceAddress",)},
             "refused": {name: outcome(create, physical, vk.VkPhysicalDeviceVulkan12Features(**{name: vk.VK_TRUE}))
                         for name in ("bufferDeviceAddress", "descriptorIndexing")}}
     types = vk.vkGetPhysicalDeviceMemoryProperties(physical).memoryTypes
     host = next(i for i in range(2) if types[i].propertyFlags & vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT)
     features11 = vk.VkPhysicalDeviceVulkan11Features(storageBuffer16BitAccess=vk.VK_TRUE)
+    seen["padded"] = padded(physical)
     device = create(physical, vk.VkPhysicalDeviceVulkan12Features(
-        pNext=features11, shaderFloat16=vk.VK_TRUE, shaderInt8=vk.VK_TRUE, storageBuffer8BitAccess=vk.VK_TRUE))
+        pNext=features11, shaderFloat16=vk.VK_TRUE, shaderInt8=vk.VK_TRUE, storageBuffer8BitAccess=vk.VK_TRUE,
+        timelineSemaphore=vk.VK_TRUE))
     seen["device"] = "ok"
     seen["missing"] = [name for name in CORE_12 if vk.lib.vkGetDeviceProcAddr(device, name.encode()) == vk.ffi.NULL]
     a = (np.arange(N) % 16 - 8).astype(np.int8)
     b = ((np.arange(N) % 8) / 4).astype(np.float16)
     seen["output"] = run_kernel(device, host, spv, a, b)
     seen["reset"] = query_reset(device)
+    seen["timeline"] = timeline(device)
     print(json.dumps(seen), flush=True)
 
 

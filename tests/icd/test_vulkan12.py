@@ -6,7 +6,10 @@ arbiter's device was created with (float16, int8, 8-bit storage) and not those i
 device addresses, descriptor indexing: vkCreateDevice refuses them); it makes a device asking for them
 through VkPhysicalDeviceVulkan11Features and Vulkan12Features and runs a kernel that reads int8 and
 float16 buffers (numpy checks it); every Vulkan 1.2 core command resolves; vkResetQueryPool resets a
-query from the host.
+query from the host; timeline semaphores work when turned on as a Vulkan 1.2 feature, without their
+extension (as wgpu does); a feature structure's tail padding is not read as a feature asked for; the
+driver names itself libshare and reports the conformance version of the arbiter's driver, as the same
+program finds it without libshare (wgpu hides an adapter that reports none).
 """
 
 from __future__ import annotations
@@ -45,6 +48,8 @@ def test_a_vulkan_1_2_program_gets_its_features_and_runs_an_int8_and_float16_ker
     seen = probe(libshare_run("--name", "vulkan12", "--", sys.executable, str(PROGRAM), str(kernel)),
                  environment(pipe_dir))
     assert seen["version"] == [1, 2], seen
+    direct = probe([sys.executable, str(PROGRAM), "--driver"], environment(pipe_dir))
+    assert seen["driver"] == ["libshare", direct["driver"][1]] and direct["driver"][0] != "libshare", (seen, direct)
     assert seen["features"] == {"shaderFloat16": True, "shaderInt8": True, "storageBuffer8BitAccess": True,
                                 "bufferDeviceAddress": False}, seen
     assert seen["refused"] == {"bufferDeviceAddress": "VkErrorFeatureNotPresent",
@@ -54,3 +59,5 @@ def test_a_vulkan_1_2_program_gets_its_features_and_runs_an_int8_and_float16_ker
     b = ((np.arange(256) % 8) / 4).astype(np.float16).astype(np.float32)
     assert np.array_equal(np.array(seen["output"], np.float32), a * b + np.float32(1)), seen["stderr"][-2000:]
     assert seen["reset"] == [["ok", 1], ["VkNotReady", 0]], seen  # written; then reset from the host
+    assert seen["timeline"] == [3, 5, 7], seen
+    assert seen["padded"] == "ok", seen

@@ -239,15 +239,29 @@ class _PhysicalInfo:
         _lib.vkGetPhysicalDeviceFeatures(self.handle, features)
         self.robust_buffer_access = bool(features.robustBufferAccess)
 
-    def driver_id(self) -> int:
-        """The device's driver's VkDriverId (VkPhysicalDeviceDriverProperties), 0 when it cannot say
-        (Vulkan 1.1 without VK_KHR_driver_properties)."""
+    def _driver_properties(self):
+        """The device's VkPhysicalDeviceDriverProperties, or None when it has none (Vulkan 1.1 without
+        VK_KHR_driver_properties)."""
         if _version(self.api_version) < (1, 2) and "VK_KHR_driver_properties" not in self.extensions:
-            return 0
+            return None
         driver = _struct("VkPhysicalDeviceDriverProperties", "PHYSICAL_DEVICE_DRIVER_PROPERTIES")
         _lib.vkGetPhysicalDeviceProperties2(self.handle, _struct(
             "VkPhysicalDeviceProperties2", "PHYSICAL_DEVICE_PROPERTIES_2", pNext=driver))
-        return int(driver.driverID)
+        return driver
+
+    def driver_id(self) -> int:
+        """The device's driver's VkDriverId, 0 when it cannot say."""
+        driver = self._driver_properties()
+        return int(driver.driverID) if driver is not None else 0
+
+    def conformance_version(self) -> list[int]:
+        """The Vulkan conformance test suite version the device's driver passed, as
+        ``[major, minor, subminor, patch]``; all 0 when it cannot say or passed none."""
+        driver = self._driver_properties()
+        if driver is None:
+            return [0, 0, 0, 0]
+        version = driver.conformanceVersion
+        return [int(version.major), int(version.minor), int(version.subminor), int(version.patch)]
 
     def ends_each_command(self) -> bool:
         """True for Mesa's lavapipe (its driver id): its queue thread runs each command to its end before

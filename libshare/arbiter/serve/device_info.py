@@ -19,6 +19,9 @@ The object carries what the struct does not:
 * ``timestamp_valid_bits``: the valid bits of the arbiter's queue's timestamps;
 * ``driver_id``: the arbiter's Vulkan driver's ``VkDriverId`` (0 when it cannot say), which the
   driver reports as its own in Vulkan 1.2's properties: the shaders run on that driver;
+* ``conformance``: the conformance version the arbiter's driver passed, ``[major, minor,
+  subminor, patch]`` (all 0 when it cannot say), which the driver reports as its own: every command
+  runs on that driver (docs/icd.md, "Who the driver says it is");
 * ``texel_formats``: each texel view format the device supports in a buffer view
   (libshare.protocol.texels), as ``[name, VkFormat, bytes per texel, uses]`` (uses: TEXEL_STORAGE
   and TEXEL_UNIFORM bits), which the driver reports as the formats' buffer features and names in
@@ -51,6 +54,7 @@ def physical_device(arbiter, client: Client) -> tuple[dict, bytes]:
     fields = {"name": device.name, "uuid": device.uuid, "features": sorted(device.features),
               "timestamp_valid_bits": device.instance.timestamp_mask.bit_length(),
               "driver_id": device.instance.physical.driver_id(),
+              "conformance": device.instance.physical.conformance_version(),
               "texel_formats": [[name, TEXEL_FORMATS[name].vk_format, TEXEL_FORMATS[name].texel_bytes, uses]
                                 for name, uses in device.texel_formats.items()],
               "memory": session_memory(arbiter, client), **device.instance.physical.core11_properties()}
