@@ -15,7 +15,9 @@
  * its bind group (dispatch.c: [view_id, 0, 0], as the arbiter's groups name a view). The arbiter
  * frees a buffer's views with it, so vkFreeMemory orphans the views of that memory first
  * (ls_icd_views_orphan): the bind groups and lists naming them are dropped (cache.c), the ledger
- * forgets them (reattach.c), and a dispatch through one later fails its recording. vkDestroyBufferView
+ * forgets them (reattach.c), and a dispatch through one later fails its recording. Finding them
+ * walks the device's objects, so the device counts its live views (device->views) and a device
+ * with none (most applications make no view, and some free memory at every step) skips the walk. vkDestroyBufferView
  * drops the same and frees the view at the arbiter. A view is filed in the ledger like a buffer, so a
  * device that moves to a new arbiter makes it again under its id, after its memory. */
 #define _GNU_SOURCE
@@ -89,6 +91,7 @@ VKAPI_ATTR VkResult VKAPI_CALL ls_icd_CreateBufferView(VkDevice handle, const Vk
     }
     if (made) {
         find(device, made, LS_ICD_VIEW)->u.view = view;
+        device->views++;
         *out = (VkBufferView)(uintptr_t)made;
     }
     pthread_mutex_unlock(&device->lock);
@@ -107,6 +110,7 @@ VKAPI_ATTR void VKAPI_CALL ls_icd_DestroyBufferView(VkDevice handle, VkBufferVie
         if (object->u.view.view_id >= 0) {
             ls_icd_cache_drop_buffer(device, object->u.view.view_id); /* (one id space: groups name views so) */
             ls_icd_forget(device, "view_id", object->u.view.view_id);
+            device->views--;
         }
         ls_icd_object_drop(&device->objects, (uint64_t)(uintptr_t)view);
     }
@@ -115,13 +119,14 @@ VKAPI_ATTR void VKAPI_CALL ls_icd_DestroyBufferView(VkDevice handle, VkBufferVie
 
 void ls_icd_views_orphan(struct ls_icd_device *device, int64_t buffer_id)
 {
-    for (uint32_t slot = 0; slot < device->objects.used; slot++) {
+    for (uint32_t slot = 0; device->views > 0 && slot < device->objects.used; slot++) {
         struct ls_icd_object *object = &device->objects.slots[slot];
         if (object->kind != LS_ICD_VIEW || object->u.view.buffer_id != buffer_id || object->u.view.view_id < 0)
             continue;
         ls_icd_cache_drop_buffer(device, object->u.view.view_id);
         ls_icd_unkeep(device, object->u.view.view_id);
         object->u.view.view_id = -1;
+        device->views--;
     }
 }
 
