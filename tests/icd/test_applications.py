@@ -1,7 +1,8 @@
-"""Real Vulkan applications through the driver: Taichi and ncnn, unmodified (issue 34).
+"""Real Vulkan applications through the driver: Taichi, ncnn and wgpu, unmodified (issue 34).
 
-tests/icd/_taichi_app.py (four Taichi kernels on ``ti.vulkan``) and tests/icd/_ncnn_app.py (a small ncnn
-network of seeded weights, on its Vulkan path and on its CPU path) know nothing of libshare. Each runs
+tests/icd/_taichi_app.py (four Taichi kernels on ``ti.vulkan``), tests/icd/_ncnn_app.py (a small ncnn
+network of seeded weights, on its Vulkan path and on its CPU path) and tests/icd/_wgpu_app.py (eight
+WGSL kernels through wgpu-py, wgpu-native's Vulkan backend) know nothing of libshare. Each runs
 directly on the system's Vulkan driver, and under ``libshare-run`` against a real arbiter: the results must
 be identical (ncnn's Vulkan path also within float tolerance of its CPU path, and the direct run's results
 as numpy computes them). Two at once, each with its own name, priority and group, show in ``ps`` by name
@@ -12,7 +13,8 @@ same again there.
 
 The packages are the ``test`` extra's; without one, its tests skip. A run that stops under libshare-run,
 an ncnn whose Vulkan device was not made ready (ncnn then falls back to its CPU path by itself), or a
-Taichi that ended on another backend than ``vulkan``, fails
+Taichi or wgpu that ended on another backend than Vulkan (wgpu hides a Vulkan adapter it finds wanting
+and takes OpenGL), fails
 with :class:`DriverGap`: what the driver is still missing, with the application's own last words. Every
 other failure is a wrong result or a harness fault. The tests are marked ``applications``
 (``-m applications`` selects them). What each application asks of the driver: docs/icd.md.
@@ -43,7 +45,8 @@ pytestmark = [pytest.mark.applications, pytest.mark.slow]
 HERE = Path(__file__).resolve().parent
 TAICHI = HERE / "_taichi_app.py"
 NCNN = HERE / "_ncnn_app.py"
-APPS = {"taichi": TAICHI, "ncnn": NCNN}
+WGPU = HERE / "_wgpu_app.py"
+APPS = {"taichi": TAICHI, "ncnn": NCNN, "wgpu": WGPU}
 RUN_TIMEOUT = 300
 
 
@@ -58,6 +61,8 @@ HINTS = {
     "Failed to allocate initial descriptor pool": "Taichi makes a descriptor pool declaring every descriptor "
                                                   "type (FREE_DESCRIPTOR_SET) as soon as its device is made, and "
                                                   "aborts when refused",
+    "Adapter is not Vulkan compliant": "wgpu hides a Vulkan adapter whose conformance version is 0 "
+                                       "(VkPhysicalDeviceDriverProperties)",
     "create_dummy_buffer_image failed": "ncnn makes its device ready with command pools and buffers, a "
                                         "submission, and 1x1x1 R32_SFLOAT 3D images with their views (its dummy "
                                         "images), before it runs anything",
@@ -110,12 +115,18 @@ def checked(app: str, seen: dict | None, returncode: int | None, stderr: str) ->
         raise gap("ncnn's Vulkan device was not made ready through the driver (it fell back to its CPU path)", stderr)
     if app == "taichi" and seen["arch"] != "vulkan":
         raise gap(f"Taichi fell back to its {seen['arch']} backend: ti.init found no usable Vulkan device", stderr)
+    if app == "wgpu" and seen["backend"] != "Vulkan":
+        raise gap(f"wgpu took its {seen['backend']} backend: it found no Vulkan adapter it would use", stderr)
     return seen
 
 
 def results(seen: dict) -> dict:
     """What an application computed (ncnn: its Vulkan path's blobs; the CPU path's are checked apart)."""
-    return seen["gpu"] if "gpu" in seen else {key: seen[key] for key in ("saxpy", "sum", "field", "histogram")}
+    if "gpu" in seen:
+        return seen["gpu"]
+    if "backend" in seen:  # wgpu
+        return {key: value for key, value in seen.items() if key not in ("adapter", "backend")}
+    return {key: seen[key] for key in ("saxpy", "sum", "field", "histogram")}
 
 
 def taichi_expected() -> dict:
@@ -144,6 +155,32 @@ def test_taichi_runs_directly_as_numpy_computes():
     assert np.allclose(seen["saxpy"], expected["saxpy"], rtol=1e-6, atol=1e-6)
     assert seen["sum"] == expected["sum"] and seen["histogram"] == expected["histogram"].tolist()
     assert np.allclose(seen["field"], expected["field"], rtol=1e-6, atol=1e-5)
+
+
+def wgpu_expected() -> dict:
+    """What _wgpu_app.py's kernels compute, by numpy, from the same inputs."""
+    sys.path.insert(0, str(HERE))
+    try:
+        from _wgpu_app import N, inputs
+    finally:
+        sys.path.remove(str(HERE))
+    x, words = inputs()
+    increment = np.zeros(N, np.float32)
+    increment[:N // 2] = 1  # an indirect dispatch of N/128 workgroups of 64
+    copies = np.zeros(N, np.float32)
+    copies[N // 2:] = x[N // 2:]
+    return {"affine": np.float32(2.5) * x - np.float32(1), "scaled": x * np.float32(3),
+            "two_groups": x - np.float32(2) * x[::-1], "sums": x.reshape(-1, 64).sum(axis=1),
+            "histogram": np.bincount(words % 16, minlength=16), "indirect": increment,
+            "chain": np.full(N, 64, np.float32), "copies": copies}
+
+
+@needs("wgpu")
+def test_wgpu_runs_directly_as_numpy_computes():
+    seen = direct("wgpu")
+    assert seen["backend"] == "Vulkan"  # no silent fallback to its OpenGL backend
+    for kernel, values in wgpu_expected().items():
+        assert np.allclose(seen[kernel], values, rtol=1e-6, atol=1e-5), kernel
 
 
 @needs("ncnn")
