@@ -51,8 +51,34 @@ def test_clients_loading_one_module_share_one_pipeline(arbiter):
         assert len(pipelines) == 2 and saxpy_once(second, again)
         second.free(again)
         assert first.load_program(libshare.shaders.path("busy")) is not None
-        assert len(pipelines) == 2, "saxpy's pipeline outlived its last user"  # vadd and busy
+        assert len(pipelines) == 2, "saxpy's pipeline still in use after its last user"  # vadd and busy
+        wait_until(lambda: pipelines.idle() == 1, 10, "saxpy's pipeline left idle, kept")
     wait_until(lambda: len(pipelines) == 0, 10, "the last pipelines to go with their clients")
+    assert pipelines.idle() == 3
+
+
+def test_a_pipeline_left_idle_is_loaded_again_without_a_compile_and_the_idle_are_bounded(arbiter, monkeypatch):
+    """A program that makes and destroys its pipelines at every step (wgpu) compiles each module once;
+    past _IDLE_PIPELINES idle ones, the oldest is destroyed and compiled again when next loaded."""
+    served, pipe_dir = arbiter
+    pipelines = served.drainer.pipelines
+    monkeypatch.setattr(_programs, "_IDLE_PIPELINES", 2)
+    compiled = []
+    create = served.device.create_pipeline
+    monkeypatch.setattr(served.device, "create_pipeline", lambda *args: compiled.append(args[0]) or create(*args))
+    with libshare.connect(mode="daemon", pipe_directory=pipe_dir) as session:
+        for _ in range(3):
+            program = session.load_program(libshare.shaders.path("saxpy"))
+            assert saxpy_once(session, program)
+            session.free(program)
+        assert len(compiled) == 1
+        wait_until(lambda: pipelines.idle() == 1, 10, "saxpy's pipeline left idle")
+        for name in ("vadd", "busy"):  # two more left idle: saxpy's, the oldest, goes
+            session.free(session.load_program(libshare.shaders.path(name)))
+        wait_until(lambda: pipelines.idle() == 2 and not pipelines.has(hashlib.sha256(compiled[0]).digest()), 10,
+                   "the oldest idle pipeline destroyed")
+        assert saxpy_once(session, session.load_program(libshare.shaders.path("saxpy")))
+        assert len(compiled) == 4  # saxpy compiled again
 
 
 def test_admissions_are_remembered_by_content_and_bounded(monkeypatch, vulkan_device_name):

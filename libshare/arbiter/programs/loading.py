@@ -19,9 +19,12 @@ A client's ``load_program`` runs on its connection thread, in three steps:
    on the control thread: a slow compile delays only the client that asked for it.
 3. **Registration**, as a control task: the quota check that counts, and the client's
    ProgramRecord. Each client gets its own record and program id, so freeing a program,
-   or losing a client, never touches another client's. A shared pipeline is destroyed
-   when the last record using it is destroyed, that is once the last command that
-   names it has retired.
+   or losing a client, never touches another client's. A shared pipeline outlives the last
+   record using it (once the last command that names it has retired) as one of the
+   ``_IDLE_PIPELINES`` most recently left idle, and the oldest idle one is destroyed past that:
+   a program that makes and destroys its pipelines at every step (wgpu does) loads them again
+   without a vetting compile or a driver compile, neither of which is cheap, and without
+   lavapipe's 105 KiB never given back per compile (below).
 
 **Quotas.** Every pipeline costs the arbiter memory, and lavapipe never gives back about
 105 KiB of each pipeline it compiles. A client may hold at most ``max_programs`` programs
@@ -50,6 +53,7 @@ from libshare.arbiter.device import Device, Pipeline
 __all__ = ["Admitted", "Interfaces", "MAX_PROGRAMS", "MAX_TOTAL_PROGRAMS", "SharedPipelines", "check_program_quota"]
 
 _INTERFACES = 256  # admission outcomes remembered
+_IDLE_PIPELINES = 64  # pipelines kept once no record uses them (the most recently left idle)
 _SPECIALIZED_BYTES = 32 << 20  # most bytes of specialized modules remembered with them
 MAX_PROGRAMS = 256
 """Default most programs one client may hold at once."""
@@ -124,15 +128,17 @@ class Interfaces:
 
 
 class SharedPipelines:
-    """Pipelines by module digest, counted by the records that use them.
+    """Pipelines by module digest, counted by the records that use them; the most recent idle ones
+    (no record uses them) kept, up to ``_IDLE_PIPELINES``.
 
     :meth:`acquire` may run on any thread; :meth:`release`, :meth:`collect` and
     :meth:`forget` run on the control thread.
     """
 
     def __init__(self) -> None:
-        self._by_digest: dict[bytes, Pipeline] = {}
-        self._users: dict[Pipeline, tuple[bytes, int]] = {}
+        self._by_digest: dict[bytes, Pipeline] = {}  # in use and idle
+        self._users: dict[Pipeline, tuple[bytes, int]] = {}  # 0 users: idle
+        self._idle: OrderedDict[bytes, None] = OrderedDict()  # the idle ones' digests, oldest first
         self._duplicates: list[Pipeline] = []  # compiled twice by racing loads: destroy on the control thread
         self._generation = 0  # bumped when the device is recreated
         self._lock = threading.Lock()
@@ -160,7 +166,7 @@ class SharedPipelines:
         return pipeline
 
     def has(self, digest: bytes) -> bool:
-        """Whether a pipeline of this module exists (its module needs no vetting)."""
+        """Whether a pipeline of this module exists, in use or idle (its module needs no vetting)."""
         with self._lock:
             return digest in self._by_digest
 
@@ -175,19 +181,27 @@ class SharedPipelines:
         if pipeline is not None:
             known, users = self._users[pipeline]
             self._users[pipeline] = (known, users + 1)
+            self._idle.pop(digest, None)
         return pipeline
 
     def release(self, device: Device, pipeline: Pipeline) -> None:
-        """One user fewer; the last one destroys the pipeline (control thread)."""
+        """One user fewer; the last one leaves the pipeline idle, which destroys the oldest idle one
+        past ``_IDLE_PIPELINES`` (control thread)."""
         with self._lock:
             if pipeline not in self._users:  # made by a device recreated since: gone with it
                 return
             digest, users = self._users[pipeline]
+            self._users[pipeline] = (digest, users - 1)
             if users > 1:
-                self._users[pipeline] = (digest, users - 1)
                 return
-            del self._users[pipeline], self._by_digest[digest]
-        device.destroy_pipeline(pipeline)
+            self._idle[digest] = None
+            evicted = []
+            while len(self._idle) > _IDLE_PIPELINES:
+                oldest, _ = self._idle.popitem(last=False)
+                evicted.append(self._by_digest.pop(oldest))
+                del self._users[evicted[-1]]
+        for old in evicted:
+            device.destroy_pipeline(old)
 
     def collect(self, device: Device) -> None:
         """Destroy the pipelines that racing loads compiled twice (control thread)."""
@@ -201,11 +215,19 @@ class SharedPipelines:
         with self._lock:
             self._by_digest.clear()
             self._users.clear()
+            self._idle.clear()
             self._duplicates.clear()
             self._generation += 1
 
+    def idle(self) -> int:
+        """How many pipelines no record uses are kept."""
+        with self._lock:
+            return len(self._idle)
+
     def __len__(self) -> int:
-        return len(self._by_digest)
+        """How many pipelines records use."""
+        with self._lock:
+            return len(self._by_digest) - len(self._idle)
 
 
 def check_program_quota(client, clients, per_client: int) -> None:
