@@ -2,7 +2,15 @@
  *
  * Every request a device makes of the arbiter outside the data path (alloc and free of memory,
  * load_program, bind_group, load_list and their frees) goes through ls_icd_ask, with the device's
- * lock held, so requests and replies stay in step on the session's socket. A reply is waited for
+ * lock held, so requests and replies stay in step on the session's socket. A free (ls_icd_forget)
+ * is sent without waiting for its reply, which carries nothing the driver needs: the session
+ * counts it unread, and the next request, or the free that makes MOST_UNREAD of them, reads those
+ * replies first (a refusal among them is written on stderr, as any). The arbiter answers a
+ * session's requests in order, so what a free frees is gone before any later request is served; a
+ * program that frees objects at every step (wgpu frees its pipelines, bind groups and command
+ * buffers) waits for a reply only when it next asks for something. The bound keeps the replies
+ * within the socket's buffers: an arbiter that blocks writing a reply reads no further request,
+ * and a driver sending request after request would then block too. A reply is waited for
  * LS_ICD_REPLY_MS (60 s), a load_program's as long as the welcome says the arbiter may take to vet
  * and compile a new module (ls_icd_ask_within, the session's load_ms). An exchange that
  * failed (no answer in time, a broken frame, the arbiter gone) shuts the socket: no later reply
@@ -23,6 +31,36 @@
 #include "icd.h"
 #include "reattach.h"
 
+#define MOST_UNREAD 64 /* replies to frees left unread at most (each under 100 bytes) */
+
+/* The exchange is out of step: no later reply could be trusted to match its request. The socket is
+ * shut, so every later request fails at once; ``rc`` says why, once. */
+static void out_of_step(struct ls_icd_device *device, int rc)
+{
+    if (!device->told_unanswered) /* (said once: every later request fails the same way) */
+        fprintf(stderr, "libshare Vulkan driver: the arbiter did not answer (%s)\n", strerror(-rc));
+    device->told_unanswered = 1;
+    shutdown(device->session.sock, SHUT_RDWR);
+}
+
+/* Read the replies to the frees sent since the last exchange: 0, or the failed read's code. */
+static int read_unread(struct ls_icd_device *device)
+{
+    for (; device->session.unread > 0; device->session.unread--) {
+        struct ls_icd_frame frame;
+        cJSON *reply;
+        int rc = ls_icd_recv(device->session.sock, &frame, 0, LS_ICD_REPLY_MS);
+        if (rc < 0)
+            return rc;
+        reply = cJSON_ParseWithLength(frame.json, frame.json_len);
+        if (!cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(reply, "ok")))
+            fprintf(stderr, "libshare Vulkan driver: the arbiter refused a free (%.300s)\n", frame.json);
+        cJSON_Delete(reply);
+        ls_icd_frame_free(&frame);
+    }
+    return 0;
+}
+
 VkResult ls_icd_ask(struct ls_icd_device *device, const char *text, const void *payload, size_t payload_len,
                     struct ls_icd_frame *frame, int max_fds, cJSON **reply, VkResult refused)
 {
@@ -37,16 +75,15 @@ VkResult ls_icd_ask_within(struct ls_icd_device *device, int reply_ms, const cha
     int rc;
     if (device->path != NULL)
         ls_icd_path_survive(device); /* a dead arbiter's successor first (reattach.c) */
-    rc = ls_icd_send(device->session.sock, text, strlen(text), payload, payload_len);
     *reply = NULL;
     memset(frame, 0, sizeof(*frame));
+    rc = read_unread(device);
+    if (rc == 0)
+        rc = ls_icd_send(device->session.sock, text, strlen(text), payload, payload_len);
     if (rc == 0)
         rc = ls_icd_recv(device->session.sock, frame, max_fds, reply_ms);
-    if (rc < 0) { /* the exchange is out of step: no later reply could be trusted to match */
-        if (!device->told_unanswered) /* (said once: every later request fails the same way) */
-            fprintf(stderr, "libshare Vulkan driver: the arbiter did not answer (%s)\n", strerror(-rc));
-        device->told_unanswered = 1;
-        shutdown(device->session.sock, SHUT_RDWR);
+    if (rc < 0) {
+        out_of_step(device, rc);
         return refused;
     }
     *reply = cJSON_ParseWithLength(frame->json, frame->json_len);
@@ -74,11 +111,16 @@ int64_t ls_icd_whole_field(const cJSON *reply, const char *name, double least, d
 void ls_icd_forget(struct ls_icd_device *device, const char *field, int64_t id)
 {
     char text[96];
-    struct ls_icd_frame frame;
-    cJSON *reply;
+    int rc;
     ls_icd_unkeep(device, id);
+    if (device->path != NULL)
+        ls_icd_path_survive(device); /* a dead arbiter's successor first (reattach.c) */
     snprintf(text, sizeof(text), "{\"op\":\"free\",\"%s\":%lld}", field, (long long)id);
-    ls_icd_ask(device, text, NULL, 0, &frame, 0, &reply, LS_ICD_INVALID); /* a refusal: the session's end frees it */
-    cJSON_Delete(reply);
-    ls_icd_frame_free(&frame);
+    rc = device->session.unread < MOST_UNREAD ? 0 : read_unread(device);
+    if (rc == 0)
+        rc = ls_icd_send(device->session.sock, text, strlen(text), NULL, 0);
+    if (rc < 0)
+        out_of_step(device, rc); /* (a free that is not made: the session's end frees it) */
+    else
+        device->session.unread++;
 }

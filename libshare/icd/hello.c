@@ -295,6 +295,7 @@ static VkResult hello(struct ls_icd_session *session, struct ls_icd_physical *ph
     int rc;
     VkResult result;
     session->sock = session->ring_fd = session->bell_fd = -1;
+    session->unread = 0;
     if (ls_icd_read_settings(&settings) < 0)
         return refuse(why, why_size, "the pipe directory's path is too long", NULL);
     text = hello_text(&settings, reattach, why, why_size);

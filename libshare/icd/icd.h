@@ -129,6 +129,7 @@ struct ls_icd_session {
     int64_t client_id;
     int64_t arbiter_pid; /* the welcome's: the data path watches it for the arbiter's death */
     int load_ms;         /* how long a load_program waits for its answer (the welcome's load_timeout) */
+    int unread;          /* replies to frees sent and not read yet (control.c) */
 };
 
 VkResult ls_icd_hello(struct ls_icd_session *session, struct ls_icd_physical *physical, char *why, size_t why_size);

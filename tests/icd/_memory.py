@@ -7,6 +7,8 @@
   requirements, then vkBindBufferMemory and vkBindBufferMemory2); a device-local allocation; fences
   (made signaled or not, reset, waited, signaled by an empty submission); idle waits.
 - ``limit SIZE``: allocates SIZE bytes of host-visible memory twice, as long as it is given any.
+- ``churn SIZE``: allocates SIZE bytes and frees them, 200 times; then 100 allocations of one page
+  freed one after the other, and SIZE once more (each allocation's outcome, counted).
 - ``hostile``: wrong handles, a buffer bound past its memory or bound twice, memory mapped twice or not
   host-visible, memory freed while a buffer is bound to it; then an honest allocation still works.
 - ``hold``: creates a device, prints ``device``, destroys it when a line comes on stdin, prints
@@ -123,6 +125,20 @@ def limit(size: int) -> dict:
     return {"allocations": seen}
 
 
+def churn(size: int) -> dict:
+    instance, device, host = open_device()
+    seen = []
+    for _ in range(200):
+        seen.append(outcome(lambda: vk.vkFreeMemory(device, allocate(device, size, host), None)))
+    pages = [allocate(device, 4096, host) for _ in range(100)]
+    for page in pages:
+        vk.vkFreeMemory(device, page, None)
+    seen.append(outcome(lambda: vk.vkFreeMemory(device, allocate(device, size, host), None)))
+    vk.vkDestroyDevice(device, None)
+    vk.vkDestroyInstance(instance, None)
+    return {"allocations": {answer: seen.count(answer) for answer in set(seen)}}
+
+
 def hostile() -> dict:
     instance, device, host = open_device()
     wrong_memory = vk.ffi.cast("VkDeviceMemory", 0x1234_5678_9ABC)
@@ -178,7 +194,11 @@ def main() -> None:
         hold()
         return
     seen = {"honest": honest, "hostile": hostile}.get(mode)
-    print(json.dumps(seen() if seen else limit(int(sys.argv[2]))), flush=True)
+    if seen is None:
+        seen = {"limit": limit, "churn": churn}[mode]
+        print(json.dumps(seen(int(sys.argv[2]))), flush=True)
+        return
+    print(json.dumps(seen()), flush=True)
 
 
 if __name__ == "__main__":

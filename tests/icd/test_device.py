@@ -51,6 +51,17 @@ def test_a_program_maps_writes_and_reads_back_memory_and_binds_buffers(daemon):
     ]
 
 
+def test_a_free_is_done_before_the_next_allocation_though_its_reply_is_not_waited_for(daemon):
+    """Under a group limit of 8 MiB, 6 MB allocated and freed 200 times: each allocation fits only if the
+    free before it was done (control.c sends frees without reading their replies); then 100 frees in a
+    row, past the 64 replies the driver leaves unread, and one more allocation."""
+    _process, pipe_dir = daemon
+    assert control("--pipe-directory", str(pipe_dir), "set_group_mem_limit", "icd-churn", "8M").returncode == 0
+    seen = run_memory(pipe_dir, "churn", str(6_000_000), LIBSHARE_GROUP="icd-churn")
+    assert seen["allocations"] == {"ok": 201}, seen
+    assert "refused" not in seen["stderr"] and "did not answer" not in seen["stderr"], seen["stderr"][-2000:]
+
+
 def test_the_memory_limit_and_a_groups_limit_refuse_with_out_of_device_memory(daemon):
     _process, pipe_dir = daemon
     # The session's own limit (the heap): the second 6 MB allocation does not fit in 8 MiB.
