@@ -12,7 +12,8 @@
  * (ls_icd_set_layout_copy), so a layout may be destroyed while they live.
  *
  * A pool counts its sets against maxSets (past it: VK_ERROR_OUT_OF_POOL_MEMORY; its per-type sizes
- * are not counted) and keeps their handles: vkResetDescriptorPool and vkDestroyDescriptorPool free
+ * are not counted, so a size of 0 descriptors, which Vulkan forbids and older ncnn asks for, as
+ * lavapipe allows, is let by) and keeps their handles: vkResetDescriptorPool and vkDestroyDescriptorPool free
  * them, vkFreeDescriptorSets only from a pool made with FREE_DESCRIPTOR_SET (else LS_ICD_INVALID,
  * as is a set of another pool). A set is a copy of its layout and one ls_icd_descriptor an entry.
  *
@@ -253,9 +254,6 @@ VKAPI_ATTR VkResult VKAPI_CALL ls_icd_CreateDescriptorPool(VkDevice handle, cons
                                                   VK_DESCRIPTOR_POOL_CREATE_FREE_DESCRIPTOR_SET_BIT) != 0 ||
         (info->poolSizeCount && info->pPoolSizes == NULL))
         return LS_ICD_INVALID;
-    for (uint32_t i = 0; i < info->poolSizeCount; i++)
-        if (info->pPoolSizes[i].descriptorCount == 0)
-            return LS_ICD_INVALID;
     pthread_mutex_lock(&device->lock);
     made = ls_icd_object_new(&device->objects, LS_ICD_DESCRIPTOR_POOL);
     if (made) {
