@@ -35,7 +35,20 @@ def pytest_addoption(parser):
 
 
 def pytest_sessionstart(session):
-    _STARTED.update(time=datetime.datetime.now().astimezone(), load=os.getloadavg(), clock=time.monotonic())
+    _STARTED.update(time=datetime.datetime.now().astimezone(), load=os.getloadavg(), clock=time.monotonic(),
+                    stolen=stolen_seconds())
+
+
+def stolen_seconds() -> float | None:
+    """CPU seconds a hypervisor has taken from this machine's cores since boot (/proc/stat's steal
+    column, summed over the cores), or None where the kernel does not say. A virtual machine's
+    neighbours move every figure: the run's share of it is written with the figures."""
+    try:
+        with open("/proc/stat") as stat:
+            fields = stat.readline().split()
+        return int(fields[8]) / os.sysconf("SC_CLK_TCK") if fields[0] == "cpu" and len(fields) > 8 else None
+    except (OSError, ValueError):
+        return None
 
 
 @pytest.fixture
@@ -50,9 +63,18 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.section("libshare ratios")
         for line in _compare.LINES:
             terminalreporter.write_line(line.line() if isinstance(line, _compare.Figure) else line)
+    stolen = _stolen_during_run()
+    if stolen is not None:
+        terminalreporter.write_line(f"CPU time the hypervisor took from this machine during the run: {stolen:.1f} s")
     path = _write_results(terminalreporter.config)
     if path is not None:
         terminalreporter.write_line(f"figures written to {path}")
+
+
+def _stolen_during_run() -> float | None:
+    """CPU seconds the hypervisor took since the session started (stolen_seconds), or None."""
+    now, then = stolen_seconds(), _STARTED.get("stolen")
+    return round(now - then, 2) if now is not None and then is not None else None
 
 
 def device() -> dict:
@@ -105,6 +127,7 @@ def _write_results(config) -> Path | None:
         "started": started.isoformat(timespec="seconds"),
         "seconds": round(time.monotonic() - _STARTED["clock"], 1) if "clock" in _STARTED else None,
         "blocks": _compare.blocks(), "load_at_start": _STARTED.get("load"), "load_at_end": os.getloadavg(),
+        "stolen_seconds": _stolen_during_run(),
         "figures": [f.as_json() for f in _compare.FIGURES],
     }
     path.write_text(json.dumps(run, indent=1) + "\n")

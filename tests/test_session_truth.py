@@ -61,7 +61,7 @@ def scenario_cancelled_await(pipe_dir: str) -> None:
 
     async def main():
         with connect(pipe_dir) as session:
-            ticket = long_queue(session)[-1]
+            ticket = long_queue(session, count=6)[-1]  # (seconds of queue; the arbiter ends it after the close)
             fds = len(os.listdir("/proc/self/fd"))
             with anyio.move_on_after(0.1):
                 await ticket
@@ -83,7 +83,7 @@ def scenario_cancelled_await(pipe_dir: str) -> None:
 def scenario_thread_waiter(pipe_dir: str) -> None:
     """A thread blocked in ``wait()`` without a timeout while another thread closes the session."""
     session = connect(pipe_dir)
-    ticket = long_queue(session)[-1]
+    ticket = long_queue(session, count=6)[-1]  # (seconds of queue; the arbiter ends it after the close)
     outcome = []
 
     def waiter():
