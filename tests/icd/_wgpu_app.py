@@ -15,7 +15,10 @@ The kernels use what wgpu makes of WGSL on Vulkan:
 - ``histogram``: storage atomics;
 - ``indirect``: a dispatch whose workgroup count is read from a buffer;
 - ``chain``: 64 compute passes in one command buffer, each adding 1 to every element;
-- ``copies``: ``write_buffer``, ``clear_buffer`` and ``copy_buffer_to_buffer`` between passes.
+- ``copies``: ``write_buffer``, ``clear_buffer`` and ``copy_buffer_to_buffer`` between passes;
+- ``half`` (where the adapter offers ``shader-f16``): float16 arithmetic;
+- ``timed`` (where it offers ``timestamp-query``): a pass's timestamps written and resolved into a
+  buffer: whether the first is past 0 and the second not before it.
 """
 
 from __future__ import annotations
@@ -81,6 +84,15 @@ HISTOGRAM = """
 fn main(@builtin(global_invocation_id) id: vec3<u32>) { atomicAdd(&bins[v[id.x] % 16u], 1u); }
 """
 
+HALF = """
+enable f16;
+@group(0) @binding(0) var<storage, read_write> v: array<f32>;
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) id: vec3<u32>) { let h = f16(v[id.x]); v[id.x] = f32(h * 2.0h + 0.5h); }
+"""
+
+OPTIONAL = ("shader-f16", "timestamp-query")
+
 INCREMENT = """
 @group(0) @binding(0) var<storage, read_write> v: array<f32>;
 @compute @workgroup_size(64)
@@ -93,7 +105,8 @@ class Kernels:
 
     def __init__(self) -> None:
         self.adapter = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
-        self.device = self.adapter.request_device_sync()
+        self.features = [feature for feature in OPTIONAL if feature in self.adapter.features]
+        self.device = self.adapter.request_device_sync(required_features=self.features)
 
     def buffer(self, data: np.ndarray, usage=STORAGE):
         return self.device.create_buffer_with_data(data=data, usage=usage)
@@ -110,9 +123,10 @@ class Kernels:
         return self.device.create_bind_group(layout=pipeline.get_bind_group_layout(index), entries=[
             {"binding": k, "resource": {"buffer": b}} for k, b in enumerate(buffers)])
 
-    def run(self, pipeline, groups, count: int = N // 64, indirect=None) -> None:
+    def run(self, pipeline, groups, count: int = N // 64, indirect=None, timed=None) -> None:
         encoder = self.device.create_command_encoder()
-        compute = encoder.begin_compute_pass()
+        compute = encoder.begin_compute_pass(timestamp_writes=timed and {
+            "query_set": timed[0], "beginning_of_pass_write_index": 0, "end_of_pass_write_index": 1})
         compute.set_pipeline(pipeline)
         for index, group in enumerate(groups):
             compute.set_bind_group(index, group)
@@ -121,7 +135,25 @@ class Kernels:
         else:
             compute.dispatch_workgroups_indirect(indirect, 0)
         compute.end()
+        if timed:
+            encoder.resolve_query_set(timed[0], 0, 2, timed[1], 0)
         self.device.queue.submit([encoder.finish()])
+
+
+def run_optional(k: Kernels, x: np.ndarray, results: dict) -> None:
+    """The kernels of the optional features the adapter offers."""
+    increment = k.pipeline(INCREMENT)
+    if "shader-f16" in k.features:
+        v = k.buffer(x)
+        half = k.pipeline(HALF)
+        k.run(half, [k.group(half, 0, v)])
+        results["half"] = k.read(v, np.float32)
+    if "timestamp-query" in k.features:
+        stamps = k.device.create_buffer(size=16, usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
+        k.run(increment, [k.group(increment, 0, k.buffer(x))],
+              timed=(k.device.create_query_set(type="timestamp", count=2), stamps))
+        first, second = np.frombuffer(k.device.queue.read_buffer(stamps), np.uint64).tolist()
+        results["timed"] = [first > 0, second >= first]
 
 
 def run_all(k: Kernels, x: np.ndarray, words: np.ndarray) -> dict:
@@ -180,6 +212,7 @@ def run_all(k: Kernels, x: np.ndarray, words: np.ndarray) -> dict:
     encoder.copy_buffer_to_buffer(source, N * 2, target, N * 2, N * 2)
     k.device.queue.submit([encoder.finish()])
     results["copies"] = k.read(target, np.float32)
+    run_optional(k, x, results)
     return results
 
 

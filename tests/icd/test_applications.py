@@ -157,28 +157,38 @@ def test_taichi_runs_directly_as_numpy_computes():
     assert np.allclose(seen["field"], expected["field"], rtol=1e-6, atol=1e-5)
 
 
-def wgpu_expected() -> dict:
-    """What _wgpu_app.py's kernels compute, by numpy, from the same inputs."""
+def wgpu_inputs() -> tuple[np.ndarray, np.ndarray]:
+    """_wgpu_app.py's inputs."""
     sys.path.insert(0, str(HERE))
     try:
-        from _wgpu_app import N, inputs
+        from _wgpu_app import inputs
     finally:
         sys.path.remove(str(HERE))
-    x, words = inputs()
-    increment = np.zeros(N, np.float32)
-    increment[:N // 2] = 1  # an indirect dispatch of N/128 workgroups of 64
-    copies = np.zeros(N, np.float32)
-    copies[N // 2:] = x[N // 2:]
+    return inputs()
+
+
+def wgpu_expected() -> dict:
+    """What _wgpu_app.py's eight kernels compute, by numpy, from the same inputs."""
+    x, words = wgpu_inputs()
+    n = len(x)
+    increment = np.zeros(n, np.float32)
+    increment[:n // 2] = 1  # an indirect dispatch of N/128 workgroups of 64
+    copies = np.zeros(n, np.float32)
+    copies[n // 2:] = x[n // 2:]
     return {"affine": np.float32(2.5) * x - np.float32(1), "scaled": x * np.float32(3),
             "two_groups": x - np.float32(2) * x[::-1], "sums": x.reshape(-1, 64).sum(axis=1),
             "histogram": np.bincount(words % 16, minlength=16), "indirect": increment,
-            "chain": np.full(N, 64, np.float32), "copies": copies}
+            "chain": np.full(n, 64, np.float32), "copies": copies}
 
 
 def assert_wgpu_computes_as_numpy(seen: dict) -> None:
     assert seen["backend"] == "Vulkan"  # no silent fallback to its OpenGL backend
     for kernel, values in wgpu_expected().items():
         assert np.allclose(seen[kernel], values, rtol=1e-6, atol=1e-5), kernel
+    x = wgpu_inputs()[0]
+    if "half" in seen:  # shader-f16, where the device has it
+        assert seen["half"] == (x.astype(np.float16) * np.float16(2) + np.float16(0.5)).astype(np.float32).tolist()
+    assert seen.get("timed", [True, True]) == [True, True]  # timestamp-query, where the device has it
 
 
 @needs("ncnn")
