@@ -8,7 +8,10 @@
  * replies first (a refusal among them is written on stderr, as any). The arbiter answers a
  * session's requests in order, so what a free frees is gone before any later request is served; a
  * program that frees objects at every step (wgpu frees its pipelines, bind groups and command
- * buffers) waits for a reply only when it next asks for something. The bound keeps the replies
+ * buffers) waits for a reply only when it next asks for something. A submission reads them too
+ * before it pushes (ls_icd_settle_frees, queue.c): the ring is not the socket, and a list pushed
+ * behind a free the arbiter has not read yet would run on what the application freed, where it
+ * must find it gone (the device lost). The bound keeps the replies
  * within the socket's buffers: an arbiter that blocks writing a reply reads no further request,
  * and a driver sending request after request would then block too. A reply is waited for
  * LS_ICD_REPLY_MS (60 s), a load_program's as long as the welcome says the arbiter may take to vet
@@ -59,6 +62,13 @@ static int read_unread(struct ls_icd_device *device)
         ls_icd_frame_free(&frame);
     }
     return 0;
+}
+
+void ls_icd_settle_frees(struct ls_icd_device *device)
+{
+    int rc = read_unread(device);
+    if (rc < 0)
+        out_of_step(device, rc);
 }
 
 VkResult ls_icd_ask(struct ls_icd_device *device, const char *text, const void *payload, size_t payload_len,

@@ -404,7 +404,8 @@ VkResult ls_icd_ask_within(struct ls_icd_device *device, int reply_ms, const cha
                            size_t payload_len, struct ls_icd_frame *frame, int max_fds, cJSON **reply,
                            VkResult refused);
 int64_t ls_icd_whole_field(const cJSON *reply, const char *name, double least, double most);
-void ls_icd_forget(struct ls_icd_device *device, const char *field, int64_t id);
+void ls_icd_forget(struct ls_icd_device *device, const char *field, int64_t id); /* a free, its reply unread */
+void ls_icd_settle_frees(struct ls_icd_device *device); /* the unread replies read: every free done */
 
 /* ---- commands.c: a command buffer, recorded into the arbiter's command lists (engine/lists.c) */
 enum ls_icd_cb_state { LS_ICD_CB_INITIAL = 0, LS_ICD_CB_RECORDING, LS_ICD_CB_EXECUTABLE, LS_ICD_CB_INVALID };
