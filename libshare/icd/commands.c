@@ -378,6 +378,7 @@ VKAPI_ATTR VkResult VKAPI_CALL ls_icd_EndCommandBuffer(VkCommandBuffer handle)
             rec->ncommands = rec->capacity = 0;
         }
         cb->state = result == VK_SUCCESS ? LS_ICD_CB_EXECUTABLE : LS_ICD_CB_INVALID;
+        cb->ended_after = cb->device->frees;
     }
     pthread_mutex_unlock(&cb->device->lock);
     return result;

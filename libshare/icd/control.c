@@ -11,8 +11,13 @@
  * buffers) waits for a reply only when it next asks for something. A submission reads them too
  * before it pushes (ls_icd_settle_frees, queue.c): the ring is not the socket, and a list pushed
  * behind a free the arbiter has not read yet would run on what the application freed, where it
- * must find it gone (the device lost). The bound keeps the replies
- * within the socket's buffers: an arbiter that blocks writing a reply reads no further request,
+ * must find it gone (the device lost). Only a command buffer whose recording ended before a free
+ * can name what that free freed: one ended since had its lists loaded after the frees were read
+ * (a load_list is a request), or found in the cache, which drops what names a freed object at the
+ * free (cache.c), and recording refuses a destroyed object. So a submission settles only when one
+ * of its command buffers ended before the last free (device->frees against cb->ended_after): the
+ * program that frees at the end of a step and records anew the next does not wait. The bound
+ * keeps the replies within the socket's buffers: an arbiter that blocks writing a reply reads no further request,
  * and a driver sending request after request would then block too. A reply is waited for
  * LS_ICD_REPLY_MS (60 s), a load_program's as long as the welcome says the arbiter may take to vet
  * and compile a new module (ls_icd_ask_within, the session's load_ms). An exchange that
@@ -64,9 +69,21 @@ static int read_unread(struct ls_icd_device *device)
     return 0;
 }
 
-void ls_icd_settle_frees(struct ls_icd_device *device)
+/* Whether a command buffer of submission ``s`` ended its recording before the last free was sent. */
+static int recorded_before_a_free(const struct ls_icd_device *device, const struct ls_icd_submission *s)
 {
-    int rc = read_unread(device);
+    for (uint32_t i = 0; i < s->ncbs; i++)
+        if (s->cbs[i].cb->ended_after < device->frees)
+            return 1;
+    return 0;
+}
+
+void ls_icd_settle_frees(struct ls_icd_device *device, const struct ls_icd_submission *s)
+{
+    int rc;
+    if (device->session.unread == 0 || (s != NULL && !recorded_before_a_free(device, s)))
+        return;
+    rc = read_unread(device);
     if (rc < 0)
         out_of_step(device, rc);
 }
@@ -133,4 +150,5 @@ void ls_icd_forget(struct ls_icd_device *device, const char *field, int64_t id)
         out_of_step(device, rc); /* (a free that is not made: the session's end frees it) */
     else
         device->session.unread++;
+    device->frees++;
 }

@@ -353,6 +353,7 @@ struct ls_icd_device {
     uint64_t held;                  /* bytes of memory allocated */
     uint64_t alignment;             /* of a buffer's memory */
     uint32_t views;                 /* buffer views whose memory is live (view.c) */
+    uint64_t frees;                 /* frees sent to the arbiter, ever (control.c) */
     VkAllocationCallbacks allocator;
     int has_allocator;
     uint32_t extensions;            /* LS_ICD_EXT_* enabled at vkCreateDevice */
@@ -405,7 +406,10 @@ VkResult ls_icd_ask_within(struct ls_icd_device *device, int reply_ms, const cha
                            VkResult refused);
 int64_t ls_icd_whole_field(const cJSON *reply, const char *name, double least, double most);
 void ls_icd_forget(struct ls_icd_device *device, const char *field, int64_t id); /* a free, its reply unread */
-void ls_icd_settle_frees(struct ls_icd_device *device); /* the unread replies read: every free done */
+/* the unread replies read, every free done, unless each command buffer of ``s`` (NULL: any) ended its
+ * recording after the last free */
+struct ls_icd_submission;
+void ls_icd_settle_frees(struct ls_icd_device *device, const struct ls_icd_submission *s);
 
 /* ---- commands.c: a command buffer, recorded into the arbiter's command lists (engine/lists.c) */
 enum ls_icd_cb_state { LS_ICD_CB_INITIAL = 0, LS_ICD_CB_RECORDING, LS_ICD_CB_EXECUTABLE, LS_ICD_CB_INVALID };
@@ -420,6 +424,7 @@ struct ls_icd_command_buffer {
     uint32_t nlists;
     uint32_t pending;               /* submissions of it not yet answered (queue.c) */
     int freed;                      /* freed while pending: released by the last ls_icd_command_buffer_done */
+    uint64_t ended_after;           /* device->frees when its recording ended (control.c's settling) */
     struct ls_icd_recording *recording; /* commands.c's own: what is being recorded and bound */
 };
 

@@ -428,7 +428,7 @@ VkResult ls_icd_path_submit(struct ls_icd_device *device, struct ls_icd_submissi
     struct ls_icd_path *path = device->path;
     int held;
     ls_icd_path_survive(device);
-    ls_icd_settle_frees(device); /* what the application freed is gone before its lists run (control.c) */
+    ls_icd_settle_frees(device, s); /* what the application freed is gone before its lists run (control.c) */
     held = path->nqueued > 0 && !path->queued[path->nqueued - 1].pushed;
     if (path->lost) {
         give_back(s);
@@ -458,7 +458,7 @@ VkResult ls_icd_path_submit(struct ls_icd_device *device, struct ls_icd_submissi
 void ls_icd_path_release(struct ls_icd_device *device)
 {
     struct ls_icd_path *path = device->path;
-    ls_icd_settle_frees(device);
+    ls_icd_settle_frees(device, NULL);
     for (uint32_t i = 0; i < path->nqueued && !path->lost; i++) {
         if (path->queued[i].pushed)
             continue;
