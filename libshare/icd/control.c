@@ -78,6 +78,15 @@ static int recorded_before_a_free(const struct ls_icd_device *device, const stru
     return 0;
 }
 
+/* Before a request: a dead arbiter's successor first (reattach.c), then, while more than ``most``
+ * frees are unread, their replies: 0, or the failed read's code. */
+static int before_request(struct ls_icd_device *device, int most)
+{
+    if (device->path != NULL)
+        ls_icd_path_survive(device);
+    return device->session.unread > most ? read_unread(device) : 0;
+}
+
 void ls_icd_settle_frees(struct ls_icd_device *device, const struct ls_icd_submission *s)
 {
     int rc;
@@ -100,11 +109,9 @@ VkResult ls_icd_ask_within(struct ls_icd_device *device, int reply_ms, const cha
 {
     const cJSON *ok, *error;
     int rc;
-    if (device->path != NULL)
-        ls_icd_path_survive(device); /* a dead arbiter's successor first (reattach.c) */
     *reply = NULL;
     memset(frame, 0, sizeof(*frame));
-    rc = read_unread(device);
+    rc = before_request(device, 0);
     if (rc == 0)
         rc = ls_icd_send(device->session.sock, text, strlen(text), payload, payload_len);
     if (rc == 0)
@@ -140,10 +147,8 @@ void ls_icd_forget(struct ls_icd_device *device, const char *field, int64_t id)
     char text[96];
     int rc;
     ls_icd_unkeep(device, id);
-    if (device->path != NULL)
-        ls_icd_path_survive(device); /* a dead arbiter's successor first (reattach.c) */
     snprintf(text, sizeof(text), "{\"op\":\"free\",\"%s\":%lld}", field, (long long)id);
-    rc = device->session.unread < MOST_UNREAD ? 0 : read_unread(device);
+    rc = before_request(device, MOST_UNREAD - 1);
     if (rc == 0)
         rc = ls_icd_send(device->session.sock, text, strlen(text), NULL, 0);
     if (rc < 0)

@@ -18,6 +18,7 @@ start, and :attr:`Instance.abandoned` when work that never ended kept it alive.
 
 from __future__ import annotations
 
+import functools
 import os
 import uuid as _uuid
 from typing import Any
@@ -239,9 +240,10 @@ class _PhysicalInfo:
         _lib.vkGetPhysicalDeviceFeatures(self.handle, features)
         self.robust_buffer_access = bool(features.robustBufferAccess)
 
+    @functools.cached_property
     def _driver_properties(self):
         """The device's VkPhysicalDeviceDriverProperties, or None when it has none (Vulkan 1.1 without
-        VK_KHR_driver_properties)."""
+        VK_KHR_driver_properties); asked once (each session's welcome reports it)."""
         if _version(self.api_version) < (1, 2) and "VK_KHR_driver_properties" not in self.extensions:
             return None
         driver = _struct("VkPhysicalDeviceDriverProperties", "PHYSICAL_DEVICE_DRIVER_PROPERTIES")
@@ -251,13 +253,13 @@ class _PhysicalInfo:
 
     def driver_id(self) -> int:
         """The device's driver's VkDriverId, 0 when it cannot say."""
-        driver = self._driver_properties()
+        driver = self._driver_properties
         return int(driver.driverID) if driver is not None else 0
 
     def conformance_version(self) -> list[int]:
         """The Vulkan conformance test suite version the device's driver passed, as
         ``[major, minor, subminor, patch]``; all 0 when it cannot say or passed none."""
-        driver = self._driver_properties()
+        driver = self._driver_properties
         if driver is None:
             return [0, 0, 0, 0]
         version = driver.conformanceVersion
