@@ -5,9 +5,10 @@
  * and found again only through a pool's array (vkFreeCommandBuffers, vkCmdExecuteCommands check
  * that a pointer the application gives is one of the device's before following it).
  *
- * Recording. vkBeginCommandBuffer starts a recording (an implicit reset of one not initial needs the
- * pool's RESET_COMMAND_BUFFER_BIT, as vkResetCommandBuffer does: else LS_ICD_INVALID; so does one
- * pending); each vkCmd* appends 256-byte descriptors (libshare/ring/ring.h's struct ls_desc) to it
+ * Recording. vkBeginCommandBuffer starts a recording (resetting one not initial, as
+ * vkResetCommandBuffer does; one pending is LS_ICD_INVALID). Either reset is allowed from a pool
+ * without RESET_COMMAND_BUFFER_BIT, which Vulkan forbids and real drivers allow: Kompute records its
+ * sequences again so, and a reset only drops what this process holds. Each vkCmd* appends 256-byte descriptors (libshare/ring/ring.h's struct ls_desc) to it
  * through ls_icd_record: record.c's copies, fills, updates, barriers, events and secondary command
  * buffers, dispatch.c's dispatches with their bind groups, push constants and descriptor sets. The
  * recording's private state (struct ls_icd_recording) is in commands.h. A secondary command buffer
@@ -181,7 +182,7 @@ struct ls_icd_command_buffer *ls_icd_command_buffer_find(struct ls_icd_device *d
 VKAPI_ATTR VkResult VKAPI_CALL ls_icd_CreateCommandPool(VkDevice handle, const VkCommandPoolCreateInfo *info,
                                                         const VkAllocationCallbacks *allocator, VkCommandPool *out)
 {
-    struct ls_icd_command_pool pool = {.flags = info->flags};
+    struct ls_icd_command_pool pool = {0};
     uint64_t made;
     VkResult result;
     (void)allocator;
@@ -277,7 +278,6 @@ VKAPI_ATTR VkResult VKAPI_CALL ls_icd_AllocateCommandBuffers(VkDevice handle, co
         cb->pool = (uint64_t)(uintptr_t)info->commandPool;
         cb->recording = rec;
         rec->level = info->level;
-        rec->pool_flags = pool->flags;
         pool->buffers[pool->nbuffers++] = cb;
         out[made] = (VkCommandBuffer)cb;
     }
@@ -312,10 +312,11 @@ VKAPI_ATTR void VKAPI_CALL ls_icd_FreeCommandBuffers(VkDevice handle, VkCommandP
 
 /* ---------------------------------------------------------------- lifecycle */
 
-/* An implicit or explicit reset of ``cb`` (the device's lock held): only from a pool that allows it. */
+/* An implicit or explicit reset of ``cb`` (the device's lock held): never of one pending; from any pool
+ * (the design essay above says why the pool's flag is not asked for). */
 static VkResult reset(struct ls_icd_command_buffer *cb)
 {
-    if (cb->pending || !(cb->recording->pool_flags & VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT))
+    if (cb->pending)
         return LS_ICD_INVALID;
     forget(cb);
     return VK_SUCCESS;

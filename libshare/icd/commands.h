@@ -34,7 +34,6 @@ struct ls_icd_recording {
     uint8_t push[LS_MAX_PUSH];  /* vkCmdPushConstants' bytes */
     /* kept across resets (forget() clears everything above) */
     VkCommandBufferLevel level;
-    VkCommandPoolCreateFlags pool_flags;
 };
 
 struct ls_icd_command_buffer *ls_icd_command_buffer_of(VkCommandBuffer handle);

@@ -300,7 +300,6 @@ struct ls_icd_command_buffer;
 struct ls_icd_command_pool {
     struct ls_icd_command_buffer **buffers;
     uint32_t nbuffers, capacity;
-    VkCommandPoolCreateFlags flags;
 };
 
 struct ls_icd_object {

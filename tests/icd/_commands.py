@@ -8,10 +8,14 @@
 - ``quota``: command buffers of 1024 fills each (each a different value) ended until the arbiter's bound
   on a session's list commands refuses one; then one freed, and another ended; then, the pool
   destroyed, 300 command buffers of one fill each, all held at once.
+- ``rerecord``: Kompute's way of recording again: one command buffer of a pool without
+  ``RESET_COMMAND_BUFFER_BIT`` begun again after each submission (an implicit reset Vulkan forbids and
+  drivers allow), a fill of another value each time, submitted and read back; then reset explicitly
+  and recorded again; and begun while pending (a timeline semaphore holds its submission): refused.
 - ``hostile``: wrong use while recording (a copy past a buffer, a fill not of words, an update past
   65536 bytes, a wrong buffer, a dispatch with no pipeline, a graphics bind point, a buffer destroyed
-  before its command, a secondary that is not executable), a reset without the pool's flag, a second
-  begin without it, an end twice; then an honest command buffer still ends.
+  before its command, a secondary that is not executable), an end twice; then an honest command
+  buffer still ends.
 
 It knows nothing of libshare.
 """
@@ -25,6 +29,7 @@ import vulkan as vk
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from _memory import allocate, make_buffer, open_device, outcome  # noqa: E402
+from _queue import STAGE, Timeline  # noqa: E402
 
 WHOLE_SIZE = (1 << 64) - 1  # VK_WHOLE_SIZE (the bindings spell it -1)
 RESETTABLE = vk.VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT
@@ -198,8 +203,6 @@ def hostile() -> dict:
     vk.vkCmdFillBuffer(cb, a, 0, 4, 0)
     seen["ended"] = end(cb)
     seen["ended twice"] = end(cb)
-    seen["reset without the flag"] = outcome(vk.vkResetCommandBuffer, cb, 0)
-    seen["begin again without the flag"] = outcome(begin, cb)
     seen["pool reset"] = outcome(vk.vkResetCommandPool, device, fixed, 0)  # allowed: the pool's own reset
     seen["begin after the pool reset"] = outcome(begin, cb)
     vk.vkFreeCommandBuffers(device, pool, 1, [cb])  # not this pool's: nothing happens
@@ -215,8 +218,61 @@ def hostile() -> dict:
     return seen
 
 
+def submitted(device, queue, cb, memory) -> list:
+    """What ``cb``'s submission left in the first 4 words of host-visible ``memory``, once its fence
+    signaled."""
+    done = vk.vkCreateFence(device, vk.VkFenceCreateInfo(), None)
+    vk.vkQueueSubmit(queue, 1, [vk.VkSubmitInfo(commandBufferCount=1, pCommandBuffers=[cb])], done)
+    vk.vkWaitForFences(device, 1, [done], vk.VK_TRUE, 60 * 10**9)
+    vk.vkDestroyFence(device, done, None)
+    mapped = vk.vkMapMemory(device, memory, 0, 16, 0)
+    words = list(memoryview(bytes(mapped[:16])).cast("I"))
+    vk.vkUnmapMemory(device, memory)
+    return words
+
+
+def rerecord() -> dict:
+    instance, device, host = open_device("VK_KHR_timeline_semaphore")
+    queue = vk.vkGetDeviceQueue(device, 0, 0)
+    memory, (a,) = bound_buffers(device, host, 1, 4096)
+    fixed = make_pool(device, 0)  # no RESET_COMMAND_BUFFER_BIT, as Kompute's sequences
+    cb, = command_buffers(device, fixed)
+    seen = {"begun again": [], "filled": []}
+    for value in (5, 9, 13):
+        seen["begun again"].append(outcome(begin, cb))  # the first from initial, the others implicit resets
+        vk.vkCmdFillBuffer(cb, a, 0, WHOLE_SIZE, value)
+        end(cb)
+        seen["filled"].append(submitted(device, queue, cb, memory))
+    seen["reset"] = outcome(vk.vkResetCommandBuffer, cb, 0)
+    begin(cb)
+    vk.vkCmdFillBuffer(cb, a, 4, 8, 21)
+    end(cb)
+    seen["after the reset"] = submitted(device, queue, cb, memory)
+    timeline = Timeline(device)
+    gate = timeline.make(0)
+    done = vk.vkCreateFence(device, vk.VkFenceCreateInfo(), None)
+    values = vk.VkTimelineSemaphoreSubmitInfo(waitSemaphoreValueCount=1, pWaitSemaphoreValues=[1])
+    vk.vkQueueSubmit(queue, 1, [vk.VkSubmitInfo(
+        pNext=values, waitSemaphoreCount=1, pWaitSemaphores=[gate], pWaitDstStageMask=[STAGE],
+        commandBufferCount=1, pCommandBuffers=[cb])], done)
+    seen["begun while pending"] = outcome(begin, cb)
+    seen["reset while pending"] = outcome(vk.vkResetCommandBuffer, cb, 0)
+    timeline.signal_to(gate, 1)
+    vk.vkWaitForFences(device, 1, [done], vk.VK_TRUE, 60 * 10**9)
+    seen["begun once done"] = outcome(begin, cb)
+    vk.vkDestroyFence(device, done, None)
+    vk.vkDestroySemaphore(device, gate, None)
+    vk.vkDestroyCommandPool(device, fixed, None)
+    vk.vkDestroyBuffer(device, a, None)
+    vk.vkFreeMemory(device, memory, None)
+    vk.vkDestroyDevice(device, None)
+    vk.vkDestroyInstance(instance, None)
+    return seen
+
+
 def main() -> None:
-    print(json.dumps({"lists": lists, "quota": quota, "hostile": hostile}[sys.argv[1]]()), flush=True)
+    modes = {"lists": lists, "quota": quota, "rerecord": rerecord, "hostile": hostile}
+    print(json.dumps(modes[sys.argv[1]]()), flush=True)
 
 
 if __name__ == "__main__":

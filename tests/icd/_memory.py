@@ -37,13 +37,14 @@ def outcome(call, *args):
     return "ok" if value is None else value
 
 
-def open_device():
+def open_device(*extensions: str):
     instance = vk.vkCreateInstance(vk.VkInstanceCreateInfo(pApplicationInfo=vk.VkApplicationInfo(
         apiVersion=vk.VK_MAKE_VERSION(1, 1, 0))), None)
     physical = vk.vkEnumeratePhysicalDevices(instance)[0]
     queue = vk.VkDeviceQueueCreateInfo(queueFamilyIndex=0, queueCount=1, pQueuePriorities=[1.0])
-    device = vk.vkCreateDevice(physical, vk.VkDeviceCreateInfo(queueCreateInfoCount=1, pQueueCreateInfos=[queue]),
-                               None)
+    device = vk.vkCreateDevice(physical, vk.VkDeviceCreateInfo(
+        queueCreateInfoCount=1, pQueueCreateInfos=[queue], enabledExtensionCount=len(extensions),
+        ppEnabledExtensionNames=list(extensions) or None), None)
     types = vk.vkGetPhysicalDeviceMemoryProperties(physical).memoryTypes
     host = next(i for i in range(2) if types[i].propertyFlags & HOST_VISIBLE)
     return instance, device, host
