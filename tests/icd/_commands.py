@@ -119,6 +119,15 @@ def lists() -> dict:
     return seen
 
 
+def close(instance, device, pool, buffer, memory) -> None:
+    """Destroy ``pool``, ``buffer``, ``memory``, the device and the instance."""
+    vk.vkDestroyCommandPool(device, pool, None)
+    vk.vkDestroyBuffer(device, buffer, None)
+    vk.vkFreeMemory(device, memory, None)
+    vk.vkDestroyDevice(device, None)
+    vk.vkDestroyInstance(instance, None)
+
+
 def held_until_refused(device, pool, a, count: int, fills: int) -> tuple[list, list]:
     """``count`` command buffers of ``fills`` fills each, every one of its own content (the driver shares
     identical lists), ended and held: them, and what vkEndCommandBuffer answered each."""
@@ -149,11 +158,7 @@ def quota() -> dict:
     pool = make_pool(device)
     short = held_until_refused(device, pool, a, 300, 1)[1]  # lists of one command: more than 64 live at once
     seen["short ended"] = short.count("ok")
-    vk.vkDestroyCommandPool(device, pool, None)
-    vk.vkDestroyBuffer(device, a, None)
-    vk.vkFreeMemory(device, memory, None)
-    vk.vkDestroyDevice(device, None)
-    vk.vkDestroyInstance(instance, None)
+    close(instance, device, pool, a, memory)
     return seen
 
 
@@ -262,11 +267,7 @@ def rerecord() -> dict:
     seen["begun once done"] = outcome(begin, cb)
     vk.vkDestroyFence(device, done, None)
     vk.vkDestroySemaphore(device, gate, None)
-    vk.vkDestroyCommandPool(device, fixed, None)
-    vk.vkDestroyBuffer(device, a, None)
-    vk.vkFreeMemory(device, memory, None)
-    vk.vkDestroyDevice(device, None)
-    vk.vkDestroyInstance(instance, None)
+    close(instance, device, fixed, a, memory)
     return seen
 
 
