@@ -15,8 +15,9 @@
  * a bool, an integer in its range, a number for a float), so the driver reads the module's
  * OpDecorate SpecId, OpSpecConstant* and scalar types (spec_type) to encode each map entry's
  * bytes: a VkBool32 as true or false, an integer of 1, 2, 4 or 8 bytes signed or not as the module
- * declares it, a float of 2, 4 or 8 bytes as a number (a non-finite one has no JSON spelling and
- * is LS_ICD_INVALID). A map entry past pData's dataSize, of another size, or an id given twice is
+ * declares it, a float of 2, 4 or 8 bytes as a number (infinities and NaN as Infinity, -Infinity
+ * and NaN, which JSON lacks and the arbiter's reader takes; a NaN arrives as the quiet NaN of its
+ * width, its sign and payload lost). A map entry past pData's dataSize, of another size, or an id given twice is
  * LS_ICD_INVALID; one whose id the module does not declare is left out, as the specification says
  * it has no effect. For each variable of the module whose type is a runtime-sized array of buffers
  * (b[], put_arrays), the request carries "arrays": [[set, binding, count], ...], count the
@@ -283,9 +284,12 @@ static VkResult put_value(char *text, size_t room, int kind, uint32_t width, con
         } else {
             memcpy(&value, bytes, 8);
         }
-        if (!isfinite(value))
-            return LS_ICD_INVALID; /* JSON has no spelling for it */
-        snprintf(text, room, "%.17g%s", value, value == floor(value) && fabs(value) < 1e15 ? ".0" : "");
+        if (isnan(value)) /* spelled as Python's json reads them; a NaN's sign and payload are not kept */
+            snprintf(text, room, "NaN");
+        else if (isinf(value))
+            snprintf(text, room, "%sInfinity", value < 0 ? "-" : "");
+        else
+            snprintf(text, room, "%.17g%s", value, value == floor(value) && fabs(value) < 1e15 ? ".0" : "");
     }
     return VK_SUCCESS;
 }

@@ -298,6 +298,8 @@ def widths(kernel: bytes) -> None:
     seen = {"every width": named(pipeline(device, shader, layout, entries, data)),
             "not a number": named(pipeline(device, shader, layout, entries, struct.pack(
                 "<qdhBxeQ", 1, float("nan"), 1, 1, 1.0, 1))),
+            "infinities": named(pipeline(device, shader, layout, entries, struct.pack(
+                "<qdhBxeQ", 1, float("-inf"), 1, 1, float("inf"), 1))),
             "int64 of 4 bytes": named(pipeline(device, shader, layout, [(0, 0, 4)], data))}
     print(json.dumps(seen), flush=True)
 
