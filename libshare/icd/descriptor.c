@@ -14,8 +14,9 @@
  * A pool counts its sets against maxSets (past it: VK_ERROR_OUT_OF_POOL_MEMORY; its per-type sizes
  * are not counted, so a size of 0 descriptors, which Vulkan forbids and older ncnn asks for, as
  * lavapipe allows, is let by) and keeps their handles: vkResetDescriptorPool and vkDestroyDescriptorPool free
- * them, vkFreeDescriptorSets only from a pool made with FREE_DESCRIPTOR_SET (else LS_ICD_INVALID,
- * as is a set of another pool). A set is a copy of its layout and one ls_icd_descriptor an entry.
+ * them, and so does vkFreeDescriptorSets, from a pool made without FREE_DESCRIPTOR_SET too (Vulkan
+ * forbids it, lavapipe allows it, and the command has no error to give); a set of another pool is
+ * LS_ICD_INVALID. A set is a copy of its layout and one ls_icd_descriptor an entry.
  *
  * vkUpdateDescriptorSets returns nothing, so a write or copy it cannot apply is skipped whole and
  * named on stderr (one line), never half applied: a set, binding or buffer that does not exist
@@ -259,7 +260,6 @@ VKAPI_ATTR VkResult VKAPI_CALL ls_icd_CreateDescriptorPool(VkDevice handle, cons
     if (made) {
         struct ls_icd_descriptor_pool *pool = &find(device, made, LS_ICD_DESCRIPTOR_POOL)->u.descriptor_pool;
         pool->max_sets = info->maxSets;
-        pool->flags = info->flags;
     }
     pthread_mutex_unlock(&device->lock);
     if (!made)
@@ -395,7 +395,7 @@ VKAPI_ATTR VkResult VKAPI_CALL ls_icd_FreeDescriptorSets(VkDevice handle, VkDesc
     VkResult result = VK_SUCCESS;
     pthread_mutex_lock(&device->lock);
     object = find(device, (uint64_t)(uintptr_t)pool, LS_ICD_DESCRIPTOR_POOL);
-    if (object == NULL || !(object->u.descriptor_pool.flags & VK_DESCRIPTOR_POOL_CREATE_FREE_DESCRIPTOR_SET_BIT))
+    if (object == NULL)
         result = LS_ICD_INVALID;
     for (uint32_t i = 0; result == VK_SUCCESS && i < count; i++) {
         struct ls_icd_object *set = find(device, (uint64_t)(uintptr_t)sets[i], LS_ICD_DESCRIPTOR_SET);

@@ -279,7 +279,6 @@ struct ls_icd_descriptor_pool {
     uint64_t *sets;                 /* the handles of the sets made from it and not freed */
     uint32_t nsets, capacity;
     uint32_t max_sets;
-    VkDescriptorPoolCreateFlags flags;
 };
 
 struct ls_icd_update_template {

@@ -178,7 +178,8 @@ def pools(device, set0, set1) -> dict:
     _, sets = allocate(device, plain, [set0, set1])
     result, refused = allocate(device, plain, [set0])
     seen["past max sets"] = [result, int(vk.ffi.cast("uintptr_t", refused[0]))]
-    seen["free without the flag"] = outcome(vk.vkFreeDescriptorSets, device, plain, 1, [sets[0]])
+    seen["free without the flag"] = outcome(vk.vkFreeDescriptorSets, device, plain, 1, [sets[0]])  # as lavapipe
+    seen["after the free"] = allocate(device, plain, [set0])[0]  # its place in maxSets given back
     vk.vkResetDescriptorPool(device, plain, 0)
     seen["after reset"] = allocate(device, plain, [set1, set1])[0]
     freeing = vk.vkCreateDescriptorPool(device, vk.VkDescriptorPoolCreateInfo(
