@@ -2,7 +2,7 @@
  *
  * Both read a submission into one shape (its semaphore waits and signals as (handle, value), its
  * command buffers) and submit it the same way, in order, the device's lock held. The fence comes
- * first: it must exist, be unsignaled and not wait on a submission already; it goes with the last
+ * first: it must exist and not wait on a submission already (a signaled one is reset); it goes with the last
  * submission (with none, an empty one that pushes a LS_OP_NOP so that it signals behind the earlier
  * work). Each submission is checked before anything of it is kept: every semaphore exists; a
  * binary wait needs a signal submitted before it (submission order on the one queue orders them;
@@ -189,19 +189,22 @@ static VkResult submit_one(struct ls_icd_device *device, const struct request *r
     if (result != VK_SUCCESS)
         return result; /* (queue.c handed its command buffers back) */
     found = ls_icd_object_find(&device->objects, fence, LS_ICD_FENCE);
-    if (found != NULL)
+    if (found != NULL) {
+        found->u.fence.signaled = 0;
         found->u.fence.pending = 1;
+    }
     return VK_SUCCESS;
 }
 
-/* ``fence`` may be submitted: 0 (none) or a fence neither signaled nor pending. */
+/* ``fence`` may be submitted: 0 (none) or a fence not pending (a signaled one is reset by its submission:
+ * Vulkan forbids submitting it, lavapipe takes it, and its meaning is plain). */
 static VkResult check_fence(struct ls_icd_device *device, VkFence fence)
 {
     struct ls_icd_object *found;
     if (fence == VK_NULL_HANDLE)
         return VK_SUCCESS;
     found = ls_icd_object_find(&device->objects, (uint64_t)(uintptr_t)fence, LS_ICD_FENCE);
-    return found == NULL || found->u.fence.signaled || found->u.fence.pending ? LS_ICD_INVALID : VK_SUCCESS;
+    return found == NULL || found->u.fence.pending ? LS_ICD_INVALID : VK_SUCCESS;
 }
 
 static VkResult read_submit(const VkSubmitInfo *info, struct request *r)

@@ -2,7 +2,8 @@
  *
  * A fence is a flag: made signaled or not, reset by vkResetFences, set when the submission it came
  * with is wholly answered (queue.c retires it). Submitted (submit.c), it is pending until then: a
- * pending fence submitted again or reset is LS_ICD_INVALID, as is a signaled one submitted. A
+ * pending fence submitted again or reset is LS_ICD_INVALID; a signaled one submitted is reset by
+ * its submission (Vulkan forbids it; lavapipe takes it). A
  * status query reads the answers there are first (without sleeping); vkWaitForFences sleeps in
  * queue.c's wait (on the ring while work is pending) up to its timeout, VK_TIMEOUT then; an infinite
  * wait on a fence nothing queued will signal answers VK_TIMEOUT at once rather than never return.

@@ -13,7 +13,8 @@
   the arbiter meanwhile), what a submission and every wait answer.
 - ``leaks``: what the process holds (descriptors, ring mappings, threads) with its instance alone,
   with a device that submitted work, and after vkDestroyDevice.
-- ``hostile``: wrong fence and semaphore handles, a pending fence submitted and reset again, a wait on a
+- ``hostile``: wrong fence and semaphore handles, a pending fence submitted and reset again, a signaled
+  fence submitted behind held work (taken as reset), a wait on a
   binary semaphore nothing signals, a timeline signal going back, vkDeviceWaitIdle and vkQueueWaitIdle
   of VK_NULL_HANDLE (Taichi's device destructor waits on a device it never made); then an honest
   submission still works.
@@ -88,6 +89,19 @@ def timed(waits=(), signals=()):
     return vk.VkSubmitInfo(pNext=values, waitSemaphoreCount=len(waits), pWaitSemaphores=[s for s, _v in waits] or None,
                            pWaitDstStageMask=[STAGE] * len(waits) or None, signalSemaphoreCount=len(signals),
                            pSignalSemaphores=[s for s, _v in signals] or None)
+
+
+def signaled_fence_behind_held_work(device, queue, timeline) -> list:
+    """A signaled fence submitted (Vulkan forbids it; lavapipe takes it) behind a submission a timeline
+    semaphore holds: what it answers, its status while held, and its wait once released."""
+    gate, signaled = timeline.make(0), fence(device, signaled=True)
+    vk.vkQueueSubmit(queue, 1, [timed([(gate, 1)])], None)
+    seen = [outcome(vk.vkQueueSubmit, queue, 0, None, signaled), outcome(vk.vkGetFenceStatus, device, signaled)]
+    timeline.signal_to(gate, 1)
+    seen.append(outcome(vk.vkWaitForFences, device, 1, [signaled], vk.VK_TRUE, 10**10))
+    vk.vkDestroyFence(device, signaled, None)
+    vk.vkDestroySemaphore(device, gate, None)
+    return seen
 
 
 def honest() -> dict:
@@ -233,6 +247,7 @@ def hostile() -> dict:
         "signaled fence submitted": outcome(vk.vkQueueSubmit, queue, 0, None,
                                             held if vk.vkWaitForFences(device, 1, [held], vk.VK_TRUE, 10**10) is None
                                             else None),
+        "signaled fence behind held work": signaled_fence_behind_held_work(device, queue, timeline),
         "wrong event": outcome(vk.vkSetEvent, device, vk.ffi.cast("VkEvent", WRONG)),
         "idle of no device": direct(device, "vkDeviceWaitIdle", vk.ffi.NULL),
         "idle of no queue": direct(device, "vkQueueWaitIdle", vk.ffi.NULL),
