@@ -32,7 +32,8 @@
  * and the application frees or resets one (idle lists the cache keeps are freed first). A
  * recording holds at most MOST_COMMANDS descriptors (all a session's lists may hold). Reset, free and destroy give the command buffer's lists and
  * bind groups back to the cache; a command buffer freed while pending is released by the last
- * ls_icd_command_buffer_done.
+ * ls_icd_command_buffer_done. A ONE_TIME_SUBMIT command buffer stays executable after its
+ * submission: Vulkan makes it invalid, lavapipe runs it again when submitted again, and so does this.
  *
  * Locking. Every call that changes a command buffer's state, asks the arbiter or looks up the
  * device's objects holds the device's lock; the recording itself is the application's to
@@ -407,11 +408,9 @@ VkResult ls_icd_command_buffer_take(struct ls_icd_command_buffer *cb, const uint
 {
     struct ls_icd_recording *rec = cb->recording;
     if (cb->state != LS_ICD_CB_EXECUTABLE || rec->error != VK_SUCCESS ||
-        rec->level != VK_COMMAND_BUFFER_LEVEL_PRIMARY || rec->spent ||
+        rec->level != VK_COMMAND_BUFFER_LEVEL_PRIMARY ||
         (cb->pending && !(cb->usage & VK_COMMAND_BUFFER_USAGE_SIMULTANEOUS_USE_BIT)))
         return LS_ICD_INVALID;
-    if (cb->usage & VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT)
-        rec->spent = 1;
     cb->pending++;
     *lists = cb->lists;
     *nlists = cb->nlists;
@@ -424,8 +423,6 @@ void ls_icd_command_buffer_done(struct ls_icd_command_buffer *cb)
         return;
     cb->pending--;
     apply_events(cb);
-    if (cb->recording->spent && cb->pending == 0)
-        cb->state = LS_ICD_CB_INVALID;
     if (cb->freed && cb->pending == 0)
         release(cb);
 }

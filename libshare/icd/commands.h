@@ -21,7 +21,6 @@ struct ls_icd_event_op {
 
 struct ls_icd_recording {
     VkResult error;             /* the first failure while recording, answered by vkEndCommandBuffer */
-    int spent;                  /* ONE_TIME_SUBMIT, submitted once */
     struct ls_desc *commands;   /* recorded (a primary's until loaded as lists at the end) */
     uint32_t ncommands, capacity;
     struct ls_icd_cached **held; /* the bind groups and lists it holds (cache.c), one a use */

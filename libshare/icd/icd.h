@@ -429,7 +429,7 @@ struct ls_icd_command_buffer {
 /* For a submission (queue.c, the device's lock held): ``cb``'s lists, VK_SUCCESS, and it counts as
  * pending; LS_ICD_INVALID when it is not executable, or pending without SIMULTANEOUS_USE. */
 VkResult ls_icd_command_buffer_take(struct ls_icd_command_buffer *cb, const uint32_t **lists, uint32_t *nlists);
-/* A submission of ``cb`` was answered (ONE_TIME_SUBMIT: it becomes invalid; freed: released). */
+/* A submission of ``cb`` was answered (freed: released once none is pending). */
 void ls_icd_command_buffer_done(struct ls_icd_command_buffer *cb);
 /* Append one encoded command (libshare/ring/ring.h's struct ls_desc, made with ls_encode_op) to
  * ``cb``'s recording: for the vkCmd* of other files (query.c's timestamps). VK_SUCCESS, or the

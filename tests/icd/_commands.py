@@ -11,7 +11,7 @@
 - ``rerecord``: Kompute's way of recording again: one command buffer of a pool without
   ``RESET_COMMAND_BUFFER_BIT`` begun again after each submission (an implicit reset Vulkan forbids and
   drivers allow), a fill of another value each time, submitted and read back; then reset explicitly
-  and recorded again; and begun while pending (a timeline semaphore holds its submission): refused.
+  and recorded again for one submission, and submitted twice; and begun while pending (a timeline semaphore holds its submission): refused.
 - ``hostile``: wrong use while recording (a copy past a buffer, a fill not of words, an update past
   65536 bytes, a wrong buffer, a dispatch with no pipeline, a graphics bind point, a buffer destroyed
   before its command, a secondary that is not executable), an end twice; then an honest command
@@ -249,10 +249,15 @@ def rerecord() -> dict:
         end(cb)
         seen["filled"].append(submitted(device, queue, cb, memory))
     seen["reset"] = outcome(vk.vkResetCommandBuffer, cb, 0)
-    begin(cb)
+    begin(cb, vk.VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT)
     vk.vkCmdFillBuffer(cb, a, 4, 8, 21)
     end(cb)
     seen["after the reset"] = submitted(device, queue, cb, memory)
+    # a one-time command buffer submitted again (Vulkan forbids it, lavapipe runs it): its fill again
+    mapped = vk.vkMapMemory(device, memory, 0, 16, 0)
+    mapped[:16] = bytes(16)
+    vk.vkUnmapMemory(device, memory)
+    seen["one-time again"] = submitted(device, queue, cb, memory)
     timeline = Timeline(device)
     gate = timeline.make(0)
     done = vk.vkCreateFence(device, vk.VkFenceCreateInfo(), None)

@@ -57,6 +57,7 @@ def test_a_command_buffer_is_recorded_again_without_the_pools_reset_flag_but_nev
     assert seen["begun again"] == ["ok"] * 3, seen
     assert seen["filled"] == [[5] * 4, [9] * 4, [13] * 4], seen
     assert seen["reset"] == "ok" and seen["after the reset"] == [13, 21, 21, 13], seen
+    assert seen["one-time again"] == [0, 21, 21, 0], seen  # the memory zeroed between: the fill ran again
     assert seen["begun while pending"] == INVALID and seen["reset while pending"] == INVALID, seen
     assert seen["begun once done"] == "ok", seen
 
