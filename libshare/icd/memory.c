@@ -7,7 +7,8 @@
  * holding only such memory survives a restart. A shared buffer's reply carries its sealed memfd, which the driver maps
  * whole at once (MAP_SHARED: the arbiter's device reads and writes the same pages) and closes
  * (reattach.c's ledger keeps a duplicate, to hand the same pages to a new arbiter after a restart);
- * vkMapMemory hands out that mapping, zero copy, and the memory is coherent, so flushing and
+ * vkMapMemory hands out that mapping, zero copy (again while mapped: Vulkan forbids it, lavapipe
+ * allows it, and the pages are the same), and the memory is coherent, so flushing and
  * invalidating only check their ranges. Everything in the reply is checked: "ok", a buffer id,
  * a size of whole pages at least the one asked and at most 2 GiB past it, one descriptor for a
  * shared buffer and none for a device one, a memfd at least that long.
@@ -20,7 +21,7 @@
  * to give); an exchange that failed (no answer in time, a broken frame, the arbiter gone) shuts
  * the session's socket, so every later request fails at once rather than read a stale reply. vkFreeMemory sends "free" and unmaps; buffers still bound to that memory keep a
  * handle that no longer finds it (buffer.c). Invalid input (a wrong handle, a memory type that
- * does not exist, mapping memory that is not host-visible or already mapped, a range past the
+ * does not exist, mapping memory that is not host-visible, a range past the
  * memory) is an error, never a crash: LS_ICD_INVALID, or VK_ERROR_MEMORY_MAP_FAILED for maps.
  * ls_icd_memory_shared makes the same shared buffer for the driver's own use (query.c's pools), outside
  * the heap's count. */
@@ -165,7 +166,6 @@ VKAPI_ATTR VkResult VKAPI_CALL ls_icd_MapMemory(VkDevice handle, VkDeviceMemory 
     pthread_mutex_lock(&device->lock);
     object = ls_icd_object_find(&device->objects, (uint64_t)(uintptr_t)memory, LS_ICD_MEMORY);
     if (object != NULL && flags == 0 && object->u.memory.type == 1 && object->u.memory.address != NULL &&
-        !object->u.memory.mapped &&
         offset < object->u.memory.size &&
         (size == VK_WHOLE_SIZE || (size != 0 && size <= object->u.memory.size - offset))) {
         object->u.memory.mapped = 1;

@@ -4,8 +4,9 @@
  * encoded by ls_encode_op as the C API's ls_list_* do) over the arbiter's ids: a VkBuffer is its
  * memory's arbiter buffer at an absolute offset, every range checked inside the VkBuffer here (the
  * arbiter checks it again inside its buffer, engine/validate.c). vkCmdCopyBuffer is one LS_OP_COPY a
- * region (size 0 or outside either buffer: invalid); vkCmdFillBuffer one LS_OP_FILL (offset and size
- * multiples of 4; VK_WHOLE_SIZE: to the buffer's end rounded down to 4, nothing when that is 0);
+ * region (outside either buffer: invalid; of 0 bytes: none, as lavapipe copies nothing, though
+ * Vulkan forbids it); vkCmdFillBuffer one LS_OP_FILL (offset a multiple of 4; the size, or
+ * VK_WHOLE_SIZE's to the buffer's end, rounded down to 4 as lavapipe does: nothing when that is 0);
  * vkCmdUpdateBuffer (1 to 65536 bytes, multiples of 4) LS_OP_UPDATE pieces of at most LS_MAX_PUSH
  * bytes. vkCmdPipelineBarrier(2) and vkCmdWaitEvents(2) are one LS_OP_BARRIER (never two in a row):
  * every barrier is the full one, and the engine ends every command with one anyway, so a list's
@@ -64,8 +65,9 @@ VKAPI_ATTR void VKAPI_CALL ls_icd_CmdCopyBuffer(VkCommandBuffer handle, VkBuffer
     for (uint32_t i = 0; i < count; i++) {
         uint32_t ids[2];
         uint64_t offsets[3] = {0, 0, regions[i].size};
-        if (regions[i].size == 0 ||
-            ls_icd_buffer_range(cb->device, (uint64_t)(uintptr_t)src, regions[i].srcOffset, regions[i].size, &ids[0],
+        if (regions[i].size == 0)
+            continue; /* nothing to copy: Vulkan forbids the region, lavapipe copies nothing */
+        if (ls_icd_buffer_range(cb->device, (uint64_t)(uintptr_t)src, regions[i].srcOffset, regions[i].size, &ids[0],
                                 &offsets[0]) < 0 ||
             ls_icd_buffer_range(cb->device, (uint64_t)(uintptr_t)dst, regions[i].dstOffset, regions[i].size, &ids[1],
                                 &offsets[1]) < 0) {
@@ -87,10 +89,11 @@ VKAPI_ATTR void VKAPI_CALL ls_icd_CmdFillBuffer(VkCommandBuffer handle, VkBuffer
     pthread_mutex_lock(&cb->device->lock);
     whole = ls_icd_buffer_size(cb->device, (uint64_t)(uintptr_t)dst);
     if (size == VK_WHOLE_SIZE && offset <= whole)
-        size = (whole - offset) & ~(uint64_t)3;
-    if (offset % 4 != 0 || size % 4 != 0 ||
+        size = whole - offset;
+    size &= ~(uint64_t)3; /* whole words, as lavapipe rounds a size Vulkan forbids */
+    if (offset % 4 != 0 ||
         ls_icd_buffer_range(cb->device, (uint64_t)(uintptr_t)dst, offset, size, &id, &offsets[0]) < 0)
-        ls_icd_fail(cb, LS_ICD_INVALID, "vkCmdFillBuffer: a wrong buffer, or a range outside it or not of words");
+        ls_icd_fail(cb, LS_ICD_INVALID, "vkCmdFillBuffer: a wrong buffer, a range outside it, or an offset not of words");
     else if (size != 0) {
         offsets[1] = size;
         ls_icd_encode(cb, LS_OP_FILL, 1, &id, 2, offsets, &data, sizeof(data));
