@@ -7,9 +7,9 @@
  * region (outside either buffer: invalid; of 0 bytes: none, as lavapipe copies nothing, though
  * Vulkan forbids it); vkCmdFillBuffer one LS_OP_FILL (offset a multiple of 4; the size, or
  * VK_WHOLE_SIZE's to the buffer's end, rounded down to 4 as lavapipe does: nothing when that is 0);
- * vkCmdUpdateBuffer (1 to 65536 bytes, multiples of 4) LS_OP_UPDATE pieces of at most LS_MAX_PUSH
- * bytes. vkCmdPipelineBarrier(2) and vkCmdWaitEvents(2) are one LS_OP_BARRIER (never two in a row):
- * every barrier is the full one, and the engine ends every command with one anyway, so a list's
+ * vkCmdUpdateBuffer (up to 65536 bytes, multiples of 4; 0: none, as in lavapipe) LS_OP_UPDATE
+ * pieces of at most LS_MAX_PUSH bytes. vkCmdPipelineBarrier(2) and vkCmdWaitEvents(2) are one
+ * LS_OP_BARRIER (never two in a row): every barrier is the full one, and the engine ends every command with one anyway, so a list's
  * order is already a barrier's (engine/lists.c, "Barriers"); an event waited on was set by an
  * earlier submission or the host. vkCmdSetEvent(2) and vkCmdResetEvent(2) check the event and are
  * remembered, in order, and applied when a submission of the command buffer is answered
@@ -108,7 +108,11 @@ VKAPI_ATTR void VKAPI_CALL ls_icd_CmdUpdateBuffer(VkCommandBuffer handle, VkBuff
     uint64_t at = 0;
     uint32_t id = 0;
     pthread_mutex_lock(&cb->device->lock);
-    if (size == 0 || size > MOST_UPDATE || size % 4 != 0 || offset % 4 != 0 || data == NULL ||
+    if (size == 0) { /* nothing to write: Vulkan forbids it, lavapipe writes nothing */
+        pthread_mutex_unlock(&cb->device->lock);
+        return;
+    }
+    if (size > MOST_UPDATE || size % 4 != 0 || offset % 4 != 0 || data == NULL ||
         ls_icd_buffer_range(cb->device, (uint64_t)(uintptr_t)dst, offset, size, &id, &at) < 0)
         ls_icd_fail(cb, LS_ICD_INVALID, "vkCmdUpdateBuffer: a wrong buffer, a range outside it, or past 65536 bytes");
     for (uint64_t done = 0; cb->recording->error == VK_SUCCESS && done < size; done += LS_MAX_PUSH) {

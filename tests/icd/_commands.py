@@ -11,10 +11,11 @@
 - ``rerecord``: Kompute's way of recording again: one command buffer of a pool without
   ``RESET_COMMAND_BUFFER_BIT`` begun again after each submission (an implicit reset Vulkan forbids and
   drivers allow), a fill of another value each time, submitted and read back; then reset explicitly
-  and recorded again for one submission, and submitted twice; a fill of 10 bytes and a copy region of
-  0 bytes (rounded and skipped, as lavapipe does); and begun while pending (a timeline semaphore holds its submission): refused.
-- ``hostile``: wrong use while recording (a copy past a buffer, a fill at an offset not of words, an update past
-  65536 bytes, a wrong buffer, a dispatch with no pipeline, a graphics bind point, a buffer destroyed
+  and recorded again for one submission, and submitted twice; a fill of 10 bytes, and an update and
+  a copy region of 0 bytes (rounded and skipped, as lavapipe does); and begun while pending (a
+  timeline semaphore holds its submission): refused.
+- ``hostile``: wrong use while recording (a copy past a buffer, a fill at an offset not of words, an
+  update past 65536 bytes, a wrong buffer, a dispatch with no pipeline, a graphics bind point, a buffer destroyed
   before its command, a secondary that is not executable), an end twice; then an honest command
   buffer still ends.
 
@@ -259,9 +260,10 @@ def rerecord() -> dict:
     mapped[:16] = bytes(16)
     vk.vkUnmapMemory(device, memory)
     seen["one-time again"] = submitted(device, queue, cb, memory)
-    begin(cb)  # a fill of 10 bytes and a copy region of 0 (Vulkan forbids both; lavapipe fills 2 words, copies nothing)
+    begin(cb)  # a fill of 10 bytes, empty update and copy (Vulkan forbids them; lavapipe fills 2 words, no more)
     vk.vkCmdFillBuffer(cb, a, 0, 16, 0)
     vk.vkCmdFillBuffer(cb, a, 0, 10, 0x33)
+    update(cb, a, 8, b"")  # 0 bytes: nothing written
     vk.vkCmdCopyBuffer(cb, a, a, 2, [vk.VkBufferCopy(srcOffset=0, dstOffset=8, size=0),
                                      vk.VkBufferCopy(srcOffset=0, dstOffset=12, size=4)])
     end(cb)
