@@ -35,6 +35,8 @@
 #define I64 VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_ATOMIC_INT64_FEATURES
 #define VMM VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_MEMORY_MODEL_FEATURES
 #define SGX VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_SUBGROUP_EXTENDED_TYPES_FEATURES
+#define SBL VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SCALAR_BLOCK_LAYOUT_FEATURES
+#define UBL VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_UNIFORM_BUFFER_STANDARD_LAYOUT_FEATURES
 #define TLS VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_TIMELINE_SEMAPHORE_FEATURES
 #define HQR VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_HOST_QUERY_RESET_FEATURES
 #define SY2 VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SYNCHRONIZATION_2_FEATURES
@@ -81,6 +83,10 @@ static const struct field {
     SAME(VMM, VkPhysicalDeviceVulkanMemoryModelFeatures, vulkanMemoryModelDeviceScope),
     SAME(VMM, VkPhysicalDeviceVulkanMemoryModelFeatures, vulkanMemoryModelAvailabilityVisibilityChains),
     SAME(SGX, VkPhysicalDeviceShaderSubgroupExtendedTypesFeatures, shaderSubgroupExtendedTypes),
+    SAME(V12, VkPhysicalDeviceVulkan12Features, scalarBlockLayout),
+    SAME(SBL, VkPhysicalDeviceScalarBlockLayoutFeatures, scalarBlockLayout),
+    SAME(V12, VkPhysicalDeviceVulkan12Features, uniformBufferStandardLayout),
+    SAME(UBL, VkPhysicalDeviceUniformBufferStandardLayoutFeatures, uniformBufferStandardLayout),
     ROW(TLS, VkPhysicalDeviceTimelineSemaphoreFeatures, timelineSemaphore, ALWAYS),
     ROW(HQR, VkPhysicalDeviceHostQueryResetFeatures, hostQueryReset, ALWAYS),
     ROW(SY2, VkPhysicalDeviceSynchronization2Features, synchronization2, ALWAYS),
@@ -102,7 +108,18 @@ static const struct field {
 };
 
 #define NFIELDS (sizeof(FIELDS) / sizeof(FIELDS[0]))
-_Static_assert(NFIELDS <= 64, "physical->reported holds one bit a row");
+_Static_assert(NFIELDS <= 64 * LS_ICD_ROW_WORDS, "physical->reported holds one bit a row");
+
+/* Whether row i is reported, and reporting it. */
+static int row_on(const struct ls_icd_physical *physical, size_t i)
+{
+    return (physical->reported[i / 64] >> (i % 64)) & 1;
+}
+
+static void report_row(struct ls_icd_physical *physical, size_t i)
+{
+    physical->reported[i / 64] |= 1ull << (i % 64);
+}
 
 /* The feature structures of FIELDS and where their members end (each sType, pNext, then VkBool32
  * only): the last member's end, not sizeof, whose tail padding an application need not have set. */
@@ -118,6 +135,8 @@ static const struct {
     {I64, LS_ICD_END(VkPhysicalDeviceShaderAtomicInt64Features, shaderSharedInt64Atomics)},
     {VMM, LS_ICD_END(VkPhysicalDeviceVulkanMemoryModelFeatures, vulkanMemoryModelAvailabilityVisibilityChains)},
     {SGX, LS_ICD_END(VkPhysicalDeviceShaderSubgroupExtendedTypesFeatures, shaderSubgroupExtendedTypes)},
+    {SBL, LS_ICD_END(VkPhysicalDeviceScalarBlockLayoutFeatures, scalarBlockLayout)},
+    {UBL, LS_ICD_END(VkPhysicalDeviceUniformBufferStandardLayoutFeatures, uniformBufferStandardLayout)},
     {TLS, LS_ICD_END(VkPhysicalDeviceTimelineSemaphoreFeatures, timelineSemaphore)},
     {HQR, LS_ICD_END(VkPhysicalDeviceHostQueryResetFeatures, hostQueryReset)},
     {SY2, LS_ICD_END(VkPhysicalDeviceSynchronization2Features, synchronization2)},
@@ -135,7 +154,7 @@ void ls_icd_fields_always(struct ls_icd_physical *physical)
 {
     for (size_t i = 0; i < NFIELDS; i++)
         if (FIELDS[i].name == ALWAYS && (FIELDS[i].type != SY2 || LS_ICD_OFFERS_SYNC2))
-            physical->reported |= 1ull << i;
+            report_row(physical, i);
 }
 
 int ls_icd_fields_set(struct ls_icd_physical *physical, const char *name)
@@ -143,7 +162,7 @@ int ls_icd_fields_set(struct ls_icd_physical *physical, const char *name)
     int found = 0;
     for (size_t i = 0; i < NFIELDS; i++) {
         if (FIELDS[i].name != ALWAYS && strcmp(FIELDS[i].name, name) == 0) {
-            physical->reported |= 1ull << i;
+            report_row(physical, i);
             found = 1;
         }
     }
@@ -154,7 +173,7 @@ int ls_icd_fields_reported(const struct ls_icd_physical *physical, const char *n
 {
     for (size_t i = 0; i < NFIELDS; i++)
         if (FIELDS[i].name != ALWAYS && strcmp(FIELDS[i].name, name) == 0)
-            return (physical->reported >> i) & 1;
+            return row_on(physical, i);
     return 0;
 }
 
@@ -165,7 +184,7 @@ void ls_icd_fields_report(const struct ls_icd_physical *physical, VkBaseOutStruc
     if (size != 0) /* (a properties structure's other members are physical.c's to write) */
         memset((char *)next + sizeof(VkBaseOutStructure), 0, size - sizeof(VkBaseOutStructure));
     for (size_t i = 0; i < NFIELDS; i++)
-        if (FIELDS[i].type == next->sType && (physical->reported >> i) & 1)
+        if (FIELDS[i].type == next->sType && row_on(physical, i))
             memcpy((char *)next + FIELDS[i].at, &on, sizeof(on));
 }
 
@@ -182,7 +201,7 @@ VkResult ls_icd_fields_check(const struct ls_icd_physical *physical, const VkBas
         int offered = 0;
         memcpy(&asked, (const char *)next + at, sizeof(asked));
         for (size_t i = 0; asked && i < NFIELDS && !offered; i++)
-            offered = FIELDS[i].type == next->sType && FIELDS[i].at == at && ((physical->reported >> i) & 1);
+            offered = FIELDS[i].type == next->sType && FIELDS[i].at == at && row_on(physical, i);
         if (asked && !offered)
             return VK_ERROR_FEATURE_NOT_PRESENT;
     }

@@ -219,7 +219,7 @@ static const char *read_physical(const cJSON *described, const struct ls_icd_fra
         return wrong;
     memcpy(&physical->properties, frame->payload, sizeof(physical->properties));
     memset(&physical->features, 0, sizeof(physical->features));
-    physical->reported = 0;
+    memset(physical->reported, 0, sizeof(physical->reported));
     ls_icd_fields_always(physical);
     physical->subgroup_operations = 0;
     cJSON_ArrayForEach(feature, features) {

@@ -103,12 +103,14 @@ struct ls_icd_texel_format {
     uint32_t vk_format, texel_bytes, uses;
 };
 
+#define LS_ICD_ROW_WORDS 2 /* 64-bit words of features.c's rows (at most 128) */
+
 struct ls_icd_physical {
     VK_LOADER_DATA loader; /* first: the loader's slot */
     struct ls_icd_instance *instance;
     VkPhysicalDeviceProperties properties; /* the real device's, name and version ours */
     VkPhysicalDeviceFeatures features;     /* what the arbiter keeps safe */
-    uint64_t reported;                     /* features.c's rows reported on, a bit each */
+    uint64_t reported[LS_ICD_ROW_WORDS];   /* features.c's rows reported on, a bit each */
     uint32_t driver_id;                    /* the arbiter's driver's VkDriverId (0: unknown) */
     VkConformanceVersion conformance;      /* the conformance version the arbiter's driver passed */
     VkSubgroupFeatureFlags subgroup_operations;     /* in the compute stage */

@@ -103,13 +103,9 @@ static const struct {
     /* a raw device address would escape the arbiter's bounds */
     {VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_BUFFER_DEVICE_ADDRESS_FEATURES,
      LS_ICD_END(VkPhysicalDeviceBufferDeviceAddressFeatures, bufferDeviceAddressMultiDevice)},
-    /* descriptor.c's sets hold buffers bound whole; spirv-val runs with the standard layouts */
+    /* descriptor.c's sets hold buffers bound whole */
     {VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_DESCRIPTOR_INDEXING_FEATURES,
      LS_ICD_END(VkPhysicalDeviceDescriptorIndexingFeatures, runtimeDescriptorArray)},
-    {VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SCALAR_BLOCK_LAYOUT_FEATURES,
-     LS_ICD_END(VkPhysicalDeviceScalarBlockLayoutFeatures, scalarBlockLayout)},
-    {VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_UNIFORM_BUFFER_STANDARD_LAYOUT_FEATURES,
-     LS_ICD_END(VkPhysicalDeviceUniformBufferStandardLayoutFeatures, uniformBufferStandardLayout)},
     {VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_IMAGELESS_FRAMEBUFFER_FEATURES,
      LS_ICD_END(VkPhysicalDeviceImagelessFramebufferFeatures, imagelessFramebuffer)},
     {VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SEPARATE_DEPTH_STENCIL_LAYOUTS_FEATURES,
@@ -409,6 +405,10 @@ static const struct {
      "vulkanMemoryModel"},
     {{VK_KHR_SHADER_SUBGROUP_EXTENDED_TYPES_EXTENSION_NAME, VK_KHR_SHADER_SUBGROUP_EXTENDED_TYPES_SPEC_VERSION},
      LS_ICD_EXT_PLAIN, "shaderSubgroupExtendedTypes"},
+    {{VK_EXT_SCALAR_BLOCK_LAYOUT_EXTENSION_NAME, VK_EXT_SCALAR_BLOCK_LAYOUT_SPEC_VERSION}, LS_ICD_EXT_PLAIN,
+     "scalarBlockLayout"},
+    {{VK_KHR_UNIFORM_BUFFER_STANDARD_LAYOUT_EXTENSION_NAME, VK_KHR_UNIFORM_BUFFER_STANDARD_LAYOUT_SPEC_VERSION},
+     LS_ICD_EXT_PLAIN, "uniformBufferStandardLayout"},
 };
 
 #define NEXTENSIONS ((uint32_t)(sizeof(EXTENSIONS) / sizeof(EXTENSIONS[0])))

@@ -84,7 +84,7 @@ def test_a_pipeline_left_idle_is_loaded_again_without_a_compile_and_the_idle_are
 def test_admissions_are_remembered_by_content_and_bounded(monkeypatch, vulkan_device_name):
     monkeypatch.setattr(_programs, "_INTERFACES", 2)
     validations = []
-    count = lambda spirv, env=None: validations.append(spirv)  # noqa: E731 (the real one is tested below)
+    count = lambda spirv, env=None, flags=(): validations.append(spirv)  # noqa: E731 (the real one is tested below)
     monkeypatch.setattr(_admission, "validate", count)
     interfaces = _programs.Interfaces()
     modules = [libshare.shaders.path(name).read_bytes() for name in ("saxpy", "vadd", "sum")]
@@ -147,3 +147,33 @@ def test_the_load_program_reply_names_its_resources_in_bind_order(arbiter):
     assert fields["resources"] == [[0, 0, 1, "uniform_texel"], [0, 1, 1, "storage"], [0, 4, 1, "uniform"],
                                    [1, 3, 1, "storage"]]
     assert fields["bindings"] == 4 and fields["entry_point"] == "main" and fields["local_size"] == [8, 1, 1]
+
+
+SCALAR = """#version 450
+#extension GL_EXT_scalar_block_layout : require
+layout(local_size_x = 16) in;
+layout(scalar, binding = 0) buffer Points { vec3 p[]; };
+layout(scalar, binding = 1) buffer Lengths { float squared[]; };
+void main() {
+    uint i = gl_GlobalInvocationID.x;
+    squared[i] = dot(p[i], p[i]);
+}
+"""
+"""vec3 elements 12 bytes apart (std430 would put them 16 apart), as vkdispatch lays out its buffers."""
+
+
+def test_a_scalar_block_layout_runs_where_the_device_was_created_with_it(arbiter):
+    """spirv-val holds a module to the standard layouts unless told the device allows others
+    (admission.layout_flags): a device with scalarBlockLayout admits and runs a tightly packed vec3 array."""
+    _, pipe_dir = arbiter
+    spirv = libshare.compile(SCALAR, target_env="vulkan1.2")
+    with pytest.raises(InvalidSubmission, match="spirv-val"):
+        _admission.validate(spirv, "vulkan1.2")  # the standard layouts: a vec3 array's stride is 16
+    with Device() as device:
+        assert "scalarBlockLayout" in device.features  # lavapipe's, and most devices' since Vulkan 1.2
+    with libshare.connect(mode="daemon", pipe_directory=pipe_dir) as session:
+        program = session.load_program(spirv)
+        points, squared = session.array((16, 3)), session.array(16)
+        points[:] = np.random.default_rng(34).standard_normal((16, 3)).astype(np.float32)
+        session.dispatch(program, 1, [points, squared]).wait(60)
+        assert np.allclose(squared, (points * points).sum(axis=1), rtol=1e-5)

@@ -36,7 +36,7 @@ CORE_12 = ["vkCmdDrawIndirectCount", "vkCmdDrawIndexedIndirectCount", "vkCreateR
            "vkCmdNextSubpass2", "vkCmdEndRenderPass2", "vkResetQueryPool", "vkGetSemaphoreCounterValue",
            "vkWaitSemaphores", "vkSignalSemaphore", "vkGetBufferDeviceAddress", "vkGetBufferOpaqueCaptureAddress",
            "vkGetDeviceMemoryOpaqueCaptureAddress"]
-WANTED = ("shaderFloat16", "shaderInt8", "storageBuffer8BitAccess")
+WANTED = ("shaderFloat16", "shaderInt8", "storageBuffer8BitAccess", "scalarBlockLayout", "uniformBufferStandardLayout")
 
 
 def outcome(call, *args):
@@ -202,7 +202,7 @@ def main() -> None:
     seen["padded"] = padded(physical)
     device = create(physical, vk.VkPhysicalDeviceVulkan12Features(
         pNext=features11, shaderFloat16=vk.VK_TRUE, shaderInt8=vk.VK_TRUE, storageBuffer8BitAccess=vk.VK_TRUE,
-        timelineSemaphore=vk.VK_TRUE))
+        timelineSemaphore=vk.VK_TRUE, scalarBlockLayout=vk.VK_TRUE))
     seen["device"] = "ok"
     seen["missing"] = [name for name in CORE_12 if vk.lib.vkGetDeviceProcAddr(device, name.encode()) == vk.ffi.NULL]
     a = (np.arange(N) % 16 - 8).astype(np.int8)

@@ -80,7 +80,7 @@ def admit(spirv: bytes, device) -> ShaderInterface:
     check_device_limits(interface, device)
     check_texel_formats(interface, device)
     check_device_features(spirv, device)
-    validate(spirv, target_env(device))
+    validate(spirv, target_env(device), layout_flags(device))
     return interface
 
 
@@ -180,12 +180,24 @@ def validator_path() -> str:
     return path
 
 
-def validate(spirv: bytes, env: str = _TARGET_ENV) -> None:
+_LAYOUT_FLAGS = {"scalarBlockLayout": "--scalar-block-layout",
+                 "uniformBufferStandardLayout": "--uniform-buffer-standard-layout"}
+"""The block layouts a device feature allows, as spirv-val's flags: without them it holds a module to
+the standard layouts (std140 uniform blocks, std430 storage blocks)."""
+
+
+def layout_flags(device) -> tuple[str, ...]:
+    """``spirv-val``'s flags for the block layouts ``device`` was created to allow."""
+    return tuple(flag for feature, flag in _LAYOUT_FLAGS.items() if feature in device.features)
+
+
+def validate(spirv: bytes, env: str = _TARGET_ENV, flags: tuple[str, ...] = ()) -> None:
     """Run ``spirv-val`` on the module for the Vulkan environment ``env`` (``vulkan1.2``: see
-    :func:`~.capabilities.target_env`); raise InvalidSubmission with its message when it refuses."""
+    :func:`~.capabilities.target_env`) with ``flags`` (:func:`layout_flags`); raise InvalidSubmission
+    with its message when it refuses."""
     try:
         with _VALIDATORS:  # clients that send modules at once share the cores, not take one each
-            result = subprocess.run([validator_path(), "--target-env", env, "-"], input=bytes(spirv),
+            result = subprocess.run([validator_path(), "--target-env", env, *flags, "-"], input=bytes(spirv),
                                     capture_output=True, timeout=_VALIDATOR_TIMEOUT, check=False)
     except subprocess.TimeoutExpired:
         raise InvalidSubmission(f"spirv-val took longer than {_VALIDATOR_TIMEOUT:.0f} s on this module; "
