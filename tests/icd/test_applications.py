@@ -1,8 +1,10 @@
-"""Real Vulkan applications through the driver: Taichi, ncnn and wgpu, unmodified (issue 34).
+"""Real Vulkan applications through the driver: Taichi, ncnn, wgpu and vkdispatch, unmodified (issue 34).
 
 tests/icd/_taichi_app.py (four Taichi kernels on ``ti.vulkan``), tests/icd/_ncnn_app.py (a small ncnn
 network of seeded weights, on its Vulkan path and on its CPU path) and tests/icd/_wgpu_app.py (eight
-WGSL kernels through wgpu-py, wgpu-native's Vulkan backend) know nothing of libshare. Each runs
+WGSL kernels through wgpu-py, wgpu-native's Vulkan backend) and tests/icd/_vkdispatch_app.py (kernels,
+reductions and FFTs through vkdispatch, VkFFT among them, every buffer in the scalar block layout) know
+nothing of libshare. Each runs
 directly on the system's Vulkan driver, and under ``libshare-run`` against a real arbiter: the results must
 be identical (ncnn's Vulkan path also within float tolerance of its CPU path, and the direct run's results
 as numpy computes them). Two at once, each with its own name, priority and group, show in ``ps`` by name
@@ -46,7 +48,8 @@ HERE = Path(__file__).resolve().parent
 TAICHI = HERE / "_taichi_app.py"
 NCNN = HERE / "_ncnn_app.py"
 WGPU = HERE / "_wgpu_app.py"
-APPS = {"taichi": TAICHI, "ncnn": NCNN, "wgpu": WGPU}
+VKDISPATCH = HERE / "_vkdispatch_app.py"
+APPS = {"taichi": TAICHI, "ncnn": NCNN, "wgpu": WGPU, "vkdispatch": VKDISPATCH}
 RUN_TIMEOUT = 300
 
 
@@ -63,6 +66,9 @@ HINTS = {
                                                   "aborts when refused",
     "Adapter is not Vulkan compliant": "wgpu hides a Vulkan adapter whose conformance version is 0 "
                                        "(VkPhysicalDeviceDriverProperties)",
+    "does not support scalar block layout": "vkdispatch lays out every buffer with layout(scalar) and wants "
+                                            "scalarBlockLayout, which the driver reports when the arbiter's "
+                                            "device has it",
     "create_dummy_buffer_image failed": "ncnn makes its device ready with command pools and buffers, a "
                                         "submission, and 1x1x1 R32_SFLOAT 3D images with their views (its dummy "
                                         "images), before it runs anything",
@@ -126,6 +132,8 @@ def results(seen: dict) -> dict:
         return seen["gpu"]
     if "backend" in seen:  # wgpu
         return {key: value for key, value in seen.items() if key not in ("adapter", "backend")}
+    if "hash" in seen:  # vkdispatch: each result's bytes, hashed
+        return seen["hash"]
     return {key: seen[key] for key in ("saxpy", "sum", "field", "histogram")}
 
 
@@ -205,6 +213,8 @@ def test_an_application_computes_through_libshare_what_it_computes_directly(daem
     expected = direct(app)
     if app == "wgpu":  # (Taichi's and ncnn's direct runs have tests of their own)
         assert_wgpu_computes_as_numpy(expected)
+    if app == "vkdispatch":
+        assert expected["ok"] == {name: True for name in expected["hash"]}, expected  # as numpy computes
     seen = under_libshare(pipe_dir, app)
     assert results(seen) == results(expected)  # identical, bit for bit, on the same device
     if app == "ncnn":
