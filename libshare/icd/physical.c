@@ -409,6 +409,8 @@ static const struct {
      "scalarBlockLayout"},
     {{VK_KHR_UNIFORM_BUFFER_STANDARD_LAYOUT_EXTENSION_NAME, VK_KHR_UNIFORM_BUFFER_STANDARD_LAYOUT_SPEC_VERSION},
      LS_ICD_EXT_PLAIN, "uniformBufferStandardLayout"},
+    {{VK_EXT_SHADER_ATOMIC_FLOAT_EXTENSION_NAME, VK_EXT_SHADER_ATOMIC_FLOAT_SPEC_VERSION}, LS_ICD_EXT_PLAIN,
+     "shaderBufferFloat32Atomics"},
 };
 
 #define NEXTENSIONS ((uint32_t)(sizeof(EXTENSIONS) / sizeof(EXTENSIONS[0])))

@@ -16,7 +16,8 @@ prints one JSON line (``python _vulkan12.py --driver``: the first two only):
   vkSignalSemaphore (5), and after a submission that signals 7, waited for by vkWaitSemaphores;
 - ``padded``: vkCreateDevice given a VkPhysicalDeviceShaderDrawParametersFeatures that asks for
   nothing but whose tail padding holds ones, as a Rust or C++ program may leave it (wgpu does);
-- ``output``: the kernel's result, c[i] = a[i] * b[i] + 1 (a int8, b float16, c float32);
+- ``output``: the kernel's result, c[i] = a[i] * b[i] + 1 (a int8, b float16, c float32), and after
+  those N, 8 sums of 1.0 the kernel's invocations added with a float atomic (VK_EXT_shader_atomic_float);
 - ``reset``: a timestamp query pool's results after vkCmdWriteTimestamp, then after vkResetQueryPool
   from the host (its availability, 1 then 0).
 
@@ -47,11 +48,12 @@ def outcome(call, *args):
     return "ok"
 
 
-def create(physical, features):
-    """A device of ``physical`` with the chain of feature structures ``features``."""
+def create(physical, features, extensions=()):
+    """A device of ``physical`` with the chain of feature structures ``features`` and ``extensions``."""
     queue = vk.VkDeviceQueueCreateInfo(queueFamilyIndex=0, queueCount=1, pQueuePriorities=[1.0])
-    return vk.vkCreateDevice(physical, vk.VkDeviceCreateInfo(pNext=features, queueCreateInfoCount=1,
-                                                             pQueueCreateInfos=[queue]), None)
+    return vk.vkCreateDevice(physical, vk.VkDeviceCreateInfo(
+        pNext=features, queueCreateInfoCount=1, pQueueCreateInfos=[queue], enabledExtensionCount=len(extensions),
+        ppEnabledExtensionNames=list(extensions) or None), None)
 
 
 def buffer_over(device, memory, offset, size):
@@ -97,7 +99,7 @@ def run_kernel(device, host, spv: bytes, a: np.ndarray, b: np.ndarray) -> list:
     queue = vk.vkGetDeviceQueue(device, 0, 0)
     vk.vkQueueSubmit(queue, 1, [vk.VkSubmitInfo(commandBufferCount=1, pCommandBuffers=[cb])], None)
     vk.vkQueueWaitIdle(queue)
-    return np.frombuffer(words[2 * step:2 * step + 4 * N].tobytes(), np.float32).tolist()
+    return np.frombuffer(words[2 * step:2 * step + 4 * (N + 8)].tobytes(), np.float32).tolist()
 
 
 def query_reset(device) -> list:
@@ -190,19 +192,23 @@ def main() -> None:
         print(json.dumps({"version": [version >> 22, (version >> 12) & 0x3FF], "driver": driver(physical)}))
         return
     spv = open(sys.argv[1], "rb").read()
-    reported = vk.VkPhysicalDeviceVulkan12Features()
+    atomics = vk.VkPhysicalDeviceShaderAtomicFloatFeaturesEXT()
+    reported = vk.VkPhysicalDeviceVulkan12Features(pNext=atomics)
     vk.vkGetPhysicalDeviceFeatures2(physical, vk.VkPhysicalDeviceFeatures2(pNext=reported))
     seen = {"version": [version >> 22, (version >> 12) & 0x3FF], "driver": driver(physical),
-            "features": {name: bool(getattr(reported, name)) for name in WANTED + ("bufferDeviceAddress",)},
+            "features": {**{name: bool(getattr(reported, name)) for name in WANTED + ("bufferDeviceAddress",)},
+                         "shaderBufferFloat32AtomicAdd": bool(atomics.shaderBufferFloat32AtomicAdd)},
             "refused": {name: outcome(create, physical, vk.VkPhysicalDeviceVulkan12Features(**{name: vk.VK_TRUE}))
                         for name in ("bufferDeviceAddress", "descriptorIndexing")}}
     types = vk.vkGetPhysicalDeviceMemoryProperties(physical).memoryTypes
     host = next(i for i in range(2) if types[i].propertyFlags & vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT)
-    features11 = vk.VkPhysicalDeviceVulkan11Features(storageBuffer16BitAccess=vk.VK_TRUE)
+    features11 = vk.VkPhysicalDeviceVulkan11Features(
+        pNext=vk.VkPhysicalDeviceShaderAtomicFloatFeaturesEXT(shaderBufferFloat32AtomicAdd=vk.VK_TRUE),
+        storageBuffer16BitAccess=vk.VK_TRUE)
     seen["padded"] = padded(physical)
     device = create(physical, vk.VkPhysicalDeviceVulkan12Features(
         pNext=features11, shaderFloat16=vk.VK_TRUE, shaderInt8=vk.VK_TRUE, storageBuffer8BitAccess=vk.VK_TRUE,
-        timelineSemaphore=vk.VK_TRUE, scalarBlockLayout=vk.VK_TRUE))
+        timelineSemaphore=vk.VK_TRUE, scalarBlockLayout=vk.VK_TRUE), ["VK_EXT_shader_atomic_float"])
     seen["device"] = "ok"
     seen["missing"] = [name for name in CORE_12 if vk.lib.vkGetDeviceProcAddr(device, name.encode()) == vk.ffi.NULL]
     a = (np.arange(N) % 16 - 8).astype(np.int8)
