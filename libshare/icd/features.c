@@ -3,7 +3,8 @@
  *
  * Each VkBool32 the driver may report on is a row of FIELDS: the structure it lives in (Vulkan 1.1
  * and 1.2's aggregates and the structures of the extensions they absorbed, which an application
- * may chain instead, and VK_EXT_shader_atomic_float's buffer and shared atomics), its offset there, and the name the arbiter's welcome gives it
+ * may chain instead; VK_EXT_shader_atomic_float's buffer and shared atomics, integer dot products
+ * and zero-initialized workgroup memory, extensions of Vulkan 1.3's), its offset there, and the name the arbiter's welcome gives it
  * (libshare/arbiter/serve/device_info.py: the features its VkDevice was created with, and its
  * float-controls properties), or ALWAYS for what the driver provides itself (timeline semaphores,
  * synchronization2, the host's query reset). A name in the welcome turns on every row of that name
@@ -38,6 +39,8 @@
 #define SBL VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SCALAR_BLOCK_LAYOUT_FEATURES
 #define UBL VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_UNIFORM_BUFFER_STANDARD_LAYOUT_FEATURES
 #define AF VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_ATOMIC_FLOAT_FEATURES_EXT
+#define IDP VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_FEATURES
+#define ZWM VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_ZERO_INITIALIZE_WORKGROUP_MEMORY_FEATURES
 #define TLS VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_TIMELINE_SEMAPHORE_FEATURES
 #define HQR VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_HOST_QUERY_RESET_FEATURES
 #define SY2 VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SYNCHRONIZATION_2_FEATURES
@@ -96,6 +99,8 @@ static const struct field {
     SAME(AF, VkPhysicalDeviceShaderAtomicFloatFeaturesEXT, shaderSharedFloat32AtomicAdd),
     SAME(AF, VkPhysicalDeviceShaderAtomicFloatFeaturesEXT, shaderSharedFloat64Atomics),
     SAME(AF, VkPhysicalDeviceShaderAtomicFloatFeaturesEXT, shaderSharedFloat64AtomicAdd),
+    SAME(IDP, VkPhysicalDeviceShaderIntegerDotProductFeatures, shaderIntegerDotProduct),
+    SAME(ZWM, VkPhysicalDeviceZeroInitializeWorkgroupMemoryFeatures, shaderZeroInitializeWorkgroupMemory),
     ROW(TLS, VkPhysicalDeviceTimelineSemaphoreFeatures, timelineSemaphore, ALWAYS),
     ROW(HQR, VkPhysicalDeviceHostQueryResetFeatures, hostQueryReset, ALWAYS),
     ROW(SY2, VkPhysicalDeviceSynchronization2Features, synchronization2, ALWAYS),
@@ -147,6 +152,8 @@ static const struct {
     {SBL, LS_ICD_END(VkPhysicalDeviceScalarBlockLayoutFeatures, scalarBlockLayout)},
     {UBL, LS_ICD_END(VkPhysicalDeviceUniformBufferStandardLayoutFeatures, uniformBufferStandardLayout)},
     {AF, LS_ICD_END(VkPhysicalDeviceShaderAtomicFloatFeaturesEXT, sparseImageFloat32AtomicAdd)},
+    {IDP, LS_ICD_END(VkPhysicalDeviceShaderIntegerDotProductFeatures, shaderIntegerDotProduct)},
+    {ZWM, LS_ICD_END(VkPhysicalDeviceZeroInitializeWorkgroupMemoryFeatures, shaderZeroInitializeWorkgroupMemory)},
     {TLS, LS_ICD_END(VkPhysicalDeviceTimelineSemaphoreFeatures, timelineSemaphore)},
     {HQR, LS_ICD_END(VkPhysicalDeviceHostQueryResetFeatures, hostQueryReset)},
     {SY2, LS_ICD_END(VkPhysicalDeviceSynchronization2Features, synchronization2)},

@@ -103,6 +103,10 @@ static const struct {
     /* a raw device address would escape the arbiter's bounds */
     {VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_BUFFER_DEVICE_ADDRESS_FEATURES,
      LS_ICD_END(VkPhysicalDeviceBufferDeviceAddressFeatures, bufferDeviceAddressMultiDevice)},
+    /* no integer dot product is said to be accelerated: the arbiter's device's are not passed on */
+    {VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_PROPERTIES,
+     LS_ICD_END(VkPhysicalDeviceShaderIntegerDotProductProperties,
+                integerDotProductAccumulatingSaturating64BitMixedSignednessAccelerated)},
     /* descriptor.c's sets hold buffers bound whole */
     {VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_DESCRIPTOR_INDEXING_FEATURES,
      LS_ICD_END(VkPhysicalDeviceDescriptorIndexingFeatures, runtimeDescriptorArray)},
@@ -411,6 +415,10 @@ static const struct {
      LS_ICD_EXT_PLAIN, "uniformBufferStandardLayout"},
     {{VK_EXT_SHADER_ATOMIC_FLOAT_EXTENSION_NAME, VK_EXT_SHADER_ATOMIC_FLOAT_SPEC_VERSION}, LS_ICD_EXT_PLAIN,
      "shaderBufferFloat32Atomics"},
+    {{VK_KHR_SHADER_INTEGER_DOT_PRODUCT_EXTENSION_NAME, VK_KHR_SHADER_INTEGER_DOT_PRODUCT_SPEC_VERSION},
+     LS_ICD_EXT_PLAIN, "shaderIntegerDotProduct"},
+    {{VK_KHR_ZERO_INITIALIZE_WORKGROUP_MEMORY_EXTENSION_NAME, VK_KHR_ZERO_INITIALIZE_WORKGROUP_MEMORY_SPEC_VERSION},
+     LS_ICD_EXT_PLAIN, "shaderZeroInitializeWorkgroupMemory"},
 };
 
 #define NEXTENSIONS ((uint32_t)(sizeof(EXTENSIONS) / sizeof(EXTENSIONS[0])))

@@ -192,23 +192,31 @@ def main() -> None:
         print(json.dumps({"version": [version >> 22, (version >> 12) & 0x3FF], "driver": driver(physical)}))
         return
     spv = open(sys.argv[1], "rb").read()
-    atomics = vk.VkPhysicalDeviceShaderAtomicFloatFeaturesEXT()
+    dots = vk.VkPhysicalDeviceShaderIntegerDotProductFeatures()
+    zeroed = vk.VkPhysicalDeviceZeroInitializeWorkgroupMemoryFeatures(pNext=dots)
+    atomics = vk.VkPhysicalDeviceShaderAtomicFloatFeaturesEXT(pNext=zeroed)
     reported = vk.VkPhysicalDeviceVulkan12Features(pNext=atomics)
     vk.vkGetPhysicalDeviceFeatures2(physical, vk.VkPhysicalDeviceFeatures2(pNext=reported))
     seen = {"version": [version >> 22, (version >> 12) & 0x3FF], "driver": driver(physical),
             "features": {**{name: bool(getattr(reported, name)) for name in WANTED + ("bufferDeviceAddress",)},
-                         "shaderBufferFloat32AtomicAdd": bool(atomics.shaderBufferFloat32AtomicAdd)},
+                         "shaderBufferFloat32AtomicAdd": bool(atomics.shaderBufferFloat32AtomicAdd),
+                         "shaderIntegerDotProduct": bool(dots.shaderIntegerDotProduct),
+                         "shaderZeroInitializeWorkgroupMemory": bool(zeroed.shaderZeroInitializeWorkgroupMemory)},
             "refused": {name: outcome(create, physical, vk.VkPhysicalDeviceVulkan12Features(**{name: vk.VK_TRUE}))
                         for name in ("bufferDeviceAddress", "descriptorIndexing")}}
     types = vk.vkGetPhysicalDeviceMemoryProperties(physical).memoryTypes
     host = next(i for i in range(2) if types[i].propertyFlags & vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT)
+    later = vk.VkPhysicalDeviceShaderIntegerDotProductFeatures(  # extensions of Vulkan 1.3's
+        pNext=vk.VkPhysicalDeviceZeroInitializeWorkgroupMemoryFeatures(shaderZeroInitializeWorkgroupMemory=vk.VK_TRUE),
+        shaderIntegerDotProduct=vk.VK_TRUE)
     features11 = vk.VkPhysicalDeviceVulkan11Features(
-        pNext=vk.VkPhysicalDeviceShaderAtomicFloatFeaturesEXT(shaderBufferFloat32AtomicAdd=vk.VK_TRUE),
+        pNext=vk.VkPhysicalDeviceShaderAtomicFloatFeaturesEXT(pNext=later, shaderBufferFloat32AtomicAdd=vk.VK_TRUE),
         storageBuffer16BitAccess=vk.VK_TRUE)
     seen["padded"] = padded(physical)
     device = create(physical, vk.VkPhysicalDeviceVulkan12Features(
         pNext=features11, shaderFloat16=vk.VK_TRUE, shaderInt8=vk.VK_TRUE, storageBuffer8BitAccess=vk.VK_TRUE,
-        timelineSemaphore=vk.VK_TRUE, scalarBlockLayout=vk.VK_TRUE), ["VK_EXT_shader_atomic_float"])
+        timelineSemaphore=vk.VK_TRUE, scalarBlockLayout=vk.VK_TRUE),
+        ["VK_EXT_shader_atomic_float", "VK_KHR_shader_integer_dot_product", "VK_KHR_zero_initialize_workgroup_memory"])
     seen["device"] = "ok"
     seen["missing"] = [name for name in CORE_12 if vk.lib.vkGetDeviceProcAddr(device, name.encode()) == vk.ffi.NULL]
     a = (np.arange(N) % 16 - 8).astype(np.int8)

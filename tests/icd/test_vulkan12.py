@@ -54,7 +54,8 @@ def test_a_vulkan_1_2_program_gets_its_features_and_runs_an_int8_and_float16_ker
     assert seen["driver"] == ["libshare", direct["driver"][1]] and direct["driver"][0] != "libshare", (seen, direct)
     assert seen["features"] == {"shaderFloat16": True, "shaderInt8": True, "storageBuffer8BitAccess": True,
                                 "scalarBlockLayout": True, "uniformBufferStandardLayout": True,
-                                "shaderBufferFloat32AtomicAdd": True,
+                                "shaderBufferFloat32AtomicAdd": True, "shaderIntegerDotProduct": True,
+                                "shaderZeroInitializeWorkgroupMemory": True,
                                 "bufferDeviceAddress": False}, seen  # the block layouts: the arbiter's admission
     assert seen["refused"] == {"bufferDeviceAddress": "VkErrorFeatureNotPresent",
                                "descriptorIndexing": "VkErrorFeatureNotPresent"}, seen
