@@ -94,12 +94,13 @@ def timed(waits=(), signals=()):
 def signaled_fence_behind_held_work(device, queue, timeline) -> list:
     """A signaled fence submitted (Vulkan forbids it; lavapipe takes it) behind a submission a timeline
     semaphore holds: what it answers, its status while held, and its wait once released."""
-    gate, signaled = timeline.make(0), fence(device, signaled=True)
-    vk.vkQueueSubmit(queue, 1, [timed([(gate, 1)])], None)
+    gate, first, signaled = timeline.make(0), fence(device), fence(device, signaled=True)
+    vk.vkQueueSubmit(queue, 1, [timed([(gate, 1)])], first)  # held (with a fence: a submission of its own)
     seen = [outcome(vk.vkQueueSubmit, queue, 0, None, signaled), outcome(vk.vkGetFenceStatus, device, signaled)]
     timeline.signal_to(gate, 1)
-    seen.append(outcome(vk.vkWaitForFences, device, 1, [signaled], vk.VK_TRUE, 10**10))
-    vk.vkDestroyFence(device, signaled, None)
+    seen.append(outcome(vk.vkWaitForFences, device, 2, [first, signaled], vk.VK_TRUE, 10**10))
+    for made in (first, signaled):
+        vk.vkDestroyFence(device, made, None)
     vk.vkDestroySemaphore(device, gate, None)
     return seen
 
