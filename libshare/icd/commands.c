@@ -8,7 +8,8 @@
  * Recording. vkBeginCommandBuffer starts a recording (resetting one not initial, as
  * vkResetCommandBuffer does; one pending is LS_ICD_INVALID). Either reset is allowed from a pool
  * without RESET_COMMAND_BUFFER_BIT, which Vulkan forbids and real drivers allow: Kompute records its
- * sequences again so, and a reset only drops what this process holds. Each vkCmd* appends 256-byte descriptors (libshare/ring/ring.h's struct ls_desc) to it
+ * sequences again so, and a reset only drops what this process holds. Each vkCmd* appends 256-byte
+ * descriptors (libshare/ring/ring.h's struct ls_desc) to it
  * through ls_icd_record: record.c's copies, fills, updates, barriers, events and secondary command
  * buffers, dispatch.c's dispatches with their bind groups, push constants and descriptor sets. The
  * recording's private state (struct ls_icd_recording) is in commands.h. A secondary command buffer

@@ -4,7 +4,8 @@
  * Each VkBool32 the driver may report on is a row of FIELDS: the structure it lives in (Vulkan 1.1
  * and 1.2's aggregates and the structures of the extensions they absorbed, which an application
  * may chain instead; VK_EXT_shader_atomic_float's buffer and shared atomics, integer dot products
- * and zero-initialized workgroup memory, extensions of Vulkan 1.3's), its offset there, and the name the arbiter's welcome gives it
+ * and zero-initialized workgroup memory, extensions of Vulkan 1.3's), its offset there, and the
+ * name the arbiter's welcome gives it
  * (libshare/arbiter/serve/device_info.py: the features its VkDevice was created with, and its
  * float-controls properties), or ALWAYS for what the driver provides itself (timeline semaphores,
  * synchronization2, the host's query reset). A name in the welcome turns on every row of that name
