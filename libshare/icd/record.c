@@ -108,12 +108,9 @@ VKAPI_ATTR void VKAPI_CALL ls_icd_CmdUpdateBuffer(VkCommandBuffer handle, VkBuff
     uint64_t at = 0;
     uint32_t id = 0;
     pthread_mutex_lock(&cb->device->lock);
-    if (size == 0) { /* nothing to write: Vulkan forbids it, lavapipe writes nothing */
-        pthread_mutex_unlock(&cb->device->lock);
-        return;
-    }
-    if (size > MOST_UPDATE || size % 4 != 0 || offset % 4 != 0 || data == NULL ||
-        ls_icd_buffer_range(cb->device, (uint64_t)(uintptr_t)dst, offset, size, &id, &at) < 0)
+    /* 0 bytes: no piece below, as lavapipe writes nothing (Vulkan forbids it) */
+    if (size != 0 && (size > MOST_UPDATE || size % 4 != 0 || offset % 4 != 0 || data == NULL ||
+                      ls_icd_buffer_range(cb->device, (uint64_t)(uintptr_t)dst, offset, size, &id, &at) < 0))
         ls_icd_fail(cb, LS_ICD_INVALID, "vkCmdUpdateBuffer: a wrong buffer, a range outside it, or past 65536 bytes");
     for (uint64_t done = 0; cb->recording->error == VK_SUCCESS && done < size; done += LS_MAX_PUSH) {
         uint64_t piece_at = at + done;
