@@ -17,8 +17,9 @@
  * free (cache.c), and recording refuses a destroyed object. So a submission settles only when one
  * of its command buffers ended before the last free (device->frees against cb->ended_after): the
  * program that frees at the end of a step and records anew the next does not wait. The bound
- * keeps the replies within the socket's buffers: an arbiter that blocks writing a reply reads no further request,
- * and a driver sending request after request would then block too. A reply is waited for
+ * keeps the replies within the socket's buffers: an arbiter that blocks writing a reply reads no
+ * further request, and a driver sending request after request would then block too. A reply is
+ * waited for
  * LS_ICD_REPLY_MS (60 s), a load_program's as long as the welcome says the arbiter may take to vet
  * and compile a new module (ls_icd_ask_within, the session's load_ms). An exchange that
  * failed (no answer in time, a broken frame, the arbiter gone) shuts the socket: no later reply

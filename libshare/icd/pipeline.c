@@ -17,8 +17,9 @@
  * bytes: a VkBool32 as true or false, an integer of 1, 2, 4 or 8 bytes signed or not as the module
  * declares it, a float of 2, 4 or 8 bytes as a number (infinities and NaN as Infinity, -Infinity
  * and NaN, which JSON lacks and the arbiter's reader takes; a NaN arrives as the quiet NaN of its
- * width, its sign and payload lost). A map entry past pData's dataSize, of another size, or an id given twice is
- * LS_ICD_INVALID; one whose id the module does not declare is left out, as the specification says
+ * width, its sign and payload lost). A map entry past pData's dataSize, of another size, or an id
+ * given twice is LS_ICD_INVALID; one whose id the module does not declare is left out, as the
+ * specification says
  * it has no effect. For each variable of the module whose type is a runtime-sized array of buffers
  * (b[], put_arrays), the request carries "arrays": [[set, binding, count], ...], count the
  * descriptorCount of that binding in the pipeline layout, which is what Vulkan means by the array's

@@ -9,8 +9,9 @@
  * VK_WHOLE_SIZE's to the buffer's end, rounded down to 4 as lavapipe does: nothing when that is 0);
  * vkCmdUpdateBuffer (up to 65536 bytes, multiples of 4; 0: none, as in lavapipe) LS_OP_UPDATE
  * pieces of at most LS_MAX_PUSH bytes. vkCmdPipelineBarrier(2) and vkCmdWaitEvents(2) are one
- * LS_OP_BARRIER (never two in a row): every barrier is the full one, and the engine ends every command with one anyway, so a list's
- * order is already a barrier's (engine/lists.c, "Barriers"); an event waited on was set by an
+ * LS_OP_BARRIER (never two in a row): every barrier is the full one, and the engine ends every
+ * command with one anyway, so a list's order is already a barrier's (engine/lists.c, "Barriers");
+ * an event waited on was set by an
  * earlier submission or the host. vkCmdSetEvent(2) and vkCmdResetEvent(2) check the event and are
  * remembered, in order, and applied when a submission of the command buffer is answered
  * (ls_icd_command_buffer_done, commands.c). vkCmdExecuteCommands inlines each executable secondary

@@ -2,8 +2,9 @@
  *
  * Both read a submission into one shape (its semaphore waits and signals as (handle, value), its
  * command buffers) and submit it the same way, in order, the device's lock held. The fence comes
- * first: it must exist and not wait on a submission already (a signaled one is reset); it goes with the last
- * submission (with none, an empty one that pushes a LS_OP_NOP so that it signals behind the earlier
+ * first: it must exist and not wait on a submission already (a signaled one is reset); it goes
+ * with the last submission (with none, an empty one that pushes a LS_OP_NOP so that it signals
+ * behind the earlier
  * work). Each submission is checked before anything of it is kept: every semaphore exists; a
  * binary wait needs a signal submitted before it (submission order on the one queue orders them;
  * one that nothing signals is invalid usage) and consumes it; a binary signal needs the semaphore
