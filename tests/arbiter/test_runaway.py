@@ -61,6 +61,9 @@ def gone(process, pipe_dir) -> str:
     return (pipe_dir / "server.log").read_text()
 
 
+pytestmark = pytest.mark.alone  # the test command runs these after the others, in one process (pyproject.toml)
+
+
 @contextlib.contextmanager
 def arbiter(tmp_path, watchdog: str, *args: str):
     """A daemon arbiter with the watchdog at ``watchdog`` seconds ("0": off) and extra command-line
