@@ -46,6 +46,7 @@
 #include <string.h>
 
 #include "commands.h"
+#include "descriptor.h"
 
 #define LIST_COMMANDS 1024u                   /* LS_ENGINE_MAX_LIST */
 #define MOST_COMMANDS (64u * LIST_COMMANDS)   /* LIST_COMMANDS_PER_CLIENT: all a session's lists may hold */
@@ -121,6 +122,7 @@ static void forget(struct ls_icd_command_buffer *cb)
     struct ls_icd_recording *rec = cb->recording;
     for (uint32_t i = 0; i < rec->nheld; i++)
         ls_icd_cache_release(cb->device, rec->held[i]);
+    ls_icd_pushed_free(cb->device, rec->pushed, LS_ICD_MOST_SETS);
     free(cb->lists);
     free(rec->commands);
     free(rec->held);

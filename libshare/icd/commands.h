@@ -30,6 +30,7 @@ struct ls_icd_recording {
     uint64_t pipeline;          /* the bound compute pipeline's handle, or 0 */
     uint64_t sets[LS_ICD_MOST_SETS];                     /* bound descriptor sets' handles, or 0 */
     uint32_t dynamic[LS_ICD_MOST_SETS][LS_ICD_MOST_DYNAMIC]; /* their dynamic offsets */
+    uint64_t pushed[LS_ICD_MOST_SETS];  /* each set number's set of push descriptors (template.c), or 0 */
     uint8_t push[LS_MAX_PUSH];  /* vkCmdPushConstants' bytes */
     /* kept across resets (forget() clears everything above) */
     VkCommandBufferLevel level;
@@ -100,6 +101,13 @@ VKAPI_ATTR void VKAPI_CALL ls_icd_CmdBindDescriptorSets(VkCommandBuffer handle, 
                                                         VkPipelineLayout layout, uint32_t first, uint32_t count,
                                                         const VkDescriptorSet *sets, uint32_t ndynamic,
                                                         const uint32_t *dynamic);
+VKAPI_ATTR void VKAPI_CALL ls_icd_CmdPushDescriptorSetKHR(VkCommandBuffer handle, VkPipelineBindPoint point,
+                                                          VkPipelineLayout layout, uint32_t set, uint32_t nwrites,
+                                                          const VkWriteDescriptorSet *writes);
+VKAPI_ATTR void VKAPI_CALL ls_icd_CmdPushDescriptorSetWithTemplateKHR(VkCommandBuffer handle,
+                                                                      VkDescriptorUpdateTemplate template,
+                                                                      VkPipelineLayout layout, uint32_t set,
+                                                                      const void *data);
 VKAPI_ATTR void VKAPI_CALL ls_icd_CmdPushConstants(VkCommandBuffer handle, VkPipelineLayout layout,
                                                    VkShaderStageFlags stages, uint32_t offset, uint32_t size,
                                                    const void *values);

@@ -1,14 +1,17 @@
-/* VkDescriptorSetLayout, VkDescriptorPool, VkDescriptorSet, their updates and update templates.
+/* VkDescriptorSetLayout, VkDescriptorPool, VkDescriptorSet and their updates (templates and push
+ * descriptors write through them: template.c).
  *
  * A set layout is its bindings sorted by number (gaps allowed), each of a buffer type (storage or
  * uniform, dynamic or not) or a texel buffer type (storage or uniform: a view of view.c). Any other
- * type (samplers, images, input attachments, and so immutable samplers) with a count, or flags (push descriptors,
- * update after bind) make vkCreateDescriptorSetLayout answer LS_ICD_INVALID, since the specification
- * gives that command no error for a layout the device cannot make (only running out of memory);
+ * type (samplers, images, input attachments, and so immutable samplers) with a count, or flags (update
+ * after bind; push descriptors without VK_KHR_push_descriptor enabled) make vkCreateDescriptorSetLayout
+ * answer LS_ICD_INVALID, since the specification gives that command no error for a layout the device
+ * cannot make (only running out of memory);
  * vkGetDescriptorSetLayoutSupport, the specification's way to ask first, answers unsupported for
  * exactly the layouts create refuses. A binding of count 0 is allowed and holds no descriptor;
  * binding numbers are distinct; a layout holds at most the device's maxPerSetDescriptors (and
- * LS_ICD_MOST_DESCRIPTORS) descriptors. Pipeline layouts and sets keep copies
+ * LS_ICD_MOST_DESCRIPTORS) descriptors; a layout of push descriptors at most LS_ICD_MOST_PUSHED,
+ * none dynamic (as Vulkan requires), and no set is allocated of it. Pipeline layouts and sets keep copies
  * (ls_icd_set_layout_copy), so a layout may be destroyed while they live.
  *
  * A pool counts its sets against maxSets (past it: VK_ERROR_OUT_OF_POOL_MEMORY; its per-type sizes
@@ -26,10 +29,7 @@
  * that type (view.c's ls_icd_view_wrong), or elements past the last binding. Elements past a binding's
  * count go on into the next binding (the next number in the layout, skipping those of count 0),
  * which must be of the same type, as the specification describes. Writes come first, then copies.
- * An update template (DESCRIPTOR_SET type only: push descriptors are not offered) keeps its entries,
- * each of an offered type; vkUpdateDescriptorSetWithTemplate reads each entry's
- * VkDescriptorBufferInfo (a texel buffer's VkBufferView) from pData at its offset and stride and
- * applies it as a write. A texel descriptor holds its view's handle, offset and range 0.
+ * A texel descriptor holds its view's handle, offset and range 0.
  *
  * commands.c resolves a bound descriptor with ls_icd_descriptor_resolve: the buffer's memory's
  * arbiter buffer_id, the buffer's offset in it plus the descriptor's plus the dynamic offset, and
@@ -61,14 +61,19 @@ static int is_buffer_type(VkDescriptorType type)
            type == VK_DESCRIPTOR_TYPE_STORAGE_BUFFER_DYNAMIC || type == VK_DESCRIPTOR_TYPE_UNIFORM_BUFFER_DYNAMIC;
 }
 
-static int is_texel_type(VkDescriptorType type)
+int ls_icd_descriptor_texel(VkDescriptorType type)
 {
     return type == VK_DESCRIPTOR_TYPE_STORAGE_TEXEL_BUFFER || type == VK_DESCRIPTOR_TYPE_UNIFORM_TEXEL_BUFFER;
 }
 
-static int is_offered_type(VkDescriptorType type)
+int ls_icd_descriptor_offered(VkDescriptorType type)
 {
-    return is_buffer_type(type) || is_texel_type(type);
+    return is_buffer_type(type) || ls_icd_descriptor_texel(type);
+}
+
+static int is_dynamic(VkDescriptorType type)
+{
+    return type == VK_DESCRIPTOR_TYPE_STORAGE_BUFFER_DYNAMIC || type == VK_DESCRIPTOR_TYPE_UNIFORM_BUFFER_DYNAMIC;
 }
 
 static int is_uniform(VkDescriptorType type)
@@ -112,19 +117,26 @@ static VkResult read_layout(const struct ls_icd_device *device, const VkDescript
                             struct ls_icd_set_layout *layout)
 {
     uint64_t total = 0, most = device->seen.max_per_set_descriptors;
+    int push = info->flags == VK_DESCRIPTOR_SET_LAYOUT_CREATE_PUSH_DESCRIPTOR_BIT_KHR &&
+               (device->extensions & LS_ICD_EXT_PUSH);
     memset(layout, 0, sizeof(*layout));
-    if (info->flags != 0 || info->bindingCount > MOST_BINDINGS || (info->bindingCount && info->pBindings == NULL))
+    if ((info->flags != 0 && !push) || info->bindingCount > MOST_BINDINGS ||
+        (info->bindingCount && info->pBindings == NULL))
         return LS_ICD_INVALID;
     if (most == 0 || most > LS_ICD_MOST_DESCRIPTORS)
         most = LS_ICD_MOST_DESCRIPTORS;
+    if (push)
+        most = LS_ICD_MOST_PUSHED;
     for (uint32_t i = 0; i < info->bindingCount; i++) {
         const VkDescriptorSetLayoutBinding *binding = &info->pBindings[i];
-        if (binding->descriptorCount > 0 && !is_offered_type(binding->descriptorType))
+        if (binding->descriptorCount > 0 &&
+            (!ls_icd_descriptor_offered(binding->descriptorType) || (push && is_dynamic(binding->descriptorType))))
             return LS_ICD_INVALID; /* not a buffer or texel buffer: no error of the specification's fits */
         total += binding->descriptorCount;
     }
     if (total > most)
         return LS_ICD_INVALID;
+    layout->flags = info->flags;
     if (info->bindingCount == 0)
         return VK_SUCCESS;
     layout->bindings = malloc((size_t)info->bindingCount * sizeof(*layout->bindings));
@@ -299,45 +311,53 @@ VKAPI_ATTR VkResult VKAPI_CALL ls_icd_ResetDescriptorPool(VkDevice handle, VkDes
     return result;
 }
 
-/* One set of ``layout`` in ``pool`` (the lock held; both found): its handle, or 0 out of memory. */
-static uint64_t make_set(struct ls_icd_device *device, uint64_t pool, uint64_t layout)
+/* A set of a copy of ``layout``, its entries typed and none written, kept by ``pool`` (0: none, a
+ * command buffer's pushed set; the lock held): its handle, or 0 out of memory. */
+uint64_t ls_icd_set_new(struct ls_icd_device *device, const struct ls_icd_set_layout *layout, uint64_t pool)
 {
     struct ls_icd_set_layout copy;
     struct ls_icd_descriptor *entries;
-    struct ls_icd_descriptor_pool *kept;
-    struct ls_icd_object *set;
-    uint64_t made;
-    if (ls_icd_set_layout_copy(&copy, &find(device, layout, LS_ICD_SET_LAYOUT)->u.set_layout) != VK_SUCCESS)
+    uint64_t made = 0;
+    if (ls_icd_set_layout_copy(&copy, layout) != VK_SUCCESS) /* first: ``layout`` may be in the table */
         return 0;
     entries = calloc(copy.nentries + 1, sizeof(*entries));
-    kept = &find(device, pool, LS_ICD_DESCRIPTOR_POOL)->u.descriptor_pool;
-    if (entries != NULL && kept->nsets == kept->capacity) {
-        uint32_t capacity = kept->capacity ? kept->capacity * 2 : 8;
-        uint64_t *grown = realloc(kept->sets, (size_t)capacity * sizeof(*grown));
-        if (grown != NULL) {
-            kept->sets = grown;
-            kept->capacity = capacity;
-        }
-    }
-    made = entries != NULL && kept->nsets < kept->capacity ? ls_icd_object_new(&device->objects, LS_ICD_DESCRIPTOR_SET)
-                                                           : 0;
+    if (entries != NULL)
+        made = ls_icd_object_new(&device->objects, LS_ICD_DESCRIPTOR_SET);
     if (!made) {
         free(entries);
         ls_icd_set_layout_free(&copy);
         return 0;
     }
-    kept = &find(device, pool, LS_ICD_DESCRIPTOR_POOL)->u.descriptor_pool; /* (the table may have moved) */
-    kept->sets[kept->nsets++] = made;
-    set = find(device, made, LS_ICD_DESCRIPTOR_SET);
-    set->u.set = (struct ls_icd_descriptor_set){pool, copy, entries};
+    find(device, made, LS_ICD_DESCRIPTOR_SET)->u.set = (struct ls_icd_descriptor_set){pool, copy, entries};
     for (uint32_t b = 0; b < copy.nbindings; b++)
         for (uint32_t e = 0; e < copy.bindings[b].count; e++)
             entries[copy.bindings[b].first + e].type = copy.bindings[b].type;
     return made;
 }
 
+/* One set of ``layout`` in ``pool`` (the lock held; both found): its handle, or 0 out of memory. */
+static uint64_t make_set(struct ls_icd_device *device, uint64_t pool, uint64_t layout)
+{
+    struct ls_icd_descriptor_pool *kept = &find(device, pool, LS_ICD_DESCRIPTOR_POOL)->u.descriptor_pool;
+    uint64_t made;
+    if (kept->nsets == kept->capacity) {
+        uint32_t capacity = kept->capacity ? kept->capacity * 2 : 8;
+        uint64_t *grown = realloc(kept->sets, (size_t)capacity * sizeof(*grown));
+        if (grown == NULL)
+            return 0;
+        kept->sets = grown;
+        kept->capacity = capacity;
+    }
+    made = ls_icd_set_new(device, &find(device, layout, LS_ICD_SET_LAYOUT)->u.set_layout, pool);
+    if (made) {
+        kept = &find(device, pool, LS_ICD_DESCRIPTOR_POOL)->u.descriptor_pool; /* (the table may have moved) */
+        kept->sets[kept->nsets++] = made;
+    }
+    return made;
+}
+
 /* Take ``set`` out of its pool's list and free it (the lock held; found). */
-static void free_set(struct ls_icd_device *device, uint64_t set)
+void ls_icd_set_free(struct ls_icd_device *device, uint64_t set)
 {
     uint64_t pool = find(device, set, LS_ICD_DESCRIPTOR_SET)->u.set.pool;
     struct ls_icd_object *owner = find(device, pool, LS_ICD_DESCRIPTOR_POOL);
@@ -364,9 +384,11 @@ VKAPI_ATTR VkResult VKAPI_CALL ls_icd_AllocateDescriptorSets(VkDevice handle, co
     object = find(device, pool, LS_ICD_DESCRIPTOR_POOL);
     if (object == NULL || (info->descriptorSetCount && info->pSetLayouts == NULL))
         result = LS_ICD_INVALID;
-    for (i = 0; result == VK_SUCCESS && i < info->descriptorSetCount; i++)
-        if (find(device, (uint64_t)(uintptr_t)info->pSetLayouts[i], LS_ICD_SET_LAYOUT) == NULL)
-            result = LS_ICD_INVALID;
+    for (i = 0; result == VK_SUCCESS && i < info->descriptorSetCount; i++) {
+        struct ls_icd_object *layout = find(device, (uint64_t)(uintptr_t)info->pSetLayouts[i], LS_ICD_SET_LAYOUT);
+        if (layout == NULL || layout->u.set_layout.flags != 0)
+            result = LS_ICD_INVALID; /* no layout, or one of push descriptors */
+    }
     if (result == VK_SUCCESS && info->descriptorSetCount > object->u.descriptor_pool.max_sets -
                                                                object->u.descriptor_pool.nsets)
         result = VK_ERROR_OUT_OF_POOL_MEMORY;
@@ -379,7 +401,7 @@ VKAPI_ATTR VkResult VKAPI_CALL ls_icd_AllocateDescriptorSets(VkDevice handle, co
     if (result != VK_SUCCESS) { /* none is made: those that were are freed */
         for (i = 0; i < made; i++)
             if (out[i] != VK_NULL_HANDLE)
-                free_set(device, (uint64_t)(uintptr_t)out[i]);
+                ls_icd_set_free(device, (uint64_t)(uintptr_t)out[i]);
         for (i = 0; i < info->descriptorSetCount; i++)
             out[i] = VK_NULL_HANDLE;
     }
@@ -404,7 +426,7 @@ VKAPI_ATTR VkResult VKAPI_CALL ls_icd_FreeDescriptorSets(VkDevice handle, VkDesc
     }
     for (uint32_t i = 0; result == VK_SUCCESS && i < count; i++)
         if (find(device, (uint64_t)(uintptr_t)sets[i], LS_ICD_DESCRIPTOR_SET) != NULL)
-            free_set(device, (uint64_t)(uintptr_t)sets[i]); /* (a handle given twice: freed once) */
+            ls_icd_set_free(device, (uint64_t)(uintptr_t)sets[i]); /* (a handle given twice: freed once) */
     pthread_mutex_unlock(&device->lock);
     return result;
 }
@@ -455,23 +477,23 @@ static const char *wrong_info(struct ls_icd_device *device, VkDescriptorType typ
     return NULL;
 }
 
-static void skipped(const char *what, uint32_t index, const char *why)
+void ls_icd_descriptor_skipped(const char *what, uint32_t index, const char *why)
 {
     fprintf(stderr, "libshare Vulkan driver: %s %u skipped: %s\n", what, index, why);
 }
 
 /* Write ``count`` descriptors into ``set_handle`` from (binding, element) on, all or none (the lock held):
  * buffer infos for a buffer type, view handles for a texel buffer type. */
-static const char *write_descriptors(struct ls_icd_device *device, uint64_t set_handle, uint32_t binding,
+const char *ls_icd_descriptors_write(struct ls_icd_device *device, uint64_t set_handle, uint32_t binding,
                                      uint32_t element, VkDescriptorType type, uint32_t count,
                                      const VkDescriptorBufferInfo *infos, const VkBufferView *views)
 {
     struct ls_icd_object *object = find(device, set_handle, LS_ICD_DESCRIPTOR_SET);
     const char *why = NULL;
-    int texel = is_texel_type(type);
+    int texel = ls_icd_descriptor_texel(type);
     if (object == NULL)
         return "no such descriptor set";
-    if (!is_offered_type(type) || (count && (texel ? views == NULL : infos == NULL)))
+    if (!ls_icd_descriptor_offered(type) || (count && (texel ? views == NULL : infos == NULL)))
         return "not a buffer or texel buffer descriptor, or none given";
     for (uint32_t i = 0; i < count && why == NULL; i++)
         why = element_of(&object->u.set, binding, (uint64_t)element + i, type) == NULL
@@ -522,96 +544,17 @@ VKAPI_ATTR void VKAPI_CALL ls_icd_UpdateDescriptorSets(VkDevice handle, uint32_t
     pthread_mutex_lock(&device->lock);
     for (uint32_t i = 0; i < nwrites; i++) {
         const VkWriteDescriptorSet *write = &writes[i];
-        const char *why = write_descriptors(device, (uint64_t)(uintptr_t)write->dstSet, write->dstBinding,
+        const char *why = ls_icd_descriptors_write(device, (uint64_t)(uintptr_t)write->dstSet, write->dstBinding,
                                             write->dstArrayElement, write->descriptorType, write->descriptorCount,
                                             write->pBufferInfo, write->pTexelBufferView);
         if (why != NULL)
-            skipped("vkUpdateDescriptorSets: write", i, why);
+            ls_icd_descriptor_skipped("vkUpdateDescriptorSets: write", i, why);
     }
     for (uint32_t i = 0; i < ncopies; i++) {
         const char *why = copy_descriptors(device, &copies[i]);
         if (why != NULL)
-            skipped("vkUpdateDescriptorSets: copy", i, why);
+            ls_icd_descriptor_skipped("vkUpdateDescriptorSets: copy", i, why);
     }
-    pthread_mutex_unlock(&device->lock);
-}
-
-/* ---- update templates */
-
-VKAPI_ATTR VkResult VKAPI_CALL ls_icd_CreateDescriptorUpdateTemplate(VkDevice handle,
-                                                                     const VkDescriptorUpdateTemplateCreateInfo *info,
-                                                                     const VkAllocationCallbacks *allocator,
-                                                                     VkDescriptorUpdateTemplate *out)
-{
-    struct ls_icd_device *device = device_of(handle);
-    VkDescriptorUpdateTemplateEntry *entries;
-    uint64_t made = 0;
-    (void)allocator;
-    if (info->flags != 0 || info->templateType != VK_DESCRIPTOR_UPDATE_TEMPLATE_TYPE_DESCRIPTOR_SET ||
-        info->descriptorUpdateEntryCount > MOST_BINDINGS ||
-        (info->descriptorUpdateEntryCount && info->pDescriptorUpdateEntries == NULL))
-        return LS_ICD_INVALID; /* (push descriptors are not offered) */
-    for (uint32_t i = 0; i < info->descriptorUpdateEntryCount; i++)
-        if (!is_offered_type(info->pDescriptorUpdateEntries[i].descriptorType) ||
-            info->pDescriptorUpdateEntries[i].descriptorCount > LS_ICD_MOST_DESCRIPTORS)
-            return LS_ICD_INVALID;
-    entries = calloc(info->descriptorUpdateEntryCount + 1, sizeof(*entries));
-    if (entries == NULL)
-        return VK_ERROR_OUT_OF_HOST_MEMORY;
-    memcpy(entries, info->pDescriptorUpdateEntries, info->descriptorUpdateEntryCount * sizeof(*entries));
-    pthread_mutex_lock(&device->lock);
-    if (find(device, (uint64_t)(uintptr_t)info->descriptorSetLayout, LS_ICD_SET_LAYOUT) != NULL)
-        made = ls_icd_object_new(&device->objects, LS_ICD_UPDATE_TEMPLATE);
-    if (made)
-        find(device, made, LS_ICD_UPDATE_TEMPLATE)->u.update_template =
-            (struct ls_icd_update_template){entries, info->descriptorUpdateEntryCount};
-    pthread_mutex_unlock(&device->lock);
-    if (!made) {
-        free(entries);
-        return LS_ICD_INVALID; /* (or the table full: the layout's handle is checked first) */
-    }
-    *out = (VkDescriptorUpdateTemplate)(uintptr_t)made;
-    return VK_SUCCESS;
-}
-
-VKAPI_ATTR void VKAPI_CALL ls_icd_DestroyDescriptorUpdateTemplate(VkDevice handle,
-                                                                  VkDescriptorUpdateTemplate template,
-                                                                  const VkAllocationCallbacks *allocator)
-{
-    struct ls_icd_device *device = device_of(handle);
-    (void)allocator;
-    pthread_mutex_lock(&device->lock);
-    if (find(device, (uint64_t)(uintptr_t)template, LS_ICD_UPDATE_TEMPLATE) != NULL)
-        release(device, (uint64_t)(uintptr_t)template);
-    pthread_mutex_unlock(&device->lock);
-}
-
-VKAPI_ATTR void VKAPI_CALL ls_icd_UpdateDescriptorSetWithTemplate(VkDevice handle, VkDescriptorSet set,
-                                                                  VkDescriptorUpdateTemplate template,
-                                                                  const void *data)
-{
-    struct ls_icd_device *device = device_of(handle);
-    struct ls_icd_object *object;
-    pthread_mutex_lock(&device->lock);
-    object = find(device, (uint64_t)(uintptr_t)template, LS_ICD_UPDATE_TEMPLATE);
-    for (uint32_t i = 0; object != NULL && i < object->u.update_template.nentries; i++) {
-        const VkDescriptorUpdateTemplateEntry *entry = &object->u.update_template.entries[i];
-        int texel = is_texel_type(entry->descriptorType);
-        size_t size = texel ? sizeof(VkBufferView) : sizeof(VkDescriptorBufferInfo);
-        uint8_t *items = calloc((size_t)entry->descriptorCount + 1, size);
-        const char *why = items == NULL ? "out of memory" : data == NULL ? "no data" : NULL;
-        for (uint32_t j = 0; why == NULL && j < entry->descriptorCount; j++)
-            memcpy(items + j * size, (const uint8_t *)data + entry->offset + (size_t)j * entry->stride, size);
-        if (why == NULL)
-            why = write_descriptors(device, (uint64_t)(uintptr_t)set, entry->dstBinding, entry->dstArrayElement,
-                                    entry->descriptorType, entry->descriptorCount,
-                                    (const VkDescriptorBufferInfo *)items, (const VkBufferView *)items);
-        free(items);
-        if (why != NULL)
-            skipped("vkUpdateDescriptorSetWithTemplate: entry", i, why);
-    }
-    if (object == NULL)
-        skipped("vkUpdateDescriptorSetWithTemplate: template", 0, "no such update template");
     pthread_mutex_unlock(&device->lock);
 }
 

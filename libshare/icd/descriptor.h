@@ -1,4 +1,4 @@
-/* Descriptors (descriptor.c) and buffer views (view.c): the entry points for loader.c's tables, and
+/* Descriptors (descriptor.c, template.c) and buffer views (view.c): the entry points for loader.c's tables, and
  * what pipeline.c, dispatch.c and memory.c ask of them; kept out of icd.h, the driver's map, to keep
  * it one file a reader can hold. */
 #ifndef LIBSHARE_ICD_DESCRIPTOR_H
@@ -6,7 +6,7 @@
 
 #include "icd.h"
 
-/* ---- descriptor.c: set layouts, pools, sets, their updates and templates */
+/* ---- descriptor.c: set layouts, pools, sets, their updates; template.c's templates among the entry points */
 #define LS_ICD_MOST_DESCRIPTORS (1u << 16) /* a set layout's descriptors, at most (and maxPerSetDescriptors) */
 /* A deep copy of ``from`` into ``to`` (VK_SUCCESS or VK_ERROR_OUT_OF_HOST_MEMORY, ``to`` then empty). */
 VkResult ls_icd_set_layout_copy(struct ls_icd_set_layout *to, const struct ls_icd_set_layout *from);
@@ -53,6 +53,30 @@ VKAPI_ATTR void VKAPI_CALL ls_icd_DestroyDescriptorUpdateTemplate(VkDevice devic
 VKAPI_ATTR void VKAPI_CALL ls_icd_UpdateDescriptorSetWithTemplate(VkDevice device, VkDescriptorSet set,
                                                                   VkDescriptorUpdateTemplate template,
                                                                   const void *data);
+
+/* For template.c (the lock held): a set of a copy of ``layout`` kept by ``pool`` (0: none), its handle or 0;
+ * a set freed (taken out of its pool's list); ``count`` descriptors written into a set from (binding,
+ * element) on, all or none, NULL or why not (buffer infos for a buffer type, views for a texel type);
+ * a skipped update named on stderr; whether a type is offered, and whether it is a texel buffer's. */
+uint64_t ls_icd_set_new(struct ls_icd_device *device, const struct ls_icd_set_layout *layout, uint64_t pool);
+void ls_icd_set_free(struct ls_icd_device *device, uint64_t set);
+const char *ls_icd_descriptors_write(struct ls_icd_device *device, uint64_t set_handle, uint32_t binding,
+                                     uint32_t element, VkDescriptorType type, uint32_t count,
+                                     const VkDescriptorBufferInfo *infos, const VkBufferView *views);
+void ls_icd_descriptor_skipped(const char *what, uint32_t index, const char *why);
+int ls_icd_descriptor_offered(VkDescriptorType type);
+int ls_icd_descriptor_texel(VkDescriptorType type);
+
+/* ---- template.c: push descriptors (VK_KHR_push_descriptor), for dispatch.c, the lock held. A command
+ * buffer keeps a set of no pool per set number, ``*pushed`` (0: none yet): ls_icd_push_writes and
+ * ls_icd_push_template write into it (made, or made anew when ``pipeline_layout``'s set ``number`` has
+ * another layout, which must be of push descriptors) and answer NULL, or why the push is invalid
+ * (``dstSet`` is ignored, as Vulkan says); ls_icd_pushed_free frees ``count`` of them. */
+const char *ls_icd_push_writes(struct ls_icd_device *device, uint64_t *pushed, uint64_t pipeline_layout,
+                               uint32_t number, uint32_t nwrites, const VkWriteDescriptorSet *writes);
+const char *ls_icd_push_template(struct ls_icd_device *device, uint64_t *pushed, uint64_t template,
+                                 uint64_t pipeline_layout, uint32_t number, const void *data);
+void ls_icd_pushed_free(struct ls_icd_device *device, uint64_t *pushed, uint32_t count);
 
 /* ---- view.c: buffer views. ls_icd_views_orphan: memory ``buffer_id`` is being freed (the lock held): its
  * views' bind groups and lists dropped, and the views forgotten, as the arbiter frees them with it.

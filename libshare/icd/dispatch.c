@@ -4,7 +4,9 @@
  * recording's error); vkCmdBindDescriptorSets keeps each set's handle at its number (0..31) with its
  * dynamic offsets (as many as the set's dynamic descriptors, in binding order, each element of an
  * array one; the count given must be exactly theirs); vkCmdPushConstants keeps the bytes (within
- * LS_MAX_PUSH, 128) for every later dispatch.
+ * LS_MAX_PUSH, 128) for every later dispatch. vkCmdPushDescriptorSetKHR and its template form write the
+ * command buffer's set of push descriptors for that number (template.c) and bind it as the set there;
+ * a push that cannot be applied is the recording's error (LS_ICD_INVALID), named on stderr.
  *
  * vkCmdDispatch is one LS_OP_DISPATCH (nothing for a group count of 0, as Vulkan runs nothing) of
  * the pipeline's program, with the pipeline's push_size bytes of the push constants, and, when the
@@ -97,6 +99,48 @@ VKAPI_ATTR void VKAPI_CALL ls_icd_CmdBindDescriptorSets(VkCommandBuffer handle, 
     }
     if (used != ndynamic)
         ls_icd_fail(cb, LS_ICD_INVALID, "vkCmdBindDescriptorSets: more dynamic offsets than the sets' descriptors");
+    pthread_mutex_unlock(&cb->device->lock);
+}
+
+/* Bind command buffer cb's set of push descriptors ``set`` once ``why`` (the push's outcome) is NULL, else
+ * fail the recording with it (the device's lock held). */
+static void bind_pushed(struct ls_icd_command_buffer *cb, VkPipelineBindPoint point, uint32_t set, const char *why)
+{
+    if (why == NULL && point != VK_PIPELINE_BIND_POINT_COMPUTE)
+        why = "not the compute bind point";
+    if (why != NULL) {
+        fprintf(stderr, "libshare Vulkan driver: a push of descriptors refused: %s\n", why);
+        ls_icd_fail(cb, LS_ICD_INVALID, "a push of descriptors refused");
+        return;
+    }
+    cb->recording->sets[set] = cb->recording->pushed[set];
+}
+
+VKAPI_ATTR void VKAPI_CALL ls_icd_CmdPushDescriptorSetKHR(VkCommandBuffer handle, VkPipelineBindPoint point,
+                                                          VkPipelineLayout layout, uint32_t set, uint32_t nwrites,
+                                                          const VkWriteDescriptorSet *writes)
+{
+    struct ls_icd_command_buffer *cb = ls_icd_command_buffer_of(handle);
+    pthread_mutex_lock(&cb->device->lock);
+    bind_pushed(cb, point, set,
+                set >= LS_ICD_MOST_SETS ? "past set 31"
+                                        : ls_icd_push_writes(cb->device, &cb->recording->pushed[set],
+                                                             (uint64_t)(uintptr_t)layout, set, nwrites, writes));
+    pthread_mutex_unlock(&cb->device->lock);
+}
+
+VKAPI_ATTR void VKAPI_CALL ls_icd_CmdPushDescriptorSetWithTemplateKHR(VkCommandBuffer handle,
+                                                                      VkDescriptorUpdateTemplate template,
+                                                                      VkPipelineLayout layout, uint32_t set,
+                                                                      const void *data)
+{
+    struct ls_icd_command_buffer *cb = ls_icd_command_buffer_of(handle);
+    pthread_mutex_lock(&cb->device->lock);
+    bind_pushed(cb, VK_PIPELINE_BIND_POINT_COMPUTE, set,
+                set >= LS_ICD_MOST_SETS ? "past set 31"
+                                        : ls_icd_push_template(cb->device, &cb->recording->pushed[set],
+                                                               (uint64_t)(uintptr_t)template,
+                                                               (uint64_t)(uintptr_t)layout, set, data));
     pthread_mutex_unlock(&cb->device->lock);
 }
 

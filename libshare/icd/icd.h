@@ -286,6 +286,7 @@ struct ls_icd_descriptor_pool {
 struct ls_icd_update_template {
     VkDescriptorUpdateTemplateEntry *entries;
     uint32_t nentries;
+    int push;                       /* of type PUSH_DESCRIPTORS: for vkCmdPushDescriptorSetWithTemplateKHR */
 };
 
 /* query.c: a timestamp query pool, its queries' 16-byte slots (the stamp, its availability) in an
@@ -371,6 +372,9 @@ struct ls_icd_device {
 #define LS_ICD_EXT_SYNC2 2u         /* VK_KHR_synchronization2 */
 #define LS_ICD_EXT_QUERY_RESET 4u   /* VK_EXT_host_query_reset */
 #define LS_ICD_EXT_PLAIN 8u         /* an extension with no command */
+#define LS_ICD_EXT_PUSH 16u         /* VK_KHR_push_descriptor (descriptor.c, dispatch.c) */
+#define LS_ICD_EXT_TEMPLATE 32u     /* VK_KHR_descriptor_update_template: core 1.1's commands, KHR names */
+#define LS_ICD_MOST_PUSHED 32u      /* maxPushDescriptors: a push set layout's descriptors, at most */
 /* physical.c: the bit of an extension ``physical`` offers, else 0 */
 uint32_t ls_icd_extension_bit(const struct ls_icd_physical *physical, const char *name);
 

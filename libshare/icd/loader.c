@@ -10,7 +10,8 @@
  * refused.c's, since the loader's trampolines call them unchecked: a command not implemented is
  * a line pointing at a marker, ls_icd_refused, ls_icd_zero or ls_icd_nothing, and the lookup answers its typed stub,
  * generated into stubs.c by _stubs.py), and the commands of the device
- * extensions offered (TIMELINE_ENTRY_POINTS, SYNC2_ENTRY_POINTS, QUERY_RESET_ENTRY_POINTS). vk_icdGetInstanceProcAddr
+ * extensions offered (TIMELINE_ENTRY_POINTS, SYNC2_ENTRY_POINTS, QUERY_RESET_ENTRY_POINTS,
+ * PUSH_ENTRY_POINTS, TEMPLATE_ENTRY_POINTS). vk_icdGetInstanceProcAddr
  * answers all of them, vkGetDeviceProcAddr the device's core commands and those of the extensions
  * it enabled; any other name answers NULL, so the
  * loader reports it absent. Global commands (those with no instance) are answered for any instance,
@@ -230,6 +231,17 @@ static const struct entry TIMELINE_ENTRY_POINTS[] = {
     ENTRY("vkSignalSemaphoreKHR", ls_icd_SignalSemaphore),
 };
 
+static const struct entry PUSH_ENTRY_POINTS[] = {
+    ENTRY("vkCmdPushDescriptorSetKHR", ls_icd_CmdPushDescriptorSetKHR),
+    ENTRY("vkCmdPushDescriptorSetWithTemplateKHR", ls_icd_CmdPushDescriptorSetWithTemplateKHR),
+};
+
+static const struct entry TEMPLATE_ENTRY_POINTS[] = {
+    ENTRY("vkCreateDescriptorUpdateTemplateKHR", ls_icd_CreateDescriptorUpdateTemplate),
+    ENTRY("vkDestroyDescriptorUpdateTemplateKHR", ls_icd_DestroyDescriptorUpdateTemplate),
+    ENTRY("vkUpdateDescriptorSetWithTemplateKHR", ls_icd_UpdateDescriptorSetWithTemplate),
+};
+
 static const struct entry QUERY_RESET_ENTRY_POINTS[] = {
     ENTRY("vkResetQueryPoolEXT", ls_icd_ResetQueryPool),
 };
@@ -292,6 +304,10 @@ static VKAPI_ATTR PFN_vkVoidFunction VKAPI_CALL ls_icd_GetDeviceProcAddr(VkDevic
         function = find(SYNC2_ENTRY_POINTS, COUNT(SYNC2_ENTRY_POINTS), name);
     if (function == NULL && (extensions & LS_ICD_EXT_QUERY_RESET))
         function = find(QUERY_RESET_ENTRY_POINTS, COUNT(QUERY_RESET_ENTRY_POINTS), name);
+    if (function == NULL && (extensions & LS_ICD_EXT_PUSH))
+        function = find(PUSH_ENTRY_POINTS, COUNT(PUSH_ENTRY_POINTS), name);
+    if (function == NULL && (extensions & LS_ICD_EXT_TEMPLATE))
+        function = find(TEMPLATE_ENTRY_POINTS, COUNT(TEMPLATE_ENTRY_POINTS), name);
     return function;
 }
 
@@ -332,5 +348,9 @@ LS_ICD_EXPORT VKAPI_ATTR PFN_vkVoidFunction VKAPI_CALL vk_icdGetInstanceProcAddr
         function = find(SYNC2_ENTRY_POINTS, COUNT(SYNC2_ENTRY_POINTS), name);
     if (function == NULL)
         function = find(QUERY_RESET_ENTRY_POINTS, COUNT(QUERY_RESET_ENTRY_POINTS), name);
+    if (function == NULL)
+        function = find(PUSH_ENTRY_POINTS, COUNT(PUSH_ENTRY_POINTS), name);
+    if (function == NULL)
+        function = find(TEMPLATE_ENTRY_POINTS, COUNT(TEMPLATE_ENTRY_POINTS), name);
     return function;
 }

@@ -22,7 +22,8 @@
  * host-visible, coherent, cached type (a libshare shared buffer: a memfd mapped by both sides).
  * Formats: no image features (no images); the texel formats of the welcome (the arbiter's device
  * makes a buffer view of) report their storage and uniform texel buffer features, nothing else. Device
- * extensions: EXTENSIONS below, each offered when the arbiter's device has the feature it brings.
+ * extensions: EXTENSIONS below, each offered when the arbiter's device has the feature it brings
+ * (push descriptors and update templates always: the driver makes them of descriptor sets).
  * vkCreateDevice is device.c's. */
 #define _GNU_SOURCE
 #include <stddef.h>
@@ -209,6 +210,9 @@ VKAPI_ATTR void VKAPI_CALL ls_icd_GetPhysicalDeviceProperties2(VkPhysicalDevice 
         case VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_TIMELINE_SEMAPHORE_PROPERTIES:
             ((VkPhysicalDeviceTimelineSemaphoreProperties *)next)->maxTimelineSemaphoreValueDifference = UINT64_MAX;
             break;
+        case VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PUSH_DESCRIPTOR_PROPERTIES_KHR:
+            ((VkPhysicalDevicePushDescriptorPropertiesKHR *)next)->maxPushDescriptors = LS_ICD_MOST_PUSHED;
+            break;
         case VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_PROPERTIES:
             vulkan11_properties(physical, (VkPhysicalDeviceVulkan11Properties *)next);
             break;
@@ -394,6 +398,9 @@ static const struct {
     {{VK_KHR_SYNCHRONIZATION_2_EXTENSION_NAME, VK_KHR_SYNCHRONIZATION_2_SPEC_VERSION}, LS_ICD_EXT_SYNC2, NULL},
 #endif
     {{VK_EXT_HOST_QUERY_RESET_EXTENSION_NAME, VK_EXT_HOST_QUERY_RESET_SPEC_VERSION}, LS_ICD_EXT_QUERY_RESET, NULL},
+    {{VK_KHR_PUSH_DESCRIPTOR_EXTENSION_NAME, VK_KHR_PUSH_DESCRIPTOR_SPEC_VERSION}, LS_ICD_EXT_PUSH, NULL},
+    {{VK_KHR_DESCRIPTOR_UPDATE_TEMPLATE_EXTENSION_NAME, VK_KHR_DESCRIPTOR_UPDATE_TEMPLATE_SPEC_VERSION},
+     LS_ICD_EXT_TEMPLATE, NULL},
     {{VK_KHR_DRIVER_PROPERTIES_EXTENSION_NAME, VK_KHR_DRIVER_PROPERTIES_SPEC_VERSION}, LS_ICD_EXT_PLAIN, NULL},
     {{VK_KHR_SHADER_FLOAT_CONTROLS_EXTENSION_NAME, VK_KHR_SHADER_FLOAT_CONTROLS_SPEC_VERSION}, LS_ICD_EXT_PLAIN, NULL},
     {{VK_KHR_STORAGE_BUFFER_STORAGE_CLASS_EXTENSION_NAME, VK_KHR_STORAGE_BUFFER_STORAGE_CLASS_SPEC_VERSION},

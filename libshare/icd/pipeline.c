@@ -3,8 +3,9 @@
  * A shader module is a copy of its SPIR-V, checked for shape only (whole words, the magic, at most
  * LS_ICD_MOST_SPIRV bytes so that it fits a frame): everything else is admission's, at the arbiter,
  * when a pipeline is made of it. A pipeline layout keeps deep copies of its set layouts
- * (ls_icd_set_layout_copy; at most the device's maxBoundDescriptorSets) and its push size, the end
- * of its last push-constant range (ranges of whole words within maxPushConstantsSize).
+ * (ls_icd_set_layout_copy; at most the device's maxBoundDescriptorSets, one of them at most of push
+ * descriptors) and its push size, the end of its last push-constant range (ranges of whole words
+ * within maxPushConstantsSize).
  *
  * vkCreateComputePipelines sends, for each create info, the request a Python session sends
  * (session.load_program): {"op": "load_program", "constants": [[SpecId, value], ...]} with the
@@ -166,13 +167,15 @@ static VkResult fill_layout(struct ls_icd_device *device, const VkPipelineLayout
     layout->sets = calloc(info->setLayoutCount, sizeof(*layout->sets));
     if (layout->sets == NULL)
         return VK_ERROR_OUT_OF_HOST_MEMORY;
-    for (uint32_t i = 0; i < info->setLayoutCount; i++) {
+    for (uint32_t i = 0, pushed = 0; i < info->setLayoutCount; i++) {
         struct ls_icd_object *set =
             find(device, (uint64_t)(uintptr_t)info->pSetLayouts[i], LS_ICD_SET_LAYOUT);
         VkResult result = set ? ls_icd_set_layout_copy(&layout->sets[i], &set->u.set_layout) : LS_ICD_INVALID;
         if (result != VK_SUCCESS)
             return result;
         layout->nsets = i + 1;
+        if ((layout->sets[i].flags & VK_DESCRIPTOR_SET_LAYOUT_CREATE_PUSH_DESCRIPTOR_BIT_KHR) && pushed++)
+            return LS_ICD_INVALID; /* a second set of push descriptors */
     }
     return VK_SUCCESS;
 }

@@ -215,3 +215,31 @@ def test_a_runtime_array_of_buffers_takes_its_bindings_descriptor_count(daemon, 
     got = [np.array(words, np.uint32) for words in seen["buffers"]]
     assert all(np.array_equal(a, b) for a, b in zip(got[:3], _expected(3)))
     assert got[3][0] == 3 and not got[3][1:].any()
+
+
+PUSHED = Path(__file__).resolve().parent / "_pushed.py"
+
+
+def test_push_descriptors_add_up_and_run_as_numpy_and_the_direct_driver_say(daemon, step):
+    """VK_KHR_push_descriptor, which the driver makes of descriptor sets it resolves when recording: two
+    pushes that add up, a push through a template, then an ordinary set at the same number, in one
+    command buffer submitted twice; what the driver refuses of push layouts (Vulkan leaves it undefined)."""
+    _process, pipe_dir = daemon
+    seen = probe(libshare_run("--name", "pushed", "--", sys.executable, str(PUSHED), "run", str(step)),
+                 environment(pipe_dir))
+    assert (seen["listed"], seen["most"], seen["end"], seen["submit"], seen["again"]) == \
+        (True, 32, "ok", "ok", "ok"), seen
+    a = np.arange(N, dtype=np.uint32)
+    b, c = a * SCALE + 1, a * SCALE + 2  # the second push replaced binding 1 only: binding 0 still A
+    d = b * SCALE + 3
+    e = d * SCALE + 4
+    assert [np.array_equal(np.array(got, np.uint32), want) for got, want in zip(seen["buffers"], (a, b, c, d, e))] \
+        == [True] * 5, seen["stderr"][-2000:]
+    direct = probe([sys.executable, str(PUSHED), "run", str(step)], environment(pipe_dir))
+    if direct["listed"]:  # (lavapipe offers it; so does every desktop GPU's driver)
+        assert direct["buffers"] == seen["buffers"]
+    refused = probe(libshare_run("--name", "pushed", "--", sys.executable, str(PUSHED), "refusals", str(step)),
+                    environment(pipe_dir))
+    assert {k: v for k, v in refused.items() if k != "stderr"} == {
+        "allocate": INVALID, "dynamic": INVALID, "two push sets": INVALID, "push into a plain set": INVALID}, refused
+    assert "that set's layout is not of push descriptors" in refused["stderr"]
