@@ -9,8 +9,8 @@
 - ``end``, ``submit``: what vkEndCommandBuffer and the submission answered for one command buffer of
   four dispatches (add 1, 2, 3, 4) with barriers between: the first pushes both bindings (A -> B);
   the second pushes only binding 1 (C), so binding 0 keeps A, as pushes add up; the third pushes
-  both through an update template of push descriptors (B -> D); the fourth binds an ordinary
-  descriptor set (D -> E) at the same set number, the layouts being compatible.
+  both through an update template of push descriptors (B -> D); the fourth binds a pipeline of an
+  ordinary set layout and such a set (D -> E) at the same set number.
 - ``again``: the same command buffer submitted a second time (the pushes are the recording's);
 - ``buffers``: A..E after it, for numpy to check.
 
@@ -118,7 +118,7 @@ def run(spv: bytes) -> dict:
     push_template = vk.vkGetDeviceProcAddr(device, "vkCmdPushDescriptorSetWithTemplateKHR")
     pushed, plain = set_layout(device), set_layout(device, flags=0)
     layout, plain_layout = pipeline_layout(device, [pushed]), pipeline_layout(device, [plain])
-    compute = pipeline(device, layout, spv)
+    compute, plain_compute = pipeline(device, layout, spv), pipeline(device, plain_layout, spv)
     memory, (a, b, c, d, e) = bound_buffers(device, host, 5, SIZE)
     step = vk.vkGetBufferMemoryRequirements(device, a).size
     words = np.frombuffer(vk.vkMapMemory(device, memory, 0, step * 5, 0), dtype=np.uint32)
@@ -149,6 +149,7 @@ def run(spv: bytes) -> dict:
     add(cb, layout, 3)
     vk.vkCmdDispatch(cb, N // 64, 1, 1)
     barrier(cb)
+    vk.vkCmdBindPipeline(cb, vk.VK_PIPELINE_BIND_POINT_COMPUTE, plain_compute)
     vk.vkCmdBindDescriptorSets(cb, vk.VK_PIPELINE_BIND_POINT_COMPUTE, plain_layout, 0, 1, [ordinary], 0, None)
     add(cb, plain_layout, 4)
     vk.vkCmdDispatch(cb, N // 64, 1, 1)
