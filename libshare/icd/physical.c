@@ -5,9 +5,10 @@
  * the Vulkan 1.1 and 1.2 structures: the device's UUID, its subgroup size and operations in the
  * compute stage, Maintenance3's bounds (an allocation at most the heap), no multiview, protected
  * memory or point clipping, timeline semaphores without a bound on a value's difference, the
- * driver's identity (driverName "libshare", driverID the arbiter's driver's: the shaders run on it;
- * no conformance version), the float controls the arbiter's device has (independences NONE), and
- * no descriptor indexing, depth resolve or sampler reduction. Features: the VkDevice features the
+ * driver's identity (driverName "libshare", driverID and conformance version the arbiter's driver's:
+ * the shaders run on it), the float controls the arbiter's device has (independences NONE), no
+ * descriptor indexing (its update-after-bind limits the device's plain ones: they count every set
+ * layout), depth resolve or sampler reduction. Features: the VkDevice features the
  * arbiter was created with among those compute uses (FEATURES below), robustBufferAccess always;
  * chained to Features2, features.c's structures (Vulkan 1.1 and 1.2's and the extensions they
  * absorbed: 8/16-bit storage, Float16/Int8, 64-bit atomics, the memory model, subgroup extended
@@ -165,12 +166,51 @@ static void vulkan11_properties(const struct ls_icd_physical *physical, VkPhysic
     out->maxMemoryAllocationSize = physical->max_allocation; /* at most the heap */
 }
 
+/* Descriptor indexing's properties. Nothing of it is offered (no non-uniform indexing, and set layouts
+ * refuse update after bind), but its update-after-bind limits count the descriptors of every set layout,
+ * with that flag or without, so they are the device's per-stage and per-set limits: at 0, every
+ * pipeline layout with a buffer was past them (the validation layer said so of wgpu's and vkdispatch's). */
+static void indexing_properties(const struct ls_icd_physical *physical,
+                                VkPhysicalDeviceDescriptorIndexingProperties *out)
+{
+    const VkPhysicalDeviceLimits *limits = &physical->properties.limits;
+    memset((char *)out + sizeof(VkBaseOutStructure), 0, sizeof(*out) - sizeof(VkBaseOutStructure));
+    out->maxPerStageDescriptorUpdateAfterBindSamplers = limits->maxPerStageDescriptorSamplers;
+    out->maxPerStageDescriptorUpdateAfterBindUniformBuffers = limits->maxPerStageDescriptorUniformBuffers;
+    out->maxPerStageDescriptorUpdateAfterBindStorageBuffers = limits->maxPerStageDescriptorStorageBuffers;
+    out->maxPerStageDescriptorUpdateAfterBindSampledImages = limits->maxPerStageDescriptorSampledImages;
+    out->maxPerStageDescriptorUpdateAfterBindStorageImages = limits->maxPerStageDescriptorStorageImages;
+    out->maxPerStageDescriptorUpdateAfterBindInputAttachments = limits->maxPerStageDescriptorInputAttachments;
+    out->maxPerStageUpdateAfterBindResources = limits->maxPerStageResources;
+    out->maxDescriptorSetUpdateAfterBindSamplers = limits->maxDescriptorSetSamplers;
+    out->maxDescriptorSetUpdateAfterBindUniformBuffers = limits->maxDescriptorSetUniformBuffers;
+    out->maxDescriptorSetUpdateAfterBindUniformBuffersDynamic = limits->maxDescriptorSetUniformBuffersDynamic;
+    out->maxDescriptorSetUpdateAfterBindStorageBuffers = limits->maxDescriptorSetStorageBuffers;
+    out->maxDescriptorSetUpdateAfterBindStorageBuffersDynamic = limits->maxDescriptorSetStorageBuffersDynamic;
+    out->maxDescriptorSetUpdateAfterBindSampledImages = limits->maxDescriptorSetSampledImages;
+    out->maxDescriptorSetUpdateAfterBindStorageImages = limits->maxDescriptorSetStorageImages;
+    out->maxDescriptorSetUpdateAfterBindInputAttachments = limits->maxDescriptorSetInputAttachments;
+}
+
+/* Where descriptor indexing's members lie, from maxUpdateAfterBindDescriptorsInAllPools to the last: in the
+ * same order in VkPhysicalDeviceVulkan12Properties, which aggregates them. */
+#define INDEXING_FIRST(type) offsetof(type, maxUpdateAfterBindDescriptorsInAllPools)
+#define INDEXING_SIZE(type) (LS_ICD_END(type, maxDescriptorSetUpdateAfterBindInputAttachments) - INDEXING_FIRST(type))
+_Static_assert(INDEXING_SIZE(VkPhysicalDeviceVulkan12Properties) ==
+                   INDEXING_SIZE(VkPhysicalDeviceDescriptorIndexingProperties),
+               "descriptor indexing's members are laid out alike in both structures");
+
 /* Vulkan 1.2's properties: who the driver is, the float controls the arbiter's device has (the
- * independences conservative), timeline semaphores without bound; no descriptor indexing, depth
- * resolve or sampler reduction (their limits 0). */
+ * independences conservative), timeline semaphores without bound, descriptor indexing's as
+ * indexing_properties says; no depth resolve or sampler reduction (their limits 0). */
 static void vulkan12_properties(const struct ls_icd_physical *physical, VkPhysicalDeviceVulkan12Properties *out)
 {
+    VkPhysicalDeviceDescriptorIndexingProperties indexing;
     memset((char *)out + sizeof(VkBaseOutStructure), 0, sizeof(*out) - sizeof(VkBaseOutStructure));
+    indexing_properties(physical, &indexing);
+    memcpy((char *)out + INDEXING_FIRST(VkPhysicalDeviceVulkan12Properties),
+           (const char *)&indexing + INDEXING_FIRST(VkPhysicalDeviceDescriptorIndexingProperties),
+           INDEXING_SIZE(VkPhysicalDeviceDescriptorIndexingProperties));
     identity(physical, &out->driverID, out->driverName, out->driverInfo, &out->conformanceVersion);
     out->denormBehaviorIndependence = VK_SHADER_FLOAT_CONTROLS_INDEPENDENCE_NONE;
     out->roundingModeIndependence = VK_SHADER_FLOAT_CONTROLS_INDEPENDENCE_NONE;
@@ -209,6 +249,9 @@ VKAPI_ATTR void VKAPI_CALL ls_icd_GetPhysicalDeviceProperties2(VkPhysicalDevice 
         }
         case VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_TIMELINE_SEMAPHORE_PROPERTIES:
             ((VkPhysicalDeviceTimelineSemaphoreProperties *)next)->maxTimelineSemaphoreValueDifference = UINT64_MAX;
+            break;
+        case VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_DESCRIPTOR_INDEXING_PROPERTIES:
+            indexing_properties(physical, (VkPhysicalDeviceDescriptorIndexingProperties *)next);
             break;
         case VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PUSH_DESCRIPTOR_PROPERTIES_KHR:
             ((VkPhysicalDevicePushDescriptorPropertiesKHR *)next)->maxPushDescriptors = LS_ICD_MOST_PUSHED;

@@ -14,6 +14,8 @@ prints one JSON line (``python _vulkan12.py --driver``: the first two only):
 - ``timeline``: a timeline semaphore on that device, whose Vulkan12Features turned timelineSemaphore
   on (no VK_KHR_timeline_semaphore enabled: Vulkan 1.2 needs none): its value as made (3), after
   vkSignalSemaphore (5), and after a submission that signals 7, waited for by vkWaitSemaphores;
+- ``after bind``: maxPerStageDescriptorStorageBuffers, then the update-after-bind limit of storage
+  buffers in VkPhysicalDeviceVulkan12Properties and in VkPhysicalDeviceDescriptorIndexingProperties;
 - ``padded``: vkCreateDevice given a VkPhysicalDeviceShaderDrawParametersFeatures that asks for
   nothing but whose tail padding holds ones, as a Rust or C++ program may leave it (wgpu does);
 - ``output``: the kernel's result, c[i] = a[i] * b[i] + 1 (a int8, b float16, c float32), and after
@@ -183,6 +185,19 @@ def driver(physical) -> list:
             [version.major, version.minor, version.subminor, version.patch]]
 
 
+def after_bind(physical) -> list:
+    """The storage-buffer limits that count every set layout's descriptors, update-after-bind or not:
+    maxPerStageDescriptorStorageBuffers, then the update-after-bind one of Vulkan12Properties and of
+    VkPhysicalDeviceDescriptorIndexingProperties (each at least the first, or no pipeline layout with a
+    storage buffer is within them)."""
+    indexing = vk.VkPhysicalDeviceDescriptorIndexingProperties()
+    vulkan12 = vk.VkPhysicalDeviceVulkan12Properties(pNext=indexing)
+    vk.vkGetPhysicalDeviceProperties2(physical, vk.VkPhysicalDeviceProperties2(pNext=vulkan12))
+    plain = vk.vkGetPhysicalDeviceProperties(physical).limits.maxPerStageDescriptorStorageBuffers
+    return [plain, vulkan12.maxPerStageDescriptorUpdateAfterBindStorageBuffers,
+            indexing.maxPerStageDescriptorUpdateAfterBindStorageBuffers]
+
+
 def main() -> None:
     instance = vk.vkCreateInstance(vk.VkInstanceCreateInfo(pApplicationInfo=vk.VkApplicationInfo(
         apiVersion=vk.VK_MAKE_VERSION(1, 2, 0))), None)
@@ -213,6 +228,7 @@ def main() -> None:
         pNext=vk.VkPhysicalDeviceShaderAtomicFloatFeaturesEXT(pNext=later, shaderBufferFloat32AtomicAdd=vk.VK_TRUE),
         storageBuffer16BitAccess=vk.VK_TRUE)
     seen["padded"] = padded(physical)
+    seen["after bind"] = after_bind(physical)
     device = create(physical, vk.VkPhysicalDeviceVulkan12Features(
         pNext=features11, shaderFloat16=vk.VK_TRUE, shaderInt8=vk.VK_TRUE, storageBuffer8BitAccess=vk.VK_TRUE,
         timelineSemaphore=vk.VK_TRUE, scalarBlockLayout=vk.VK_TRUE),

@@ -67,3 +67,5 @@ def test_a_vulkan_1_2_program_gets_its_features_and_runs_an_int8_and_float16_ker
     assert seen["reset"] == [["ok", 1], ["VkNotReady", 0]], seen  # written; then reset from the host
     assert seen["timeline"] == [3, 5, 7], seen
     assert seen["padded"] == "ok", seen
+    plain, vulkan12, indexing = seen["after bind"]  # (they were 0: every layout with a buffer was past them)
+    assert plain > 0 and vulkan12 >= plain and indexing >= plain, seen["after bind"]
