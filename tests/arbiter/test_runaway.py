@@ -132,7 +132,9 @@ def test_runaway_batched_with_29_tiny_dispatches_faults_within_twice_the_watchdo
         assert ps_rows(pipe_dir)["runaway"][4] == "RUNAWAY"
         log = (pipe_dir / "server.log").read_text()
         assert "a submission of 30 command(s) has run" in log
-        assert "since its last command ended, past its 2.0 s limit (the 2 s watchdog)" in log
+        # the marker said which command ran: the runaway, after the 29 tiny ones
+        assert "since its last command ended (its command 30 running), past its 2.0 s limit (the 2 s watchdog)" \
+            in log
         assert log.count("past its") == 1, log  # one verdict, on the runaway's command alone
 
 

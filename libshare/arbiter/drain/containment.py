@@ -173,9 +173,10 @@ class Containment:
         suspects = [client for client, _ in suspects]
         count, running, marked = event.a, event.b / 1e9, bool(event.kind)
         limit = watchdog if count == 1 or marked else 2 * watchdog
+        where = (f"since its last command ended (its command {event.code + 1} running)" if marked
+                 else "at the head of the device's queue")
         log.error("a submission of %d command(s) has run %.1f s %s, past its %.1f s limit (the %g s watchdog%s); "
-                  "its clients: %s", count, running,
-                  "since its last command ended" if marked else "at the head of the device's queue", limit,
+                  "its clients: %s", count, running, where, limit,
                   watchdog, "" if count == 1 or marked else ", twice over for an unmarked batch",
                   ", ".join(c.describe() for c in suspects))
         if len(suspects) == 1:  # journaled until that work ends (several: which one ran cannot be told)

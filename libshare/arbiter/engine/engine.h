@@ -38,7 +38,8 @@
 #define LS_EV_RELEASED 1                /* an object the client freed is idle: destroy it (kind, id) */
 #define LS_EV_IDLE 2                    /* a closing client has nothing outstanding: reclaim it */
 #define LS_EV_DROPPED 3                 /* its ring failed validation (code: the negative error); closed */
-#define LS_EV_WATCHDOG 4                /* the head submission ran past its limit (a: commands, b: ns) */
+#define LS_EV_WATCHDOG 4                /* the head submission ran past its limit (a: commands, b: ns;
+                                           kind 1: a marked batch, code: the commands it had ended) */
 #define LS_EV_SUSPECT 5                 /* follows LS_EV_WATCHDOG once per client of that submission
                                            (kind LS_KIND_PROGRAM, a: the one program its dispatches
                                            there run; kind 0 when they run none or several) */

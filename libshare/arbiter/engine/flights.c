@@ -231,7 +231,7 @@ void check_watchdog(ls_engine *e)
     if (f->reported || running <= limit)
         return;
     f->reported = 1;
-    emit(e, LS_EV_WATCHDOG, 0, 0, marked, f->count, (uint64_t)running);
+    emit(e, LS_EV_WATCHDOG, 0, marked ? (int32_t)f->progress_seen : 0, marked, f->count, (uint64_t)running);
     if (marked && f->progress_seen < f->count) {  /* the marker names the command that runs: its client alone */
         const struct entry *en = &f->entries[f->progress_seen];
         const struct object *o = en->nusers ? en->users[en->nusers - 1] : NULL;
