@@ -3,8 +3,9 @@
  *
  * Each VkBool32 the driver may report on is a row of FIELDS: the structure it lives in (Vulkan 1.1
  * and 1.2's aggregates and the structures of the extensions they absorbed, which an application
- * may chain instead; VK_EXT_shader_atomic_float's buffer and shared atomics, integer dot products
- * and zero-initialized workgroup memory, extensions of Vulkan 1.3's), its offset there, and the
+ * may chain instead; VK_EXT_shader_atomic_float's buffer and shared atomics, integer dot products,
+ * zero-initialized workgroup memory and subgroup size control, extensions of Vulkan 1.3's: the last
+ * only where the device runs one subgroup size, hello.c), its offset there, and the
  * name the arbiter's welcome gives it
  * (libshare/arbiter/serve/device_info.py: the features its VkDevice was created with, and its
  * float-controls properties), or ALWAYS for what the driver provides itself (timeline semaphores,
@@ -42,6 +43,7 @@
 #define AF VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_ATOMIC_FLOAT_FEATURES_EXT
 #define IDP VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_FEATURES
 #define ZWM VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_ZERO_INITIALIZE_WORKGROUP_MEMORY_FEATURES
+#define SSC VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_SIZE_CONTROL_FEATURES
 #define TLS VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_TIMELINE_SEMAPHORE_FEATURES
 #define HQR VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_HOST_QUERY_RESET_FEATURES
 #define SY2 VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SYNCHRONIZATION_2_FEATURES
@@ -102,6 +104,8 @@ static const struct field {
     SAME(AF, VkPhysicalDeviceShaderAtomicFloatFeaturesEXT, shaderSharedFloat64AtomicAdd),
     SAME(IDP, VkPhysicalDeviceShaderIntegerDotProductFeatures, shaderIntegerDotProduct),
     SAME(ZWM, VkPhysicalDeviceZeroInitializeWorkgroupMemoryFeatures, shaderZeroInitializeWorkgroupMemory),
+    SAME(SSC, VkPhysicalDeviceSubgroupSizeControlFeatures, subgroupSizeControl),
+    SAME(SSC, VkPhysicalDeviceSubgroupSizeControlFeatures, computeFullSubgroups),
     ROW(TLS, VkPhysicalDeviceTimelineSemaphoreFeatures, timelineSemaphore, ALWAYS),
     ROW(HQR, VkPhysicalDeviceHostQueryResetFeatures, hostQueryReset, ALWAYS),
     ROW(SY2, VkPhysicalDeviceSynchronization2Features, synchronization2, ALWAYS),
@@ -155,6 +159,7 @@ static const struct {
     {AF, LS_ICD_END(VkPhysicalDeviceShaderAtomicFloatFeaturesEXT, sparseImageFloat32AtomicAdd)},
     {IDP, LS_ICD_END(VkPhysicalDeviceShaderIntegerDotProductFeatures, shaderIntegerDotProduct)},
     {ZWM, LS_ICD_END(VkPhysicalDeviceZeroInitializeWorkgroupMemoryFeatures, shaderZeroInitializeWorkgroupMemory)},
+    {SSC, LS_ICD_END(VkPhysicalDeviceSubgroupSizeControlFeatures, computeFullSubgroups)},
     {TLS, LS_ICD_END(VkPhysicalDeviceTimelineSemaphoreFeatures, timelineSemaphore)},
     {HQR, LS_ICD_END(VkPhysicalDeviceHostQueryResetFeatures, hostQueryReset)},
     {SY2, LS_ICD_END(VkPhysicalDeviceSynchronization2Features, synchronization2)},

@@ -6,7 +6,8 @@
  * for the data path, queue.c) and the arbiter's pid (whose death the data path watches), and the physical device that libshare/arbiter/serve/device_info.py
  * describes: a JSON object (name, uuid, features, timestamp_valid_bits, memory, driver_id,
  * conformance, texel_formats, and the
- * Vulkan 1.1 subgroup_size, max_per_set_descriptors, max_memory_allocation_size) and the real
+ * Vulkan 1.1 subgroup_size, max_per_set_descriptors, max_memory_allocation_size, and
+ * subgroup_sizes) and the real
  * device's VkPhysicalDeviceProperties as the payload. Everything is checked before it is used:
  * the payload's size, each field's type and range, the strings' lengths. A refusal (the
  * arbiter's {"ok": false, "error", "message"}) or anything malformed is
@@ -133,6 +134,32 @@ static int parse_uuid(const char *text, uint8_t uuid[VK_UUID_SIZE])
     return n == (int)(2 * VK_UUID_SIZE) ? 0 : -EINVAL;
 }
 
+/* The welcome's subgroup_sizes ([min, max, most subgroups a workgroup holds]; absent or [0, 0, 0] where the
+ * device cannot say) into ``physical``, and whether they are one size, ``subgroup``, into ``fixed``:
+ * subgroup size control is offered only then, since a pipeline's required size is then the size every
+ * pipeline runs at, and the arbiter is asked nothing more. NULL, or what was wrong. */
+static const char *read_sizes(const cJSON *sizes, uint64_t subgroup, struct ls_icd_physical *physical, int *fixed)
+{
+    uint64_t least, most, per_workgroup;
+    *fixed = 0;
+    physical->workgroup_subgroups = 0;
+    if (sizes == NULL)
+        return NULL;
+    if (!cJSON_IsArray(sizes) || cJSON_GetArraySize(sizes) != 3 ||
+        whole(cJSON_GetArrayItem(sizes, 0), 4096, &least) < 0 || whole(cJSON_GetArrayItem(sizes, 1), 4096, &most) < 0 ||
+        whole(cJSON_GetArrayItem(sizes, 2), 4294967295.0, &per_workgroup) < 0 || least > most)
+        return "subgroup_sizes is not [min, max, most]";
+    *fixed = least == subgroup && most == subgroup;
+    physical->workgroup_subgroups = (uint32_t)per_workgroup;
+    return NULL;
+}
+
+/* Whether ``name`` is a feature of subgroup size control (read_sizes). */
+static int size_control_feature(const char *name)
+{
+    return strcmp(name, "subgroupSizeControl") == 0 || strcmp(name, "computeFullSubgroups") == 0;
+}
+
 /* The welcome's texel_formats ([name, VkFormat, bytes, uses] each) into ``physical``; NULL, or what was
  * wrong. None given: no format is reported (no buffer view can be made). */
 static const char *read_texels(const cJSON *formats, struct ls_icd_physical *physical)
@@ -186,7 +213,7 @@ static const char *read_physical(const cJSON *described, const struct ls_icd_fra
     const cJSON *feature;
     const char *wrong;
     uint64_t bits, memory, subgroup, per_set, allocation, driver;
-    int count = 0;
+    int count = 0, fixed;
     if (!cJSON_IsObject(described))
         return "the welcome has no physical_device object";
     if (frame->payload_len != sizeof(VkPhysicalDeviceProperties))
@@ -217,6 +244,9 @@ static const char *read_physical(const cJSON *described, const struct ls_icd_fra
         return wrong;
     if ((wrong = read_texels(cJSON_GetObjectItemCaseSensitive(described, "texel_formats"), physical)) != NULL)
         return wrong;
+    wrong = read_sizes(cJSON_GetObjectItemCaseSensitive(described, "subgroup_sizes"), subgroup, physical, &fixed);
+    if (wrong != NULL)
+        return wrong;
     memcpy(&physical->properties, frame->payload, sizeof(physical->properties));
     memset(&physical->features, 0, sizeof(physical->features));
     memset(physical->reported, 0, sizeof(physical->reported));
@@ -225,7 +255,8 @@ static const char *read_physical(const cJSON *described, const struct ls_icd_fra
     cJSON_ArrayForEach(feature, features) {
         if (!cJSON_IsString(feature) || ++count > MOST_FEATURES)
             return "features is not a list of names";
-        ls_icd_feature_set(physical, feature->valuestring); /* names the driver does not report: skipped */
+        if (fixed || !size_control_feature(feature->valuestring))
+            ls_icd_feature_set(physical, feature->valuestring); /* names the driver does not report: skipped */
     }
     physical->driver_id = (uint32_t)driver;
     physical->subgroup_size = (uint32_t)subgroup;

@@ -115,6 +115,7 @@ struct ls_icd_physical {
     VkConformanceVersion conformance;      /* the conformance version the arbiter's driver passed */
     VkSubgroupFeatureFlags subgroup_operations;     /* in the compute stage */
     uint32_t subgroup_size;
+    uint32_t workgroup_subgroups;          /* maxComputeWorkgroupSubgroups (subgroup size control) */
     uint32_t max_per_set_descriptors;
     uint64_t max_allocation;
     uint8_t uuid[VK_UUID_SIZE];

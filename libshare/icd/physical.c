@@ -218,6 +218,33 @@ static void vulkan12_properties(const struct ls_icd_physical *physical, VkPhysic
     ls_icd_fields_report(physical, (VkBaseOutStructure *)out); /* the float controls (features.c) */
 }
 
+/* Subgroup size control's properties, where it is offered: the device's one subgroup size (hello.c). */
+static void size_control(const struct ls_icd_physical *physical, VkPhysicalDeviceSubgroupSizeControlProperties *out)
+{
+    out->minSubgroupSize = out->maxSubgroupSize = physical->subgroup_size;
+    out->maxComputeWorkgroupSubgroups = physical->workgroup_subgroups;
+    out->requiredSubgroupSizeStages = VK_SHADER_STAGE_COMPUTE_BIT;
+}
+
+VkResult ls_icd_stage_subgroups(const struct ls_icd_physical *physical, const VkPipelineShaderStageCreateInfo *stage,
+                                const uint32_t local_size[3])
+{
+    const VkPipelineShaderStageCreateFlags varying = VK_PIPELINE_SHADER_STAGE_CREATE_ALLOW_VARYING_SUBGROUP_SIZE_BIT,
+                                           full = VK_PIPELINE_SHADER_STAGE_CREATE_REQUIRE_FULL_SUBGROUPS_BIT;
+    int controlled = ls_icd_fields_reported(physical, "subgroupSizeControl");
+    if ((stage->flags & ~(varying | full)) != 0 || ((stage->flags & varying) && !controlled) ||
+        ((stage->flags & full) && (!ls_icd_fields_reported(physical, "computeFullSubgroups") ||
+                                   local_size[0] % physical->subgroup_size != 0)))
+        return LS_ICD_INVALID;
+    for (const VkBaseInStructure *next = stage->pNext; next != NULL; next = next->pNext)
+        if (next->sType == VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_REQUIRED_SUBGROUP_SIZE_CREATE_INFO &&
+            (!controlled || (stage->flags & varying) ||
+             ((const VkPipelineShaderStageRequiredSubgroupSizeCreateInfo *)next)->requiredSubgroupSize !=
+                 physical->subgroup_size))
+            return LS_ICD_INVALID;
+    return VK_SUCCESS;
+}
+
 VKAPI_ATTR void VKAPI_CALL ls_icd_GetPhysicalDeviceProperties2(VkPhysicalDevice pd, VkPhysicalDeviceProperties2 *out)
 {
     const struct ls_icd_physical *physical = physical_of(pd);
@@ -252,6 +279,10 @@ VKAPI_ATTR void VKAPI_CALL ls_icd_GetPhysicalDeviceProperties2(VkPhysicalDevice 
             break;
         case VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_DESCRIPTOR_INDEXING_PROPERTIES:
             indexing_properties(physical, (VkPhysicalDeviceDescriptorIndexingProperties *)next);
+            break;
+        case VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_SIZE_CONTROL_PROPERTIES:
+            if (ls_icd_fields_reported(physical, "subgroupSizeControl"))
+                size_control(physical, (VkPhysicalDeviceSubgroupSizeControlProperties *)next);
             break;
         case VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PUSH_DESCRIPTOR_PROPERTIES_KHR:
             ((VkPhysicalDevicePushDescriptorPropertiesKHR *)next)->maxPushDescriptors = LS_ICD_MOST_PUSHED;
@@ -469,6 +500,8 @@ static const struct {
      LS_ICD_EXT_PLAIN, "shaderIntegerDotProduct"},
     {{VK_KHR_ZERO_INITIALIZE_WORKGROUP_MEMORY_EXTENSION_NAME, VK_KHR_ZERO_INITIALIZE_WORKGROUP_MEMORY_SPEC_VERSION},
      LS_ICD_EXT_PLAIN, "shaderZeroInitializeWorkgroupMemory"},
+    {{VK_EXT_SUBGROUP_SIZE_CONTROL_EXTENSION_NAME, VK_EXT_SUBGROUP_SIZE_CONTROL_SPEC_VERSION}, LS_ICD_EXT_PLAIN,
+     "subgroupSizeControl"},
 };
 
 #define NEXTENSIONS ((uint32_t)(sizeof(EXTENSIONS) / sizeof(EXTENSIONS[0])))

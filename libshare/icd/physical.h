@@ -21,6 +21,12 @@ int ls_icd_fields_known(VkStructureType type);                          /* a fea
 void ls_icd_fields_report(const struct ls_icd_physical *physical, VkBaseOutStructure *next);
 VkResult ls_icd_fields_check(const struct ls_icd_physical *physical, const VkBaseInStructure *next);
 size_t ls_icd_off_size(VkStructureType type); /* where an OFF structure's members end, or 0 */
+/* physical.c: whether a compute stage's subgroup flags and required size (VK_EXT_subgroup_size_control)
+ * may be made of a program of workgroup ``local_size`` here: VK_SUCCESS, else LS_ICD_INVALID. Offered
+ * only where the device runs one subgroup size: a required size must be that one (and not with
+ * ALLOW_VARYING), REQUIRE_FULL needs a workgroup of whole subgroups in x; no other flag. */
+VkResult ls_icd_stage_subgroups(const struct ls_icd_physical *physical, const VkPipelineShaderStageCreateInfo *stage,
+                                const uint32_t local_size[3]);
 VKAPI_ATTR void VKAPI_CALL ls_icd_GetPhysicalDeviceProperties(VkPhysicalDevice pd, VkPhysicalDeviceProperties *out);
 VKAPI_ATTR void VKAPI_CALL ls_icd_GetPhysicalDeviceProperties2(VkPhysicalDevice pd, VkPhysicalDeviceProperties2 *out);
 VKAPI_ATTR void VKAPI_CALL ls_icd_GetPhysicalDeviceFeatures(VkPhysicalDevice pd, VkPhysicalDeviceFeatures *out);

@@ -37,7 +37,8 @@
  * is LS_ICD_INVALID too, its message one line on stderr (ls_icd_ask). Each pPipelines[i] that
  * fails is VK_NULL_HANDLE and the others are made; the first failure is the answer. Base
  * pipelines and derivatives are ignored; pipeline flags other than DISABLE_OPTIMIZATION,
- * ALLOW_DERIVATIVES, DERIVATIVE and DISPATCH_BASE, and stage flags, are LS_ICD_INVALID.
+ * ALLOW_DERIVATIVES, DERIVATIVE and DISPATCH_BASE, and stage flags and required subgroup sizes that
+ * physical.c's ls_icd_stage_subgroups refuses, are LS_ICD_INVALID.
  * vkDestroyPipeline frees the program at the arbiter.
  *
  * Pipeline caches hold nothing (the arbiter caches programs by content itself): any initial data
@@ -53,6 +54,7 @@
 #include "cache.h"
 #include "descriptor.h"
 #include "icd.h"
+#include "physical.h"
 
 #define SPIRV_MAGIC 0x07230203u
 #define MOST_CONSTANTS 64                  /* specialize.py's MAX_CONSTANTS */
@@ -500,7 +502,7 @@ static VkResult make_pipeline(struct ls_icd_device *device, const VkComputePipel
     uint64_t made;
     int64_t program;
     VkResult result;
-    if (module == NULL || layout == NULL || stage->stage != VK_SHADER_STAGE_COMPUTE_BIT || stage->flags != 0 ||
+    if (module == NULL || layout == NULL || stage->stage != VK_SHADER_STAGE_COMPUTE_BIT ||
         stage->pName == NULL || (info->flags & ~(VkPipelineCreateFlags)PIPELINE_FLAGS) != 0)
         return LS_ICD_INVALID;
     text = malloc(REQUEST_TEXT);
@@ -523,6 +525,8 @@ static VkResult make_pipeline(struct ls_icd_device *device, const VkComputePipel
         result = read_program(reply, &layout_copy, stage->pName, device->seen.properties.limits.maxPushConstantsSize,
                               &holder.u.pipeline);
     }
+    if (result == VK_SUCCESS) /* (its flags and required size: checked once its workgroup is known) */
+        result = ls_icd_stage_subgroups(&device->seen, stage, holder.u.pipeline.local_size);
     cJSON_Delete(reply);
     ls_icd_frame_free(&frame);
     made = result == VK_SUCCESS ? make(device, LS_ICD_PIPELINE, &object) : 0;

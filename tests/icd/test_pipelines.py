@@ -197,3 +197,41 @@ def test_the_driver_records_the_program_and_resolves_descriptors(tmp_path, daemo
                [buffer_id, other_offset + 4096, 4096]]
     assert seen["plain"] == written and seen["template"] == written and seen["copied"] == written
     assert seen["buffer destroyed"] == -13 and seen["memory freed"] == -13
+
+
+SUBGROUPS = Path(__file__).resolve().parent / "_subgroups.py"
+SUBGROUP_KERNEL = """#version 450
+#extension GL_KHR_shader_subgroup_arithmetic : require
+layout(local_size_x_id = 0) in;
+layout(std430, set = 0, binding = 0) buffer Out { uint o[]; };
+void main()
+{
+    uint i = gl_LocalInvocationIndex;
+    o[2 * i] = gl_SubgroupSize;
+    o[2 * i + 1] = subgroupAdd(1u);
+}
+"""
+
+
+def test_subgroup_size_control_where_the_device_runs_one_size(daemon, tmp_path):
+    """VK_EXT_subgroup_size_control, offered where the arbiter's device runs one subgroup size (lavapipe:
+    8): a pipeline that requires that size and full subgroups runs as on the direct driver, every
+    invocation in a full subgroup of that size; a size the device does not run, full subgroups of a
+    workgroup narrower than one, and a required size with ALLOW_VARYING are refused."""
+    _process, pipe_dir = daemon
+    spv = compiled(tmp_path, "subgroups", SUBGROUP_KERNEL, "vulkan1.1")
+    run = [sys.executable, str(SUBGROUPS), "run", str(spv)]
+    direct = probe(run, environment(pipe_dir))
+    if not direct["listed"] or direct["sizes"][0] != direct["sizes"][1]:
+        pytest.skip("the device does not run one subgroup size: the driver does not offer size control")
+    seen = probe(libshare_run("--name", "subgroups", "--", *run), environment(pipe_dir))
+    size = direct["sizes"][1]
+    assert (seen["listed"], seen["features"], seen["sizes"][:2], seen["made"]) == (True, [True, True], [size, size],
+                                                                                   "ok"), seen
+    assert seen["sizes"][2] & 0x20, seen["sizes"]  # VK_SHADER_STAGE_COMPUTE_BIT
+    assert seen["output"] == direct["output"] == [size] * 128, seen["stderr"][-2000:]
+    refused = probe(libshare_run("--name", "subgroups", "--", sys.executable, str(SUBGROUPS), "refusals", str(spv)),
+                    environment(pipe_dir))
+    assert {k: v for k, v in refused.items() if k != "stderr"} == {
+        "twice the size": INVALID, "half a subgroup": INVALID, "varying and required": INVALID,
+        "varying alone": "ok"}, refused

@@ -295,14 +295,23 @@ class _PhysicalInfo:
 
     def core11_properties(self) -> dict:
         """The Vulkan 1.1 properties the libshare Vulkan driver reports beside :meth:`properties_bytes`:
-        the subgroup size, and VkPhysicalDeviceMaintenance3Properties's bounds."""
+        the subgroup size, and VkPhysicalDeviceMaintenance3Properties's bounds; and the smallest and
+        largest subgroup size of the compute stage with the most subgroups a workgroup holds
+        (VkPhysicalDeviceSubgroupSizeControlProperties), [0, 0, 0] where the device cannot say (no
+        VK_EXT_subgroup_size_control, nor Vulkan 1.3)."""
         maintenance = _struct("VkPhysicalDeviceMaintenance3Properties", "PHYSICAL_DEVICE_MAINTENANCE_3_PROPERTIES")
+        sizes = _struct("VkPhysicalDeviceSubgroupSizeControlProperties",
+                        "PHYSICAL_DEVICE_SUBGROUP_SIZE_CONTROL_PROPERTIES", pNext=maintenance)
+        controlled = _usable(self, _version(self.api_version), (1, 3), "VK_EXT_subgroup_size_control")
         subgroup = _struct("VkPhysicalDeviceSubgroupProperties", "PHYSICAL_DEVICE_SUBGROUP_PROPERTIES",
-                           pNext=maintenance)
+                           pNext=sizes if controlled else maintenance)
         _lib.vkGetPhysicalDeviceProperties2(self.handle, _struct(
             "VkPhysicalDeviceProperties2", "PHYSICAL_DEVICE_PROPERTIES_2", pNext=subgroup))
+        compute = controlled and sizes.requiredSubgroupSizeStages & _vk.VK_SHADER_STAGE_COMPUTE_BIT
         return {"subgroup_size": subgroup.subgroupSize, "max_per_set_descriptors": maintenance.maxPerSetDescriptors,
-                "max_memory_allocation_size": maintenance.maxMemoryAllocationSize}
+                "max_memory_allocation_size": maintenance.maxMemoryAllocationSize,
+                "subgroup_sizes": [sizes.minSubgroupSize, sizes.maxSubgroupSize, sizes.maxComputeWorkgroupSubgroups]
+                if compute else [0, 0, 0]}
 
     def local_heap_size(self) -> int:
         """Bytes in the largest device-local memory heap (0 if none is marked device-local)."""
@@ -400,6 +409,8 @@ _FEATURE_STRUCTS = (
      "VK_KHR_uniform_buffer_standard_layout", ("uniformBufferStandardLayout",)),
     ("VkPhysicalDeviceDescriptorIndexingFeatures", "DESCRIPTOR_INDEXING_FEATURES", (1, 2), "VK_EXT_descriptor_indexing",
      ("shaderUniformBufferArrayNonUniformIndexing", "shaderStorageBufferArrayNonUniformIndexing")),
+    ("VkPhysicalDeviceSubgroupSizeControlFeatures", "SUBGROUP_SIZE_CONTROL_FEATURES", (1, 3),
+     "VK_EXT_subgroup_size_control", ("subgroupSizeControl", "computeFullSubgroups")),
     ("VkPhysicalDeviceShaderIntegerDotProductFeatures", "SHADER_INTEGER_DOT_PRODUCT_FEATURES", (1, 3),
      "VK_KHR_shader_integer_dot_product", ("shaderIntegerDotProduct",)),
     ("VkPhysicalDeviceShaderAtomicFloatFeaturesEXT", "SHADER_ATOMIC_FLOAT_FEATURES_EXT", None,

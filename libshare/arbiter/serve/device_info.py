@@ -16,6 +16,11 @@ The object carries what the struct does not:
   ``robustBufferAccess`` always), which the driver reports and no more;
 * ``subgroup_size``, ``max_per_set_descriptors``, ``max_memory_allocation_size``: the device's
   Vulkan 1.1 properties (VkPhysicalDeviceSubgroupProperties, ...Maintenance3Properties);
+* ``subgroup_sizes``: ``[min, max, most]``, the subgroup sizes the compute stage may run at and the
+  most subgroups a workgroup holds (VkPhysicalDeviceSubgroupSizeControlProperties; ``[0, 0, 0]``
+  where the device cannot say): the
+  driver offers subgroup size control only where they are one size, so that the size a pipeline
+  requires is the size every pipeline runs at;
 * ``timestamp_valid_bits``: the valid bits of the arbiter's queue's timestamps;
 * ``driver_id``: the arbiter's Vulkan driver's ``VkDriverId`` (0 when it cannot say), which the
   driver reports as its own in Vulkan 1.2's properties: the shaders run on that driver;
