@@ -3,8 +3,8 @@
  *
  * Each VkBool32 the driver may report on is a row of FIELDS: the structure it lives in (Vulkan 1.1
  * and 1.2's aggregates and the structures of the extensions they absorbed, which an application
- * may chain instead; VK_EXT_shader_atomic_float's buffer and shared atomics, integer dot products,
- * zero-initialized workgroup memory and subgroup size control, extensions of Vulkan 1.3's: the last
+ * may chain instead; VK_EXT_shader_atomic_float's and _float2's buffer and shared atomics, integer dot
+ * products, zero-initialized workgroup memory and subgroup size control, extensions of Vulkan 1.3's: the last
  * only where the device runs one subgroup size, hello.c), its offset there, and the
  * name the arbiter's welcome gives it
  * (libshare/arbiter/serve/device_info.py: the features its VkDevice was created with, and its
@@ -41,6 +41,7 @@
 #define SBL VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SCALAR_BLOCK_LAYOUT_FEATURES
 #define UBL VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_UNIFORM_BUFFER_STANDARD_LAYOUT_FEATURES
 #define AF VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_ATOMIC_FLOAT_FEATURES_EXT
+#define AF2 VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_ATOMIC_FLOAT_2_FEATURES_EXT
 #define IDP VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_FEATURES
 #define ZWM VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_ZERO_INITIALIZE_WORKGROUP_MEMORY_FEATURES
 #define SSC VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_SIZE_CONTROL_FEATURES
@@ -102,6 +103,16 @@ static const struct field {
     SAME(AF, VkPhysicalDeviceShaderAtomicFloatFeaturesEXT, shaderSharedFloat32AtomicAdd),
     SAME(AF, VkPhysicalDeviceShaderAtomicFloatFeaturesEXT, shaderSharedFloat64Atomics),
     SAME(AF, VkPhysicalDeviceShaderAtomicFloatFeaturesEXT, shaderSharedFloat64AtomicAdd),
+    SAME(AF2, VkPhysicalDeviceShaderAtomicFloat2FeaturesEXT, shaderBufferFloat16Atomics),
+    SAME(AF2, VkPhysicalDeviceShaderAtomicFloat2FeaturesEXT, shaderBufferFloat16AtomicAdd),
+    SAME(AF2, VkPhysicalDeviceShaderAtomicFloat2FeaturesEXT, shaderBufferFloat16AtomicMinMax),
+    SAME(AF2, VkPhysicalDeviceShaderAtomicFloat2FeaturesEXT, shaderBufferFloat32AtomicMinMax),
+    SAME(AF2, VkPhysicalDeviceShaderAtomicFloat2FeaturesEXT, shaderBufferFloat64AtomicMinMax),
+    SAME(AF2, VkPhysicalDeviceShaderAtomicFloat2FeaturesEXT, shaderSharedFloat16Atomics),
+    SAME(AF2, VkPhysicalDeviceShaderAtomicFloat2FeaturesEXT, shaderSharedFloat16AtomicAdd),
+    SAME(AF2, VkPhysicalDeviceShaderAtomicFloat2FeaturesEXT, shaderSharedFloat16AtomicMinMax),
+    SAME(AF2, VkPhysicalDeviceShaderAtomicFloat2FeaturesEXT, shaderSharedFloat32AtomicMinMax),
+    SAME(AF2, VkPhysicalDeviceShaderAtomicFloat2FeaturesEXT, shaderSharedFloat64AtomicMinMax),
     SAME(IDP, VkPhysicalDeviceShaderIntegerDotProductFeatures, shaderIntegerDotProduct),
     SAME(ZWM, VkPhysicalDeviceZeroInitializeWorkgroupMemoryFeatures, shaderZeroInitializeWorkgroupMemory),
     SAME(SSC, VkPhysicalDeviceSubgroupSizeControlFeatures, subgroupSizeControl),
@@ -157,6 +168,7 @@ static const struct {
     {SBL, LS_ICD_END(VkPhysicalDeviceScalarBlockLayoutFeatures, scalarBlockLayout)},
     {UBL, LS_ICD_END(VkPhysicalDeviceUniformBufferStandardLayoutFeatures, uniformBufferStandardLayout)},
     {AF, LS_ICD_END(VkPhysicalDeviceShaderAtomicFloatFeaturesEXT, sparseImageFloat32AtomicAdd)},
+    {AF2, LS_ICD_END(VkPhysicalDeviceShaderAtomicFloat2FeaturesEXT, sparseImageFloat32AtomicMinMax)},
     {IDP, LS_ICD_END(VkPhysicalDeviceShaderIntegerDotProductFeatures, shaderIntegerDotProduct)},
     {ZWM, LS_ICD_END(VkPhysicalDeviceZeroInitializeWorkgroupMemoryFeatures, shaderZeroInitializeWorkgroupMemory)},
     {SSC, LS_ICD_END(VkPhysicalDeviceSubgroupSizeControlFeatures, computeFullSubgroups)},

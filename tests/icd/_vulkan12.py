@@ -19,7 +19,8 @@ prints one JSON line (``python _vulkan12.py --driver``: the first two only):
 - ``padded``: vkCreateDevice given a VkPhysicalDeviceShaderDrawParametersFeatures that asks for
   nothing but whose tail padding holds ones, as a Rust or C++ program may leave it (wgpu does);
 - ``output``: the kernel's result, c[i] = a[i] * b[i] + 1 (a int8, b float16, c float32), and after
-  those N, 8 sums of 1.0 the kernel's invocations added with a float atomic (VK_EXT_shader_atomic_float);
+  those N, 8 sums of 1.0 the kernel's invocations added with a float atomic (VK_EXT_shader_atomic_float),
+  then the largest invocation index by a float atomic max (VK_EXT_shader_atomic_float2);
 - ``reset``: a timestamp query pool's results after vkCmdWriteTimestamp, then after vkResetQueryPool
   from the host (its availability, 1 then 0).
 
@@ -101,7 +102,7 @@ def run_kernel(device, host, spv: bytes, a: np.ndarray, b: np.ndarray) -> list:
     queue = vk.vkGetDeviceQueue(device, 0, 0)
     vk.vkQueueSubmit(queue, 1, [vk.VkSubmitInfo(commandBufferCount=1, pCommandBuffers=[cb])], None)
     vk.vkQueueWaitIdle(queue)
-    return np.frombuffer(words[2 * step:2 * step + 4 * (N + 8)].tobytes(), np.float32).tolist()
+    return np.frombuffer(words[2 * step:2 * step + 4 * (N + 9)].tobytes(), np.float32).tolist()
 
 
 def query_reset(device) -> list:
@@ -209,12 +210,14 @@ def main() -> None:
     spv = open(sys.argv[1], "rb").read()
     dots = vk.VkPhysicalDeviceShaderIntegerDotProductFeatures()
     zeroed = vk.VkPhysicalDeviceZeroInitializeWorkgroupMemoryFeatures(pNext=dots)
-    atomics = vk.VkPhysicalDeviceShaderAtomicFloatFeaturesEXT(pNext=zeroed)
+    minmax = vk.VkPhysicalDeviceShaderAtomicFloat2FeaturesEXT(pNext=zeroed)
+    atomics = vk.VkPhysicalDeviceShaderAtomicFloatFeaturesEXT(pNext=minmax)
     reported = vk.VkPhysicalDeviceVulkan12Features(pNext=atomics)
     vk.vkGetPhysicalDeviceFeatures2(physical, vk.VkPhysicalDeviceFeatures2(pNext=reported))
     seen = {"version": [version >> 22, (version >> 12) & 0x3FF], "driver": driver(physical),
             "features": {**{name: bool(getattr(reported, name)) for name in WANTED + ("bufferDeviceAddress",)},
                          "shaderBufferFloat32AtomicAdd": bool(atomics.shaderBufferFloat32AtomicAdd),
+                         "shaderBufferFloat32AtomicMinMax": bool(minmax.shaderBufferFloat32AtomicMinMax),
                          "shaderIntegerDotProduct": bool(dots.shaderIntegerDotProduct),
                          "shaderZeroInitializeWorkgroupMemory": bool(zeroed.shaderZeroInitializeWorkgroupMemory)},
             "refused": {name: outcome(create, physical, vk.VkPhysicalDeviceVulkan12Features(**{name: vk.VK_TRUE}))
@@ -222,7 +225,9 @@ def main() -> None:
     types = vk.vkGetPhysicalDeviceMemoryProperties(physical).memoryTypes
     host = next(i for i in range(2) if types[i].propertyFlags & vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT)
     later = vk.VkPhysicalDeviceShaderIntegerDotProductFeatures(  # extensions of Vulkan 1.3's
-        pNext=vk.VkPhysicalDeviceZeroInitializeWorkgroupMemoryFeatures(shaderZeroInitializeWorkgroupMemory=vk.VK_TRUE),
+        pNext=vk.VkPhysicalDeviceZeroInitializeWorkgroupMemoryFeatures(
+            pNext=vk.VkPhysicalDeviceShaderAtomicFloat2FeaturesEXT(shaderBufferFloat32AtomicMinMax=vk.VK_TRUE),
+            shaderZeroInitializeWorkgroupMemory=vk.VK_TRUE),
         shaderIntegerDotProduct=vk.VK_TRUE)
     features11 = vk.VkPhysicalDeviceVulkan11Features(
         pNext=vk.VkPhysicalDeviceShaderAtomicFloatFeaturesEXT(pNext=later, shaderBufferFloat32AtomicAdd=vk.VK_TRUE),
@@ -232,7 +237,8 @@ def main() -> None:
     device = create(physical, vk.VkPhysicalDeviceVulkan12Features(
         pNext=features11, shaderFloat16=vk.VK_TRUE, shaderInt8=vk.VK_TRUE, storageBuffer8BitAccess=vk.VK_TRUE,
         timelineSemaphore=vk.VK_TRUE, scalarBlockLayout=vk.VK_TRUE),
-        ["VK_EXT_shader_atomic_float", "VK_KHR_shader_integer_dot_product", "VK_KHR_zero_initialize_workgroup_memory"])
+        ["VK_EXT_shader_atomic_float", "VK_EXT_shader_atomic_float2", "VK_KHR_shader_integer_dot_product",
+         "VK_KHR_zero_initialize_workgroup_memory"])
     seen["device"] = "ok"
     seen["missing"] = [name for name in CORE_12 if vk.lib.vkGetDeviceProcAddr(device, name.encode()) == vk.ffi.NULL]
     a = (np.arange(N) % 16 - 8).astype(np.int8)

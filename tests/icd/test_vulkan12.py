@@ -28,6 +28,7 @@ KERNEL = """#version 450
 #extension GL_EXT_shader_8bit_storage : require
 #extension GL_EXT_shader_16bit_storage : require
 #extension GL_EXT_shader_atomic_float : require
+#extension GL_EXT_shader_atomic_float2 : require
 layout(local_size_x = 64) in;
 layout(std430, binding = 0) readonly buffer A { int8_t a[]; };
 layout(std430, binding = 1) readonly buffer B { float16_t b[]; };
@@ -36,6 +37,7 @@ void main() {
     uint i = gl_GlobalInvocationID.x;
     c[i] = float(a[i]) * float(b[i]) + 1.0;
     atomicAdd(c[256 + i % 8], 1.0);
+    atomicMax(c[264], float(i));
 }
 """
 
@@ -54,7 +56,8 @@ def test_a_vulkan_1_2_program_gets_its_features_and_runs_an_int8_and_float16_ker
     assert seen["driver"] == ["libshare", direct["driver"][1]] and direct["driver"][0] != "libshare", (seen, direct)
     assert seen["features"] == {"shaderFloat16": True, "shaderInt8": True, "storageBuffer8BitAccess": True,
                                 "scalarBlockLayout": True, "uniformBufferStandardLayout": True,
-                                "shaderBufferFloat32AtomicAdd": True, "shaderIntegerDotProduct": True,
+                                "shaderBufferFloat32AtomicAdd": True, "shaderBufferFloat32AtomicMinMax": True,
+                                "shaderIntegerDotProduct": True,
                                 "shaderZeroInitializeWorkgroupMemory": True,
                                 "bufferDeviceAddress": False}, seen  # the block layouts: the arbiter's admission
     assert seen["refused"] == {"bufferDeviceAddress": "VkErrorFeatureNotPresent",
@@ -63,7 +66,8 @@ def test_a_vulkan_1_2_program_gets_its_features_and_runs_an_int8_and_float16_ker
     a = (np.arange(256) % 16 - 8).astype(np.float32)
     b = ((np.arange(256) % 8) / 4).astype(np.float16).astype(np.float32)
     assert np.array_equal(np.array(seen["output"][:256], np.float32), a * b + np.float32(1)), seen["stderr"][-2000:]
-    assert seen["output"][256:] == [32.0] * 8, seen["output"][256:]  # 256 invocations' float atomic adds, 8 ways
+    assert seen["output"][256:264] == [32.0] * 8, seen["output"][256:]  # 256 invocations' float atomic adds, 8 ways
+    assert seen["output"][264] == 255.0, seen["output"][256:]  # their float atomic max
     assert seen["reset"] == [["ok", 1], ["VkNotReady", 0]], seen  # written; then reset from the host
     assert seen["timeline"] == [3, 5, 7], seen
     assert seen["padded"] == "ok", seen
