@@ -238,7 +238,7 @@ def main() -> None:
         pNext=features11, shaderFloat16=vk.VK_TRUE, shaderInt8=vk.VK_TRUE, storageBuffer8BitAccess=vk.VK_TRUE,
         timelineSemaphore=vk.VK_TRUE, scalarBlockLayout=vk.VK_TRUE),
         ["VK_EXT_shader_atomic_float", "VK_EXT_shader_atomic_float2", "VK_KHR_shader_integer_dot_product",
-         "VK_KHR_zero_initialize_workgroup_memory"])
+         "VK_KHR_zero_initialize_workgroup_memory", "VK_KHR_shader_non_semantic_info"])
     seen["device"] = "ok"
     seen["missing"] = [name for name in CORE_12 if vk.lib.vkGetDeviceProcAddr(device, name.encode()) == vk.ffi.NULL]
     a = (np.arange(N) % 16 - 8).astype(np.int8)

@@ -29,6 +29,7 @@ KERNEL = """#version 450
 #extension GL_EXT_shader_16bit_storage : require
 #extension GL_EXT_shader_atomic_float : require
 #extension GL_EXT_shader_atomic_float2 : require
+#extension GL_EXT_debug_printf : require
 layout(local_size_x = 64) in;
 layout(std430, binding = 0) readonly buffer A { int8_t a[]; };
 layout(std430, binding = 1) readonly buffer B { float16_t b[]; };
@@ -38,6 +39,8 @@ void main() {
     c[i] = float(a[i]) * float(b[i]) + 1.0;
     atomicAdd(c[256 + i % 8], 1.0);
     atomicMax(c[264], float(i));
+    if (i == 0u)
+        debugPrintfEXT("c[0] = %f", c[0]);  // a non-semantic instruction: VK_KHR_shader_non_semantic_info
 }
 """
 

@@ -426,10 +426,14 @@ _FEATURE_STRUCTS = (
       "shaderSharedFloat64AtomicMinMax")),
 )
 _CORE_FEATURES = ("robustBufferAccess", "shaderFloat64", "shaderInt64", "shaderInt16")  # of VkPhysicalDeviceFeatures
-_FEATURE_EXTENSIONS = ("VK_EXT_shader_subgroup_ballot", "VK_EXT_shader_subgroup_vote", "VK_EXT_descriptor_indexing")
+_FEATURE_EXTENSIONS = ("VK_EXT_shader_subgroup_ballot", "VK_EXT_shader_subgroup_vote", "VK_EXT_descriptor_indexing",
+                       "VK_KHR_shader_non_semantic_info")
 """Extensions that are themselves what a capability needs (SubgroupBallotKHR, SubgroupVoteKHR, ShaderNonUniform
-on a Vulkan 1.1 device), enabled where
+on a Vulkan 1.1 device), or what a module's non-semantic instructions need, enabled where
 the device has them and listed in the features by their names."""
+_NON_SEMANTIC = "VK_KHR_shader_non_semantic_info"
+"""Listed in the features on a device of Vulkan 1.3 too, which absorbed it; on a device without it, a module's
+non-semantic instructions are taken out before admission (programs/nonsemantic.py)."""
 _SUBGROUP_OPERATIONS = {
     "BASIC": "subgroupBasic", "VOTE": "subgroupVote", "ARITHMETIC": "subgroupArithmetic", "BALLOT": "subgroupBallot",
     "SHUFFLE": "subgroupShuffle", "SHUFFLE_RELATIVE": "subgroupShuffleRelative", "CLUSTERED": "subgroupClustered",
@@ -464,6 +468,8 @@ def _create_device(info: _PhysicalInfo, family: int, version: tuple[int, int]) -
         if optional in info.extensions:
             names.append(optional)
     enabled = {name for name in _FEATURE_EXTENSIONS if name in info.extensions}
+    if version >= (1, 3):
+        enabled.add(_NON_SEMANTIC)
     core = _ffi.new("VkPhysicalDeviceFeatures*")
     supported_core = _ffi.new("VkPhysicalDeviceFeatures*")
     _lib.vkGetPhysicalDeviceFeatures(info.handle, supported_core)

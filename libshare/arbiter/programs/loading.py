@@ -46,6 +46,7 @@ from libshare.arbiter.programs.spirv import ShaderInterface
 from libshare.errors import InvalidSubmission, QuotaExceeded, ServerNotReady
 from libshare.arbiter.programs.admission import admit
 from libshare.arbiter.programs.arrays import arrays_key
+from libshare.arbiter.programs.nonsemantic import without_nonsemantic
 from libshare.arbiter.programs.specialize import constants_key, specialize
 from libshare.arbiter.serve.clients import ProgramRecord
 from libshare.arbiter.device import Device, Pipeline
@@ -96,6 +97,8 @@ class Interfaces:
         if found is None:
             try:  # outside the lock: a large module must not stall other clients
                 module = specialize(spirv, constants, arrays)
+                if "VK_KHR_shader_non_semantic_info" not in device.features:
+                    module = without_nonsemantic(module)  # (admitted as the device will take it)
                 found = Admitted(hashlib.sha256(module).digest(), admit(module, device), module, key)
             except InvalidSubmission as exc:
                 found = exc
