@@ -45,6 +45,7 @@
 #define IDP VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_FEATURES
 #define ZWM VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_ZERO_INITIALIZE_WORKGROUP_MEMORY_FEATURES
 #define SSC VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_SIZE_CONTROL_FEATURES
+#define RB2 VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_ROBUSTNESS_2_FEATURES_EXT
 #define TLS VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_TIMELINE_SEMAPHORE_FEATURES
 #define HQR VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_HOST_QUERY_RESET_FEATURES
 #define SY2 VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SYNCHRONIZATION_2_FEATURES
@@ -117,6 +118,7 @@ static const struct field {
     SAME(ZWM, VkPhysicalDeviceZeroInitializeWorkgroupMemoryFeatures, shaderZeroInitializeWorkgroupMemory),
     SAME(SSC, VkPhysicalDeviceSubgroupSizeControlFeatures, subgroupSizeControl),
     SAME(SSC, VkPhysicalDeviceSubgroupSizeControlFeatures, computeFullSubgroups),
+    SAME(RB2, VkPhysicalDeviceRobustness2FeaturesEXT, robustBufferAccess2),
     ROW(TLS, VkPhysicalDeviceTimelineSemaphoreFeatures, timelineSemaphore, ALWAYS),
     ROW(HQR, VkPhysicalDeviceHostQueryResetFeatures, hostQueryReset, ALWAYS),
     ROW(SY2, VkPhysicalDeviceSynchronization2Features, synchronization2, ALWAYS),
@@ -172,6 +174,7 @@ static const struct {
     {IDP, LS_ICD_END(VkPhysicalDeviceShaderIntegerDotProductFeatures, shaderIntegerDotProduct)},
     {ZWM, LS_ICD_END(VkPhysicalDeviceZeroInitializeWorkgroupMemoryFeatures, shaderZeroInitializeWorkgroupMemory)},
     {SSC, LS_ICD_END(VkPhysicalDeviceSubgroupSizeControlFeatures, computeFullSubgroups)},
+    {RB2, LS_ICD_END(VkPhysicalDeviceRobustness2FeaturesEXT, nullDescriptor)},
     {TLS, LS_ICD_END(VkPhysicalDeviceTimelineSemaphoreFeatures, timelineSemaphore)},
     {HQR, LS_ICD_END(VkPhysicalDeviceHostQueryResetFeatures, hostQueryReset)},
     {SY2, LS_ICD_END(VkPhysicalDeviceSynchronization2Features, synchronization2)},

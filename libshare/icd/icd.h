@@ -375,6 +375,10 @@ struct ls_icd_device {
 #define LS_ICD_EXT_PLAIN 8u         /* an extension with no command */
 #define LS_ICD_EXT_PUSH 16u         /* VK_KHR_push_descriptor (descriptor.c, dispatch.c) */
 #define LS_ICD_EXT_TEMPLATE 32u     /* VK_KHR_descriptor_update_template: core 1.1's commands, KHR names */
+#define LS_ICD_EXT_MEMORY_REQUIREMENTS 64u /* VK_KHR_get_memory_requirements2: the same, KHR names */
+#define LS_ICD_EXT_BIND_MEMORY 128u /* VK_KHR_bind_memory2: the same */
+#define LS_ICD_EXT_MAINTENANCE1 256u /* VK_KHR_maintenance1: vkTrimCommandPoolKHR */
+#define LS_ICD_EXT_MAINTENANCE3 512u /* VK_KHR_maintenance3: vkGetDescriptorSetLayoutSupportKHR */
 #define LS_ICD_MOST_PUSHED 32u      /* maxPushDescriptors: a push set layout's descriptors, at most */
 /* physical.c: the bit of an extension ``physical`` offers, else 0 */
 uint32_t ls_icd_extension_bit(const struct ls_icd_physical *physical, const char *name);

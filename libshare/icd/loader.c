@@ -11,7 +11,9 @@
  * a line pointing at a marker, ls_icd_refused, ls_icd_zero or ls_icd_nothing, and the lookup answers its typed stub,
  * generated into stubs.c by _stubs.py), and the commands of the device
  * extensions offered (TIMELINE_ENTRY_POINTS, SYNC2_ENTRY_POINTS, QUERY_RESET_ENTRY_POINTS,
- * PUSH_ENTRY_POINTS, TEMPLATE_ENTRY_POINTS). vk_icdGetInstanceProcAddr
+ * PUSH_ENTRY_POINTS, TEMPLATE_ENTRY_POINTS, and the KHR names of Vulkan 1.1's commands for the
+ * extensions it absorbed: MEMORY_REQUIREMENTS_, BIND_MEMORY_, MAINTENANCE1_ and MAINTENANCE3_ENTRY_POINTS).
+ * vk_icdGetInstanceProcAddr
  * answers all of them, vkGetDeviceProcAddr the device's core commands and those of the extensions
  * it enabled; any other name answers NULL, so the
  * loader reports it absent. Global commands (those with no instance) are answered for any instance,
@@ -242,6 +244,25 @@ static const struct entry TEMPLATE_ENTRY_POINTS[] = {
     ENTRY("vkUpdateDescriptorSetWithTemplateKHR", ls_icd_UpdateDescriptorSetWithTemplate),
 };
 
+static const struct entry MEMORY_REQUIREMENTS_ENTRY_POINTS[] = {
+    ENTRY("vkGetBufferMemoryRequirements2KHR", ls_icd_GetBufferMemoryRequirements2),
+    ENTRY("vkGetImageMemoryRequirements2KHR", ls_icd_nothing),
+    ENTRY("vkGetImageSparseMemoryRequirements2KHR", ls_icd_GetImageSparseMemoryRequirements2),
+};
+
+static const struct entry BIND_MEMORY_ENTRY_POINTS[] = {
+    ENTRY("vkBindBufferMemory2KHR", ls_icd_BindBufferMemory2),
+    ENTRY("vkBindImageMemory2KHR", ls_icd_refused),
+};
+
+static const struct entry MAINTENANCE1_ENTRY_POINTS[] = {
+    ENTRY("vkTrimCommandPoolKHR", ls_icd_TrimCommandPool),
+};
+
+static const struct entry MAINTENANCE3_ENTRY_POINTS[] = {
+    ENTRY("vkGetDescriptorSetLayoutSupportKHR", ls_icd_GetDescriptorSetLayoutSupport),
+};
+
 static const struct entry QUERY_RESET_ENTRY_POINTS[] = {
     ENTRY("vkResetQueryPoolEXT", ls_icd_ResetQueryPool),
 };
@@ -308,6 +329,14 @@ static VKAPI_ATTR PFN_vkVoidFunction VKAPI_CALL ls_icd_GetDeviceProcAddr(VkDevic
         function = find(PUSH_ENTRY_POINTS, COUNT(PUSH_ENTRY_POINTS), name);
     if (function == NULL && (extensions & LS_ICD_EXT_TEMPLATE))
         function = find(TEMPLATE_ENTRY_POINTS, COUNT(TEMPLATE_ENTRY_POINTS), name);
+    if (function == NULL && (extensions & LS_ICD_EXT_MEMORY_REQUIREMENTS))
+        function = find(MEMORY_REQUIREMENTS_ENTRY_POINTS, COUNT(MEMORY_REQUIREMENTS_ENTRY_POINTS), name);
+    if (function == NULL && (extensions & LS_ICD_EXT_BIND_MEMORY))
+        function = find(BIND_MEMORY_ENTRY_POINTS, COUNT(BIND_MEMORY_ENTRY_POINTS), name);
+    if (function == NULL && (extensions & LS_ICD_EXT_MAINTENANCE1))
+        function = find(MAINTENANCE1_ENTRY_POINTS, COUNT(MAINTENANCE1_ENTRY_POINTS), name);
+    if (function == NULL && (extensions & LS_ICD_EXT_MAINTENANCE3))
+        function = find(MAINTENANCE3_ENTRY_POINTS, COUNT(MAINTENANCE3_ENTRY_POINTS), name);
     return function;
 }
 
@@ -352,5 +381,13 @@ LS_ICD_EXPORT VKAPI_ATTR PFN_vkVoidFunction VKAPI_CALL vk_icdGetInstanceProcAddr
         function = find(PUSH_ENTRY_POINTS, COUNT(PUSH_ENTRY_POINTS), name);
     if (function == NULL)
         function = find(TEMPLATE_ENTRY_POINTS, COUNT(TEMPLATE_ENTRY_POINTS), name);
+    if (function == NULL)
+        function = find(MEMORY_REQUIREMENTS_ENTRY_POINTS, COUNT(MEMORY_REQUIREMENTS_ENTRY_POINTS), name);
+    if (function == NULL)
+        function = find(BIND_MEMORY_ENTRY_POINTS, COUNT(BIND_MEMORY_ENTRY_POINTS), name);
+    if (function == NULL)
+        function = find(MAINTENANCE1_ENTRY_POINTS, COUNT(MAINTENANCE1_ENTRY_POINTS), name);
+    if (function == NULL)
+        function = find(MAINTENANCE3_ENTRY_POINTS, COUNT(MAINTENANCE3_ENTRY_POINTS), name);
     return function;
 }

@@ -284,6 +284,12 @@ VKAPI_ATTR void VKAPI_CALL ls_icd_GetPhysicalDeviceProperties2(VkPhysicalDevice 
             if (ls_icd_fields_reported(physical, "subgroupSizeControl"))
                 size_control(physical, (VkPhysicalDeviceSubgroupSizeControlProperties *)next);
             break;
+        case VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_ROBUSTNESS_2_PROPERTIES_EXT:
+            if (ls_icd_fields_reported(physical, "robustBufferAccess2")) { /* the coarsest the limits allow */
+                ((VkPhysicalDeviceRobustness2PropertiesEXT *)next)->robustStorageBufferAccessSizeAlignment = 4;
+                ((VkPhysicalDeviceRobustness2PropertiesEXT *)next)->robustUniformBufferAccessSizeAlignment = 256;
+            }
+            break;
         case VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PUSH_DESCRIPTOR_PROPERTIES_KHR:
             ((VkPhysicalDevicePushDescriptorPropertiesKHR *)next)->maxPushDescriptors = LS_ICD_MOST_PUSHED;
             break;
@@ -475,6 +481,14 @@ static const struct {
     {{VK_KHR_PUSH_DESCRIPTOR_EXTENSION_NAME, VK_KHR_PUSH_DESCRIPTOR_SPEC_VERSION}, LS_ICD_EXT_PUSH, NULL},
     {{VK_KHR_DESCRIPTOR_UPDATE_TEMPLATE_EXTENSION_NAME, VK_KHR_DESCRIPTOR_UPDATE_TEMPLATE_SPEC_VERSION},
      LS_ICD_EXT_TEMPLATE, NULL},
+    /* Vulkan 1.1's, under their extension names too: applications that enable them when listed (Taichi) */
+    {{VK_KHR_GET_MEMORY_REQUIREMENTS_2_EXTENSION_NAME, VK_KHR_GET_MEMORY_REQUIREMENTS_2_SPEC_VERSION},
+     LS_ICD_EXT_MEMORY_REQUIREMENTS, NULL},
+    {{VK_KHR_BIND_MEMORY_2_EXTENSION_NAME, VK_KHR_BIND_MEMORY_2_SPEC_VERSION}, LS_ICD_EXT_BIND_MEMORY, NULL},
+    {{VK_KHR_DEDICATED_ALLOCATION_EXTENSION_NAME, VK_KHR_DEDICATED_ALLOCATION_SPEC_VERSION}, LS_ICD_EXT_PLAIN, NULL},
+    {{VK_KHR_MAINTENANCE_1_EXTENSION_NAME, VK_KHR_MAINTENANCE_1_SPEC_VERSION}, LS_ICD_EXT_MAINTENANCE1, NULL},
+    {{VK_KHR_MAINTENANCE_3_EXTENSION_NAME, VK_KHR_MAINTENANCE_3_SPEC_VERSION}, LS_ICD_EXT_MAINTENANCE3, NULL},
+    {{VK_EXT_ROBUSTNESS_2_EXTENSION_NAME, VK_EXT_ROBUSTNESS_2_SPEC_VERSION}, LS_ICD_EXT_PLAIN, "robustBufferAccess2"},
     {{VK_KHR_DRIVER_PROPERTIES_EXTENSION_NAME, VK_KHR_DRIVER_PROPERTIES_SPEC_VERSION}, LS_ICD_EXT_PLAIN, NULL},
     {{VK_KHR_SHADER_FLOAT_CONTROLS_EXTENSION_NAME, VK_KHR_SHADER_FLOAT_CONTROLS_SPEC_VERSION}, LS_ICD_EXT_PLAIN, NULL},
     /* a device that cannot take non-semantic instructions gets modules without them (programs/nonsemantic.py) */

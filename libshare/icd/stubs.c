@@ -26,6 +26,13 @@ static VKAPI_ATTR VkResult VKAPI_CALL stub_vkBindImageMemory2(
 { (void)device, (void)bindInfoCount, (void)pBindInfos; return VK_ERROR_FEATURE_NOT_PRESENT; }
 _Static_assert(__builtin_types_compatible_p(__typeof__(&stub_vkBindImageMemory2), PFN_vkBindImageMemory2), "vkBindImageMemory2");
 
+static VKAPI_ATTR VkResult VKAPI_CALL stub_vkBindImageMemory2KHR(
+    VkDevice device,
+    uint32_t bindInfoCount,
+    const VkBindImageMemoryInfo* pBindInfos)
+{ (void)device, (void)bindInfoCount, (void)pBindInfos; return VK_ERROR_FEATURE_NOT_PRESENT; }
+_Static_assert(__builtin_types_compatible_p(__typeof__(&stub_vkBindImageMemory2KHR), PFN_vkBindImageMemory2KHR), "vkBindImageMemory2KHR");
+
 static VKAPI_ATTR void VKAPI_CALL stub_vkCmdBeginRenderPass(
     VkCommandBuffer commandBuffer,
     const VkRenderPassBeginInfo* pRenderPassBegin,
@@ -441,6 +448,13 @@ static VKAPI_ATTR void VKAPI_CALL stub_vkGetImageMemoryRequirements2(
 { (void)device, (void)pInfo, (void)pMemoryRequirements; }
 _Static_assert(__builtin_types_compatible_p(__typeof__(&stub_vkGetImageMemoryRequirements2), PFN_vkGetImageMemoryRequirements2), "vkGetImageMemoryRequirements2");
 
+static VKAPI_ATTR void VKAPI_CALL stub_vkGetImageMemoryRequirements2KHR(
+    VkDevice device,
+    const VkImageMemoryRequirementsInfo2* pInfo,
+    VkMemoryRequirements2* pMemoryRequirements)
+{ (void)device, (void)pInfo, (void)pMemoryRequirements; }
+_Static_assert(__builtin_types_compatible_p(__typeof__(&stub_vkGetImageMemoryRequirements2KHR), PFN_vkGetImageMemoryRequirements2KHR), "vkGetImageMemoryRequirements2KHR");
+
 static VKAPI_ATTR void VKAPI_CALL stub_vkGetImageSubresourceLayout(
     VkDevice device,
     VkImage image,
@@ -470,6 +484,7 @@ static const struct {
 } STUBS[] = {
     {"vkBindImageMemory", (PFN_vkVoidFunction)stub_vkBindImageMemory},
     {"vkBindImageMemory2", (PFN_vkVoidFunction)stub_vkBindImageMemory2},
+    {"vkBindImageMemory2KHR", (PFN_vkVoidFunction)stub_vkBindImageMemory2KHR},
     {"vkCmdBeginRenderPass", (PFN_vkVoidFunction)stub_vkCmdBeginRenderPass},
     {"vkCmdBeginRenderPass2", (PFN_vkVoidFunction)stub_vkCmdBeginRenderPass2},
     {"vkCmdBindIndexBuffer", (PFN_vkVoidFunction)stub_vkCmdBindIndexBuffer},
@@ -521,6 +536,7 @@ static const struct {
     {"vkGetDeviceMemoryOpaqueCaptureAddress", (PFN_vkVoidFunction)stub_vkGetDeviceMemoryOpaqueCaptureAddress},
     {"vkGetImageMemoryRequirements", (PFN_vkVoidFunction)stub_vkGetImageMemoryRequirements},
     {"vkGetImageMemoryRequirements2", (PFN_vkVoidFunction)stub_vkGetImageMemoryRequirements2},
+    {"vkGetImageMemoryRequirements2KHR", (PFN_vkVoidFunction)stub_vkGetImageMemoryRequirements2KHR},
     {"vkGetImageSubresourceLayout", (PFN_vkVoidFunction)stub_vkGetImageSubresourceLayout},
     {"vkGetRenderAreaGranularity", (PFN_vkVoidFunction)stub_vkGetRenderAreaGranularity},
     {"vkQueueBindSparse", (PFN_vkVoidFunction)stub_vkQueueBindSparse},

@@ -76,3 +76,20 @@ def test_a_vulkan_1_2_program_gets_its_features_and_runs_an_int8_and_float16_ker
     assert seen["padded"] == "ok", seen
     plain, vulkan12, indexing = seen["after bind"]  # (they were 0: every layout with a buffer was past them)
     assert plain > 0 and vulkan12 >= plain and indexing >= plain, seen["after bind"]
+
+
+PROMOTED = Path(__file__).resolve().parent / "_promoted.py"
+
+
+def test_extensions_vulkan_1_1_absorbed_are_offered_by_their_names_with_robustness2(daemon):
+    """A program that enables VK_KHR_get_memory_requirements2, bind_memory2, dedicated_allocation,
+    maintenance1 and maintenance3 (Taichi enables the first three when listed) and VK_EXT_robustness2
+    finds each one's KHR-named command; robustBufferAccess2 is the arbiter's device's, its access size
+    alignments the coarsest the limits allow (4 and 256)."""
+    _process, pipe_dir = daemon
+    seen = probe(libshare_run("--name", "promoted", "--", sys.executable, str(PROMOTED)), environment(pipe_dir))
+    assert seen["device"] == "ok", seen["stderr"][-2000:]
+    size, alignment, size2, alignment2, prefers, requires = seen["requirements"]
+    assert (size2, alignment2, prefers, requires) == (size, alignment, False, False) and size >= 1000, seen
+    assert (seen["bound"], seen["trimmed"], seen["supported"]) == ("ok", True, True), seen
+    assert seen["robustness2"] == [True, 4, 256], seen
