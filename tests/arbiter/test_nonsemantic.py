@@ -4,6 +4,7 @@ taken out before admission for one that does not, and never a way past the valid
 from __future__ import annotations
 
 import shutil
+import struct
 import subprocess
 
 import pytest
@@ -76,3 +77,25 @@ def test_a_non_semantic_result_used_by_the_kernel_is_refused_with_or_without_the
         device.features = device.features - {NAME}
         with pytest.raises(InvalidSubmission, match="spirv-val"):
             _programs.Interfaces().of(module, device)  # taken out, %x is undefined where %y uses it
+
+
+def test_malformed_modules_are_refused_or_left_to_the_validator_never_an_error_of_ours():
+    """The pass reads a client's module before admission: a cut instruction, an OpExtInst or an OpName with
+    no operands, and an import name that is not a string each end in InvalidSubmission or in a module the
+    validator then judges, never in another exception."""
+    header = [0x07230203, 0x00010300, 0, 100, 0]
+    name = list(struct.unpack("<6I", b"NonSemantic.Anything".ljust(24, b"\0")))
+    imported = [(2 + len(name)) << 16 | 11, 7, *name]
+    cases = {
+        "an OpExtInst without operands": header + imported + [1 << 16 | 12],
+        "an OpExtInst of two operands": header + imported + [3 << 16 | 12, 1, 2],
+        "an OpName without operands": header + imported + [4 << 16 | 12, 1, 8, 7] + [1 << 16 | 5],
+        "an import whose name runs out": header + [3 << 16 | 11, 7, 0x4E4F4E41],
+        "an instruction past the end": header + imported + [9 << 16 | 12, 1],
+    }
+    for what, words in cases.items():
+        try:
+            out = without_nonsemantic(struct.pack(f"<{len(words)}I", *words))
+        except InvalidSubmission:
+            continue
+        assert b"NonSemantic" not in out, what

@@ -29,18 +29,26 @@ _EXTENSION = "SPV_KHR_non_semantic_info"
 
 
 def without_nonsemantic(spirv: bytes) -> bytes:
-    """``spirv`` (a module admission accepted) without its non-semantic instructions (see the module's
-    essay): little-endian words, or the module itself when it has none."""
+    """``spirv`` (a client's module, not yet admitted: anything malformed raises InvalidSubmission, and an
+    instruction too short to name what it is about is left for the validator) without its non-semantic
+    instructions (see the module's essay): little-endian words, or the module itself when it has none."""
     words = _words(bytes(spirv))
     sets = {ops[0] for opcode, ops in _instructions(words)
             if opcode == _OP_EXT_INST_IMPORT and _string(ops[1:]).startswith("NonSemantic.")}
     if not sets:
         return bytes(spirv)
-    gone = {ops[1] for opcode, ops in _instructions(words) if opcode == _OP_EXT_INST and ops[2] in sets}
+    gone = {ops[1] for opcode, ops in _instructions(words) if _non_semantic(opcode, ops, sets)}
     out = list(words[:_HEADER_WORDS])
     for opcode, ops in _instructions(words):
-        if (opcode == _OP_EXT_INST_IMPORT and ops[0] in sets) or (opcode == _OP_EXT_INST and ops[1] in gone) or \
-                (opcode == _OP_EXTENSION and _string(ops) == _EXTENSION) or (opcode in _ABOUT_AN_ID and ops[0] in gone):
+        if (opcode == _OP_EXT_INST_IMPORT and ops[0] in sets) or _non_semantic(opcode, ops, sets) or \
+                (opcode == _OP_EXTENSION and _string(ops) == _EXTENSION) or \
+                (opcode in _ABOUT_AN_ID and ops and ops[0] in gone):
             continue
         out.extend(((len(ops) + 1) << 16 | opcode, *ops))
     return struct.pack(f"<{len(out)}I", *out)
+
+
+def _non_semantic(opcode: int, ops: tuple[int, ...], sets: set[int]) -> bool:
+    """Whether an instruction is an OpExtInst of one of the non-semantic ``sets`` (result type, result,
+    set, instruction: at least four operands)."""
+    return opcode == _OP_EXT_INST and len(ops) >= 4 and ops[2] in sets
