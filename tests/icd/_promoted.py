@@ -1,9 +1,10 @@
 """An unmodified Vulkan program on the ``vulkan`` bindings: extensions Vulkan 1.1 absorbed, by their own names.
 
 ``python _promoted.py`` makes a device enabling VK_KHR_get_memory_requirements2, VK_KHR_bind_memory2,
-VK_KHR_dedicated_allocation, VK_KHR_maintenance1, VK_KHR_maintenance3 and VK_EXT_robustness2 (its
-robustBufferAccess2 on), as programs do that enable what a device lists (Taichi enables the first
-three), calls each one's KHR-named command, and prints one JSON line:
+VK_KHR_dedicated_allocation, VK_KHR_maintenance1, _maintenance2 and _maintenance3, VK_KHR_spirv_1_4 (which
+Vulkan 1.2 absorbed) and VK_EXT_robustness2 (its robustBufferAccess2 on), as programs do that enable
+what a device lists (Taichi enables the first three, ncnn all but spirv_1_4), calls the KHR-named
+commands, and prints one JSON line:
 
 - ``device``: what vkCreateDevice answered;
 - ``requirements``: a 1000-byte buffer's size and alignment by vkGetBufferMemoryRequirements, then by
@@ -23,7 +24,8 @@ import json
 import vulkan as vk
 
 EXTENSIONS = ["VK_KHR_get_memory_requirements2", "VK_KHR_bind_memory2", "VK_KHR_dedicated_allocation",
-              "VK_KHR_maintenance1", "VK_KHR_maintenance3", "VK_EXT_robustness2"]
+              "VK_KHR_maintenance1", "VK_KHR_maintenance2", "VK_KHR_maintenance3", "VK_KHR_spirv_1_4",
+              "VK_EXT_robustness2"]
 
 
 def main() -> None:

@@ -83,8 +83,8 @@ PROMOTED = Path(__file__).resolve().parent / "_promoted.py"
 
 def test_extensions_vulkan_1_1_absorbed_are_offered_by_their_names_with_robustness2(daemon):
     """A program that enables VK_KHR_get_memory_requirements2, bind_memory2, dedicated_allocation,
-    maintenance1 and maintenance3 (Taichi enables the first three when listed) and VK_EXT_robustness2
-    finds each one's KHR-named command; robustBufferAccess2 is the arbiter's device's, its access size
+    maintenance1, maintenance2, maintenance3 and spirv_1_4 (Taichi enables the first three when listed,
+    ncnn all but the last) and VK_EXT_robustness2 finds the KHR-named commands; robustBufferAccess2 is the arbiter's device's, its access size
     alignments the coarsest the limits allow (4 and 256)."""
     _process, pipe_dir = daemon
     seen = probe(libshare_run("--name", "promoted", "--", sys.executable, str(PROMOTED)), environment(pipe_dir))
