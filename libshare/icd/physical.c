@@ -23,8 +23,10 @@
  * host-visible, coherent, cached type (a libshare shared buffer: a memfd mapped by both sides).
  * Formats: no image features (no images); the texel formats of the welcome (the arbiter's device
  * makes a buffer view of) report their storage and uniform texel buffer features, nothing else. Device
- * extensions: EXTENSIONS below, each offered when the arbiter's device has the feature it brings
- * (push descriptors and update templates always: the driver makes them of descriptor sets).
+ * extensions: EXTENSIONS below, each offered when the arbiter's device has the feature it brings;
+ * always: push descriptors and update templates (the driver makes them of descriptor sets),
+ * non-semantic instructions (the arbiter takes them out where its device cannot take them), and
+ * the extensions Vulkan 1.1 and 1.2 absorbed whose commands the driver has, by their names.
  * vkCreateDevice is device.c's. */
 #define _GNU_SOURCE
 #include <stddef.h>
