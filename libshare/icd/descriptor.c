@@ -71,7 +71,7 @@ int ls_icd_descriptor_offered(VkDescriptorType type)
     return is_buffer_type(type) || ls_icd_descriptor_texel(type);
 }
 
-static int is_dynamic(VkDescriptorType type)
+int ls_icd_descriptor_dynamic(VkDescriptorType type)
 {
     return type == VK_DESCRIPTOR_TYPE_STORAGE_BUFFER_DYNAMIC || type == VK_DESCRIPTOR_TYPE_UNIFORM_BUFFER_DYNAMIC;
 }
@@ -130,7 +130,7 @@ static VkResult read_layout(const struct ls_icd_device *device, const VkDescript
     for (uint32_t i = 0; i < info->bindingCount; i++) {
         const VkDescriptorSetLayoutBinding *binding = &info->pBindings[i];
         if (binding->descriptorCount > 0 &&
-            (!ls_icd_descriptor_offered(binding->descriptorType) || (push && is_dynamic(binding->descriptorType))))
+            (!ls_icd_descriptor_offered(binding->descriptorType) || (push && ls_icd_descriptor_dynamic(binding->descriptorType))))
             return LS_ICD_INVALID; /* not a buffer or texel buffer: no error of the specification's fits */
         total += binding->descriptorCount;
     }

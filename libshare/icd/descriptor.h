@@ -66,6 +66,7 @@ const char *ls_icd_descriptors_write(struct ls_icd_device *device, uint64_t set_
 void ls_icd_descriptor_skipped(const char *what, uint32_t index, const char *why);
 int ls_icd_descriptor_offered(VkDescriptorType type);
 int ls_icd_descriptor_texel(VkDescriptorType type);
+int ls_icd_descriptor_dynamic(VkDescriptorType type); /* (for dispatch.c too: a dynamic buffer type) */
 
 /* ---- template.c: push descriptors (VK_KHR_push_descriptor), for dispatch.c, the lock held. A command
  * buffer keeps a set of no pool per set number, ``*pushed`` (0: none yet): ls_icd_push_writes and

@@ -42,17 +42,12 @@
 
 #define MOST_ENTRIES 32u /* LS_ENGINE_MAX_BINDINGS: a bind group's entries */
 
-static int dynamic_type(VkDescriptorType type)
-{
-    return type == VK_DESCRIPTOR_TYPE_UNIFORM_BUFFER_DYNAMIC || type == VK_DESCRIPTOR_TYPE_STORAGE_BUFFER_DYNAMIC;
-}
-
 /* The dynamic descriptors of a set of ``layout``. */
 static uint32_t dynamic_count(const struct ls_icd_set_layout *layout)
 {
     uint32_t n = 0;
     for (uint32_t i = 0; i < layout->nbindings; i++)
-        if (dynamic_type(layout->bindings[i].type))
+        if (ls_icd_descriptor_dynamic(layout->bindings[i].type))
             n += layout->bindings[i].count;
     return n;
 }
@@ -176,7 +171,7 @@ static int entry_of(struct ls_icd_command_buffer *cb, uint32_t number, uint32_t 
         const struct ls_icd_layout_binding *b = &layout->bindings[i];
         if (b->binding == binding && element < b->count)
             descriptor = &set->u.set.entries[b->first + element];
-        else if (dynamic_type(b->type))
+        else if (ls_icd_descriptor_dynamic(b->type))
             dynamic += b->count;
     }
     if (descriptor == NULL || descriptor->buffer == 0) {
@@ -192,7 +187,7 @@ static int entry_of(struct ls_icd_command_buffer *cb, uint32_t number, uint32_t 
         return view < 0 ? -1 : 0;
     }
     if (ls_icd_descriptor_resolve(cb->device, descriptor,
-                                  dynamic_type(descriptor->type) ? rec->dynamic[number][dynamic + element] : 0, &id,
+                                  ls_icd_descriptor_dynamic(descriptor->type) ? rec->dynamic[number][dynamic + element] : 0, &id,
                                   &entry[1], &entry[2]) != VK_SUCCESS || entry[2] == 0) {
         ls_icd_fail(cb, LS_ICD_INVALID, "a dispatch: a descriptor's buffer is gone, or its offset past its end");
         return -1;

@@ -78,20 +78,20 @@ VKAPI_ATTR VkResult VKAPI_CALL ls_icd_CreateDescriptorUpdateTemplate(VkDevice ha
     return VK_SUCCESS;
 }
 
+/* What a template holds, freed before its slot is dropped (ls_icd_object_destroy_with). */
+static void forget_entries(struct ls_icd_device *device, struct ls_icd_object *object)
+{
+    (void)device;
+    ls_icd_descriptor_object_free(object);
+}
+
 VKAPI_ATTR void VKAPI_CALL ls_icd_DestroyDescriptorUpdateTemplate(VkDevice handle,
                                                                   VkDescriptorUpdateTemplate template,
                                                                   const VkAllocationCallbacks *allocator)
 {
-    struct ls_icd_device *device = device_of(handle);
-    struct ls_icd_object *object;
     (void)allocator;
-    pthread_mutex_lock(&device->lock);
-    object = find(device, (uint64_t)(uintptr_t)template, LS_ICD_UPDATE_TEMPLATE);
-    if (object != NULL) {
-        ls_icd_descriptor_object_free(object);
-        ls_icd_object_drop(&device->objects, (uint64_t)(uintptr_t)template);
-    }
-    pthread_mutex_unlock(&device->lock);
+    ls_icd_object_destroy_with(device_of(handle), (uint64_t)(uintptr_t)template, LS_ICD_UPDATE_TEMPLATE,
+                               forget_entries);
 }
 
 /* Apply ``entry`` of a template to ``set`` from ``data`` as a write (the lock held): NULL, or why not. */

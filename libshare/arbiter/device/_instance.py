@@ -426,14 +426,14 @@ _FEATURE_STRUCTS = (
       "shaderSharedFloat64AtomicMinMax")),
 )
 _CORE_FEATURES = ("robustBufferAccess", "shaderFloat64", "shaderInt64", "shaderInt16")  # of VkPhysicalDeviceFeatures
-_FEATURE_EXTENSIONS = ("VK_EXT_shader_subgroup_ballot", "VK_EXT_shader_subgroup_vote", "VK_EXT_descriptor_indexing",
-                       "VK_KHR_shader_non_semantic_info")
-"""Extensions that are themselves what a capability needs (SubgroupBallotKHR, SubgroupVoteKHR, ShaderNonUniform
-on a Vulkan 1.1 device), or what a module's non-semantic instructions need, enabled where
-the device has them and listed in the features by their names."""
 _NON_SEMANTIC = "VK_KHR_shader_non_semantic_info"
 """Listed in the features on a device of Vulkan 1.3 too, which absorbed it; on a device without it, a module's
 non-semantic instructions are taken out before admission (programs/nonsemantic.py)."""
+_FEATURE_EXTENSIONS = ("VK_EXT_shader_subgroup_ballot", "VK_EXT_shader_subgroup_vote", "VK_EXT_descriptor_indexing",
+                       _NON_SEMANTIC)
+"""Extensions that are themselves what a capability needs (SubgroupBallotKHR, SubgroupVoteKHR, ShaderNonUniform
+on a Vulkan 1.1 device), or what a module's non-semantic instructions need, enabled where
+the device has them and listed in the features by their names."""
 _SUBGROUP_OPERATIONS = {
     "BASIC": "subgroupBasic", "VOTE": "subgroupVote", "ARITHMETIC": "subgroupArithmetic", "BALLOT": "subgroupBallot",
     "SHUFFLE": "subgroupShuffle", "SHUFFLE_RELATIVE": "subgroupShuffleRelative", "CLUSTERED": "subgroupClustered",
